@@ -1,0 +1,199 @@
+// Autograd: backward, .grad access, grad mode, and the two hooks that call JS during backward
+// (a tensor's gradient hook, and the post hook on a parameter's gradient accumulator).
+#include "common.h"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <memory>
+#include <unordered_map>
+
+namespace flotilla {
+
+using torch::autograd::variable_list;
+
+// Hooks run on the thread that called backward. On CPU that is the JS thread (checked here on
+// every call): calling JS from any other thread would be undefined behaviour, so refuse loudly.
+static void CheckHookThread(const char* what) {
+  if (std::this_thread::get_id() != main_thread) {
+    throw std::runtime_error(std::string(what) + " fired off the JS thread; hooks need CPU backward called from JS");
+  }
+}
+
+// Calls a JS function; a JS exception becomes a C++ exception that the autograd engine carries
+// back to the backward() caller, where it is rethrown as a JS error with the same message.
+static Napi::Value CallJs(Napi::Env env, Napi::FunctionReference& fn, const std::vector<napi_value>& args) {
+  try {
+    return fn.Call(args);
+  } catch (const Napi::Error& e) {
+    throw std::runtime_error(e.Message());
+  }
+}
+
+static Napi::Value Backward(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  FLOTILLA_TRY
+  Napi::Array roots = info[0].As<Napi::Array>();
+  variable_list tensors, grads;
+  for (uint32_t i = 0; i < roots.Length(); ++i) tensors.push_back(TensorHandle::Get(roots.Get(i)));
+  if (info.Length() > 1 && info[1].IsArray()) {
+    Napi::Array g = info[1].As<Napi::Array>();
+    for (uint32_t i = 0; i < g.Length(); ++i) grads.push_back(TensorHandle::Get(g.Get(i)));
+  }
+  bool retain = info.Length() > 2 && info[2].IsBoolean() && info[2].As<Napi::Boolean>().Value();
+  torch::autograd::backward(tensors, grads, retain, false);
+  return env.Undefined();
+  FLOTILLA_CATCH(env, "backward")
+}
+
+static Napi::Value GetGrad(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  FLOTILLA_TRY
+  const at::Tensor& t = TensorHandle::Get(info[0]);
+  const at::Tensor& g = t.grad();
+  if (!g.defined()) return env.Undefined();
+  return TensorHandle::Wrap(env, g);
+  FLOTILLA_CATCH(env, "grad")
+}
+
+// setGrad(t, g | undefined): g may be a view into a flat buffer; backward then accumulates in place.
+static Napi::Value SetGrad(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  FLOTILLA_TRY
+  at::Tensor& t = TensorHandle::Get(info[0]);
+  if (info[1].IsUndefined() || info[1].IsNull()) {
+    t.mutable_grad().reset();
+  } else {
+    const at::Tensor& g = TensorHandle::Get(info[1]);
+    TORCH_CHECK(g.sizes() == t.sizes(), "grad shape ", DescribeTensor(g), " does not match tensor ", DescribeTensor(t));
+    TORCH_CHECK(g.scalar_type() == t.scalar_type(), "grad dtype ", DescribeTensor(g), " does not match tensor ", DescribeTensor(t));
+    t.mutable_grad() = g;
+  }
+  return env.Undefined();
+  FLOTILLA_CATCH(env, "setGrad")
+}
+
+static Napi::Value SetRequiresGrad(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  FLOTILLA_TRY
+  TensorHandle::Get(info[0]).set_requires_grad(info[1].As<Napi::Boolean>().Value());
+  return env.Undefined();
+  FLOTILLA_CATCH(env, "requiresGrad_")
+}
+
+static Napi::Value SetGradEnabled(const Napi::CallbackInfo& info) {
+  bool prev = c10::GradMode::is_enabled();
+  c10::GradMode::set_enabled(info[0].As<Napi::Boolean>().Value());
+  return Napi::Boolean::New(info.Env(), prev);
+}
+
+static Napi::Value IsGradEnabled(const Napi::CallbackInfo& info) {
+  return Napi::Boolean::New(info.Env(), c10::GradMode::is_enabled());
+}
+
+static Napi::Value GradFnName(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  FLOTILLA_TRY
+  const at::Tensor& t = TensorHandle::Get(info[0]);
+  if (!t.grad_fn()) return env.Undefined();
+  return Napi::String::New(env, t.grad_fn()->name());
+  FLOTILLA_CATCH(env, "gradFn")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensor gradient hook: fn(grad) may return a replacement gradient tensor.
+
+static Napi::Value RegisterHook(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  FLOTILLA_TRY
+  at::Tensor& t = TensorHandle::Get(info[0]);
+  auto fn = std::make_shared<Napi::FunctionReference>(Napi::Persistent(info[1].As<Napi::Function>()));
+  unsigned pos = t.register_hook([env, fn](const at::Tensor& grad) -> at::Tensor {
+    CheckHookThread("tensor hook");
+    Napi::HandleScope scope(env);
+    Napi::Value arg = TensorHandle::Wrap(env, grad);
+    Napi::Value ret = CallJs(env, *fn, {arg});
+    if (TensorHandle::IsHandle(ret)) return TensorHandle::Get(ret);
+    return at::Tensor();
+  });
+  return Napi::Number::New(env, pos);
+  FLOTILLA_CATCH(env, "registerHook")
+}
+
+static Napi::Value RemoveHook(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  FLOTILLA_TRY
+  TensorHandle::Get(info[0]).remove_hook(info[1].As<Napi::Number>().Uint32Value());
+  return env.Undefined();
+  FLOTILLA_CATCH(env, "removeHook")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gradient-accumulator post hook: "this parameter's .grad now holds this backward's contribution".
+
+struct JsPostHook : public torch::autograd::FunctionPostHook {
+  JsPostHook(Napi::Env env, std::shared_ptr<Napi::FunctionReference> fn, std::shared_ptr<bool> alive)
+      : env_(env), fn_(std::move(fn)), alive_(std::move(alive)) {}
+  variable_list operator()(const variable_list& outputs, const variable_list& /*inputs*/) override {
+    if (!*alive_) return outputs;
+    CheckHookThread("accumulate-grad hook");
+    Napi::HandleScope scope(env_);
+    CallJs(env_, *fn_, {});
+    return outputs;
+  }
+  Napi::Env env_;
+  std::shared_ptr<Napi::FunctionReference> fn_;
+  std::shared_ptr<bool> alive_;
+};
+
+struct AccHookEntry {
+  // The variable holds its accumulator weakly; holding it here keeps the hook alive.
+  std::shared_ptr<torch::autograd::Node> accumulator;
+  std::shared_ptr<bool> alive;
+};
+static std::unordered_map<uint32_t, AccHookEntry> acc_hooks;
+static uint32_t next_acc_hook = 1;
+
+static Napi::Value RegisterAccumulateGradHook(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  FLOTILLA_TRY
+  at::Tensor& t = TensorHandle::Get(info[0]);
+  TORCH_CHECK(t.is_leaf() && t.requires_grad(), "accumulate-grad hooks need a leaf tensor that requires grad, got ",
+              DescribeTensor(t));
+  auto acc = torch::autograd::impl::grad_accumulator(t);
+  TORCH_CHECK(acc, "tensor has no gradient accumulator");
+  auto fn = std::make_shared<Napi::FunctionReference>(Napi::Persistent(info[1].As<Napi::Function>()));
+  auto alive = std::make_shared<bool>(true);
+  acc->add_post_hook(std::make_unique<JsPostHook>(env, fn, alive));
+  uint32_t id = next_acc_hook++;
+  acc_hooks[id] = AccHookEntry{acc, alive};
+  return Napi::Number::New(env, id);
+  FLOTILLA_CATCH(env, "registerAccumulateGradHook")
+}
+
+static Napi::Value RemoveAccumulateGradHook(const Napi::CallbackInfo& info) {
+  uint32_t id = info[0].As<Napi::Number>().Uint32Value();
+  auto it = acc_hooks.find(id);
+  if (it != acc_hooks.end()) {
+    *it->second.alive = false;
+    acc_hooks.erase(it);
+  }
+  return info.Env().Undefined();
+}
+
+void InitAutograd(Napi::Env env, Napi::Object exports) {
+  exports.Set("backward", Napi::Function::New(env, Backward));
+  exports.Set("getGrad", Napi::Function::New(env, GetGrad));
+  exports.Set("setGrad", Napi::Function::New(env, SetGrad));
+  exports.Set("setRequiresGrad", Napi::Function::New(env, SetRequiresGrad));
+  exports.Set("setGradEnabled", Napi::Function::New(env, SetGradEnabled));
+  exports.Set("isGradEnabled", Napi::Function::New(env, IsGradEnabled));
+  exports.Set("gradFnName", Napi::Function::New(env, GradFnName));
+  exports.Set("registerHook", Napi::Function::New(env, RegisterHook));
+  exports.Set("removeHook", Napi::Function::New(env, RemoveHook));
+  exports.Set("registerAccumulateGradHook", Napi::Function::New(env, RegisterAccumulateGradHook));
+  exports.Set("removeAccumulateGradHook", Napi::Function::New(env, RemoveAccumulateGradHook));
+}
+
+}  // namespace flotilla

@@ -1,0 +1,499 @@
+// Tensors: the handle class, creation from and export to typed arrays, metadata, and every ATen op
+// reached through the c10 dispatcher by schema name. The op table lives in TypeScript
+// (src/tensor/ops.ts); this file only converts arguments by the operator's own schema.
+#include "common.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <cstring>
+#include <sstream>
+
+namespace flotilla {
+
+Napi::FunctionReference* TensorHandle::constructor = nullptr;
+std::atomic<int64_t> TensorHandle::live{0};
+std::thread::id main_thread;
+
+bool WantBacktrace() {
+  static const bool want = [] {
+    const char* v = std::getenv("FLOTILLA_BACKTRACE");
+    return v != nullptr && std::string(v) != "0" && std::string(v) != "";
+  }();
+  return want;
+}
+
+std::string ShortMessage(const c10::Error& e) {
+  std::string msg = WantBacktrace() ? e.what() : e.what_without_backtrace();
+  // c10 appends "Exception raised from ..." lines; keep the first paragraph for users.
+  if (!WantBacktrace()) {
+    auto pos = msg.find("\nException raised from");
+    if (pos != std::string::npos) msg = msg.substr(0, pos);
+  }
+  return msg;
+}
+
+static const char* DtypeName(at::ScalarType s) {
+  switch (s) {
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    case at::kLong: return "int64";
+    case at::kInt: return "int32";
+    case at::kShort: return "int16";
+    case at::kChar: return "int8";
+    case at::kByte: return "uint8";
+    case at::kBool: return "bool";
+    default: return c10::toString(s);
+  }
+}
+
+std::string DescribeTensor(const at::Tensor& t) {
+  if (!t.defined()) return "undefined";
+  std::ostringstream os;
+  os << DtypeName(t.scalar_type()) << "[";
+  for (int64_t i = 0; i < t.dim(); ++i) os << (i ? ", " : "") << t.size(i);
+  os << "]";
+  return os.str();
+}
+
+// ---------------------------------------------------------------------------------------------
+// TensorHandle
+
+void TensorHandle::Init(Napi::Env env, Napi::Object exports) {
+  Napi::Function fn = DefineClass(env, "TensorHandle",
+                                  {InstanceMethod("dispose", &TensorHandle::Dispose),
+                                   InstanceMethod("isDisposed", &TensorHandle::IsDisposed)});
+  constructor = new Napi::FunctionReference(Napi::Persistent(fn));
+  exports.Set("TensorHandle", fn);
+}
+
+TensorHandle::TensorHandle(const Napi::CallbackInfo& info) : Napi::ObjectWrap<TensorHandle>(info) {
+  live++;
+}
+
+TensorHandle::~TensorHandle() {
+  if (!released_) {
+    // Finalizer backstop: free the tensor; V8's accounting is adjusted through the env.
+    if (reported_ != 0) Napi::MemoryManagement::AdjustExternalMemory(Env(), -reported_);
+    tensor.reset();
+    live--;
+  }
+}
+
+void TensorHandle::Release(Napi::Env env) {
+  if (released_) return;
+  released_ = true;
+  if (reported_ != 0) Napi::MemoryManagement::AdjustExternalMemory(env, -reported_);
+  reported_ = 0;
+  tensor.reset();
+  live--;
+}
+
+Napi::Value TensorHandle::Dispose(const Napi::CallbackInfo& info) {
+  Release(info.Env());
+  return info.Env().Undefined();
+}
+
+Napi::Value TensorHandle::IsDisposed(const Napi::CallbackInfo& info) {
+  return Napi::Boolean::New(info.Env(), released_);
+}
+
+Napi::Object TensorHandle::Wrap(Napi::Env env, const at::Tensor& t) {
+  Napi::Object obj = constructor->New({});
+  TensorHandle* h = Napi::ObjectWrap<TensorHandle>::Unwrap(obj);
+  h->tensor = t;
+  // Report storage bytes of tensors that own their storage; views share a base already counted.
+  if (t.defined() && !t.is_view() && t.has_storage()) {
+    int64_t bytes = static_cast<int64_t>(t.storage().nbytes());
+    if (bytes > 0) {
+      Napi::MemoryManagement::AdjustExternalMemory(env, bytes);
+      h->reported_ = bytes;
+    }
+  }
+  return obj;
+}
+
+bool TensorHandle::IsHandle(const Napi::Value& v) {
+  return v.IsObject() && v.As<Napi::Object>().InstanceOf(constructor->Value());
+}
+
+at::Tensor& TensorHandle::Get(const Napi::Value& v) {
+  if (!IsHandle(v)) throw std::invalid_argument("expected a Tensor");
+  TensorHandle* h = Napi::ObjectWrap<TensorHandle>::Unwrap(v.As<Napi::Object>());
+  if (h->released_) throw std::invalid_argument("tensor was disposed (used after dispose() or after its scope ended)");
+  return h->tensor;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dispatcher ops
+
+static std::vector<c10::OperatorHandle> ops;
+static std::vector<std::string> op_names;
+
+// lookupOp(name, overload) -> id, e.g. ("aten::add", "Tensor").
+static Napi::Value LookupOp(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  std::string name = info[0].As<Napi::String>();
+  std::string overload = info[1].As<Napi::String>();
+  auto handle = c10::Dispatcher::singleton().findSchema({name, overload});
+  if (!handle.has_value()) {
+    throw Napi::Error::New(env, "unknown operator " + name + "." + overload + " in this libtorch build");
+  }
+  ops.push_back(*handle);
+  op_names.push_back(overload.empty() ? name : name + "." + overload);
+  return Napi::Number::New(env, static_cast<double>(ops.size() - 1));
+}
+
+static Napi::Value OpSchema(const Napi::CallbackInfo& info) {
+  size_t id = info[0].As<Napi::Number>().Uint32Value();
+  std::ostringstream os;
+  os << ops.at(id).schema();
+  return Napi::String::New(info.Env(), os.str());
+}
+
+static int64_t ToInt(const Napi::Value& v) {
+  if (v.IsBigInt()) {
+    bool lossless;
+    return v.As<Napi::BigInt>().Int64Value(&lossless);
+  }
+  if (v.IsBoolean()) return v.As<Napi::Boolean>().Value() ? 1 : 0;
+  if (!v.IsNumber()) throw std::invalid_argument("expected an integer");
+  double d = v.As<Napi::Number>().DoubleValue();
+  if (d != static_cast<double>(static_cast<int64_t>(d))) throw std::invalid_argument("expected an integer, got " + std::to_string(d));
+  return static_cast<int64_t>(d);
+}
+
+static double ToDouble(const Napi::Value& v) {
+  if (v.IsBoolean()) return v.As<Napi::Boolean>().Value() ? 1.0 : 0.0;
+  if (!v.IsNumber()) throw std::invalid_argument("expected a number");
+  return v.As<Napi::Number>().DoubleValue();
+}
+
+// Scalars follow Python: an integral JS number is an int (does not promote float tensors),
+// anything else is a double.
+static c10::Scalar ToScalar(const Napi::Value& v) {
+  if (v.IsBoolean()) return c10::Scalar(v.As<Napi::Boolean>().Value());
+  if (v.IsBigInt()) return c10::Scalar(ToInt(v));
+  if (!v.IsNumber()) throw std::invalid_argument("expected a number");
+  double d = v.As<Napi::Number>().DoubleValue();
+  if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15) return c10::Scalar(static_cast<int64_t>(d));
+  return c10::Scalar(d);
+}
+
+static c10::IValue ToIValue(const Napi::Value& v, const c10::TypePtr& type);
+
+static c10::IValue ToList(const Napi::Value& v, const c10::TypePtr& elem) {
+  // A bare number where int[] is expected means a one-element list (sum(dim=1)).
+  std::vector<Napi::Value> items;
+  if (v.IsArray()) {
+    Napi::Array arr = v.As<Napi::Array>();
+    for (uint32_t i = 0; i < arr.Length(); ++i) items.push_back(arr.Get(i));
+  } else {
+    items.push_back(v);
+  }
+  switch (elem->kind()) {
+    case c10::TypeKind::IntType:
+    case c10::TypeKind::SymIntType: {
+      c10::List<int64_t> out;
+      for (auto& it : items) out.push_back(ToInt(it));
+      return out;
+    }
+    case c10::TypeKind::FloatType: {
+      c10::List<double> out;
+      for (auto& it : items) out.push_back(ToDouble(it));
+      return out;
+    }
+    case c10::TypeKind::BoolType: {
+      c10::List<bool> out;
+      for (auto& it : items) out.push_back(it.As<Napi::Boolean>().Value());
+      return out;
+    }
+    case c10::TypeKind::TensorType: {
+      c10::List<at::Tensor> out;
+      for (auto& it : items) out.push_back(TensorHandle::Get(it));
+      return out;
+    }
+    case c10::TypeKind::OptionalType: {
+      c10::List<c10::optional<at::Tensor>> out;
+      for (auto& it : items) {
+        if (it.IsNull() || it.IsUndefined()) out.push_back(c10::nullopt);
+        else out.push_back(TensorHandle::Get(it));
+      }
+      return out;
+    }
+    default:
+      throw std::invalid_argument("unsupported list element type " + elem->str());
+  }
+}
+
+static c10::IValue ToIValue(const Napi::Value& v, const c10::TypePtr& type) {
+  switch (type->kind()) {
+    case c10::TypeKind::TensorType:
+      return TensorHandle::Get(v);
+    case c10::TypeKind::OptionalType:
+      if (v.IsUndefined() || v.IsNull()) return c10::IValue();
+      return ToIValue(v, type->expectRef<c10::OptionalType>().getElementType());
+    case c10::TypeKind::IntType:
+    case c10::TypeKind::SymIntType:
+    case c10::TypeKind::ScalarTypeType:
+    case c10::TypeKind::LayoutType:
+    case c10::TypeKind::MemoryFormatType:
+      return ToInt(v);
+    case c10::TypeKind::FloatType:
+      return ToDouble(v);
+    case c10::TypeKind::BoolType:
+      if (!v.IsBoolean()) throw std::invalid_argument("expected a boolean");
+      return v.As<Napi::Boolean>().Value();
+    case c10::TypeKind::NumberType:
+      return ToScalar(v);
+    case c10::TypeKind::StringType:
+      return std::string(v.As<Napi::String>());
+    case c10::TypeKind::DeviceObjType:
+      return c10::Device(std::string(v.As<Napi::String>()));
+    case c10::TypeKind::ListType:
+      return ToList(v, type->expectRef<c10::ListType>().getElementType());
+    default:
+      throw std::invalid_argument("unsupported argument type " + type->str());
+  }
+}
+
+static Napi::Value FromIValue(Napi::Env env, const c10::IValue& v) {
+  if (v.isTensor()) return TensorHandle::Wrap(env, v.toTensor());
+  if (v.isNone()) return env.Undefined();
+  if (v.isDouble()) return Napi::Number::New(env, v.toDouble());
+  if (v.isInt()) return Napi::Number::New(env, static_cast<double>(v.toInt()));
+  if (v.isBool()) return Napi::Boolean::New(env, v.toBool());
+  if (v.isScalar()) {
+    auto s = v.toScalar();
+    if (s.isBoolean()) return Napi::Boolean::New(env, s.toBool());
+    return Napi::Number::New(env, s.toDouble());
+  }
+  if (v.isTensorList()) {
+    auto list = v.toTensorList();
+    Napi::Array arr = Napi::Array::New(env, list.size());
+    for (size_t i = 0; i < list.size(); ++i) arr.Set(static_cast<uint32_t>(i), TensorHandle::Wrap(env, list.get(i)));
+    return arr;
+  }
+  if (v.isTuple()) {
+    const auto& elems = v.toTupleRef().elements();
+    Napi::Array arr = Napi::Array::New(env, elems.size());
+    for (size_t i = 0; i < elems.size(); ++i) arr.Set(static_cast<uint32_t>(i), FromIValue(env, elems[i]));
+    return arr;
+  }
+  if (v.isIntList()) {
+    auto list = v.toIntVector();
+    Napi::Array arr = Napi::Array::New(env, list.size());
+    for (size_t i = 0; i < list.size(); ++i) arr.Set(static_cast<uint32_t>(i), Napi::Number::New(env, static_cast<double>(list[i])));
+    return arr;
+  }
+  throw std::invalid_argument("unsupported return type " + v.tagKind());
+}
+
+static std::string DescribeArgs(const Napi::Array& args) {
+  std::ostringstream os;
+  for (uint32_t i = 0; i < args.Length(); ++i) {
+    Napi::Value a = args.Get(i);
+    if (i) os << ", ";
+    if (TensorHandle::IsHandle(a)) {
+      TensorHandle* h = Napi::ObjectWrap<TensorHandle>::Unwrap(a.As<Napi::Object>());
+      os << DescribeTensor(h->tensor);
+    } else if (a.IsArray()) {
+      Napi::Array arr = a.As<Napi::Array>();
+      os << "[";
+      for (uint32_t j = 0; j < arr.Length(); ++j) {
+        Napi::Value x = arr.Get(j);
+        if (j) os << ", ";
+        if (TensorHandle::IsHandle(x)) os << DescribeTensor(Napi::ObjectWrap<TensorHandle>::Unwrap(x.As<Napi::Object>())->tensor);
+        else os << x.ToString().Utf8Value();
+      }
+      os << "]";
+    } else if (a.IsUndefined()) {
+      os << "None";
+    } else {
+      os << a.ToString().Utf8Value();
+    }
+  }
+  return os.str();
+}
+
+// callOp(id, args): positional arguments in schema order; missing trailing ones take defaults.
+static Napi::Value CallOp(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  size_t id = info[0].As<Napi::Number>().Uint32Value();
+  Napi::Array args = info[1].As<Napi::Array>();
+  const c10::OperatorHandle& op = ops.at(id);
+  const c10::FunctionSchema& schema = op.schema();
+  const auto& params = schema.arguments();
+  try {
+    if (args.Length() > params.size()) {
+      throw std::invalid_argument("too many arguments: got " + std::to_string(args.Length()) + ", schema takes " +
+                                  std::to_string(params.size()));
+    }
+    torch::jit::Stack stack;
+    stack.reserve(params.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      Napi::Value a = i < args.Length() ? args.Get(static_cast<uint32_t>(i)) : env.Undefined();
+      if (a.IsUndefined() && params[i].default_value().has_value()) {
+        stack.push_back(*params[i].default_value());
+      } else {
+        try {
+          stack.push_back(ToIValue(a, params[i].type()));
+        } catch (const std::invalid_argument& e) {
+          throw std::invalid_argument("argument '" + params[i].name() + "': " + e.what());
+        }
+      }
+    }
+    op.callBoxed(&stack);
+    if (stack.size() == 1) return FromIValue(env, stack[0]);
+    Napi::Array out = Napi::Array::New(env, stack.size());
+    for (size_t i = 0; i < stack.size(); ++i) out.Set(static_cast<uint32_t>(i), FromIValue(env, stack[i]));
+    return out;
+  } catch (const Napi::Error&) {
+    throw;
+  } catch (const c10::Error& e) {
+    throw Napi::Error::New(env, op_names[id] + "(" + DescribeArgs(args) + "): " + ShortMessage(e));
+  } catch (const std::exception& e) {
+    throw Napi::Error::New(env, op_names[id] + "(" + DescribeArgs(args) + "): " + e.what());
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Creation from and export to JS memory
+
+// fromBuffer(typedArray, shape, dtype): copies the bytes into a new tensor.
+static Napi::Value FromBuffer(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  FLOTILLA_TRY
+  Napi::TypedArray ta = info[0].As<Napi::TypedArray>();
+  Napi::Array shapeArr = info[1].As<Napi::Array>();
+  auto dtype = static_cast<at::ScalarType>(info[2].As<Napi::Number>().Int32Value());
+  std::vector<int64_t> shape;
+  int64_t numel = 1;
+  for (uint32_t i = 0; i < shapeArr.Length(); ++i) {
+    shape.push_back(ToInt(shapeArr.Get(i)));
+    numel *= shape.back();
+  }
+  size_t bytes = ta.ByteLength();
+  size_t expect = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  if (bytes != expect) {
+    throw std::invalid_argument("buffer has " + std::to_string(bytes) + " bytes, shape needs " + std::to_string(expect));
+  }
+  at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype));
+  auto* src = static_cast<uint8_t*>(ta.ArrayBuffer().Data()) + ta.ByteOffset();
+  if (bytes) std::memcpy(t.data_ptr(), src, bytes);
+  return TensorHandle::Wrap(env, t);
+  FLOTILLA_CATCH(env, "fromBuffer")
+}
+
+// toBuffer(t): a contiguous copy of the data as an ArrayBuffer.
+static Napi::Value ToBuffer(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  FLOTILLA_TRY
+  at::Tensor t = TensorHandle::Get(info[0]).detach().contiguous();
+  size_t bytes = t.numel() * t.element_size();
+  Napi::ArrayBuffer buf = Napi::ArrayBuffer::New(env, bytes);
+  if (bytes) std::memcpy(buf.Data(), t.data_ptr(), bytes);
+  return buf;
+  FLOTILLA_CATCH(env, "toBuffer")
+}
+
+// meta(t) -> [shape, dtype, requiresGrad, isLeaf, strides, storageOffset]
+static Napi::Value Meta(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  FLOTILLA_TRY
+  const at::Tensor& t = TensorHandle::Get(info[0]);
+  Napi::Array shape = Napi::Array::New(env, t.dim());
+  Napi::Array strides = Napi::Array::New(env, t.dim());
+  for (int64_t i = 0; i < t.dim(); ++i) {
+    shape.Set(static_cast<uint32_t>(i), Napi::Number::New(env, static_cast<double>(t.size(i))));
+    strides.Set(static_cast<uint32_t>(i), Napi::Number::New(env, static_cast<double>(t.stride(i))));
+  }
+  Napi::Array out = Napi::Array::New(env, 6);
+  out.Set(0u, shape);
+  out.Set(1u, Napi::Number::New(env, static_cast<int>(t.scalar_type())));
+  out.Set(2u, Napi::Boolean::New(env, t.requires_grad()));
+  out.Set(3u, Napi::Boolean::New(env, t.is_leaf()));
+  out.Set(4u, strides);
+  out.Set(5u, Napi::Number::New(env, static_cast<double>(t.storage_offset())));
+  return out;
+  FLOTILLA_CATCH(env, "meta")
+}
+
+static Napi::Value Shape(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  FLOTILLA_TRY
+  const at::Tensor& t = TensorHandle::Get(info[0]);
+  Napi::Array shape = Napi::Array::New(env, t.dim());
+  for (int64_t i = 0; i < t.dim(); ++i) shape.Set(static_cast<uint32_t>(i), Napi::Number::New(env, static_cast<double>(t.size(i))));
+  return shape;
+  FLOTILLA_CATCH(env, "shape")
+}
+
+static Napi::Value Dtype(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  FLOTILLA_TRY
+  return Napi::Number::New(env, static_cast<int>(TensorHandle::Get(info[0]).scalar_type()));
+  FLOTILLA_CATCH(env, "dtype")
+}
+
+// Address of the first element: tests use it to prove that views and grads share storage.
+static Napi::Value DataPtr(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  FLOTILLA_TRY
+  const at::Tensor& t = TensorHandle::Get(info[0]);
+  return Napi::BigInt::New(env, static_cast<uint64_t>(reinterpret_cast<uintptr_t>(t.data_ptr())));
+  FLOTILLA_CATCH(env, "dataPtr")
+}
+
+static Napi::Value SetSeed(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  FLOTILLA_TRY
+  torch::manual_seed(static_cast<uint64_t>(ToInt(info[0])));
+  return env.Undefined();
+  FLOTILLA_CATCH(env, "manualSeed")
+}
+
+static Napi::Value SetNumThreads(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  FLOTILLA_TRY
+  at::set_num_threads(static_cast<int>(ToInt(info[0])));
+  return env.Undefined();
+  FLOTILLA_CATCH(env, "setNumThreads")
+}
+
+static Napi::Value GetNumThreads(const Napi::CallbackInfo& info) {
+  return Napi::Number::New(info.Env(), at::get_num_threads());
+}
+
+static Napi::Value LiveTensors(const Napi::CallbackInfo& info) {
+  return Napi::Number::New(info.Env(), static_cast<double>(TensorHandle::live.load()));
+}
+
+static Napi::Value Version(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("torch", std::string(TORCH_VERSION));
+  o.Set("parallel", at::get_parallel_info());
+  return o;
+}
+
+void InitTensor(Napi::Env env, Napi::Object exports) {
+  TensorHandle::Init(env, exports);
+  exports.Set("lookupOp", Napi::Function::New(env, LookupOp));
+  exports.Set("opSchema", Napi::Function::New(env, OpSchema));
+  exports.Set("callOp", Napi::Function::New(env, CallOp));
+  exports.Set("fromBuffer", Napi::Function::New(env, FromBuffer));
+  exports.Set("toBuffer", Napi::Function::New(env, ToBuffer));
+  exports.Set("meta", Napi::Function::New(env, Meta));
+  exports.Set("shape", Napi::Function::New(env, Shape));
+  exports.Set("dtype", Napi::Function::New(env, Dtype));
+  exports.Set("dataPtr", Napi::Function::New(env, DataPtr));
+  exports.Set("manualSeed", Napi::Function::New(env, SetSeed));
+  exports.Set("setNumThreads", Napi::Function::New(env, SetNumThreads));
+  exports.Set("getNumThreads", Napi::Function::New(env, GetNumThreads));
+  exports.Set("liveTensors", Napi::Function::New(env, LiveTensors));
+  exports.Set("version", Napi::Function::New(env, Version));
+}
+
+}  // namespace flotilla
