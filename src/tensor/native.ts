@@ -1,0 +1,93 @@
+// The one TypeScript declaration of what the native addon (native/*.cc) exports, and its loader.
+import { createRequire } from 'node:module';
+import { existsSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+/** An owned at::Tensor. */
+export interface TensorHandle {
+  dispose(): void;
+  isDisposed(): boolean;
+}
+
+/** A collective in flight (c10d Work). */
+export interface WorkHandle {
+  /** Blocks until done; throws the collective's error. */
+  wait(timeoutMs?: number): boolean;
+  waitAsync(): Promise<void>;
+  isCompleted(): boolean;
+}
+
+export interface StoreHandle {
+  set(key: string, value: Buffer): void;
+  get(key: string): Buffer;
+  add(key: string, delta: number): number;
+  check(keys: string[]): boolean;
+  wait(keys: string[], timeoutMs?: number): void;
+}
+
+export type NativeReduceOp = 'sum' | 'product' | 'min' | 'max';
+
+export interface GroupHandle {
+  allreduce(tensors: TensorHandle[], op: NativeReduceOp): WorkHandle;
+  broadcast(tensors: TensorHandle[], root: number): WorkHandle;
+  allgather(outputs: TensorHandle[][], inputs: TensorHandle[]): WorkHandle;
+  allgatherBase(output: TensorHandle, input: TensorHandle): WorkHandle;
+  reduceScatter(outputs: TensorHandle[], inputs: TensorHandle[][], op: NativeReduceOp): WorkHandle;
+  reduceScatterBase(output: TensorHandle, input: TensorHandle, op: NativeReduceOp): WorkHandle;
+  alltoallBase(output: TensorHandle, input: TensorHandle, outSplits: number[], inSplits: number[]): WorkHandle;
+  send(tensors: TensorHandle[], dst: number, tag: number): WorkHandle;
+  recv(tensors: TensorHandle[], src: number, tag: number): WorkHandle;
+  barrier(): WorkHandle;
+  backendName(): string;
+}
+
+export type NativeValue = TensorHandle | number | boolean | undefined | NativeValue[];
+
+export interface Native {
+  lookupOp(name: string, overload: string): number;
+  opSchema(id: number): string;
+  callOp(id: number, args: unknown[]): NativeValue;
+  fromBuffer(data: ArrayBufferView, shape: number[], scalarType: number): TensorHandle;
+  toBuffer(t: TensorHandle): ArrayBuffer;
+  /** [shape, scalarType, requiresGrad, isLeaf, strides, storageOffset] */
+  meta(t: TensorHandle): [number[], number, boolean, boolean, number[], number];
+  shape(t: TensorHandle): number[];
+  dtype(t: TensorHandle): number;
+  dataPtr(t: TensorHandle): bigint;
+  manualSeed(seed: number): void;
+  setNumThreads(n: number): void;
+  getNumThreads(): number;
+  liveTensors(): number;
+  version(): { torch: string; parallel: string };
+
+  backward(roots: TensorHandle[], grads?: TensorHandle[], retainGraph?: boolean): void;
+  getGrad(t: TensorHandle): TensorHandle | undefined;
+  setGrad(t: TensorHandle, g: TensorHandle | undefined): void;
+  setRequiresGrad(t: TensorHandle, flag: boolean): void;
+  setGradEnabled(flag: boolean): boolean;
+  isGradEnabled(): boolean;
+  gradFnName(t: TensorHandle): string | undefined;
+  registerHook(t: TensorHandle, fn: (grad: TensorHandle) => TensorHandle | undefined): number;
+  removeHook(t: TensorHandle, id: number): void;
+  registerAccumulateGradHook(t: TensorHandle, fn: () => void): number;
+  removeAccumulateGradHook(id: number): void;
+
+  createTCPStore(host: string, port: number, worldSize: number, isServer: boolean, timeoutMs: number): StoreHandle;
+  createPrefixStore(prefix: string, base: StoreHandle): StoreHandle;
+  createGlooGroup(
+    store: StoreHandle, rank: number, size: number, timeoutMs: number,
+    opts?: { hostname?: string; iface?: string; threads?: number },
+  ): GroupHandle;
+}
+
+function load(): Native {
+  const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+  const file = join(root, 'native', 'build', 'Release', 'flotilla.node');
+  if (!existsSync(file)) {
+    throw new Error(`flotilla native addon not built (${file} missing): run \`npm run build:native\` (or \`bash scripts/ensure.sh\`)`);
+  }
+  return createRequire(import.meta.url)(file) as Native;
+}
+
+export const native: Native = load();

@@ -1,0 +1,326 @@
+// The Tensor class: a thin, typed face over an owned at::Tensor handle. Math is synchronous; views
+// and in-place ops are named as in PyTorch (view, narrow, add_). Every new tensor joins the current
+// tidy() scope.
+import { native, type TensorHandle, type NativeValue } from './native.js';
+import { callOp, type OpName } from './ops.js';
+import { track } from './scope.js';
+import { type DType, dtypeCode, dtypeFromCode, typedArrayFor, type TypedArray } from './dtype.js';
+
+export type Shape = readonly number[];
+export type TensorOrScalar = Tensor | number;
+
+/** Turns op results (handles, lists, tuples) into Tensors. */
+export function wrap(v: NativeValue): any {
+  if (Array.isArray(v)) return v.map(wrap);
+  if (v !== null && typeof v === 'object') return new Tensor(v as TensorHandle);
+  return v;
+}
+
+function unwrapArg(a: unknown): unknown {
+  if (a instanceof Tensor) return a.handle;
+  if (Array.isArray(a)) return a.map(unwrapArg);
+  return a;
+}
+
+/** Runs a table op with Tensor arguments and wraps what comes back. */
+export function run(name: OpName, ...args: unknown[]): any {
+  return wrap(callOp(name, args.map(unwrapArg)));
+}
+
+/** Runs an in-place table op: the op returns an alias of `self`, which is released at once. */
+function runInPlace(self: Tensor, name: OpName, ...args: unknown[]): Tensor {
+  const alias = callOp(name, [self.handle, ...args.map(unwrapArg)]) as TensorHandle;
+  alias.dispose();
+  return self;
+}
+
+function normDim(dim: number, ndim: number): number {
+  return dim < 0 ? dim + ndim : dim;
+}
+
+export class Tensor {
+  private h: TensorHandle | undefined;
+
+  constructor(handle: TensorHandle) {
+    this.h = handle;
+    track(this);
+  }
+
+  /** The native handle; throws if disposed. */
+  get handle(): TensorHandle {
+    if (this.h === undefined) throw new Error('tensor was disposed (used after dispose() or after its tidy() scope ended)');
+    return this.h;
+  }
+
+  dispose(): void {
+    if (this.h !== undefined) {
+      this.h.dispose();
+      this.h = undefined;
+    }
+  }
+
+  get isDisposed(): boolean {
+    return this.h === undefined;
+  }
+
+  // ---- metadata
+  get shape(): number[] {
+    return native.shape(this.handle);
+  }
+  get dtype(): DType {
+    return dtypeFromCode(native.dtype(this.handle));
+  }
+  get ndim(): number {
+    return this.shape.length;
+  }
+  size(dim?: number): number {
+    const s = this.shape;
+    if (dim === undefined) return s.reduce((a, b) => a * b, 1);
+    return s[normDim(dim, s.length)]!;
+  }
+  numel(): number {
+    return this.size();
+  }
+  stride(): number[] {
+    return native.meta(this.handle)[4];
+  }
+  get storageOffset(): number {
+    return native.meta(this.handle)[5];
+  }
+  /** Address of the first element (tests use it to prove storage is shared). */
+  dataPtr(): bigint {
+    return native.dataPtr(this.handle);
+  }
+  toString(): string {
+    return `Tensor(${this.dtype}[${this.shape.join(', ')}])`;
+  }
+
+  // ---- autograd
+  get requiresGrad(): boolean {
+    return native.meta(this.handle)[2];
+  }
+  set requiresGrad(flag: boolean) {
+    native.setRequiresGrad(this.handle, flag);
+  }
+  requiresGrad_(flag = true): this {
+    native.setRequiresGrad(this.handle, flag);
+    return this;
+  }
+  get isLeaf(): boolean {
+    return native.meta(this.handle)[3];
+  }
+  get gradFn(): string | undefined {
+    return native.gradFnName(this.handle);
+  }
+  /** The accumulated gradient (a new handle onto the same storage), or undefined. */
+  get grad(): Tensor | undefined {
+    const g = native.getGrad(this.handle);
+    return g === undefined ? undefined : new Tensor(g);
+  }
+  /** Sets .grad; a view of a flat buffer makes backward accumulate into that buffer in place. */
+  set grad(g: Tensor | undefined) {
+    native.setGrad(this.handle, g?.handle);
+  }
+  backward(gradient?: Tensor, opts: { retainGraph?: boolean } = {}): void {
+    native.backward([this.handle], gradient ? [gradient.handle] : undefined, opts.retainGraph ?? false);
+  }
+  detach(): Tensor {
+    return run('detach', this);
+  }
+  /** Calls fn(grad) when this tensor's gradient is computed; fn may return a replacement. */
+  registerHook(fn: (grad: Tensor) => Tensor | void): () => void {
+    const id = native.registerHook(this.handle, (g) => {
+      const r = fn(new Tensor(g));
+      return r instanceof Tensor ? r.handle : undefined;
+    });
+    return () => native.removeHook(this.handle, id);
+  }
+  /**
+   * Calls fn after backward has accumulated this leaf's gradient into .grad (once per use in the
+   * graph). Data parallelism uses it to start a bucket's reduction while backward runs.
+   */
+  registerAccumulateGradHook(fn: () => void): () => void {
+    const id = native.registerAccumulateGradHook(this.handle, fn);
+    return () => native.removeAccumulateGradHook(id);
+  }
+
+  // ---- data out
+  /** A copy of the elements in a typed array (bf16/f16 are converted to float32). */
+  toArray(): TypedArray {
+    const d = this.dtype;
+    if (d === 'bfloat16' || d === 'float16') {
+      const f = this.to('float32');
+      const out = f.toArray();
+      f.dispose();
+      return out;
+    }
+    return typedArrayFor(d, native.toBuffer(this.handle));
+  }
+  /** Elements as plain numbers, flat. */
+  toNumbers(): number[] {
+    return Array.from(this.toArray() as ArrayLike<number | bigint>, (x) => Number(x));
+  }
+  item(): number {
+    const v = callOp('item', [this.handle]);
+    return typeof v === 'boolean' ? Number(v) : (v as number);
+  }
+
+  // ---- conversion
+  to(dtype: DType): Tensor {
+    return run('to', this, dtypeCode(dtype));
+  }
+  float(): Tensor {
+    return this.to('float32');
+  }
+  double(): Tensor {
+    return this.to('float64');
+  }
+  clone(): Tensor {
+    return run('clone', this);
+  }
+  contiguous(): Tensor {
+    return run('contiguous', this);
+  }
+
+  // ---- elementwise
+  add(other: TensorOrScalar, alpha = 1): Tensor {
+    return other instanceof Tensor ? run('add', this, other, alpha) : run('addScalar', this, other, alpha);
+  }
+  sub(other: TensorOrScalar, alpha = 1): Tensor {
+    return other instanceof Tensor ? run('sub', this, other, alpha) : run('subScalar', this, other, alpha);
+  }
+  mul(other: TensorOrScalar): Tensor {
+    return other instanceof Tensor ? run('mul', this, other) : run('mulScalar', this, other);
+  }
+  div(other: TensorOrScalar): Tensor {
+    return other instanceof Tensor ? run('div', this, other) : run('divScalar', this, other);
+  }
+  pow(exponent: TensorOrScalar): Tensor {
+    return exponent instanceof Tensor ? run('pow', this, exponent) : run('powScalar', this, exponent);
+  }
+  neg(): Tensor { return run('neg', this); }
+  exp(): Tensor { return run('exp', this); }
+  log(): Tensor { return run('log', this); }
+  sqrt(): Tensor { return run('sqrt', this); }
+  rsqrt(): Tensor { return run('rsqrt', this); }
+  abs(): Tensor { return run('abs', this); }
+  tanh(): Tensor { return run('tanh', this); }
+  sigmoid(): Tensor { return run('sigmoid', this); }
+  relu(): Tensor { return run('relu', this); }
+  /** approximate: 'none' (erf) or 'tanh' */
+  gelu(approximate: 'none' | 'tanh' = 'none'): Tensor { return run('gelu', this, approximate); }
+  silu(): Tensor { return run('silu', this); }
+  sin(): Tensor { return run('sin', this); }
+  cos(): Tensor { return run('cos', this); }
+  reciprocal(): Tensor { return run('reciprocal', this); }
+  sign(): Tensor { return run('sign', this); }
+  square(): Tensor { return run('square', this); }
+  maximum(other: Tensor): Tensor { return run('maximum', this, other); }
+  minimum(other: Tensor): Tensor { return run('minimum', this, other); }
+  softmax(dim: number): Tensor { return run('softmax', this, dim); }
+  logSoftmax(dim: number): Tensor { return run('logSoftmax', this, dim); }
+
+  // ---- comparison and selection
+  eq(o: TensorOrScalar): Tensor { return o instanceof Tensor ? run('eq', this, o) : run('eqScalar', this, o); }
+  ne(o: TensorOrScalar): Tensor { return o instanceof Tensor ? run('ne', this, o) : run('neScalar', this, o); }
+  lt(o: TensorOrScalar): Tensor { return o instanceof Tensor ? run('lt', this, o) : run('ltScalar', this, o); }
+  le(o: TensorOrScalar): Tensor { return o instanceof Tensor ? run('le', this, o) : run('leScalar', this, o); }
+  gt(o: TensorOrScalar): Tensor { return o instanceof Tensor ? run('gt', this, o) : run('gtScalar', this, o); }
+  ge(o: TensorOrScalar): Tensor { return o instanceof Tensor ? run('ge', this, o) : run('geScalar', this, o); }
+  clamp(min?: number, max?: number): Tensor { return run('clamp', this, min, max); }
+  isnan(): Tensor { return run('isnan', this); }
+  isfinite(): Tensor { return run('isfinite', this); }
+  logicalNot(): Tensor { return run('logicalNot', this); }
+  any(): Tensor { return run('any', this); }
+  all(): Tensor { return run('all', this); }
+  maskedFill(mask: Tensor, value: number): Tensor { return run('maskedFill', this, mask, value); }
+
+  // ---- linear algebra
+  matmul(other: Tensor): Tensor { return run('matmul', this, other); }
+  mm(other: Tensor): Tensor { return run('mm', this, other); }
+  bmm(other: Tensor): Tensor { return run('bmm', this, other); }
+
+  // ---- reductions
+  sum(dim?: number | number[], keepdim = false): Tensor {
+    return dim === undefined ? run('sum', this) : run('sumDim', this, dim, keepdim);
+  }
+  mean(dim?: number | number[], keepdim = false): Tensor {
+    return dim === undefined ? run('mean', this) : run('meanDim', this, dim, keepdim);
+  }
+  /** Without dim: the largest element. With dim: [values, indices]. */
+  max(): Tensor;
+  max(dim: number, keepdim?: boolean): [Tensor, Tensor];
+  max(dim?: number, keepdim = false): Tensor | [Tensor, Tensor] {
+    return dim === undefined ? run('max', this) : run('maxDim', this, dim, keepdim);
+  }
+  min(): Tensor;
+  min(dim: number, keepdim?: boolean): [Tensor, Tensor];
+  min(dim?: number, keepdim = false): Tensor | [Tensor, Tensor] {
+    return dim === undefined ? run('min', this) : run('minDim', this, dim, keepdim);
+  }
+  amax(dim: number | number[], keepdim = false): Tensor { return run('amax', this, dim, keepdim); }
+  amin(dim: number | number[], keepdim = false): Tensor { return run('amin', this, dim, keepdim); }
+  argmax(dim?: number, keepdim = false): Tensor { return run('argmax', this, dim, keepdim); }
+  argmin(dim?: number, keepdim = false): Tensor { return run('argmin', this, dim, keepdim); }
+  /** Vector p-norm over dims (all elements by default); p = Infinity for the max-norm. */
+  norm(p = 2, dim?: number | number[], keepdim = false): Tensor { return run('norm', this, p, dim, keepdim); }
+  /** Variance with Bessel's correction unless unbiased = false. */
+  var(dim?: number | number[], unbiased = true, keepdim = false): Tensor {
+    return run('var', this, dim, unbiased ? 1 : 0, keepdim);
+  }
+  prod(): Tensor { return run('prod', this); }
+
+  // ---- shape (views share storage with this tensor)
+  view(...shape: number[]): Tensor { return run('view', this, shape); }
+  reshape(...shape: number[]): Tensor { return run('reshape', this, shape); }
+  permute(...dims: number[]): Tensor { return run('permute', this, dims); }
+  transpose(dim0: number, dim1: number): Tensor { return run('transpose', this, dim0, dim1); }
+  /** Transpose of a 2-D tensor. */
+  t(): Tensor { return this.transpose(0, 1); }
+  /** A view of `length` elements along dim starting at start. */
+  narrow(dim: number, start: number, length: number): Tensor { return run('narrow', this, dim, start, length); }
+  /** A view [start, end) along dim with a step, like x[start:end:step]. */
+  slice(dim: number, start?: number, end?: number, step = 1): Tensor { return run('slice', this, dim, start, end, step); }
+  select(dim: number, index: number): Tensor { return run('select', this, dim, index); }
+  split(splitSize: number | number[], dim = 0): Tensor[] {
+    return Array.isArray(splitSize) ? run('splitSizes', this, splitSize, dim) : run('split', this, splitSize, dim);
+  }
+  chunk(chunks: number, dim = 0): Tensor[] { return run('chunk', this, chunks, dim); }
+  flatten(startDim = 0, endDim = -1): Tensor { return run('flatten', this, startDim, endDim); }
+  squeeze(dim?: number): Tensor { return dim === undefined ? run('squeeze', this) : run('squeezeDim', this, dim); }
+  unsqueeze(dim: number): Tensor { return run('unsqueeze', this, dim); }
+  expand(...shape: number[]): Tensor { return run('expand', this, shape); }
+  indexSelect(dim: number, index: Tensor): Tensor { return run('indexSelect', this, dim, index); }
+  gather(dim: number, index: Tensor): Tensor { return run('gather', this, dim, index); }
+  repeat(...repeats: number[]): Tensor { return run('repeat', this, repeats); }
+  tril(diagonal = 0): Tensor { return run('tril', this, diagonal); }
+  triu(diagonal = 0): Tensor { return run('triu', this, diagonal); }
+  flip(...dims: number[]): Tensor { return run('flip', this, dims); }
+
+  // ---- in-place (named with a trailing underscore; they return this)
+  add_(other: TensorOrScalar, alpha = 1): this {
+    runInPlace(this, other instanceof Tensor ? 'add_' : 'addScalar_', other, alpha);
+    return this;
+  }
+  sub_(other: Tensor, alpha = 1): this { runInPlace(this, 'sub_', other, alpha); return this; }
+  mul_(other: TensorOrScalar): this { runInPlace(this, other instanceof Tensor ? 'mul_' : 'mulScalar_', other); return this; }
+  div_(other: TensorOrScalar): this { runInPlace(this, other instanceof Tensor ? 'div_' : 'divScalar_', other); return this; }
+  /** this += value * t1 * t2 */
+  addcmul_(t1: Tensor, t2: Tensor, value = 1): this { runInPlace(this, 'addcmul_', t1, t2, value); return this; }
+  /** this += value * t1 / t2 */
+  addcdiv_(t1: Tensor, t2: Tensor, value = 1): this { runInPlace(this, 'addcdiv_', t1, t2, value); return this; }
+  /** this += weight * (end - this) */
+  lerp_(end: Tensor, weight: TensorOrScalar): this {
+    runInPlace(this, weight instanceof Tensor ? 'lerpTensor_' : 'lerp_', end, weight);
+    return this;
+  }
+  copy_(src: Tensor): this { runInPlace(this, 'copy_', src); return this; }
+  zero_(): this { runInPlace(this, 'zero_'); return this; }
+  fill_(value: number): this { runInPlace(this, 'fill_', value); return this; }
+  clamp_(min?: number, max?: number): this { runInPlace(this, 'clamp_', min, max); return this; }
+  sqrt_(): this { runInPlace(this, 'sqrt_'); return this; }
+  maskedFill_(mask: Tensor, value: number): this { runInPlace(this, 'maskedFill_', mask, value); return this; }
+  /** Fills with N(mean, std) from the global generator. */
+  normal_(mean = 0, std = 1): this { runInPlace(this, 'normal_', mean, std); return this; }
+  uniform_(from = 0, to = 1): this { runInPlace(this, 'uniform_', from, to); return this; }
+}
