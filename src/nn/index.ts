@@ -1,0 +1,5 @@
+export { Module, type Parameter } from './module.js';
+export { Linear, Embedding, LayerNorm, RMSNorm, Dropout, ModuleList } from './layers.js';
+export { CausalSelfAttention, MLP, Block, type BlockConfig } from './transformer.js';
+export * as F from './functional.js';
+export { normal_, zeros_, ones_ } from './init.js';

@@ -1,0 +1,79 @@
+// Basic layers. Initialisation follows PyTorch's defaults unless a model re-initialises (gpt.ts does).
+import { Tensor, empty, ones, zeros, noGrad } from '../tensor/index.js';
+import { Module } from './module.js';
+import * as F from './functional.js';
+
+export class Linear extends Module {
+  readonly weight: Tensor; // (out, in)
+  readonly bias?: Tensor;
+  /** opts.weight shares an existing (out, in) parameter instead of creating one (tied embeddings). */
+  constructor(readonly inFeatures: number, readonly outFeatures: number, opts: { bias?: boolean; weight?: Tensor } = {}) {
+    super();
+    const bound = 1 / Math.sqrt(inFeatures);
+    if (opts.weight && opts.weight.shape.join('x') !== `${outFeatures}x${inFeatures}`) {
+      throw new Error(`Linear: shared weight has shape [${opts.weight.shape}], expected [${outFeatures}, ${inFeatures}]`);
+    }
+    this.weight = this.registerParameter('weight', opts.weight ?? noGrad(() => empty([outFeatures, inFeatures]).uniform_(-bound, bound)));
+    if (opts.bias ?? true) this.bias = this.registerParameter('bias', noGrad(() => empty([outFeatures]).uniform_(-bound, bound)));
+  }
+  forward(x: Tensor): Tensor {
+    return F.linear(x, this.weight, this.bias);
+  }
+}
+
+export class Embedding extends Module {
+  readonly weight: Tensor; // (num, dim)
+  constructor(readonly numEmbeddings: number, readonly embeddingDim: number) {
+    super();
+    this.weight = this.registerParameter('weight', noGrad(() => empty([numEmbeddings, embeddingDim]).normal_(0, 1)));
+  }
+  forward(indices: Tensor): Tensor {
+    return F.embedding(indices, this.weight);
+  }
+}
+
+export class LayerNorm extends Module {
+  readonly weight: Tensor;
+  readonly bias?: Tensor;
+  constructor(readonly dim: number, opts: { eps?: number; bias?: boolean } = {}) {
+    super();
+    this.eps = opts.eps ?? 1e-5;
+    this.weight = this.registerParameter('weight', ones([dim]));
+    if (opts.bias ?? true) this.bias = this.registerParameter('bias', zeros([dim]));
+  }
+  readonly eps: number;
+  forward(x: Tensor): Tensor {
+    return F.layerNorm(x, [this.dim], this.weight, this.bias, this.eps);
+  }
+}
+
+export class RMSNorm extends Module {
+  readonly weight: Tensor;
+  constructor(readonly dim: number, readonly eps = 1e-6) {
+    super();
+    this.weight = this.registerParameter('weight', ones([dim]));
+  }
+  forward(x: Tensor): Tensor {
+    return F.rmsNorm(x, this.weight, this.eps);
+  }
+}
+
+export class Dropout extends Module {
+  constructor(readonly p: number) {
+    super();
+    if (p < 0 || p >= 1) throw new Error(`Dropout: p must be in [0, 1), got ${p}`);
+  }
+  forward(x: Tensor): Tensor {
+    return F.dropout(x, this.p, this.training);
+  }
+}
+
+/** An ordered list of modules registered under "0", "1", ... */
+export class ModuleList<M extends Module = Module> extends Module {
+  readonly items: M[];
+  constructor(items: M[]) {
+    super();
+    this.items = items;
+    items.forEach((m, i) => this.registerModule(String(i), m));
+  }
+}

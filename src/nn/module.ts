@@ -1,0 +1,125 @@
+// Module: named parameters, buffers and children, train/eval, and state dicts. Models know nothing
+// about ranks; parallelism wraps them from outside (src/parallel).
+import { Tensor, keep, noGrad } from '../tensor/index.js';
+
+export type Parameter = Tensor;
+
+export class Module {
+  training = true;
+  private readonly params = new Map<string, Tensor>();
+  private readonly buffers = new Map<string, Tensor>();
+  private readonly children = new Map<string, Module>();
+
+  /** Registers a trainable leaf tensor; it outlives every tidy() scope. */
+  protected registerParameter(name: string, t: Tensor): Tensor {
+    keep(t);
+    if (!t.requiresGrad) t.requiresGrad = true;
+    this.params.set(name, t);
+    return t;
+  }
+
+  /** Registers state that is saved but not trained (e.g. a causal mask). */
+  protected registerBuffer(name: string, t: Tensor): Tensor {
+    keep(t);
+    this.buffers.set(name, t);
+    return t;
+  }
+
+  protected registerModule<M extends Module>(name: string, m: M): M {
+    this.children.set(name, m);
+    return m;
+  }
+
+  namedChildren(): [string, Module][] {
+    return [...this.children.entries()];
+  }
+
+  /** Every module in the tree, depth first, with dotted names ('' is this module). */
+  namedModules(prefix = ''): [string, Module][] {
+    const out: [string, Module][] = [[prefix, this]];
+    for (const [n, c] of this.children) out.push(...c.namedModules(prefix ? `${prefix}.${n}` : n));
+    return out;
+  }
+
+  /** Parameters with dotted names, each tensor once (a tied weight appears under its first name). */
+  namedParameters(): [string, Tensor][] {
+    const seen = new Set<Tensor>();
+    const out: [string, Tensor][] = [];
+    for (const [prefix, m] of this.namedModules()) {
+      for (const [n, p] of m.params) {
+        if (seen.has(p)) continue;
+        seen.add(p);
+        out.push([prefix ? `${prefix}.${n}` : n, p]);
+      }
+    }
+    return out;
+  }
+
+  parameters(): Tensor[] {
+    return this.namedParameters().map(([, p]) => p);
+  }
+
+  namedBuffers(): [string, Tensor][] {
+    const out: [string, Tensor][] = [];
+    for (const [prefix, m] of this.namedModules()) {
+      for (const [n, b] of m.buffers) out.push([prefix ? `${prefix}.${n}` : n, b]);
+    }
+    return out;
+  }
+
+  numParams(): number {
+    return this.parameters().reduce((a, p) => a + p.numel(), 0);
+  }
+
+  train(on = true): this {
+    for (const [, m] of this.namedModules()) m.training = on;
+    return this;
+  }
+
+  eval(): this {
+    return this.train(false);
+  }
+
+  /** Every parameter and buffer by dotted name (tied weights appear under each name, as in PyTorch). */
+  stateDict(): Record<string, Tensor> {
+    const out: Record<string, Tensor> = {};
+    for (const [prefix, m] of this.namedModules()) {
+      for (const [n, p] of m.params) out[prefix ? `${prefix}.${n}` : n] = p;
+      for (const [n, b] of m.buffers) out[prefix ? `${prefix}.${n}` : n] = b;
+    }
+    return out;
+  }
+
+  /** Copies values in place (parameters keep their storage, so views and grad buffers stay valid). */
+  loadStateDict(sd: Record<string, Tensor>, opts: { strict?: boolean } = {}): void {
+    const strict = opts.strict ?? true;
+    const own = this.stateDict();
+    const missing = Object.keys(own).filter((k) => !(k in sd));
+    const unexpected = Object.keys(sd).filter((k) => !(k in own));
+    if (strict && (missing.length > 0 || unexpected.length > 0)) {
+      throw new Error(
+        `loadStateDict: state does not match this model` +
+          (missing.length ? `; missing: ${missing.join(', ')}` : '') +
+          (unexpected.length ? `; unexpected: ${unexpected.join(', ')}` : '') +
+          ' (load a checkpoint of the same model config, or pass { strict: false })',
+      );
+    }
+    const bad: string[] = [];
+    for (const [k, t] of Object.entries(own)) {
+      const src = sd[k];
+      if (src && src.shape.join('x') !== t.shape.join('x')) bad.push(`${k}: have [${t.shape}], got [${src.shape}]`);
+    }
+    if (bad.length) throw new Error(`loadStateDict: shape mismatch: ${bad.join('; ')}`);
+    noGrad(() => {
+      for (const [k, t] of Object.entries(own)) {
+        const src = sd[k];
+        if (src) t.copy_(src);
+      }
+    });
+  }
+
+  /** Frees every parameter and buffer. */
+  dispose(): void {
+    for (const [, t] of Object.entries(this.stateDict())) t.dispose();
+  }
+}

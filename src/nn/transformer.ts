@@ -1,0 +1,84 @@
+// Transformer pieces for decoder-only models: causal self-attention, MLP, pre-norm block.
+import { Tensor, ones } from '../tensor/index.js';
+import { Module } from './module.js';
+import { Linear, LayerNorm, Dropout } from './layers.js';
+
+export interface BlockConfig {
+  nEmbd: number;
+  nHead: number;
+  blockSize: number;
+  dropout: number;
+  bias: boolean;
+}
+
+export class CausalSelfAttention extends Module {
+  readonly qkv: Linear;
+  readonly proj: Linear;
+  readonly attnDrop: Dropout;
+  readonly residDrop: Dropout;
+  readonly mask: Tensor; // (blockSize, blockSize) bool, true where attention is allowed
+  readonly nHead: number;
+  readonly nEmbd: number;
+
+  constructor(cfg: BlockConfig) {
+    super();
+    if (cfg.nEmbd % cfg.nHead !== 0) throw new Error(`nEmbd (${cfg.nEmbd}) must be divisible by nHead (${cfg.nHead})`);
+    this.nHead = cfg.nHead;
+    this.nEmbd = cfg.nEmbd;
+    this.qkv = this.registerModule('qkv', new Linear(cfg.nEmbd, 3 * cfg.nEmbd, { bias: cfg.bias }));
+    this.proj = this.registerModule('proj', new Linear(cfg.nEmbd, cfg.nEmbd, { bias: cfg.bias }));
+    this.attnDrop = this.registerModule('attnDrop', new Dropout(cfg.dropout));
+    this.residDrop = this.registerModule('residDrop', new Dropout(cfg.dropout));
+    const m = ones([cfg.blockSize, cfg.blockSize], { dtype: 'bool' });
+    this.mask = this.registerBuffer('mask', m.tril());
+    m.dispose();
+  }
+
+  forward(x: Tensor): Tensor {
+    const [B, T, C] = x.shape as [number, number, number];
+    const hs = C / this.nHead;
+    const [q, k, v] = this.qkv.forward(x).split(C, 2) as [Tensor, Tensor, Tensor];
+    const heads = (t: Tensor) => t.view(B, T, this.nHead, hs).transpose(1, 2); // (B, nh, T, hs)
+    const qh = heads(q), kh = heads(k), vh = heads(v);
+    let att = qh.matmul(kh.transpose(-2, -1)).mul(1 / Math.sqrt(hs)); // (B, nh, T, T)
+    const allowed = this.mask.narrow(0, 0, T).narrow(1, 0, T);
+    att = att.maskedFill(allowed.logicalNot(), -Infinity).softmax(-1);
+    att = this.attnDrop.forward(att);
+    const y = att.matmul(vh).transpose(1, 2).contiguous().view(B, T, C); // (B, T, C)
+    return this.residDrop.forward(this.proj.forward(y));
+  }
+}
+
+export class MLP extends Module {
+  readonly fc: Linear;
+  readonly proj: Linear;
+  readonly drop: Dropout;
+  constructor(cfg: BlockConfig) {
+    super();
+    this.fc = this.registerModule('fc', new Linear(cfg.nEmbd, 4 * cfg.nEmbd, { bias: cfg.bias }));
+    this.proj = this.registerModule('proj', new Linear(4 * cfg.nEmbd, cfg.nEmbd, { bias: cfg.bias }));
+    this.drop = this.registerModule('drop', new Dropout(cfg.dropout));
+  }
+  forward(x: Tensor): Tensor {
+    return this.drop.forward(this.proj.forward(this.fc.forward(x).gelu()));
+  }
+}
+
+/** Pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)). */
+export class Block extends Module {
+  readonly ln1: LayerNorm;
+  readonly attn: CausalSelfAttention;
+  readonly ln2: LayerNorm;
+  readonly mlp: MLP;
+  constructor(cfg: BlockConfig) {
+    super();
+    this.ln1 = this.registerModule('ln1', new LayerNorm(cfg.nEmbd, { bias: cfg.bias }));
+    this.attn = this.registerModule('attn', new CausalSelfAttention(cfg));
+    this.ln2 = this.registerModule('ln2', new LayerNorm(cfg.nEmbd, { bias: cfg.bias }));
+    this.mlp = this.registerModule('mlp', new MLP(cfg));
+  }
+  forward(x: Tensor): Tensor {
+    const h = x.add(this.attn.forward(this.ln1.forward(x)));
+    return h.add(this.mlp.forward(this.ln2.forward(h)));
+  }
+}
