@@ -1,7 +1,7 @@
 // Tensor creation: constant fills, ranges, random draws from the global seed, and copies of JS data.
 import { native } from './native.js';
 import { Tensor, run } from './tensor.js';
-import { type DType, dtypeCode, elementSize } from './dtype.js';
+import { type DType, dtypeCode, elementSize, isFloating } from './dtype.js';
 
 export interface CreateOptions {
   dtype?: DType;
@@ -13,8 +13,19 @@ function finish(t: Tensor, opts: CreateOptions): Tensor {
   return t;
 }
 
-function code(opts: CreateOptions, fallback: DType = 'float32'): number {
-  return dtypeCode(opts.dtype ?? fallback);
+let defaultDtype: DType = 'float32';
+
+/** The floating dtype that creation functions use when none is given (like torch.set_default_dtype). */
+export function setDefaultDtype(d: DType): void {
+  if (!isFloating(d)) throw new Error(`setDefaultDtype: ${d} is not a floating dtype (use float32, float64 or bfloat16)`);
+  defaultDtype = d;
+}
+export function getDefaultDtype(): DType {
+  return defaultDtype;
+}
+
+function code(opts: CreateOptions, fallback?: DType): number {
+  return dtypeCode(opts.dtype ?? fallback ?? defaultDtype);
 }
 
 function checkShape(shape: readonly number[], what: string): number[] {
@@ -40,7 +51,7 @@ export function full(shape: readonly number[], value: number, opts: CreateOption
 export function arange(start: number, end?: number, step = 1, opts: CreateOptions = {}): Tensor {
   if (end === undefined) [start, end] = [0, start];
   const ints = [start, end, step].every(Number.isInteger);
-  return finish(run('arange', start, end, step, code(opts, ints ? 'int64' : 'float32')), opts);
+  return finish(run('arange', start, end, step, code(opts, ints ? 'int64' : undefined)), opts);
 }
 /** Uniform [0, 1) from the global generator. */
 export function rand(shape: readonly number[], opts: CreateOptions = {}): Tensor {
@@ -113,7 +124,7 @@ export function tensor(data: Nested | ArrayBufferView, opts: CreateOptions & { s
   const flat: (number | boolean)[] = [];
   flattenNested(data, shape, 0, flat);
   const inferred: DType = flat.length > 0 && flat.every((x) => typeof x === 'boolean') ? 'bool'
-    : flat.every((x) => typeof x === 'number' && Number.isInteger(x)) && flat.length > 0 ? 'int64' : 'float32';
+    : flat.every((x) => typeof x === 'number' && Number.isInteger(x)) && flat.length > 0 ? 'int64' : defaultDtype;
   const dtype = opts.dtype ?? inferred;
   const f64 = Float64Array.from(flat, (x) => Number(x));
   const t = new Tensor(native.fromBuffer(f64, shape, dtypeCode('float64')));

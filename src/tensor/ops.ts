@@ -41,7 +41,7 @@ export const OPS = {
   mul_: ['aten::mul_', 'Tensor'], mulScalar_: ['aten::mul_', 'Scalar'], div_: ['aten::div_', 'Tensor'], divScalar_: ['aten::div_', 'Scalar'],
   addcmul_: ['aten::addcmul_', ''], addcdiv_: ['aten::addcdiv_', ''], lerp_: ['aten::lerp_', 'Scalar'], lerpTensor_: ['aten::lerp_', 'Tensor'],
   copy_: ['aten::copy_', ''], zero_: ['aten::zero_', ''], fill_: ['aten::fill_', 'Scalar'], clamp_: ['aten::clamp_', ''],
-  sqrt_: ['aten::sqrt_', ''], normal_: ['aten::normal_', ''], uniform_: ['aten::uniform_', ''],
+  sqrt_: ['aten::sqrt_', ''], set_: ['aten::set_', 'source_Tensor'], normal_: ['aten::normal_', ''], uniform_: ['aten::uniform_', ''],
   // creation
   empty: ['aten::empty', 'memory_format'], zeros: ['aten::zeros', ''], ones: ['aten::ones', ''], full: ['aten::full', ''],
   arange: ['aten::arange', 'start_step'], rand: ['aten::rand', ''], randn: ['aten::randn', ''], randint: ['aten::randint', 'low'],

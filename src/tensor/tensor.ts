@@ -323,4 +323,9 @@ export class Tensor {
   /** Fills with N(mean, std) from the global generator. */
   normal_(mean = 0, std = 1): this { runInPlace(this, 'normal_', mean, std); return this; }
   uniform_(from = 0, to = 1): this { runInPlace(this, 'uniform_', from, to); return this; }
+  /**
+   * Re-points this tensor at source's storage, sizes and strides (under noGrad for leaves). Flat
+   * parameter buffers use it to make an existing parameter a view of one contiguous block.
+   */
+  set_(source: Tensor): this { runInPlace(this, 'set_', source); return this; }
 }

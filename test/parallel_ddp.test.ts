@@ -1,0 +1,118 @@
+// Data parallel equivalence and behaviour on real ranks over loopback.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync, readFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { runWorld } from './helpers/world.js';
+
+const script = join(import.meta.dirname, 'fixtures', 'ddp_train.ts');
+const dir = mkdtempSync(join(tmpdir(), 'flotilla-ddp-'));
+
+interface Result { rank: number; losses: number[]; norms: number[]; launchedInBackward: boolean[]; collectivesPerMicro: number[]; buckets: number }
+
+function results(outputs: string[]): Result[] {
+  return outputs.map((out, r) => {
+    const line = out.split('\n').find((l) => l.includes('RESULT '));
+    assert.ok(line, `rank ${r} printed no result:\n${out}`);
+    return JSON.parse(line.slice(line.indexOf('RESULT ') + 7)) as Result;
+  });
+}
+
+async function train(nproc: number, opts: Record<string, unknown>, tag: string): Promise<{ res: Result[]; params: Float64Array }> {
+  const out = join(dir, `${tag}.bin`);
+  const { codes, outputs } = await runWorld({ nproc, script, args: [JSON.stringify({ ...opts, out })], timeoutMs: 240_000 });
+  assert.deepEqual(codes, new Array(nproc).fill(0), outputs.join('\n'));
+  return { res: results(outputs), params: new Float64Array(new Uint8Array(readFileSync(out)).buffer) };
+}
+
+function assertClose(a: ArrayLike<number>, b: ArrayLike<number>, rel: number, what: string): void {
+  assert.equal(a.length, b.length, `${what}: lengths differ`);
+  let worst = 0;
+  let at = 0;
+  for (let i = 0; i < a.length; i++) {
+    const d = Math.abs(a[i]! - b[i]!) / Math.max(1e-3, Math.abs(b[i]!));
+    if (d > worst) [worst, at] = [d, i];
+  }
+  assert.ok(worst <= rel, `${what}: max relative difference ${worst} > ${rel} at element ${at} (${a[at]} vs ${b[at]})`);
+}
+
+let reference: { res: Result[]; params: Float64Array } | undefined;
+async function ref(): Promise<{ res: Result[]; params: Float64Array }> {
+  reference ??= await train(1, { steps: 20, globalBatch: 8, accum: 1 }, 'ref');
+  return reference;
+}
+
+for (const [nproc, overlap, accum] of [[2, true, 1], [2, false, 1], [2, true, 2], [4, true, 1], [4, false, 2]] as const) {
+  test(`DDP ${nproc} ranks, overlap ${overlap}, accumulation ${accum}: 20 steps equal single-process training`, async () => {
+    const base = await ref();
+    const run = await train(nproc, { steps: 20, globalBatch: 8, accum, overlap }, `w${nproc}-o${overlap}-a${accum}`);
+    for (const r of run.res) assertClose(r.losses, base.res[0]!.losses, 1e-5, `losses on rank ${r.rank}`);
+    assertClose(run.params, base.params, 1e-5, 'final parameters');
+    assert.ok(run.res[0]!.buckets > 1, 'the test model must span several buckets');
+    if (overlap) {
+      // From the second step on, the first bucket's all-reduce starts inside backward.
+      for (const r of run.res) assert.ok(r.launchedInBackward.slice(1).every(Boolean), `rank ${r.rank}: ${r.launchedInBackward}`);
+    } else {
+      for (const r of run.res) assert.ok(r.launchedInBackward.every((x) => !x));
+    }
+    if (accum > 1) {
+      // Non-final micro-batches issue no collective at all.
+      for (const r of run.res) {
+        assert.equal(r.collectivesPerMicro.length, 20 * (accum - 1));
+        assert.ok(r.collectivesPerMicro.every((c) => c === 0), `rank ${r.rank}: ${r.collectivesPerMicro}`);
+      }
+    }
+  });
+}
+
+test('DDP with tied input/output embedding (one parameter used twice) equals single-process training', async () => {
+  const base = await train(1, { steps: 10, globalBatch: 8, tie: true }, 'tie-ref');
+  const run = await train(2, { steps: 10, globalBatch: 8, tie: true }, 'tie-w2');
+  assertClose(run.res[0]!.losses, base.res[0]!.losses, 1e-5, 'losses');
+  assertClose(run.params, base.params, 1e-5, 'final parameters');
+  assert.ok(run.res[0]!.launchedInBackward.slice(1).every(Boolean));
+});
+
+test('DDP gradient-norm clipping matches single-process clipping', async () => {
+  const base = await train(1, { steps: 8, globalBatch: 8, clip: 0.5 }, 'clip-ref');
+  const run = await train(2, { steps: 8, globalBatch: 8, clip: 0.5 }, 'clip-w2');
+  assertClose(run.res[0]!.norms, base.res[0]!.norms, 1e-5, 'gradient norms');
+  assert.deepEqual(run.res[0]!.norms, run.res[1]!.norms, 'every rank sees the same norm');
+  assertClose(run.params, base.params, 1e-5, 'final parameters');
+});
+
+async function scenario(name: string, nproc = 2): Promise<Record<string, unknown>[]> {
+  const { codes, outputs } = await runWorld({ nproc, script: join(import.meta.dirname, 'fixtures', 'ddp_cases.ts'), args: [name], timeoutMs: 120_000 });
+  assert.deepEqual(codes, new Array(nproc).fill(0), outputs.join('\n'));
+  return results(outputs) as unknown as Record<string, unknown>[];
+}
+
+test('an unused parameter without findUnusedParameters is an error naming it, on every rank', async () => {
+  for (const r of await scenario('unused-error')) {
+    assert.match(String(r.error), /received no gradient.*spare\.weight.*spare\.bias|received no gradient.*spare\.bias.*spare\.weight/);
+    assert.match(String(r.error), /findUnusedParameters/);
+  }
+});
+
+test('findUnusedParameters reduces zero gradients for unused parameters and keeps replicas equal', async () => {
+  const [a, b] = await scenario('unused-ok');
+  assert.equal(a!.error, undefined);
+  assert.equal(a!.spareGradZero, true);
+  assert.deepEqual(a!.usedGrad, b!.usedGrad);
+  assert.deepEqual(a!.weights, b!.weights);
+});
+
+test('a gradient arriving for a bucket already in flight raises an error naming the parameter', async () => {
+  for (const r of await scenario('late-grad')) {
+    assert.match(String(r.error), /gradient for parameter 'used\.(weight|bias)' arrived after its bucket/);
+  }
+});
+
+test('non-finite gradients on one rank: every rank skips the same step', async () => {
+  for (const r of await scenario('nonfinite-skip')) assert.deepEqual(r.ok, [true, false, true]);
+});
+
+test('non-finite gradients on one rank: every rank raises, naming the rank', async () => {
+  for (const r of await scenario('nonfinite-raise')) assert.match(String(r.error), /non-finite gradients.*rank\(s\) 1/);
+});
