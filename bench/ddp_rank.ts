@@ -1,0 +1,50 @@
+// One rank of the data-parallel benchmark: the ~3M-parameter GPT, 8 x 128 tokens per rank, AdamW,
+// one intra-op thread. Times full synced steps and compute-only steps (noSync) and prints JSON.
+import * as ft from '../src/tensor/index.js';
+import { GPT } from '../src/models/gpt.js';
+import { AdamW } from '../src/optim/index.js';
+import { initProcessGroup, destroyProcessGroup } from '../src/distributed/process_group.js';
+import { DataParallel } from '../src/parallel/index.js';
+
+const { steps, warmup, bucketMb } = JSON.parse(process.argv[2] ?? '{}') as { steps: number; warmup: number; bucketMb: number };
+ft.setNumThreads(1);
+const world = initProcessGroup();
+ft.manualSeed(0);
+const model = new GPT({ vocabSize: 256, blockSize: 128, nLayer: 4, nHead: 8, nEmbd: 256, dropout: 0, bias: true });
+const ddp = new DataParallel(model, { group: world, bucketSizeMb: bucketMb });
+const opt = new AdamW(model.parameters(), { lr: 1e-4 });
+ft.manualSeed(1 + world.rank);
+const x = ft.randint(0, 256, [8, 128]);
+const y = ft.randint(0, 256, [8, 128]);
+
+function step(sync: boolean): { total: number; exposed: number } {
+  const t0 = performance.now();
+  let exposed = 0;
+  ft.tidy(() => {
+    const body = () => model.forward(x, y).loss!.backward();
+    if (sync) {
+      body();
+      const t1 = performance.now();
+      ddp.finishGradSync();
+      exposed = performance.now() - t1;
+    } else {
+      ddp.noSync(body);
+    }
+    opt.step();
+    opt.zeroGrad();
+  });
+  return { total: performance.now() - t0, exposed };
+}
+
+const synced: number[] = [], local: number[] = [], exposed: number[] = [];
+for (let i = 0; i < warmup; i++) step(true);
+for (let i = 0; i < steps; i++) {
+  const s = step(true);
+  synced.push(s.total);
+  exposed.push(s.exposed);
+  world.barrier().wait();
+  local.push(step(false).total);
+  world.barrier().wait();
+}
+console.log('BENCH ' + JSON.stringify({ rank: world.rank, synced, local, exposed, params: model.numParams() }));
+destroyProcessGroup();
