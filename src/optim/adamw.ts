@@ -1,6 +1,6 @@
 // AdamW with decoupled weight decay, computed in the same order as torch.optim.AdamW
 // (single-tensor path), so results agree to float rounding.
-import { Tensor, zerosLike } from '../tensor/index.js';
+import { Tensor, zeros, zerosLike } from '../tensor/index.js';
 import { Optimizer, type ParamsArg } from './optimizer.js';
 
 export interface AdamWOptions {
@@ -19,12 +19,14 @@ export class AdamW extends Optimizer<AdamWOptions> {
   }
 
   protected initState(p: Tensor): Record<string, Tensor> {
-    return { expAvg: zerosLike(p), expAvgSq: zerosLike(p) };
+    // The step count is per parameter, as in torch: a parameter that had no gradient on some steps
+    // (or joined late) gets the bias correction of the updates it actually received.
+    return { step: zeros([], { dtype: 'float64' }), expAvg: zerosLike(p), expAvgSq: zerosLike(p) };
   }
 
   protected update(p: Tensor, g: Tensor, st: Record<string, Tensor>, o: AdamWOptions): void {
     const [b1, b2] = o.betas;
-    const step = this.stepCount;
+    const step = st.step!.add_(1).item();
     const m = st.expAvg!, v = st.expAvgSq!;
     if (o.weightDecay !== 0) p.mul_(1 - o.lr * o.weightDecay);
     m.mul_(b1).add_(g, 1 - b1);

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Makes a checkout ready to run: what `npm start` and `npm test` do first. Each step runs only when
+# needed and prints one line when it does; when everything is in place it prints nothing.
+#   1. system packages (scripts/setup.sh) when any is missing
+#   2. npm ci (npm install without a usable lockfile) when node_modules is missing or stale
+#   3. the native addon when native/build/Release/flotilla.node is missing or older than its sources
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  echo "flotilla: node and npm are needed (Node 20 or newer)" >&2
+  exit 1
+fi
+node_major=$(node -p 'process.versions.node.split(".")[0]')
+if [[ "$node_major" -lt 20 ]]; then
+  echo "flotilla: Node $(node --version) is too old; install Node 20 or newer" >&2
+  exit 1
+fi
+
+if ! bash scripts/setup.sh --check; then
+  echo "ensure: installing system packages (scripts/setup.sh)"
+  bash scripts/setup.sh
+fi
+
+set +e
+why=$(node scripts/check-deps.cjs)
+deps=$?
+set -e
+if [[ $deps -eq 1 ]]; then
+  echo "ensure: npm ci ($why)"
+  npm ci --no-audit --no-fund --loglevel=error
+elif [[ $deps -eq 2 ]]; then
+  echo "ensure: npm install ($why)"
+  npm install --no-audit --no-fund --loglevel=error
+elif [[ $deps -ne 0 ]]; then
+  echo "flotilla: scripts/check-deps.cjs failed: $why" >&2
+  exit 1
+fi
+
+addon=native/build/Release/flotilla.node
+rebuild=""
+if [[ ! -f $addon ]]; then
+  rebuild="$addon is missing"
+else
+  newer=$(find native -maxdepth 1 \( -name '*.cc' -o -name '*.h' -o -name binding.gyp \) -newer "$addon" -print -quit)
+  [[ -z "$newer" ]] || rebuild="$newer changed"
+fi
+if [[ -n "$rebuild" ]]; then
+  echo "ensure: building the native addon ($rebuild)"
+  # Use the headers of the node that runs us when they are installed beside it (Debian, NodeSource),
+  # so node-gyp needs no download.
+  gyp_args=()
+  prefix=$(node -p 'require("path").resolve(process.execPath, "..", "..")')
+  if [[ -f "$prefix/include/node/node_api.h" ]]; then gyp_args+=("--nodedir=$prefix"); fi
+  log=$(mktemp)
+  if ! npx --no-install node-gyp rebuild --directory native -j 2 "${gyp_args[@]}" >"$log" 2>&1; then
+    tail -n 60 "$log" >&2
+    rm -f "$log"
+    echo "flotilla: building the native addon failed (see above); retry with: npx node-gyp rebuild --directory native -j 2" >&2
+    exit 1
+  fi
+  rm -f "$log"
+fi

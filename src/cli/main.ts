@@ -1,0 +1,156 @@
+// The `flotilla` command: train from a TOML config (on one process or, with --nproc, through the
+// launcher), run any script on N ranks, and print the documented config.
+import { readFileSync } from 'node:fs';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+import { resolve } from 'node:path';
+import { ConfigError, checkRunnable, configToToml, defaultConfig, loadConfig, parseConfig } from '../train/config.js';
+
+const MAIN = fileURLToPath(import.meta.url);
+
+export const USAGE = `flotilla — distributed training for TypeScript
+
+usage:
+  flotilla train <config.toml> [--nproc N] [--section.field=value ...]
+      Train the model a config describes. --nproc N (N > 1) starts N local ranks through the
+      launcher (data parallel). Overrides win over the file, e.g. --optim.lr=3e-4 --train.steps=50.
+  flotilla run --nproc N <script.ts|script.js> [args ...]
+      Start N ranks of a script with the launch environment (RANK, WORLD_SIZE, MASTER_ADDR, ...);
+      run \`flotilla run --help\` for the launcher's options.
+  flotilla config [config.toml] [--section.field=value ...]
+      Print the resolved config with every field documented (the defaults without a file).
+  flotilla --help | --version
+
+example:
+  flotilla train examples/gpt-tiny.toml --nproc 2`;
+
+/** Bad command-line usage: one message, exit code 2. */
+export class UsageError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'UsageError';
+  }
+}
+
+function version(): string {
+  const pkg = JSON.parse(readFileSync(resolve(MAIN, '..', '..', '..', 'package.json'), 'utf8')) as { version: string };
+  return pkg.version;
+}
+
+interface TrainArgs {
+  config: string;
+  nproc?: number;
+  overrides: string[];
+}
+
+function parseNproc(v: string | undefined): number {
+  if (v === undefined || !/^\d+$/.test(v) || Number(v) < 1) {
+    throw new UsageError(`--nproc needs a positive integer, got ${v === undefined ? 'nothing' : JSON.stringify(v)} (e.g. --nproc 2)`);
+  }
+  return Number(v);
+}
+
+/** Splits `train` arguments into the config path, --nproc and the --section.field overrides. */
+export function parseTrainArgs(args: readonly string[]): TrainArgs {
+  let config: string | undefined;
+  let nproc: number | undefined;
+  const overrides: string[] = [];
+  for (let i = 0; i < args.length; i++) {
+    const a = args[i]!;
+    if (a === '--nproc' || a === '--nproc-per-node') {
+      nproc = parseNproc(args[++i]);
+    } else if (a.startsWith('--nproc=') || a.startsWith('--nproc-per-node=')) {
+      nproc = parseNproc(a.slice(a.indexOf('=') + 1));
+    } else if (/^--[A-Za-z0-9_]+\.[A-Za-z0-9_]+=/s.test(a)) {
+      overrides.push(a);
+    } else if (/^--[A-Za-z0-9_]+\.[A-Za-z0-9_]+$/.test(a)) {
+      const v = args[i + 1];
+      if (v === undefined || v.startsWith('--')) throw new UsageError(`${a} needs a value: write ${a}=value`);
+      overrides.push(`${a}=${v}`);
+      i++;
+    } else if (a.startsWith('-')) {
+      throw new UsageError(`train: unknown option ${a}; options are --nproc N and --section.field=value overrides (see flotilla --help)`);
+    } else if (config === undefined) {
+      config = a;
+    } else {
+      throw new UsageError(`train: one config file expected, got ${JSON.stringify(config)} and ${JSON.stringify(a)}`);
+    }
+  }
+  if (config === undefined) throw new UsageError('train: missing the config file: flotilla train <config.toml> (e.g. examples/gpt-tiny.toml)');
+  return { config, overrides, ...(nproc !== undefined ? { nproc } : {}) };
+}
+
+async function trainCommand(args: readonly string[]): Promise<number> {
+  const a = parseTrainArgs(args);
+  const cfg = loadConfig(a.config, a.overrides); // every rank and the launching process validate first
+  const { readLaunchEnv } = await import('../distributed/env.js');
+  const env = readLaunchEnv();
+  const inWorld = env.source !== 'single';
+  if (a.nproc !== undefined && a.nproc > 1 && !inWorld) {
+    const problems = checkRunnable(cfg, a.nproc);
+    if (problems.length > 0) throw new ConfigError(problems, a.config);
+    const { runLauncher } = await import('../distributed/launcher.js');
+    return runLauncher(['--nproc', String(a.nproc), MAIN, 'train', a.config, ...a.overrides]);
+  }
+  if (a.nproc !== undefined && inWorld && a.nproc !== env.worldSize) {
+    throw new UsageError(`train: --nproc ${a.nproc} given inside a world of ${env.worldSize} ranks already started by ${env.source}; drop --nproc`);
+  }
+  const { train } = await import('../train/trainer.js');
+  await train(cfg, { configPath: a.config, overrides: a.overrides });
+  return 0;
+}
+
+function configCommand(args: readonly string[]): number {
+  const file = args[0] !== undefined && !args[0].startsWith('--') ? args[0] : undefined;
+  const overrides = file === undefined ? args : args.slice(1);
+  const cfg = file !== undefined ? loadConfig(file, overrides) : overrides.length > 0 ? parseConfig('', overrides, 'overrides') : defaultConfig();
+  process.stdout.write(configToToml(cfg, { header: file ? `Resolved from ${file}${overrides.length ? ` ${overrides.join(' ')}` : ''}` : 'flotilla defaults' }));
+  return 0;
+}
+
+/** Runs the command line; resolves to the exit code. */
+export async function main(argv: readonly string[]): Promise<number> {
+  const [cmd, ...rest] = argv;
+  try {
+    switch (cmd) {
+      case undefined:
+        process.stderr.write(`${USAGE}\n`);
+        return 2;
+      case '-h':
+      case '--help':
+      case 'help':
+        process.stdout.write(`${USAGE}\n`);
+        return 0;
+      case '-v':
+      case '--version':
+        process.stdout.write(`flotilla ${version()}\n`);
+        return 0;
+      case 'train':
+        if (rest.includes('--help') || rest.includes('-h')) {
+          process.stdout.write(`${USAGE}\n`);
+          return 0;
+        }
+        return await trainCommand(rest);
+      case 'run': {
+        const { runLauncher } = await import('../distributed/launcher.js');
+        return await runLauncher([...rest]);
+      }
+      case 'config':
+        return configCommand(rest);
+      default:
+        throw new UsageError(`unknown command ${JSON.stringify(cmd)}; commands: train, run, config (see flotilla --help)`);
+    }
+  } catch (e) {
+    const err = e as Error;
+    if (err instanceof UsageError || err instanceof ConfigError || err?.name === 'LaunchEnvError') {
+      process.stderr.write(`flotilla: ${err.message}\n`);
+      return 2;
+    }
+    process.stderr.write(`flotilla: ${process.env.FLOTILLA_DEBUG ? err?.stack ?? String(e) : err?.message ?? String(e)}\n`);
+    return 1;
+  }
+}
+
+// Run when executed directly (node --import tsx src/cli/main.ts ...), not when imported (bin/, tests).
+if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(resolve(process.argv[1])).href) {
+  process.exit(await main(process.argv.slice(2)));
+}

@@ -1,0 +1,148 @@
+// The launch contract: which rank this process is, how many there are, and where to meet.
+//
+// Read in this order (the first family whose rank variable is present wins):
+//   1. torchrun / `flotilla run`: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+//   2. mpirun (Open MPI):         OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE
+//   3. srun (Slurm):              SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE
+//   4. nothing set:               a single process, rank 0 of 1
+// Under mpirun and srun, MASTER_ADDR / MASTER_PORT still come from the environment when set
+// (default 127.0.0.1:29500): neither launcher says where rank 0 listens.
+
+export type LaunchSource = 'torchrun' | 'mpirun' | 'srun' | 'single';
+
+export interface LaunchEnv {
+  rank: number;
+  worldSize: number;
+  localRank: number;
+  localWorldSize: number;
+  masterAddr: string;
+  masterPort: number;
+  /** Which family of variables described this process. */
+  source: LaunchSource;
+}
+
+export const DEFAULT_MASTER_ADDR = '127.0.0.1';
+export const DEFAULT_MASTER_PORT = 29500;
+
+type Env = Record<string, string | undefined>;
+
+/** Thrown for a launch variable that is present but malformed; names the variable. */
+export class LaunchEnvError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'LaunchEnvError';
+  }
+}
+
+function present(env: Env, name: string): boolean {
+  const v = env[name];
+  return v !== undefined && v.trim() !== '';
+}
+
+/** A non-negative integer (min 1 when `positive`), or a LaunchEnvError naming the variable. */
+export function intVar(env: Env, name: string, opts: { positive?: boolean } = {}): number {
+  const raw = (env[name] ?? '').trim();
+  if (!/^\d+$/.test(raw)) {
+    throw new LaunchEnvError(`${name}=${JSON.stringify(env[name] ?? '')} is not a ${opts.positive ? 'positive' : 'non-negative'} integer`);
+  }
+  const v = Number(raw);
+  if (!Number.isSafeInteger(v) || (opts.positive && v < 1)) {
+    throw new LaunchEnvError(`${name}=${JSON.stringify(env[name])} is not a ${opts.positive ? 'positive' : 'non-negative'} integer`);
+  }
+  return v;
+}
+
+function portVar(env: Env, name: string): number {
+  if (!present(env, name)) return DEFAULT_MASTER_PORT;
+  const p = intVar(env, name);
+  if (p < 1 || p > 65535) throw new LaunchEnvError(`${name}=${env[name]} is not a TCP port (1-65535)`);
+  return p;
+}
+
+function addrVar(env: Env): string {
+  if (!present(env, 'MASTER_ADDR')) return DEFAULT_MASTER_ADDR;
+  const a = env.MASTER_ADDR!.trim();
+  if (/\s/.test(a)) throw new LaunchEnvError(`MASTER_ADDR=${JSON.stringify(env.MASTER_ADDR)} is not a host name or address`);
+  return a;
+}
+
+/** Slurm writes tasks per node as "4", "4(x2)" or "4(x2),3": the first count is this layout's. */
+function slurmTasksPerNode(env: Env): number | undefined {
+  const raw = env.SLURM_NTASKS_PER_NODE ?? env.SLURM_TASKS_PER_NODE;
+  if (raw === undefined || raw.trim() === '') return undefined;
+  const m = /^\s*(\d+)/.exec(raw);
+  if (!m) throw new LaunchEnvError(`SLURM_TASKS_PER_NODE=${JSON.stringify(raw)} does not start with a task count`);
+  return Number(m[1]);
+}
+
+function check(e: LaunchEnv, names: { rank: string; size: string; localRank: string; localSize: string }): LaunchEnv {
+  if (e.rank >= e.worldSize) {
+    throw new LaunchEnvError(`${names.rank}=${e.rank} is not below ${names.size}=${e.worldSize}`);
+  }
+  if (e.localWorldSize > e.worldSize) {
+    throw new LaunchEnvError(`${names.localSize}=${e.localWorldSize} is larger than ${names.size}=${e.worldSize}`);
+  }
+  if (e.localRank >= e.localWorldSize) {
+    throw new LaunchEnvError(`${names.localRank}=${e.localRank} is not below ${names.localSize}=${e.localWorldSize}`);
+  }
+  return e;
+}
+
+/**
+ * Reads the launch contract from `env` (default: process.env). Throws LaunchEnvError naming the
+ * variable when one is present but malformed, or when a family is only partly set.
+ */
+export function readLaunchEnv(env: Env = process.env): LaunchEnv {
+  if (present(env, 'RANK') || present(env, 'WORLD_SIZE')) {
+    for (const n of ['RANK', 'WORLD_SIZE']) {
+      if (!present(env, n)) throw new LaunchEnvError(`${n} is not set, but ${n === 'RANK' ? 'WORLD_SIZE' : 'RANK'} is: set both (a launcher such as \`flotilla run\` sets them)`);
+    }
+    const rank = intVar(env, 'RANK');
+    const worldSize = intVar(env, 'WORLD_SIZE', { positive: true });
+    // Without LOCAL_* every rank is taken to be on one host (the common hand-started case).
+    const localRank = present(env, 'LOCAL_RANK') ? intVar(env, 'LOCAL_RANK') : rank;
+    const localWorldSize = present(env, 'LOCAL_WORLD_SIZE') ? intVar(env, 'LOCAL_WORLD_SIZE', { positive: true }) : worldSize;
+    return check(
+      { rank, worldSize, localRank, localWorldSize, masterAddr: addrVar(env), masterPort: portVar(env, 'MASTER_PORT'), source: 'torchrun' },
+      { rank: 'RANK', size: 'WORLD_SIZE', localRank: 'LOCAL_RANK', localSize: 'LOCAL_WORLD_SIZE' },
+    );
+  }
+  if (present(env, 'OMPI_COMM_WORLD_RANK')) {
+    if (!present(env, 'OMPI_COMM_WORLD_SIZE')) throw new LaunchEnvError('OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE is not');
+    const rank = intVar(env, 'OMPI_COMM_WORLD_RANK');
+    const worldSize = intVar(env, 'OMPI_COMM_WORLD_SIZE', { positive: true });
+    const localRank = present(env, 'OMPI_COMM_WORLD_LOCAL_RANK') ? intVar(env, 'OMPI_COMM_WORLD_LOCAL_RANK') : rank;
+    const localWorldSize = present(env, 'OMPI_COMM_WORLD_LOCAL_SIZE')
+      ? intVar(env, 'OMPI_COMM_WORLD_LOCAL_SIZE', { positive: true }) : worldSize;
+    return check(
+      { rank, worldSize, localRank, localWorldSize, masterAddr: addrVar(env), masterPort: portVar(env, 'MASTER_PORT'), source: 'mpirun' },
+      { rank: 'OMPI_COMM_WORLD_RANK', size: 'OMPI_COMM_WORLD_SIZE', localRank: 'OMPI_COMM_WORLD_LOCAL_RANK', localSize: 'OMPI_COMM_WORLD_LOCAL_SIZE' },
+    );
+  }
+  if (present(env, 'SLURM_PROCID')) {
+    if (!present(env, 'SLURM_NTASKS')) throw new LaunchEnvError('SLURM_PROCID is set but SLURM_NTASKS is not');
+    const rank = intVar(env, 'SLURM_PROCID');
+    const worldSize = intVar(env, 'SLURM_NTASKS', { positive: true });
+    const localRank = present(env, 'SLURM_LOCALID') ? intVar(env, 'SLURM_LOCALID') : rank;
+    const localWorldSize = present(env, 'SLURM_LOCALID') ? (slurmTasksPerNode(env) ?? worldSize) : worldSize;
+    return check(
+      { rank, worldSize, localRank, localWorldSize, masterAddr: addrVar(env), masterPort: portVar(env, 'MASTER_PORT'), source: 'srun' },
+      { rank: 'SLURM_PROCID', size: 'SLURM_NTASKS', localRank: 'SLURM_LOCALID', localSize: 'SLURM_TASKS_PER_NODE' },
+    );
+  }
+  return {
+    rank: 0, worldSize: 1, localRank: 0, localWorldSize: 1,
+    masterAddr: addrVar(env), masterPort: portVar(env, 'MASTER_PORT'), source: 'single',
+  };
+}
+
+/** The process-group timeout: FLOTILLA_TIMEOUT_MS, else `fallback`. */
+export function timeoutFromEnv(fallback: number, env: Env = process.env): number {
+  if (!present(env, 'FLOTILLA_TIMEOUT_MS')) return fallback;
+  return intVar(env, 'FLOTILLA_TIMEOUT_MS', { positive: true });
+}
+
+/** True for 127.0.0.0/8, ::1 and localhost: every rank is then on this host. */
+export function isLoopback(addr: string): boolean {
+  return addr === 'localhost' || addr === '::1' || /^127\.\d+\.\d+\.\d+$/.test(addr);
+}

@@ -1,0 +1,10 @@
+// Public distributed API: the launch contract, process groups and collectives, DeviceMesh, the
+// data-partition check and the launcher.
+export { readLaunchEnv, LaunchEnvError, type LaunchEnv, type LaunchSource } from './env.js';
+export {
+  ProcessGroup, Work, CollectiveError, CollectiveArgumentError, type ReduceOp, type CollectiveStats,
+  initProcessGroup, getWorld, newGroup, destroyProcessGroup, isInitialized, getLaunchEnv, DEFAULT_TIMEOUT_MS,
+} from './process_group.js';
+export { DeviceMesh, MeshDim, MeshLayout, MeshError, type MeshSpec } from './mesh.js';
+export { verifyDataPartition, checkPartition, dpRank, DataPartitionError, type PartitionReport } from './partition.js';
+export { runLauncher, parseRunArgs, RunUsageError, RUN_USAGE, type RunOptions, type LauncherIO } from './launcher.js';

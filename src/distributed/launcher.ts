@@ -1,0 +1,306 @@
+// `flotilla run`: start N ranks of a script on this host with the launch contract set (env.ts).
+//
+//   flotilla run --nproc N [--nnodes M --node-rank R --master-addr A --master-port P]
+//                [--max-restarts K] script.ts [script args...]
+//
+// Every rank gets RANK = node_rank * N + local_rank, WORLD_SIZE = M * N, LOCAL_RANK,
+// LOCAL_WORLD_SIZE = N, GROUP_RANK = node_rank, MASTER_ADDR, MASTER_PORT, and
+// FLOTILLA_RESTART_COUNT / FLOTILLA_MAX_RESTARTS. .ts scripts run under tsx, .js under node, and
+// anything else is executed as it is (so `flotilla run --nproc 2 python3 peer.py` works too).
+// Each output line is prefixed with `[rank k]`. SIGINT/SIGTERM are forwarded to the ranks (a second
+// one kills them). When a rank exits non-zero or is killed, the others are stopped (SIGTERM, then
+// SIGKILL after a grace period) and the launcher reports the rank and its exit code or signal.
+//
+// Ports: on one node without --master-port each attempt picks a free port (so a restarted group
+// never meets a store left over from the one it replaces). With --master-port on one node every
+// attempt reuses it (the old ranks are all gone by then). With several nodes, which cannot agree on a
+// free port, attempt k uses --master-port + k (default 29500 + k) on every node; each node's launcher
+// restarts its ranks when they fail, and a failure on one node makes the ranks on the others fail
+// within the process-group timeout, so all nodes restart together.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { constants as osConstants } from 'node:os';
+import { createServer } from 'node:net';
+import { createInterface } from 'node:readline';
+import { DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT } from './env.js';
+
+export const RUN_USAGE = `usage: flotilla run --nproc N [options] script.ts [script args...]
+
+Starts N ranks of the script on this host with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+MASTER_ADDR and MASTER_PORT set, prefixes their output with [rank k], and stops them all when one fails.
+
+options:
+  --nproc N            ranks on this node (alias --nproc-per-node)
+  --nnodes M           nodes in the job (default 1)
+  --node-rank R        this node's index, 0..M-1 (default 0)
+  --master-addr A      address of the node that runs global rank 0 (default ${DEFAULT_MASTER_ADDR})
+  --master-port P      rendezvous port there (default: a free port on one node, ${DEFAULT_MASTER_PORT} on several)
+  --max-restarts K     restart the whole group up to K times after a failure (default 0)
+  -h, --help           show this help`;
+
+export interface RunOptions {
+  nproc: number;
+  nnodes: number;
+  nodeRank: number;
+  masterAddr: string;
+  /** Undefined: pick a free port (one node) or use the default (several). */
+  masterPort: number | undefined;
+  maxRestarts: number;
+  script: string;
+  scriptArgs: string[];
+}
+
+/** A malformed `flotilla run` command line; the message says what to fix. */
+export class RunUsageError extends Error {
+  constructor(message: string, readonly help = false) {
+    super(message);
+    this.name = 'RunUsageError';
+  }
+}
+
+const OPTIONS: Record<string, keyof RunOptions> = {
+  'nproc': 'nproc', 'nproc-per-node': 'nproc', 'nnodes': 'nnodes', 'node-rank': 'nodeRank',
+  'master-addr': 'masterAddr', 'master-port': 'masterPort', 'max-restarts': 'maxRestarts',
+};
+
+function parseInt(flag: string, raw: string, min: number, max = Number.MAX_SAFE_INTEGER): number {
+  if (!/^\d+$/.test(raw.trim())) throw new RunUsageError(`--${flag} ${JSON.stringify(raw)}: expected an integer`);
+  const v = Number(raw);
+  if (v < min || v > max) throw new RunUsageError(`--${flag} ${v}: must be ${max === Number.MAX_SAFE_INTEGER ? `at least ${min}` : `between ${min} and ${max}`}`);
+  return v;
+}
+
+/**
+ * Parses the arguments after `flotilla run`. Options come before the script; everything after the
+ * script goes to it unchanged. Accepts --opt value, --opt=value, and torchrun's underscore spellings.
+ */
+export function parseRunArgs(argv: readonly string[]): RunOptions {
+  const raw: Partial<Record<keyof RunOptions, string>> = {};
+  let i = 0;
+  for (; i < argv.length; i++) {
+    const a = argv[i]!;
+    if (a === '-h' || a === '--help') throw new RunUsageError('', true);
+    if (a === '--') {
+      i++;
+      break;
+    }
+    if (!a.startsWith('-')) break;
+    const eq = a.indexOf('=');
+    const flag = (eq >= 0 ? a.slice(2, eq) : a.slice(2)).replace(/_/g, '-');
+    const key = OPTIONS[flag];
+    if (!a.startsWith('--') || key === undefined) {
+      throw new RunUsageError(`unknown option ${a} (options: ${Object.keys(OPTIONS).map((o) => `--${o}`).join(', ')}; the script and its arguments come last)`);
+    }
+    let value: string | undefined;
+    if (eq >= 0) value = a.slice(eq + 1);
+    else {
+      value = argv[++i];
+      if (value === undefined) throw new RunUsageError(`--${flag} needs a value`);
+    }
+    raw[key] = value;
+  }
+  const script = argv[i];
+  if (script === undefined) throw new RunUsageError('no script given: flotilla run --nproc N script.ts [args...]');
+  if (raw.nproc === undefined) throw new RunUsageError('--nproc N is required (ranks to start on this node)');
+  const nproc = parseInt('nproc', raw.nproc, 1);
+  const nnodes = raw.nnodes === undefined ? 1 : parseInt('nnodes', raw.nnodes, 1);
+  const nodeRank = raw.nodeRank === undefined ? 0 : parseInt('node-rank', raw.nodeRank, 0);
+  if (nodeRank >= nnodes) throw new RunUsageError(`--node-rank ${nodeRank} must be below --nnodes ${nnodes}`);
+  const masterAddr = raw.masterAddr ?? DEFAULT_MASTER_ADDR;
+  if (masterAddr.trim() === '' || /\s/.test(masterAddr)) throw new RunUsageError(`--master-addr ${JSON.stringify(masterAddr)}: expected a host name or address`);
+  const maxRestarts = raw.maxRestarts === undefined ? 0 : parseInt('max-restarts', raw.maxRestarts, 0);
+  const masterPort = raw.masterPort === undefined ? undefined : parseInt('master-port', raw.masterPort, 1, 65535);
+  if (masterPort !== undefined && nnodes > 1 && masterPort + maxRestarts > 65535) {
+    throw new RunUsageError(`--master-port ${masterPort} + --max-restarts ${maxRestarts} exceeds 65535 (attempt k uses port P + k on several nodes)`);
+  }
+  return { nproc, nnodes, nodeRank, masterAddr, masterPort, maxRestarts, script, scriptArgs: argv.slice(i + 1) };
+}
+
+/** A TCP port that was free on `host` a moment ago. */
+export function freePort(host = '127.0.0.1'): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.unref();
+    srv.on('error', reject);
+    srv.listen(0, host, () => {
+      const addr = srv.address();
+      const port = typeof addr === 'object' && addr ? addr.port : 0;
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+/** How to run a script: .ts under tsx, .js under node, anything else as an executable. */
+export function commandFor(script: string, args: readonly string[]): [string, string[]] {
+  if (/\.[mc]?ts$/.test(script)) return [process.execPath, ['--import', import.meta.resolve('tsx'), script, ...args]];
+  if (/\.[mc]?js$/.test(script)) return [process.execPath, [script, ...args]];
+  return [script, [...args]];
+}
+
+export interface LauncherIO {
+  /** Where rank stdout lines go (default process.stdout). */
+  stdout?: { write(s: string): unknown };
+  /** Where rank stderr lines and the launcher's own messages go (default process.stderr). */
+  stderr?: { write(s: string): unknown };
+  /** Forward SIGINT/SIGTERM received by this process to the ranks (default true). */
+  handleSignals?: boolean;
+  /** How long stopped ranks get between SIGTERM and SIGKILL (default 5000 ms, env FLOTILLA_KILL_GRACE_MS). */
+  graceMs?: number;
+}
+
+type Outcome =
+  | { kind: 'ok' }
+  | { kind: 'failed'; rank: number; code: number | null; signal: NodeJS.Signals | null }
+  | { kind: 'interrupted'; signal: NodeJS.Signals };
+
+function describeExit(code: number | null, signal: NodeJS.Signals | null): string {
+  return signal ? `was killed by ${signal}` : `exited with code ${code}`;
+}
+
+function signalCode(signal: NodeJS.Signals): number {
+  return 128 + ((osConstants.signals as Record<string, number>)[signal] ?? 1);
+}
+
+/** Runs one attempt: every local rank, until all have exited. */
+function runGroup(o: RunOptions, attempt: number, port: number, io: Required<LauncherIO>): Promise<Outcome> {
+  const worldSize = o.nnodes * o.nproc;
+  const [cmd, baseArgs] = commandFor(o.script, o.scriptArgs);
+  const children: (ChildProcess | undefined)[] = [];
+  const running = new Set<number>();
+  let outcome: Outcome = { kind: 'ok' };
+  let stopping = false;
+  let killTimer: NodeJS.Timeout | undefined;
+  const say = (msg: string): void => void io.stderr.write(`flotilla run: ${msg}\n`);
+
+  const stopAll = (signal: NodeJS.Signals): void => {
+    for (const r of running) children[r - o.nodeRank * o.nproc]?.kill(signal);
+    if (signal !== 'SIGKILL' && killTimer === undefined) {
+      killTimer = setTimeout(() => {
+        if (running.size > 0) say(`rank(s) ${[...running].join(', ')} still running after ${io.graceMs} ms; killing`);
+        for (const r of running) children[r - o.nodeRank * o.nproc]?.kill('SIGKILL');
+      }, io.graceMs);
+      killTimer.unref();
+    }
+  };
+
+  const onSignal = (signal: NodeJS.Signals): void => {
+    if (outcome.kind === 'interrupted') {
+      say(`second ${signal}: killing the ranks`);
+      stopAll('SIGKILL');
+      return;
+    }
+    outcome = { kind: 'interrupted', signal };
+    stopping = true;
+    say(`received ${signal}; forwarding it to the ranks`);
+    stopAll(signal);
+  };
+  if (io.handleSignals) {
+    process.on('SIGINT', onSignal);
+    process.on('SIGTERM', onSignal);
+  }
+
+  return new Promise<Outcome>((resolve) => {
+    let left = o.nproc;
+    for (let local = 0; local < o.nproc; local++) {
+      const rank = o.nodeRank * o.nproc + local;
+      const env: NodeJS.ProcessEnv = {
+        ...process.env,
+        RANK: String(rank), WORLD_SIZE: String(worldSize), LOCAL_RANK: String(local), LOCAL_WORLD_SIZE: String(o.nproc),
+        GROUP_RANK: String(o.nodeRank), MASTER_ADDR: o.masterAddr, MASTER_PORT: String(port),
+        FLOTILLA_RESTART_COUNT: String(attempt), FLOTILLA_MAX_RESTARTS: String(o.maxRestarts),
+      };
+      const child = spawn(cmd, baseArgs, { env, stdio: ['ignore', 'pipe', 'pipe'] });
+      children[local] = child;
+      running.add(rank);
+      const prefix = `[rank ${rank}] `;
+      createInterface({ input: child.stdout!, crlfDelay: Infinity }).on('line', (l) => void io.stdout.write(`${prefix}${l}\n`));
+      createInterface({ input: child.stderr!, crlfDelay: Infinity }).on('line', (l) => void io.stderr.write(`${prefix}${l}\n`));
+      let startError: string | undefined;
+      child.on('error', (e) => {
+        startError = e.message;
+      });
+      let exited = false;
+      const onExit = (code: number | null, signal: NodeJS.Signals | null): void => {
+        if (exited) return;
+        exited = true;
+        running.delete(rank);
+        if ((code !== 0 || signal !== null) && !stopping) {
+          stopping = true;
+          if (startError !== undefined) code = 127;
+          outcome = { kind: 'failed', rank, code, signal };
+          const others = running.size;
+          const what = startError !== undefined ? `could not start (${startError})` : describeExit(code, signal);
+          say(`rank ${rank} ${what}${others > 0 ? `; stopping the other ${others} rank${others > 1 ? 's' : ''}` : ''}`);
+          stopAll('SIGTERM');
+        }
+      };
+      child.on('exit', onExit);
+      child.on('close', (code, signal) => {
+        // A rank that could not start has 'error' and 'close' but no 'exit'.
+        onExit(code, signal);
+        running.delete(rank);
+        if (--left === 0) {
+          if (killTimer) clearTimeout(killTimer);
+          if (io.handleSignals) {
+            process.off('SIGINT', onSignal);
+            process.off('SIGTERM', onSignal);
+          }
+          resolve(outcome);
+        }
+      });
+    }
+  });
+}
+
+/**
+ * `flotilla run`: parses argv (the arguments after `run`), runs the ranks, restarts the group up to
+ * --max-restarts times after a failure, and resolves to the exit code: 0 when every rank exited 0;
+ * the failing rank's exit code (128 + signal number if it was killed); 128 + the signal when the
+ * launcher was interrupted; 2 for a usage error.
+ */
+export async function runLauncher(argv: readonly string[], ioOpts: LauncherIO = {}): Promise<number> {
+  const envGrace = Number(process.env.FLOTILLA_KILL_GRACE_MS);
+  const io: Required<LauncherIO> = {
+    stdout: ioOpts.stdout ?? process.stdout,
+    stderr: ioOpts.stderr ?? process.stderr,
+    handleSignals: ioOpts.handleSignals ?? true,
+    graceMs: ioOpts.graceMs ?? (Number.isFinite(envGrace) && envGrace >= 0 ? envGrace : 5000),
+  };
+  let o: RunOptions;
+  try {
+    o = parseRunArgs(argv[0] === 'run' ? argv.slice(1) : argv);
+  } catch (e) {
+    if (!(e instanceof RunUsageError)) throw e;
+    if (e.help) {
+      io.stdout.write(`${RUN_USAGE}\n`);
+      return 0;
+    }
+    io.stderr.write(`flotilla run: ${e.message}\n\n${RUN_USAGE}\n`);
+    return 2;
+  }
+  const say = (msg: string): void => void io.stderr.write(`flotilla run: ${msg}\n`);
+
+  for (let attempt = 0; ; attempt++) {
+    let port: number;
+    if (o.nnodes > 1) port = (o.masterPort ?? DEFAULT_MASTER_PORT) + attempt;
+    else if (o.masterPort !== undefined) port = o.masterPort;
+    else {
+      try {
+        port = await freePort(o.masterAddr);
+      } catch (e) {
+        say(`could not find a free port on --master-addr ${o.masterAddr} (${(e as Error).message}); is it an address of this host? Pass --master-port`);
+        return 1;
+      }
+    }
+    const outcome = await runGroup(o, attempt, port, io);
+    if (outcome.kind === 'ok') return 0;
+    if (outcome.kind === 'interrupted') return signalCode(outcome.signal);
+    const what = `rank ${outcome.rank} ${describeExit(outcome.code, outcome.signal)}`;
+    if (attempt < o.maxRestarts) {
+      say(`${what}; restarting all ${o.nproc} local rank${o.nproc > 1 ? 's' : ''} (restart ${attempt + 1} of ${o.maxRestarts})`);
+      continue;
+    }
+    say(`failed: ${what}${o.maxRestarts > 0 ? ` (after ${o.maxRestarts} restart${o.maxRestarts > 1 ? 's' : ''})` : ''}`);
+    if (outcome.signal) return signalCode(outcome.signal);
+    return outcome.code !== null && outcome.code > 0 && outcome.code < 256 ? outcome.code : 1;
+  }
+}

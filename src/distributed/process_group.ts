@@ -1,0 +1,313 @@
+// Process groups: the world (from the launch contract in env.ts) and sub-groups of it, on c10d Gloo.
+//
+// Rendezvous: rank 0 runs the TCPStore server at MASTER_ADDR:MASTER_PORT; every rank (rank 0
+// included) is a client of it. Each group meets under its own key prefix of that one store: the
+// world under "world/", the n-th newGroup() call under "group/<n>/". That is why newGroup() must be
+// called by every rank in the same order, members or not: the call count names the prefix.
+//
+// Gloo's network device: for a loopback MASTER_ADDR (all ranks on one host) Gloo binds to that
+// address; otherwise to the interface its host name resolves to. FLOTILLA_GLOO_IFACE (or PyTorch's
+// GLOO_SOCKET_IFNAME) picks an interface, FLOTILLA_GLOO_HOSTNAME an address, overriding both.
+//
+// Timeout: every collective of a group fails (never hangs) once a peer has made no progress for the
+// group's timeout: initProcessGroup({ timeoutMs }), else FLOTILLA_TIMEOUT_MS, else 300 s.
+//
+// Intra-op threads: when several ranks share this host and neither FLOTILLA_NUM_THREADS nor
+// OMP_NUM_THREADS is set, initProcessGroup gives each rank floor(cores / LOCAL_WORLD_SIZE) threads
+// (at least one), so ranks do not oversubscribe the cores. FLOTILLA_NUM_THREADS=n sets n exactly;
+// with OMP_NUM_THREADS set, libtorch's own choice is left alone.
+import { availableParallelism } from 'node:os';
+import { native, type GroupHandle, type StoreHandle } from '../tensor/native.js';
+import { setNumThreads, type Tensor } from '../tensor/index.js';
+import { readLaunchEnv, timeoutFromEnv, isLoopback, intVar, type LaunchEnv } from './env.js';
+import * as C from './collectives.js';
+import { Work, type ReduceOp, type GroupContext } from './collectives.js';
+
+export { Work, CollectiveError, CollectiveArgumentError, type ReduceOp } from './collectives.js';
+
+export const DEFAULT_TIMEOUT_MS = 300_000;
+
+export interface CollectiveStats {
+  /** Collectives issued, by method name (allReduce, broadcast, ...). */
+  issued: Record<string, number>;
+  total: number;
+}
+
+/**
+ * A set of ranks that run collectives together. Group ranks (`rank`, the src/dst arguments) count
+ * 0..size-1 in the order of `ranks`, the members' global ranks (ascending).
+ */
+export class ProcessGroup {
+  readonly rank: number;
+  readonly size: number;
+  /** Global ranks of the members, in group-rank order. */
+  readonly ranks: readonly number[];
+  readonly name: string;
+  readonly timeoutMs: number;
+  readonly stats: CollectiveStats = { issued: {}, total: 0 };
+  private ctx: GroupContext | undefined;
+
+  /** @internal Use initProcessGroup() and newGroup(). */
+  constructor(opts: { name: string; rank: number; ranks: readonly number[]; timeoutMs: number; handle: GroupHandle | undefined }) {
+    this.name = opts.name;
+    this.rank = opts.rank;
+    this.ranks = Object.freeze([...opts.ranks]);
+    this.size = opts.ranks.length;
+    this.timeoutMs = opts.timeoutMs;
+    this.ctx = {
+      name: opts.name, rank: opts.rank, size: this.size, ranks: this.ranks, timeoutMs: opts.timeoutMs,
+      handle: opts.handle, unsupported: new Set(),
+    };
+  }
+
+  /** 'gloo', or 'local' for a group of one (collectives complete at once, without a network). */
+  get backend(): 'gloo' | 'local' {
+    return this.context('backend').handle === undefined ? 'local' : 'gloo';
+  }
+
+  /** The global rank of a group rank. */
+  globalRank(groupRank: number): number {
+    const g = this.ranks[groupRank];
+    if (g === undefined) throw new RangeError(`group '${this.name}' has no group rank ${groupRank} (size ${this.size})`);
+    return g;
+  }
+
+  /** The group rank of a global rank, or -1 when it is not a member. */
+  groupRank(globalRank: number): number {
+    return this.ranks.indexOf(globalRank);
+  }
+
+  private context(op: string): GroupContext {
+    if (this.ctx === undefined) {
+      throw new Error(`${op} on group '${this.name}': the group was destroyed (destroyProcessGroup() was called)`);
+    }
+    return this.ctx;
+  }
+
+  /** Runs a collective and counts it once it was issued (a call rejected for its arguments is not). */
+  private issue(op: string, start: (ctx: GroupContext) => Work): Work {
+    const w = start(this.context(op));
+    this.stats.issued[op] = (this.stats.issued[op] ?? 0) + 1;
+    this.stats.total++;
+    return w;
+  }
+
+  /** Reduces t across the group, in place. 'avg' scales by 1/size, then sums (Gloo has no AVG). */
+  allReduce(t: Tensor, op: ReduceOp = 'sum'): Work {
+    return this.issue('allReduce', (c) => C.allReduce(c, t, op));
+  }
+  /** Copies t from group rank src to every member, in place. */
+  broadcast(t: Tensor, src: number): Work {
+    return this.issue('broadcast', (c) => C.broadcast(c, t, src));
+  }
+  /** outputs[i] receives group rank i's input (one output per member, each shaped like input). */
+  allGather(outputs: Tensor[], input: Tensor): Work {
+    return this.issue('allGather', (c) => C.allGather(c, outputs, input));
+  }
+  /** Gathers every member's input into one tensor of size × input.numel() elements, in group-rank order. */
+  allGatherInto(output: Tensor, input: Tensor): Work {
+    return this.issue('allGatherInto', (c) => C.allGatherInto(c, output, input));
+  }
+  /**
+   * Reduces input (size × output.numel() elements, flat order) across the group; group rank i
+   * receives the i-th chunk of the reduction in output.
+   */
+  reduceScatter(output: Tensor, input: Tensor, op: 'sum' | 'avg' = 'sum'): Work {
+    return this.issue('reduceScatter', (c) => C.reduceScatter(c, output, input, op));
+  }
+  /** Splits input along dim 0 (equal parts, or inSplits), sends part i to group rank i, and fills output likewise. */
+  allToAll(output: Tensor, input: Tensor, outSplits?: number[], inSplits?: number[]): Work {
+    return this.issue('allToAll', (c) => C.allToAll(c, output, input, outSplits, inSplits));
+  }
+  /** Sends t to group rank dst; pair with recv(·, thisRank, tag) there. */
+  send(t: Tensor, dst: number, tag = 0): Work {
+    return this.issue('send', (c) => C.send(c, t, dst, tag));
+  }
+  /** Receives into t from group rank src. */
+  recv(t: Tensor, src: number, tag = 0): Work {
+    return this.issue('recv', (c) => C.recv(c, t, src, tag));
+  }
+  barrier(): Work {
+    return this.issue('barrier', (c) => C.barrier(c));
+  }
+
+  /** @internal Makes every later call throw (destroyProcessGroup). */
+  destroy(): void {
+    this.ctx = undefined;
+  }
+
+  toString(): string {
+    return `ProcessGroup(${this.name}, rank ${this.rank} of ${this.size}, global ranks [${this.ranks.join(', ')}])`;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The world
+
+interface WorldState {
+  world: ProcessGroup;
+  env: LaunchEnv;
+  store: StoreHandle | undefined;
+  deviceOpts: { hostname?: string; iface?: string };
+  groupsCreated: number;
+  groups: ProcessGroup[];
+}
+
+let state: WorldState | undefined;
+
+function glooDevice(env: LaunchEnv): { hostname?: string; iface?: string } {
+  const e = process.env;
+  const iface = e.FLOTILLA_GLOO_IFACE?.trim() || e.GLOO_SOCKET_IFNAME?.trim();
+  if (iface) return { iface };
+  const hostname = e.FLOTILLA_GLOO_HOSTNAME?.trim();
+  if (hostname) return { hostname };
+  if (isLoopback(env.masterAddr)) return { hostname: env.masterAddr === 'localhost' ? '127.0.0.1' : env.masterAddr };
+  return {};
+}
+
+function configureThreads(env: LaunchEnv): void {
+  if (process.env.FLOTILLA_NUM_THREADS?.trim()) {
+    setNumThreads(intVar(process.env, 'FLOTILLA_NUM_THREADS', { positive: true }));
+    return;
+  }
+  if (process.env.OMP_NUM_THREADS?.trim()) return;
+  if (env.localWorldSize > 1) setNumThreads(Math.max(1, Math.floor(availableParallelism() / env.localWorldSize)));
+}
+
+function describeDevice(d: { hostname?: string; iface?: string }): string {
+  return d.iface ? `interface ${d.iface}` : d.hostname ? `address ${d.hostname}` : 'the host name\'s interface';
+}
+
+/**
+ * Joins the world described by the launch contract (env.ts) and returns it. Every rank must call it
+ * once, at start-up. Without launch variables this is a world of one (collectives are local no-ops).
+ */
+export function initProcessGroup(opts: { timeoutMs?: number; backend?: 'gloo' } = {}): ProcessGroup {
+  if (state !== undefined) {
+    throw new Error('initProcessGroup(): the process group is already initialised in this process (call destroyProcessGroup() first)');
+  }
+  if (opts.backend !== undefined && opts.backend !== 'gloo') {
+    throw new Error(`initProcessGroup(): unknown backend '${String(opts.backend)}' (flotilla has 'gloo')`);
+  }
+  const env = readLaunchEnv();
+  const timeoutMs = opts.timeoutMs ?? timeoutFromEnv(DEFAULT_TIMEOUT_MS);
+  if (!Number.isInteger(timeoutMs) || timeoutMs <= 0) throw new Error(`initProcessGroup(): timeoutMs must be a positive integer, got ${timeoutMs}`);
+  configureThreads(env);
+  const deviceOpts = glooDevice(env);
+  const ranks = Array.from({ length: env.worldSize }, (_, i) => i);
+
+  if (env.worldSize === 1) {
+    const world = new ProcessGroup({ name: 'world', rank: 0, ranks, timeoutMs, handle: undefined });
+    state = { world, env, store: undefined, deviceOpts, groupsCreated: 0, groups: [world] };
+    return world;
+  }
+
+  const where = `${env.masterAddr}:${env.masterPort}`;
+  let store: StoreHandle;
+  try {
+    store = native.createTCPStore(env.masterAddr, env.masterPort, env.worldSize, env.rank === 0, timeoutMs);
+  } catch (e) {
+    const role = env.rank === 0 ? `could not serve the rendezvous store on ${where}` : `could not reach the rendezvous store at ${where} (rank 0 serves it)`;
+    const fix = env.rank === 0 ? 'is the port already in use? pick another MASTER_PORT' : 'check MASTER_ADDR/MASTER_PORT and that rank 0 started';
+    throw new Error(`rank ${env.rank}: ${role} within ${timeoutMs} ms: ${(e as Error).message} (${fix})`, { cause: e });
+  }
+  let handle: GroupHandle;
+  try {
+    handle = native.createGlooGroup(native.createPrefixStore('world/', store), env.rank, env.worldSize, timeoutMs, deviceOpts);
+  } catch (e) {
+    throw new Error(
+      `rank ${env.rank}: could not connect the world of ${env.worldSize} ranks through ${where} within ${timeoutMs} ms ` +
+        `(Gloo on ${describeDevice(deviceOpts)}): ${(e as Error).message}. Did every rank start with the same WORLD_SIZE/MASTER_PORT? ` +
+        'Set FLOTILLA_GLOO_IFACE or FLOTILLA_GLOO_HOSTNAME if ranks cannot reach each other on that interface.',
+      { cause: e },
+    );
+  }
+  const world = new ProcessGroup({ name: 'world', rank: env.rank, ranks, timeoutMs, handle });
+  state = { world, env, store, deviceOpts, groupsCreated: 0, groups: [world] };
+  return world;
+}
+
+/** True once initProcessGroup() has run (and destroyProcessGroup() has not). */
+export function isInitialized(): boolean {
+  return state !== undefined;
+}
+
+/** The world group; throws if initProcessGroup() has not run. */
+export function getWorld(): ProcessGroup {
+  if (state === undefined) {
+    throw new Error('the process group is not initialised: call initProcessGroup() on every rank at start-up (flotilla run sets the environment it reads)');
+  }
+  return state.world;
+}
+
+/** The launch contract the world was built from. */
+export function getLaunchEnv(): LaunchEnv {
+  getWorld();
+  return state!.env;
+}
+
+/**
+ * A group of the given global ranks (group ranks follow ascending global rank). Every rank of the
+ * world must call newGroup with the same ranks, in the same order of calls, members or not; returns
+ * undefined on non-members. A member whose peers asked for other ranks gets an error naming both.
+ */
+export function newGroup(ranks: number[], opts: { timeoutMs?: number; name?: string } = {}): ProcessGroup | undefined {
+  const world = getWorld();
+  const s = state!;
+  const id = s.groupsCreated++;
+  const label = opts.name ?? `group${id}`;
+  if (!Array.isArray(ranks) || ranks.length === 0) throw new Error(`newGroup(${label}): ranks must be a non-empty array of global ranks`);
+  for (const r of ranks) {
+    if (!Number.isInteger(r) || r < 0 || r >= world.size) {
+      throw new Error(`newGroup(${label}): ${String(r)} is not a global rank (world size ${world.size})`);
+    }
+  }
+  const sorted = [...ranks].sort((a, b) => a - b);
+  if (sorted.some((r, i) => i > 0 && r === sorted[i - 1])) throw new Error(`newGroup(${label}): ranks [${ranks.join(', ')}] repeat a rank`);
+  const timeoutMs = opts.timeoutMs ?? world.timeoutMs;
+  const rank = sorted.indexOf(world.rank);
+  if (rank < 0) return undefined;
+  if (sorted.length === 1 || s.store === undefined) {
+    const g = new ProcessGroup({ name: label, rank, ranks: sorted, timeoutMs, handle: undefined });
+    s.groups.push(g);
+    return g;
+  }
+
+  const store = native.createPrefixStore(`group/${id}/`, s.store);
+  // Every member checks that the group's lowest rank asked for the same ranks (a mismatch means
+  // ranks called newGroup in different orders, which would otherwise hang or cross-wire groups).
+  const spec = JSON.stringify(sorted);
+  try {
+    store.set(`spec/${world.rank}`, Buffer.from(spec));
+    const lead = store.get(`spec/${sorted[0]}`).toString();
+    if (lead !== spec) {
+      throw new Error(`global rank ${sorted[0]} asked for ranks ${lead} in the same call`);
+    }
+  } catch (e) {
+    throw new Error(
+      `newGroup(${label}) call #${id} on global rank ${world.rank} for ranks [${sorted.join(', ')}]: ${(e as Error).message}. ` +
+        'Every rank must call newGroup with the same ranks, in the same order.',
+      { cause: e },
+    );
+  }
+  let handle: GroupHandle;
+  try {
+    handle = native.createGlooGroup(store, rank, sorted.length, timeoutMs, s.deviceOpts);
+  } catch (e) {
+    throw new Error(`newGroup(${label}) for global ranks [${sorted.join(', ')}]: could not connect within ${timeoutMs} ms: ${(e as Error).message}`, { cause: e });
+  }
+  const g = new ProcessGroup({ name: label, rank, ranks: sorted, timeoutMs, handle });
+  s.groups.push(g);
+  return g;
+}
+
+/**
+ * Forgets the world and every group made from it; using them afterwards throws. The native groups
+ * and the store are released when garbage-collected. A new initProcessGroup() in the same process
+ * needs a MASTER_PORT the old store no longer holds.
+ */
+export function destroyProcessGroup(): void {
+  if (state === undefined) return;
+  for (const g of state.groups) g.destroy();
+  state = undefined;
+}

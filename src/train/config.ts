@@ -1,0 +1,432 @@
+// The training job config: one TOML section per component, every field typed, documented and
+// defaulted; `--section.field=value` overrides from the command line; validation that names the
+// field and the fix. The resolved config is saved with each run (configToToml).
+import { readFileSync, existsSync, statSync } from 'node:fs';
+import { resolve } from 'node:path';
+import { parse as parseToml } from 'smol-toml';
+
+export interface ModelConfig {
+  vocabSize: number;
+  blockSize: number;
+  nLayer: number;
+  nHead: number;
+  nEmbd: number;
+  dropout: number;
+  bias: boolean;
+  tieEmbeddings: boolean;
+}
+
+export interface DataConfig {
+  source: string;
+  seqLen: number;
+  globalBatch: number;
+  microBatches: number;
+  valFraction: number;
+}
+
+export interface OptimConfig {
+  lr: number;
+  minLr: number;
+  schedule: 'cosine' | 'constant';
+  warmupSteps: number;
+  beta1: number;
+  beta2: number;
+  eps: number;
+  weightDecay: number;
+  gradClip: number;
+}
+
+export interface TrainConfig {
+  name: string;
+  runDir: string;
+  steps: number;
+  seed: number;
+  evalEvery: number;
+  evalBatches: number;
+  threads: number;
+}
+
+export interface ParallelConfig {
+  dp: number;
+  bucketSizeMb: number;
+  overlap: boolean;
+}
+
+export interface LogConfig {
+  every: number;
+  progress: 'auto' | 'bar' | 'plain' | 'off';
+  metrics: string;
+}
+
+export interface FlotillaConfig {
+  model: ModelConfig;
+  data: DataConfig;
+  optim: OptimConfig;
+  train: TrainConfig;
+  parallel: ParallelConfig;
+  log: LogConfig;
+}
+
+type KindOf<T> = T extends boolean ? 'bool' : T extends number ? 'int' | 'float' : 'string';
+
+interface Field<T> {
+  doc: string;
+  kind: KindOf<T>;
+  default: T;
+  /** Allowed values (strings). */
+  choices?: readonly T[];
+  /** Inclusive bounds (numbers). */
+  min?: number;
+  max?: number;
+  /** Exclusive bounds (numbers). */
+  above?: number;
+  below?: number;
+}
+
+type Schema<C> = { [S in keyof C]: { doc: string; fields: { [F in keyof C[S]]: Field<C[S][F]> } } };
+
+/** Every section and field, with its documentation and default. */
+export const configSchema: Schema<FlotillaConfig> = {
+  model: {
+    doc: 'The GPT model (src/models/gpt.ts).',
+    fields: {
+      vocabSize: { kind: 'int', default: 256, min: 256, doc: 'Token ids the model embeds; at least 256 for the byte tokenizer.' },
+      blockSize: { kind: 'int', default: 128, min: 1, doc: 'Longest context in tokens (learned positions).' },
+      nLayer: { kind: 'int', default: 4, min: 1, doc: 'Transformer blocks.' },
+      nHead: { kind: 'int', default: 4, min: 1, doc: 'Attention heads per block; must divide model.nEmbd.' },
+      nEmbd: { kind: 'int', default: 128, min: 1, doc: 'Width of the residual stream.' },
+      dropout: { kind: 'float', default: 0, min: 0, below: 1, doc: 'Dropout probability in training (0 turns it off).' },
+      bias: { kind: 'bool', default: true, doc: 'Biases in Linear and LayerNorm layers.' },
+      tieEmbeddings: { kind: 'bool', default: false, doc: 'Share the token embedding with the output head.' },
+    },
+  },
+  data: {
+    doc: 'Text, tokenization and batching (src/data).',
+    fields: {
+      source: { kind: 'string', default: 'moby-dick', doc: '"moby-dick" (the demo corpus from npm) or a path to a UTF-8 text file.' },
+      seqLen: { kind: 'int', default: 128, min: 1, doc: 'Tokens per training sample; at most model.blockSize.' },
+      globalBatch: {
+        kind: 'int', default: 16, min: 1,
+        doc: 'Samples per optimizer step over all data-parallel ranks and micro-batches; a multiple of dp x data.microBatches.',
+      },
+      microBatches: { kind: 'int', default: 1, min: 1, doc: 'Gradient-accumulation micro-batches per step (per rank).' },
+      valFraction: { kind: 'float', default: 0.1, above: 0, below: 1, doc: 'Share of the text, taken from its end, held out for validation.' },
+    },
+  },
+  optim: {
+    doc: 'AdamW and the learning-rate schedule (src/optim).',
+    fields: {
+      lr: { kind: 'float', default: 1e-3, above: 0, doc: 'Peak learning rate (reached after the warmup).' },
+      minLr: { kind: 'float', default: 1e-4, min: 0, doc: 'Learning rate at the end of the cosine decay; at most optim.lr.' },
+      schedule: { kind: 'string', default: 'cosine', choices: ['cosine', 'constant'], doc: '"cosine": linear warmup then cosine decay to optim.minLr; "constant": optim.lr throughout.' },
+      warmupSteps: { kind: 'int', default: 20, min: 0, doc: 'Steps of linear warmup from 0 to optim.lr (cosine schedule).' },
+      beta1: { kind: 'float', default: 0.9, min: 0, below: 1, doc: 'AdamW first-moment decay.' },
+      beta2: { kind: 'float', default: 0.95, min: 0, below: 1, doc: 'AdamW second-moment decay.' },
+      eps: { kind: 'float', default: 1e-8, above: 0, doc: 'AdamW denominator epsilon.' },
+      weightDecay: { kind: 'float', default: 0.1, min: 0, doc: 'Decoupled weight decay, applied to matrices only (not biases, norms).' },
+      gradClip: { kind: 'float', default: 1, min: 0, doc: 'Clip the global gradient norm to this value (0 turns clipping off).' },
+    },
+  },
+  train: {
+    doc: 'The training loop (src/train/trainer.ts).',
+    fields: {
+      name: { kind: 'string', default: 'run', doc: 'Run name; the run directory defaults to runs/<name>.' },
+      runDir: { kind: 'string', default: '', doc: 'Where the resolved config and metrics go ("" means runs/<train.name>).' },
+      steps: { kind: 'int', default: 200, min: 1, doc: 'Optimizer steps to run.' },
+      seed: { kind: 'int', default: 1337, min: 0, max: 0xfffffffe, doc: 'Seeds weight init, dropout and batch sampling; the same seed reproduces the run.' },
+      evalEvery: { kind: 'int', default: 50, min: 0, doc: 'Validation loss every this many steps and after the last (0: only after the last).' },
+      evalBatches: { kind: 'int', default: 4, min: 1, doc: 'Global batches of the validation split per evaluation (the same ones each time).' },
+      threads: { kind: 'int', default: 1, min: 1, doc: 'Intra-op CPU threads per rank.' },
+    },
+  },
+  parallel: {
+    doc: 'How the model is spread over ranks (src/parallel).',
+    fields: {
+      dp: { kind: 'int', default: -1, min: -1, doc: 'Data-parallel degree; -1 means the world size (the only layout so far).' },
+      bucketSizeMb: { kind: 'float', default: 25, above: 0, doc: 'Gradient bucket size in MiB for the data-parallel all-reduce.' },
+      overlap: { kind: 'bool', default: true, doc: 'Start each bucket\'s all-reduce during backward, as soon as its gradients are final.' },
+    },
+  },
+  log: {
+    doc: 'Console progress and the metrics file (rank 0 only).',
+    fields: {
+      every: { kind: 'int', default: 10, min: 1, doc: 'Console update every this many steps (the metrics file gets every step).' },
+      progress: { kind: 'string', default: 'auto', choices: ['auto', 'bar', 'plain', 'off'], doc: '"bar": a progress bar; "plain": log lines; "auto": bar on a terminal, lines otherwise.' },
+      metrics: { kind: 'string', default: 'metrics.jsonl', doc: 'JSON-lines metrics file in the run directory, one line per step ("" turns it off).' },
+    },
+  },
+};
+
+/** A config the user got wrong: each problem names the field and the fix. */
+export class ConfigError extends Error {
+  constructor(readonly problems: string[], where?: string) {
+    super(
+      problems.length === 1
+        ? `${where ? `${where}: ` : ''}${problems[0]}`
+        : `${where ? `${where}: ` : ''}${problems.length} problems in the config:\n  - ${problems.join('\n  - ')}`,
+    );
+    this.name = 'ConfigError';
+  }
+}
+
+type AnyField = Omit<Field<unknown>, 'kind'> & { kind: 'int' | 'float' | 'bool' | 'string' };
+type RawConfig = Record<string, Record<string, unknown>>;
+
+const sections = Object.keys(configSchema) as (keyof FlotillaConfig)[];
+
+function fieldsOf(section: string): Record<string, AnyField> | undefined {
+  const s = (configSchema as unknown as Record<string, { fields: Record<string, AnyField> }>)[section];
+  return s?.fields;
+}
+
+function editDistance(a: string, b: string): number {
+  const d = Array.from({ length: a.length + 1 }, (_, i) => [i, ...Array<number>(b.length).fill(0)]);
+  for (let j = 1; j <= b.length; j++) d[0]![j] = j;
+  for (let i = 1; i <= a.length; i++) {
+    for (let j = 1; j <= b.length; j++) {
+      d[i]![j] = Math.min(d[i - 1]![j]! + 1, d[i]![j - 1]! + 1, d[i - 1]![j - 1]! + (a[i - 1] === b[j - 1] ? 0 : 1));
+    }
+  }
+  return d[a.length]![b.length]!;
+}
+
+function suggest(name: string, valid: string[]): string {
+  const lower = name.toLowerCase();
+  const limit = lower.length <= 4 ? 1 : 2;
+  const hit = valid.find((v) => v.toLowerCase() === lower) ?? valid.find((v) => editDistance(v.toLowerCase(), lower) <= limit);
+  return hit ? ` (did you mean ${hit}?)` : '';
+}
+
+function unknownSection(name: string, how: string): string {
+  return `unknown section ${how}${suggest(name, sections)}; valid sections: ${sections.join(', ')}`;
+}
+
+function unknownField(section: string, name: string, how: string): string {
+  const valid = Object.keys(fieldsOf(section)!);
+  return `unknown key ${how}${suggest(name, valid)}; valid keys in [${section}]: ${valid.join(', ')}`;
+}
+
+function describe(v: unknown): string {
+  return typeof v === 'string' ? JSON.stringify(v) : typeof v === 'object' ? (Array.isArray(v) ? 'an array' : 'a table') : String(v);
+}
+
+/** Checks one value against its field; returns a problem or undefined. */
+function checkField(key: string, f: AnyField, v: unknown): string | undefined {
+  switch (f.kind) {
+    case 'bool':
+      if (typeof v !== 'boolean') return `${key} must be true or false, got ${describe(v)}`;
+      return undefined;
+    case 'string':
+      if (typeof v !== 'string') return `${key} must be a string, got ${describe(v)}`;
+      if (f.choices && !f.choices.includes(v)) return `${key} must be one of ${f.choices.map((c) => JSON.stringify(c)).join(', ')}, got ${JSON.stringify(v)}`;
+      return undefined;
+    case 'int':
+    case 'float': {
+      if (typeof v !== 'number' || !Number.isFinite(v)) return `${key} must be a finite number, got ${describe(v)}`;
+      if (f.kind === 'int' && !Number.isInteger(v)) return `${key} must be an integer, got ${v}`;
+      if (f.min !== undefined && v < f.min) return `${key} must be >= ${f.min}, got ${v}`;
+      if (f.max !== undefined && v > f.max) return `${key} must be <= ${f.max}, got ${v}`;
+      if (f.above !== undefined && !(v > f.above)) return `${key} must be > ${f.above}, got ${v}`;
+      if (f.below !== undefined && !(v < f.below)) return `${key} must be < ${f.below}, got ${v}`;
+      return undefined;
+    }
+  }
+}
+
+/** Parses a command-line value as the field's type. */
+function parseCliValue(key: string, f: AnyField, text: string): { value?: unknown; problem?: string } {
+  switch (f.kind) {
+    case 'bool':
+      if (text === 'true' || text === 'false') return { value: text === 'true' };
+      return { problem: `--${key} must be true or false, got ${JSON.stringify(text)}` };
+    case 'int':
+      if (/^[+-]?\d+$/.test(text)) return { value: Number(text) };
+      return { problem: `--${key} must be an integer, got ${JSON.stringify(text)}` };
+    case 'float': {
+      const n = text.trim() === '' ? NaN : Number(text);
+      if (Number.isFinite(n)) return { value: n };
+      return { problem: `--${key} must be a number, got ${JSON.stringify(text)}` };
+    }
+    case 'string':
+      return { value: text };
+  }
+}
+
+export function defaultConfig(): FlotillaConfig {
+  const out: Record<string, Record<string, unknown>> = {};
+  for (const s of sections) {
+    out[s] = {};
+    for (const [k, f] of Object.entries(fieldsOf(s)!)) out[s]![k] = f.default;
+  }
+  return out as unknown as FlotillaConfig;
+}
+
+/** Turns `--section.field=value` / `--section.field value` arguments into raw values. */
+export function parseOverrides(args: readonly string[]): { raw: RawConfig; problems: string[] } {
+  const raw: RawConfig = {};
+  const problems: string[] = [];
+  for (let i = 0; i < args.length; i++) {
+    const arg = args[i]!;
+    const m = /^--([A-Za-z0-9_]+)\.([A-Za-z0-9_]+)(?:=(.*))?$/s.exec(arg);
+    if (!m) {
+      problems.push(`cannot read override ${JSON.stringify(arg)}; write --section.field=value (e.g. --optim.lr=3e-4)`);
+      continue;
+    }
+    const [, section, name] = m as unknown as [string, string, string];
+    let text = m[3];
+    if (text === undefined) {
+      const nextArg = args[i + 1];
+      if (nextArg === undefined || nextArg.startsWith('--')) {
+        problems.push(`--${section}.${name} needs a value; write --${section}.${name}=value`);
+        continue;
+      }
+      text = nextArg;
+      i++;
+    }
+    const fields = fieldsOf(section);
+    if (!fields) {
+      problems.push(unknownSection(section, `--${section}.${name}`));
+      continue;
+    }
+    const f = fields[name];
+    if (!f) {
+      problems.push(unknownField(section, name, `--${section}.${name}`));
+      continue;
+    }
+    const r = parseCliValue(`${section}.${name}`, f, text);
+    if (r.problem) problems.push(r.problem);
+    else (raw[section] ??= {})[name] = r.value;
+  }
+  return { raw, problems };
+}
+
+/** Checks the shape of a parsed TOML table (known sections and keys only). */
+function checkRaw(table: Record<string, unknown>): { raw: RawConfig; problems: string[] } {
+  const raw: RawConfig = {};
+  const problems: string[] = [];
+  for (const [section, body] of Object.entries(table)) {
+    if (!fieldsOf(section)) {
+      problems.push(unknownSection(section, body !== null && typeof body === 'object' ? `[${section}]` : `"${section}"`));
+      continue;
+    }
+    if (body === null || typeof body !== 'object' || Array.isArray(body)) {
+      problems.push(`"${section}" must be a table ([${section}]), got ${describe(body)}`);
+      continue;
+    }
+    raw[section] = {};
+    for (const [name, v] of Object.entries(body as Record<string, unknown>)) {
+      if (!fieldsOf(section)![name]) problems.push(unknownField(section, name, `${section}.${name}`));
+      else raw[section]![name] = v;
+    }
+  }
+  return { raw, problems };
+}
+
+/** Cross-field rules. */
+export function validateConfig(c: FlotillaConfig): string[] {
+  const p: string[] = [];
+  if (c.model.nEmbd % c.model.nHead !== 0) p.push(`model.nEmbd (${c.model.nEmbd}) must be divisible by model.nHead (${c.model.nHead})`);
+  if (c.data.seqLen > c.model.blockSize) p.push(`data.seqLen (${c.data.seqLen}) must be <= model.blockSize (${c.model.blockSize}); lower data.seqLen or raise model.blockSize`);
+  if (c.optim.minLr > c.optim.lr) p.push(`optim.minLr (${c.optim.minLr}) must be <= optim.lr (${c.optim.lr})`);
+  if (c.parallel.dp === 0) p.push('parallel.dp must be -1 (the world size) or a positive integer, got 0');
+  const parts = c.data.microBatches * (c.parallel.dp > 0 ? c.parallel.dp : 1);
+  if (c.data.globalBatch % parts !== 0) {
+    const by = c.parallel.dp > 0 ? `parallel.dp x data.microBatches (${c.parallel.dp} x ${c.data.microBatches} = ${parts})` : `data.microBatches (${parts})`;
+    p.push(`data.globalBatch (${c.data.globalBatch}) must be a multiple of ${by}`);
+  }
+  return p;
+}
+
+/**
+ * Builds a config from TOML text and command-line overrides (which win), over the defaults.
+ * `where` names the source in messages (the file path). Throws ConfigError listing every problem.
+ */
+export function parseConfig(tomlText: string, overrides: readonly string[] = [], where = 'config'): FlotillaConfig {
+  let table: Record<string, unknown>;
+  try {
+    table = parseToml(tomlText) as Record<string, unknown>;
+  } catch (e) {
+    throw new ConfigError([`not valid TOML: ${(e as Error).message}`], where);
+  }
+  const fromFile = checkRaw(table);
+  const fromCli = parseOverrides(overrides);
+  const problems = [...fromFile.problems, ...fromCli.problems];
+  const cfg = defaultConfig() as unknown as RawConfig;
+  for (const layer of [fromFile.raw, fromCli.raw]) {
+    for (const [s, body] of Object.entries(layer)) Object.assign(cfg[s]!, body);
+  }
+  for (const s of sections) {
+    for (const [k, f] of Object.entries(fieldsOf(s)!)) {
+      // TOML has no separate float syntax for whole numbers: 1 is accepted where a float is wanted.
+      const problem = checkField(`${s}.${k}`, f, cfg[s]![k]);
+      if (problem) problems.push(problem);
+    }
+  }
+  if (problems.length === 0) problems.push(...validateConfig(cfg as unknown as FlotillaConfig));
+  if (problems.length > 0) throw new ConfigError(problems, where);
+  return cfg as unknown as FlotillaConfig;
+}
+
+/** Reads a TOML file and applies overrides; a missing file is a ConfigError naming the path. */
+export function loadConfig(path: string, overrides: readonly string[] = []): FlotillaConfig {
+  if (!existsSync(path)) throw new ConfigError([`config file ${path} does not exist (try examples/gpt-tiny.toml)`]);
+  return parseConfig(readFileSync(path, 'utf8'), overrides, path);
+}
+
+function tomlValue(v: unknown): string {
+  if (typeof v === 'string') return JSON.stringify(v); // JSON string escapes are valid TOML basic-string escapes
+  return String(v);
+}
+
+/** The config as TOML; with docs, each section and field carries its documentation as a comment. */
+export function configToToml(c: FlotillaConfig, opts: { docs?: boolean; header?: string } = {}): string {
+  const docs = opts.docs ?? true;
+  const lines: string[] = [];
+  if (opts.header) lines.push(...opts.header.split('\n').map((l) => `# ${l}`), '');
+  for (const s of sections) {
+    const sec = configSchema[s] as unknown as { doc: string; fields: Record<string, AnyField> };
+    if (docs) lines.push(`# ${sec.doc}`);
+    lines.push(`[${s}]`);
+    for (const [k, f] of Object.entries(sec.fields)) {
+      if (docs) lines.push(`# ${f.doc}`);
+      lines.push(`${k} = ${tomlValue((c[s] as unknown as Record<string, unknown>)[k])}`);
+    }
+    lines.push('');
+  }
+  return lines.join('\n');
+}
+
+/**
+ * Checks that a valid config can run on `worldSize` ranks: the data-parallel degree, the split of
+ * the global batch, and that a data.source file exists. The launcher runs it before starting ranks
+ * and every rank runs it before touching anything, so these mistakes cost no process and no file.
+ */
+export function checkRunnable(c: FlotillaConfig, worldSize: number): string[] {
+  const p: string[] = [];
+  const dp = c.parallel.dp === -1 ? worldSize : c.parallel.dp;
+  if (dp !== worldSize) {
+    p.push(
+      `parallel.dp=${c.parallel.dp} but the world has ${worldSize} rank(s); data parallelism is the only layout so far: ` +
+        `set parallel.dp=-1 (or ${worldSize}), or start ${dp} ranks (--nproc ${dp})`,
+    );
+  }
+  const parts = dp * c.data.microBatches;
+  if (c.data.globalBatch % parts !== 0) {
+    const lower = Math.floor(c.data.globalBatch / parts) * parts;
+    p.push(
+      `data.globalBatch=${c.data.globalBatch} does not split over ${dp} data-parallel rank(s) x ${c.data.microBatches} micro-batch(es) = ` +
+        `${parts} equal parts; set data.globalBatch to a multiple of ${parts} (e.g. ${lower > 0 ? `${lower} or ` : ''}${lower + parts})`,
+    );
+  }
+  if (c.data.source !== 'moby-dick') {
+    const abs = resolve(c.data.source);
+    if (!existsSync(abs)) p.push(`data.source: text file ${abs} does not exist; set data.source to "moby-dick" or to an existing file`);
+    else if (!statSync(abs).isFile()) p.push(`data.source: ${abs} is not a file; set data.source to "moby-dick" or to a text file`);
+  }
+  return p;
+}
+
+/** The run directory: train.runDir, or runs/<train.name>. */
+export function runDirOf(c: FlotillaConfig): string {
+  return c.train.runDir !== '' ? c.train.runDir : `runs/${c.train.name}`;
+}

@@ -1,0 +1,58 @@
+// Per-step metrics as JSON lines (one object per optimizer step), written synchronously so the file
+// is complete up to the last finished step even when a run dies.
+import { closeSync, existsSync, mkdirSync, openSync, readFileSync, writeSync } from 'node:fs';
+import { dirname } from 'node:path';
+
+export interface StepMetrics {
+  /** Optimizer steps completed (1 after the first update). */
+  step: number;
+  /** Training loss of the global batch (mean over every rank and micro-batch). */
+  loss: number;
+  /** Learning rate used for this step. */
+  lr: number;
+  /** Tokens of the global batch per second of step time (evaluation excluded). */
+  tokensPerSec: number;
+  /** Global gradient norm before clipping. */
+  gradNorm?: number;
+  /** Validation loss, on evaluation steps only. */
+  valLoss?: number;
+  /** Seconds since the loop started. */
+  elapsedS: number;
+}
+
+export class MetricsWriter {
+  private fd: number | undefined;
+
+  /** Truncates `path` (creating its directory); a run directory holds one run's metrics. */
+  constructor(readonly path: string) {
+    mkdirSync(dirname(path), { recursive: true });
+    this.fd = openSync(path, 'w');
+  }
+
+  write(m: StepMetrics): void {
+    if (this.fd === undefined) throw new Error(`MetricsWriter: ${this.path} is closed`);
+    writeSync(this.fd, `${JSON.stringify(m)}\n`);
+  }
+
+  close(): void {
+    if (this.fd !== undefined) {
+      closeSync(this.fd);
+      this.fd = undefined;
+    }
+  }
+}
+
+/** Reads a metrics file back (tests, plots, loss comparisons). */
+export function readMetrics(path: string): StepMetrics[] {
+  if (!existsSync(path)) throw new Error(`metrics file ${path} does not exist`);
+  return readFileSync(path, 'utf8')
+    .split('\n')
+    .filter((l) => l.trim() !== '')
+    .map((l, i) => {
+      try {
+        return JSON.parse(l) as StepMetrics;
+      } catch {
+        throw new Error(`${path}:${i + 1}: not a JSON line`);
+      }
+    });
+}

@@ -1,0 +1,124 @@
+// The `flotilla` command end to end: a short training run on one process and on two ranks
+// (which must train identically), and usage/config errors that exit 2 and write nothing.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { existsSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { readMetrics } from '../src/train/metrics.js';
+
+const ROOT = resolve(import.meta.dirname, '..');
+const BIN = join(ROOT, 'bin', 'flotilla.js');
+const dir = mkdtempSync(join(tmpdir(), 'flotilla-cli-'));
+
+const config = join(dir, 'tiny.toml');
+writeFileSync(config, `# a tiny GPT for a quick smoke run
+[model]
+nLayer = 1
+nHead = 2
+nEmbd = 32
+blockSize = 32
+[data]
+seqLen = 32
+globalBatch = 8
+[optim]
+lr = 3e-3
+minLr = 3e-4
+warmupSteps = 2
+[train]
+name = "smoke"
+steps = 20
+evalEvery = 10
+evalBatches = 2
+[log]
+every = 5
+`);
+
+function flotilla(args: string[], timeoutMs = 120_000): Promise<{ code: number | null; out: string; err: string }> {
+  return new Promise((res, rej) => {
+    const child = spawn(process.execPath, [BIN, ...args], { cwd: ROOT, env: { ...process.env, FLOTILLA_TEST_CHILD: '1' } });
+    let out = '';
+    let err = '';
+    child.stdout.on('data', (d) => (out += d));
+    child.stderr.on('data', (d) => (err += d));
+    const timer = setTimeout(() => {
+      child.kill('SIGKILL');
+      rej(new Error(`flotilla ${args.join(' ')} timed out\n${out}\n${err}`));
+    }, timeoutMs);
+    child.on('close', (code) => {
+      clearTimeout(timer);
+      res({ code, out, err });
+    });
+  });
+}
+
+test('flotilla train: 20 steps on one process write metrics, and the loss falls', async () => {
+  const runDir = join(dir, 'single');
+  const r = await flotilla(['train', config, `--train.runDir=${runDir}`]);
+  assert.equal(r.code, 0, r.out + r.err);
+  assert.match(r.out, /^\[world\] 1 rank/m);
+  assert.match(r.out, /^step 20\/20 \| loss \d\.\d{4} \| val \d\.\d{4}/m, 'plain progress lines when stdout is not a terminal');
+  const m = readMetrics(join(runDir, 'metrics.jsonl'));
+  assert.equal(m.length, 20);
+  const first = m[0]!.loss;
+  const last = m[19]!.loss;
+  assert.ok(last < first - 1, `loss ${first} -> ${last}`);
+  assert.ok(existsSync(join(runDir, 'config.toml')));
+});
+
+test('flotilla train --nproc 2 trains exactly like one process (data parallel, with and without accumulation)', async () => {
+  const single = readMetrics(join(dir, 'single', 'metrics.jsonl'));
+  for (const mb of [1, 2]) {
+    const runDir = join(dir, `dp2-mb${mb}`);
+    const r = await flotilla(['train', config, '--nproc', '2', `--train.runDir=${runDir}`, `--data.microBatches=${mb}`]);
+    assert.equal(r.code, 0, r.out + r.err);
+    assert.match(r.out, /\[rank 0\] \[parallelize\] DataParallel over 2 ranks/);
+    assert.doesNotMatch(r.out, /\[rank 1\] \[/, 'only rank 0 prints progress');
+    const m = readMetrics(join(runDir, 'metrics.jsonl'));
+    assert.equal(m.length, 20);
+    m.forEach((row, i) => {
+      const ref = single[i]!;
+      assert.ok(Math.abs(row.loss - ref.loss) / ref.loss < 1e-5, `microBatches ${mb}, step ${i + 1}: loss ${row.loss} vs ${ref.loss}`);
+      if (ref.valLoss !== undefined) assert.ok(Math.abs(row.valLoss! - ref.valLoss) / ref.valLoss < 1e-5, `val loss at step ${i + 1}`);
+    });
+  }
+});
+
+test('bad usage exits 2 with one message', async () => {
+  const cases: [string[], RegExp][] = [
+    [[], /usage:/],
+    [['frobnicate'], /unknown command "frobnicate"; commands: train, run, config/],
+    [['train'], /train: missing the config file/],
+    [['train', config, '--nproc', 'two'], /--nproc needs a positive integer, got "two"/],
+    [['train', config, '--verbose'], /unknown option --verbose/],
+    [['train', join(dir, 'nope.toml')], /config file .*nope\.toml does not exist/],
+  ];
+  for (const [args, re] of cases) {
+    const r = await flotilla(args);
+    assert.equal(r.code, 2, `flotilla ${args.join(' ')}: ${r.err}`);
+    assert.match(r.err, re);
+    assert.doesNotMatch(r.err, /\n\s+at /, 'no stack trace');
+  }
+  const help = await flotilla(['--help']);
+  assert.equal(help.code, 0);
+  assert.match(help.out, /flotilla train <config\.toml> \[--nproc N\]/);
+});
+
+test('config errors exit 2 naming the field, and nothing is written', async () => {
+  const runDir = join(dir, 'never');
+  const cases: [string[], RegExp][] = [
+    [['--model.nlayer=2'], /unknown key --model\.nlayer \(did you mean nLayer\?\); valid keys in \[model\]/],
+    [['--optim.lr=fast'], /--optim\.lr must be a number, got "fast"/],
+    [['--data.globalBatch=7', '--nproc', '2'], /data\.globalBatch=7 does not split over 2 data-parallel rank\(s\) x 1 micro-batch\(es\) = 2 equal parts; set data\.globalBatch to a multiple of 2 \(e\.g\. 6 or 8\)/],
+    [['--parallel.dp=4', '--nproc', '2'], /parallel\.dp=4 but the world has 2 rank\(s\).*--nproc 4/],
+    [['--data.source=/no/such/file.txt'], /text file \/no\/such\/file\.txt does not exist/],
+  ];
+  for (const [extra, re] of cases) {
+    const r = await flotilla(['train', config, `--train.runDir=${runDir}`, ...extra]);
+    assert.equal(r.code, 2, `${extra.join(' ')} should fail with exit 2:\n${r.out}${r.err}`);
+    assert.doesNotMatch(r.out + r.err, /\[rank \d\]/, 'rejected before any rank starts');
+    assert.match(r.out + r.err, re);
+    assert.ok(!existsSync(runDir), `${extra.join(' ')} created the run directory`);
+  }
+});

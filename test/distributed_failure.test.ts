@@ -1,0 +1,42 @@
+// A rank that dies or stalls must make its peers fail within the process-group timeout, naming the
+// op, the group and its ranks, never hang. Each scenario runs as its own world.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { runWorld, parseAllResults, describeWorld } from './helpers/world.js';
+
+interface Survivor { rank: number; error: string; ms: number }
+
+async function scenario(nproc: number, mode: string, timeoutMs: number): Promise<Survivor[]> {
+  // The world limit is far below "forever" but well above the group timeout: a hang fails the test.
+  const w = await runWorld({ nproc, script: 'test/helpers/ranks/failure.ts', args: [mode], env: { TEST_TIMEOUT_MS: String(timeoutMs) }, timeoutMs: 45_000 });
+  const survivors = parseAllResults<Survivor>(w.outputs).slice(0, nproc - 1).map((rs, r) => {
+    assert.equal(rs.length, 1, `rank ${r} reported once\n${describeWorld(w)}`);
+    return rs[0]!;
+  });
+  for (let r = 0; r < nproc - 1; r++) assert.equal(w.codes[r], 0, describeWorld(w));
+  if (mode === 'kill-mid') assert.equal(w.signals[nproc - 1], 'SIGKILL');
+  const ranks = Array.from({ length: nproc }, (_, i) => i).join(', ');
+  for (const s of survivors) {
+    assert.match(s.error, new RegExp(`^CollectiveError: allReduce on group 'world' \\(global ranks \\[${ranks}\\]\\) failed: `), describeWorld(w));
+  }
+  return survivors;
+}
+
+for (const [trial, nproc] of [[1, 3], [2, 2], [3, 3]] as const) {
+  test(`kill -9 during an all-reduce (trial ${trial}, ${nproc} ranks): the others fail fast`, async () => {
+    const s = await scenario(nproc, 'kill-mid', 10_000);
+    for (const x of s) assert.ok(x.ms < 10_000 + 5000, `rank ${x.rank} took ${x.ms} ms`);
+  });
+}
+
+test('a rank that exits before the collective: waitAsync rejects on the others', async () => {
+  await scenario(3, 'exit-before', 10_000);
+});
+
+test('a live rank that never enters the collective: the others time out after the group timeout', async () => {
+  const s = await scenario(2, 'stall', 2000);
+  for (const x of s) {
+    assert.match(x.error, /timed out \(process-group timeout 2000 ms\)/);
+    assert.ok(x.ms >= 1500 && x.ms < 2000 * 2 + 5000, `rank ${x.rank} took ${x.ms} ms`);
+  }
+});

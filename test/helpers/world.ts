@@ -1,0 +1,161 @@
+// Test harness: start a world of real ranks on loopback for one test.
+//
+//   const { codes, outputs } = await runWorld({ nproc: 2, script: 'test/helpers/ranks/x.ts' });
+//   const results = parseResults<MyResult>(outputs);   // what each rank passed to emitResult()
+//
+// Each rank is `node --import tsx script args` with the launch contract (RANK, WORLD_SIZE,
+// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT=<free port>). A world that runs
+// past timeoutMs is killed and runWorld rejects naming the ranks that were still running, with the
+// end of their output. Set FLOTILLA_TEST_VERBOSE=1 to stream rank output while the test runs.
+// This module does not load the native addon; rank scripts import emitResult from ./rank.js.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { createServer } from 'node:net';
+import { isAbsolute, resolve } from 'node:path';
+
+export interface WorldOptions {
+  nproc: number;
+  /** The rank script (.ts runs under tsx); relative paths resolve from the repository root. */
+  script: string;
+  args?: string[];
+  /** Extra environment for every rank (values override the launch contract's). */
+  env?: Record<string, string | undefined>;
+  /** Environment for one rank only: rankEnv(rank). */
+  rankEnv?: (rank: number) => Record<string, string | undefined>;
+  /** Kill the world after this long (default 60 s). */
+  timeoutMs?: number;
+  /** Called once per rank right after it starts (tests use it to signal a rank). */
+  onSpawn?: (rank: number, child: ChildProcess) => void;
+}
+
+export interface WorldResult {
+  /** Exit code per rank; null when the rank was ended by a signal. */
+  codes: (number | null)[];
+  /** The signal that ended each rank, if any. */
+  signals: (NodeJS.Signals | null)[];
+  /** Everything each rank wrote (stdout and stderr, interleaved as it arrived). */
+  outputs: string[];
+  port: number;
+}
+
+export const REPO_ROOT = resolve(import.meta.dirname, '..', '..');
+
+/** A TCP port that was free on `host` a moment ago. */
+export function freePort(host = '127.0.0.1'): Promise<number> {
+  return new Promise((res, rej) => {
+    const srv = createServer();
+    srv.unref();
+    srv.on('error', rej);
+    srv.listen(0, host, () => {
+      const addr = srv.address();
+      const port = typeof addr === 'object' && addr ? addr.port : 0;
+      srv.close(() => res(port));
+    });
+  });
+}
+
+/** Command and arguments that run a script: .ts/.mts/.cts under tsx, .js under node. */
+export function scriptCommand(script: string, args: string[] = []): [string, string[]] {
+  if (/\.[mc]?ts$/.test(script)) return [process.execPath, ['--import', import.meta.resolve('tsx'), script, ...args]];
+  return [process.execPath, [script, ...args]];
+}
+
+function tail(s: string, lines = 15): string {
+  return s.split('\n').slice(-lines).join('\n');
+}
+
+/** Thrown when a world runs past its timeout; lists the ranks that were still running. */
+export class WorldTimeoutError extends Error {
+  constructor(readonly hung: number[], readonly outputs: string[], timeoutMs: number) {
+    super(
+      `world timed out after ${timeoutMs} ms: rank${hung.length > 1 ? 's' : ''} ${hung.join(', ')} still running (killed)\n` +
+        outputs.map((o, r) => `--- rank ${r}${hung.includes(r) ? ' (hung)' : ''}, last lines:\n${tail(o)}`).join('\n'),
+    );
+    this.name = 'WorldTimeoutError';
+  }
+}
+
+/** Starts nproc ranks of script on a free loopback port and resolves when all have exited. */
+export async function runWorld(opts: WorldOptions): Promise<WorldResult> {
+  const { nproc } = opts;
+  if (!Number.isInteger(nproc) || nproc < 1) throw new Error(`runWorld: nproc must be a positive integer, got ${nproc}`);
+  const timeoutMs = opts.timeoutMs ?? 60_000;
+  const port = await freePort();
+  const script = isAbsolute(opts.script) ? opts.script : resolve(REPO_ROOT, opts.script);
+  const [cmd, argv] = scriptCommand(script, opts.args);
+  const verbose = process.env.FLOTILLA_TEST_VERBOSE === '1';
+
+  const outputs: string[] = new Array(nproc).fill('');
+  const codes: (number | null)[] = new Array(nproc).fill(null);
+  const signals: (NodeJS.Signals | null)[] = new Array(nproc).fill(null);
+  const running = new Set<number>();
+  const children: ChildProcess[] = [];
+
+  const done = Promise.all(
+    Array.from({ length: nproc }, (_, rank) => new Promise<void>((res) => {
+      const env: Record<string, string | undefined> = {
+        ...process.env,
+        RANK: String(rank), WORLD_SIZE: String(nproc), LOCAL_RANK: String(rank), LOCAL_WORLD_SIZE: String(nproc),
+        MASTER_ADDR: '127.0.0.1', MASTER_PORT: String(port),
+        ...opts.env,
+        ...opts.rankEnv?.(rank),
+      };
+      const child = spawn(cmd, argv, { cwd: REPO_ROOT, env, stdio: ['ignore', 'pipe', 'pipe'] });
+      children[rank] = child;
+      running.add(rank);
+      const collect = (chunk: Buffer): void => {
+        const s = chunk.toString();
+        outputs[rank] += s;
+        if (verbose) process.stderr.write(s.replace(/^(?=.)/gm, `[rank ${rank}] `));
+      };
+      child.stdout!.on('data', collect);
+      child.stderr!.on('data', collect);
+      child.on('error', (e) => {
+        outputs[rank] += `\n[runWorld] could not start rank ${rank}: ${e.message}\n`;
+      });
+      child.on('close', (code, signal) => {
+        codes[rank] = code;
+        signals[rank] = signal;
+        running.delete(rank);
+        res();
+      });
+      opts.onSpawn?.(rank, child);
+    })),
+  );
+
+  let timer: NodeJS.Timeout | undefined;
+  const timedOut = new Promise<'timeout'>((res) => {
+    timer = setTimeout(() => res('timeout'), timeoutMs);
+  });
+  const winner = await Promise.race([done.then(() => 'done' as const), timedOut]);
+  clearTimeout(timer);
+  if (winner === 'timeout') {
+    const hung = [...running].sort((a, b) => a - b);
+    for (const r of hung) children[r]?.kill('SIGKILL');
+    await done;
+    throw new WorldTimeoutError(hung, outputs, timeoutMs);
+  }
+  return { codes, signals, outputs, port };
+}
+
+export const RESULT_PREFIX = 'FLOTILLA_RESULT ';
+
+/** Every result line each rank printed with emitResult(), in order. */
+export function parseAllResults<T = unknown>(outputs: string[]): T[][] {
+  return outputs.map((out) =>
+    out.split('\n').filter((l) => l.startsWith(RESULT_PREFIX)).map((l) => JSON.parse(l.slice(RESULT_PREFIX.length)) as T));
+}
+
+/** The last result each rank printed with emitResult(); throws naming a rank that printed none. */
+export function parseResults<T = unknown>(outputs: string[]): T[] {
+  return parseAllResults<T>(outputs).map((rs, rank) => {
+    if (rs.length === 0) throw new Error(`rank ${rank} printed no result line; its output ends:\n${tail(outputs[rank] ?? '', 30)}`);
+    return rs[rs.length - 1]!;
+  });
+}
+
+/** A readable dump of every rank's output, for assertion messages. */
+export function describeWorld(r: Pick<WorldResult, 'codes' | 'outputs'> & { signals?: (string | null)[] }): string {
+  return r.outputs
+    .map((o, i) => `--- rank ${i} exit ${r.codes[i]}${r.signals?.[i] ? ` (${r.signals[i]})` : ''}:\n${tail(o, 40)}`)
+    .join('\n');
+}

@@ -1,0 +1,152 @@
+// Modules: names, state dicts (round trip, strict errors, shape mismatch, through safetensors), train/eval.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { randint, tidy, zeros, manualSeed, setNumThreads, liveTensors, type Tensor } from '../src/tensor/index.js';
+import { Module, Linear, LayerNorm, Dropout, ModuleList, Embedding } from '../src/nn/index.js';
+import { GPT } from '../src/models/gpt.js';
+import { saveSafetensors, loadSafetensors } from '../src/checkpoint/safetensors.js';
+
+setNumThreads(1);
+const small = { vocabSize: 13, blockSize: 8, nLayer: 2, nHead: 2, nEmbd: 8 };
+
+const layerKeys = (i: number, bias = true) => [
+  `layers.${i}.ln1.weight`, ...(bias ? [`layers.${i}.ln1.bias`] : []),
+  `layers.${i}.attn.qkv.weight`, ...(bias ? [`layers.${i}.attn.qkv.bias`] : []),
+  `layers.${i}.attn.proj.weight`, ...(bias ? [`layers.${i}.attn.proj.bias`] : []),
+  `layers.${i}.attn.mask`,
+  `layers.${i}.ln2.weight`, ...(bias ? [`layers.${i}.ln2.bias`] : []),
+  `layers.${i}.mlp.fc.weight`, ...(bias ? [`layers.${i}.mlp.fc.bias`] : []),
+  `layers.${i}.mlp.proj.weight`, ...(bias ? [`layers.${i}.mlp.proj.bias`] : []),
+];
+
+test('GPT parameter and state names; a tied weight is one parameter under two state keys', () => {
+  const m = new GPT({ ...small, tieEmbeddings: true });
+  const sd = m.stateDict();
+  assert.deepEqual(Object.keys(sd).sort(), ['wte.weight', 'wpe.weight', ...layerKeys(0), ...layerKeys(1), 'lnF.weight', 'lnF.bias', 'head.weight'].sort());
+  assert.equal(sd['head.weight'], sd['wte.weight']);
+  const names = m.namedParameters().map(([n]) => n);
+  assert.ok(!names.includes('head.weight') && names.includes('wte.weight'), 'the tied weight is listed once, under its first name');
+  assert.ok(!names.some((n) => n.endsWith('.mask')), 'buffers are not parameters');
+  assert.deepEqual(m.namedBuffers().map(([n]) => n), ['layers.0.attn.mask', 'layers.1.attn.mask']);
+  // 13*8 + 8*8 + 2 * (4*8 + (24*8+24) + (8*8+8) + (32*8+32) + (8*32+8)) + 2*8 (tied head adds nothing)
+  assert.equal(m.numParams(), 13 * 8 + 8 * 8 + 2 * (4 * 8 + 24 * 8 + 24 + 8 * 8 + 8 + 32 * 8 + 32 + 8 * 32 + 8) + 2 * 8);
+  const untied = new GPT({ ...small, tieEmbeddings: false, bias: false });
+  assert.notEqual(untied.stateDict()['head.weight'], untied.stateDict()['wte.weight']);
+  assert.ok(!Object.keys(untied.stateDict()).some((k) => k.endsWith('.bias')), 'bias: false drops every bias');
+  assert.ok(m.parameters().every((p) => p.requiresGrad && p.isLeaf));
+  m.dispose();
+  untied.dispose();
+});
+
+test('loadStateDict copies in place: same outputs, parameters keep their storage', () => {
+  manualSeed(1);
+  const a = new GPT(small), b = new GPT(small);
+  const ptrs = b.parameters().map((p) => p.dataPtr());
+  b.loadStateDict(a.stateDict());
+  assert.deepEqual(b.parameters().map((p) => p.dataPtr()), ptrs, 'no parameter was replaced');
+  tidy(() => {
+    const idx = randint(0, 13, [2, 8]);
+    assert.deepEqual(b.forward(idx).logits.toNumbers(), a.forward(idx).logits.toNumbers());
+  });
+  a.dispose();
+  b.dispose();
+});
+
+test('a state dict survives safetensors: save, load into a fresh model, same outputs', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'flotilla-nn-'));
+  try {
+    manualSeed(2);
+    const a = new GPT({ ...small, tieEmbeddings: true }), b = new GPT({ ...small, tieEmbeddings: true });
+    const path = join(dir, 'model.safetensors');
+    saveSafetensors(path, a.stateDict(), { format: 'pt' });
+    const before = liveTensors();
+    const loaded = loadSafetensors(path);
+    b.loadStateDict(loaded);
+    for (const t of Object.values(loaded)) t.dispose();
+    assert.equal(liveTensors(), before);
+    tidy(() => {
+      const idx = randint(0, 13, [2, 8]);
+      assert.deepEqual(b.forward(idx).logits.toNumbers(), a.forward(idx).logits.toNumbers());
+    });
+    a.dispose();
+    b.dispose();
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('strict loading lists missing and unexpected keys and changes nothing', () => {
+  const m = new GPT(small);
+  tidy(() => {
+    const sd: Record<string, Tensor> = { ...m.stateDict() };
+    const before = m.wte.weight.toNumbers();
+    delete sd['lnF.bias'];
+    delete sd['layers.1.attn.mask'];
+    sd['layers.2.ln1.weight'] = zeros([8]);
+    sd['wte.weight'] = zeros([13, 8]);
+    assert.throws(() => m.loadStateDict(sd),
+      /loadStateDict: state does not match this model; missing: layers\.1\.attn\.mask, lnF\.bias; unexpected: layers\.2\.ln1\.weight \(load a checkpoint of the same model config, or pass \{ strict: false \}\)/);
+    assert.deepEqual(m.wte.weight.toNumbers(), before, 'nothing was copied');
+    // Non-strict loads what matches.
+    m.loadStateDict(sd, { strict: false });
+    assert.deepEqual(m.wte.weight.toNumbers(), new Array(13 * 8).fill(0));
+  });
+  m.dispose();
+});
+
+test('a shape mismatch names the key and both shapes, and changes nothing', () => {
+  const m = new GPT(small), wider = new GPT({ ...small, nEmbd: 12, nHead: 2 });
+  tidy(() => {
+    const before = m.lnF.weight.toNumbers();
+    assert.throws(() => m.loadStateDict(wider.stateDict()), (e: unknown) => {
+      const msg = (e as Error).message;
+      assert.match(msg, /^loadStateDict: shape mismatch: /);
+      assert.match(msg, /wte\.weight: have \[13,8\], got \[13,12\]/);
+      assert.match(msg, /layers\.0\.attn\.qkv\.weight: have \[24,8\], got \[36,12\]/);
+      return true;
+    });
+    assert.deepEqual(m.lnF.weight.toNumbers(), before);
+  });
+  m.dispose();
+  wider.dispose();
+});
+
+test('train()/eval() reach every submodule; dropout is active only in training', () => {
+  manualSeed(5);
+  const m = new GPT({ ...small, dropout: 0.5 });
+  assert.ok(m.namedModules().every(([, x]) => x.training));
+  m.eval();
+  assert.ok(m.namedModules().every(([, x]) => !x.training));
+  tidy(() => {
+    const idx = randint(0, 13, [2, 8]);
+    assert.deepEqual(m.forward(idx).logits.toNumbers(), m.forward(idx).logits.toNumbers(), 'eval is deterministic');
+    m.train();
+    assert.notDeepEqual(m.forward(idx).logits.toNumbers(), m.forward(idx).logits.toNumbers(), 'training applies dropout');
+  });
+  assert.throws(() => new Dropout(1), /Dropout: p must be in \[0, 1\), got 1/);
+  m.dispose();
+});
+
+test('custom modules: registration, nested names, shared weights in Linear', () => {
+  class Net extends Module {
+    readonly emb: Embedding;
+    readonly blocks: ModuleList<Linear>;
+    readonly norm: LayerNorm;
+    readonly out: Linear;
+    constructor() {
+      super();
+      this.emb = this.registerModule('emb', new Embedding(5, 4));
+      this.blocks = this.registerModule('blocks', new ModuleList([new Linear(4, 4), new Linear(4, 4, { bias: false })]));
+      this.norm = this.registerModule('norm', new LayerNorm(4, { bias: false }));
+      this.out = this.registerModule('out', new Linear(4, 5, { bias: false, weight: this.emb.weight }));
+    }
+  }
+  const n = new Net();
+  assert.deepEqual(n.namedParameters().map(([k]) => k), ['emb.weight', 'blocks.0.weight', 'blocks.0.bias', 'blocks.1.weight', 'norm.weight']);
+  assert.deepEqual(Object.keys(n.stateDict()), ['emb.weight', 'blocks.0.weight', 'blocks.0.bias', 'blocks.1.weight', 'norm.weight', 'out.weight']);
+  assert.throws(() => new Linear(3, 5, { weight: n.emb.weight }), /Linear: shared weight has shape \[5,4\], expected \[5, 3\]/);
+  n.dispose();
+});

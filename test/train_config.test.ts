@@ -1,0 +1,117 @@
+// The typed TOML config: defaults, overrides, and errors that name the field.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { parse as parseToml } from 'smol-toml';
+import {
+  ConfigError, checkRunnable, configSchema, configToToml, defaultConfig, loadConfig, parseConfig, parseOverrides, runDirOf,
+} from '../src/train/config.js';
+
+test('every field has a doc line and a default, and the defaults validate', () => {
+  for (const [section, spec] of Object.entries(configSchema)) {
+    assert.ok(spec.doc.length > 0, `[${section}] has no doc`);
+    for (const [name, f] of Object.entries(spec.fields as Record<string, { doc: string; default: unknown }>)) {
+      assert.ok(f.doc.length > 10, `${section}.${name} has no doc`);
+      assert.notEqual(f.default, undefined, `${section}.${name} has no default`);
+    }
+  }
+  assert.deepEqual(parseConfig(''), defaultConfig());
+});
+
+test('TOML values replace defaults; CLI overrides win over the file', () => {
+  const text = '[model]\nnLayer = 2\nnEmbd = 64\n[optim]\nlr = 3e-3\n[train]\nname = "demo"\n';
+  const c = parseConfig(text, ['--optim.lr=1e-4', '--train.steps', '7', '--model.bias=false', '--data.source=/tmp/x.txt']);
+  assert.equal(c.model.nLayer, 2);
+  assert.equal(c.model.nEmbd, 64);
+  assert.equal(c.model.nHead, 4, 'untouched fields keep their default');
+  assert.equal(c.optim.lr, 1e-4);
+  assert.equal(c.train.steps, 7);
+  assert.equal(c.model.bias, false);
+  assert.equal(c.data.source, '/tmp/x.txt');
+  assert.equal(runDirOf(c), 'runs/demo');
+  assert.equal(runDirOf(parseConfig('', ['--train.runDir=/tmp/r'])), '/tmp/r');
+  // A whole number is accepted where a float is expected.
+  assert.equal(parseConfig('[optim]\nlr = 1\nminLr = 0\n').optim.lr, 1);
+});
+
+test('unknown sections and keys are errors that list the valid ones', () => {
+  assert.throws(() => parseConfig('[model]\nnlayer = 3\n', [], 'x.toml'), (e: unknown) => {
+    assert.ok(e instanceof ConfigError);
+    assert.match(e.message, /^x\.toml: unknown key model\.nlayer \(did you mean nLayer\?\); valid keys in \[model\]: vocabSize, blockSize, nLayer, nHead/);
+    return true;
+  });
+  assert.throws(() => parseConfig('[optimizer]\nlr = 1\n'), /unknown section \[optimizer\].*valid sections: model, data, optim, train, parallel, log/);
+  assert.throws(() => parseConfig('steps = 3\n'), /unknown section "steps"; valid sections/);
+  assert.throws(() => parseConfig('', ['--train.stpes=3']), /unknown key --train\.stpes \(did you mean steps\?\); valid keys in \[train\]: name, runDir, steps/);
+  assert.throws(() => parseConfig('', ['--nope.x=3']), /unknown section --nope\.x; valid sections/);
+});
+
+test('wrong types and ranges name the field', () => {
+  assert.throws(() => parseConfig('[model]\nnLayer = 2.5\n'), /model\.nLayer must be an integer, got 2\.5/);
+  assert.throws(() => parseConfig('[model]\nbias = "yes"\n'), /model\.bias must be true or false, got "yes"/);
+  assert.throws(() => parseConfig('[optim]\nlr = "fast"\n'), /optim\.lr must be a finite number, got "fast"/);
+  assert.throws(() => parseConfig('[optim]\nlr = 0\n'), /optim\.lr must be > 0, got 0/);
+  assert.throws(() => parseConfig('[model]\ndropout = 1\n'), /model\.dropout must be < 1, got 1/);
+  assert.throws(() => parseConfig('[log]\nprogress = "fancy"\n'), /log\.progress must be one of "auto", "bar", "plain", "off", got "fancy"/);
+  assert.throws(() => parseConfig('', ['--train.steps=ten']), /--train\.steps must be an integer, got "ten"/);
+  assert.throws(() => parseConfig('', ['--model.bias=yes']), /--model\.bias must be true or false/);
+  assert.throws(() => parseConfig('', ['--optim.lr=']), /--optim\.lr must be a number/);
+  assert.throws(() => parseConfig('', ['--optim.lr']), /--optim\.lr needs a value/);
+  assert.throws(() => parseConfig('', ['lr=3']), /cannot read override "lr=3"; write --section\.field=value/);
+  assert.throws(() => parseConfig('[model\n'), /not valid TOML/);
+});
+
+test('cross-field rules', () => {
+  assert.throws(() => parseConfig('[model]\nnEmbd = 100\nnHead = 3\n'), /model\.nEmbd \(100\) must be divisible by model\.nHead \(3\)/);
+  assert.throws(() => parseConfig('[data]\nseqLen = 256\n'), /data\.seqLen \(256\) must be <= model\.blockSize \(128\)/);
+  assert.throws(() => parseConfig('[optim]\nlr = 1e-4\nminLr = 1e-3\n'), /optim\.minLr \(0\.001\) must be <= optim\.lr \(0\.0001\)/);
+  assert.throws(() => parseConfig('[data]\nglobalBatch = 10\n[parallel]\ndp = 4\n'), /data\.globalBatch \(10\) must be a multiple of parallel\.dp x data\.microBatches \(4 x 1 = 4\)/);
+  assert.throws(() => parseConfig('[parallel]\ndp = 0\n'), /parallel\.dp must be -1/);
+});
+
+test('several problems are reported together', () => {
+  assert.throws(() => parseConfig('[model]\nnLayers = 1\n[optim]\nlr = -1\n'), (e: unknown) => {
+    assert.ok(e instanceof ConfigError);
+    assert.equal(e.problems.length, 2);
+    assert.match(e.message, /2 problems in the config:\n {2}- unknown key model\.nLayers.*\n {2}- optim\.lr must be > 0/);
+    return true;
+  });
+});
+
+test('parseOverrides accepts both --a.b=v and --a.b v', () => {
+  const { raw, problems } = parseOverrides(['--optim.lr=3e-4', '--train.name', 'x', '--model.tieEmbeddings=true']);
+  assert.deepEqual(problems, []);
+  assert.deepEqual(raw, { optim: { lr: 3e-4 }, train: { name: 'x' }, model: { tieEmbeddings: true } });
+});
+
+test('the resolved config saves as documented TOML that loads back identically', () => {
+  const c = parseConfig('', ['--optim.lr=3e-4', '--train.name=with "quotes" \\ and more', '--model.dropout=0.1']);
+  const text = configToToml(c, { header: 'resolved' });
+  assert.match(text, /^# resolved\n/);
+  assert.match(text, /# Peak learning rate/);
+  assert.deepEqual(JSON.parse(JSON.stringify(parseToml(text))), JSON.parse(JSON.stringify(c)));
+  const dir = mkdtempSync(join(tmpdir(), 'flotilla-config-'));
+  writeFileSync(join(dir, 'c.toml'), text);
+  assert.deepEqual(loadConfig(join(dir, 'c.toml')), c);
+  assert.throws(() => loadConfig(join(dir, 'missing.toml')), /config file .*missing\.toml does not exist/);
+});
+
+test('the example config is valid', () => {
+  const c = loadConfig(join(import.meta.dirname, '..', 'examples', 'gpt-tiny.toml'));
+  assert.equal(c.model.vocabSize, 256);
+  assert.equal(c.data.source, 'moby-dick');
+});
+
+test('checkRunnable: the config against the world it will run in', () => {
+  const c = parseConfig('', ['--data.globalBatch=12', '--data.microBatches=2']);
+  assert.deepEqual(checkRunnable(c, 1), []);
+  assert.deepEqual(checkRunnable(c, 2), []);
+  assert.deepEqual(checkRunnable(c, 3), []);
+  assert.match(checkRunnable(c, 4).join('\n'), /data\.globalBatch=12 does not split over 4 data-parallel rank\(s\) x 2 micro-batch\(es\) = 8 equal parts; set data\.globalBatch to a multiple of 8 \(e\.g\. 8 or 16\)/);
+  const fixed = parseConfig('', ['--parallel.dp=2']);
+  assert.deepEqual(checkRunnable(fixed, 2), []);
+  assert.match(checkRunnable(fixed, 1).join('\n'), /parallel\.dp=2 but the world has 1 rank\(s\)/);
+  assert.match(checkRunnable(parseConfig('', ['--data.source=/no/such.txt']), 1).join('\n'), /data\.source: text file \/no\/such\.txt does not exist/);
+});
