@@ -22,16 +22,29 @@ if ! bash scripts/setup.sh --check; then
   bash scripts/setup.sh
 fi
 
+# Runs a command quietly; on failure shows the end of its output and a line naming it.
+quietly() {
+  local log
+  log=$(mktemp)
+  if ! "$@" >"$log" 2>&1; then
+    tail -n 60 "$log" >&2
+    rm -f "$log"
+    echo "flotilla: '$*' failed (see above)" >&2
+    exit 1
+  fi
+  rm -f "$log"
+}
+
 set +e
 why=$(node scripts/check-deps.cjs)
 deps=$?
 set -e
 if [[ $deps -eq 1 ]]; then
   echo "ensure: npm ci ($why)"
-  npm ci --no-audit --no-fund --loglevel=error
+  quietly npm ci --include=dev --no-audit --no-fund
 elif [[ $deps -eq 2 ]]; then
   echo "ensure: npm install ($why)"
-  npm install --no-audit --no-fund --loglevel=error
+  quietly npm install --include=dev --no-audit --no-fund
 elif [[ $deps -ne 0 ]]; then
   echo "flotilla: scripts/check-deps.cjs failed: $why" >&2
   exit 1
@@ -52,12 +65,5 @@ if [[ -n "$rebuild" ]]; then
   gyp_args=()
   prefix=$(node -p 'require("path").resolve(process.execPath, "..", "..")')
   if [[ -f "$prefix/include/node/node_api.h" ]]; then gyp_args+=("--nodedir=$prefix"); fi
-  log=$(mktemp)
-  if ! npx --no-install node-gyp rebuild --directory native -j 2 "${gyp_args[@]}" >"$log" 2>&1; then
-    tail -n 60 "$log" >&2
-    rm -f "$log"
-    echo "flotilla: building the native addon failed (see above); retry with: npx node-gyp rebuild --directory native -j 2" >&2
-    exit 1
-  fi
-  rm -f "$log"
+  quietly npx --no-install node-gyp rebuild --directory native -j 2 "${gyp_args[@]}"
 fi

@@ -8,6 +8,7 @@ import { join } from 'node:path';
 import { tensor, tidy, arange, randn, zeros, liveTensors, setNumThreads, type DType, type Tensor } from '../src/tensor/index.js';
 import {
   saveSafetensors, loadSafetensors, loadSafetensorsWithMetadata, readSafetensorsHeader, decodeSafetensors, encodeSafetensors,
+  saveSafetensorsAsync, loadSafetensorsAsync,
 } from '../src/checkpoint/safetensors.js';
 import { runOracle, oracleMissing } from './oracle/oracle.js';
 
@@ -178,6 +179,7 @@ test('damaged files give errors that say what is wrong', () => {
   assert.throws(() => loadSafetensors(withBytes(Buffer.concat([header([1, 2]), Buffer.alloc(0)]))), /does not start with a JSON object/);
   assert.throws(() => loadSafetensors(join(dir, 'missing.safetensors')), /cannot read .*missing\.safetensors/);
   assert.throws(() => readSafetensorsHeader(withBytes(good.subarray(0, good.length - 2))), /truncated/);
+  assert.throws(() => readSafetensorsHeader(join(dir, 'missing.safetensors')), /readSafetensorsHeader: cannot read/);
   // Still fine afterwards, and the good file loads.
   assert.deepEqual(loadSafetensors(path).w!.toNumbers(), [1, 2, 3, 4]);
 });
@@ -190,4 +192,19 @@ test('encode/decode in memory agree with the file form', () => {
   sameTensor(tensors.m!, src.m, 'm');
   assert.deepEqual(metadata, { x: 'y' });
   assert.ok(!existsSync(join(dir, 'a')));
+});
+
+test('async save and load give the same bytes and tensors as the sync ones', async () => {
+  const src = everyDtype();
+  const a = join(dir, 'sync.safetensors'), b = join(dir, 'async.safetensors');
+  saveSafetensors(a, src, { m: '1' });
+  await saveSafetensorsAsync(b, src, { m: '1' });
+  assert.deepEqual(readFileSync(b), readFileSync(a));
+  const { tensors, metadata } = await loadSafetensorsAsync(b);
+  for (const k of Object.keys(src)) sameTensor(tensors[k]!, src[k]!, k);
+  assert.deepEqual(metadata, { m: '1' });
+  await assert.rejects(saveSafetensorsAsync(join(dir, 'nope', 'x.safetensors'), src), /could not write .*x\.safetensors/);
+  await assert.rejects(loadSafetensorsAsync(join(dir, 'absent.safetensors')), /cannot read .*absent\.safetensors/);
+  assert.deepEqual(readdirSync(dir).filter((f) => f.endsWith('.tmp')), []);
+  for (const t of [...Object.values(src), ...Object.values(tensors)]) t.dispose();
 });

@@ -10,6 +10,7 @@
 // Writes go to a temporary file in the same directory, are flushed, then renamed over the target, so a
 // crash never leaves a half-written checkpoint under the real name.
 import { closeSync, fstatSync, fsyncSync, openSync, readFileSync, readSync, renameSync, unlinkSync, writeSync } from 'node:fs';
+import { open as openAsync, readFile as readFileAsync, rename as renameAsync, unlink as unlinkAsync } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { endianness } from 'node:os';
 import { randomBytes } from 'node:crypto';
@@ -100,7 +101,7 @@ export function encodeSafetensors(tensors: Record<string, Tensor>, metadata?: Re
  */
 export function saveSafetensors(path: string, tensors: Record<string, Tensor>, metadata?: Record<string, string>): void {
   const parts = encodeSafetensors(tensors, metadata);
-  const tmp = join(dirname(path), `.${basename(path)}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`);
+  const tmp = tempPath(path);
   let fd: number | undefined;
   try {
     fd = openSync(tmp, 'wx');
@@ -121,6 +122,43 @@ export function saveSafetensors(path: string, tensors: Record<string, Tensor>, m
     }
     throw new Error(`saveSafetensors: could not write ${path}: ${(e as Error).message}`);
   }
+}
+
+function tempPath(path: string): string {
+  return join(dirname(path), `.${basename(path)}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`);
+}
+
+/**
+ * saveSafetensors without blocking the event loop on disk writes. The tensors are copied out
+ * synchronously first, so they may be changed or disposed as soon as the promise exists.
+ */
+export async function saveSafetensorsAsync(path: string, tensors: Record<string, Tensor>, metadata?: Record<string, string>): Promise<void> {
+  const parts = encodeSafetensors(tensors, metadata);
+  const tmp = tempPath(path);
+  let fh: Awaited<ReturnType<typeof openAsync>> | undefined;
+  try {
+    fh = await openAsync(tmp, 'wx');
+    for (const p of parts) await fh.write(p);
+    await fh.sync();
+    await fh.close();
+    fh = undefined;
+    await renameAsync(tmp, path);
+  } catch (e) {
+    await fh?.close().catch(() => undefined);
+    await unlinkAsync(tmp).catch(() => undefined);
+    throw new Error(`saveSafetensors: could not write ${path}: ${(e as Error).message}`);
+  }
+}
+
+/** loadSafetensorsWithMetadata, reading the file without blocking the event loop. */
+export async function loadSafetensorsAsync(path: string): Promise<{ tensors: Record<string, Tensor>; metadata: Record<string, string> }> {
+  let bytes: Buffer;
+  try {
+    bytes = await readFileAsync(path);
+  } catch (e) {
+    throw new Error(`loadSafetensors: cannot read ${path}: ${(e as Error).message}`);
+  }
+  return decodeSafetensors(bytes, path);
 }
 
 function corrupt(where: string, why: string): Error {
@@ -233,7 +271,12 @@ export function loadSafetensorsWithMetadata(path: string): { tensors: Record<str
 
 /** Reads only the header of a file: names, dtypes, shapes, offsets and metadata (no tensor data). */
 export function readSafetensorsHeader(path: string): SafetensorsHeader {
-  const fd = openSync(path, 'r');
+  let fd: number;
+  try {
+    fd = openSync(path, 'r');
+  } catch (e) {
+    throw new Error(`readSafetensorsHeader: cannot read ${path}: ${(e as Error).message}`);
+  }
   try {
     const size = fstatSync(fd).size;
     const lenBuf = Buffer.alloc(8);

@@ -186,29 +186,14 @@ export class Work {
 // ---------------------------------------------------------------------------------------------
 // Tensor plumbing
 
-let viewDtypeOp: number | undefined;
-
-/** A view of t's bytes as another dtype of the same element size (aten::view.dtype). */
+/** A view of t's bytes as another dtype of the same element size. */
 function viewAs(t: Tensor, dtype: DType): Tensor {
-  viewDtypeOp ??= native.lookupOp('aten::view', 'dtype');
-  return new Tensor(native.callOp(viewDtypeOp, [t.handle, dtypeCode(dtype)]) as never);
+  return t.viewAsDtype(dtype);
 }
 
-/** True when a tensor of this shape and these strides is dense and row-major (what Gloo requires). */
-function denseRowMajor(shape: readonly number[], strides: readonly number[]): boolean {
-  let expected = 1;
-  for (let i = shape.length - 1; i >= 0; i--) {
-    const n = shape[i]!;
-    if (n !== 1 && strides[i] !== expected) return false;
-    expected *= n;
-  }
-  return true;
-}
-
-/** True when t's elements are dense and row-major. */
+/** True when t's elements are dense and row-major (what Gloo requires). */
 export function isContiguous(t: Tensor): boolean {
-  const [shape, , , , strides] = native.meta(t.handle);
-  return denseRowMajor(shape, strides);
+  return t.isContiguous();
 }
 
 /**
@@ -252,7 +237,7 @@ function wireFor(t: Tensor, kind: 'movement' | 'reduction', role: 'input' | 'out
   }
   const wd = kind === 'movement' ? movementDtype(d) : reductionDtype(d).dtype;
   if (wd !== d) wire = s.temps.add(viewAs(t, wd));
-  if (!denseRowMajor(shape, strides)) {
+  if (!wire.isContiguous()) {
     const staged = s.temps.add(wire.contiguous());
     if (role !== 'input') s.copyBack.push([wire, staged]);
     wire = staged;

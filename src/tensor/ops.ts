@@ -28,7 +28,7 @@ export const OPS = {
   argmax: ['aten::argmax', ''], argmin: ['aten::argmin', ''], norm: ['aten::linalg_vector_norm', ''],
   var: ['aten::var', 'correction'], prod: ['aten::prod', ''],
   // shape and indexing
-  view: ['aten::view', ''], reshape: ['aten::reshape', ''], permute: ['aten::permute', ''], transpose: ['aten::transpose', 'int'],
+  view: ['aten::view', ''], viewDtype: ['aten::view', 'dtype'], reshape: ['aten::reshape', ''], permute: ['aten::permute', ''], transpose: ['aten::transpose', 'int'],
   contiguous: ['aten::contiguous', ''], narrow: ['aten::narrow', ''], slice: ['aten::slice', 'Tensor'], select: ['aten::select', 'int'],
   cat: ['aten::cat', ''], stack: ['aten::stack', ''], split: ['aten::split', 'Tensor'], splitSizes: ['aten::split_with_sizes', ''],
   chunk: ['aten::chunk', ''], flatten: ['aten::flatten', 'using_ints'], squeeze: ['aten::squeeze', ''], squeezeDim: ['aten::squeeze', 'dim'],

@@ -272,6 +272,18 @@ export class Tensor {
 
   // ---- shape (views share storage with this tensor)
   view(...shape: number[]): Tensor { return run('view', this, shape); }
+  /** A view of the same bytes as another dtype of equal element size (e.g. bfloat16 bits as float16). */
+  viewAsDtype(dtype: DType): Tensor { return run('viewDtype', this, dtypeCode(dtype)); }
+  /** True when the elements are dense and row-major. */
+  isContiguous(): boolean {
+    const [shape, , , , strides] = native.meta(this.handle);
+    let expected = 1;
+    for (let i = shape.length - 1; i >= 0; i--) {
+      if (shape[i] !== 1 && strides[i] !== expected) return false;
+      expected *= shape[i]!;
+    }
+    return true;
+  }
   reshape(...shape: number[]): Tensor { return run('reshape', this, shape); }
   permute(...dims: number[]): Tensor { return run('permute', this, dims); }
   transpose(dim0: number, dim1: number): Tensor { return run('transpose', this, dim0, dim1); }

@@ -42,7 +42,7 @@ export class Progress {
       this.multi = new MultiBar({
         format: 'step {value}/{total} |{bar}| loss {loss} | val {val} | {tps} tok/s | eta {eta_formatted}',
         barsize: 24,
-        hideCursor: true,
+        hideCursor: false, // an interrupted run must not leave the terminal without a cursor
         stream: process.stdout,
         fps: 5,
       });

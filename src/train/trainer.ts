@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { liveTensors, manualSeed, noGrad, setNumThreads, tensor, tidy, torchVersion, type Tensor } from '../tensor/index.js';
 import { GPT } from '../models/gpt.js';
 import { AdamW, warmupCosine, constant } from '../optim/index.js';
-import { initProcessGroup, destroyProcessGroup, type ProcessGroup } from '../distributed/process_group.js';
+import { initProcessGroup, destroyProcessGroup, getWorld, isInitialized, type ProcessGroup } from '../distributed/process_group.js';
 import { readLaunchEnv } from '../distributed/env.js';
 import { verifyDataPartition } from '../distributed/partition.js';
 import { DataParallel, LocalGrads, clipGradNorm, gradNorm } from '../parallel/index.js';
@@ -41,7 +41,7 @@ export interface TrainSummary {
   tokensPerSec: number;
 }
 
-/** Everything a rank needs to reduce a scalar to the global mean (no-op for one rank). */
+/** The mean of a per-rank scalar over the group (no collective for one rank). */
 function meanOverRanks(group: ProcessGroup, v: number): number {
   if (group.size === 1) return v;
   const t = tensor(new Float64Array([v]));
@@ -67,7 +67,9 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
   const problems = checkRunnable(cfg, env.worldSize);
   if (problems.length > 0) throw new ConfigError(problems, opts.configPath);
   const dp = env.worldSize; // data parallelism is the only layout so far (checkRunnable)
-  const group = initProcessGroup();
+  // A caller that already joined the world keeps it; otherwise the trainer joins and leaves it.
+  const ownsWorld = !isInitialized();
+  const group = ownsWorld ? initProcessGroup() : getWorld();
   try {
     setNumThreads(cfg.train.threads);
     const how = { torchrun: 'RANK/WORLD_SIZE (flotilla run, torchrun)', mpirun: 'mpirun', srun: 'srun', single: 'a single process' }[env.source];
@@ -75,9 +77,6 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
 
     // ---- data
     const ds = loadTextDataset({ source: cfg.data.source, valFraction: cfg.data.valFraction, seqLen: cfg.data.seqLen });
-    if (ds.vocabSize > cfg.model.vocabSize) {
-      throw new ConfigError([`model.vocabSize (${cfg.model.vocabSize}) is smaller than the tokenizer's ${ds.vocabSize} ids; set model.vocabSize >= ${ds.vocabSize}`]);
-    }
     const geometry = { seqLen: cfg.data.seqLen, globalBatch: cfg.data.globalBatch, dpRank: group.rank, dpSize: dp, microBatches: cfg.data.microBatches };
     const loader = new DataLoader({ tokens: ds.train, seed: cfg.train.seed, ...geometry });
     // Validation reads fixed batches (steps 0..evalBatches-1 of its own stream) so evaluations compare.
@@ -229,6 +228,6 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
       ...(lastVal !== undefined ? { finalValLoss: lastVal } : {}), tokensPerSec,
     };
   } finally {
-    destroyProcessGroup();
+    if (ownsWorld) destroyProcessGroup();
   }
 }

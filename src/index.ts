@@ -1,0 +1,11 @@
+// flotilla's public API: `import { GPT, DataParallel, initProcessGroup, ... } from 'flotilla'`.
+export * from './tensor/index.js';
+export * as nn from './nn/index.js';
+export { Module, Linear, Embedding, LayerNorm, RMSNorm, Dropout, ModuleList, F } from './nn/index.js';
+export { GPT, defaultGPTConfig, type GPTConfig } from './models/gpt.js';
+export * from './optim/index.js';
+export * from './distributed/index.js';
+export * from './parallel/index.js';
+export * from './data/index.js';
+export { saveSafetensors, loadSafetensors } from './checkpoint/safetensors.js';
+export { train, type TrainOptions, type TrainSummary } from './train/trainer.js';
