@@ -1,13 +1,30 @@
 // Entry point of the flotilla addon: registers the tensor, autograd and comm bindings.
 #include "common.h"
 
+#include <csignal>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
 namespace flotilla {
+
+// setParentDeathSignal(signo): the kernel sends signo to this process when its parent dies, so
+// ranks never outlive a launcher that was killed. Returns false where the OS has no such switch.
+static Napi::Value SetParentDeathSignal(const Napi::CallbackInfo& info) {
+#ifdef __linux__
+  int sig = info[0].As<Napi::Number>().Int32Value();
+  return Napi::Boolean::New(info.Env(), prctl(PR_SET_PDEATHSIG, sig) == 0);
+#else
+  return Napi::Boolean::New(info.Env(), false);
+#endif
+}
 
 Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
   main_thread = std::this_thread::get_id();
   InitTensor(env, exports);
   InitAutograd(env, exports);
   InitComm(env, exports);
+  exports.Set("setParentDeathSignal", Napi::Function::New(env, SetParentDeathSignal));
   return exports;
 }
 

@@ -207,6 +207,7 @@ function runGroup(o: RunOptions, attempt: number, port: number, io: Required<Lau
         RANK: String(rank), WORLD_SIZE: String(worldSize), LOCAL_RANK: String(local), LOCAL_WORLD_SIZE: String(o.nproc),
         GROUP_RANK: String(o.nodeRank), MASTER_ADDR: o.masterAddr, MASTER_PORT: String(port),
         FLOTILLA_RESTART_COUNT: String(attempt), FLOTILLA_MAX_RESTARTS: String(o.maxRestarts),
+        FLOTILLA_LAUNCHER_PID: String(process.pid),
       };
       const child = spawn(cmd, baseArgs, { env, stdio: ['ignore', 'pipe', 'pipe'] });
       children[local] = child;

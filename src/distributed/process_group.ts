@@ -182,6 +182,22 @@ function describeDevice(d: { hostname?: string; iface?: string }): string {
  * Joins the world described by the launch contract (env.ts) and returns it. Every rank must call it
  * once, at start-up. Without launch variables this is a world of one (collectives are local no-ops).
  */
+/**
+ * A rank started by `flotilla run` ends when its launcher does (even if the launcher was killed
+ * with SIGKILL and could not stop it), instead of lingering as an orphan holding ports and cores.
+ */
+function exitWithLauncher(): void {
+  const launcher = Number(process.env.FLOTILLA_LAUNCHER_PID);
+  delete process.env.FLOTILLA_LAUNCHER_PID; // processes this rank starts are not the launcher's children
+  if (!Number.isInteger(launcher) || launcher <= 0) return;
+  native.setParentDeathSignal(15 /* SIGTERM */);
+  if (process.ppid !== launcher) {
+    // The launcher died before the signal was armed.
+    process.stderr.write(`flotilla: launcher (pid ${launcher}) is gone; rank exits\n`);
+    process.exit(1);
+  }
+}
+
 export function initProcessGroup(opts: { timeoutMs?: number; backend?: 'gloo' } = {}): ProcessGroup {
   if (state !== undefined) {
     throw new Error('initProcessGroup(): the process group is already initialised in this process (call destroyProcessGroup() first)');
@@ -190,6 +206,7 @@ export function initProcessGroup(opts: { timeoutMs?: number; backend?: 'gloo' } 
     throw new Error(`initProcessGroup(): unknown backend '${String(opts.backend)}' (flotilla has 'gloo')`);
   }
   const env = readLaunchEnv();
+  exitWithLauncher();
   const timeoutMs = opts.timeoutMs ?? timeoutFromEnv(DEFAULT_TIMEOUT_MS);
   if (!Number.isInteger(timeoutMs) || timeoutMs <= 0) throw new Error(`initProcessGroup(): timeoutMs must be a positive integer, got ${timeoutMs}`);
   configureThreads(env);

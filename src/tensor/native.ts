@@ -60,6 +60,8 @@ export interface Native {
   getNumThreads(): number;
   liveTensors(): number;
   version(): { torch: string; parallel: string };
+  /** Linux: deliver signo to this process when its parent exits (false elsewhere). */
+  setParentDeathSignal(signo: number): boolean;
 
   backward(roots: TensorHandle[], grads?: TensorHandle[], retainGraph?: boolean): void;
   getGrad(t: TensorHandle): TensorHandle | undefined;

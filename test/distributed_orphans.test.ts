@@ -1,0 +1,41 @@
+// A launcher killed with SIGKILL cannot stop its ranks; they must still end, not linger as orphans.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { join } from 'node:path';
+
+const root = join(import.meta.dirname, '..');
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+test('ranks exit when their launcher is killed with SIGKILL', async () => {
+  const launcher = spawn(process.execPath, [join(root, 'bin', 'flotilla.js'), 'run', '--nproc', '2', join(root, 'test', 'helpers', 'ranks', 'linger.ts')], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  const pids = await new Promise<number[]>((resolve, reject) => {
+    let out = '';
+    const timer = setTimeout(() => reject(new Error(`ranks did not start:\n${out}`)), 60_000);
+    launcher.stdout.on('data', (d) => {
+      out += d;
+      const found = [...out.matchAll(/PID \d+ (\d+)/g)].map((m) => Number(m[1]));
+      if (found.length === 2) {
+        clearTimeout(timer);
+        resolve(found);
+      }
+    });
+  });
+  assert.ok(pids.every(alive));
+  launcher.kill('SIGKILL');
+  const deadline = Date.now() + 10_000;
+  while (Date.now() < deadline && pids.some(alive)) await new Promise((r) => setTimeout(r, 100));
+  const left = pids.filter(alive);
+  for (const p of left) process.kill(p, 'SIGKILL');
+  assert.deepEqual(left, [], 'ranks outlived their launcher');
+});
