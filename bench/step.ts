@@ -21,7 +21,7 @@ import { saveSafetensors } from '../src/checkpoint/safetensors.js';
 import { median, writeSection } from './report.js';
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
-const PYTHON = process.env.FLOTILLA_ORACLE_PYTHON ?? '/usr/bin/python3';
+const PYTHON = process.env.FLOTILLA_PYTHON ?? '/usr/bin/python3';
 
 export const STEP_CONFIG: GPTConfig = {
   vocabSize: 256, blockSize: 128, nLayer: 4, nHead: 8, nEmbd: 256, dropout: 0, bias: true, tieEmbeddings: false,

@@ -345,6 +345,11 @@ static Napi::Value CallOp(const Napi::CallbackInfo& info) {
       }
     }
     op.callBoxed(&stack);
+    // An in-place op returns self: hand back the caller's own handle instead of a new wrapper.
+    if (stack.size() == 1 && stack[0].isTensor() && args.Length() > 0 && TensorHandle::IsHandle(args.Get(0u)) &&
+        TensorHandle::Get(args.Get(0u)).is_same(stack[0].toTensor())) {
+      return args.Get(0u);
+    }
     if (stack.size() == 1) return FromIValue(env, stack[0]);
     Napi::Array out = Napi::Array::New(env, stack.size());
     for (size_t i = 0; i < stack.size(); ++i) out.Set(static_cast<uint32_t>(i), FromIValue(env, stack[i]));

@@ -27,10 +27,11 @@ export function run(name: OpName, ...args: unknown[]): any {
   return wrap(callOp(name, args.map(unwrapArg)));
 }
 
-/** Runs an in-place table op: the op returns an alias of `self`, which is released at once. */
+/** Runs an in-place table op; the addon hands back self's own handle, so nothing new is wrapped. */
 function runInPlace(self: Tensor, name: OpName, ...args: unknown[]): Tensor {
-  const alias = callOp(name, [self.handle, ...args.map(unwrapArg)]) as TensorHandle;
-  alias.dispose();
+  const h = self.handle;
+  const out = callOp(name, [h, ...args.map(unwrapArg)]) as TensorHandle;
+  if (out !== h) out.dispose();
   return self;
 }
 

@@ -1,6 +1,6 @@
 // Runs a PyTorch oracle script (test/oracle/<script>.py) on tensors from a test: inputs go out as a
 // safetensors file, the script computes the same thing in PyTorch, and its results come back the same
-// way. The oracle is /usr/bin/python3 with torch (override with FLOTILLA_ORACLE_PYTHON).
+// way. The oracle is /usr/bin/python3 with torch (override with FLOTILLA_PYTHON).
 import { spawnSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -9,7 +9,7 @@ import { fileURLToPath } from 'node:url';
 import type { Tensor } from '../../src/tensor/index.js';
 import { saveSafetensors, loadSafetensorsWithMetadata } from '../../src/checkpoint/safetensors.js';
 
-export const ORACLE_PYTHON = process.env.FLOTILLA_ORACLE_PYTHON ?? '/usr/bin/python3';
+export const ORACLE_PYTHON = process.env.FLOTILLA_PYTHON ?? '/usr/bin/python3';
 const HERE = dirname(fileURLToPath(import.meta.url));
 const PY_ENV = { ...process.env, OMP_NUM_THREADS: '1', MKL_NUM_THREADS: '1', PYTHONDONTWRITEBYTECODE: '1' };
 

@@ -1,0 +1,53 @@
+// Training a GPT by hand with flotilla's API: what `flotilla train` does, without the config file.
+//
+//   node --import tsx examples/train_gpt.ts                 # one process
+//   npx flotilla run --nproc 2 examples/train_gpt.ts        # two data-parallel ranks, same result
+import { manualSeed, setNumThreads, tidy } from '../src/tensor/index.js';
+import { GPT } from '../src/models/gpt.js';
+import { AdamW, warmupCosine } from '../src/optim/index.js';
+import { initProcessGroup, destroyProcessGroup } from '../src/distributed/process_group.js';
+import { DataParallel, LocalGrads, clipGradNorm } from '../src/parallel/index.js';
+import { DataLoader, loadTextDataset } from '../src/data/index.js';
+
+const steps = 30;
+const seqLen = 128;
+const globalBatch = 16; // sequences per step over all ranks
+
+// World: RANK, WORLD_SIZE, MASTER_ADDR/PORT come from the launcher; without them, a world of one.
+const group = initProcessGroup();
+setNumThreads(1);
+
+// Data: bytes of Moby-Dick; every rank draws the same global batch and reads its own slice of it.
+const data = loadTextDataset({ source: 'moby-dick', valFraction: 0.1, seqLen });
+const loader = new DataLoader({ tokens: data.train, seqLen, globalBatch, dpRank: group.rank, dpSize: group.size, seed: 1337 });
+
+// Model: the same seed gives every rank the same initial weights.
+manualSeed(1337);
+const model = new GPT({ vocabSize: 256, blockSize: seqLen, nLayer: 4, nHead: 4, nEmbd: 128, dropout: 0, bias: true, tieEmbeddings: false });
+
+// Parallelize before building the optimizer: DataParallel moves parameters and gradients into
+// flat buffers and all-reduces gradient buckets while backward is still running.
+const ddp = group.size > 1 ? new DataParallel(model, { group }) : undefined;
+const grads = ddp ?? new LocalGrads(model);
+
+const opt = new AdamW(model.parameters(), { lr: 1e-3, betas: [0.9, 0.95], weightDecay: 0.1 });
+const lrAt = warmupCosine({ warmupSteps: 10, maxSteps: steps, maxLr: 1e-3, minLr: 1e-4 });
+
+for (let step = 0; step < steps; step++) {
+  opt.lr = lrAt(step);
+  const loss = tidy(() => {                  // frees every temporary tensor of the step
+    opt.zeroGrad();
+    const { x, y } = loader.next();          // (B, T) int64, B = globalBatch / world size
+    const { loss } = model.forward(x, y);
+    loss!.backward();
+    ddp?.finishGradSync();                   // gradients are now the average over ranks
+    clipGradNorm(grads, 1.0);                // the norm of the whole model's gradient
+    opt.step();
+    return loss!.item();                     // this rank's half of the batch when there are two
+  });
+  if (group.rank === 0 && (step % 10 === 0 || step === steps - 1)) {
+    console.log(`step ${String(step).padStart(3)}  loss ${loss.toFixed(4)}  lr ${opt.lr.toExponential(2)}`);
+  }
+  if (group.rank === 0 && step % 3 === 0) console.log("rss", (process.memoryUsage().rss / 2 ** 20).toFixed(0));
+}
+destroyProcessGroup();
