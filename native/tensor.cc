@@ -345,8 +345,12 @@ static Napi::Value CallOp(const Napi::CallbackInfo& info) {
       }
     }
     op.callBoxed(&stack);
-    // An in-place op returns self: hand back the caller's own handle instead of a new wrapper.
-    if (stack.size() == 1 && stack[0].isTensor() && args.Length() > 0 && TensorHandle::IsHandle(args.Get(0u)) &&
+    // An in-place op (its result is a written alias of self, `Tensor(a!)`) returns self: hand back
+    // the caller's own handle instead of a new wrapper. Read-only aliases (contiguous() or to() of a
+    // tensor that already fits) still get their own handle, so disposing one never frees the other.
+    const auto& rets = schema.returns();
+    bool writesSelf = rets.size() == 1 && rets[0].alias_info() != nullptr && rets[0].alias_info()->isWrite();
+    if (writesSelf && stack.size() == 1 && stack[0].isTensor() && args.Length() > 0 && TensorHandle::IsHandle(args.Get(0u)) &&
         TensorHandle::Get(args.Get(0u)).is_same(stack[0].toTensor())) {
       return args.Get(0u);
     }

@@ -81,6 +81,12 @@ export abstract class Optimizer<O extends { lr: number }> {
     return { step: this.stepCount, state };
   }
 
+  /** Frees the optimizer state (moments, momentum buffers). */
+  dispose(): void {
+    for (const st of this.state.values()) for (const t of Object.values(st)) t.dispose();
+    this.state.clear();
+  }
+
   loadStateDict(sd: { step: number; state: Record<string, Record<string, Tensor>> }): void {
     const params = this.groups.flatMap((g) => g.params);
     noGrad(() => {

@@ -274,8 +274,13 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     return slot;
   }
 
-  /** Removes the hooks (the parameters stay views of the flat buffer). */
+  /**
+   * Removes the hooks and releases the buffer handles. Parameters stay views of the flat parameter
+   * buffer (their storage lives as long as they do) and keep their gradient views.
+   */
   dispose(): void {
     for (const r of this.removeHooks) r();
+    this.removeHooks.length = 0;
+    for (const b of this.buffers) b.dispose();
   }
 }

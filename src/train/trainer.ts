@@ -94,6 +94,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
     // ---- model (same seed on every rank; DataParallel also broadcasts rank 0's weights)
     manualSeed(cfg.train.seed);
     const model = new GPT({ ...cfg.model });
+    const numParams = model.numParams();
     const m = cfg.model;
     header('model', `GPT ${m.nLayer} layers, ${m.nHead} heads, width ${m.nEmbd}, context ${m.blockSize}: ${model.numParams().toLocaleString('en-US')} parameters`);
 
@@ -215,7 +216,10 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
     } finally {
       progress.stop();
       metrics?.close();
+      // Native memory goes back now, not whenever the GC gets to the wrappers.
       ddp?.dispose();
+      optimizer.dispose();
+      model.dispose();
     }
     const tokensPerSec = (steps * tokensPerStep) / loopSeconds;
     header(
@@ -224,7 +228,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
         `, ${Math.round(tokensPerSec).toLocaleString('en-US')} tokens/s; metrics in ${metrics ? metrics.path : '(off)'}`,
     );
     return {
-      runDir, steps, worldSize: env.worldSize, numParams: model.numParams(), firstLoss, finalLoss: lastLoss,
+      runDir, steps, worldSize: env.worldSize, numParams, firstLoss, finalLoss: lastLoss,
       ...(lastVal !== undefined ? { finalValLoss: lastVal } : {}), tokensPerSec,
     };
   } finally {
