@@ -1,12 +1,15 @@
 // Data parallelism with overlapped, bucketed gradient reduction over the flat gradient buffer.
 //
-// [Note: readiness] Each parameter's accumulate-grad hook fires once per use in the graph. On the
-// first synchronised backward we only count the calls (and reduce every bucket after backward);
-// from then on a parameter is ready when it has fired as often as it did then, and a bucket whose
-// parameters are all ready is launched at once, while backward continues. Buckets launch strictly
-// in index order, so every rank issues the same collectives in the same order. A gradient that
-// arrives for a bucket already in flight means this backward used a parameter more often than the
-// first one: that is an error naming the parameter, never a silent reduction of stale data.
+// [Note: readiness] A parameter's accumulate-grad hook fires once per backward() that reaches it:
+// the autograd engine sums all uses of a leaf in one graph (a tied embedding's two uses included)
+// before its accumulator runs (pinned down by [Note: hook counts] in test/engine_hooks.test.ts).
+// We do not rely on that: on the first synchronised step we only count the calls per parameter
+// (and reduce every bucket after backward); from then on a parameter is ready when it has fired as
+// often as it did then, and a bucket whose parameters are all ready is launched at once, while
+// backward continues. Buckets launch strictly in index order, so every rank issues the same
+// collectives in the same order. A gradient that arrives for a bucket already in flight (e.g. a
+// second backward() in one synced step without noSync) is an error naming the parameter, never a
+// silent reduction of stale data.
 //
 // [Note: accumulation] On non-final micro-batches (noSync / requireGradientSync(false)) the hooks
 // do nothing and no collective is issued; gradients just accumulate in the buffer. The final

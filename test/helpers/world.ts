@@ -9,7 +9,7 @@
 // end of their output. Set FLOTILLA_TEST_VERBOSE=1 to stream rank output while the test runs.
 // This module does not load the native addon; rank scripts import emitResult from ./rank.js.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { createServer } from 'node:net';
+import { freePort } from '../../src/distributed/launcher.js';
 import { isAbsolute, resolve } from 'node:path';
 
 export interface WorldOptions {
@@ -39,19 +39,7 @@ export interface WorldResult {
 
 export const REPO_ROOT = resolve(import.meta.dirname, '..', '..');
 
-/** A TCP port that was free on `host` a moment ago. */
-export function freePort(host = '127.0.0.1'): Promise<number> {
-  return new Promise((res, rej) => {
-    const srv = createServer();
-    srv.unref();
-    srv.on('error', rej);
-    srv.listen(0, host, () => {
-      const addr = srv.address();
-      const port = typeof addr === 'object' && addr ? addr.port : 0;
-      srv.close(() => res(port));
-    });
-  });
-}
+export { freePort };
 
 /** Command and arguments that run a script: .ts/.mts/.cts under tsx, .js under node. */
 export function scriptCommand(script: string, args: string[] = []): [string, string[]] {
