@@ -208,6 +208,7 @@ function runGroup(o: RunOptions, attempt: number, port: number, io: Required<Lau
         GROUP_RANK: String(o.nodeRank), MASTER_ADDR: o.masterAddr, MASTER_PORT: String(port),
         FLOTILLA_RESTART_COUNT: String(attempt), FLOTILLA_MAX_RESTARTS: String(o.maxRestarts),
         FLOTILLA_LAUNCHER_PID: String(process.pid),
+        FLOTILLA_LAUNCHER_TTY: process.stdout.isTTY ? '1' : '0', // rank 0 may draw a progress bar on it
       };
       const child = spawn(cmd, baseArgs, { env, stdio: ['ignore', 'pipe', 'pipe'] });
       children[local] = child;

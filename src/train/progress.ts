@@ -1,12 +1,36 @@
 // Console progress for rank 0: a cli-progress bar on a terminal (step, loss, val loss, tokens/s,
 // ETA), plain log lines otherwise (CI, the launcher's pipes, files), or nothing.
 import { MultiBar, type SingleBar } from 'cli-progress';
+import { openSync } from 'node:fs';
+import { WriteStream } from 'node:tty';
 
 export type ProgressMode = 'bar' | 'plain' | 'off';
 
-/** "auto" becomes a bar on a terminal and plain lines elsewhere. */
-export function resolveProgressMode(mode: ProgressMode | 'auto', isTTY = Boolean(process.stdout.isTTY)): ProgressMode {
+/**
+ * "auto" becomes a bar on a terminal and plain lines elsewhere. A rank under `flotilla run` writes
+ * into the launcher's pipe, so the launcher says whether its own stdout is a terminal
+ * (FLOTILLA_LAUNCHER_TTY=1); rank 0 then draws the bar straight on that terminal (see barStream).
+ */
+export function resolveProgressMode(
+  mode: ProgressMode | 'auto',
+  isTTY = Boolean(process.stdout.isTTY) || (process.env.FLOTILLA_LAUNCHER_TTY === '1' && barStream() !== undefined),
+): ProgressMode {
   return mode === 'auto' ? (isTTY ? 'bar' : 'plain') : mode;
+}
+
+let ttyStream: NodeJS.WriteStream | undefined | null = null;
+
+/** Where the bar is drawn: stdout when it is a terminal, else the controlling terminal if any. */
+export function barStream(): NodeJS.WriteStream | undefined {
+  if (process.stdout.isTTY) return process.stdout;
+  if (ttyStream === null) {
+    try {
+      ttyStream = new WriteStream(openSync('/dev/tty', 'w'));
+    } catch {
+      ttyStream = undefined;
+    }
+  }
+  return ttyStream;
 }
 
 export interface ProgressUpdate {
@@ -43,7 +67,7 @@ export class Progress {
         format: 'step {value}/{total} |{bar}| loss {loss} | val {val} | {tps} tok/s | eta {eta_formatted}',
         barsize: 24,
         hideCursor: false, // an interrupted run must not leave the terminal without a cursor
-        stream: process.stdout,
+        stream: barStream() ?? process.stdout,
         fps: 5,
       });
       this.bar = this.multi.create(total, 0, { loss: '-', val: '-', tps: '-' });
