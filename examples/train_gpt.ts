@@ -48,6 +48,5 @@ for (let step = 0; step < steps; step++) {
   if (group.rank === 0 && (step % 10 === 0 || step === steps - 1)) {
     console.log(`step ${String(step).padStart(3)}  loss ${loss.toFixed(4)}  lr ${opt.lr.toExponential(2)}`);
   }
-  await new Promise((resolve) => setImmediate(resolve)); // let Node run native finalizers between steps
 }
 destroyProcessGroup();

@@ -13,28 +13,20 @@
 
 namespace flotilla {
 
-// A JS object that owns one at::Tensor. dispose() releases it early; the finalizer is a backstop.
-class TensorHandle : public Napi::ObjectWrap<TensorHandle> {
+// [Note: handle table] A tensor crosses into JS as a BigInt handle: slot index in the low 32 bits,
+// the slot's generation in the high bits. The table owns the at::Tensor; release() frees it at once
+// and bumps the generation, so a stale handle is an error, never another tensor. There is no
+// per-handle native object and no N-API finalizer: Node runs wrap finalizers only between
+// event-loop turns, and in a synchronous training loop those leftovers pinned freed tensor memory
+// and fragmented the heap. The JS side keeps a FinalizationRegistry as the GC backstop.
+class TensorHandle {
  public:
-  static Napi::FunctionReference* constructor;
-  static std::atomic<int64_t> live;  // handles created and not yet released (leak checks in tests)
-
-  static void Init(Napi::Env env, Napi::Object exports);
-  static Napi::Object Wrap(Napi::Env env, const at::Tensor& t);
+  static Napi::Value Wrap(Napi::Env env, const at::Tensor& t);
   static bool IsHandle(const Napi::Value& v);
   static at::Tensor& Get(const Napi::Value& v);
-
-  explicit TensorHandle(const Napi::CallbackInfo& info);
-  ~TensorHandle() override;
-
-  at::Tensor tensor;
-
- private:
-  void Release(Napi::Env env);
-  Napi::Value Dispose(const Napi::CallbackInfo& info);
-  Napi::Value IsDisposed(const Napi::CallbackInfo& info);
-  int64_t reported_ = 0;  // bytes reported to V8 via AdjustExternalMemory
-  bool released_ = false;
+  /** Frees the slot; false when the handle was already released. */
+  static bool Release(Napi::Env env, const Napi::Value& v);
+  static int64_t Live();
 };
 
 // The thread that loaded the addon: hooks may only call into JS from it.

@@ -10,8 +10,6 @@
 
 namespace flotilla {
 
-Napi::FunctionReference* TensorHandle::constructor = nullptr;
-std::atomic<int64_t> TensorHandle::live{0};
 std::thread::id main_thread;
 
 bool WantBacktrace() {
@@ -58,71 +56,98 @@ std::string DescribeTensor(const at::Tensor& t) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// TensorHandle
+// TensorHandle: the handle table (see [Note: handle table] in common.h)
 
-void TensorHandle::Init(Napi::Env env, Napi::Object exports) {
-  Napi::Function fn = DefineClass(env, "TensorHandle",
-                                  {InstanceMethod("dispose", &TensorHandle::Dispose),
-                                   InstanceMethod("isDisposed", &TensorHandle::IsDisposed)});
-  constructor = new Napi::FunctionReference(Napi::Persistent(fn));
-  exports.Set("TensorHandle", fn);
+namespace {
+struct Slot {
+  at::Tensor tensor;
+  int64_t reported = 0;  // bytes reported to V8 via AdjustExternalMemory
+  uint32_t generation = 1;
+  bool used = false;
+};
+std::vector<Slot> slots;
+std::vector<uint32_t> free_slots;
+int64_t live_count = 0;
+
+void Decode(const Napi::Value& v, uint32_t* index, uint32_t* generation) {
+  bool lossless = true;
+  uint64_t raw = v.As<Napi::BigInt>().Uint64Value(&lossless);
+  *index = static_cast<uint32_t>(raw & 0xffffffffu);
+  *generation = static_cast<uint32_t>(raw >> 32);
 }
+}  // namespace
 
-TensorHandle::TensorHandle(const Napi::CallbackInfo& info) : Napi::ObjectWrap<TensorHandle>(info) {
-  live++;
-}
-
-TensorHandle::~TensorHandle() {
-  if (!released_) {
-    // Finalizer backstop: free the tensor; V8's accounting is adjusted through the env.
-    if (reported_ != 0) Napi::MemoryManagement::AdjustExternalMemory(Env(), -reported_);
-    tensor.reset();
-    live--;
+Napi::Value TensorHandle::Wrap(Napi::Env env, const at::Tensor& t) {
+  uint32_t index;
+  if (!free_slots.empty()) {
+    index = free_slots.back();
+    free_slots.pop_back();
+  } else {
+    index = static_cast<uint32_t>(slots.size());
+    slots.emplace_back();
   }
-}
-
-void TensorHandle::Release(Napi::Env env) {
-  if (released_) return;
-  released_ = true;
-  if (reported_ != 0) Napi::MemoryManagement::AdjustExternalMemory(env, -reported_);
-  reported_ = 0;
-  tensor.reset();
-  live--;
-}
-
-Napi::Value TensorHandle::Dispose(const Napi::CallbackInfo& info) {
-  Release(info.Env());
-  return info.Env().Undefined();
-}
-
-Napi::Value TensorHandle::IsDisposed(const Napi::CallbackInfo& info) {
-  return Napi::Boolean::New(info.Env(), released_);
-}
-
-Napi::Object TensorHandle::Wrap(Napi::Env env, const at::Tensor& t) {
-  Napi::Object obj = constructor->New({});
-  TensorHandle* h = Napi::ObjectWrap<TensorHandle>::Unwrap(obj);
-  h->tensor = t;
+  Slot& s = slots[index];
+  s.tensor = t;
+  s.used = true;
+  s.reported = 0;
   // Report storage bytes of tensors that own their storage; views share a base already counted.
   if (t.defined() && !t.is_view() && t.has_storage()) {
     int64_t bytes = static_cast<int64_t>(t.storage().nbytes());
     if (bytes > 0) {
       Napi::MemoryManagement::AdjustExternalMemory(env, bytes);
-      h->reported_ = bytes;
+      s.reported = bytes;
     }
   }
-  return obj;
+  live_count++;
+  uint64_t raw = (static_cast<uint64_t>(s.generation) << 32) | index;
+  return Napi::BigInt::New(env, raw);
 }
 
 bool TensorHandle::IsHandle(const Napi::Value& v) {
-  return v.IsObject() && v.As<Napi::Object>().InstanceOf(constructor->Value());
+  return v.IsBigInt();
 }
 
 at::Tensor& TensorHandle::Get(const Napi::Value& v) {
-  if (!IsHandle(v)) throw std::invalid_argument("expected a Tensor");
-  TensorHandle* h = Napi::ObjectWrap<TensorHandle>::Unwrap(v.As<Napi::Object>());
-  if (h->released_) throw std::invalid_argument("tensor was disposed (used after dispose() or after its scope ended)");
-  return h->tensor;
+  if (!v.IsBigInt()) throw std::invalid_argument("expected a Tensor");
+  uint32_t index, generation;
+  Decode(v, &index, &generation);
+  if (index >= slots.size() || !slots[index].used || slots[index].generation != generation) {
+    throw std::invalid_argument("tensor was disposed (used after dispose() or after its tidy() scope ended)");
+  }
+  return slots[index].tensor;
+}
+
+bool TensorHandle::Release(Napi::Env env, const Napi::Value& v) {
+  if (!v.IsBigInt()) return false;
+  uint32_t index, generation;
+  Decode(v, &index, &generation);
+  if (index >= slots.size() || !slots[index].used || slots[index].generation != generation) return false;
+  Slot& s = slots[index];
+  if (s.reported != 0) Napi::MemoryManagement::AdjustExternalMemory(env, -s.reported);
+  s.reported = 0;
+  s.tensor.reset();
+  s.used = false;
+  s.generation = s.generation == 0xffffffffu ? 1 : s.generation + 1;
+  free_slots.push_back(index);
+  live_count--;
+  return true;
+}
+
+int64_t TensorHandle::Live() {
+  return live_count;
+}
+
+static Napi::Value ReleaseHandle(const Napi::CallbackInfo& info) {
+  return Napi::Boolean::New(info.Env(), TensorHandle::Release(info.Env(), info[0]));
+}
+
+static Napi::Value IsLive(const Napi::CallbackInfo& info) {
+  Napi::Value v = info[0];
+  if (!v.IsBigInt()) return Napi::Boolean::New(info.Env(), false);
+  uint32_t index, generation;
+  Decode(v, &index, &generation);
+  bool ok = index < slots.size() && slots[index].used && slots[index].generation == generation;
+  return Napi::Boolean::New(info.Env(), ok);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -153,10 +178,7 @@ static Napi::Value OpSchema(const Napi::CallbackInfo& info) {
 }
 
 static int64_t ToInt(const Napi::Value& v) {
-  if (v.IsBigInt()) {
-    bool lossless;
-    return v.As<Napi::BigInt>().Int64Value(&lossless);
-  }
+  if (v.IsBigInt()) throw std::invalid_argument("expected an integer, got a Tensor");
   if (v.IsBoolean()) return v.As<Napi::Boolean>().Value() ? 1 : 0;
   if (!v.IsNumber()) throw std::invalid_argument("expected an integer");
   double d = v.As<Napi::Number>().DoubleValue();
@@ -174,7 +196,7 @@ static double ToDouble(const Napi::Value& v) {
 // anything else is a double.
 static c10::Scalar ToScalar(const Napi::Value& v) {
   if (v.IsBoolean()) return c10::Scalar(v.As<Napi::Boolean>().Value());
-  if (v.IsBigInt()) return c10::Scalar(ToInt(v));
+  if (v.IsBigInt()) throw std::invalid_argument("expected a number, got a Tensor");
   if (!v.IsNumber()) throw std::invalid_argument("expected a number");
   double d = v.As<Napi::Number>().DoubleValue();
   if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15) return c10::Scalar(static_cast<int64_t>(d));
@@ -296,15 +318,24 @@ static std::string DescribeArgs(const Napi::Array& args) {
     Napi::Value a = args.Get(i);
     if (i) os << ", ";
     if (TensorHandle::IsHandle(a)) {
-      TensorHandle* h = Napi::ObjectWrap<TensorHandle>::Unwrap(a.As<Napi::Object>());
-      os << DescribeTensor(h->tensor);
+      try {
+        os << DescribeTensor(TensorHandle::Get(a));
+      } catch (const std::exception&) {
+        os << "<disposed tensor>";
+      }
     } else if (a.IsArray()) {
       Napi::Array arr = a.As<Napi::Array>();
       os << "[";
       for (uint32_t j = 0; j < arr.Length(); ++j) {
         Napi::Value x = arr.Get(j);
         if (j) os << ", ";
-        if (TensorHandle::IsHandle(x)) os << DescribeTensor(Napi::ObjectWrap<TensorHandle>::Unwrap(x.As<Napi::Object>())->tensor);
+        if (TensorHandle::IsHandle(x)) {
+          try {
+            os << DescribeTensor(TensorHandle::Get(x));
+          } catch (const std::exception&) {
+            os << "<disposed tensor>";
+          }
+        }
         else os << x.ToString().Utf8Value();
       }
       os << "]";
@@ -476,7 +507,7 @@ static Napi::Value GetNumThreads(const Napi::CallbackInfo& info) {
 }
 
 static Napi::Value LiveTensors(const Napi::CallbackInfo& info) {
-  return Napi::Number::New(info.Env(), static_cast<double>(TensorHandle::live.load()));
+  return Napi::Number::New(info.Env(), static_cast<double>(TensorHandle::Live()));
 }
 
 static Napi::Value Version(const Napi::CallbackInfo& info) {
@@ -488,7 +519,8 @@ static Napi::Value Version(const Napi::CallbackInfo& info) {
 }
 
 void InitTensor(Napi::Env env, Napi::Object exports) {
-  TensorHandle::Init(env, exports);
+  exports.Set("release", Napi::Function::New(env, ReleaseHandle));
+  exports.Set("isLive", Napi::Function::New(env, IsLive));
   exports.Set("lookupOp", Napi::Function::New(env, LookupOp));
   exports.Set("opSchema", Napi::Function::New(env, OpSchema));
   exports.Set("callOp", Napi::Function::New(env, CallOp));

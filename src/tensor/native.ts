@@ -4,11 +4,12 @@ import { existsSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-/** An owned at::Tensor. */
-export interface TensorHandle {
-  dispose(): void;
-  isDisposed(): boolean;
-}
+/**
+ * An owned at::Tensor: a slot in the addon's handle table (index and generation packed in a
+ * BigInt; see [Note: handle table] in native/common.h). release() frees it; a released handle is
+ * rejected by every call.
+ */
+export type TensorHandle = bigint;
 
 /** A collective in flight (c10d Work). */
 export interface WorkHandle {
@@ -42,6 +43,7 @@ export interface GroupHandle {
   backendName(): string;
 }
 
+/** What an op returns: tensors are BigInt handles, scalars are numbers or booleans. */
 export type NativeValue = TensorHandle | number | boolean | undefined | NativeValue[];
 
 export interface Native {
@@ -59,6 +61,9 @@ export interface Native {
   setNumThreads(n: number): void;
   getNumThreads(): number;
   liveTensors(): number;
+  /** Frees a handle's tensor now; false if it was already released. */
+  release(t: TensorHandle): boolean;
+  isLive(t: TensorHandle): boolean;
   version(): { torch: string; parallel: string };
   /** Linux: deliver signo to this process when its parent exits (false elsewhere). */
   setParentDeathSignal(signo: number): boolean;

@@ -12,9 +12,15 @@ export type TensorOrScalar = Tensor | number;
 /** Turns op results (handles, lists, tuples) into Tensors. */
 export function wrap(v: NativeValue): any {
   if (Array.isArray(v)) return v.map(wrap);
-  if (v !== null && typeof v === 'object') return new Tensor(v as TensorHandle);
+  if (typeof v === 'bigint') return new Tensor(v);
   return v;
 }
+
+// The GC backstop: a Tensor that is collected without dispose() releases its handle here. Tensors
+// are meant to be freed by dispose()/tidy(); this only catches what slips through.
+const backstop = new FinalizationRegistry<TensorHandle>((h) => {
+  native.release(h);
+});
 
 function unwrapArg(a: unknown): unknown {
   if (a instanceof Tensor) return a.handle;
@@ -31,7 +37,7 @@ export function run(name: OpName, ...args: unknown[]): any {
 function runInPlace(self: Tensor, name: OpName, ...args: unknown[]): Tensor {
   const h = self.handle;
   const out = callOp(name, [h, ...args.map(unwrapArg)]) as TensorHandle;
-  if (out !== h) out.dispose();
+  if (out !== h) native.release(out);
   return self;
 }
 
@@ -44,6 +50,7 @@ export class Tensor {
 
   constructor(handle: TensorHandle) {
     this.h = handle;
+    backstop.register(this, handle, this);
     track(this);
   }
 
@@ -53,9 +60,11 @@ export class Tensor {
     return this.h;
   }
 
+  /** Frees the native tensor now (idempotent). Views of it stay valid: they hold the storage. */
   dispose(): void {
     if (this.h !== undefined) {
-      this.h.dispose();
+      backstop.unregister(this);
+      native.release(this.h);
       this.h = undefined;
     }
   }
