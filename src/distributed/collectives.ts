@@ -450,7 +450,7 @@ export function reduceScatter(ctx: GroupContext, output: Tensor, input: Tensor, 
   const inFlat = s.temps.add(wireFor(input, 'movement', 'input', s).reshape(-1));
   const recv = s.temps.add(empty([total], { dtype: inFlat.dtype }));
   const finishLocal = (): void => {
-    let chunks = s.temps.add(movementDtype(dtype) === dtype ? recv.view(size, n) : viewAs(recv, dtype).view(size, n));
+    let chunks = s.temps.add(movementDtype(dtype) === dtype ? recv.view(size, n) : s.temps.add(viewAs(recv, dtype)).view(size, n));
     // Half-precision chunks are summed in float32, then rounded once.
     if (dtype === 'bfloat16' || dtype === 'float16') chunks = s.temps.add(chunks.to('float32'));
     if (op === 'avg') chunks.mul_(1 / size);
