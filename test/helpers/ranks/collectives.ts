@@ -21,7 +21,6 @@ const sumOver = (f: (j: number) => number): number => range(n).reduce((a, j) => 
 const tol = (d: DType): number => (d === 'bfloat16' ? 1e-2 : d === 'float32' ? 1e-6 : 0);
 
 const before = T.liveTensors();
-(globalThis as any).__lt = T.liveTensors;
 const DTYPES: DType[] = ['float32', 'float64', 'int64', 'bfloat16'];
 const LENGTHS = [7, 4099]; // neither divides by 2 or 4
 
