@@ -14,6 +14,7 @@ const arg = (name: string, dflt: number) => {
   return i >= 0 ? Number(argv[i + 1]) : dflt;
 };
 const opts = { steps: arg('--steps', 10), warmup: 2, bucketMb: arg('--bucket-mb', 2) };
+const trials = arg('--trials', 3);
 const root = join(import.meta.dirname, '..');
 
 interface RankBench { rank: number; synced: number[]; local: number[]; exposed?: number[]; params: number }
@@ -43,32 +44,39 @@ async function pytorch(): Promise<RankBench[]> {
   return (await Promise.all(runs)).map(parse);
 }
 
-const fl = await flotilla();
-const pt = await pytorch();
+// Alternate the two sides: this machine's load drifts, and PyTorch's exposed communication in
+// particular swings between runs, so one trial each is not a comparison.
+const fls: RankBench[][] = [], pts: RankBench[][] = [];
+for (let t = 0; t < trials; t++) {
+  fls.push(await flotilla());
+  pts.push(await pytorch());
+}
 const stat = (rs: RankBench[], k: 'synced' | 'local') => median(rs.flatMap((r) => r[k]));
 const row = (name: string, rs: RankBench[]) => {
   const s = stat(rs, 'synced'), l = stat(rs, 'local');
   return { name, synced: s, local: l, exposed: Math.max(0, s - l) };
 };
+const fl = fls.flat(), pt = pts.flat();
 const a = row('flotilla DataParallel', fl), b = row('PyTorch DDP (Gloo)', pt);
 const ratio = a.synced / b.synced;
+const perTrial = fls.map((f, t) => (stat(f, 'synced') / stat(pts[t]!, 'synced')).toFixed(3));
 const table = [
   '| implementation | synced step (ms) | compute-only step (ms) | exposed communication (ms) |',
   '|---|---:|---:|---:|',
   ...[a, b].map((r) => `| ${r.name} | ${r.synced.toFixed(1)} | ${r.local.toFixed(1)} | ${r.exposed.toFixed(1)} |`),
   '',
-  `**flotilla / PyTorch (synced step): ${ratio.toFixed(3)}** (target <= 0.90). flotilla's own time waiting in finishGradSync: ` +
-    `${median(fl.flatMap((r) => r.exposed ?? [])).toFixed(1)} ms (median).`,
+  `**flotilla / PyTorch (synced step): ${ratio.toFixed(3)}** (target <= 0.90; per trial: ${perTrial.join(', ')}); compute-only steps: ${(a.local / b.local).toFixed(3)}. ` +
+    `flotilla's own time waiting in finishGradSync: ${median(fl.flatMap((r) => r.exposed ?? [])).toFixed(1)} ms (median).`,
 ].join('\n');
 console.log(table);
 writeSection('ddp', [
   '## Data parallel: GPT training step on 2 ranks',
   '',
   `GPT with ${fl[0]!.params.toLocaleString('en-US')} parameters (4 layers, width 256, 8 heads, context 128, vocab 256), 8 x 128 tokens per rank, ` +
-    `AdamW, one intra-op thread per rank, Gloo over loopback, bucket size ${opts.bucketMb} MiB for both, ${opts.steps} measured steps per rank after ${opts.warmup} warm-up. ` +
+    `AdamW, one intra-op thread per rank, Gloo over loopback, bucket size ${opts.bucketMb} MiB for both, ${trials} alternating trials of ${opts.steps} measured steps per rank after ${opts.warmup} warm-up (medians over all of them). ` +
     'Exposed communication = synced step - compute-only step (no_sync / noSync).',
   '',
   table,
   '',
-  `Reproduce: \`node --import tsx bench/ddp.ts --steps ${opts.steps} --bucket-mb ${opts.bucketMb}\``,
+  `Reproduce: \`node --import tsx bench/ddp.ts --steps ${opts.steps} --bucket-mb ${opts.bucketMb} --trials ${trials}\``,
 ].join('\n'));
