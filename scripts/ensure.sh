@@ -59,7 +59,7 @@ else
   [[ -z "$newer" ]] || rebuild="$newer changed"
 fi
 if [[ -n "$rebuild" ]]; then
-  echo "ensure: building the native addon ($rebuild)"
+  echo "ensure: building the native addon ($rebuild) against libtorch from $(node scripts/find-libtorch.cjs)"
   # Use the headers of the node that runs us when they are installed beside it (Debian, NodeSource),
   # so node-gyp needs no download.
   gyp_args=()
