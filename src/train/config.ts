@@ -4,17 +4,10 @@
 import { readFileSync, existsSync, statSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { parse as parseToml } from 'smol-toml';
+import type { GPTConfig } from '../models/gpt.js';
 
-export interface ModelConfig {
-  vocabSize: number;
-  blockSize: number;
-  nLayer: number;
-  nHead: number;
-  nEmbd: number;
-  dropout: number;
-  bias: boolean;
-  tieEmbeddings: boolean;
-}
+/** The [model] section is the GPT's own config (src/models/gpt.ts). */
+export type ModelConfig = GPTConfig;
 
 export interface DataConfig {
   source: string;

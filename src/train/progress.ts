@@ -3,6 +3,7 @@
 import { MultiBar, type SingleBar } from 'cli-progress';
 import { openSync } from 'node:fs';
 import { WriteStream } from 'node:tty';
+import type { StepMetrics } from './metrics.js';
 
 export type ProgressMode = 'bar' | 'plain' | 'off';
 
@@ -33,14 +34,7 @@ export function barStream(): NodeJS.WriteStream | undefined {
   return ttyStream;
 }
 
-export interface ProgressUpdate {
-  step: number;
-  loss: number;
-  lr: number;
-  tokensPerSec: number;
-  gradNorm?: number;
-  valLoss?: number;
-}
+export type ProgressUpdate = Pick<StepMetrics, 'step' | 'loss' | 'lr' | 'tokensPerSec' | 'gradNorm' | 'valLoss'>;
 
 function fmt(v: number | undefined, digits = 4): string {
   return v === undefined || !Number.isFinite(v) ? '-' : v.toFixed(digits);
