@@ -151,6 +151,7 @@ struct AccHookEntry {
   // The variable holds its accumulator weakly; holding it here keeps the hook alive.
   std::shared_ptr<torch::autograd::Node> accumulator;
   std::shared_ptr<bool> alive;
+  std::shared_ptr<Napi::FunctionReference> fn;
 };
 static std::unordered_map<uint32_t, AccHookEntry> acc_hooks;
 static uint32_t next_acc_hook = 1;
@@ -167,7 +168,7 @@ static Napi::Value RegisterAccumulateGradHook(const Napi::CallbackInfo& info) {
   auto alive = std::make_shared<bool>(true);
   acc->add_post_hook(std::make_unique<JsPostHook>(env, fn, alive));
   uint32_t id = next_acc_hook++;
-  acc_hooks[id] = AccHookEntry{acc, alive};
+  acc_hooks[id] = AccHookEntry{acc, alive, fn};
   return Napi::Number::New(env, id);
   FLOTILLA_CATCH(env, "registerAccumulateGradHook")
 }
@@ -176,7 +177,10 @@ static Napi::Value RemoveAccumulateGradHook(const Napi::CallbackInfo& info) {
   uint32_t id = info[0].As<Napi::Number>().Uint32Value();
   auto it = acc_hooks.find(id);
   if (it != acc_hooks.end()) {
+    // The post hook stays on the accumulator (libtorch has no removal), inert; release the JS
+    // function now so whatever it closes over can be collected.
     *it->second.alive = false;
+    it->second.fn->Reset();
     acc_hooks.erase(it);
   }
   return info.Env().Undefined();

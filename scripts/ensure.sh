@@ -51,9 +51,13 @@ elif [[ $deps -ne 0 ]]; then
 fi
 
 addon=native/build/Release/flotilla.node
+stamp=native/build/libtorch.txt # which libtorch the addon was built against
+libtorch=$(node scripts/find-libtorch.cjs include 2>/dev/null || true)
 rebuild=""
 if [[ ! -f $addon ]]; then
   rebuild="$addon is missing"
+elif [[ "$(cat "$stamp" 2>/dev/null)" != "$libtorch" ]]; then
+  rebuild="libtorch changed"
 else
   newer=$(find native -maxdepth 1 \( -name '*.cc' -o -name '*.h' -o -name binding.gyp \) -newer "$addon" -print -quit)
   [[ -z "$newer" ]] || rebuild="$newer changed"
@@ -66,4 +70,5 @@ if [[ -n "$rebuild" ]]; then
   prefix=$(node -p 'require("path").resolve(process.execPath, "..", "..")')
   if [[ -f "$prefix/include/node/node_api.h" ]]; then gyp_args+=("--nodedir=$prefix"); fi
   quietly npx --no-install node-gyp rebuild --directory native -j 2 "${gyp_args[@]}"
+  printf '%s' "$libtorch" > "$stamp"
 fi

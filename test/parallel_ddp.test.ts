@@ -43,7 +43,7 @@ async function ref(): Promise<{ res: Result[]; params: Float64Array }> {
   return reference;
 }
 
-for (const [nproc, overlap, accum] of [[2, true, 1], [2, false, 1], [2, true, 2], [4, true, 1], [4, false, 2]] as const) {
+for (const [nproc, overlap, accum] of [[2, true, 1], [2, false, 1], [2, true, 2], [2, false, 2], [4, true, 1], [4, true, 2], [4, false, 2]] as const) {
   test(`DDP ${nproc} ranks, overlap ${overlap}, accumulation ${accum}: 20 steps equal single-process training`, async () => {
     const base = await ref();
     const run = await train(nproc, { steps: 20, globalBatch: 8, accum, overlap }, `w${nproc}-o${overlap}-a${accum}`);
@@ -105,7 +105,7 @@ test('findUnusedParameters reduces zero gradients for unused parameters and keep
 
 test('a gradient arriving for a bucket already in flight raises an error naming the parameter', async () => {
   for (const r of await scenario('late-grad')) {
-    assert.match(String(r.error), /gradient for parameter 'used\.(weight|bias)' arrived after its bucket/);
+    assert.match(String(r.error), /gradient for parameter '(used|spare)\.(weight|bias)' arrived after its bucket/);
   }
 });
 
@@ -115,4 +115,33 @@ test('non-finite gradients on one rank: every rank skips the same step', async (
 
 test('non-finite gradients on one rank: every rank raises, naming the rank', async () => {
   for (const r of await scenario('nonfinite-raise')) assert.match(String(r.error), /non-finite gradients.*rank\(s\) 1/);
+});
+
+test('findUnusedParameters: the unused set may change between steps inside one bucket', async () => {
+  const [a, b] = await scenario('unused-changing');
+  assert.equal(a!.error, undefined, String(a!.error));
+  assert.equal(b!.error, undefined, String(b!.error));
+  const grads = a!.spareGrads as number[][];
+  assert.deepEqual(grads, b!.spareGrads, 'replicas reduce the same gradients');
+  assert.ok(grads[0]!.every((g) => g === 0) && grads[2]!.every((g) => g === 0), 'unused steps reduce zeros');
+  assert.ok(grads[1]!.some((g) => g !== 0) && grads[3]!.some((g) => g !== 0), 'used steps reduce real gradients');
+});
+
+test('after a failed step (late gradient, non-finite gradients) the next step works on every rank', async () => {
+  for (const r of await scenario('recover')) {
+    assert.deepEqual(r.ok, [true, false, false, true], String(r.errors));
+    const errors = r.errors as string[];
+    assert.ok(errors.some((e) => /arrived after its bucket/.test(e)));
+    assert.ok(errors.some((e) => /non-finite gradients.*rank\(s\) 1/.test(e)));
+  }
+});
+
+test('ranks with different models are stopped at wrap time, naming the rank', async () => {
+  for (const r of await scenario('layout-mismatch')) assert.match(String(r.error), /rank\(s\) 1 hold different parameters or buckets than rank 0/);
+});
+
+test('frozen parameters are broadcast from rank 0 at wrap time too', async () => {
+  const [a, b] = await scenario('frozen-broadcast');
+  assert.equal(a!.error, undefined, String(a!.error));
+  assert.deepEqual(a!.frozen, b!.frozen);
 });

@@ -131,17 +131,20 @@ export class DataPartitionError extends Error {
  * Returns the ids of every DP rank.
  */
 export function verifyDataPartition(group: ProcessGroup, localSampleIds: readonly number[], globalBatchSize: number): number[][] {
-  if (!Array.isArray(localSampleIds)) throw new TypeError('verifyDataPartition: localSampleIds must be an array of sample ids');
-  for (const s of localSampleIds) {
-    if (typeof s !== 'number' || !Number.isSafeInteger(s)) throw new TypeError(`verifyDataPartition: sample id ${String(s)} is not an integer`);
-  }
+  // A malformed list is reported through the same collective (count -1), so the other ranks fail
+  // with this rank instead of waiting for it in the next gather.
+  const valid = Array.isArray(localSampleIds) && localSampleIds.every((s) => typeof s === 'number' && Number.isSafeInteger(s));
   const n = group.size;
   const perRank = tidy(() => {
     // Ranks may read different numbers of samples: gather the counts, then pad to the largest.
-    const count = full([1], localSampleIds.length, { dtype: 'int64' });
+    const count = full([1], valid ? localSampleIds.length : -1, { dtype: 'int64' });
     const counts = Array.from({ length: n }, () => zeros([1], { dtype: 'int64' }));
     group.allGather(counts, count).wait();
     const lens = counts.map((c) => c.toNumbers()[0]!);
+    const malformed = lens.flatMap((l, r) => (l < 0 ? [`${r} (global ${group.ranks[r] ?? r})`] : []));
+    if (malformed.length > 0) {
+      throw new TypeError(`verifyDataPartition: DP rank(s) ${malformed.join(', ')} passed sample ids that are not an array of integers`);
+    }
     const width = Math.max(1, ...lens);
     const mine = full([width], -1, { dtype: 'int64' });
     if (localSampleIds.length > 0) {

@@ -14,7 +14,7 @@
 // [Note: accumulation] On non-final micro-batches (noSync / requireGradientSync(false)) the hooks
 // do nothing and no collective is issued; gradients just accumulate in the buffer. The final
 // micro-batch reduces the accumulated sum, pre-scaled by 1/world so the result is the average.
-import { Tensor, noGrad, tidy, zeros } from '../tensor/index.js';
+import { Tensor, noGrad, tidy, zeros, tensor } from '../tensor/index.js';
 import type { Module } from '../nn/module.js';
 import type { ProcessGroup, Work } from '../distributed/process_group.js';
 import { GradBuffer, buildGradBuffers, type Bucket, type ParamSlot } from './grad_buffer.js';
@@ -49,6 +49,7 @@ interface BucketRun {
   state: BucketState;
   ready: number; // parameters of this bucket that are ready this backward
   expectedReady: number; // parameters that must become ready (used ones)
+  deferred: boolean; // holds a parameter unused when counts were learned: reduced in finishGradSync only
   work?: Work;
   launchedInBackward: boolean;
   nonFinite: boolean;
@@ -79,6 +80,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
   private inBackwardHooks = false;
   private readonly removeHooks: (() => void)[] = [];
   private launches: { bucket: number; inBackward: boolean }[] = [];
+  private failure: string | undefined; // an error raised from a hook during this step's backward
 
   constructor(module: M, opts: DataParallelOptions) {
     this.module = module;
@@ -94,7 +96,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     });
     for (const buffer of this.buffers) {
       for (const bucket of buffer.buckets) {
-        const run: BucketRun = { bucket, buffer, state: 'pending', ready: 0, expectedReady: 0, launchedInBackward: false, nonFinite: false };
+        const run: BucketRun = { bucket, buffer, state: 'pending', ready: 0, expectedReady: 0, deferred: false, launchedInBackward: false, nonFinite: false };
         this.runs.push(run);
         this.runOf.set(bucket, run);
       }
@@ -103,7 +105,39 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
         this.removeHooks.push(slot.param.registerAccumulateGradHook(() => this.onGradAccumulated(slot)));
       }
     }
+    this.verifyLayout();
     if (opts.broadcastFromRank0 ?? true) this.broadcastState();
+  }
+
+  /**
+   * Every rank must hold the same parameters in the same buckets, or the all-reduces would mix
+   * unrelated gradients (or fail after the timeout). Checked once, by all-gathering a digest.
+   */
+  private verifyLayout(): void {
+    if (this.group.size === 1) return;
+    let desc = '';
+    for (const b of this.buffers) {
+      desc += `|${b.dtype}:${b.numel}`;
+      for (const s of b.slots) desc += `;${s.name}[${s.shape.join(',')}]@${s.offset}`;
+    }
+    let hash = 0x811c9dc5; // FNV-1a, 32 bits: exact in a float64
+    for (let i = 0; i < desc.length; i++) hash = Math.imul(hash ^ desc.charCodeAt(i), 0x01000193) >>> 0;
+    const mine = tensor([this.slotOf.size, this.buffers.reduce((a, b) => a + b.numel, 0), hash], { dtype: 'float64' });
+    const all = Array.from({ length: this.group.size }, () => zeros([3], { dtype: 'float64' }));
+    try {
+      this.group.allGather(all, mine).wait();
+      const ref = all[0]!.toNumbers().join(',');
+      const bad = all.flatMap((t, r) => (t.toNumbers().join(',') === ref ? [] : [this.group.ranks[r] ?? r]));
+      if (bad.length > 0) {
+        throw new Error(
+          `DataParallel: rank(s) ${bad.join(', ')} hold different parameters or buckets than rank ${this.group.ranks[0]} ` +
+            `(parameter count, sizes and names are compared). Build the same model on every rank, with the same bucketSizeMb.`,
+        );
+      }
+    } finally {
+      mine.dispose();
+      for (const t of all) t.dispose();
+    }
   }
 
   /** Calls the wrapped module's forward. */
@@ -117,6 +151,8 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     if (this.group.size === 1) return;
     const works: Work[] = [];
     for (const b of this.buffers) works.push(this.group.broadcast(b.data, 0));
+    // Frozen parameters are not in the flat buffers but must match too.
+    for (const [, p] of this.module.namedParameters()) if (!this.slotOf.has(p)) works.push(this.group.broadcast(p, 0));
     for (const [, buf] of this.module.namedBuffers()) works.push(this.group.broadcast(buf, 0));
     for (const w of works) w.wait();
   }
@@ -148,6 +184,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     const n = (this.calls.get(slot) ?? 0) + 1;
     this.calls.set(slot, n);
     if (run.state !== 'pending') {
+      this.failure = `gradient for parameter '${slot.name}' arrived after its bucket #${slot.bucket.index} was already being reduced`;
       throw new Error(
         `DataParallel: gradient for parameter '${slot.name}' arrived after its bucket #${slot.bucket.index} was already being reduced ` +
           `(use ${n} in this backward, ${this.expected?.get(slot) ?? '?'} in the first); the graph uses this parameter more often ` +
@@ -165,7 +202,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
   private launchReady(inBackward: boolean): void {
     while (this.nextLaunch < this.runs.length) {
       const run = this.runs[this.nextLaunch]!;
-      if (run.ready < run.expectedReady) return;
+      if (run.deferred || run.ready < run.expectedReady) return;
       this.launch(run, inBackward);
       this.nextLaunch++;
     }
@@ -191,28 +228,50 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     if (!this.syncEnabled) {
       throw new Error('DataParallel: finishGradSync() called while gradient sync is off (inside noSync / requireGradientSync(false))');
     }
-    // Parameters without a gradient this backward.
-    const unused = [...this.slotOf.values()].filter((s) => !this.calls.has(s));
-    if (unused.length > 0 && !this.findUnusedParameters && unused.length < this.slotOf.size) {
-      const names = unused.map((s) => s.name);
+    try {
+      if (this.failure) {
+        throw new Error(`DataParallel: this step's backward failed (${this.failure}); its gradients were not reduced. Zero the gradients and run the step again.`);
+      }
+      if (this.calls.size === 0) {
+        throw new Error(
+          'DataParallel: no gradient arrived since the last finishGradSync(): run the final micro-batch\'s backward() ' +
+            'with sync on (outside noSync / after requireGradientSync(true)) before calling finishGradSync().',
+        );
+      }
+      const unused = [...this.slotOf.values()].filter((s) => !this.calls.has(s));
+      if (unused.length > 0 && !this.findUnusedParameters) {
+        throw new Error(
+          `DataParallel: parameters received no gradient in this backward: ${unused.map((s) => s.name).join(', ')}. ` +
+            `Pass { findUnusedParameters: true } to reduce their zero gradients, or remove them from the model.`,
+        );
+      }
+      if (!this.expected) {
+        // First synchronised step: learn each parameter's call count. A bucket holding a parameter
+        // that got no gradient now may get one later (the unused set can change from step to step),
+        // so it is only ever reduced here, after backward, never while a late gradient could land.
+        this.expected = new Map([...this.slotOf.values()].map((s) => [s, this.calls.get(s) ?? 0]));
+        for (const run of this.runs) {
+          run.expectedReady = run.bucket.slots.filter((s) => (this.expected!.get(s) ?? 0) > 0).length;
+          run.deferred = run.expectedReady < run.bucket.slots.length;
+        }
+      }
+      // Everything not launched yet goes now, still in index order.
+      for (; this.nextLaunch < this.runs.length; this.nextLaunch++) this.launch(this.runs[this.nextLaunch]!, false);
+      for (const run of this.runs) run.work?.wait();
+      const ok = this.nonFinite === 'off' ? true : this.agreeOnFiniteness();
+      this.lastSync = { launches: this.launches };
+      return ok;
+    } finally {
+      // Whatever happened, no reduction is left in flight and the next step starts clean.
+      for (const run of this.runs) {
+        try {
+          run.work?.wait();
+        } catch {
+          // already reported by the wait above (or by the hook's error)
+        }
+      }
       this.resetIteration();
-      throw new Error(
-        `DataParallel: parameters received no gradient in this backward: ${names.join(', ')}. ` +
-          `Pass { findUnusedParameters: true } to reduce their zero gradients, or remove them from the model.`,
-      );
     }
-    if (!this.expected) {
-      // First synchronised backward: learn each parameter's use count (unused ones count as ready).
-      this.expected = new Map([...this.slotOf.values()].map((s) => [s, this.calls.get(s) ?? 0]));
-      for (const run of this.runs) run.expectedReady = run.bucket.slots.filter((s) => (this.expected!.get(s) ?? 0) > 0).length;
-    }
-    // Everything not launched yet goes now, still in index order.
-    for (; this.nextLaunch < this.runs.length; this.nextLaunch++) this.launch(this.runs[this.nextLaunch]!, false);
-    for (const run of this.runs) run.work?.wait();
-    const ok = this.nonFinite === 'off' ? true : this.agreeOnFiniteness();
-    this.lastSync = { launches: this.launches };
-    this.resetIteration();
-    return ok;
   }
 
   /** Every rank learns which ranks saw NaN/Inf, so all take the same decision. */
@@ -235,6 +294,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
   }
 
   private resetIteration(): void {
+    this.failure = undefined;
     this.calls.clear();
     this.nextLaunch = 0;
     this.launches = [];

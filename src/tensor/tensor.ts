@@ -146,8 +146,10 @@ export class Tensor {
     return () => native.removeHook(this.handle, id);
   }
   /**
-   * Calls fn after backward has accumulated this leaf's gradient into .grad (once per use in the
-   * graph). Data parallelism uses it to start a bucket's reduction while backward runs.
+   * Calls fn after backward has accumulated this leaf's gradient into .grad: once per backward()
+   * that reaches the leaf (the engine sums all of its uses in one graph first, so a tied weight fires
+   * once, with both contributions in). Data parallelism uses it to start a bucket's reduction while
+   * backward runs.
    */
   registerAccumulateGradHook(fn: () => void): () => void {
     const id = native.registerAccumulateGradHook(this.handle, fn);
