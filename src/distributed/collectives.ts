@@ -500,27 +500,24 @@ function checkTag(op: string, ctx: GroupContext, tag: number): void {
 }
 
 export function send(ctx: GroupContext, t: Tensor, dst: number, tag = 0): Work {
-  const name = 'send';
-  checkTensor(name, ctx, t, 'tensor');
-  checkPeer(name, ctx, dst, 'dst');
-  checkTag(name, ctx, tag);
-  if (dst === ctx.rank) throw new CollectiveArgumentError(name, ctx, `cannot send to itself (group rank ${dst})`);
-  const handle = ctx.handle!;
-  const s = newStaging();
-  const wire = wireFor(t, 'movement', 'input', s);
-  return issue(name, ctx, s, () => handle.send([wire.handle], dst, tag));
+  return pointToPoint('send', ctx, t, dst, tag);
 }
 
 export function recv(ctx: GroupContext, t: Tensor, src: number, tag = 0): Work {
-  const name = 'recv';
+  return pointToPoint('recv', ctx, t, src, tag);
+}
+
+/** send and recv: the same checks, then t (staged if needed) goes to or comes from one peer. */
+function pointToPoint(name: 'send' | 'recv', ctx: GroupContext, t: Tensor, peer: number, tag: number): Work {
+  const [what, self] = name === 'send' ? ['dst', 'send to'] : ['src', 'receive from'];
   checkTensor(name, ctx, t, 'tensor');
-  checkPeer(name, ctx, src, 'src');
+  checkPeer(name, ctx, peer, what);
   checkTag(name, ctx, tag);
-  if (src === ctx.rank) throw new CollectiveArgumentError(name, ctx, `cannot receive from itself (group rank ${src})`);
+  if (peer === ctx.rank) throw new CollectiveArgumentError(name, ctx, `cannot ${self} itself (group rank ${peer})`);
   const handle = ctx.handle!;
   const s = newStaging();
-  const wire = wireFor(t, 'movement', 'output', s);
-  return issue(name, ctx, s, () => handle.recv([wire.handle], src, tag));
+  const wire = wireFor(t, 'movement', name === 'send' ? 'input' : 'output', s);
+  return issue(name, ctx, s, () => handle[name]([wire.handle], peer, tag));
 }
 
 export function barrier(ctx: GroupContext): Work {

@@ -97,43 +97,42 @@ export function readLaunchEnv(env: Env = process.env): LaunchEnv {
     for (const n of ['RANK', 'WORLD_SIZE']) {
       if (!present(env, n)) throw new LaunchEnvError(`${n} is not set, but ${n === 'RANK' ? 'WORLD_SIZE' : 'RANK'} is: set both (a launcher such as \`flotilla run\` sets them)`);
     }
-    const rank = intVar(env, 'RANK');
-    const worldSize = intVar(env, 'WORLD_SIZE', { positive: true });
     // Without LOCAL_* every rank is taken to be on one host (the common hand-started case).
-    const localRank = present(env, 'LOCAL_RANK') ? intVar(env, 'LOCAL_RANK') : rank;
-    const localWorldSize = present(env, 'LOCAL_WORLD_SIZE') ? intVar(env, 'LOCAL_WORLD_SIZE', { positive: true }) : worldSize;
-    return check(
-      { rank, worldSize, localRank, localWorldSize, masterAddr: addrVar(env), masterPort: portVar(env, 'MASTER_PORT'), source: 'torchrun' },
-      { rank: 'RANK', size: 'WORLD_SIZE', localRank: 'LOCAL_RANK', localSize: 'LOCAL_WORLD_SIZE' },
-    );
+    return fromVars(env, 'torchrun', { rank: 'RANK', size: 'WORLD_SIZE', localRank: 'LOCAL_RANK', localSize: 'LOCAL_WORLD_SIZE' });
   }
   if (present(env, 'OMPI_COMM_WORLD_RANK')) {
     if (!present(env, 'OMPI_COMM_WORLD_SIZE')) throw new LaunchEnvError('OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE is not');
-    const rank = intVar(env, 'OMPI_COMM_WORLD_RANK');
-    const worldSize = intVar(env, 'OMPI_COMM_WORLD_SIZE', { positive: true });
-    const localRank = present(env, 'OMPI_COMM_WORLD_LOCAL_RANK') ? intVar(env, 'OMPI_COMM_WORLD_LOCAL_RANK') : rank;
-    const localWorldSize = present(env, 'OMPI_COMM_WORLD_LOCAL_SIZE')
-      ? intVar(env, 'OMPI_COMM_WORLD_LOCAL_SIZE', { positive: true }) : worldSize;
-    return check(
-      { rank, worldSize, localRank, localWorldSize, masterAddr: addrVar(env), masterPort: portVar(env, 'MASTER_PORT'), source: 'mpirun' },
-      { rank: 'OMPI_COMM_WORLD_RANK', size: 'OMPI_COMM_WORLD_SIZE', localRank: 'OMPI_COMM_WORLD_LOCAL_RANK', localSize: 'OMPI_COMM_WORLD_LOCAL_SIZE' },
-    );
+    return fromVars(env, 'mpirun', {
+      rank: 'OMPI_COMM_WORLD_RANK', size: 'OMPI_COMM_WORLD_SIZE', localRank: 'OMPI_COMM_WORLD_LOCAL_RANK', localSize: 'OMPI_COMM_WORLD_LOCAL_SIZE',
+    });
   }
   if (present(env, 'SLURM_PROCID')) {
     if (!present(env, 'SLURM_NTASKS')) throw new LaunchEnvError('SLURM_PROCID is set but SLURM_NTASKS is not');
-    const rank = intVar(env, 'SLURM_PROCID');
-    const worldSize = intVar(env, 'SLURM_NTASKS', { positive: true });
-    const localRank = present(env, 'SLURM_LOCALID') ? intVar(env, 'SLURM_LOCALID') : rank;
-    const localWorldSize = present(env, 'SLURM_LOCALID') ? (slurmTasksPerNode(env) ?? worldSize) : worldSize;
-    return check(
-      { rank, worldSize, localRank, localWorldSize, masterAddr: addrVar(env), masterPort: portVar(env, 'MASTER_PORT'), source: 'srun' },
-      { rank: 'SLURM_PROCID', size: 'SLURM_NTASKS', localRank: 'SLURM_LOCALID', localSize: 'SLURM_TASKS_PER_NODE' },
-    );
+    // Slurm gives the tasks per node as a list ("2(x3),1"), not a number: read its first count.
+    return fromVars(env, 'srun', { rank: 'SLURM_PROCID', size: 'SLURM_NTASKS', localRank: 'SLURM_LOCALID', localSize: 'SLURM_TASKS_PER_NODE' },
+      (e) => (present(e, 'SLURM_LOCALID') ? slurmTasksPerNode(e) : undefined));
   }
   return {
     rank: 0, worldSize: 1, localRank: 0, localWorldSize: 1,
     masterAddr: addrVar(env), masterPort: portVar(env, 'MASTER_PORT'), source: 'single',
   };
+}
+
+/**
+ * One launcher's variables read into a LaunchEnv. A missing local rank means one host (local rank =
+ * rank); a missing local size means all ranks on it. readLocalSize replaces the plain integer read
+ * where a launcher spells the local size differently (srun).
+ */
+function fromVars(
+  env: Env, source: LaunchSource,
+  names: { rank: string; size: string; localRank: string; localSize: string },
+  readLocalSize = (e: Env): number | undefined => (present(e, names.localSize) ? intVar(e, names.localSize, { positive: true }) : undefined),
+): LaunchEnv {
+  const rank = intVar(env, names.rank);
+  const worldSize = intVar(env, names.size, { positive: true });
+  const localRank = present(env, names.localRank) ? intVar(env, names.localRank) : rank;
+  const localWorldSize = readLocalSize(env) ?? worldSize;
+  return check({ rank, worldSize, localRank, localWorldSize, masterAddr: addrVar(env), masterPort: portVar(env, 'MASTER_PORT'), source }, names);
 }
 
 /** The process-group timeout: FLOTILLA_TIMEOUT_MS, else `fallback`. */

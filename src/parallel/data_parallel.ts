@@ -17,7 +17,7 @@
 import { Tensor, noGrad, tidy, zeros, tensor } from '../tensor/index.js';
 import type { Module } from '../nn/module.js';
 import type { ProcessGroup, Work } from '../distributed/process_group.js';
-import { GradBuffer, buildGradBuffers, type Bucket, type ParamSlot } from './grad_buffer.js';
+import { GradBuffer, buildGradBuffers, gradView, type Bucket, type ParamSlot } from './grad_buffer.js';
 import type { GradientSource, GradShard } from './grads.js';
 
 export interface DataParallelOptions {
@@ -316,7 +316,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
   /** The parameter's full, reduced gradient (a view into the buffer; no collective for DDP). */
   fullGrad(param: Tensor): Tensor {
     const slot = this.requireSlot(param);
-    return this.buffers.find((b) => b.slots.includes(slot))!.gradView(slot);
+    return gradView(slot);
   }
 
   /** DDP holds the whole gradient on every rank: the local shard is all of it, offset 0. */

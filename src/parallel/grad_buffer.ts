@@ -11,7 +11,7 @@
 // `padMultiple` shards: data parallelism all-reduces a bucket, ZeRO reduce-scatters it and owns a
 // shard, FSDP also shards the parameter bucket, and clipping and the gradient API read the same
 // memory. Padding is zero and stays zero (nothing writes to it).
-import { Tensor, zeros, noGrad, keep, type DType } from '../tensor/index.js';
+import { Tensor, zeros, noGrad, keep, elementSize, type DType } from '../tensor/index.js';
 
 export interface ParamSlot {
   readonly name: string;
@@ -60,8 +60,7 @@ export class GradBuffer {
     this.dtype = dtype;
     const bucketBytes = opts.bucketBytes ?? 25 * 2 ** 20;
     const pad = opts.padMultiple ?? 1;
-    const elemBytes = dtype === 'float64' || dtype === 'int64' ? 8 : dtype === 'float32' || dtype === 'int32' ? 4 : 2;
-    const bucketElems = Math.max(1, Math.floor(bucketBytes / elemBytes));
+    const bucketElems = Math.max(1, Math.floor(bucketBytes / elementSize(dtype)));
 
     // Plan: reverse registration order, fill buckets, never split a parameter.
     type Plan = { members: { name: string; p: Tensor; numel: number; offset: number }[]; offset: number; numel: number };
@@ -122,11 +121,6 @@ export class GradBuffer {
     noGrad(() => this.grad.zero_());
   }
 
-  /** A view of a parameter's gradient in the buffer. */
-  gradView(slot: ParamSlot): Tensor {
-    return this.grad.narrow(0, slot.offset, slot.numel).view(...slot.shape);
-  }
-
   dispose(): void {
     for (const b of this.buckets) {
       b.grad.dispose();
@@ -135,6 +129,11 @@ export class GradBuffer {
     this.grad.dispose();
     this.data.dispose();
   }
+}
+
+/** A view of a parameter's gradient in its bucket, shaped like the parameter. */
+export function gradView(slot: ParamSlot): Tensor {
+  return slot.bucket.grad.narrow(0, slot.offset - slot.bucket.offset, slot.numel).view(...slot.shape);
 }
 
 function roundUp(n: number, m: number): number {

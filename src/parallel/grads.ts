@@ -55,24 +55,24 @@ export class LocalGrads implements GradientSource {
  * rank returns the same value (NaN/Inf included), so decisions taken on it agree everywhere.
  */
 export function gradNorm(src: GradientSource, p = 2): number {
-  const { tensors, sumOver } = src.normPieces();
+  // tidy: pieces a source makes for the call (LocalGrads' .grad handles) are freed; buffer views stay.
+  return tidy(() => normOf(src.normPieces(), p));
+}
+
+function normOf({ tensors, sumOver }: { tensors: Tensor[]; sumOver: ProcessGroup[] }, p: number): number {
   const inf = p === Infinity;
   const acc = zeros([1], { dtype: 'float64' });
-  try {
-    tidy(() => noGrad(() => {
-      for (const t of tensors) {
-        if (t.numel() === 0) continue;
-        const n = t.norm(p).to('float64');
-        if (inf) acc.copy_(acc.maximum(n.reshape(1)));
-        else acc.add_(n.pow(p).reshape(1));
-      }
-    }));
-    for (const g of sumOver) g.allReduce(acc, inf ? 'max' : 'sum').wait();
-    const total = acc.item();
-    return inf ? total : total ** (1 / p);
-  } finally {
-    acc.dispose();
-  }
+  noGrad(() => {
+    for (const t of tensors) {
+      if (t.numel() === 0) continue;
+      const n = t.norm(p).to('float64');
+      if (inf) acc.copy_(acc.maximum(n.reshape(1)));
+      else acc.add_(n.pow(p).reshape(1));
+    }
+  });
+  for (const g of sumOver) g.allReduce(acc, inf ? 'max' : 'sum').wait();
+  const total = acc.item();
+  return inf ? total : total ** (1 / p);
 }
 
 export interface ClipResult {
@@ -89,15 +89,18 @@ export interface ClipResult {
  */
 export function clipGradNorm(src: GradientSource, maxNorm: number, opts: { p?: number; errorIfNonfinite?: boolean } = {}): ClipResult {
   if (!(maxNorm > 0)) throw new Error(`clipGradNorm: maxNorm must be > 0, got ${maxNorm}`);
-  const norm = gradNorm(src, opts.p ?? 2);
-  if (!Number.isFinite(norm)) {
-    if (opts.errorIfNonfinite) throw new Error(`clipGradNorm: the total gradient norm is ${norm}; gradients hold NaN or Inf`);
-    return { norm, scale: 1 };
-  }
-  const coef = maxNorm / (norm + 1e-6);
-  if (coef >= 1) return { norm, scale: 1 };
-  noGrad(() => {
-    for (const t of src.normPieces().tensors) t.mul_(coef);
+  return tidy(() => {
+    const pieces = src.normPieces();
+    const norm = normOf(pieces, opts.p ?? 2);
+    if (!Number.isFinite(norm)) {
+      if (opts.errorIfNonfinite) throw new Error(`clipGradNorm: the total gradient norm is ${norm}; gradients hold NaN or Inf`);
+      return { norm, scale: 1 };
+    }
+    const coef = maxNorm / (norm + 1e-6);
+    if (coef >= 1) return { norm, scale: 1 };
+    noGrad(() => {
+      for (const t of pieces.tensors) t.mul_(coef);
+    });
+    return { norm, scale: coef };
   });
-  return { norm, scale: coef };
 }

@@ -1,3 +1,3 @@
-export { GradBuffer, buildGradBuffers, type Bucket, type ParamSlot, type GradBufferOptions } from './grad_buffer.js';
+export { GradBuffer, buildGradBuffers, gradView, type Bucket, type ParamSlot, type GradBufferOptions } from './grad_buffer.js';
 export { DataParallel, type DataParallelOptions, type SyncRecord } from './data_parallel.js';
 export { LocalGrads, gradNorm, clipGradNorm, type GradientSource, type GradShard, type ClipResult } from './grads.js';

@@ -46,8 +46,8 @@ function meanOverRanks(group: ProcessGroup, v: number): number {
   if (group.size === 1) return v;
   const t = tensor(new Float64Array([v]));
   try {
-    group.allReduce(t, 'sum').wait();
-    return t.item() / group.size;
+    group.allReduce(t, 'avg').wait();
+    return t.item();
   } finally {
     t.dispose();
   }
