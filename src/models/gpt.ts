@@ -65,9 +65,9 @@ export class GPT extends Module {
     const [B, T] = idx.shape as [number, number];
     if (T > this.cfg.blockSize) throw new Error(`GPT: sequence length ${T} exceeds blockSize ${this.cfg.blockSize}`);
     const pos = arange(0, T);
-    let x = this.drop.forward(this.wte.forward(idx).add(this.wpe.forward(pos))); // (B, T, C)
-    for (const b of this.layers.items) x = b.forward(x);
-    const logits = this.head.forward(this.lnF.forward(x)); // (B, T, vocab)
+    let x = this.drop.call(this.wte.call(idx).add(this.wpe.call(pos))); // (B, T, C)
+    for (const b of this.layers.items) x = b.call(x);
+    const logits = this.head.call(this.lnF.call(x)); // (B, T, vocab)
     if (!targets) return { logits };
     const loss = F.crossEntropy(logits.view(B * T, this.cfg.vocabSize), targets.reshape(B * T));
     return { logits, loss };

@@ -4,11 +4,46 @@ import { Tensor, keep, noGrad } from '../tensor/index.js';
 
 export type Parameter = Tensor;
 
+/** Runs before a module's forward (e.g. to gather its sharded parameters). */
+export type ForwardPreHook = (module: Module, args: unknown[]) => void;
+/** Runs after a module's forward with its output (e.g. to free gathered parameters, or hook the output's gradient). */
+export type ForwardHook = (module: Module, args: unknown[], output: unknown) => void;
+
+// [Note: module call path] Parents invoke children through call(), never forward() directly, so
+// that forward pre/post hooks see every invocation: this is how parallel wrappers act around a
+// unit's forward (FSDP gathers before it and frees after it) without the model knowing.
 export class Module {
   training = true;
   private readonly params = new Map<string, Tensor>();
   private readonly buffers = new Map<string, Tensor>();
   private readonly children = new Map<string, Module>();
+  private readonly preHooks = new Map<number, ForwardPreHook>();
+  private readonly postHooks = new Map<number, ForwardHook>();
+  private static nextHookId = 0;
+
+  /** Runs forward with this module's hooks around it: the one way a module is invoked. */
+  call<A extends unknown[], R>(this: { forward(...a: A): R }, ...args: A): R {
+    const self = this as unknown as Module;
+    if (self.preHooks.size === 0 && self.postHooks.size === 0) return this.forward(...args);
+    for (const h of self.preHooks.values()) h(self, args);
+    const out = this.forward(...args);
+    for (const h of self.postHooks.values()) h(self, args, out);
+    return out;
+  }
+
+  /** Adds a hook that runs before every forward; returns its remover. */
+  registerForwardPreHook(fn: ForwardPreHook): () => void {
+    const id = Module.nextHookId++;
+    this.preHooks.set(id, fn);
+    return () => void this.preHooks.delete(id);
+  }
+
+  /** Adds a hook that runs after every forward, with the output; returns its remover. */
+  registerForwardHook(fn: ForwardHook): () => void {
+    const id = Module.nextHookId++;
+    this.postHooks.set(id, fn);
+    return () => void this.postHooks.delete(id);
+  }
 
   /** Registers a trainable leaf tensor; it outlives every tidy() scope. */
   protected registerParameter(name: string, t: Tensor): Tensor {

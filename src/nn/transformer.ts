@@ -37,15 +37,15 @@ export class CausalSelfAttention extends Module {
   forward(x: Tensor): Tensor {
     const [B, T, C] = x.shape as [number, number, number];
     const hs = C / this.nHead;
-    const [q, k, v] = this.qkv.forward(x).split(C, 2) as [Tensor, Tensor, Tensor];
+    const [q, k, v] = this.qkv.call(x).split(C, 2) as [Tensor, Tensor, Tensor];
     const heads = (t: Tensor) => t.view(B, T, this.nHead, hs).transpose(1, 2); // (B, nh, T, hs)
     const qh = heads(q), kh = heads(k), vh = heads(v);
     let att = qh.matmul(kh.transpose(-2, -1)).mul(1 / Math.sqrt(hs)); // (B, nh, T, T)
     const allowed = this.mask.narrow(0, 0, T).narrow(1, 0, T);
     att = att.maskedFill(allowed.logicalNot(), -Infinity).softmax(-1);
-    att = this.attnDrop.forward(att);
+    att = this.attnDrop.call(att);
     const y = att.matmul(vh).transpose(1, 2).contiguous().view(B, T, C); // (B, T, C)
-    return this.residDrop.forward(this.proj.forward(y));
+    return this.residDrop.call(this.proj.call(y));
   }
 }
 
@@ -60,7 +60,7 @@ export class MLP extends Module {
     this.drop = this.registerModule('drop', new Dropout(cfg.dropout));
   }
   forward(x: Tensor): Tensor {
-    return this.drop.forward(this.proj.forward(this.fc.forward(x).gelu()));
+    return this.drop.call(this.proj.call(this.fc.call(x).gelu()));
   }
 }
 
@@ -78,7 +78,7 @@ export class Block extends Module {
     this.mlp = this.registerModule('mlp', new MLP(cfg));
   }
   forward(x: Tensor): Tensor {
-    const h = x.add(this.attn.forward(this.ln1.forward(x)));
-    return h.add(this.mlp.forward(this.ln2.forward(h)));
+    const h = x.add(this.attn.call(this.ln1.call(x)));
+    return h.add(this.mlp.call(this.ln2.call(h)));
   }
 }
