@@ -2,6 +2,7 @@
 // (a tensor's gradient hook, and the post hook on a parameter's gradient accumulator).
 #include "common.h"
 
+#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -42,9 +43,43 @@ static Napi::Value Backward(const Napi::CallbackInfo& info) {
     for (uint32_t i = 0; i < g.Length(); ++i) grads.push_back(TensorHandle::Get(g.Get(i)));
   }
   bool retain = info.Length() > 2 && info[2].IsBoolean() && info[2].As<Napi::Boolean>().Value();
-  torch::autograd::backward(tensors, grads, retain, false);
+  // inputs: accumulate only into these tensors' .grad; the engine then runs only the nodes on a
+  // path to them, and generated nodes skip outputs nobody needs (should_compute_output), so
+  // weight-gradient kernels of parameters left out are not run at all.
+  variable_list inputs;
+  if (info.Length() > 3 && info[3].IsArray()) {
+    Napi::Array in = info[3].As<Napi::Array>();
+    for (uint32_t i = 0; i < in.Length(); ++i) inputs.push_back(TensorHandle::Get(in.Get(i)));
+    TORCH_CHECK(!inputs.empty(), "backward: inputs, when given, must name at least one tensor");
+  }
+  torch::autograd::backward(tensors, grads, retain, false, inputs);
   return env.Undefined();
   FLOTILLA_CATCH(env, "backward")
+}
+
+// grad(outputs, inputs, gradOutputs?, retainGraph?, allowUnused?): the gradients of outputs with
+// respect to inputs, returned (not accumulated into .grad); undefined for an unused input.
+static Napi::Value Grad(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  FLOTILLA_TRY
+  Napi::Array outs = info[0].As<Napi::Array>();
+  Napi::Array ins = info[1].As<Napi::Array>();
+  variable_list outputs, inputs, grads;
+  for (uint32_t i = 0; i < outs.Length(); ++i) outputs.push_back(TensorHandle::Get(outs.Get(i)));
+  for (uint32_t i = 0; i < ins.Length(); ++i) inputs.push_back(TensorHandle::Get(ins.Get(i)));
+  if (info.Length() > 2 && info[2].IsArray()) {
+    Napi::Array g = info[2].As<Napi::Array>();
+    for (uint32_t i = 0; i < g.Length(); ++i) grads.push_back(TensorHandle::Get(g.Get(i)));
+  }
+  bool retain = info.Length() > 3 && info[3].IsBoolean() && info[3].As<Napi::Boolean>().Value();
+  bool allowUnused = info.Length() > 4 && info[4].IsBoolean() && info[4].As<Napi::Boolean>().Value();
+  variable_list res = torch::autograd::grad(outputs, inputs, grads, retain, false, allowUnused);
+  Napi::Array out = Napi::Array::New(env, res.size());
+  for (size_t i = 0; i < res.size(); ++i) {
+    out.Set(static_cast<uint32_t>(i), res[i].defined() ? TensorHandle::Wrap(env, res[i]) : env.Undefined());
+  }
+  return out;
+  FLOTILLA_CATCH(env, "grad")
 }
 
 static Napi::Value GetGrad(const Napi::CallbackInfo& info) {
@@ -186,8 +221,27 @@ static Napi::Value RemoveAccumulateGradHook(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
+// ---------------------------------------------------------------------------------------------
+// End-of-backward callback: queued from inside a hook, it runs once the current backward pass has
+// finished (on CPU, on the thread that called backward), so a reducer can flush what is left.
+
+static Napi::Value QueueBackwardCallback(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  FLOTILLA_TRY
+  auto fn = std::make_shared<Napi::FunctionReference>(Napi::Persistent(info[0].As<Napi::Function>()));
+  torch::autograd::Engine::get_default_engine().queue_callback([env, fn]() {
+    CheckHookThread("end-of-backward callback");
+    Napi::HandleScope scope(env);
+    CallJs(env, *fn, {});
+  });
+  return env.Undefined();
+  FLOTILLA_CATCH(env, "queueBackwardCallback")
+}
+
 void InitAutograd(Napi::Env env, Napi::Object exports) {
+  exports.Set("queueBackwardCallback", Napi::Function::New(env, QueueBackwardCallback));
   exports.Set("backward", Napi::Function::New(env, Backward));
+  exports.Set("autogradGrad", Napi::Function::New(env, Grad));
   exports.Set("getGrad", Napi::Function::New(env, GetGrad));
   exports.Set("setGrad", Napi::Function::New(env, SetGrad));
   exports.Set("setRequiresGrad", Napi::Function::New(env, SetRequiresGrad));

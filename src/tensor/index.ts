@@ -1,7 +1,7 @@
 // Public tensor API.
 export { Tensor, type Shape, type TensorOrScalar } from './tensor.js';
 export * from './creation.js';
-export { noGrad, isGradEnabled, backward } from './autograd.js';
+export { noGrad, isGradEnabled, backward, grad } from './autograd.js';
 export { tidy, keep, scopeDepth } from './scope.js';
 export { type DType, isFloating, elementSize } from './dtype.js';
 import { native } from './native.js';

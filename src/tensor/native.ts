@@ -68,7 +68,10 @@ export interface Native {
   /** Linux: deliver signo to this process when its parent exits (false elsewhere). */
   setParentDeathSignal(signo: number): boolean;
 
-  backward(roots: TensorHandle[], grads?: TensorHandle[], retainGraph?: boolean): void;
+  /** inputs: accumulate into these tensors' .grad only (torch::autograd::backward's inputs). */
+  backward(roots: TensorHandle[], grads?: TensorHandle[], retainGraph?: boolean, inputs?: TensorHandle[]): void;
+  /** torch::autograd::grad: gradients of outputs w.r.t. inputs, returned; undefined for an unused input. */
+  autogradGrad(outputs: TensorHandle[], inputs: TensorHandle[], gradOutputs?: TensorHandle[], retainGraph?: boolean, allowUnused?: boolean): (TensorHandle | undefined)[];
   getGrad(t: TensorHandle): TensorHandle | undefined;
   setGrad(t: TensorHandle, g: TensorHandle | undefined): void;
   setRequiresGrad(t: TensorHandle, flag: boolean): void;
