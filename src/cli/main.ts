@@ -18,6 +18,9 @@ usage:
       run \`flotilla run --help\` for the launcher's options.
   flotilla config [config.toml] [--section.field=value ...]
       Print the resolved config with every field documented (the defaults without a file).
+  flotilla schedule --pp P --micro M --schedule gpipe|1f1b|interleaved|zb [--virtual V] [--actions]
+      Print a pipeline schedule as a grid (ranks x time, '.' = idle) after checking it, with its
+      simulated bubble fraction and the theory; --actions also lists each rank's sends and receives.
   flotilla --help | --version
 
 example:
@@ -107,6 +110,65 @@ function configCommand(args: readonly string[]): number {
   return 0;
 }
 
+interface ScheduleArgs {
+  pp: number;
+  micro: number;
+  schedule: string;
+  virtual?: number;
+  actions: boolean;
+}
+
+/** Parses `schedule` arguments: --pp P --micro M --schedule S [--virtual V] [--actions]. */
+export function parseScheduleArgs(args: readonly string[]): ScheduleArgs {
+  const vals: Record<string, string> = {};
+  let actions = false;
+  for (let i = 0; i < args.length; i++) {
+    const a = args[i]!;
+    const m = /^--(pp|micro|schedule|virtual)(?:=(.*))?$/s.exec(a);
+    if (a === '--actions') {
+      actions = true;
+    } else if (m !== null) {
+      const v = m[2] ?? args[++i];
+      if (v === undefined || v === '') throw new UsageError(`schedule: --${m[1]} needs a value (e.g. --${m[1]} ${m[1] === 'schedule' ? '1f1b' : '4'})`);
+      vals[m[1]!] = v;
+    } else {
+      throw new UsageError(`schedule: unknown argument ${a}; usage: flotilla schedule --pp P --micro M --schedule gpipe|1f1b|interleaved|zb [--virtual V] [--actions]`);
+    }
+  }
+  const count = (k: string): number | undefined => {
+    const v = vals[k];
+    if (v === undefined) return undefined;
+    if (!/^\d+$/.test(v) || Number(v) < 1) throw new UsageError(`schedule: --${k} needs a positive integer, got ${JSON.stringify(v)}`);
+    return Number(v);
+  };
+  const pp = count('pp');
+  const micro = count('micro');
+  const virtual = count('virtual');
+  const schedule = vals.schedule;
+  if (pp === undefined || micro === undefined || schedule === undefined) {
+    throw new UsageError('schedule: --pp, --micro and --schedule are required, e.g. flotilla schedule --pp 4 --micro 8 --schedule 1f1b');
+  }
+  return { pp, micro, schedule, actions, ...(virtual !== undefined ? { virtual } : {}) };
+}
+
+async function scheduleCommand(args: readonly string[]): Promise<number> {
+  const a = parseScheduleArgs(args);
+  const ps = await import('../parallel/pipeline/schedule.js');
+  if (!(ps.SCHEDULE_NAMES as readonly string[]).includes(a.schedule)) {
+    throw new UsageError(`schedule: unknown schedule ${JSON.stringify(a.schedule)}; schedules are ${ps.SCHEDULE_NAMES.join(', ')}`);
+  }
+  const name = a.schedule as import('../parallel/pipeline/schedule.js').ScheduleName;
+  let s;
+  try {
+    s = ps.buildSchedule(name, { pp: a.pp, micro: a.micro, ...(a.virtual !== undefined ? { virtualStages: a.virtual } : {}) });
+  } catch (e) {
+    throw new UsageError(`schedule: ${(e as Error).message}`);
+  }
+  ps.validateSchedule(s);
+  process.stdout.write(ps.describeSchedule(s, { actions: a.actions }));
+  return 0;
+}
+
 /** Runs the command line; resolves to the exit code. */
 export async function main(argv: readonly string[]): Promise<number> {
   const [cmd, ...rest] = argv;
@@ -136,8 +198,10 @@ export async function main(argv: readonly string[]): Promise<number> {
       }
       case 'config':
         return configCommand(rest);
+      case 'schedule':
+        return await scheduleCommand(rest);
       default:
-        throw new UsageError(`unknown command ${JSON.stringify(cmd)}; commands: train, run, config (see flotilla --help)`);
+        throw new UsageError(`unknown command ${JSON.stringify(cmd)}; commands: train, run, config, schedule (see flotilla --help)`);
     }
   } catch (e) {
     const err = e as Error;

@@ -144,44 +144,30 @@ function interleavedCompute(pp: number, m: number, v: number): Action[][] {
   });
 }
 
-/** ZB-H1 (zero bubble, Qi et al. 2023): the backward is split into I (input gradient, on the critical path)
- *  and W (weight gradient, needed only by the optimizer). Built by list scheduling with unit costs:
- *  whenever a rank is free it runs, in priority, the next I whose gradient has arrived, the next F if its
- *  input has arrived and fewer than min(p-r, m) micro-batches are live (1F1B's peak on rank r; a
- *  micro-batch is live from F until its W), else the oldest pending W, so W fills what would be bubbles. */
+/** ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", 2024): the backward is split into I (input
+ *  gradient, on the critical path) and W (weight gradient, needed only by the optimizer step). Rank r runs
+ *  1F1B's p-r-1 warm-up forwards, then pairs F, I with its W trailing r micro-batches behind, so every
+ *  rank holds at most p micro-batches between F and W (rank 0's 1F1B peak; W needs less memory than a
+ *  full backward); the I chain runs ahead and the delayed Ws fill the tail that 1F1B leaves idle.
+ *  Bubble with F = I = W: p-1 slots per rank, a third of 1F1B's 3(p-1). */
 function zeroBubbleCompute(pp: number, m: number): Action[][] {
-  const done = new Map<string, number>(); // 'stage kind micro' -> finish time
-  const key = (st: number, k: ComputeKind, i: number) => `${st}${k}${i}`;
-  const ready = (k: string, t: number) => (done.get(k) ?? Infinity) <= t;
-  const out: Action[][] = Array.from({ length: pp }, () => []);
-  const free = new Array<number>(pp).fill(0);
-  const nextF = new Array<number>(pp).fill(0);
-  const nextI = new Array<number>(pp).fill(0);
-  const nextW = new Array<number>(pp).fill(0);
-  for (let t = 0; nextW.some((w) => w < m); t++) {
-    if (t > 10 * pp * m + 10) throw new Error(`zero-bubble schedule did not converge (pp ${pp}, m ${m})`);
-    for (let r = 0; r < pp; r++) {
-      if (free[r]! > t) continue;
-      let a: Action | undefined;
-      const i = nextI[r]!;
-      const f = nextF[r]!;
-      if (i < f && (r === pp - 1 || ready(key(r + 1, 'I', i), t)) && ready(key(r, 'F', i), t)) {
-        a = { kind: 'I', stage: r, micro: i };
-        nextI[r]!++;
-      } else if (f < m && f - nextW[r]! < Math.min(pp - r, m) && (r === 0 || ready(key(r - 1, 'F', f), t))) {
-        a = { kind: 'F', stage: r, micro: f };
-        nextF[r]!++;
-      } else if (nextW[r]! < nextI[r]! && ready(key(r, 'I', nextW[r]!), t)) {
-        a = { kind: 'W', stage: r, micro: nextW[r]! };
-        nextW[r]!++;
-      }
-      if (a === undefined) continue;
-      out[r]!.push(a);
-      done.set(key(a.stage, a.kind as ComputeKind, a.micro), t + 1);
-      free[r] = t + 1;
+  return Array.from({ length: pp }, (_, r) => {
+    const out: Action[] = [];
+    const warmup = Math.min(pp - r - 1, m);
+    let w = 0; // next W
+    for (let i = 0; i < warmup; i++) out.push({ kind: 'F', stage: r, micro: i });
+    for (let j = 0; j < m - warmup; j++) {
+      out.push({ kind: 'F', stage: r, micro: warmup + j });
+      out.push({ kind: 'I', stage: r, micro: j });
+      if (j >= r) out.push({ kind: 'W', stage: r, micro: w++ });
     }
-  }
-  return out;
+    for (let j = m - warmup; j < m; j++) {
+      out.push({ kind: 'I', stage: r, micro: j });
+      if (w <= j) out.push({ kind: 'W', stage: r, micro: w++ });
+    }
+    while (w < m) out.push({ kind: 'W', stage: r, micro: w++ });
+    return out;
+  });
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -571,4 +557,34 @@ export function formatSchedule(s: PipelineSchedule, sim: Simulation = simulate(s
   const width = Math.max(1, ...names.flat().map((x) => x.length));
   const label = String(s.pp - 1).length;
   return names.map((row, r) => `${String(r).padStart(label)}: ${row.map((x) => x.padEnd(width)).join(' ').trimEnd()}`).join('\n');
+}
+
+const THEORY_LABEL: Record<ScheduleName, string> = {
+  gpipe: '(p-1)/(m+p-1)',
+  '1f1b': '(p-1)/(m+p-1)',
+  interleaved: '(p-1)/(v*m+p-1), Megatron-LM',
+  zb: '(p-1)/(3m+p-1), ZB-H1 with F = I = W',
+};
+
+/** What `flotilla schedule` prints: a header, the grid, the simulated bubble against theory, the peak
+ *  activations per rank and, with `actions`, every rank's action list including its sends and receives. */
+export function describeSchedule(s: PipelineSchedule, opts: { actions?: boolean } = {}): string {
+  const sim = simulate(s);
+  const split = s.compute.some((l) => l.some((a) => a.kind === 'I'));
+  const idle = sim.idle.reduce((x, y) => x + y, 0);
+  const lines = [
+    `${s.name} schedule: pp=${s.pp}, m=${s.micro}, ${s.numStages} stages (${s.virtualStages} per rank, stage s on rank s % ${s.pp})`,
+    `unit costs: F=1, ${split ? 'I=1, W=1 (backward split)' : 'B=2'}, send/recv=0; checked: complete, causal, sends matched, deadlock-free`,
+    '',
+    formatSchedule(s, sim),
+    '',
+    `simulated bubble: ${sim.bubbleFraction.toFixed(4)} (${idle} idle of ${s.pp} x ${sim.makespan} rank-slots; idle per rank ${sim.idle.join(' ')})`,
+    `theory ${THEORY_LABEL[s.name]}: ${theoreticalBubble(s.name, s.pp, s.micro, s.virtualStages).toFixed(4)}`,
+    `peak activations per rank (stage micro-batches held from F until ${split ? 'W' : 'B'}): ${peakActivations(s).join(' ')}`,
+  ];
+  if (opts.actions) {
+    lines.push('', 'actions per rank (a SEND follows its producer; a RECV is posted before its consumer, in the sender\'s order):');
+    s.actions.forEach((list, r) => lines.push(`${r}: ${list.map(actionName).join(' ')}`));
+  }
+  return `${lines.join('\n')}\n`;
 }
