@@ -18,6 +18,12 @@
 //   that rule and reports a cycle of waiting ranks as a deadlock.
 // - Costs are units: F = 1, B = 2 (I = 1 and W = 1 when the backward is split), comm = 0. With them the
 //   simulated bubble of GPipe and 1F1B is exactly (p-1)/(m+p-1).
+//
+// The agreed interface is implemented unchanged. Additions: SCHEDULE_NAMES, UNIT_COSTS, actionName ('2F0',
+// '0SEND_F1->1'), insertComm (re-inserts comm after a compute order is edited), peakActivations,
+// theoreticalBubble, describeSchedule (the text `flotilla schedule` prints), and an optional precomputed
+// simulation argument to formatSchedule. Schedules 'gpipe', '1f1b', 'interleaved' use F and B only; 'zb'
+// uses F, I and W only. validateSchedule may also report a malformed table as '(shape)'.
 
 export type ScheduleName = 'gpipe' | '1f1b' | 'interleaved' | 'zb';
 /** F forward; B full backward (input and weight gradients); I input-gradient part only; W weight-gradient part. */
