@@ -1,8 +1,11 @@
 // The reference model: a GPT-2 style decoder (learned positions, pre-norm blocks, GELU MLP,
 // optional tied input/output embedding). Layers are keyed by string ids ("layers.0", ...) and the
-// embedding and head are separate modules, so a pipeline stage can own a subset later.
-import { type Tensor, arange, noGrad } from '../tensor/index.js';
-import { Module, Embedding, LayerNorm, Linear, Dropout, Block, ModuleList, F } from '../nn/index.js';
+// embedding and head are separate, optional parts, so a pipeline stage is "the model minus what
+// this stage does not own": GPTStage holds some blocks (named by their global index), the
+// embeddings only on the first stage and the final norm + head only on the last. The loss lives
+// outside forward (gptLoss), applied by whoever holds the head.
+import { type Tensor, arange, manualSeed, noGrad } from '../tensor/index.js';
+import { Module, Embedding, LayerNorm, Linear, Dropout, Block, F } from '../nn/index.js';
 
 export interface GPTConfig {
   vocabSize: number;
@@ -22,36 +25,106 @@ export const defaultGPTConfig: GPTConfig = {
   vocabSize: 256, blockSize: 128, nLayer: 4, nHead: 4, nEmbd: 128, dropout: 0, bias: true, tieEmbeddings: false,
 };
 
-export class GPT extends Module {
-  readonly cfg: GPTConfig;
-  readonly wte: Embedding;
-  readonly wpe: Embedding;
-  readonly drop: Dropout;
-  readonly layers: ModuleList<Block>;
-  readonly lnF: LayerNorm;
-  readonly head: Linear;
+/** Which parts of the GPT one pipeline stage holds. */
+export interface GPTStageSpec {
+  /** Blocks [first, end) by global index. */
+  layers: readonly [number, number];
+  /** Token and position embeddings (the first stage). */
+  embed: boolean;
+  /** Final norm and output head (the last stage). */
+  head: boolean;
+}
 
-  constructor(cfg: Partial<GPTConfig> = {}) {
+export interface GPTBuildOptions {
+  /**
+   * Initialise every parameter from its own generator state, seeded by (initSeed, full-model
+   * name), instead of one draw sequence over the whole model. Any split into stages then gets
+   * exactly the weights the whole model gets, without any rank building the whole model. Leaves
+   * the global generator reseeded (call manualSeed afterwards for data).
+   */
+  initSeed?: number;
+}
+
+function checkConfig(cfg: Partial<GPTConfig>): GPTConfig {
+  const c = { ...defaultGPTConfig, ...cfg };
+  for (const k of ['vocabSize', 'blockSize', 'nLayer', 'nHead', 'nEmbd'] as const) {
+    if (!Number.isInteger(c[k]) || c[k] <= 0) throw new Error(`GPT: ${k} must be a positive integer, got ${c[k]}`);
+  }
+  return c;
+}
+
+/** A run of blocks registered under their global indices ("2", "3", ...). */
+export class BlockRange extends Module {
+  readonly items: Block[];
+  constructor(readonly first: number, blocks: Block[]) {
     super();
-    const c = (this.cfg = { ...defaultGPTConfig, ...cfg });
-    for (const k of ['vocabSize', 'blockSize', 'nLayer', 'nHead', 'nEmbd'] as const) {
-      if (!Number.isInteger(c[k]) || c[k] <= 0) throw new Error(`GPT: ${k} must be a positive integer, got ${c[k]}`);
+    this.items = blocks;
+    blocks.forEach((b, i) => this.registerModule(String(first + i), b));
+  }
+}
+
+/** 32-bit FNV-1a of a string, for per-parameter seeds. */
+function fnv1a(s: string): number {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < s.length; i++) {
+    h ^= s.charCodeAt(i);
+    h = Math.imul(h, 0x01000193) >>> 0;
+  }
+  return h;
+}
+
+/** The parts a GPT (or one stage of it) is made of; forward lives in the subclasses. */
+abstract class GPTParts extends Module {
+  readonly cfg: GPTConfig;
+  readonly spec: GPTStageSpec;
+  readonly wte?: Embedding;
+  readonly wpe?: Embedding;
+  readonly drop?: Dropout;
+  readonly layers: BlockRange;
+  readonly lnF?: LayerNorm;
+  readonly head?: Linear;
+
+  protected constructor(cfg: Partial<GPTConfig>, spec: GPTStageSpec, opts: GPTBuildOptions) {
+    super();
+    const c = (this.cfg = checkConfig(cfg));
+    const [first, end] = spec.layers;
+    if (!Number.isInteger(first) || !Number.isInteger(end) || first < 0 || end > c.nLayer || first > end) {
+      throw new Error(`GPT stage: layers [${first}, ${end}) are not a range of the model's ${c.nLayer} blocks`);
     }
-    this.wte = this.registerModule('wte', new Embedding(c.vocabSize, c.nEmbd));
-    this.wpe = this.registerModule('wpe', new Embedding(c.blockSize, c.nEmbd));
-    this.drop = this.registerModule('drop', new Dropout(c.dropout));
-    this.layers = this.registerModule('layers', new ModuleList(Array.from({ length: c.nLayer }, () => new Block(c))));
-    this.lnF = this.registerModule('lnF', new LayerNorm(c.nEmbd, { bias: c.bias }));
-    // Tied: the head reuses the embedding matrix, one leaf tensor used twice in the graph.
-    const shared = c.tieEmbeddings ? this.wte.weight : undefined;
-    this.head = this.registerModule('head', new Linear(c.nEmbd, c.vocabSize, { bias: false, weight: shared }));
-    this.initWeights();
+    this.spec = { layers: [first, end], embed: spec.embed, head: spec.head };
+    if (spec.embed) {
+      this.wte = this.registerModule('wte', new Embedding(c.vocabSize, c.nEmbd));
+      this.wpe = this.registerModule('wpe', new Embedding(c.blockSize, c.nEmbd));
+      this.drop = this.registerModule('drop', new Dropout(c.dropout));
+    }
+    this.layers = this.registerModule('layers', new BlockRange(first, Array.from({ length: end - first }, () => new Block(c))));
+    if (spec.head) {
+      this.lnF = this.registerModule('lnF', new LayerNorm(c.nEmbd, { bias: c.bias }));
+      // Tied: the head reuses the embedding matrix, one leaf tensor used twice in the graph. A
+      // stage with the head but not the embedding holds its own copy (same initial values); the
+      // pipeline sums the two copies' gradients (src/parallel/pipeline/stage.ts).
+      const shared = c.tieEmbeddings ? this.wte?.weight : undefined;
+      this.head = this.registerModule('head', new Linear(c.nEmbd, c.vocabSize, { bias: false, weight: shared }));
+    }
+    this.initWeights(opts.initSeed);
+  }
+
+  /** True when this stage's head holds its own copy of a weight tied to the first stage's embedding. */
+  get hasTiedHeadCopy(): boolean {
+    return this.cfg.tieEmbeddings && this.spec.head && !this.spec.embed;
+  }
+
+  /** The parameter's name in the whole model (the tied head copy is 'wte.weight'). */
+  fullName(localName: string): string {
+    return this.hasTiedHeadCopy && localName === 'head.weight' ? 'wte.weight' : localName;
   }
 
   /** GPT-2 init: N(0, 0.02) weights, zero biases, residual projections scaled by 1/sqrt(2 nLayer). */
-  private initWeights(): void {
+  private initWeights(initSeed: number | undefined): void {
     noGrad(() => {
-      for (const [name, p] of this.namedParameters()) {
+      for (const [local, p] of this.namedParameters()) {
+        const name = this.fullName(local);
+        if (initSeed !== undefined) manualSeed(((initSeed >>> 0) + fnv1a(name)) % 2 ** 32);
         if (name.endsWith('.bias')) p.zero_();
         else if (/ln1|ln2|lnF/.test(name)) p.fill_(1);
         else if (name.endsWith('attn.proj.weight') || name.endsWith('mlp.proj.weight')) p.normal_(0, 0.02 / Math.sqrt(2 * this.cfg.nLayer));
@@ -60,16 +133,59 @@ export class GPT extends Module {
     });
   }
 
+  /**
+   * input: (B, T) int64 token ids where this part holds the embeddings, else hidden states
+   * (B, T, C). Returns logits (B, T, vocab) where it holds the head, else hidden states (B, T, C).
+   */
+  protected runParts(input: Tensor): Tensor {
+    let x = input;
+    if (this.wte) {
+      const T = input.shape[1]!;
+      if (T > this.cfg.blockSize) throw new Error(`GPT: sequence length ${T} exceeds blockSize ${this.cfg.blockSize}`);
+      const pos = arange(0, T);
+      x = this.drop!.call(this.wte.call(input).add(this.wpe!.call(pos))); // (B, T, C)
+    }
+    for (const b of this.layers.items) x = b.call(x);
+    if (this.head) x = this.head.call(this.lnF!.call(x)); // (B, T, vocab)
+    return x;
+  }
+}
+
+/** Mean cross-entropy of logits (B, T, vocab) against targets (B, T): the GPT's criterion. */
+export function gptLoss(logits: Tensor, targets: Tensor): Tensor {
+  const [B, T, V] = logits.shape as [number, number, number];
+  return F.crossEntropy(logits.view(B * T, V), targets.reshape(B * T));
+}
+
+/** The whole model on one process. */
+export class GPT extends GPTParts {
+  declare readonly wte: Embedding;
+  declare readonly wpe: Embedding;
+  declare readonly drop: Dropout;
+  declare readonly lnF: LayerNorm;
+  declare readonly head: Linear;
+
+  constructor(cfg: Partial<GPTConfig> = {}, opts: GPTBuildOptions = {}) {
+    const c = checkConfig(cfg);
+    super(c, { layers: [0, c.nLayer], embed: true, head: true }, opts);
+  }
+
   /** idx: (B, T) int64 token ids. With targets (B, T) also returns the mean cross-entropy loss. */
   forward(idx: Tensor, targets?: Tensor): { logits: Tensor; loss?: Tensor } {
-    const [B, T] = idx.shape as [number, number];
-    if (T > this.cfg.blockSize) throw new Error(`GPT: sequence length ${T} exceeds blockSize ${this.cfg.blockSize}`);
-    const pos = arange(0, T);
-    let x = this.drop.call(this.wte.call(idx).add(this.wpe.call(pos))); // (B, T, C)
-    for (const b of this.layers.items) x = b.call(x);
-    const logits = this.head.call(this.lnF.call(x)); // (B, T, vocab)
+    const logits = this.runParts(idx);
     if (!targets) return { logits };
-    const loss = F.crossEntropy(logits.view(B * T, this.cfg.vocabSize), targets.reshape(B * T));
-    return { logits, loss };
+    return { logits, loss: gptLoss(logits, targets) };
+  }
+}
+
+/** One pipeline stage of a GPT: only the parts `spec` names are built. */
+export class GPTStage extends GPTParts {
+  constructor(cfg: Partial<GPTConfig>, spec: GPTStageSpec, opts: GPTBuildOptions = {}) {
+    super(cfg, spec, opts);
+  }
+
+  /** Token ids or hidden states in; hidden states or logits out (see runParts). */
+  forward(input: Tensor): Tensor {
+    return this.runParts(input);
   }
 }
