@@ -22,13 +22,13 @@ import {
 const P = [1, 2, 3, 4, 5, 6, 7, 8];
 const M = Array.from({ length: 16 }, (_, i) => i + 1);
 
-/** Every table the property tests cover: GPipe, 1F1B and ZB-H1 for all (p, m); interleaved with v = 2
- *  and 3 where m is a multiple of p. */
+/** Every table the property tests cover: GPipe, 1F1B and ZB-H1 for all (p, m); interleaved with v = 1
+ *  to 4 where m is a multiple of p. */
 function* allTables(): Generator<PipelineSchedule> {
   for (const p of P) {
     for (const m of M) {
       for (const name of ['gpipe', '1f1b', 'zb'] as const) yield buildSchedule(name, { pp: p, micro: m });
-      if (m % p === 0) for (const v of [2, 3]) yield buildSchedule('interleaved', { pp: p, micro: m, virtualStages: v });
+      if (m % p === 0) for (const v of [1, 2, 3, 4]) yield buildSchedule('interleaved', { pp: p, micro: m, virtualStages: v });
     }
   }
 }
@@ -183,6 +183,14 @@ test("zero-bubble's idle slots are fewer than 1F1B's, at no more peak activation
   }
 });
 
+test('simulate takes other integer costs', () => {
+  const g = buildSchedule('gpipe', { pp: 3, micro: 4 });
+  assert.equal(simulate(g).makespan, 18);
+  assert.equal(simulate(g, { F: 2, B: 4, I: 2, W: 2 }).makespan, 36);
+  assert.equal(simulate(g, { F: 1, B: 1, I: 1, W: 1 }).bubbleFraction, 2 / 6); // (p-1)/(m+p-1) holds for any F:B ratio
+  assert.throws(() => simulate(g, { F: 1.5, B: 3, I: 1, W: 1 }), /cost F must be a positive integer/);
+});
+
 test('grid text: ranks x time, idle slots as dots', () => {
   assert.equal(
     formatSchedule(buildSchedule('gpipe', { pp: 2, micro: 2 })),
@@ -274,7 +282,7 @@ test('flotilla schedule prints the grid, the simulated bubble and the theory; ba
   const il = run('--pp=2', '--micro=4', '--schedule=interleaved', '--virtual=2', '--actions');
   assert.equal(il.status, 0, il.stderr);
   assert.match(il.stdout, /4 stages \(2 per rank/);
-  assert.match(il.stdout, /^1: 1RECV_F0<-0 1F0 1SEND_F0->0 /m);
+  assert.match(il.stdout, /^1: 1RECV_F0<-0 1RECV_F1<-0 1F0 1SEND_F0->0 /m);
   const bad = run('--pp', '2', '--micro', '3', '--schedule', 'interleaved');
   assert.equal(bad.status, 2);
   assert.match(bad.stderr, /multiple of pp .*use --micro 4/);

@@ -7,11 +7,11 @@
 // - Stages are global (0..numStages-1) and placed in a loop: stage s lives on rank s % pp, so with
 //   virtual stages rank r holds r, r + pp, r + 2pp, ... (Megatron-LM's interleaved placement).
 // - `compute[rank]` is the order of F/B (or F/I/W) actions on that rank. `actions[rank]` adds the
-//   point-to-point traffic: a SEND right after the compute that produced its tensor; a RECV posted before
-//   the compute that consumes it, and early enough that, per (sender, receiver) pair, receives are posted
-//   in the order the sender sends (so pairs match without tags even when the receiver consumes in another
-//   order, as interleaved 1F1B does). Consecutive stages on the same rank (pp = 1) hand over locally,
-//   with no comm action.
+//   point-to-point traffic: a SEND right after the compute that produced its tensor; a RECV posted one
+//   compute ahead of the compute that consumes it (so the transfer overlaps the compute before), and
+//   earlier where needed so that, per (sender, receiver) pair, receives are posted in the order the sender
+//   sends: pairs match without tags even when the receiver consumes in another order. Consecutive stages
+//   on the same rank (pp = 1) hand over locally, with no comm action.
 // - Runtime semantics assumed by `validateSchedule`: sends and receives are non-blocking and issued in
 //   list order; a compute action waits for the receives it consumes. A rank therefore blocks only at a
 //   compute action whose input has not been sent yet; the validator runs every rank's list under exactly
@@ -223,23 +223,30 @@ export function insertComm(s: Omit<PipelineSchedule, 'actions'>): Action[][] {
     }
     actions.push(list);
   }
-  // Receives: before each consumer, post every not-yet-posted receive from that sender up to and
-  // including the one it needs, in the sender's order.
+  // Receives: before compute k, post every not-yet-posted receive from a sender up to and including the
+  // one that compute k or compute k+1 needs (one compute of look-ahead, so the transfer for the next
+  // action overlaps this one), always in the sender's order.
   for (let r = 0; r < pp; r++) {
     const posted = new Map<number, number>(); // sender -> how many of its messages are posted
     const list: Action[] = [];
+    const compute = s.compute[r] ?? [];
+    const postFor = (a: Action | undefined) => {
+      const inp = a === undefined ? null : inputOf(a, numStages);
+      if (a === undefined || inp === null || rankOf(inp.from) === r) return;
+      const from = rankOf(inp.from);
+      const msgs = chan(from, r);
+      const want = msgKey(inp.kind, a.stage, a.micro);
+      const idx = msgs.findIndex((x) => x.key === want);
+      // A message nobody sends (idx -1): the consumer gets no receive; validateSchedule names it.
+      for (let n = posted.get(from) ?? 0; n <= idx; n++) list.push(msgs[n]!.recv);
+      if (idx >= (posted.get(from) ?? 0)) posted.set(from, idx + 1);
+    };
+    let k = 0;
     for (const a of actions[r]!) {
       if (isCompute(a.kind)) {
-        const inp = inputOf(a, numStages);
-        if (inp !== null && rankOf(inp.from) !== r) {
-          const from = rankOf(inp.from);
-          const msgs = chan(from, r);
-          const want = msgKey(inp.kind, a.stage, a.micro);
-          const idx = msgs.findIndex((x) => x.key === want);
-          // A message nobody sends: leave the consumer without its receive; validateSchedule names it.
-          for (let n = posted.get(from) ?? 0; n <= idx; n++) list.push(msgs[n]!.recv);
-          if (idx >= (posted.get(from) ?? 0)) posted.set(from, idx + 1);
-        }
+        postFor(a);
+        postFor(compute[k + 1]);
+        k++;
       }
       list.push(a);
     }
@@ -589,7 +596,7 @@ export function describeSchedule(s: PipelineSchedule, opts: { actions?: boolean 
     `peak activations per rank (stage micro-batches held from F until ${split ? 'W' : 'B'}): ${peakActivations(s).join(' ')}`,
   ];
   if (opts.actions) {
-    lines.push('', 'actions per rank (a SEND follows its producer; a RECV is posted before its consumer, in the sender\'s order):');
+    lines.push('', "actions per rank (a SEND follows its producer; a RECV is posted one compute ahead of its consumer, in the sender's order):");
     s.actions.forEach((list, r) => lines.push(`${r}: ${list.map(actionName).join(' ')}`));
   }
   return `${lines.join('\n')}\n`;
