@@ -3,6 +3,8 @@
 // (src/tensor/ops.ts); this file only converts arguments by the operator's own schema.
 #include "common.h"
 
+#include <ATen/native/Resize.h>
+
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <cstring>
@@ -518,7 +520,44 @@ static Napi::Value Version(const Napi::CallbackInfo& info) {
   return o;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Storage: sharded data parallelism frees a gathered parameter's memory between uses while the
+// tensor (and views that autograd saved) keep their shape; resizing the shared StorageImpl frees
+// and re-allocates the bytes under every view at once. Writing the gathered values through
+// variableData() (PyTorch's .data: same storage, its own version counter) does not bump the
+// version that autograd checks on saved views.
+
+static Napi::Value ResizeStorage(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  FLOTILLA_TRY
+  const at::Tensor& t = TensorHandle::Get(info[0]);
+  int64_t nbytes = ToInt(info[1]);
+  TORCH_CHECK(nbytes >= 0, "resizeStorage: nbytes must be >= 0, got ", nbytes);
+  TORCH_CHECK(t.device().is_cpu(), "resizeStorage: only CPU storage is supported, got ", DescribeTensor(t));
+  at::native::resize_bytes_cpu(t.storage().unsafeGetStorageImpl(), static_cast<size_t>(nbytes));
+  return env.Undefined();
+  FLOTILLA_CATCH(env, "resizeStorage")
+}
+
+static Napi::Value StorageNbytes(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  FLOTILLA_TRY
+  const at::Tensor& t = TensorHandle::Get(info[0]);
+  return Napi::Number::New(env, static_cast<double>(t.storage().nbytes()));
+  FLOTILLA_CATCH(env, "storageNbytes")
+}
+
+static Napi::Value VariableData(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  FLOTILLA_TRY
+  return TensorHandle::Wrap(env, TensorHandle::Get(info[0]).variable_data());
+  FLOTILLA_CATCH(env, "variableData")
+}
+
 void InitTensor(Napi::Env env, Napi::Object exports) {
+  exports.Set("resizeStorage", Napi::Function::New(env, ResizeStorage));
+  exports.Set("storageNbytes", Napi::Function::New(env, StorageNbytes));
+  exports.Set("variableData", Napi::Function::New(env, VariableData));
   exports.Set("release", Napi::Function::New(env, ReleaseHandle));
   exports.Set("isLive", Napi::Function::New(env, IsLive));
   exports.Set("lookupOp", Napi::Function::New(env, LookupOp));

@@ -25,6 +25,8 @@ export interface StoreHandle {
   add(key: string, delta: number): number;
   check(keys: string[]): boolean;
   wait(keys: string[], timeoutMs?: number): void;
+  /** Drops this handle's reference at once; later calls throw. */
+  release(): void;
 }
 
 export type NativeReduceOp = 'sum' | 'product' | 'min' | 'max';
@@ -38,6 +40,8 @@ export interface GroupHandle {
   reduceScatterBase(output: TensorHandle, input: TensorHandle, op: NativeReduceOp): WorkHandle;
   alltoallBase(output: TensorHandle, input: TensorHandle, outSplits: number[], inSplits: number[]): WorkHandle;
   send(tensors: TensorHandle[], dst: number, tag: number): WorkHandle;
+  /** Destroys the native group at once (threads, sockets, listener); later calls throw. */
+  release(): void;
   recv(tensors: TensorHandle[], src: number, tag: number): WorkHandle;
   barrier(): WorkHandle;
   backendName(): string;
@@ -69,6 +73,15 @@ export interface Native {
   setParentDeathSignal(signo: number): boolean;
 
   /** inputs: accumulate into these tensors' .grad only (torch::autograd::backward's inputs). */
+  /** Resizes the tensor's whole storage to nbytes (0 frees it; views keep their shape). */
+  resizeStorage(t: TensorHandle, nbytes: number): void;
+  /** Bytes the tensor's storage holds now. */
+  storageNbytes(t: TensorHandle): number;
+  /** PyTorch's .data: same storage, no autograd history, its own version counter. */
+  variableData(t: TensorHandle): TensorHandle;
+  /** From inside a backward hook: runs fn once the current backward pass has finished. */
+  queueBackwardCallback(fn: () => void): void;
+
   backward(roots: TensorHandle[], grads?: TensorHandle[], retainGraph?: boolean, inputs?: TensorHandle[]): void;
   /** torch::autograd::grad: gradients of outputs w.r.t. inputs, returned; undefined for an unused input. */
   autogradGrad(outputs: TensorHandle[], inputs: TensorHandle[], gradOutputs?: TensorHandle[], retainGraph?: boolean, allowUnused?: boolean): (TensorHandle | undefined)[];
@@ -84,6 +97,10 @@ export interface Native {
   removeAccumulateGradHook(id: number): void;
 
   createTCPStore(host: string, port: number, worldSize: number, isServer: boolean, timeoutMs: number): StoreHandle;
+  /** A client of flotilla's own store (src/distributed/store_server.ts); prove answers its nonce. */
+  createSocketStore(host: string, port: number, timeoutMs: number, maxFrameBytes: number, prove: (nonce: Buffer) => Buffer): StoreHandle;
+  /** c10d's FileStore: rendezvous through a file, for ranks on one host. */
+  createFileStore(path: string, worldSize: number, timeoutMs: number): StoreHandle;
   createPrefixStore(prefix: string, base: StoreHandle): StoreHandle;
   createGlooGroup(
     store: StoreHandle, rank: number, size: number, timeoutMs: number,

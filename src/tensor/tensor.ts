@@ -122,8 +122,14 @@ export class Tensor {
   get gradFn(): string | undefined {
     return native.gradFnName(this.handle);
   }
+  /**
+   * When set, reading .grad throws this message: a parallel wrapper that shards the gradient sets
+   * it, so a caller never reads a partial or freed gradient (see [Note: gradient API]).
+   */
+  gradAccessError: string | undefined;
   /** The accumulated gradient (a new handle onto the same storage), or undefined. */
   get grad(): Tensor | undefined {
+    if (this.gradAccessError !== undefined) throw new Error(this.gradAccessError);
     const g = native.getGrad(this.handle);
     return g === undefined ? undefined : new Tensor(g);
   }
@@ -136,6 +142,20 @@ export class Tensor {
   }
   detach(): Tensor {
     return run('detach', this);
+  }
+  // ---- storage (sharded parameters: see src/parallel/flat_buffer.ts)
+  /** Resizes the whole underlying storage to nbytes: 0 frees it while views keep their shapes. */
+  resizeStorage_(nbytes: number): this {
+    native.resizeStorage(this.handle, nbytes);
+    return this;
+  }
+  /** Bytes the underlying storage holds now (0 when freed). */
+  storageNbytes(): number {
+    return native.storageNbytes(this.handle);
+  }
+  /** PyTorch's .data: the same storage without autograd history and with its own version counter. */
+  variableData(): Tensor {
+    return new Tensor(native.variableData(this.handle));
   }
   /** Calls fn(grad) when this tensor's gradient is computed; fn may return a replacement. */
   registerHook(fn: (grad: Tensor) => Tensor | void): () => void {
