@@ -1,12 +1,13 @@
 // Process groups: the world (from the launch contract in env.ts) and sub-groups of it, on c10d Gloo.
 //
-// Rendezvous: rank 0 runs the TCPStore server at MASTER_ADDR:MASTER_PORT; every rank (rank 0
-// included) is a client of it. Each group meets under its own key prefix of that one store: the
+// Rendezvous: through the store store.ts opens (a private FileStore when `flotilla run` starts every
+// rank on one host; otherwise flotilla's own store, which rank 0 serves on MASTER_ADDR:MASTER_PORT
+// and which admits only ranks that know the job secret). Each group meets under its own key prefix of that one store: the
 // world under "world/", the n-th newGroup() call under "group/<n>/". That is why newGroup() must be
 // called by every rank in the same order, members or not: the call count names the prefix.
 //
-// Gloo's network device: for a loopback MASTER_ADDR (all ranks on one host) Gloo binds to that
-// address; otherwise to the interface its host name resolves to. FLOTILLA_GLOO_IFACE (or PyTorch's
+// Gloo's network device: for a loopback MASTER_ADDR or a FileStore (all ranks on one host) Gloo binds
+// to the loopback address; otherwise to the interface its host name resolves to. FLOTILLA_GLOO_IFACE (or PyTorch's
 // GLOO_SOCKET_IFNAME) picks an interface, FLOTILLA_GLOO_HOSTNAME an address, overriding both.
 //
 // Timeout: every collective of a group fails (never hangs) once a peer has made no progress for the
@@ -19,8 +20,9 @@
 import { availableParallelism } from 'node:os';
 import { native, type GroupHandle, type StoreHandle } from '../tensor/native.js';
 import { setNumThreads, type Tensor } from '../tensor/index.js';
-import { readLaunchEnv, timeoutFromEnv, isLoopback, intVar, type LaunchEnv } from './env.js';
+import { readLaunchEnv, timeoutFromEnv, isLoopback, intVar, LaunchEnvError, type LaunchEnv } from './env.js';
 import * as C from './collectives.js';
+import { openStore, type RendezvousStore } from './store.js';
 import { Work, type ReduceOp, type GroupContext } from './collectives.js';
 
 export { Work, CollectiveError, CollectiveArgumentError, type ReduceOp } from './collectives.js';
@@ -131,8 +133,9 @@ export class ProcessGroup {
     return this.issue('barrier', (c) => C.barrier(c));
   }
 
-  /** @internal Makes every later call throw (destroyProcessGroup). */
+  /** @internal Makes every later call throw and frees the native group now (destroyProcessGroup). */
   destroy(): void {
+    this.ctx?.handle?.release();
     this.ctx = undefined;
   }
 
@@ -148,6 +151,7 @@ interface WorldState {
   world: ProcessGroup;
   env: LaunchEnv;
   store: StoreHandle | undefined;
+  rendezvous: RendezvousStore | undefined;
   deviceOpts: { hostname?: string; iface?: string };
   groupsCreated: number;
   groups: ProcessGroup[];
@@ -161,6 +165,7 @@ function glooDevice(env: LaunchEnv): { hostname?: string; iface?: string } {
   if (iface) return { iface };
   const hostname = e.FLOTILLA_GLOO_HOSTNAME?.trim();
   if (hostname) return { hostname };
+  if (e.FLOTILLA_STORE_FILE?.trim()) return { hostname: '127.0.0.1' };
   if (isLoopback(env.masterAddr)) return { hostname: env.masterAddr === 'localhost' ? '127.0.0.1' : env.masterAddr };
   return {};
 }
@@ -215,33 +220,67 @@ export function initProcessGroup(opts: { timeoutMs?: number; backend?: 'gloo' } 
 
   if (env.worldSize === 1) {
     const world = new ProcessGroup({ name: 'world', rank: 0, ranks, timeoutMs, handle: undefined });
-    state = { world, env, store: undefined, deviceOpts, groupsCreated: 0, groups: [world] };
+    state = { world, env, store: undefined, rendezvous: undefined, deviceOpts, groupsCreated: 0, groups: [world] };
     return world;
   }
 
-  const where = `${env.masterAddr}:${env.masterPort}`;
-  let store: StoreHandle;
-  try {
-    store = native.createTCPStore(env.masterAddr, env.masterPort, env.worldSize, env.rank === 0, timeoutMs);
-  } catch (e) {
-    const role = env.rank === 0 ? `could not serve the rendezvous store on ${where}` : `could not reach the rendezvous store at ${where} (rank 0 serves it)`;
-    const fix = env.rank === 0 ? 'is the port already in use? pick another MASTER_PORT' : 'check MASTER_ADDR/MASTER_PORT and that rank 0 started';
-    throw new Error(`rank ${env.rank}: ${role} within ${timeoutMs} ms: ${(e as Error).message} (${fix})`, { cause: e });
-  }
+  const rendezvous = openStore(env, timeoutMs);
+  const store = rendezvous.handle;
+  const where = rendezvous.kind === 'file' ? rendezvous.where : `${env.masterAddr}:${env.masterPort}`;
   let handle: GroupHandle;
   try {
-    handle = native.createGlooGroup(native.createPrefixStore('world/', store), env.rank, env.worldSize, timeoutMs, deviceOpts);
+    claimRank(store, env);
+    const worldStore = native.createPrefixStore('world/', store);
+    try {
+      handle = native.createGlooGroup(worldStore, env.rank, env.worldSize, timeoutMs, deviceOpts);
+    } finally {
+      worldStore.release(); // the group holds its own reference
+    }
   } catch (e) {
+    const why = (e as Error).name === 'LaunchEnvError' ? '' : missingRanks(store, env);
+    rendezvous.close();
+    if ((e as Error).name === 'LaunchEnvError') throw e;
     throw new Error(
       `rank ${env.rank}: could not connect the world of ${env.worldSize} ranks through ${where} within ${timeoutMs} ms ` +
-        `(Gloo on ${describeDevice(deviceOpts)}): ${(e as Error).message}. Did every rank start with the same WORLD_SIZE/MASTER_PORT? ` +
+        `(Gloo on ${describeDevice(deviceOpts)}): ${(e as Error).message}.${why} Did every rank start with the same WORLD_SIZE/MASTER_PORT? ` +
         'Set FLOTILLA_GLOO_IFACE or FLOTILLA_GLOO_HOSTNAME if ranks cannot reach each other on that interface.',
       { cause: e },
     );
   }
   const world = new ProcessGroup({ name: 'world', rank: env.rank, ranks, timeoutMs, handle });
-  state = { world, env, store, deviceOpts, groupsCreated: 0, groups: [world] };
+  state = { world, env, store, rendezvous, deviceOpts, groupsCreated: 0, groups: [world] };
   return world;
+}
+
+/**
+ * Registers this process as its RANK in the store; a second process with the same RANK fails here,
+ * naming it, and leaves a mark the others name if they time out.
+ */
+function claimRank(store: StoreHandle, env: LaunchEnv): void {
+  if (store.add(`join/rank/${env.rank}`, 1) > 1) {
+    store.set(`join/duplicate/${env.rank}`, Buffer.from('1'));
+    throw new LaunchEnvError(
+      `RANK=${env.rank} was given to two processes of this job (this one joined second); every process needs its own RANK in 0..${env.worldSize - 1}`,
+    );
+  }
+}
+
+/** After a failed rendezvous: which ranks never joined, and which RANK was given twice. */
+function missingRanks(store: StoreHandle, env: LaunchEnv): string {
+  try {
+    const missing: number[] = [];
+    const dup: number[] = [];
+    for (let r = 0; r < env.worldSize; r++) {
+      if (!store.check([`join/rank/${r}`])) missing.push(r);
+      if (store.check([`join/duplicate/${r}`])) dup.push(r);
+    }
+    const parts = [];
+    if (dup.length > 0) parts.push(`RANK ${dup.join(', ')} was given to two processes`);
+    if (missing.length > 0) parts.push(`rank${missing.length > 1 ? 's' : ''} ${missing.join(', ')} never joined`);
+    return parts.length > 0 ? ` ${parts.join('; ')}.` : '';
+  } catch {
+    return '';
+  }
 }
 
 /** True once initProcessGroup() has run (and destroyProcessGroup() has not). */
@@ -291,6 +330,16 @@ export function newGroup(ranks: number[], opts: { timeoutMs?: number; name?: str
   }
 
   const store = native.createPrefixStore(`group/${id}/`, s.store);
+  try {
+    return joinGroup(store, s, world, label, id, sorted, rank, timeoutMs);
+  } finally {
+    store.release(); // the native group holds its own reference
+  }
+}
+
+function joinGroup(
+  store: StoreHandle, s: WorldState, world: ProcessGroup, label: string, id: number, sorted: number[], rank: number, timeoutMs: number,
+): ProcessGroup {
   // Every member checks that the group's lowest rank asked for the same ranks (a mismatch means
   // ranks called newGroup in different orders, which would otherwise hang or cross-wire groups).
   const spec = JSON.stringify(sorted);
@@ -320,11 +369,13 @@ export function newGroup(ranks: number[], opts: { timeoutMs?: number; name?: str
 
 /**
  * Forgets the world and every group made from it; using them afterwards throws. The native groups
- * and the store are released when garbage-collected. A new initProcessGroup() in the same process
- * needs a MASTER_PORT the old store no longer holds.
+ * (their threads, sockets and listeners) and the store (on rank 0 its server) are released at once,
+ * so a new initProcessGroup() in the same process may reuse MASTER_PORT.
  */
 export function destroyProcessGroup(): void {
   if (state === undefined) return;
-  for (const g of state.groups) g.destroy();
+  const s = state;
   state = undefined;
+  for (const g of s.groups) g.destroy();
+  s.rendezvous?.close();
 }
