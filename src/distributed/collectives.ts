@@ -20,6 +20,7 @@
 import { native, type GroupHandle, type WorkHandle, type NativeReduceOp } from '../tensor/native.js';
 import { Tensor, keep, empty, type DType, isFloating } from '../tensor/index.js';
 import { dtypeCode, dtypeFromCode } from '../tensor/dtype.js';
+import { tellLauncher } from './launcher_channel.js';
 
 export type ReduceOp = 'sum' | 'avg' | 'max' | 'min' | 'product';
 export const REDUCE_OPS: readonly ReduceOp[] = ['sum', 'avg', 'max', 'min', 'product'];
@@ -177,7 +178,10 @@ export class Work {
   private fail(e: unknown): void {
     this.state = 'failed';
     let detail = messageOf(e);
-    if (/Operation timed out|Timed out/i.test(detail)) detail = `timed out (process-group timeout ${this.ctx.timeoutMs} ms): ${detail}`;
+    if (/Operation timed out|Timed out/i.test(detail)) {
+      detail = `timed out (process-group timeout ${this.ctx.timeoutMs} ms): ${detail}`;
+      tellLauncher({ event: 'timeout', op: this.op, group: this.ctx.name }); // so it names the rank waited for
+    }
     this.error = new CollectiveError(this.op, this.ctx, detail, e);
     this.temps?.dispose();
   }

@@ -11,6 +11,22 @@
 // one kills them). When a rank exits non-zero or is killed, the others are stopped (SIGTERM, then
 // SIGKILL after a grace period) and the launcher reports the rank and its exit code or signal.
 //
+// Rendezvous: on one node every rank meets through a FileStore in a fresh directory only this user
+// can enter (FLOTILLA_STORE_FILE, a new file per attempt; the directory is removed when the launcher
+// ends), and Gloo binds to loopback: the job listens on no interface but loopback. With several
+// nodes, rank 0 serves flotilla's store on --master-addr only, and every rank must prove it knows
+// FLOTILLA_JOB_SECRET, which the launcher passes on from its own environment (set the same value on
+// every node; it is required unless --master-addr is a loopback address). See src/distributed/store.ts.
+//
+// Ranks end with their launcher: each is started under `setpriv --pdeathsig TERM` where setpriv
+// exists (so even a rank that never reaches initProcessGroup gets SIGTERM when the launcher dies),
+// and the launcher ends its ranks when its own parent goes away (e.g. a killed `npx flotilla` wrapper).
+//
+// Stalls: a rank whose collective times out tells the launcher so on an extra pipe (fd 3,
+// FLOTILLA_STATUS_FD; see launcher_channel.ts). When the failures are all such timeouts, the launcher
+// waits a moment for the others to time out too and names the rank(s) still running that never timed
+// out (the one everybody waited for), not the first rank that gave up.
+//
 // Ports: on one node without --master-port each attempt picks a free port (so a restarted group
 // never meets a store left over from the one it replaces). With --master-port on one node every
 // attempt reuses it (the old ranks are all gone by then). With several nodes, which cannot agree on a
@@ -18,10 +34,13 @@
 // restarts its ranks when they fail, and a failure on one node makes the ranks on the others fail
 // within the process-group timeout, so all nodes restart together.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { constants as osConstants } from 'node:os';
+import { accessSync, constants as fsConstants, mkdtempSync, rmSync } from 'node:fs';
+import { constants as osConstants, tmpdir } from 'node:os';
 import { createServer } from 'node:net';
+import { delimiter, join } from 'node:path';
 import { createInterface } from 'node:readline';
-import { DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT } from './env.js';
+import type { Readable } from 'node:stream';
+import { DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, isLoopback } from './env.js';
 
 export const RUN_USAGE = `usage: flotilla run --nproc N [options] script.ts [script args...]
 
@@ -149,11 +168,42 @@ export interface LauncherIO {
 
 type Outcome =
   | { kind: 'ok' }
-  | { kind: 'failed'; rank: number; code: number | null; signal: NodeJS.Signals | null }
+  | { kind: 'failed'; rank: number; code: number | null; signal: NodeJS.Signals | null; stalled?: { ranks: number[]; timedOut: number[] } }
   | { kind: 'interrupted'; signal: NodeJS.Signals };
 
 function describeExit(code: number | null, signal: NodeJS.Signals | null): string {
   return signal ? `was killed by ${signal}` : `exited with code ${code}`;
+}
+
+function plural(n: number, word: string): string {
+  return `${word}${n > 1 ? 's' : ''}`;
+}
+
+/** What the final line says about a failure. */
+function describeFailure(f: Extract<Outcome, { kind: 'failed' }>): string {
+  if (f.stalled) {
+    const { ranks, timedOut } = f.stalled;
+    return `${plural(ranks.length, 'rank')} ${ranks.join(', ')} stalled: ${plural(timedOut.length, 'rank')} ${timedOut.join(', ')} timed out waiting in a collective`;
+  }
+  return `rank ${f.rank} ${describeExit(f.code, f.signal)}`;
+}
+
+/** How long, after the first rank times out, the launcher waits for the others to time out too. */
+const STALL_WINDOW_MS = 3000;
+
+/** setpriv's path when it is on PATH (util-linux): ranks start under it with a parent-death signal. */
+function findSetpriv(): string | undefined {
+  if (process.platform !== 'linux') return undefined;
+  for (const dir of (process.env.PATH ?? '/usr/bin:/bin').split(delimiter)) {
+    const p = join(dir, 'setpriv');
+    try {
+      accessSync(p, fsConstants.X_OK);
+      return p;
+    } catch {
+      // not here
+    }
+  }
+  return undefined;
 }
 
 function signalCode(signal: NodeJS.Signals): number {
@@ -161,9 +211,14 @@ function signalCode(signal: NodeJS.Signals): number {
 }
 
 /** Runs one attempt: every local rank, until all have exited. */
-function runGroup(o: RunOptions, attempt: number, port: number, io: Required<LauncherIO>): Promise<Outcome> {
+function runGroup(o: RunOptions, attempt: number, port: number, io: Required<LauncherIO>, storeDir: string | undefined): Promise<Outcome> {
   const worldSize = o.nnodes * o.nproc;
-  const [cmd, baseArgs] = commandFor(o.script, o.scriptArgs);
+  let [cmd, baseArgs] = commandFor(o.script, o.scriptArgs);
+  const setpriv = findSetpriv();
+  if (setpriv !== undefined) [cmd, baseArgs] = [setpriv, ['--pdeathsig', 'TERM', '--', cmd, ...baseArgs]];
+  const timedOut = new Set<number>(); // ranks that reported a collective timeout
+  let stallTimer: NodeJS.Timeout | undefined;
+  let firstTimeout: { rank: number; code: number | null; signal: NodeJS.Signals | null } | undefined;
   const children: (ChildProcess | undefined)[] = [];
   const running = new Set<number>();
   let outcome: Outcome = { kind: 'ok' };
@@ -180,6 +235,23 @@ function runGroup(o: RunOptions, attempt: number, port: number, io: Required<Lau
       }, io.graceMs);
       killTimer.unref();
     }
+  };
+
+  const decideStall = (): void => {
+    if (stallTimer) clearTimeout(stallTimer);
+    stallTimer = undefined;
+    if (firstTimeout === undefined || stopping) return;
+    stopping = true;
+    const suspects = [...running].filter((r) => !timedOut.has(r)).sort((a, b) => a - b);
+    const gaveUp = [...timedOut].sort((a, b) => a - b);
+    const f = firstTimeout;
+    outcome = suspects.length > 0
+      ? { kind: 'failed', rank: suspects[0]!, code: f.code, signal: f.signal, stalled: { ranks: suspects, timedOut: gaveUp } }
+      : { kind: 'failed', rank: f.rank, code: f.code, signal: f.signal };
+    say(suspects.length > 0
+      ? `${describeFailure(outcome)}; stopping the other ${running.size} ${plural(running.size, 'rank')}`
+      : `rank ${f.rank} timed out waiting in a collective; no rank on this node is left to blame (a rank on another node may have stalled)`);
+    stopAll('SIGTERM');
   };
 
   const onSignal = (signal: NodeJS.Signals): void => {
@@ -208,14 +280,23 @@ function runGroup(o: RunOptions, attempt: number, port: number, io: Required<Lau
         GROUP_RANK: String(o.nodeRank), MASTER_ADDR: o.masterAddr, MASTER_PORT: String(port),
         FLOTILLA_RESTART_COUNT: String(attempt), FLOTILLA_MAX_RESTARTS: String(o.maxRestarts),
         FLOTILLA_LAUNCHER_PID: String(process.pid),
+        FLOTILLA_STATUS_FD: '3',
+        ...(storeDir !== undefined ? { FLOTILLA_STORE_FILE: join(storeDir, `store.${attempt}`) } : {}),
         FLOTILLA_LAUNCHER_TTY: process.stdout.isTTY ? '1' : '0', // rank 0 may draw a progress bar on it
       };
-      const child = spawn(cmd, baseArgs, { env, stdio: ['ignore', 'pipe', 'pipe'] });
+      const child = spawn(cmd, baseArgs, { env, stdio: ['ignore', 'pipe', 'pipe', 'pipe'] });
       children[local] = child;
       running.add(rank);
       const prefix = `[rank ${rank}] `;
       createInterface({ input: child.stdout!, crlfDelay: Infinity }).on('line', (l) => void io.stdout.write(`${prefix}${l}\n`));
       createInterface({ input: child.stderr!, crlfDelay: Infinity }).on('line', (l) => void io.stderr.write(`${prefix}${l}\n`));
+      createInterface({ input: child.stdio[3] as Readable, crlfDelay: Infinity }).on('line', (l) => {
+        try {
+          if ((JSON.parse(l) as { event?: string }).event === 'timeout') timedOut.add(rank);
+        } catch {
+          // not a status line
+        }
+      });
       let startError: string | undefined;
       child.on('error', (e) => {
         startError = e.message;
@@ -226,6 +307,14 @@ function runGroup(o: RunOptions, attempt: number, port: number, io: Required<Lau
         exited = true;
         running.delete(rank);
         if ((code !== 0 || signal !== null) && !stopping) {
+          if (startError === undefined && timedOut.has(rank)) {
+            // It gave up waiting for a peer: the cause is the rank it waited for. Give the others
+            // a moment to time out as well, then name the one(s) still running that did not.
+            firstTimeout ??= { rank, code, signal };
+            stallTimer ??= setTimeout(decideStall, STALL_WINDOW_MS);
+            if ([...running].every((r) => timedOut.has(r))) decideStall();
+            return;
+          }
           stopping = true;
           if (startError !== undefined) code = 127;
           outcome = { kind: 'failed', rank, code, signal };
@@ -234,14 +323,18 @@ function runGroup(o: RunOptions, attempt: number, port: number, io: Required<Lau
           say(`rank ${rank} ${what}${others > 0 ? `; stopping the other ${others} rank${others > 1 ? 's' : ''}` : ''}`);
           stopAll('SIGTERM');
         }
+        if (stopping || running.size === 0) decideStall();
       };
-      child.on('exit', onExit);
+      // The decision waits for 'close' (the status pipe is drained by then), or 1 s after 'exit'
+      // when something else holds the rank's pipes open.
+      child.on('exit', (code, signal) => void setTimeout(() => onExit(code, signal), 1000).unref());
       child.on('close', (code, signal) => {
         // A rank that could not start has 'error' and 'close' but no 'exit'.
         onExit(code, signal);
         running.delete(rank);
         if (--left === 0) {
           if (killTimer) clearTimeout(killTimer);
+          if (stallTimer) clearTimeout(stallTimer);
           if (io.handleSignals) {
             process.off('SIGINT', onSignal);
             process.off('SIGTERM', onSignal);
@@ -280,7 +373,35 @@ export async function runLauncher(argv: readonly string[], ioOpts: LauncherIO = 
     return 2;
   }
   const say = (msg: string): void => void io.stderr.write(`flotilla run: ${msg}\n`);
+  if (o.nnodes > 1 && !isLoopback(o.masterAddr) && !process.env.FLOTILLA_JOB_SECRET) {
+    io.stderr.write(
+      `flotilla run: --nnodes ${o.nnodes} with --master-addr ${o.masterAddr}: set FLOTILLA_JOB_SECRET to the same random value on every node ` +
+        '(e.g. `export FLOTILLA_JOB_SECRET=$(openssl rand -hex 32)`, then copy it); the rendezvous store admits only ranks that know it\n',
+    );
+    return 2;
+  }
+  // One node: rendezvous through files in a directory only this user can enter (mkdtemp makes it 0700).
+  const storeDir = o.nnodes === 1 ? mkdtempSync(join(tmpdir(), 'flotilla-')) : undefined;
+  const parent = process.ppid;
+  const watchParent = io.handleSignals
+    ? setInterval(() => {
+      if (process.ppid === parent) return;
+      say(`the launcher's parent (pid ${parent}) is gone; stopping the ranks`);
+      clearInterval(watchParent);
+      process.kill(process.pid, 'SIGTERM'); // handled like a SIGTERM from the user
+    }, 500)
+    : undefined;
+  watchParent?.unref();
+  try {
+    return await attempts(o, io, storeDir);
+  } finally {
+    if (watchParent) clearInterval(watchParent);
+    if (storeDir !== undefined) rmSync(storeDir, { recursive: true, force: true });
+  }
+}
 
+async function attempts(o: RunOptions, io: Required<LauncherIO>, storeDir: string | undefined): Promise<number> {
+  const say = (msg: string): void => void io.stderr.write(`flotilla run: ${msg}\n`);
   for (let attempt = 0; ; attempt++) {
     let port: number;
     if (o.nnodes > 1) port = (o.masterPort ?? DEFAULT_MASTER_PORT) + attempt;
@@ -293,10 +414,10 @@ export async function runLauncher(argv: readonly string[], ioOpts: LauncherIO = 
         return 1;
       }
     }
-    const outcome = await runGroup(o, attempt, port, io);
+    const outcome = await runGroup(o, attempt, port, io, storeDir);
     if (outcome.kind === 'ok') return 0;
     if (outcome.kind === 'interrupted') return signalCode(outcome.signal);
-    const what = `rank ${outcome.rank} ${describeExit(outcome.code, outcome.signal)}`;
+    const what = describeFailure(outcome);
     if (attempt < o.maxRestarts) {
       say(`${what}; restarting all ${o.nproc} local rank${o.nproc > 1 ? 's' : ''} (restart ${attempt + 1} of ${o.maxRestarts})`);
       continue;

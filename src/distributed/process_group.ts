@@ -23,6 +23,7 @@ import { setNumThreads, type Tensor } from '../tensor/index.js';
 import { readLaunchEnv, timeoutFromEnv, isLoopback, intVar, LaunchEnvError, type LaunchEnv } from './env.js';
 import * as C from './collectives.js';
 import { openStore, type RendezvousStore } from './store.js';
+import { tellLauncher } from './launcher_channel.js';
 import { Work, type ReduceOp, type GroupContext } from './collectives.js';
 
 export { Work, CollectiveError, CollectiveArgumentError, type ReduceOp } from './collectives.js';
@@ -238,6 +239,7 @@ export function initProcessGroup(opts: { timeoutMs?: number; backend?: 'gloo' } 
     }
   } catch (e) {
     const why = (e as Error).name === 'LaunchEnvError' ? '' : missingRanks(store, env);
+    if (/timed out/i.test((e as Error).message)) tellLauncher({ event: 'timeout', op: 'initProcessGroup', group: 'world' });
     rendezvous.close();
     if ((e as Error).name === 'LaunchEnvError') throw e;
     throw new Error(
