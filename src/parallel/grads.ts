@@ -2,7 +2,7 @@
 // full gradient (a collective when it is sharded), its local shard with offsets, and the global
 // norm. Every mode implements GradientSource over the flat buffer of grad_buffer.ts; nobody keeps
 // a private gradient store.
-import { Tensor, noGrad, tidy, zeros } from '../tensor/index.js';
+import { Tensor, noGrad, tidy, tensor } from '../tensor/index.js';
 import type { Module } from '../nn/module.js';
 import type { ProcessGroup } from '../distributed/process_group.js';
 
@@ -15,6 +15,22 @@ export interface GradShard {
   fullNumel: number;
 }
 
+/**
+ * A contiguous range of elements the optimizer updates on this rank: a flat slice of parameter
+ * values and the matching gradient slice, covering pieces of one or more parameters. A sharded
+ * optimizer is the same optimizer handed smaller pieces.
+ */
+export interface StepPiece {
+  /** Stable name of the range (optimizer state is kept per piece and saved per parameter). */
+  key: string;
+  data: Tensor;
+  grad: Tensor;
+  /** The parameters the range covers: `numel` elements at `start` in the piece are elements `paramOffset`.. of the flattened parameter. */
+  segments: { param: Tensor; name: string; start: number; numel: number; paramOffset: number }[];
+  /** True when the piece is this rank's shard of a parameter bucket (state covers only it). */
+  owned: boolean;
+}
+
 export interface GradientSource {
   /** The parameter's whole gradient, shaped like it (gathers when sharded). */
   fullGrad(param: Tensor): Tensor;
@@ -25,6 +41,20 @@ export interface GradientSource {
    * sumOver, counts each gradient element of the model exactly once.
    */
   normPieces(): { tensors: Tensor[]; sumOver: ProcessGroup[] };
+  /**
+   * The gradient tensors clipping scales, when they are more than normPieces' tensors: a copy
+   * that is left out of the norm so it counts once (the last pipeline stage's copy of a tied
+   * embedding) must still be scaled. Default: normPieces().tensors.
+   */
+  clipTargets?(): Tensor[];
+  /** The flat ranges this rank's optimizer updates (default: each parameter and its .grad). */
+  stepPieces?(): StepPiece[];
+  /** Parameters that received a gradient on some rank this step; the optimizer skips the others. Undefined: all. */
+  usedParameters?(): ReadonlySet<Tensor> | undefined;
+  /** Called by the optimizer after it updated the pieces (sharded modes gather the new parameters). */
+  afterStep?(): void;
+  /** Zeroes the gradients this source holds (the optimizer's zeroGrad delegates here). */
+  zeroGrad?(): void;
 }
 
 /** Gradients of a plain single-process module (param.grad). */
@@ -51,27 +81,50 @@ export class LocalGrads implements GradientSource {
 
 /**
  * The norm of the whole model's gradient: sum |g|^p over local pieces, all-reduce SUM over every
- * group that splits the gradient, then ^(1/p); p = Infinity uses MAX. Computed in float64. Every
- * rank returns the same value (NaN/Inf included), so decisions taken on it agree everywhere.
+ * group that splits the gradient, then ^(1/p); p = Infinity uses MAX. Every rank returns the same
+ * value (NaN/Inf included), so decisions taken on it agree everywhere.
+ *
+ * [Note: norm precision] |g|^p is summed in float64: each piece is converted to float64 a chunk at
+ * a time before the reduction (libtorch's float32 norm of a long flat buffer loses ~1e-4 relative
+ * at millions of elements), and the per-chunk sums are added as float64 numbers. A NaN anywhere
+ * travels as a separate flag beside the value, because a MAX all-reduce may drop a NaN operand
+ * (comparisons with NaN are false): the result is NaN on every rank whenever any rank saw one.
  */
 export function gradNorm(src: GradientSource, p = 2): number {
   // tidy: pieces a source makes for the call (LocalGrads' .grad handles) are freed; buffer views stay.
   return tidy(() => normOf(src.normPieces(), p));
 }
 
+/** Elements converted to float64 at a time (8 MiB of float64). */
+const NORM_CHUNK = 1 << 20;
+
 function normOf({ tensors, sumOver }: { tensors: Tensor[]; sumOver: ProcessGroup[] }, p: number): number {
+  if (!(p > 0)) throw new Error(`gradNorm: norm type p must be > 0 (or Infinity), got ${p}`);
   const inf = p === Infinity;
-  const acc = zeros([1], { dtype: 'float64' });
+  let local = 0;
   noGrad(() => {
     for (const t of tensors) {
-      if (t.numel() === 0) continue;
-      const n = t.norm(p).to('float64');
-      if (inf) acc.copy_(acc.maximum(n.reshape(1)));
-      else acc.add_(n.pow(p).reshape(1));
+      const n = t.numel();
+      if (n === 0) continue;
+      const flat = t.reshape(-1);
+      for (let off = 0; off < n; off += NORM_CHUNK) {
+        tidy(() => {
+          const c = flat.narrow(0, off, Math.min(NORM_CHUNK, n - off)).to('float64').abs();
+          let v: number;
+          if (inf) v = c.max().item();
+          else if (p === 1) v = c.sum().item();
+          else if (p === 2) v = c.mul(c).sum().item();
+          else v = c.pow(p).sum().item();
+          local = inf ? (Number.isNaN(v) || Number.isNaN(local) ? NaN : Math.max(local, v)) : local + v;
+        });
+      }
     }
   });
+  const nan = Number.isNaN(local);
+  const acc = tensor([nan ? 0 : local, nan ? 1 : 0], { dtype: 'float64' });
   for (const g of sumOver) g.allReduce(acc, inf ? 'max' : 'sum').wait();
-  const total = acc.item();
+  const [total, nanFlag] = acc.toNumbers() as [number, number];
+  if (nanFlag > 0) return NaN;
   return inf ? total : total ** (1 / p);
 }
 
@@ -83,9 +136,14 @@ export interface ClipResult {
 }
 
 /**
- * Scales every gradient so the global norm is at most maxNorm (torch.nn.utils.clip_grad_norm_
- * semantics: coef = maxNorm / (norm + 1e-6), capped at 1). With errorIfNonfinite, a NaN/Inf norm
- * throws on every rank (they all computed the same norm).
+ * Scales every gradient so the global norm is at most maxNorm (torch.nn.utils.clip_grad_norm_'s
+ * coefficient: coef = maxNorm / (norm + 1e-6), capped at 1).
+ *
+ * Non-finite norm (NaN or Inf; every rank computed the same one, see [Note: norm precision]): with
+ * errorIfNonfinite, every rank throws; otherwise the gradients are left unchanged and the result
+ * says { norm: NaN or Inf, scale: 1 }, and the caller is expected to skip the optimizer step, which
+ * every rank then decides alike. This differs from PyTorch 1.13, which multiplies the gradients by
+ * the non-finite coefficient (turning them all into NaN).
  */
 export function clipGradNorm(src: GradientSource, maxNorm: number, opts: { p?: number; errorIfNonfinite?: boolean } = {}): ClipResult {
   if (!(maxNorm > 0)) throw new Error(`clipGradNorm: maxNorm must be > 0, got ${maxNorm}`);
@@ -98,8 +156,9 @@ export function clipGradNorm(src: GradientSource, maxNorm: number, opts: { p?: n
     }
     const coef = maxNorm / (norm + 1e-6);
     if (coef >= 1) return { norm, scale: 1 };
+    const targets = src.clipTargets ? src.clipTargets() : pieces.tensors;
     noGrad(() => {
-      for (const t of pieces.tensors) t.mul_(coef);
+      for (const t of targets) t.mul_(coef);
     });
     return { norm, scale: coef };
   });

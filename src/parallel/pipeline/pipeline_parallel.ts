@@ -1,0 +1,207 @@
+// PipelineParallel: a GPT split into pipeline stages over a pipeline group (optionally replicated
+// over a data-parallel group), run by a schedule table, with the gradient API of grads.ts.
+//
+//   const pp = new PipelineParallel(gptConfig, {
+//     pp: mesh.dim('pp').group,            // group rank = pipeline rank
+//     dp: mesh.dim('dp').group,            // optional: replicas of this pipeline to average over
+//     schedule: 'zb', virtualStages: 1, micro: 8, initSeed: 1234,
+//   });
+//   const opt = new AdamW(pp.parameters(), {...});        // this rank's stages only
+//   const { loss } = pp.step(microBatches);                // m x { x, y } (b, T) int64, same on every pp rank
+//   const { norm } = clipGradNorm(pp.grads, 1.0);           // the whole model's norm, same on every rank
+//   if (Number.isFinite(norm)) opt.step();                  // every rank decides alike
+//   opt.zeroGrad();
+//
+// step() runs this rank's action list (executor.ts), then finishes the gradients so that they equal
+// those of one process training the whole model on the whole global batch:
+//   1. tied embeddings (tieEmbeddings with pp > 1): the first stage's wte.weight and the last stage's
+//      head copy exchange gradients point-to-point over the pipeline group and both add the other's,
+//      so both hold the sum (the same bits: a + b = b + a); the norm counts the first stage's copy
+//      only, clipping scales both, and both take identical optimizer steps;
+//   2. data parallel: every local gradient is averaged over the dp group by one all-reduce of a
+//      flat float buffer (a plain averaged all-reduce composes with any schedule: DataParallel's
+//      backward hooks would fire once per micro-batch backward);
+//   3. the loss (mean over micro-batches and dp replicas) is all-reduced so every rank reports it.
+// With { sync: false } steps 1-2 are left for a later step (gradient accumulation across steps:
+// pass lossScale 1/(m * steps) to weigh them).
+//
+// Stateless helpers: planStages (the split), buildSchedule/validateSchedule (schedule.ts), and
+// stageNamedParameters() for mapping local parameters to their whole-model names (checkpoints).
+import { Tensor, cat, noGrad, tensor, tidy } from '../../tensor/index.js';
+import type { ProcessGroup } from '../../distributed/process_group.js';
+import type { GPTConfig } from '../../models/gpt.js';
+import type { GradShard, GradientSource } from '../grads.js';
+import { buildSchedule, validateSchedule, type PipelineSchedule, type ScheduleName } from './schedule.js';
+import { Stage, planStages, type PartCosts } from './stage.js';
+import { Executor, type MicroBatch } from './executor.js';
+
+export interface PipelineOptions {
+  /** The pipeline group; a rank's group rank is its pipeline rank. */
+  pp: ProcessGroup;
+  /** Optional data-parallel group: replicas of the same stages, gradients averaged over it. */
+  dp?: ProcessGroup;
+  schedule: ScheduleName;
+  /** Stages per rank ('interleaved' only; default 2 there, 1 otherwise). */
+  virtualStages?: number;
+  /** Micro-batches per step (m). */
+  micro: number;
+  /** Per-parameter init seed (GPTBuildOptions.initSeed): any split gets the whole model's weights. */
+  initSeed: number;
+  /** Measured cost per part (embeddings, blocks, head) to split by; default: even by block count. */
+  costs?: PartCosts;
+}
+
+export interface PipelineStepOptions {
+  /** Multiplies each micro-batch loss before backward (default 1/m). */
+  lossScale?: number;
+  /** Finish gradients (tied sum, dp average) after this step (default true). */
+  sync?: boolean;
+}
+
+/** Tag for the tied-embedding exchange (above every activation tag of a step). */
+const TIED_TAG = 0x40000000;
+
+export class PipelineParallel {
+  readonly schedule: PipelineSchedule;
+  readonly cfg: GPTConfig;
+  /** This rank's stages, by global stage index (ascending). */
+  readonly stages: Stage[];
+  readonly ppGroup: ProcessGroup;
+  readonly dpGroup: ProcessGroup | undefined;
+  readonly grads: PipelineGrads;
+  private readonly executor: Executor;
+
+  constructor(cfg: GPTConfig, opts: PipelineOptions) {
+    this.cfg = cfg;
+    this.ppGroup = opts.pp;
+    this.dpGroup = opts.dp && opts.dp.size > 1 ? opts.dp : undefined;
+    this.schedule = buildSchedule(opts.schedule, {
+      pp: opts.pp.size, micro: opts.micro,
+      virtualStages: opts.schedule === 'interleaved' ? (opts.virtualStages ?? 2) : opts.virtualStages,
+    });
+    validateSchedule(this.schedule);
+    const specs = planStages(cfg, this.schedule.numStages, opts.costs);
+    const rank = opts.pp.rank;
+    this.stages = this.schedule.stagesOf(rank).sort((a, b) => a - b)
+      .map((s) => new Stage(s, this.schedule.numStages, cfg, specs[s]!, opts.initSeed));
+    this.executor = new Executor({
+      schedule: this.schedule, rank, group: opts.pp, nEmbd: cfg.nEmbd,
+      stages: new Map(this.stages.map((st) => [st.index, st])),
+    });
+    this.grads = new PipelineGrads(this);
+  }
+
+  /** This rank's parameters (all its stages; the tied head copy included): give these to the optimizer. */
+  parameters(): Tensor[] {
+    return this.stages.flatMap((s) => s.params);
+  }
+
+  /** This rank's parameters under their whole-model names (the tied head copy as 'wte.weight'). */
+  stageNamedParameters(): [string, Tensor][] {
+    return this.stages.flatMap((s) => s.fullNamedParameters());
+  }
+
+  /** The first stage's embedding, when tied and this rank holds it (pp > 1). */
+  private tiedPair(): { mine: Tensor; peer: number } | undefined {
+    if (!this.cfg.tieEmbeddings || this.ppGroup.size === 1) return undefined;
+    const first = this.stages.find((s) => s.isFirst);
+    const last = this.stages.find((s) => s.isLast);
+    if (first && last) return undefined; // one rank holds both: the parameter is shared in-graph
+    if (first) return { mine: first.module.wte!.weight, peer: this.schedule.stageRank(this.schedule.numStages - 1) };
+    if (last) return { mine: last.tiedHeadCopy!, peer: this.schedule.stageRank(0) };
+    return undefined;
+  }
+
+  /**
+   * One step over m micro-batches: forward and backward by the schedule, then the gradient
+   * finish (see the file header). Returns the mean loss over the global batch, on every rank.
+   */
+  step(microBatches: MicroBatch[], opts: PipelineStepOptions = {}): { loss: number } {
+    const m = this.schedule.micro;
+    const lossScale = opts.lossScale ?? 1 / m;
+    const lossSum = this.executor.run(microBatches, lossScale);
+    if (opts.sync ?? true) this.syncGrads();
+    return tidy(() => {
+      const l = tensor([lossSum / m], { dtype: 'float64' });
+      if (this.ppGroup.size > 1) this.ppGroup.allReduce(l, 'sum').wait();
+      if (this.dpGroup) this.dpGroup.allReduce(l, 'avg').wait();
+      return { loss: l.item() };
+    });
+  }
+
+  /** Finishes gradients: tied copies summed, then every gradient averaged over dp. */
+  syncGrads(): void {
+    tidy(() => noGrad(() => {
+      const tied = this.tiedPair();
+      if (tied) {
+        const g = tied.mine.grad;
+        if (!g) throw new Error('pipeline: the tied embedding has no gradient (run step() first)');
+        const other = g.clone();
+        const send = this.ppGroup.send(g, tied.peer, TIED_TAG);
+        this.ppGroup.recv(other, tied.peer, TIED_TAG).wait();
+        send.wait();
+        g.add_(other);
+      }
+      if (this.dpGroup) {
+        const grads = this.parameters().map((p) => {
+          const g = p.grad;
+          if (!g) throw new Error('pipeline: a parameter has no gradient (run step() first)');
+          return g;
+        });
+        const flat = cat(grads.map((g) => g.reshape(-1)));
+        this.dpGroup.allReduce(flat, 'avg').wait();
+        let off = 0;
+        for (const g of grads) {
+          const n = g.numel();
+          g.copy_(flat.narrow(0, off, n).view(...g.shape));
+          off += n;
+        }
+      }
+    }));
+  }
+
+  dispose(): void {
+    this.executor.dispose();
+    for (const s of this.stages) s.dispose();
+  }
+}
+
+/**
+ * The gradient API over a pipeline rank's stages (see [Note: gradient API] in grads.ts): norm
+ * pieces are this rank's gradients, summed over the pipeline group; dp replicas are identical after
+ * syncGrads and count once; the last stage's tied head copy is left out of the norm (the first
+ * stage's copy holds the same sum) but is scaled by clipping (clipTargets).
+ */
+export class PipelineGrads implements GradientSource {
+  constructor(private readonly pp: PipelineParallel) {}
+
+  private local(param: Tensor): Tensor {
+    if (!this.pp.parameters().includes(param)) throw new Error('fullGrad: this parameter does not live on this pipeline rank');
+    const g = param.grad;
+    if (!g) throw new Error('parameter has no gradient yet (run step() first)');
+    return g;
+  }
+  fullGrad(param: Tensor): Tensor {
+    return this.local(param);
+  }
+  localGradShard(param: Tensor): GradShard {
+    const g = this.local(param).reshape(-1);
+    return { tensor: g, offset: 0, numel: g.numel(), fullNumel: g.numel() };
+  }
+  normPieces(): { tensors: Tensor[]; sumOver: ProcessGroup[] } {
+    const skip = this.pp.stages.find((s) => s.isLast && !s.isFirst)?.tiedHeadCopy;
+    const tensors: Tensor[] = [];
+    for (const p of this.pp.parameters()) {
+      if (p === skip) continue;
+      const g = p.grad;
+      if (g) tensors.push(g);
+    }
+    return { tensors, sumOver: this.pp.ppGroup.size > 1 ? [this.pp.ppGroup] : [] };
+  }
+  clipTargets(): Tensor[] {
+    return this.pp.parameters().flatMap((p) => {
+      const g = p.grad;
+      return g ? [g] : [];
+    });
+  }
+}
