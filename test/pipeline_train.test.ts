@@ -1,0 +1,82 @@
+// Pipeline parallel training on real ranks over loopback equals single-process training of the
+// whole model on the whole batch: every schedule (GPipe, 1F1B, interleaved with 2 virtual stages,
+// zero bubble) on 2 stages / 2 ranks and 4 stages / 4 ranks, pp=2 x dp=2, and tied embeddings
+// across the first and last stage. Several runs share one world launch to keep the suite fast.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync, readFileSync, existsSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { runWorld, describeWorld } from './helpers/world.js';
+import type { Run } from './fixtures/pipeline_rank.js';
+
+const script = 'test/fixtures/pipeline_rank.ts';
+const dir = mkdtempSync(join(tmpdir(), 'flotilla-pp-'));
+const SCHEDULES = [['gpipe', 1], ['1f1b', 1], ['interleaved', 2], ['zb', 1]] as const;
+
+function run(name: string, pp: number, dp: number, schedule: Run['schedule'], v: number, tie: boolean): Run {
+  return { name, pp, dp, schedule, v, tie, steps: 10, micro: 4, b: 2, nLayer: 8 };
+}
+
+interface Out { rank: number; losses: number[]; params: Record<string, number[]> }
+
+async function launch(nproc: number, runs: Run[]): Promise<void> {
+  const r = await runWorld({ nproc, script, args: [JSON.stringify({ mode: 'train', out: dir, runs })], timeoutMs: 120_000 });
+  assert.deepEqual(r.codes, new Array(nproc).fill(0), describeWorld(r));
+}
+
+function read(name: string, nproc: number): Out[] {
+  return Array.from({ length: nproc }, (_, r) => {
+    const f = join(dir, `${name}.${r}.json`);
+    assert.ok(existsSync(f), `rank ${r} wrote no result for ${name}`);
+    return JSON.parse(readFileSync(f, 'utf8')) as Out;
+  });
+}
+
+function maxRel(a: number[], b: number[]): number {
+  assert.equal(a.length, b.length);
+  let w = 0;
+  for (let i = 0; i < a.length; i++) w = Math.max(w, Math.abs(a[i]! - b[i]!) / Math.max(1e-3, Math.abs(b[i]!)));
+  return w;
+}
+
+/** Every rank's losses and parameters against the reference; every parameter held somewhere. */
+function compare(name: string, nproc: number, refName: string): void {
+  const ref = read(refName, 1)[0]!;
+  const outs = read(name, nproc);
+  const covered = new Set<string>();
+  for (const o of outs) {
+    const dl = maxRel(o.losses, ref.losses);
+    assert.ok(dl <= 1e-5, `${name}: rank ${o.rank} losses differ from single-process by ${dl} (${o.losses} vs ${ref.losses})`);
+    for (const [k, v] of Object.entries(o.params)) {
+      assert.ok(k in ref.params, `${name}: rank ${o.rank} holds ${k}, which the whole model does not have`);
+      const d = maxRel(v, ref.params[k]!);
+      assert.ok(d <= 1e-5, `${name}: rank ${o.rank} parameter ${k} differs from single-process by ${d}`);
+      covered.add(k);
+    }
+  }
+  const missing = Object.keys(ref.params).filter((k) => !covered.has(k));
+  assert.deepEqual(missing, [], `${name}: parameters no rank holds`);
+  // No rank builds the whole model: each holds a strict subset of its parameters.
+  for (const o of outs) assert.ok(Object.keys(o.params).length < Object.keys(ref.params).length, `${name}: rank ${o.rank} holds every parameter`);
+}
+
+const refs = launch(1, [run('ref', 0, 1, 'gpipe', 1, false), run('ref_tied', 0, 1, 'gpipe', 1, true), run('ref_dp2', 0, 2, 'gpipe', 1, false)]);
+
+test('2 stages on 2 ranks, every schedule, untied and tied embeddings: 10 steps equal single-process training', async () => {
+  const runs = SCHEDULES.flatMap(([s, v]) => [run(`pp2_${s}`, 2, 1, s, v, false), run(`pp2_tied_${s}`, 2, 1, s, v, true)]);
+  await Promise.all([refs, launch(2, runs)]);
+  for (const [s] of SCHEDULES) {
+    compare(`pp2_${s}`, 2, 'ref');
+    compare(`pp2_tied_${s}`, 2, 'ref_tied');
+  }
+});
+
+test('4 stages on 4 ranks and pp=2 x dp=2, every schedule: 10 steps equal single-process training', async () => {
+  const runs = SCHEDULES.flatMap(([s, v]) => [run(`pp4_${s}`, 4, 1, s, v, false), run(`pp2dp2_${s}`, 2, 2, s, v, false)]);
+  await Promise.all([refs, launch(4, runs)]);
+  for (const [s] of SCHEDULES) {
+    compare(`pp4_${s}`, 4, 'ref');
+    compare(`pp2dp2_${s}`, 4, 'ref_dp2');
+  }
+});
