@@ -1,0 +1,108 @@
+// Pipeline building blocks on one process: the stage split, GPT stages that chain to the whole
+// model, backward with `inputs` (weight-gradient kernels are skipped, not just discarded) and the
+// zero-bubble I/W split of a Linear's gradient.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { randn, randint, tidy, manualSeed, setNumThreads, setDefaultDtype, backward, grad, noGrad, type Tensor } from '../src/tensor/index.js';
+import { F } from '../src/nn/index.js';
+import { GPT, GPTStage, gptLoss } from '../src/models/gpt.js';
+import { planStages } from '../src/parallel/pipeline/stage.js';
+
+setNumThreads(1);
+setDefaultDtype('float64');
+
+test('planStages: even split by block count, embeddings first, head last; cost-based split balances', () => {
+  assert.deepEqual(planStages({ nLayer: 5 }, 2).map((s) => [s.layers, s.embed, s.head]), [[[0, 3], true, false], [[3, 5], false, true]]);
+  assert.deepEqual(planStages({ nLayer: 4 }, 4).map((s) => s.layers), [[0, 1], [1, 2], [2, 3], [3, 4]]);
+  assert.deepEqual(planStages({ nLayer: 3 }, 1), [{ layers: [0, 3], embed: true, head: true }]);
+  // A heavy head (cost 3) pushes blocks to the first stage: [emb 1 + 3 blocks] = 4 vs [1 block + head 3] = 4.
+  assert.deepEqual(planStages({ nLayer: 4 }, 2, [1, 1, 1, 1, 1, 3]).map((s) => s.layers), [[0, 3], [3, 4]]);
+  assert.deepEqual(planStages({ nLayer: 4 }, 2, [0, 1, 1, 1, 1, 0]).map((s) => s.layers), [[0, 2], [2, 4]]);
+  assert.throws(() => planStages({ nLayer: 2 }, 4), /4 stages need at least 4 blocks.*lower parallel\.pp/);
+  assert.throws(() => planStages({ nLayer: 4 }, 2, [1, 1]), /costs must hold 6/);
+});
+
+test('GPT stages hold only their parts, start with the whole model\'s weights and chain to its logits and loss', () => {
+  tidy(() => {
+    for (const tie of [false, true]) {
+      const cfg = { vocabSize: 32, blockSize: 8, nLayer: 3, nHead: 2, nEmbd: 8, dropout: 0, bias: true, tieEmbeddings: tie };
+      const whole = new GPT(cfg, { initSeed: 5 });
+      const specs = planStages(cfg, 2);
+      const stages = specs.map((s) => new GPTStage(cfg, s, { initSeed: 5 }));
+      const names0 = stages[0]!.namedParameters().map(([n]) => n);
+      const names1 = stages[1]!.namedParameters().map(([n]) => n);
+      assert.ok(names0.includes('wte.weight') && !names0.some((n) => n.startsWith('head') || n.startsWith('lnF')));
+      assert.ok(names0.includes('layers.1.attn.qkv.weight') && !names0.some((n) => n.startsWith('layers.2')));
+      assert.ok(names1.includes('layers.2.mlp.fc.weight') && names1.includes('lnF.weight') && !names1.includes('wpe.weight'));
+      assert.equal(names1.includes('head.weight'), true, 'the last stage holds the head (its own copy when tied)');
+      const wholeP = Object.fromEntries(whole.namedParameters());
+      for (const st of stages) {
+        for (const [n, p] of st.namedParameters()) {
+          const full = st.fullName(n);
+          assert.ok(full in wholeP, `${n} -> ${full}`);
+          assert.deepEqual(p.toNumbers(), wholeP[full]!.toNumbers(), `${full} starts equal`);
+        }
+      }
+      manualSeed(3);
+      const x = randint(0, 32, [2, 8]), y = randint(0, 32, [2, 8]);
+      const ref = whole.forward(x, y);
+      const logits = stages[1]!.call(stages[0]!.call(x));
+      assert.deepEqual(logits.toNumbers(), ref.logits.toNumbers());
+      assert.equal(gptLoss(logits, y).item(), ref.loss!.item());
+      for (const m of [whole, ...stages]) m.dispose();
+    }
+  });
+});
+
+test('backward with inputs skips the weight-gradient kernel; grad() returns gradients without accumulating', () => {
+  tidy(() => {
+    manualSeed(1);
+    const w = randn([4, 3]).requiresGrad_(), x = randn([5, 3]).requiresGrad_();
+    const wt = w.t(); // non-leaf: its hook fires only if the engine computes mm's weight-side gradient
+    let weightSideRan = false;
+    wt.registerHook(() => void (weightSideRan = true));
+    const y = x.mm(wt).square().sum();
+    backward([y], undefined, { inputs: [x] });
+    assert.equal(weightSideRan, false, 'the weight-gradient kernel ran');
+    assert.equal(w.grad, undefined);
+    assert.ok(x.grad, 'the input gradient accumulated');
+    const [gx, gw] = grad([x.mm(w.t()).square().sum()], [x, w]);
+    assert.ok(gx && gw);
+    assert.deepEqual(gx.toNumbers(), x.grad!.toNumbers());
+    assert.equal(w.grad, undefined, 'grad() does not accumulate');
+    assert.throws(() => backward([y], undefined, { inputs: [] }), /at least one tensor/);
+  });
+});
+
+test('zero-bubble split of a Linear: I (inputs = [x]) then W = dy^T x equals one full backward', () => {
+  tidy(() => {
+    manualSeed(2);
+    const w = randn([6, 4]).requiresGrad_(), b = randn([6]).requiresGrad_();
+    const x0 = randn([2, 3, 4]);
+    const full = (): { gx: Tensor; gw: Tensor; gb: Tensor } => {
+      const x = x0.clone().requiresGrad_();
+      F.linear(x, w, b).tanh().sum().backward();
+      const r = { gx: x.grad!, gw: w.grad!.clone(), gb: b.grad!.clone() };
+      w.grad = undefined;
+      b.grad = undefined;
+      return r;
+    };
+    const ref = full();
+    const x = x0.clone().requiresGrad_();
+    const out = F.linear(x, w, b);
+    let dy: Tensor | undefined;
+    out.registerHook((g) => void (dy = g));
+    backward([out.tanh().sum()], undefined, { inputs: [x] });
+    assert.equal(w.grad, undefined);
+    assert.ok(dy);
+    const gw = noGrad(() => dy!.reshape(-1, 6).t().mm(x.reshape(-1, 4)));
+    const gb = noGrad(() => dy!.reshape(-1, 6).sum(0));
+    const close = (a: Tensor, e: Tensor, what: string) => {
+      const d = a.sub(e).abs().max().item();
+      assert.ok(d <= 1e-12, `${what}: ${d}`);
+    };
+    close(x.grad!, ref.gx, 'input gradient');
+    close(gw, ref.gw, 'weight gradient');
+    close(gb, ref.gb, 'bias gradient');
+  });
+});
