@@ -1,5 +1,16 @@
-// Base optimizer: parameter groups, zeroGrad that keeps gradients allocated, state dicts.
-import { Tensor, noGrad, keep, tidy } from '../tensor/index.js';
+// Base optimizer: parameter groups, and a step over flat ranges.
+//
+// [Note: flat step] The optimizer updates StepPieces (src/parallel/grads.ts): contiguous ranges of
+// parameter values with their gradients. A gradient source (DataParallel in any mode) hands it one
+// piece per bucket, or per bucket shard when the optimizer state is sharded, so a step is a
+// handful of kernel calls per bucket and a sharded optimizer is the same optimizer on fewer
+// elements. Without a source, each parameter with a .grad is its own piece. Within a piece, the
+// segments that share hyper-parameters and update count are updated together ("runs"); a
+// parameter that received no gradient on any rank this step (the source says which) is skipped:
+// no decay, no moment update, no step count. State tensors are kept per piece and saved per
+// parameter by name.
+import { Tensor, noGrad, keep, tidy, tensor, cat, full } from '../tensor/index.js';
+import type { GradientSource, StepPiece } from '../parallel/grads.js';
 
 export interface ParamGroup<O> {
   params: Tensor[];
@@ -8,13 +19,46 @@ export interface ParamGroup<O> {
 
 export type ParamsArg<O> = Tensor[] | { params: Tensor[]; options?: Partial<O> }[];
 
+export interface OptimizerExtras {
+  /**
+   * Where gradients come from and which ranges this rank updates (a DataParallel wrapper under any
+   * ZeRO stage). Needed when gradients are sharded; optional otherwise.
+   */
+  grads?: GradientSource;
+}
+
+/** The part of a run an update sees: flat views of parameter values, gradient and state. */
+export interface UpdateRun {
+  param: Tensor;
+  grad: Tensor;
+  state: Record<string, Tensor>;
+  /** The update count of these parameters including this one (1 on their first update). */
+  step: number;
+  /** Weight decay: one number for the run, or a per-element tensor (float64) where it mixes groups. */
+  weightDecay: number | Tensor;
+}
+
+interface Run {
+  start: number;
+  numel: number;
+  group: number;
+  step: number;
+  params: Tensor[];
+  decays: number[];
+}
+
+export type OptimizerState = { step: number; state: Record<string, Record<string, Tensor>> };
+
 export abstract class Optimizer<O extends { lr: number }> {
   readonly groups: ParamGroup<O>[];
   stepCount = 0;
-  /** Per-parameter state tensors, created lazily on the first step. */
-  protected readonly state = new Map<Tensor, Record<string, Tensor>>();
+  protected readonly grads: GradientSource | undefined;
+  private readonly groupOf = new Map<Tensor, number>();
+  private readonly steps = new Map<Tensor, number>();
+  private readonly pieceState = new Map<string, Record<string, Tensor>>();
+  private readonly decayCache = new Map<string, Tensor>();
 
-  constructor(params: ParamsArg<O>, defaults: O) {
+  constructor(params: ParamsArg<O>, defaults: O, extras: OptimizerExtras = {}) {
     const list = params.length > 0 && params[0] instanceof Tensor
       ? [{ params: params as Tensor[] }]
       : (params as { params: Tensor[]; options?: Partial<O> }[]);
@@ -22,6 +66,8 @@ export abstract class Optimizer<O extends { lr: number }> {
     const all = this.groups.flatMap((g) => g.params);
     if (all.length === 0) throw new Error('optimizer got no parameters');
     if (new Set(all).size !== all.length) throw new Error('a parameter appears in more than one group');
+    this.groups.forEach((g, i) => g.params.forEach((p) => this.groupOf.set(p, i)));
+    this.grads = extras.grads;
   }
 
   /** Learning rate of every group (schedules set it each step). */
@@ -32,8 +78,9 @@ export abstract class Optimizer<O extends { lr: number }> {
     for (const g of this.groups) g.options.lr = v;
   }
 
-  /** Zeroes gradients in place: the tensors (possibly views of a flat buffer) stay allocated. */
+  /** Zeroes gradients in place: the tensors (views of a flat buffer) stay allocated. */
   zeroGrad(): void {
+    if (this.grads?.zeroGrad) return this.grads.zeroGrad();
     noGrad(() => {
       for (const g of this.groups) {
         for (const p of g.params) {
@@ -47,57 +94,188 @@ export abstract class Optimizer<O extends { lr: number }> {
     });
   }
 
+  /** One update of every piece this rank owns; then the source publishes the new parameters. */
   step(): void {
     this.stepCount++;
-    noGrad(() => {
-      for (const g of this.groups) {
-        for (const p of g.params) {
-          const grad = p.grad;
-          if (!grad) continue;
-          let st = this.state.get(p);
-          if (!st) {
-            st = this.initState(p);
-            for (const t of Object.values(st)) keep(t);
-            this.state.set(p, st);
+    tidy(() => {
+      const pieces = this.grads?.stepPieces ? this.grads.stepPieces() : this.localPieces();
+      const used = this.grads?.usedParameters?.();
+      const stepped = new Set<Tensor>();
+      noGrad(() => {
+        for (const piece of pieces) {
+          let state = this.pieceState.get(piece.key);
+          if (!state) {
+            state = this.initState(piece.data);
+            for (const t of Object.values(state)) keep(t);
+            this.pieceState.set(piece.key, state);
           }
-          const state = st;
-          tidy(() => this.update(p, grad, state, g.options));
-          grad.dispose();
+          for (const run of this.runsOf(piece, used)) {
+            const st = state;
+            tidy(() => {
+              const view = (t: Tensor) => t.narrow(0, run.start, run.numel);
+              const stateViews: Record<string, Tensor> = {};
+              for (const [k, t] of Object.entries(st)) stateViews[k] = view(t);
+              const uniform = run.decays.every((d) => d === run.decays[0]);
+              this.update({
+                param: view(piece.data), grad: view(piece.grad), state: stateViews, step: run.step,
+                weightDecay: uniform ? run.decays[0]! : this.decayTensor(piece, run),
+              }, this.groups[run.group]!.options);
+            });
+            for (const p of run.params) stepped.add(p);
+          }
+        }
+      });
+      for (const p of stepped) this.steps.set(p, (this.steps.get(p) ?? 0) + 1);
+    });
+    this.grads?.afterStep?.();
+  }
+
+  /** Each parameter with a .grad is a piece of its own (no gradient source). */
+  private localPieces(): StepPiece[] {
+    const out: StepPiece[] = [];
+    this.groups.flatMap((g) => g.params).forEach((p, i) => {
+      if (p.gradAccessError !== undefined) {
+        throw new Error(`optimizer: ${p.gradAccessError}. Build the optimizer with the wrapper as its gradient source: new AdamW(params, options, { grads: wrapper })`);
+      }
+      const g = p.grad;
+      if (!g) return;
+      const n = p.numel();
+      out.push({ key: `param${i}`, data: p.view(-1), grad: g.view(-1), segments: [{ param: p, name: String(i), start: 0, numel: n, paramOffset: 0 }], owned: false });
+    });
+    return out;
+  }
+
+  /** Consecutive segments with equal hyper-parameters and update counts, unused parameters left out. */
+  private runsOf(piece: StepPiece, used: ReadonlySet<Tensor> | undefined): Run[] {
+    const runs: Run[] = [];
+    let cur: Run | undefined;
+    for (const seg of piece.segments) {
+      const group = this.groupOf.get(seg.param);
+      if (group === undefined) continue; // not this optimizer's parameter (e.g. a frozen one)
+      if (used && !used.has(seg.param)) continue;
+      const o = this.groups[group]!.options;
+      const step = (this.steps.get(seg.param) ?? 0) + 1;
+      const decay = this.decayOf(o);
+      if (cur && cur.start + cur.numel === seg.start && cur.step === step && this.fusable(this.groups[cur.group]!.options, o)) {
+        cur.numel += seg.numel;
+        cur.params.push(seg.param);
+        cur.decays.push(decay);
+      } else {
+        cur = { start: seg.start, numel: seg.numel, group, step, params: [seg.param], decays: [decay] };
+        runs.push(cur);
+      }
+    }
+    return runs;
+  }
+
+  /** A per-element weight-decay tensor for a run that mixes groups (cached per range). */
+  private decayTensor(piece: StepPiece, run: Run): Tensor {
+    const key = `${piece.key}:${run.start}:${run.numel}:${run.decays.join(',')}`;
+    let t = this.decayCache.get(key);
+    if (!t) {
+      if (this.decayCache.size > 4096) {
+        for (const c of this.decayCache.values()) c.dispose();
+        this.decayCache.clear();
+      }
+      const end = run.start + run.numel;
+      const segs = piece.segments.filter((seg) => seg.start >= run.start && seg.start < end && run.params.includes(seg.param));
+      t = keep(tidy(() => cat(segs.map((seg, i) => full([seg.numel], run.decays[i]!, { dtype: 'float64' })))));
+      this.decayCache.set(key, t);
+    }
+    return t;
+  }
+
+  /** The weight decay of a group's options (0 when the optimizer has none). */
+  protected decayOf(o: O): number {
+    return (o as unknown as { weightDecay?: number }).weightDecay ?? 0;
+  }
+
+  /** Whether two groups' segments may be updated in one run (all options but weight decay equal, by default). */
+  protected fusable(a: O, b: O): boolean {
+    if (a === b) return true;
+    const strip = (o: O) => JSON.stringify({ ...o, weightDecay: undefined });
+    return strip(a) === strip(b);
+  }
+
+  protected abstract initState(flat: Tensor): Record<string, Tensor>;
+  protected abstract update(run: UpdateRun, o: O): void;
+
+  /**
+   * State by parameter name: each parameter's update count and the part of each state tensor this
+   * rank holds for it (flattened; `offset` says where it starts in the flattened parameter when the
+   * state is sharded). Names come from the gradient source, else the parameter's position.
+   */
+  stateDict(): OptimizerState {
+    const state: Record<string, Record<string, Tensor>> = {};
+    const pieces = this.grads?.stepPieces ? this.pieceList() : this.localPiecesQuiet();
+    for (const piece of pieces) {
+      const st = this.pieceState.get(piece.key);
+      if (!st) continue;
+      for (const seg of piece.segments) {
+        const entry: Record<string, Tensor> = { step: tensor([this.steps.get(seg.param) ?? 0], { dtype: 'float64' }) };
+        for (const [k, t] of Object.entries(st)) entry[k] = t.narrow(0, seg.start, seg.numel);
+        if (piece.owned) entry.offset = tensor([seg.paramOffset], { dtype: 'float64' });
+        state[seg.name] = entry;
+      }
+    }
+    return { step: this.stepCount, state };
+  }
+
+  /** Loads what stateDict() saved, into the same layout (same model, same parallel layout). */
+  loadStateDict(sd: OptimizerState): void {
+    const pieces = this.grads?.stepPieces ? this.pieceList() : this.localPiecesQuiet();
+    const known = new Set<string>();
+    noGrad(() => {
+      for (const piece of pieces) {
+        for (const seg of piece.segments) {
+          known.add(seg.name);
+          const entry = sd.state[seg.name];
+          if (!entry) continue;
+          let st = this.pieceState.get(piece.key);
+          if (!st) {
+            st = this.initState(piece.data);
+            for (const t of Object.values(st)) keep(t);
+            this.pieceState.set(piece.key, st);
+          }
+          for (const [k, t] of Object.entries(st)) {
+            const src = entry[k];
+            if (!src) continue;
+            if (src.numel() !== seg.numel) throw new Error(`optimizer state '${seg.name}.${k}' has ${src.numel()} elements, this rank holds ${seg.numel}; load it under the same parallel layout`);
+            t.narrow(0, seg.start, seg.numel).copy_(src.reshape(-1));
+          }
+          if (entry.step) this.steps.set(seg.param, entry.step.item());
         }
       }
     });
+    const unknown = Object.keys(sd.state).filter((k) => !known.has(k));
+    if (unknown.length > 0) throw new Error(`optimizer state names parameters this optimizer does not have: ${unknown.slice(0, 5).join(', ')}${unknown.length > 5 ? ', ...' : ''}`);
+    this.stepCount = sd.step;
   }
 
-  protected abstract initState(p: Tensor): Record<string, Tensor>;
-  protected abstract update(p: Tensor, grad: Tensor, state: Record<string, Tensor>, o: O): void;
+  // The source's pieces outside the gradient window (names and ranges only matter here).
+  private pieceList(): StepPiece[] {
+    const src = this.grads as GradientSource & { stepPieces(): StepPiece[]; pieceLayout?(): StepPiece[] };
+    return src.pieceLayout ? src.pieceLayout() : src.stepPieces();
+  }
 
-  /** State keyed by parameter position (group order, then parameter order). */
-  stateDict(): { step: number; state: Record<string, Record<string, Tensor>> } {
-    const state: Record<string, Record<string, Tensor>> = {};
-    this.groups.flatMap((g) => g.params).forEach((p, i) => {
-      const st = this.state.get(p);
-      if (st) state[String(i)] = st;
-    });
-    return { step: this.stepCount, state };
+  private localPiecesQuiet(): StepPiece[] {
+    return this.groups.flatMap((g) => g.params).map((p, i) => ({
+      key: `param${i}`, data: p, grad: p, segments: [{ param: p, name: String(i), start: 0, numel: p.numel(), paramOffset: 0 }], owned: false,
+    }));
+  }
+
+  /** Bytes of optimizer state this rank holds (resident). */
+  stateBytes(): number {
+    let n = 0;
+    for (const st of this.pieceState.values()) for (const t of Object.values(st)) n += t.storageNbytes();
+    return n;
   }
 
   /** Frees the optimizer state (moments, momentum buffers). */
   dispose(): void {
-    for (const st of this.state.values()) for (const t of Object.values(st)) t.dispose();
-    this.state.clear();
-  }
-
-  loadStateDict(sd: { step: number; state: Record<string, Record<string, Tensor>> }): void {
-    const params = this.groups.flatMap((g) => g.params);
-    noGrad(() => {
-      for (const [k, st] of Object.entries(sd.state)) {
-        const p = params[Number(k)];
-        if (!p) throw new Error(`optimizer state has parameter #${k}, this optimizer has ${params.length}`);
-        const own: Record<string, Tensor> = {};
-        for (const [n, t] of Object.entries(st)) own[n] = keep(t.clone());
-        this.state.set(p, own);
-      }
-    });
-    this.stepCount = sd.step;
+    for (const st of this.pieceState.values()) for (const t of Object.values(st)) t.dispose();
+    this.pieceState.clear();
+    for (const t of this.decayCache.values()) t.dispose();
+    this.decayCache.clear();
   }
 }

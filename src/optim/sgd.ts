@@ -1,6 +1,7 @@
-// SGD with momentum, dampening, Nesterov and L2 weight decay, as torch.optim.SGD computes it.
-import { Tensor, keep } from '../tensor/index.js';
-import { Optimizer, type ParamsArg } from './optimizer.js';
+// SGD with momentum, dampening, Nesterov and L2 weight decay, as torch.optim.SGD computes it,
+// over flat ranges ([Note: flat step] in optimizer.ts).
+import { Tensor, zerosLike } from '../tensor/index.js';
+import { Optimizer, type ParamsArg, type OptimizerExtras, type UpdateRun } from './optimizer.js';
 
 export interface SGDOptions {
   lr: number;
@@ -11,27 +12,30 @@ export interface SGDOptions {
 }
 
 export class SGD extends Optimizer<SGDOptions> {
-  constructor(params: ParamsArg<SGDOptions>, opts: Partial<SGDOptions> & { lr: number }) {
+  constructor(params: ParamsArg<SGDOptions>, opts: Partial<SGDOptions> & { lr: number }, extras: OptimizerExtras = {}) {
     const o: SGDOptions = { momentum: 0, dampening: 0, weightDecay: 0, nesterov: false, ...opts };
     if (o.nesterov && (o.momentum <= 0 || o.dampening !== 0)) throw new Error('SGD: nesterov needs momentum > 0 and dampening 0');
-    super(params, o);
+    super(params, o, extras);
   }
 
-  protected initState(): Record<string, Tensor> {
-    return {};
+  protected initState(flat: Tensor): Record<string, Tensor> {
+    return this.groups.some((g) => g.options.momentum !== 0) ? { momentumBuffer: zerosLike(flat) } : {};
   }
 
-  protected update(p: Tensor, g: Tensor, st: Record<string, Tensor>, o: SGDOptions): void {
-    let d = o.weightDecay !== 0 ? g.add(p, o.weightDecay) : g;
+  // Weight decay enters the gradient (L2), so ranges with different decay are updated apart.
+  protected override fusable(a: SGDOptions, b: SGDOptions): boolean {
+    return a === b || JSON.stringify(a) === JSON.stringify(b);
+  }
+
+  protected update({ param: p, grad: g, state, step, weightDecay }: UpdateRun, o: SGDOptions): void {
+    const wd = weightDecay as number;
+    let d = wd !== 0 ? g.add(p, wd) : g;
     if (o.momentum !== 0) {
-      const buf = st.momentumBuffer;
-      if (!buf) {
-        st.momentumBuffer = keep(d.clone());
-      } else {
-        buf.mul_(o.momentum).add_(d, 1 - o.dampening);
-      }
-      const b = st.momentumBuffer!;
-      d = o.nesterov ? d.add(b, o.momentum) : b;
+      const buf = state.momentumBuffer!;
+      // torch starts the buffer as a copy of the first gradient (no dampening on step 1).
+      if (step === 1) buf.copy_(d);
+      else buf.mul_(o.momentum).add_(d, 1 - o.dampening);
+      d = o.nesterov ? d.add(buf, o.momentum) : buf;
     }
     p.add_(d, -o.lr);
   }

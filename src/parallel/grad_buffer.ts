@@ -1,52 +1,70 @@
-// [Note: flat buffers] The one gradient store under every parallel feature.
+// [Note: flat buffers] The one parameter and gradient store under every parallel feature.
 //
-// Parameters of one dtype are laid out in a single contiguous parameter buffer and a matching
-// gradient buffer, in reverse registration order (about the order backward produces gradients),
-// cut into buckets of about `bucketBytes`. A parameter is never split across buckets. After
-// construction:
-//   - every parameter is a shaped view of the parameter buffer (its old storage is released), and
-//   - every `param.grad` is a zero-initialised view of the gradient buffer, assigned once, so
-//     autograd accumulates into the buffer in place and a gradient is never missing.
-// Each bucket is padded to a multiple of `padMultiple` elements so that it splits evenly into
-// `padMultiple` shards: data parallelism all-reduces a bucket, ZeRO reduce-scatters it and owns a
-// shard, FSDP also shards the parameter bucket, and clipping and the gradient API read the same
-// memory. Padding is zero and stays zero (nothing writes to it).
+// Layout. Parameters of one dtype are laid out end to end in reverse registration order (about
+// the order backward produces gradients) and cut into buckets: by size (about `bucketBytes`), or
+// one bucket per wrapping unit (ZeRO-3 gathers and frees a unit at a time). A parameter is never
+// split across buckets. Each bucket is padded to a multiple of the shard count, so it splits into
+// equal shards: shard k of a bucket is [k * shardNumel, (k + 1) * shardNumel) of it. Padding is
+// zero and stays zero (nothing writes to it).
+//
+// Storage. Every bucket owns two flat tensors of its padded size, `data` and `grad`; each parameter
+// is a shaped view of `data` (its old storage is released) and each `param.grad` is a view of
+// `grad`, assigned once, so autograd accumulates into the bucket in place and a gradient is never
+// missing. Sharded modes own, per bucket, this rank's shard of the gradient (`shardGrad`) and under
+// ZeRO-3 of the parameters (`shardData`), and free the full storages between uses: a freed storage
+// has 0 bytes while every view keeps its shape (Tensor.resizeStorage_), and it is re-allocated in
+// place, so views handed out earlier (param.grad, tensors autograd saved) see the new bytes.
+// DataParallel all-reduces `grad`; ZeRO reduce-scatters it into `shardGrad`; clipping, the gradient
+// API and the optimizer read the same memory through GradientSource (grads.ts).
 import { Tensor, zeros, noGrad, keep, elementSize, type DType } from '../tensor/index.js';
 
 export interface ParamSlot {
   readonly name: string;
   readonly param: Tensor;
   readonly shape: readonly number[];
-  /** Element offset of the parameter in the flat buffers. */
+  /** Element offset of the parameter in the layout (all buckets of the buffer end to end). */
   readonly offset: number;
   readonly numel: number;
   readonly bucket: Bucket;
 }
 
 export interface Bucket {
+  /** Index in the buffer; collectives over buckets are issued in this order on every rank. */
   readonly index: number;
-  /** Element range [offset, offset + numel) in the flat buffers; numel includes padding. */
+  /** Element range [offset, offset + numel) in the layout; numel includes padding. */
   readonly offset: number;
   readonly numel: number;
+  /** numel / shard count. */
+  readonly shardNumel: number;
   readonly slots: ParamSlot[];
-  /** Views of this bucket's range. */
-  readonly grad: Tensor;
+  /** The full parameter values (a flat tensor of numel; its storage may be freed under ZeRO-3). */
   readonly data: Tensor;
+  /** The full gradient (its storage may be freed under ZeRO-2/3 between backward passes). */
+  readonly grad: Tensor;
+  /** This rank's reduced gradient shard (sharded gradients only). */
+  shardGrad?: Tensor;
+  /** This rank's parameter shard, the values the optimizer updates (ZeRO-3 only). */
+  shardData?: Tensor;
 }
 
 export interface GradBufferOptions {
   /** Target bucket size in bytes (a bucket may exceed it to hold one large parameter). */
   bucketBytes?: number;
-  /** Pad each bucket to a multiple of this many elements (the shard count, for ZeRO/FSDP). */
+  /** Pad each bucket to a multiple of this many elements: the shard count (1 = no sharding). */
   padMultiple?: number;
+  /**
+   * One bucket per group instead of size-based buckets (ZeRO-3 wrapping units), in the order
+   * given; every parameter must appear in exactly one group.
+   */
+  groups?: [string, Tensor][][];
 }
 
-/** Flat parameter and gradient buffers for the parameters of one dtype. */
+/** Flat parameter and gradient buckets for the parameters of one dtype. */
 export class GradBuffer {
   readonly dtype: DType;
+  /** Total elements over all buckets (padding included). */
   readonly numel: number;
-  readonly data: Tensor;
-  readonly grad: Tensor;
+  readonly shards: number;
   readonly buckets: Bucket[] = [];
   readonly slots: ParamSlot[] = [];
 
@@ -58,86 +76,132 @@ export class GradBuffer {
       if (!p.isLeaf) throw new Error(`GradBuffer: parameter ${n} is not a leaf tensor`);
     }
     this.dtype = dtype;
-    const bucketBytes = opts.bucketBytes ?? 25 * 2 ** 20;
-    const pad = opts.padMultiple ?? 1;
-    const bucketElems = Math.max(1, Math.floor(bucketBytes / elementSize(dtype)));
+    const pad = (this.shards = opts.padMultiple ?? 1);
+    const plans = opts.groups ? planGroups(params, opts.groups) : planBySize(params, Math.max(1, Math.floor((opts.bucketBytes ?? 25 * 2 ** 20) / elementSize(dtype))));
 
-    // Plan: reverse registration order, fill buckets, never split a parameter.
-    type Plan = { members: { name: string; p: Tensor; numel: number; offset: number }[]; offset: number; numel: number };
-    const plans: Plan[] = [];
-    let cur: Plan | undefined;
     let offset = 0;
-    for (const [name, p] of [...params].reverse()) {
-      const n = p.numel();
-      if (cur && cur.numel > 0 && cur.numel + n > bucketElems) {
-        cur.numel = roundUp(cur.numel, pad);
-        offset = cur.offset + cur.numel;
-        cur = undefined;
-      }
-      if (!cur) {
-        cur = { members: [], offset, numel: 0 };
-        plans.push(cur);
-      }
-      cur.members.push({ name, p, numel: n, offset: cur.offset + cur.numel });
-      cur.numel += n;
-    }
-    cur!.numel = roundUp(cur!.numel, pad);
-    this.numel = cur!.offset + cur!.numel;
-
-    this.data = keep(zeros([this.numel], { dtype }));
-    this.grad = keep(zeros([this.numel], { dtype }));
     noGrad(() => {
-      for (const plan of plans) {
+      for (const members of plans) {
+        const used = members.reduce((a, [, p]) => a + p.numel(), 0);
+        const numel = Math.max(pad, roundUp(used, pad));
         const bucket: Bucket = {
           index: this.buckets.length,
-          offset: plan.offset,
-          numel: plan.numel,
+          offset,
+          numel,
+          shardNumel: numel / pad,
           slots: [],
-          grad: keep(this.grad.narrow(0, plan.offset, plan.numel)),
-          data: keep(this.data.narrow(0, plan.offset, plan.numel)),
+          data: keep(zeros([numel], { dtype })),
+          grad: keep(zeros([numel], { dtype })),
         };
-        for (const m of plan.members) {
-          const shape = m.p.shape;
-          const dataView = this.data.narrow(0, m.offset, m.numel).view(...shape);
-          dataView.copy_(m.p);
+        let at = 0;
+        for (const [name, p] of members) {
+          const shape = p.shape;
+          const n = p.numel();
+          const dataView = bucket.data.narrow(0, at, n).view(...shape);
+          dataView.copy_(p);
           // The parameter object stays the same leaf (optimizers and hooks keep their references);
-          // only its storage moves into the flat buffer.
-          m.p.set_(dataView);
+          // only its storage moves into the bucket.
+          p.set_(dataView);
           dataView.dispose();
-          const gradView = this.grad.narrow(0, m.offset, m.numel).view(...shape);
-          m.p.grad = gradView;
+          const gradView = bucket.grad.narrow(0, at, n).view(...shape);
+          p.grad = gradView;
           gradView.dispose();
-          const slot: ParamSlot = { name: m.name, param: m.p, shape, offset: m.offset, numel: m.numel, bucket };
+          const slot: ParamSlot = { name, param: p, shape, offset: offset + at, numel: n, bucket };
           bucket.slots.push(slot);
           this.slots.push(slot);
+          at += n;
         }
         this.buckets.push(bucket);
+        offset += numel;
       }
     });
+    this.numel = offset;
   }
 
-  /** Zeroes every gradient (one fill over the buffer; views stay assigned). */
+  /** Zeroes every allocated full gradient and every gradient shard (views stay assigned). */
   zeroGrad(): void {
-    noGrad(() => this.grad.zero_());
+    noGrad(() => {
+      for (const b of this.buckets) {
+        if (isAllocated(b.grad)) b.grad.zero_();
+        b.shardGrad?.zero_();
+      }
+    });
   }
 
   dispose(): void {
     for (const b of this.buckets) {
       b.grad.dispose();
       b.data.dispose();
+      b.shardGrad?.dispose();
+      b.shardData?.dispose();
     }
-    this.grad.dispose();
-    this.data.dispose();
   }
 }
 
-/** A view of a parameter's gradient in its bucket, shaped like the parameter. */
+/** A view of a parameter's full gradient in its bucket, shaped like the parameter. */
 export function gradView(slot: ParamSlot): Tensor {
   return slot.bucket.grad.narrow(0, slot.offset - slot.bucket.offset, slot.numel).view(...slot.shape);
 }
 
+/** The element range [start, end) of bucket shard k, relative to the bucket. */
+export function shardRange(bucket: Bucket, k: number): [number, number] {
+  return [k * bucket.shardNumel, (k + 1) * bucket.shardNumel];
+}
+
+/** Whether a flat bucket tensor currently has its bytes (false after freeStorage). */
+export function isAllocated(t: Tensor): boolean {
+  return t.storageNbytes() > 0;
+}
+
+/** Frees the bytes under a flat bucket tensor; every view keeps its shape. */
+export function freeStorage(t: Tensor): void {
+  if (isAllocated(t)) t.resizeStorage_(0);
+}
+
+/** Gives a freed flat bucket tensor its bytes back (zeroed when asked); a no-op when allocated. */
+export function allocStorage(t: Tensor, opts: { zero?: boolean } = {}): boolean {
+  if (isAllocated(t)) return false;
+  t.resizeStorage_(t.numel() * elementSize(t.dtype));
+  if (opts.zero) noGrad(() => t.variableData().zero_().dispose());
+  return true;
+}
+
 function roundUp(n: number, m: number): number {
   return Math.ceil(n / m) * m;
+}
+
+// Fill buckets in reverse registration order, never splitting a parameter.
+function planBySize(params: [string, Tensor][], bucketElems: number): [string, Tensor][][] {
+  const plans: [string, Tensor][][] = [];
+  let cur: [string, Tensor][] = [];
+  let curNumel = 0;
+  for (const e of [...params].reverse()) {
+    const n = e[1].numel();
+    if (cur.length > 0 && curNumel + n > bucketElems) {
+      plans.push(cur);
+      cur = [];
+      curNumel = 0;
+    }
+    cur.push(e);
+    curNumel += n;
+  }
+  if (cur.length > 0) plans.push(cur);
+  return plans;
+}
+
+function planGroups(params: [string, Tensor][], groups: [string, Tensor][][]): [string, Tensor][][] {
+  const wanted = new Set(params.map(([, p]) => p));
+  const seen = new Set<Tensor>();
+  for (const g of groups) {
+    for (const [n, p] of g) {
+      if (!wanted.has(p)) throw new Error(`GradBuffer: group member ${n} is not one of the buffer's parameters`);
+      if (seen.has(p)) throw new Error(`GradBuffer: parameter ${n} appears in two groups`);
+      seen.add(p);
+    }
+  }
+  const missing = params.filter(([, p]) => !seen.has(p)).map(([n]) => n);
+  if (missing.length > 0) throw new Error(`GradBuffer: parameters in no group: ${missing.join(', ')}`);
+  return groups.filter((g) => g.length > 0);
 }
 
 /** Splits named parameters by dtype into one GradBuffer each (registration order kept). */
@@ -148,5 +212,8 @@ export function buildGradBuffers(params: [string, Tensor][], opts: GradBufferOpt
     if (!byDtype.has(d)) byDtype.set(d, []);
     byDtype.get(d)!.push(e);
   }
-  return [...byDtype.values()].map((ps) => new GradBuffer(ps, opts));
+  return [...byDtype.values()].map((ps) => {
+    const groups = opts.groups?.map((g) => g.filter(([, p]) => ps.some(([, q]) => q === p)));
+    return new GradBuffer(ps, { ...opts, ...(groups ? { groups } : {}) });
+  });
 }

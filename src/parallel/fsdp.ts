@@ -1,0 +1,229 @@
+// ZeRO-3 / FSDP: parameters are sharded; each wrapping unit's full parameters exist only around its
+// forward and its backward.
+//
+// A unit is a module chosen by the unit policy (by default each transformer block, each embedding
+// and the output head) and owns the parameters of its subtree that no nested unit owns; the rest,
+// and any parameter two units share (a tied embedding and head), belong to the root unit. Each unit
+// is one bucket of the flat buffers (grad_buffer.ts), so gathering a unit is one all-gather of
+// every rank's shard into the bucket's full `data`, and freeing it releases the bucket's storage.
+//
+// [Note: unit lifecycle]
+//   pre-forward    gather the unit (waiting for a prefetch), prefetch the next unit in forward order
+//   post-forward   free the unit (reshardAfterForward), and hook the gradient of its outputs
+//   pre-backward   (that hook) gather the unit again, prefetch the next unit in backward order
+//   reduced        once its gradient bucket is launched, the unit is freed again
+//   end of step    the optimizer updated the shards: every gathered copy is stale and is freed
+// Orders are recorded on the first step; every rank records the same ones, so every rank issues
+// the same all-gathers in the same order. The root unit is gathered on first use in a step and
+// kept until the step ends. Writes into a gathered bucket go through the bucket tensor, never
+// through the parameter, so the version counters autograd checks on saved views do not move.
+import { Tensor, isGradEnabled } from '../tensor/index.js';
+import type { Module } from '../nn/module.js';
+import type { ProcessGroup, Work } from '../distributed/process_group.js';
+import { Block } from '../nn/transformer.js';
+import { Embedding } from '../nn/layers.js';
+import { allocStorage, freeStorage, type Bucket } from './grad_buffer.js';
+
+/** Whether a module (by dotted name) is a wrapping unit of its own. */
+export type UnitPolicy = (name: string, module: Module) => boolean;
+
+/** Transformer blocks, embeddings and the output head (a module named 'head'). */
+export const defaultUnitPolicy: UnitPolicy = (name, m) =>
+  m instanceof Block || m instanceof Embedding || name === 'head' || name.endsWith('.head');
+
+export interface UnitPlan {
+  /** Per unit, its parameters (the groups handed to the gradient buffer, one bucket each). */
+  groups: [string, Tensor][][];
+  /** Per group, the unit's module and name ('' is the root unit). */
+  units: { name: string; module: Module }[];
+}
+
+interface UnitState {
+  name: string;
+  module: Module;
+  bucket: Bucket;
+  isRoot: boolean;
+  state: 'free' | 'gathering' | 'ready';
+  work?: Work;
+  views?: Tensor[];
+}
+
+export class FsdpUnits {
+  private readonly units: UnitState[];
+  private readonly root: UnitState;
+  private readonly unitOfBucket = new Map<Bucket, UnitState>();
+  private readonly removers: (() => void)[] = [];
+  private forwardOrder: UnitState[] | undefined;
+  private backwardOrder: UnitState[] | undefined;
+  private recordingForward: UnitState[] = [];
+  private recordingBackward: UnitState[] = [];
+  private readonly backwardSeen = new Set<UnitState>();
+
+  /** Chooses the units and the parameter group (bucket) of each, in bucket order. */
+  static plan(model: Module, named: [string, Tensor][], policy: UnitPolicy = defaultUnitPolicy): UnitPlan {
+    const nameOf = new Map(named.map(([n, p]) => [p, n]));
+    const unitMods = model.namedModules().filter(([n, m]) => n !== '' && policy(n, m));
+    const owner = new Map<Tensor, number>(); // param -> index into unitMods, innermost wins
+    const shared = new Set<Tensor>();
+    unitMods.forEach(([n, m], i) => {
+      for (const [, p] of m.namedParameters()) {
+        if (!nameOf.has(p)) continue;
+        const prev = owner.get(p);
+        if (prev === undefined || n.startsWith(`${unitMods[prev]![0]}.`)) owner.set(p, i);
+        else if (!unitMods[i]![0].startsWith(`${unitMods[prev]![0]}.`) && !unitMods[prev]![0].startsWith(`${n}.`)) shared.add(p);
+      }
+    });
+    for (const p of shared) owner.delete(p); // used by two units: the root owns it
+    const groups: [string, Tensor][][] = [];
+    const units: { name: string; module: Module }[] = [];
+    // Reverse registration order: about the order backward reaches the units (the root last).
+    for (let i = unitMods.length - 1; i >= 0; i--) {
+      const g = named.filter(([, p]) => owner.get(p) === i);
+      if (g.length === 0) continue;
+      groups.push(g);
+      units.push({ name: unitMods[i]![0], module: unitMods[i]![1] });
+    }
+    const rest = named.filter(([, p]) => owner.get(p) === undefined);
+    if (rest.length > 0) {
+      groups.push(rest);
+      units.push({ name: '', module: model });
+    }
+    return { groups, units };
+  }
+
+  constructor(
+    model: Module,
+    plan: UnitPlan,
+    buckets: Bucket[],
+    private readonly group: ProcessGroup,
+    private readonly opts: { reshardAfterForward: boolean; prefetch: boolean; onMemoryChange: () => void },
+  ) {
+    if (buckets.length !== plan.units.length) throw new Error(`FSDP: ${plan.units.length} units but ${buckets.length} buckets (one dtype per unit is supported)`);
+    this.units = plan.units.map((u, i) => ({ ...u, bucket: buckets[i]!, isRoot: u.module === model, state: 'free' as const }));
+    for (const u of this.units) this.unitOfBucket.set(u.bucket, u);
+    this.root = this.units.find((u) => u.isRoot) ?? { name: '', module: model, bucket: undefined as unknown as Bucket, isRoot: true, state: 'ready' };
+    for (const u of this.units) {
+      if (u.isRoot) continue;
+      this.removers.push(u.module.registerForwardPreHook(() => this.preForward(u)));
+      this.removers.push(u.module.registerForwardHook((_m, _a, out) => this.postForward(u, out)));
+    }
+    // The root's parameters are gathered when the model is entered (or when a unit first runs).
+    this.removers.push(model.registerForwardPreHook(() => this.ensureRoot()));
+  }
+
+  private ensureRoot(): void {
+    if (this.root.bucket) this.gather(this.root);
+  }
+
+  private preForward(u: UnitState): void {
+    this.ensureRoot();
+    this.gather(u);
+    if (isGradEnabled() && !this.forwardOrder) this.recordingForward.push(u);
+    if (this.opts.prefetch && this.forwardOrder) this.prefetchAfter(u, this.forwardOrder);
+  }
+
+  private postForward(u: UnitState, out: unknown): void {
+    if (this.opts.reshardAfterForward) this.free(u);
+    if (!isGradEnabled()) return;
+    let hooked = false;
+    for (const t of tensorsIn(out)) {
+      if (!t.requiresGrad) continue;
+      hooked = true;
+      const remove = t.registerHook(() => {
+        this.preBackward(u);
+        return undefined;
+      });
+      void remove; // the hook lives as long as the output's graph
+    }
+    void hooked;
+  }
+
+  private preBackward(u: UnitState): void {
+    if (this.backwardSeen.has(u)) return;
+    this.backwardSeen.add(u);
+    if (!this.backwardOrder) this.recordingBackward.push(u);
+    this.gather(u);
+    if (this.opts.prefetch && this.backwardOrder) this.prefetchAfter(u, this.backwardOrder);
+  }
+
+  private prefetchAfter(u: UnitState, order: UnitState[]): void {
+    const i = order.indexOf(u);
+    const next = i >= 0 ? order[i + 1] : undefined;
+    if (next && next.state === 'free') this.issueGather(next);
+  }
+
+  private issueGather(u: UnitState): void {
+    const b = u.bucket;
+    if (allocStorage(b.data)) this.opts.onMemoryChange();
+    const views = Array.from({ length: this.group.size }, (_, k) => b.data.narrow(0, k * b.shardNumel, b.shardNumel));
+    u.work = this.group.allGather(views, b.shardData!);
+    u.views = views;
+    u.state = 'gathering';
+  }
+
+  private gather(u: UnitState): void {
+    if (u.state === 'free') this.issueGather(u);
+    if (u.state === 'gathering') {
+      try {
+        u.work!.wait();
+      } finally {
+        for (const v of u.views!) v.dispose();
+        u.work = undefined;
+        u.views = undefined;
+      }
+      u.state = 'ready';
+    }
+  }
+
+  private free(u: UnitState): void {
+    if (u.state === 'gathering') this.gather(u); // never free memory a collective is writing
+    if (u.state !== 'ready') return;
+    freeStorage(u.bucket.data);
+    u.state = 'free';
+    this.opts.onMemoryChange();
+  }
+
+  /** The unit's gradient bucket was launched for reduction: its backward is done. */
+  onReduced(bucket: Bucket): void {
+    const u = this.unitOfBucket.get(bucket);
+    if (u && !u.isRoot) this.free(u);
+  }
+
+  /** End of a backward pass: nothing but the root stays gathered. */
+  afterBackward(): void {
+    if (!this.forwardOrder && this.recordingForward.length > 0) this.forwardOrder = this.recordingForward;
+    if (!this.backwardOrder && this.recordingBackward.length > 0) this.backwardOrder = this.recordingBackward;
+    this.backwardSeen.clear();
+    for (const u of this.units) if (!u.isRoot) this.free(u);
+  }
+
+  /** The optimizer changed the shards: every gathered copy is stale. */
+  afterStep(): void {
+    this.backwardSeen.clear();
+    for (const u of this.units) this.free(u);
+  }
+
+  /** Runs fn with every unit gathered, then frees them again (every rank must call it). */
+  withFullParameters<T>(fn: () => T): T {
+    for (const u of this.units) if (u.state === 'free') this.issueGather(u);
+    for (const u of this.units) this.gather(u);
+    try {
+      return fn();
+    } finally {
+      for (const u of this.units) if (!u.isRoot) this.free(u);
+    }
+  }
+
+  dispose(): void {
+    for (const u of this.units) if (u.state === 'gathering') this.gather(u);
+    for (const r of this.removers) r();
+    this.removers.length = 0;
+  }
+}
+
+function tensorsIn(out: unknown): Tensor[] {
+  if (out instanceof Tensor) return [out];
+  if (Array.isArray(out)) return out.flatMap(tensorsIn);
+  if (out && typeof out === 'object') return Object.values(out as Record<string, unknown>).flatMap(tensorsIn);
+  return [];
+}
