@@ -106,3 +106,17 @@ test('zero-bubble split of a Linear: I (inputs = [x]) then W = dy^T x equals one
     close(gb, ref.gb, 'bias gradient');
   });
 });
+
+test('config: [parallel] pp, ppSchedule, ppVirtualStages parse and are validated with messages that name the fix', async () => {
+  const { parseConfig, checkRunnable, ConfigError } = await import('../src/train/config.js');
+  const c = parseConfig('[parallel]\npp = 2\nppSchedule = "interleaved"\nppVirtualStages = 2\n[model]\nnLayer = 4\n');
+  assert.equal(c.parallel.pp, 2);
+  assert.equal(c.parallel.ppSchedule, 'interleaved');
+  assert.equal(c.parallel.ppVirtualStages, 2);
+  assert.deepEqual(checkRunnable({ ...c, data: { ...c.data, globalBatch: 8, microBatches: 4 } }, 4), []);
+  assert.match(checkRunnable(c, 3).join('\n'), /parallel\.pp=2 does not divide the world of 3 rank\(s\)/);
+  assert.match(checkRunnable({ ...c, parallel: { ...c.parallel, dp: 4 } }, 4).join('\n'), /parallel\.dp=4 but the world has 4 rank\(s\) over parallel\.pp=2.*--nproc 8/);
+  assert.throws(() => parseConfig('', ['--parallel.ppSchedule=wavy']), (e: Error) => e instanceof ConfigError && /ppSchedule/.test(e.message));
+  assert.throws(() => parseConfig('', ['--parallel.ppVirtualStages=2']), /ppVirtualStages=2 needs parallel\.ppSchedule = "interleaved"/);
+  assert.throws(() => parseConfig('', ['--parallel.pp=4', '--model.nLayer=2']), /4 pipeline stages need model\.nLayer >= 4/);
+});

@@ -41,6 +41,10 @@ export interface TrainConfig {
 
 export interface ParallelConfig {
   dp: number;
+  /** Pipeline ranks (stages per model replica, times ppVirtualStages); 1 = no pipeline. */
+  pp: number;
+  ppSchedule: 'gpipe' | '1f1b' | 'interleaved' | 'zb';
+  ppVirtualStages: number;
   bucketSizeMb: number;
   overlap: boolean;
 }
@@ -135,9 +139,12 @@ export const configSchema: Schema<FlotillaConfig> = {
   parallel: {
     doc: 'How the model is spread over ranks (src/parallel).',
     fields: {
-      dp: { kind: 'int', default: -1, min: -1, doc: 'Data-parallel degree; -1 means the world size (the only layout so far).' },
+      dp: { kind: 'int', default: -1, min: -1, doc: 'Data-parallel degree; -1 means the world size divided by parallel.pp.' },
       bucketSizeMb: { kind: 'float', default: 25, above: 0, doc: 'Gradient bucket size in MiB for the data-parallel all-reduce.' },
       overlap: { kind: 'bool', default: true, doc: 'Start each bucket\'s all-reduce during backward, as soon as its gradients are final.' },
+      pp: { kind: 'int', default: 1, min: 1, doc: 'Pipeline-parallel degree: ranks each model replica is split over (must divide the world size); data.microBatches is the pipeline\'s m.' },
+      ppSchedule: { kind: 'string', default: '1f1b', choices: ['gpipe', '1f1b', 'interleaved', 'zb'], doc: 'Pipeline schedule: "gpipe", "1f1b", "interleaved" (ppVirtualStages stages per rank) or "zb" (zero bubble: backward split into input and weight gradients).' },
+      ppVirtualStages: { kind: 'int', default: 1, min: 1, doc: 'Stages per pipeline rank; more than 1 needs ppSchedule = "interleaved".' },
     },
   },
   log: {
@@ -322,6 +329,13 @@ export function validateConfig(c: FlotillaConfig): string[] {
   if (c.data.seqLen > c.model.blockSize) p.push(`data.seqLen (${c.data.seqLen}) must be <= model.blockSize (${c.model.blockSize}); lower data.seqLen or raise model.blockSize`);
   if (c.optim.minLr > c.optim.lr) p.push(`optim.minLr (${c.optim.minLr}) must be <= optim.lr (${c.optim.lr})`);
   if (c.parallel.dp === 0) p.push('parallel.dp must be -1 (the world size) or a positive integer, got 0');
+  if (c.parallel.ppVirtualStages > 1 && c.parallel.ppSchedule !== 'interleaved') {
+    p.push(`parallel.ppVirtualStages=${c.parallel.ppVirtualStages} needs parallel.ppSchedule = "interleaved" (got "${c.parallel.ppSchedule}"); set ppVirtualStages = 1 or switch the schedule`);
+  }
+  const ppStages = c.parallel.pp * c.parallel.ppVirtualStages;
+  if (c.parallel.pp > 1 && c.model.nLayer < ppStages) {
+    p.push(`parallel.pp x parallel.ppVirtualStages = ${ppStages} pipeline stages need model.nLayer >= ${ppStages} (got ${c.model.nLayer}); lower parallel.pp or ppVirtualStages, or raise model.nLayer`);
+  }
   const parts = c.data.microBatches * (c.parallel.dp > 0 ? c.parallel.dp : 1);
   if (c.data.globalBatch % parts !== 0) {
     const by = c.parallel.dp > 0 ? `parallel.dp x data.microBatches (${c.parallel.dp} x ${c.data.microBatches} = ${parts})` : `data.microBatches (${parts})`;
@@ -396,11 +410,16 @@ export function configToToml(c: FlotillaConfig, opts: { docs?: boolean; header?:
  */
 export function checkRunnable(c: FlotillaConfig, worldSize: number): string[] {
   const p: string[] = [];
-  const dp = c.parallel.dp === -1 ? worldSize : c.parallel.dp;
-  if (dp !== worldSize) {
+  const pp = c.parallel.pp;
+  if (worldSize % pp !== 0) {
+    p.push(`parallel.pp=${pp} does not divide the world of ${worldSize} rank(s); start a multiple of ${pp} ranks (--nproc ${pp * Math.max(1, Math.round(worldSize / pp))}) or set parallel.pp to a divisor of ${worldSize}`);
+  }
+  const replicas = Math.max(1, Math.floor(worldSize / pp)); // ranks left for data parallelism
+  const dp = c.parallel.dp === -1 ? replicas : c.parallel.dp;
+  if (dp !== replicas) {
     p.push(
-      `parallel.dp=${c.parallel.dp} but the world has ${worldSize} rank(s); data parallelism is the only layout so far: ` +
-        `set parallel.dp=-1 (or ${worldSize}), or start ${dp} ranks (--nproc ${dp})`,
+      `parallel.dp=${c.parallel.dp} but the world has ${worldSize} rank(s)${pp > 1 ? ` over parallel.pp=${pp} pipeline ranks` : ''}; ` +
+        `set parallel.dp=-1 (or ${replicas}), or start ${dp * pp} ranks (--nproc ${dp * pp})`,
     );
   }
   const parts = dp * c.data.microBatches;
