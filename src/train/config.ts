@@ -41,6 +41,14 @@ export interface TrainConfig {
 
 export interface ParallelConfig {
   dp: number;
+  /** 0 = plain data parallel; 1, 2, 3 = ZeRO stage (optimizer state; + gradients; + parameters sharded). */
+  zero: 0 | 1 | 2 | 3;
+  /** Ranks one model state is sharded over (-1: the data-parallel ranks / dpReplicate). */
+  dpShard: number;
+  /** Replicas of the sharded state (HSDP when > 1). */
+  dpReplicate: number;
+  /** When gradients are reduced under accumulation (src/parallel/data_parallel.ts, [Note: accumulation]). */
+  accumulate: 'auto' | 'reduceLast' | 'reduceEach' | 'reduceScatterEachAllReduceLast';
   /** Pipeline ranks (stages per model replica, times ppVirtualStages); 1 = no pipeline. */
   pp: number;
   ppSchedule: 'gpipe' | '1f1b' | 'interleaved' | 'zb';
@@ -140,6 +148,10 @@ export const configSchema: Schema<FlotillaConfig> = {
     doc: 'How the model is spread over ranks (src/parallel).',
     fields: {
       dp: { kind: 'int', default: -1, min: -1, doc: 'Data-parallel degree; -1 means the world size divided by parallel.pp.' },
+      zero: { kind: 'int', default: 0, min: 0, max: 3, doc: 'Sharding: 0 = plain data parallel; 1 = optimizer state sharded (ZeRO-1); 2 = and gradients (ZeRO-2); 3 = and parameters (ZeRO-3 / FSDP).' },
+      dpShard: { kind: 'int', default: -1, min: -1, doc: 'Ranks the model state is sharded over when zero >= 1; -1 means dp / dpReplicate.' },
+      dpReplicate: { kind: 'int', default: 1, min: 1, doc: 'Replicas of the sharded state when zero >= 1 (hybrid sharding, HSDP, when > 1): the data-parallel rank is replicateRank x dpShard + shardRank.' },
+      accumulate: { kind: 'string', default: 'auto', choices: ['auto', 'reduceLast', 'reduceEach', 'reduceScatterEachAllReduceLast'], doc: 'With several micro-batches: "reduceLast" reduces once per step (least communication), "reduceEach" reduces every micro-batch into the gradient shards (least memory; zero >= 2), "reduceScatterEachAllReduceLast" reduce-scatters every micro-batch and all-reduces across replicas once (HSDP); "auto" = reduceEach for zero >= 2, else reduceLast.' },
       bucketSizeMb: { kind: 'float', default: 25, above: 0, doc: 'Gradient bucket size in MiB for the data-parallel all-reduce.' },
       overlap: { kind: 'bool', default: true, doc: 'Start each bucket\'s all-reduce during backward, as soon as its gradients are final.' },
       pp: { kind: 'int', default: 1, min: 1, doc: 'Pipeline-parallel degree: ranks each model replica is split over (must divide the world size); data.microBatches is the pipeline\'s m.' },
@@ -329,6 +341,21 @@ export function validateConfig(c: FlotillaConfig): string[] {
   if (c.data.seqLen > c.model.blockSize) p.push(`data.seqLen (${c.data.seqLen}) must be <= model.blockSize (${c.model.blockSize}); lower data.seqLen or raise model.blockSize`);
   if (c.optim.minLr > c.optim.lr) p.push(`optim.minLr (${c.optim.minLr}) must be <= optim.lr (${c.optim.lr})`);
   if (c.parallel.dp === 0) p.push('parallel.dp must be -1 (the world size) or a positive integer, got 0');
+  if (c.parallel.dpShard === 0) p.push('parallel.dpShard must be -1 (the rest of the data-parallel ranks) or a positive integer, got 0');
+  const z = c.parallel.zero;
+  if (z === 0 && (c.parallel.dpShard > 1 || c.parallel.dpReplicate > 1)) {
+    p.push('parallel.dpShard / parallel.dpReplicate split the data-parallel ranks for sharding, but parallel.zero = 0 replicates everything; set parallel.zero to 1, 2 or 3, or leave dpShard and dpReplicate unset');
+  }
+  const acc = c.parallel.accumulate;
+  if (z <= 1 && (acc === 'reduceEach' || acc === 'reduceScatterEachAllReduceLast')) {
+    p.push(`parallel.accumulate = "${acc}" reduces into gradient shards, which parallel.zero = ${z} does not keep; use "reduceLast" (or "auto"), or set parallel.zero to 2 or 3`);
+  }
+  if (acc === 'reduceScatterEachAllReduceLast' && c.parallel.dpReplicate === 1) {
+    p.push('parallel.accumulate = "reduceScatterEachAllReduceLast" is for hybrid sharding: set parallel.dpReplicate > 1, or use "reduceEach" / "reduceLast"');
+  }
+  if (z >= 1 && c.parallel.pp > 1) {
+    p.push(`parallel.zero = ${z} with parallel.pp = ${c.parallel.pp}: sharding inside a pipeline is not supported yet; use parallel.zero = 0 with pipelines`);
+  }
   if (c.parallel.ppVirtualStages > 1 && c.parallel.ppSchedule !== 'interleaved') {
     p.push(`parallel.ppVirtualStages=${c.parallel.ppVirtualStages} needs parallel.ppSchedule = "interleaved" (got "${c.parallel.ppSchedule}"); set ppVirtualStages = 1 or switch the schedule`);
   }
@@ -421,6 +448,16 @@ export function checkRunnable(c: FlotillaConfig, worldSize: number): string[] {
       `parallel.dp=${c.parallel.dp} but the world has ${worldSize} rank(s)${pp > 1 ? ` over parallel.pp=${pp} pipeline ranks` : ''}; ` +
         `set parallel.dp=-1 (or ${replicas}), or start ${dp * pp} ranks (--nproc ${dp * pp})`,
     );
+  }
+  if (c.parallel.zero >= 1) {
+    const r = c.parallel.dpReplicate;
+    const shard = c.parallel.dpShard === -1 ? dp / r : c.parallel.dpShard;
+    if (!Number.isInteger(shard) || shard * r !== dp) {
+      p.push(
+        `parallel.dpReplicate=${r} x parallel.dpShard=${c.parallel.dpShard === -1 ? `-1 (${dp} / ${r})` : c.parallel.dpShard} must equal the ${dp} data-parallel rank(s); ` +
+          `choose dpReplicate and dpShard whose product is ${dp} (dpShard = -1 takes the rest)`,
+      );
+    }
   }
   const parts = dp * c.data.microBatches;
   if (c.data.globalBatch % parts !== 0) {

@@ -1,8 +1,9 @@
 // The trainer, built in phases, each announced by a one-line header on rank 0:
-//   world -> data -> model -> parallelize -> optimizer -> train loop -> done.
-// Parallelism is applied from outside the model (the model knows nothing about ranks), and the
-// optimizer is built after parallelisms because DataParallel re-points parameters into its flat
-// buffers (see [Note: flat buffers] in src/parallel/grad_buffer.ts).
+//   world -> mesh -> data -> model -> parallelize -> optimizer -> train loop -> done.
+// Parallelism is applied from outside the model, in one place (src/parallel/parallelize.ts), so a
+// layout is a choice of config: plain data parallel, ZeRO-1/2/3, HSDP, or a pipeline. The optimizer
+// is built after parallelisms because they re-point parameters into flat buffers ([Note: flat
+// buffers] in src/parallel/grad_buffer.ts) and hand it the ranges this rank updates.
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { liveTensors, manualSeed, noGrad, setNumThreads, tensor, tidy, torchVersion, type Tensor } from '../tensor/index.js';
@@ -11,7 +12,11 @@ import { AdamW, warmupCosine, constant } from '../optim/index.js';
 import { initProcessGroup, destroyProcessGroup, getWorld, isInitialized, type ProcessGroup } from '../distributed/process_group.js';
 import { readLaunchEnv } from '../distributed/env.js';
 import { verifyDataPartition } from '../distributed/partition.js';
-import { DataParallel, LocalGrads, clipGradNorm, gradNorm } from '../parallel/index.js';
+import { clipGradNorm, gradNorm, type GradientSource } from '../parallel/grads.js';
+import { buildMesh, describeLayout, parallelize, resolveLayout } from '../parallel/parallelize.js';
+import type { DataParallel, MemoryReport } from '../parallel/data_parallel.js';
+import { PipelineParallel } from '../parallel/pipeline/pipeline_parallel.js';
+import { saveSafetensors } from '../checkpoint/safetensors.js';
 import { DataLoader, loadTextDataset } from '../data/index.js';
 import { ConfigError, checkRunnable, configToToml, runDirOf, type FlotillaConfig } from './config.js';
 import { MetricsWriter, type StepMetrics } from './metrics.js';
@@ -26,6 +31,11 @@ export interface TrainOptions {
   print?: (line: string) => void;
   /** Called on every rank after each step (tests watch losses and live tensors through it). */
   onStep?: (m: StepMetrics & { liveTensors: number }) => void;
+  /**
+   * Every rank writes its own per-step loss and gradient norm (rank<r>.json) and, at the end, its
+   * full parameters by model name (rank<r>.safetensors) here: `flotilla verify` compares them.
+   */
+  recordDir?: string;
 }
 
 export interface TrainSummary {
@@ -35,10 +45,12 @@ export interface TrainSummary {
   numParams: number;
   firstLoss: number;
   finalLoss: number;
-  /** Validation loss at the last evaluation. */
+  /** Validation loss at the last evaluation (not measured under a pipeline). */
   finalValLoss?: number;
   /** Mean tokens/s over the loop (evaluation excluded). */
   tokensPerSec: number;
+  /** This rank's parameter, gradient and optimizer bytes after the last step, and the step peak (data parallel layouts). */
+  memory?: MemoryReport;
 }
 
 /** The mean of a per-rank scalar over the group (no collective for one rank). */
@@ -53,6 +65,8 @@ function meanOverRanks(group: ProcessGroup, v: number): number {
   }
 }
 
+const MiB = 2 ** 20;
+
 /** Trains the model a config describes; every rank of the world calls it. */
 export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promise<TrainSummary> {
   const print = opts.print ?? ((l: string) => process.stdout.write(`${l}\n`));
@@ -66,56 +80,77 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
   // ---- world
   const problems = checkRunnable(cfg, env.worldSize);
   if (problems.length > 0) throw new ConfigError(problems, opts.configPath);
-  const dp = env.worldSize; // data parallelism is the only layout so far (checkRunnable)
   // A caller that already joined the world keeps it; otherwise the trainer joins and leaves it.
   const ownsWorld = !isInitialized();
-  const group = ownsWorld ? initProcessGroup() : getWorld();
+  const world = ownsWorld ? initProcessGroup() : getWorld();
   try {
     setNumThreads(cfg.train.threads);
     const how = { torchrun: 'RANK/WORLD_SIZE (flotilla run, torchrun)', mpirun: 'mpirun', srun: 'srun', single: 'a single process' }[env.source];
-    header('world', `${env.worldSize} rank(s) from ${how}, data parallel ${dp}, ${cfg.train.threads} thread(s) per rank, libtorch ${torchVersion()}`);
+    header('world', `${env.worldSize} rank(s) from ${how}, ${cfg.train.threads} thread(s) per rank, libtorch ${torchVersion()}`);
+
+    // ---- mesh: pp x dpReplicate x dpShard; the data-parallel rank decides what a rank reads
+    const layout = resolveLayout(cfg.parallel, env.worldSize);
+    const mesh = buildMesh(layout, world);
+    header('mesh', `${describeLayout(layout)}; mesh pp ${layout.pp} x dpReplicate ${layout.dpReplicate} x dpShard ${layout.dpShard}`);
 
     // ---- data
     const ds = loadTextDataset({ source: cfg.data.source, valFraction: cfg.data.valFraction, seqLen: cfg.data.seqLen });
-    const geometry = { seqLen: cfg.data.seqLen, globalBatch: cfg.data.globalBatch, dpRank: group.rank, dpSize: dp, microBatches: cfg.data.microBatches };
+    const geometry = { seqLen: cfg.data.seqLen, globalBatch: cfg.data.globalBatch, dpRank: mesh.dpRank, dpSize: layout.dp, microBatches: cfg.data.microBatches };
     const loader = new DataLoader({ tokens: ds.train, seed: cfg.train.seed, ...geometry });
     // Validation reads fixed batches (steps 0..evalBatches-1 of its own stream) so evaluations compare.
     const evalLoader = new DataLoader({ tokens: ds.val, seed: (cfg.train.seed + 1) >>> 0, ...geometry });
-    // Lingua's lesson: check that the ranks' samples partition the global batch, do not trust it.
-    verifyDataPartition(group, loader.localSampleIds(0), cfg.data.globalBatch);
+    // Lingua's lesson: check that the data-parallel ranks' samples partition the global batch.
+    verifyDataPartition(mesh.dp, loader.localSampleIds(0), cfg.data.globalBatch);
     const tokensPerStep = cfg.data.globalBatch * cfg.data.seqLen;
     header(
       'data',
       `${ds.source}: ${ds.tokens.length.toLocaleString('en-US')} byte tokens (train ${ds.train.length.toLocaleString('en-US')}, ` +
         `val ${ds.val.length.toLocaleString('en-US')}); global batch ${cfg.data.globalBatch} x ${cfg.data.seqLen} = ` +
-        `${tokensPerStep.toLocaleString('en-US')} tokens/step = ${dp} rank(s) x ${cfg.data.microBatches} micro-batch(es) x ${loader.microBatchSize} samples`,
+        `${tokensPerStep.toLocaleString('en-US')} tokens/step = ${layout.dp} data-parallel rank(s) x ${cfg.data.microBatches} micro-batch(es) x ${loader.microBatchSize} samples`,
     );
 
-    // ---- model (same seed on every rank; DataParallel also broadcasts rank 0's weights)
-    manualSeed(cfg.train.seed);
-    const model = new GPT({ ...cfg.model });
-    const numParams = model.numParams();
+    // ---- model and parallelize. Weights are drawn per parameter from the seed and its name, so
+    // every layout (a pipeline stage included) starts from the same whole-model weights.
     const m = cfg.model;
-    header('model', `GPT ${m.nLayer} layers, ${m.nHead} heads, width ${m.nEmbd}, context ${m.blockSize}: ${model.numParams().toLocaleString('en-US')} parameters`);
-
-    // ---- parallelize
-    let ddp: DataParallel | undefined;
-    if (env.worldSize > 1) {
-      ddp = new DataParallel(model, { group, bucketSizeMb: cfg.parallel.bucketSizeMb, overlap: cfg.parallel.overlap });
-      header('parallelize', `DataParallel over ${group.size} ranks: ${ddp.buffers.reduce((a, b) => a + b.buckets.length, 0)} bucket(s) of <= ${cfg.parallel.bucketSizeMb} MiB, overlap ${cfg.parallel.overlap ? 'on' : 'off'}`);
+    let model: GPT | undefined;
+    let dp: DataParallel<GPT> | undefined;
+    let pipe: PipelineParallel | undefined;
+    let named: [string, Tensor][];
+    let grads: GradientSource;
+    let numParams: number;
+    if (layout.pp > 1) {
+      pipe = new PipelineParallel({ ...m }, {
+        pp: mesh.pp, ...(layout.dp > 1 ? { dp: mesh.dp } : {}),
+        schedule: cfg.parallel.ppSchedule, virtualStages: cfg.parallel.ppVirtualStages, micro: cfg.data.microBatches, initSeed: cfg.train.seed,
+      });
+      named = pipe.stageNamedParameters();
+      grads = pipe.grads;
+      numParams = gptParamCount(m);
+      header('model', `GPT ${m.nLayer} layers, ${m.nHead} heads, width ${m.nEmbd}, context ${m.blockSize}: ${numParams.toLocaleString('en-US')} parameters; this rank holds ${named.reduce((a, [, p]) => a + p.numel(), 0).toLocaleString('en-US')}`);
+      header('parallelize', `pipeline over ${layout.pp} ranks, schedule ${cfg.parallel.ppSchedule}, ${cfg.parallel.ppVirtualStages} stage(s) per rank, ${cfg.data.microBatches} micro-batches`);
     } else {
-      header('parallelize', 'single process (no data parallelism)');
+      model = new GPT({ ...m }, { initSeed: cfg.train.seed });
+      numParams = model.numParams();
+      header('model', `GPT ${m.nLayer} layers, ${m.nHead} heads, width ${m.nEmbd}, context ${m.blockSize}: ${numParams.toLocaleString('en-US')} parameters`);
+      named = model.namedParameters();
+      const breakBucket = process.env.FLOTILLA_TEST_BREAK_AVERAGING;
+      dp = parallelize(model, mesh, layout, {
+        bucketSizeMb: cfg.parallel.bucketSizeMb, overlap: cfg.parallel.overlap,
+        ...(breakBucket !== undefined && breakBucket !== '' ? { breakAveragingOfBucket: Number(breakBucket) } : {}),
+      });
+      grads = dp;
+      header('parallelize', `${dp.buffers.reduce((a, b) => a + b.buckets.length, 0)} bucket(s)${layout.zero === 3 ? ' (one per wrapping unit)' : ` of <= ${cfg.parallel.bucketSizeMb} MiB`}, overlap ${cfg.parallel.overlap ? 'on' : 'off'}`);
     }
-    const grads = ddp ?? new LocalGrads(model);
+    manualSeed(cfg.train.seed); // dropout draws, the same on every layout
 
     // ---- optimizer + schedule (weight decay on matrices only, as nanoGPT/GPT-2)
     const o = cfg.optim;
-    const named = model.namedParameters();
     const decay = named.filter(([, p]) => p.ndim >= 2).map(([, p]) => p);
     const noDecay = named.filter(([, p]) => p.ndim < 2).map(([, p]) => p);
     const optimizer = new AdamW(
       [{ params: decay, options: { weightDecay: o.weightDecay } }, { params: noDecay, options: { weightDecay: 0 } }].filter((g) => g.params.length > 0),
       { lr: o.lr, betas: [o.beta1, o.beta2], eps: o.eps, weightDecay: o.weightDecay },
+      dp ? { grads: dp } : {},
     );
     const steps = cfg.train.steps;
     const schedule = o.schedule === 'cosine'
@@ -125,7 +160,8 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
       'optimizer',
       `AdamW betas (${o.beta1}, ${o.beta2}), weight decay ${o.weightDecay} on ${decay.length} matrices; lr ${o.lr} ` +
         (o.schedule === 'cosine' ? `warmup ${o.warmupSteps} steps, cosine to ${o.minLr}` : 'constant') +
-        (o.gradClip > 0 ? `; clip grad norm at ${o.gradClip}` : ''),
+        (o.gradClip > 0 ? `; clip grad norm at ${o.gradClip}` : '') +
+        (layout.zero >= 1 ? `; state sharded over ${layout.dpShard} rank(s)` : ''),
     );
 
     // ---- the run directory (rank 0): the resolved config first, then metrics as they come
@@ -137,10 +173,12 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
       writeFileSync(join(runDir, 'config.toml'), configToToml(cfg, { header: `Resolved config of run "${cfg.train.name}" (${from}), world size ${env.worldSize}.` }));
       if (cfg.log.metrics !== '') metrics = new MetricsWriter(join(runDir, cfg.log.metrics));
     }
+    const record: { step: number; loss: number; gradNorm: number }[] = [];
 
     // ---- train loop
     const M = cfg.data.microBatches;
-    const evaluate = (): number => {
+    const evaluate = (): number | undefined => {
+      if (!dp || !model) return undefined; // a pipeline has no evaluation pass yet
       model.eval();
       let sum = 0;
       noGrad(() => {
@@ -148,23 +186,24 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
           for (let mb = 0; mb < M; mb++) {
             sum += tidy(() => {
               const { x, y } = evalLoader.batch(k, mb);
-              return model.forward(x, y).loss!.item();
+              return dp!.forward(x, y).loss!.item();
             });
           }
         }
       });
       model.train();
       // Equal-sized micro-batches everywhere, so the mean of means is the global mean.
-      return meanOverRanks(group, sum / (cfg.train.evalBatches * M));
+      return meanOverRanks(mesh.dp, sum / (cfg.train.evalBatches * M));
     };
 
     header('train', `${steps} steps, eval every ${cfg.train.evalEvery || steps} on ${cfg.train.evalBatches} val batch(es); run dir ${runDir}`);
     const progress = new Progress(steps, mode, cfg.log.every, print);
-    model.train();
+    model?.train();
     let firstLoss = NaN;
     let lastLoss = NaN;
     let lastVal: number | undefined;
     let loopSeconds = 0;
+    let memory: MemoryReport | undefined;
     const loopStart = performance.now();
     try {
       for (let step = 0; step < steps; step++) {
@@ -173,28 +212,46 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
         const t0 = performance.now();
         const { loss, norm } = tidy(() => {
           optimizer.zeroGrad();
-          let lossSum = 0;
-          for (let mb = 0; mb < M; mb++) {
-            // Each micro-batch in its own scope: its activations go before the next one starts.
-            const microStep = (): number => tidy(() => {
-              const { x, y } = loader.next();
-              const l = model.forward(x, y).loss as Tensor;
-              l.div(M).backward(); // the mean over micro-batches, as one big batch would give
-              return l.item();
-            });
-            // Gradients are reduced on the last micro-batch only; the earlier ones just accumulate
-            // into the flat buffer (see [Note: accumulation] in src/parallel/data_parallel.ts).
-            lossSum += ddp && mb < M - 1 ? ddp.noSync(microStep) : microStep();
+          let loss: number;
+          if (pipe) {
+            const batches = Array.from({ length: M }, () => loader.next());
+            loss = pipe.step(batches).loss;
+          } else {
+            let lossSum = 0;
+            for (let mb = 0; mb < M; mb++) {
+              // Each micro-batch in its own scope: its activations go before the next one starts.
+              const microStep = (): number => tidy(() => {
+                const { x, y } = loader.next();
+                const l = dp!.forward(x, y).loss as Tensor;
+                l.div(M).backward(); // the mean over micro-batches, as one big batch would give
+                return l.item();
+              });
+              // Non-final micro-batches run inside noSync; what is reduced when is the layout's
+              // accumulation flavour ([Note: accumulation] in src/parallel/data_parallel.ts).
+              lossSum += mb < M - 1 ? dp!.noSync(microStep) : microStep();
+            }
+            dp!.finishGradSync();
+            loss = meanOverRanks(mesh.dp, lossSum / M);
           }
-          ddp?.finishGradSync();
           const norm = o.gradClip > 0 ? clipGradNorm(grads, o.gradClip).norm : gradNorm(grads);
-          optimizer.step();
-          return { loss: meanOverRanks(group, lossSum / M), norm };
+          // A non-finite norm is the same on every rank (grads.ts), so every rank skips alike.
+          if (Number.isFinite(norm)) optimizer.step();
+          return { loss, norm };
         });
         const dt = (performance.now() - t0) / 1000;
         loopSeconds += dt;
+        if (dp) memory = dp.memory(optimizer.stateBytes());
         if (step === 0) firstLoss = loss;
+        // Memory after the second step: the first one also learns gradient readiness (everything
+        // is reduced after backward), so its peak is not the steady state.
+        if (step === Math.min(1, steps - 1)) {
+          if (memory) {
+            const per = (b: number) => `${(b / MiB).toFixed(2)} MiB (${(b / numParams).toFixed(2)} B/param)`;
+            header('memory', `rank 0 holds parameters ${per(memory.paramBytes)}, gradients ${per(memory.gradBytes)}, optimizer state ${per(memory.optimizerBytes)}; step peak ${per(memory.peakBytes)}`);
+          }
+        }
         lastLoss = loss;
+        record.push({ step: step + 1, loss, gradNorm: norm });
         const isLast = step === steps - 1;
         const evalNow = isLast || (cfg.train.evalEvery > 0 && (step + 1) % cfg.train.evalEvery === 0);
         const valLoss = evalNow ? evaluate() : undefined;
@@ -213,13 +270,21 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
         // Let timers and signal handlers run between steps (the step itself is synchronous).
         await new Promise<void>((resolve) => setImmediate(resolve));
       }
+      if (opts.recordDir) {
+        mkdirSync(opts.recordDir, { recursive: true });
+        writeFileSync(join(opts.recordDir, `rank${env.rank}.json`), JSON.stringify({ rank: env.rank, steps: record }));
+        const save = () => saveSafetensors(join(opts.recordDir!, `rank${env.rank}.safetensors`), Object.fromEntries(named), { format: 'pt' });
+        if (dp) dp.withFullParameters(save);
+        else save();
+      }
     } finally {
       progress.stop();
       metrics?.close();
       // Native memory goes back now, not whenever the GC gets to the wrappers.
-      ddp?.dispose();
+      dp?.dispose();
+      pipe?.dispose();
       optimizer.dispose();
-      model.dispose();
+      model?.dispose();
     }
     const tokensPerSec = (steps * tokensPerStep) / loopSeconds;
     header(
@@ -230,8 +295,18 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
     return {
       runDir, steps, worldSize: env.worldSize, numParams, firstLoss, finalLoss: lastLoss,
       ...(lastVal !== undefined ? { finalValLoss: lastVal } : {}), tokensPerSec,
+      ...(memory ? { memory } : {}),
     };
   } finally {
     if (ownsWorld) destroyProcessGroup();
   }
+}
+
+/** Parameters of the whole GPT a config describes, counted from shapes (no rank builds it). */
+function gptParamCount(m: FlotillaConfig['model']): number {
+  const C = m.nEmbd, V = m.vocabSize, L = m.nLayer;
+  const b = m.bias ? 1 : 0;
+  const ln = C + b * C;
+  const block = 2 * ln + (C * 3 * C + b * 3 * C) + (C * C + b * C) + (C * 4 * C + b * 4 * C) + (4 * C * C + b * C);
+  return V * C + m.blockSize * C + L * block + ln + (m.tieEmbeddings ? 0 : V * C);
 }
