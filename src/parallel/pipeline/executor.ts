@@ -68,6 +68,15 @@ export interface ExecutorOptions {
   nEmbd: number;
 }
 
+/** One compute action's wall-clock span (performance.now() milliseconds), for bubble measurements. */
+export interface TraceEvent {
+  kind: 'F' | 'B' | 'I' | 'W';
+  stage: number;
+  micro: number;
+  start: number;
+  end: number;
+}
+
 /** Where and why a step failed: the rank, the action and its position, for the error message. */
 function describe(a: Action, i: number, rank: number): string {
   const peer = a.peer !== undefined ? ` (peer ${a.peer})` : '';
@@ -118,7 +127,7 @@ export class Executor {
    * Runs this rank's actions for one step. Returns the sum over micro-batches of the unscaled
    * loss where this rank holds the last stage, else 0.
    */
-  run(micro: MicroBatch[], lossScale: number): number {
+  run(micro: MicroBatch[], lossScale: number, trace?: TraceEvent[]): number {
     const m = this.s.micro;
     if (micro.length !== m) throw new Error(`pipeline step: the schedule was built for ${m} micro-batches, got ${micro.length}`);
     const [b, T] = micro[0]!.x.shape as [number, number];
@@ -143,16 +152,21 @@ export class Executor {
       if (!st) throw new Error(`stage ${a.stage} does not live on this rank`);
       return st;
     };
+    let waited = 0; // ms the current action spent waiting for its receive (bubble, not compute)
     const take = (map: Map<string, Posted>, k: string, what: string): Tensor => {
       const p = map.get(k);
       if (!p) throw new Error(`no receive was posted for the ${what} it consumes`);
       map.delete(k);
+      const w0 = trace ? performance.now() : 0;
       p.work.wait();
+      if (trace) waited += performance.now() - w0;
       return p.buf;
     };
 
     try {
       actions.forEach((a, idx) => {
+        const t0 = trace ? performance.now() : 0;
+        waited = 0;
         try {
           switch (a.kind) {
             case 'RECV_F':
@@ -185,6 +199,9 @@ export class Executor {
             case 'W':
               this.weightGrads(slot(a.stage, a.micro));
               break;
+          }
+          if (trace && (a.kind === 'F' || a.kind === 'B' || a.kind === 'I' || a.kind === 'W')) {
+            trace.push({ kind: a.kind, stage: a.stage, micro: a.micro, start: t0 + waited, end: performance.now() });
           }
         } catch (e) {
           const msg = e instanceof Error ? e.message : String(e);

@@ -2,5 +2,5 @@
 // (executor.ts) and the entry point a trainer calls (pipeline_parallel.ts).
 export * from './schedule.js';
 export { planStages, Stage, type PartCosts, type SplitLinear } from './stage.js';
-export { Executor, type MicroBatch } from './executor.js';
+export { Executor, type MicroBatch, type TraceEvent } from './executor.js';
 export { PipelineParallel, PipelineGrads, type PipelineOptions, type PipelineStepOptions } from './pipeline_parallel.js';

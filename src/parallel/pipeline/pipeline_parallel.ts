@@ -33,7 +33,7 @@ import type { GPTConfig } from '../../models/gpt.js';
 import type { GradShard, GradientSource } from '../grads.js';
 import { buildSchedule, validateSchedule, type PipelineSchedule, type ScheduleName } from './schedule.js';
 import { Stage, planStages, type PartCosts } from './stage.js';
-import { Executor, type MicroBatch } from './executor.js';
+import { Executor, type MicroBatch, type TraceEvent } from './executor.js';
 
 export interface PipelineOptions {
   /** The pipeline group; a rank's group rank is its pipeline rank. */
@@ -56,6 +56,11 @@ export interface PipelineStepOptions {
   lossScale?: number;
   /** Finish gradients (tied sum, dp average) after this step (default true). */
   sync?: boolean;
+  /**
+   * Appends each compute action's wall-clock span here (bench/pipeline.ts measures bubbles with it).
+   * A span starts after the wait for the receive it consumes: waiting is bubble, not compute.
+   */
+  trace?: TraceEvent[];
 }
 
 /** Tag for the tied-embedding exchange (above every activation tag of a step). */
@@ -119,7 +124,7 @@ export class PipelineParallel {
   step(microBatches: MicroBatch[], opts: PipelineStepOptions = {}): { loss: number } {
     const m = this.schedule.micro;
     const lossScale = opts.lossScale ?? 1 / m;
-    const lossSum = this.executor.run(microBatches, lossScale);
+    const lossSum = this.executor.run(microBatches, lossScale, opts.trace);
     if (opts.sync ?? true) this.syncGrads();
     return tidy(() => {
       const l = tensor([lossSum / m], { dtype: 'float64' });
