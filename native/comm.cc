@@ -73,7 +73,8 @@ class WorkHandle : public Napi::ObjectWrap<WorkHandle> {
     Napi::Function fn = DefineClass(env, "WorkHandle",
                                     {InstanceMethod("wait", &WorkHandle::Wait),
                                      InstanceMethod("waitAsync", &WorkHandle::WaitAsync),
-                                     InstanceMethod("isCompleted", &WorkHandle::IsCompleted)});
+                                     InstanceMethod("isCompleted", &WorkHandle::IsCompleted),
+                                     InstanceMethod("release", &WorkHandle::Release)});
     constructor = new Napi::FunctionReference(Napi::Persistent(fn));
     exports.Set("WorkHandle", fn);
   }
@@ -86,10 +87,23 @@ class WorkHandle : public Napi::ObjectWrap<WorkHandle> {
   }
   explicit WorkHandle(const Napi::CallbackInfo& info) : Napi::ObjectWrap<WorkHandle>(info) {}
 
+  // release(): drops the Work now. It holds the group's Gloo context (threads, sockets), which would
+  // otherwise live until this handle is garbage-collected, even after the group was destroyed.
+  Napi::Value Release(const Napi::CallbackInfo& info) {
+    work.reset();
+    return info.Env().Undefined();
+  }
+
+  WorkPtr& W() {
+    if (!work) throw std::runtime_error(what + ": the work handle was released");
+    return work;
+  }
+
   // wait(timeoutMs?): blocks this thread until the collective finishes; throws its error.
   Napi::Value Wait(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     FLOTILLA_TRY
+    auto& work = W();
     bool ok = info.Length() > 0 && info[0].IsNumber() ? work->wait(Ms(info[0], 0)) : work->wait();
     return Napi::Boolean::New(env, ok);
     FLOTILLA_CATCH(env, what)
@@ -98,7 +112,7 @@ class WorkHandle : public Napi::ObjectWrap<WorkHandle> {
   Napi::Value IsCompleted(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     FLOTILLA_TRY
-    return Napi::Boolean::New(env, work->isCompleted());
+    return Napi::Boolean::New(env, W()->isCompleted());
     FLOTILLA_CATCH(env, what)
   }
 
@@ -131,7 +145,11 @@ class WaitWorker : public Napi::AsyncWorker {
 };
 
 Napi::Value WorkHandle::WaitAsync(const Napi::CallbackInfo& info) {
-  auto* w = new WaitWorker(info.Env(), work, what);
+  Napi::Env env = info.Env();
+  FLOTILLA_TRY
+  W();
+  FLOTILLA_CATCH(env, what)
+  auto* w = new WaitWorker(env, work, what);
   Napi::Promise p = w->Promise();
   w->Queue();
   return p;

@@ -164,6 +164,7 @@ export class Work {
   }
 
   private complete(): void {
+    this.handle?.release(); // the native Work pins the group's Gloo context until released
     try {
       this.finishFn?.();
       this.state = 'done';
@@ -183,6 +184,7 @@ export class Work {
       tellLauncher({ event: 'timeout', op: this.op, group: this.ctx.name }); // so it names the rank waited for
     }
     this.error = new CollectiveError(this.op, this.ctx, detail, e);
+    this.handle?.release();
     this.temps?.dispose();
   }
 }

@@ -13,7 +13,8 @@ let statusFd: number | undefined = (() => {
   if (raw === undefined || !/^\d+$/.test(raw)) return undefined;
   const fd = Number(raw);
   try {
-    return fstatSync(fd).isFIFO() ? fd : undefined;
+    const st = fstatSync(fd);
+    return st.isFIFO() || st.isSocket() ? fd : undefined; // Node's spawn pipes are socket pairs
   } catch {
     return undefined;
   }

@@ -17,6 +17,8 @@ export interface WorkHandle {
   wait(timeoutMs?: number): boolean;
   waitAsync(): Promise<void>;
   isCompleted(): boolean;
+  /** Drops the native Work now (it pins the group's Gloo context); later calls throw. */
+  release(): void;
 }
 
 export interface StoreHandle {
