@@ -337,7 +337,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
         );
       }
       for (const run of this.runs) this.complete(run, true);
-      if (this.replicateGroup && this.accumulate !== 'reduceEach') {
+      if (this.zero >= 2 && this.replicateGroup && this.accumulate !== 'reduceEach') {
         const works = this.runs.map((r) => this.replicateGroup!.allReduce(r.bucket.shardGrad!, 'sum'));
         for (const w of works) w.wait();
       }
