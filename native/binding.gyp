@@ -15,5 +15,27 @@
       "cflags_cc": ["-std=c++17", "-fexceptions", "-frtti", "-O2", "-Wno-unused-parameter", "-Wno-deprecated-declarations"],
       "cflags!": ["-fno-exceptions"]
     }
+  ],
+  # The Open MPI backend is a separate addon built only where mpi.h exists (scripts/find-mpi.cjs),
+  # so flotilla.node never needs libmpi to load.
+  "variables": {"has_mpi": "<!(node ../scripts/find-mpi.cjs has)"},
+  "conditions": [
+    ["has_mpi==1", {
+      "targets": [
+        {
+          "target_name": "flotilla_mpi",
+          "sources": ["mpi.cc"],
+          "include_dirs": [
+            "<!(node -p \"require('node-addon-api').include_dir\")",
+            "<!@(node ../scripts/find-mpi.cjs include)"
+          ],
+          "libraries": ["<!@(node ../scripts/find-mpi.cjs libs)", "-ldl"],
+          "defines": ["NAPI_VERSION=8", "NODE_ADDON_API_DISABLE_DEPRECATED", "OMPI_SKIP_MPICXX=1"],
+          "cflags_cc!": ["-fno-exceptions", "-fno-rtti", "-std=gnu++17", "-std=gnu++20"],
+          "cflags_cc": ["-std=c++17", "-fexceptions", "-O2", "-Wno-unused-parameter"],
+          "cflags!": ["-fno-exceptions"]
+        }
+      ]
+    }]
   ]
 }
