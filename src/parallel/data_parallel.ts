@@ -276,6 +276,9 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
   }
 
   private launch(run: BucketRun): void {
+    // A bucket no gradient reached on this rank (unused parameters) still joins the collective,
+    // with zeros.
+    this.beforeAccumulate(run.bucket);
     const g = run.bucket.grad;
     if (this.nonFinite !== 'off' && !run.nonFinite) run.nonFinite = tidy(() => !g.isfinite().all().item());
     const scale = run.bucket.index === this.breakBucket ? 1 : 1 / this.group.size;
