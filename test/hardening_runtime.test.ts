@@ -251,7 +251,7 @@ test('an unresolvable MASTER_ADDR fails at once, naming the host (rank 0 and the
   const host = 'no-such-host.invalid';
   const res = await runWorld({
     nproc: 2, script: RANK_SCRIPT, args: ['join'], timeoutMs: 60_000,
-    env: { MASTER_ADDR: host, FLOTILLA_JOB_SECRET: 's', FLOTILLA_TIMEOUT_MS: undefined, TEST_TIMEOUT_MS: '300000' },
+    env: { MASTER_ADDR: host, FLOTILLA_JOB_SECRET: 'a-secret-of-some-length', FLOTILLA_TIMEOUT_MS: undefined, TEST_TIMEOUT_MS: '300000' },
   });
   for (const r of [0, 1]) {
     assert.notEqual(res.codes[r], 0, describeWorld(res));

@@ -8,8 +8,14 @@
 //              region, and together they cover it exactly (no gaps, no overlaps, nothing after the last one)
 //
 // Writes go to a temporary file in the same directory, are flushed, then renamed over the target, so a
-// crash never leaves a half-written checkpoint under the real name.
-import { closeSync, fstatSync, fsyncSync, openSync, readFileSync, readSync, renameSync, unlinkSync, writeSync } from 'node:fs';
+// crash never leaves a half-written checkpoint under the real name; the next save to that name removes
+// temporary files that interrupted saves left behind.
+//
+// Any string may name a tensor ('__proto__' included): names become own properties, never prototypes.
+// A header is refused unread when it is larger than MAX_HEADER_BYTES, and before parsing when it
+// holds more than MAX_TENSORS entries (or more JSON values than such entries need), so a hostile
+// header cannot make the parser spend seconds and gigabytes.
+import { closeSync, fstatSync, fsyncSync, openSync, readdirSync, readFileSync, readSync, renameSync, unlinkSync, writeSync } from 'node:fs';
 import { open as openAsync, readFile as readFileAsync, rename as renameAsync, unlink as unlinkAsync } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { endianness } from 'node:os';
@@ -27,6 +33,15 @@ const FROM_SAFETENSORS = new Map<string, DType>(Object.entries(SAFETENSORS_DTYPE
 
 /** Headers above this size are refused as corrupt (the reference implementation uses the same cap). */
 const MAX_HEADER_BYTES = 100_000_000;
+/** Entries (tensors plus __metadata__) a header may hold; real checkpoints hold thousands at most. */
+export const MAX_TENSORS = 100_000;
+/** JSON values a header may hold in all: generous for MAX_TENSORS entries of up to 8 dimensions. */
+const MAX_HEADER_VALUES = MAX_TENSORS * 16;
+
+/** obj[key] = value as an own property, even for '__proto__' (which would otherwise set the prototype). */
+function setOwn<T>(obj: Record<string, T>, key: string, value: T): void {
+  Object.defineProperty(obj, key, { value, enumerable: true, writable: true, configurable: true });
+}
 
 export interface SafetensorsEntry {
   dtype: DType;
@@ -51,7 +66,7 @@ function checkLittleEndian(): void {
 function encodeHeader(entries: [string, SafetensorsEntry][], metadata: Record<string, string> | undefined): Buffer {
   const obj: Record<string, unknown> = {};
   if (metadata && Object.keys(metadata).length > 0) obj.__metadata__ = metadata;
-  for (const [name, e] of entries) obj[name] = { dtype: SAFETENSORS_DTYPE[e.dtype], shape: e.shape, data_offsets: e.dataOffsets };
+  for (const [name, e] of entries) setOwn(obj, name, { dtype: SAFETENSORS_DTYPE[e.dtype], shape: e.shape, data_offsets: e.dataOffsets });
   const json = Buffer.from(JSON.stringify(obj), 'utf8');
   const padded = Math.ceil(json.length / 8) * 8;
   const out = Buffer.alloc(8 + padded, 0x20);
@@ -101,7 +116,9 @@ export function encodeSafetensors(tensors: Record<string, Tensor>, metadata?: Re
  */
 export function saveSafetensors(path: string, tensors: Record<string, Tensor>, metadata?: Record<string, string>): void {
   const parts = encodeSafetensors(tensors, metadata);
+  removeStaleTemps(path);
   const tmp = tempPath(path);
+  inFlight.add(tmp);
   let fd: number | undefined;
   try {
     fd = openSync(tmp, 'wx');
@@ -121,11 +138,57 @@ export function saveSafetensors(path: string, tensors: Record<string, Tensor>, m
       // the temporary file was never created or is already gone
     }
     throw new Error(`saveSafetensors: could not write ${path}: ${(e as Error).message}`);
+  } finally {
+    inFlight.delete(tmp);
   }
 }
 
 function tempPath(path: string): string {
   return join(dirname(path), `.${basename(path)}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`);
+}
+
+/** Temporary files this process is writing now (never removed as stale). */
+const inFlight = new Set<string>();
+
+function processAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+/**
+ * Removes temporary files of earlier saves to `path` that were interrupted (their writer is gone, or
+ * it is this process and the save is no longer running). Saves by other live processes are left alone.
+ */
+export function removeStaleTemps(path: string): string[] {
+  const dir = dirname(path);
+  const base = basename(path).replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+  const re = new RegExp(`^\\.${base}\\.(\\d+)\\.[0-9a-f]{8}\\.tmp$`);
+  let names: string[];
+  try {
+    names = readdirSync(dir);
+  } catch {
+    return [];
+  }
+  const removed: string[] = [];
+  for (const name of names) {
+    const m = re.exec(name);
+    if (!m) continue;
+    const pid = Number(m[1]);
+    const full = join(dir, name);
+    if ((pid === process.pid && !inFlight.has(full)) || (pid !== process.pid && !processAlive(pid))) {
+      try {
+        unlinkSync(full);
+        removed.push(full);
+      } catch {
+        // already gone
+      }
+    }
+  }
+  return removed;
 }
 
 /**
@@ -134,7 +197,9 @@ function tempPath(path: string): string {
  */
 export async function saveSafetensorsAsync(path: string, tensors: Record<string, Tensor>, metadata?: Record<string, string>): Promise<void> {
   const parts = encodeSafetensors(tensors, metadata);
+  removeStaleTemps(path);
   const tmp = tempPath(path);
+  inFlight.add(tmp);
   let fh: Awaited<ReturnType<typeof openAsync>> | undefined;
   try {
     fh = await openAsync(tmp, 'wx');
@@ -147,6 +212,8 @@ export async function saveSafetensorsAsync(path: string, tensors: Record<string,
     await fh?.close().catch(() => undefined);
     await unlinkAsync(tmp).catch(() => undefined);
     throw new Error(`saveSafetensors: could not write ${path}: ${(e as Error).message}`);
+  } finally {
+    inFlight.delete(tmp);
   }
 }
 
@@ -176,8 +243,11 @@ function parseHeader(prefix: Buffer, fileBytes: number, where: string): Safetens
   const n = Number(n64);
   if (8 + n > fileBytes) throw corrupt(where, `truncated: header needs ${n} bytes but only ${fileBytes - 8} follow the length prefix`);
   if (prefix.length < 8 + n) throw new Error('internal: header prefix not fully read');
-  const text = prefix.subarray(8, 8 + n).toString('utf8');
-  if (!text.startsWith('{')) throw corrupt(where, 'header does not start with a JSON object');
+  const headerBytes = prefix.subarray(8, 8 + n);
+  if (headerBytes[0] !== 0x7b /* { */) throw corrupt(where, 'header does not start with a JSON object');
+  const tooMany = countHeaderValues(headerBytes);
+  if (tooMany !== undefined) throw corrupt(where, tooMany);
+  const text = headerBytes.toString('utf8');
   let obj: unknown;
   try {
     obj = JSON.parse(text);
@@ -187,12 +257,13 @@ function parseHeader(prefix: Buffer, fileBytes: number, where: string): Safetens
   if (obj === null || typeof obj !== 'object' || Array.isArray(obj)) throw corrupt(where, 'header is not a JSON object');
   const metadata: Record<string, string> = {};
   const list: [string, SafetensorsEntry][] = [];
+  // JSON.parse makes '__proto__' an own property like any other key; Object.entries lists it.
   for (const [name, raw] of Object.entries(obj as Record<string, unknown>)) {
     if (name === '__metadata__') {
       if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) throw corrupt(where, '__metadata__ is not an object');
       for (const [k, v] of Object.entries(raw as Record<string, unknown>)) {
         if (typeof v !== 'string') throw corrupt(where, `__metadata__['${k}'] is not a string`);
-        metadata[k] = v;
+        setOwn(metadata, k, v);
       }
       continue;
     }
@@ -231,8 +302,38 @@ function parseHeader(prefix: Buffer, fileBytes: number, where: string): Safetens
   if (have < end) throw corrupt(where, `truncated: the header describes ${end} bytes of tensor data, the file holds ${have}`);
   if (have > end) throw corrupt(where, `${have - end} unexpected bytes after the last tensor (header describes ${end} bytes of data)`);
   const tensors: Record<string, SafetensorsEntry> = {};
-  for (const [name, e] of list) tensors[name] = e;
+  for (const [name, e] of list) setOwn(tensors, name, e);
   return { metadata, tensors, dataStart };
+}
+
+/**
+ * Counts the header's top-level entries and its JSON values (commas and colons outside strings) in
+ * one pass over the bytes, stopping at the first limit exceeded; returns why it is refused, if so.
+ * Structural characters are ASCII and never occur inside a multi-byte UTF-8 sequence.
+ */
+function countHeaderValues(b: Uint8Array): string | undefined {
+  let depth = 0;
+  let entries = 0;
+  let values = 0;
+  let inString = false;
+  for (let i = 0; i < b.length; i++) {
+    const c = b[i]!;
+    if (inString) {
+      if (c === 0x5c /* \ */) i++;
+      else if (c === 0x22 /* " */) inString = false;
+      continue;
+    }
+    if (c === 0x22) inString = true;
+    else if (c === 0x7b || c === 0x5b) depth++;
+    else if (c === 0x7d || c === 0x5d) depth--;
+    else if (c === 0x3a /* : */ || c === 0x2c /* , */) {
+      if (c === 0x3a && depth === 1 && ++entries > MAX_TENSORS) {
+        return `header holds more than ${MAX_TENSORS} entries (the limit of this reader)`;
+      }
+      if (++values > MAX_HEADER_VALUES) return `header holds more than ${MAX_HEADER_VALUES} JSON values (the limit of this reader)`;
+    }
+  }
+  return undefined;
 }
 
 /** Decodes safetensors bytes into new tensors (file order) and the metadata. */
@@ -244,7 +345,7 @@ export function decodeSafetensors(bytes: Uint8Array, where = 'buffer'): { tensor
   try {
     for (const [name, e] of Object.entries(header.tensors)) {
       const data = buf.subarray(header.dataStart + e.dataOffsets[0], header.dataStart + e.dataOffsets[1]);
-      tensors[name] = new Tensor(native.fromBuffer(data, e.shape, dtypeCode(e.dtype)));
+      setOwn(tensors, name, new Tensor(native.fromBuffer(data, e.shape, dtypeCode(e.dtype))));
     }
   } catch (err) {
     for (const t of Object.values(tensors)) t.dispose();

@@ -3,7 +3,7 @@
 import { readFileSync } from 'node:fs';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { resolve } from 'node:path';
-import { ConfigError, checkRunnable, configToToml, defaultConfig, loadConfig, parseConfig } from '../train/config.js';
+import { ConfigError, checkRunnable, configToToml, defaultConfig, loadConfig, parseConfig, runDirProblem } from '../train/config.js';
 
 const MAIN = fileURLToPath(import.meta.url);
 
@@ -85,9 +85,15 @@ export function parseTrainArgs(args: readonly string[]): TrainArgs {
 async function trainCommand(args: readonly string[]): Promise<number> {
   const a = parseTrainArgs(args);
   const cfg = loadConfig(a.config, a.overrides); // every rank and the launching process validate first
-  const { readLaunchEnv } = await import('../distributed/env.js');
+  const { readLaunchEnv, checkFlotillaEnv } = await import('../distributed/env.js');
+  checkFlotillaEnv();
   const env = readLaunchEnv();
   const inWorld = env.source !== 'single';
+  if (!inWorld) {
+    // Before any rank starts: an earlier run's directory is refused once, here (rank 0 checks again).
+    const problem = runDirProblem(cfg);
+    if (problem !== undefined) throw new ConfigError([problem], a.config);
+  }
   if (a.nproc !== undefined && a.nproc > 1 && !inWorld) {
     const problems = checkRunnable(cfg, a.nproc);
     if (problems.length > 0) throw new ConfigError(problems, a.config);

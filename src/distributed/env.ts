@@ -7,6 +7,7 @@
 //   4. nothing set:               a single process, rank 0 of 1
 // Under mpirun and srun, MASTER_ADDR / MASTER_PORT still come from the environment when set
 // (default 127.0.0.1:29500): neither launcher says where rank 0 listens.
+import { networkInterfaces } from 'node:os';
 
 export type LaunchSource = 'torchrun' | 'mpirun' | 'srun' | 'single';
 
@@ -144,4 +145,32 @@ export function timeoutFromEnv(fallback: number, env: Env = process.env): number
 /** True for 127.0.0.0/8, ::1 and localhost: every rank is then on this host. */
 export function isLoopback(addr: string): boolean {
   return addr === 'localhost' || addr === '::1' || /^127\.\d+\.\d+\.\d+$/.test(addr);
+}
+
+/**
+ * Checks the FLOTILLA_* variables that tune a run, so that a bad value is one message from the
+ * command that starts the run instead of a failure inside every rank. Throws LaunchEnvError naming
+ * the variable and what it accepts.
+ */
+export function checkFlotillaEnv(env: Env = process.env, interfaces: () => string[] = () => Object.keys(networkInterfaces())): void {
+  for (const name of ['FLOTILLA_TIMEOUT_MS', 'FLOTILLA_NUM_THREADS']) {
+    if (present(env, name)) intVar(env, name, { positive: true });
+  }
+  if (present(env, 'FLOTILLA_KILL_GRACE_MS')) intVar(env, 'FLOTILLA_KILL_GRACE_MS');
+  for (const name of ['FLOTILLA_GLOO_IFACE', 'GLOO_SOCKET_IFNAME']) {
+    const iface = env[name]?.trim();
+    if (!iface) continue;
+    const known = interfaces();
+    if (!known.includes(iface)) {
+      throw new LaunchEnvError(`${name}=${JSON.stringify(env[name])} is not a network interface of this host (it has ${known.join(', ')})`);
+    }
+  }
+  const host = env.FLOTILLA_GLOO_HOSTNAME;
+  if (host !== undefined && host.trim() !== '' && /\s/.test(host.trim())) {
+    throw new LaunchEnvError(`FLOTILLA_GLOO_HOSTNAME=${JSON.stringify(host)} is not a host name or address`);
+  }
+  const secret = env.FLOTILLA_JOB_SECRET;
+  if (secret !== undefined && secret !== '' && secret.length < 16) {
+    throw new LaunchEnvError(`FLOTILLA_JOB_SECRET is ${secret.length} characters long; use at least 16 random ones (e.g. \`openssl rand -hex 32\`)`);
+  }
 }

@@ -40,7 +40,7 @@ import { createServer } from 'node:net';
 import { delimiter, join } from 'node:path';
 import { createInterface } from 'node:readline';
 import type { Readable } from 'node:stream';
-import { DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, isLoopback } from './env.js';
+import { DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, checkFlotillaEnv, isLoopback } from './env.js';
 
 export const RUN_USAGE = `usage: flotilla run --nproc N [options] script.ts [script args...]
 
@@ -353,7 +353,15 @@ function runGroup(o: RunOptions, attempt: number, port: number, io: Required<Lau
  * launcher was interrupted; 2 for a usage error.
  */
 export async function runLauncher(argv: readonly string[], ioOpts: LauncherIO = {}): Promise<number> {
-  const envGrace = Number(process.env.FLOTILLA_KILL_GRACE_MS);
+  const stderr = ioOpts.stderr ?? process.stderr;
+  try {
+    checkFlotillaEnv(); // a bad FLOTILLA_* value: one line here, not a failure in every rank
+  } catch (e) {
+    if ((e as Error).name !== 'LaunchEnvError') throw e;
+    stderr.write(`flotilla run: ${(e as Error).message}\n`);
+    return 2;
+  }
+  const envGrace = Number(process.env.FLOTILLA_KILL_GRACE_MS || NaN);
   const io: Required<LauncherIO> = {
     stdout: ioOpts.stdout ?? process.stdout,
     stderr: ioOpts.stderr ?? process.stderr,

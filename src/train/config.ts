@@ -1,8 +1,8 @@
 // The training job config: one TOML section per component, every field typed, documented and
 // defaulted; `--section.field=value` overrides from the command line; validation that names the
 // field and the fix. The resolved config is saved with each run (configToToml).
-import { readFileSync, existsSync, statSync } from 'node:fs';
-import { resolve } from 'node:path';
+import { readFileSync, existsSync, statSync, readdirSync, mkdirSync } from 'node:fs';
+import { join, resolve } from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import type { GPTConfig } from '../models/gpt.js';
 
@@ -404,7 +404,14 @@ export function parseConfig(tomlText: string, overrides: readonly string[] = [],
 /** Reads a TOML file and applies overrides; a missing file is a ConfigError naming the path. */
 export function loadConfig(path: string, overrides: readonly string[] = []): FlotillaConfig {
   if (!existsSync(path)) throw new ConfigError([`config file ${path} does not exist (try examples/gpt-tiny.toml)`]);
-  return parseConfig(readFileSync(path, 'utf8'), overrides, path);
+  if (statSync(path).isDirectory()) throw new ConfigError([`config file ${path} is a directory; pass a TOML file (e.g. examples/gpt-tiny.toml)`]);
+  let text: string;
+  try {
+    text = readFileSync(path, 'utf8');
+  } catch (e) {
+    throw new ConfigError([`config file ${path} cannot be read (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`]);
+  }
+  return parseConfig(text, overrides, path);
 }
 
 function tomlValue(v: unknown): string {
@@ -479,3 +486,49 @@ export function checkRunnable(c: FlotillaConfig, worldSize: number): string[] {
 export function runDirOf(c: FlotillaConfig): string {
   return c.train.runDir !== '' ? c.train.runDir : `runs/${c.train.name}`;
 }
+/** True when `dir` (or its checkpoints/ subdirectory) holds a safetensors checkpoint. */
+function hasCheckpoints(dir: string): boolean {
+  for (const d of [dir, join(dir, 'checkpoints')]) {
+    try {
+      if (readdirSync(d).some((f) => f.endsWith('.safetensors'))) return true;
+    } catch {
+      // no such directory
+    }
+  }
+  return false;
+}
+
+/**
+ * Why the run directory cannot be used, or undefined when it can: a new run refuses a directory that
+ * already has files (an earlier run's), so nothing is overwritten silently; `resume` accepts one.
+ * Changes nothing on disk.
+ */
+export function runDirProblem(c: FlotillaConfig, opts: { resume?: boolean } = {}): string | undefined {
+  const dir = runDirOf(c);
+  const which = c.train.runDir !== '' ? `--train.runDir=${c.train.runDir}` : `--train.name=${c.train.name}`;
+  if (!existsSync(dir)) return opts.resume ? `cannot resume: the run directory ${dir} does not exist (check ${which})` : undefined;
+  if (!statSync(dir).isDirectory()) return `the run directory ${dir} exists and is not a directory; pick another --train.name (or --train.runDir)`;
+  if (opts.resume || readdirSync(dir).length === 0) return undefined;
+  const fix = c.train.runDir !== ''
+    ? 'pick another --train.runDir'
+    : `pick another --train.name (e.g. --train.name=${c.train.name}-2)`;
+  if (hasCheckpoints(dir)) {
+    return `the run directory ${dir} holds checkpoints of an earlier run: resume that run from them, ${fix}, or delete ${dir} to start over`;
+  }
+  return `the run directory ${dir} already holds an earlier run (${which}); ${fix}, or delete ${dir} to start over`;
+}
+
+/**
+ * Checks the run directory (runDirProblem) and creates it; throws ConfigError naming the fix.
+ * Returns its path. A group restarted by `flotilla run --max-restarts` (FLOTILLA_RESTART_COUNT > 0)
+ * reuses the directory its first attempt created.
+ */
+export function prepareRunDir(c: FlotillaConfig, opts: { resume?: boolean } = {}): string {
+  const restarted = Number(process.env.FLOTILLA_RESTART_COUNT ?? 0) > 0;
+  const problem = runDirProblem(c, { resume: opts.resume });
+  if (problem !== undefined && !(restarted && existsSync(runDirOf(c)))) throw new ConfigError([problem]);
+  const dir = runDirOf(c);
+  mkdirSync(dir, { recursive: true });
+  return dir;
+}
+

@@ -18,7 +18,7 @@ import type { DataParallel, MemoryReport } from '../parallel/data_parallel.js';
 import { PipelineParallel } from '../parallel/pipeline/pipeline_parallel.js';
 import { saveSafetensors } from '../checkpoint/safetensors.js';
 import { DataLoader, loadTextDataset } from '../data/index.js';
-import { ConfigError, checkRunnable, configToToml, runDirOf, type FlotillaConfig } from './config.js';
+import { ConfigError, checkRunnable, configToToml, prepareRunDir, runDirOf, type FlotillaConfig } from './config.js';
 import { MetricsWriter, type StepMetrics } from './metrics.js';
 import { Progress, resolveProgressMode } from './progress.js';
 
@@ -168,7 +168,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
     const runDir = runDirOf(cfg);
     let metrics: MetricsWriter | undefined;
     if (isRank0) {
-      mkdirSync(runDir, { recursive: true });
+      prepareRunDir(cfg); // refuses an earlier run's directory (ConfigError naming --train.name), then creates it
       const from = [opts.configPath ? `from ${opts.configPath}` : 'from defaults', ...(opts.overrides ?? [])].join(' ');
       writeFileSync(join(runDir, 'config.toml'), configToToml(cfg, { header: `Resolved config of run "${cfg.train.name}" (${from}), world size ${env.worldSize}.` }));
       if (cfg.log.metrics !== '') metrics = new MetricsWriter(join(runDir, cfg.log.metrics));
