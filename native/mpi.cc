@@ -281,6 +281,12 @@ class WorkHandle : public Napi::ObjectWrap<WorkHandle> {
         *finished = true;
         return w->error;
       }
+      if (!w->started && w->comm->poisoned.load()) {
+        w->done = true;
+        w->error = "the communicator is unusable: " + w->comm->poisonWhy;
+        *finished = true;
+        return w->error;
+      }
       auto now = Clock::now();
       if (w->started && now - w->startedAt > std::chrono::milliseconds(w->comm->timeoutMs)) {
         std::string why = "Timed out after " + std::to_string(w->comm->timeoutMs) + " ms in " + w->what +
@@ -308,6 +314,7 @@ class WorkHandle : public Napi::ObjectWrap<WorkHandle> {
     bool finished = false;
     std::string err = Block(work, limit, &finished);
     if (!err.empty()) throw Napi::Error::New(env, err);
+    if (!finished && limit > 0) throw Napi::Error::New(env, "Timed out after waiting " + std::to_string(limit) + " ms for " + work->what);
     return Napi::Boolean::New(env, finished);
   }
 
@@ -599,8 +606,18 @@ Napi::Value Finalize(const Napi::CallbackInfo& info) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
-  MPI_Finalize();
+  // MPI_Finalize waits for every rank to finalize; a peer that died never does. Bound the wait
+  // (the process is exiting: a finalize still running then ends with it).
   g_finalized = true;
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  std::thread([finished] {
+    MPI_Finalize();
+    finished->store(true);
+  }).detach();
+  while (!finished->load()) {
+    if (Clock::now() > until) return Napi::Boolean::New(env, false);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   return Napi::Boolean::New(env, true);
 }
 

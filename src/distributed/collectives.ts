@@ -1,4 +1,4 @@
-// Collectives over one native process group, and the Work handle they return.
+// Collectives over one native process group (Gloo or MPI), and the Work handle they return.
 //
 // The addon exposes c10d's primitives as they are; this file decides how each public collective is
 // built from them:
@@ -15,6 +15,9 @@
 //     max = logical or; product and min = logical and).
 //   - Gloo needs contiguous tensors: a non-contiguous argument is staged through a contiguous copy
 //     and, when it is an output, copied back once the collective completes.
+//   - The MPI backend (mpi.ts) has native reduce-scatter and all-gather-into, the same 'avg' by
+//     scaling, and no float16 reduction type: float16 reduces in float32 there, like bfloat16. Its
+//     buffers are contiguous too, so the same staging serves both backends.
 // Every temporary is kept out of the caller's tidy() scope (the collective may outlive it) and is
 // disposed when the Work completes.
 import { native, type GroupHandle, type WorkHandle, type NativeReduceOp } from '../tensor/native.js';
@@ -33,8 +36,10 @@ export interface GroupContext {
   /** Global ranks of the members, in group-rank order. */
   readonly ranks: readonly number[];
   readonly timeoutMs: number;
-  /** The Gloo group; undefined for a group of one (collectives are local). */
+  /** The native group (Gloo, or MPI through mpi.ts); undefined for a group of one (collectives are local). */
   readonly handle: GroupHandle | undefined;
+  /** Which backend runs the group's collectives. */
+  readonly backend: 'gloo' | 'mpi' | 'local';
   /** Native ops found missing on this backend (probed once, on first use). */
   readonly unsupported: Set<string>;
 }
@@ -210,21 +215,25 @@ function movementDtype(d: DType): DType {
   return d === 'bfloat16' ? 'float16' : d === 'bool' ? 'uint8' : d;
 }
 
-/** The dtype a reduction runs in, and whether it needs a converting copy (vs. a bit view). */
-function reductionDtype(d: DType): { dtype: DType; convert: boolean } {
-  if (d === 'bfloat16') return { dtype: 'float32', convert: true };
+/**
+ * The dtype a reduction runs in, and whether it needs a converting copy (vs. a bit view). MPI has no
+ * float16 reduction type either, so there float16 reduces in float32 too.
+ */
+function reductionDtype(d: DType, backend: GroupContext['backend']): { dtype: DType; convert: boolean } {
+  if (d === 'bfloat16' || (d === 'float16' && backend === 'mpi')) return { dtype: 'float32', convert: true };
   if (d === 'bool') return { dtype: 'uint8', convert: false };
   return { dtype: d, convert: false };
 }
 
 interface Staging {
   temps: Temps;
+  backend: GroupContext['backend'];
   /** (destination, staged) pairs copied back when the collective completes. */
   copyBack: [Tensor, Tensor][];
 }
 
-function newStaging(): Staging {
-  return { temps: new Temps(), copyBack: [] };
+function newStaging(ctx: GroupContext): Staging {
+  return { temps: new Temps(), copyBack: [], backend: ctx.backend };
 }
 
 /**
@@ -235,13 +244,13 @@ function wireFor(t: Tensor, kind: 'movement' | 'reduction', role: 'input' | 'out
   const [shape, code, , , strides] = native.meta(t.handle); // one native call: this runs per collective
   const d = dtypeFromCode(code);
   let wire = t;
-  if (kind === 'reduction' && reductionDtype(d).convert) {
-    wire = s.temps.add(t.to(reductionDtype(d).dtype));
+  if (kind === 'reduction' && reductionDtype(d, s.backend).convert) {
+    wire = s.temps.add(t.to(reductionDtype(d, s.backend).dtype));
     if (!isContiguous(wire)) wire = s.temps.add(wire.contiguous());
     if (role !== 'input') s.copyBack.push([t, wire]);
     return wire;
   }
-  const wd = kind === 'movement' ? movementDtype(d) : reductionDtype(d).dtype;
+  const wd = kind === 'movement' ? movementDtype(d) : reductionDtype(d, s.backend).dtype;
   if (wd !== d) wire = s.temps.add(viewAs(t, wd));
   if (!wire.isContiguous()) {
     const staged = s.temps.add(wire.contiguous());
@@ -340,7 +349,7 @@ export function allReduce(ctx: GroupContext, t: Tensor, op: ReduceOp = 'sum'): W
   if (ctx.handle === undefined) return Work.done(name, ctx);
   let nativeOp: NativeReduceOp = op === 'avg' ? 'sum' : op;
   if (t.dtype === 'bool') nativeOp = op === 'sum' || op === 'max' ? 'max' : 'min';
-  const s = newStaging();
+  const s = newStaging(ctx);
   const wire = wireFor(t, 'reduction', 'inout', s);
   if (op === 'avg') wire.mul_(1 / ctx.size);
   const handle = ctx.handle;
@@ -352,7 +361,7 @@ export function broadcast(ctx: GroupContext, t: Tensor, src: number): Work {
   checkTensor(name, ctx, t, 'tensor');
   checkPeer(name, ctx, src, 'src');
   if (ctx.handle === undefined) return Work.done(name, ctx);
-  const s = newStaging();
+  const s = newStaging(ctx);
   const wire = wireFor(t, 'movement', ctx.rank === src ? 'input' : 'output', s);
   const handle = ctx.handle;
   return issue(name, ctx, s, () => handle.broadcast([wire.handle], src));
@@ -377,7 +386,7 @@ export function allGather(ctx: GroupContext, outputs: Tensor[], input: Tensor): 
     outputs[0]!.copy_(input);
     return Work.done(name, ctx);
   }
-  const s = newStaging();
+  const s = newStaging(ctx);
   const inWire = wireFor(input, 'movement', 'input', s);
   const outWires = outputs.map((o) => wireFor(o, 'movement', 'output', s));
   const handle = ctx.handle;
@@ -397,7 +406,7 @@ export function allGatherInto(ctx: GroupContext, output: Tensor, input: Tensor):
     copyInto(output, input);
     return Work.done(name, ctx);
   }
-  const s = newStaging();
+  const s = newStaging(ctx);
   const inFlat = s.temps.add(wireFor(input, 'movement', 'input', s).reshape(-1));
   const outFlat = s.temps.add(wireFor(output, 'movement', 'output', s).reshape(-1));
   const handle = ctx.handle;
@@ -434,7 +443,7 @@ export function reduceScatter(ctx: GroupContext, output: Tensor, input: Tensor, 
 
   // Native path (backends that have it): reduce a flat wire copy of the input into the output.
   if (!ctx.unsupported.has('reduceScatterBase')) {
-    const s = newStaging();
+    const s = newStaging(ctx);
     let inWire = wireFor(input, 'reduction', 'input', s);
     if (op === 'avg') inWire = s.temps.add(inWire.mul(1 / size));
     const inFlat = s.temps.add(inWire.reshape(-1));
@@ -451,7 +460,7 @@ export function reduceScatter(ctx: GroupContext, output: Tensor, input: Tensor, 
   }
 
   // All-to-all then a local sum: chunk j of every rank's input lands on rank j.
-  const s = newStaging();
+  const s = newStaging(ctx);
   const dtype = input.dtype;
   const inFlat = s.temps.add(wireFor(input, 'movement', 'input', s).reshape(-1));
   const recv = s.temps.add(empty([total], { dtype: inFlat.dtype }));
@@ -494,7 +503,7 @@ export function allToAll(ctx: GroupContext, output: Tensor, input: Tensor, outSp
     copyInto(output, input);
     return Work.done(name, ctx);
   }
-  const s = newStaging();
+  const s = newStaging(ctx);
   const inWire = wireFor(input, 'movement', 'input', s);
   const outWire = wireFor(output, 'movement', 'output', s);
   const handle = ctx.handle;
@@ -521,7 +530,7 @@ function pointToPoint(name: 'send' | 'recv', ctx: GroupContext, t: Tensor, peer:
   checkTag(name, ctx, tag);
   if (peer === ctx.rank) throw new CollectiveArgumentError(name, ctx, `cannot ${self} itself (group rank ${peer})`);
   const handle = ctx.handle!;
-  const s = newStaging();
+  const s = newStaging(ctx);
   const wire = wireFor(t, 'movement', name === 'send' ? 'input' : 'output', s);
   return issue(name, ctx, s, () => handle[name]([wire.handle], peer, tag));
 }
@@ -529,5 +538,5 @@ function pointToPoint(name: 'send' | 'recv', ctx: GroupContext, t: Tensor, peer:
 export function barrier(ctx: GroupContext): Work {
   if (ctx.handle === undefined) return Work.done('barrier', ctx);
   const handle = ctx.handle;
-  return issue('barrier', ctx, newStaging(), () => handle.barrier());
+  return issue('barrier', ctx, newStaging(ctx), () => handle.barrier());
 }

@@ -1,4 +1,10 @@
-// Process groups: the world (from the launch contract in env.ts) and sub-groups of it, on c10d Gloo.
+// Process groups: the world (from the launch contract in env.ts) and sub-groups of it, on c10d Gloo
+// or Open MPI.
+//
+// Backend: initProcessGroup({ backend }), else FLOTILLA_BACKEND, else 'auto': 'mpi' when this process
+// was started by mpirun (`flotilla run --backend mpi` does that) and the MPI addon is built, 'gloo'
+// otherwise. Under MPI the world is MPI_COMM_WORLD and sub-groups are MPI_Comm_split of it (no
+// store; see [Note: MPI launch] in mpi.ts); everything below about stores and Gloo devices is Gloo's.
 //
 // Rendezvous: through the store store.ts opens (a private FileStore when `flotilla run` starts every
 // rank on one host; otherwise flotilla's own store, which rank 0 serves on MASTER_ADDR:MASTER_PORT
@@ -18,13 +24,15 @@
 // (at least one), so ranks do not oversubscribe the cores. FLOTILLA_NUM_THREADS=n sets n exactly;
 // with OMP_NUM_THREADS set, libtorch's own choice is left alone.
 import { availableParallelism } from 'node:os';
+import { existsSync } from 'node:fs';
 import { native, type GroupHandle, type StoreHandle } from '../tensor/native.js';
-import { setNumThreads, type Tensor } from '../tensor/index.js';
+import { setNumThreads, tensor, type Tensor } from '../tensor/index.js';
 import { readLaunchEnv, timeoutFromEnv, isLoopback, intVar, LaunchEnvError, type LaunchEnv } from './env.js';
 import * as C from './collectives.js';
 import { openStore, type RendezvousStore } from './store.js';
 import { tellLauncher } from './launcher_channel.js';
 import { Work, type ReduceOp, type GroupContext } from './collectives.js';
+import { initMpiWorld, loadMpi, mpiAvailable, startedByMpirun, MpiGroupHandle, MPI_INSTALL_HINT, type MpiComm } from './mpi.js';
 
 export { Work, CollectiveError, CollectiveArgumentError, type ReduceOp } from './collectives.js';
 
@@ -51,7 +59,9 @@ export class ProcessGroup {
   private ctx: GroupContext | undefined;
 
   /** @internal Use initProcessGroup() and newGroup(). */
-  constructor(opts: { name: string; rank: number; ranks: readonly number[]; timeoutMs: number; handle: GroupHandle | undefined }) {
+  constructor(opts: {
+    name: string; rank: number; ranks: readonly number[]; timeoutMs: number; handle: GroupHandle | undefined; backend?: Backend;
+  }) {
     this.name = opts.name;
     this.rank = opts.rank;
     this.ranks = Object.freeze([...opts.ranks]);
@@ -59,13 +69,13 @@ export class ProcessGroup {
     this.timeoutMs = opts.timeoutMs;
     this.ctx = {
       name: opts.name, rank: opts.rank, size: this.size, ranks: this.ranks, timeoutMs: opts.timeoutMs,
-      handle: opts.handle, unsupported: new Set(),
+      handle: opts.handle, unsupported: new Set(), backend: opts.handle === undefined ? 'local' : opts.backend ?? 'gloo',
     };
   }
 
-  /** 'gloo', or 'local' for a group of one (collectives complete at once, without a network). */
-  get backend(): 'gloo' | 'local' {
-    return this.context('backend').handle === undefined ? 'local' : 'gloo';
+  /** 'gloo' or 'mpi', or 'local' for a group of one (collectives complete at once, without a network). */
+  get backend(): Backend | 'local' {
+    return this.context('backend').backend;
   }
 
   /** The global rank of a group rank. */
@@ -148,8 +158,15 @@ export class ProcessGroup {
 // ---------------------------------------------------------------------------------------------
 // The world
 
+/** The collective engines: c10d Gloo (TCP) and Open MPI (shared memory within a host). */
+export type Backend = 'gloo' | 'mpi';
+export const BACKENDS: readonly (Backend | 'auto')[] = ['auto', 'gloo', 'mpi'];
+
 interface WorldState {
   world: ProcessGroup;
+  backend: Backend;
+  /** The MPI world communicator (backend 'mpi' with more than one rank). */
+  mpi?: MpiComm;
   env: LaunchEnv;
   store: StoreHandle | undefined;
   rendezvous: RendezvousStore | undefined;
@@ -204,13 +221,51 @@ function exitWithLauncher(): void {
   }
 }
 
-export function initProcessGroup(opts: { timeoutMs?: number; backend?: 'gloo' } = {}): ProcessGroup {
+/**
+ * The backend a rank uses: the option, else FLOTILLA_BACKEND, else 'auto' ('mpi' under mpirun when
+ * the MPI addon is built, 'gloo' otherwise). An explicit 'mpi' that cannot work throws naming the fix.
+ */
+export function resolveBackend(requested?: string): Backend {
+  const raw = (requested ?? process.env.FLOTILLA_BACKEND?.trim()) || 'auto';
+  if (!(BACKENDS as readonly string[]).includes(raw)) {
+    const from = requested !== undefined ? 'backend' : 'FLOTILLA_BACKEND';
+    throw new Error(`initProcessGroup(): unknown ${from} '${raw}' (expected ${BACKENDS.join(', ')})`);
+  }
+  if (raw === 'gloo') return 'gloo';
+  if (raw === 'auto') return startedByMpirun() && mpiAvailable() ? 'mpi' : 'gloo';
+  loadMpi(); // throws naming the install line when the addon is missing
+  return 'mpi';
+}
+
+/**
+ * The fastest backend this machine can run for ranks on one host: 'mpi' when the MPI addon is
+ * built and mpirun is installed, else 'gloo'. Launchers (flotilla run/train) use it for 'auto'.
+ */
+export function fastestBackend(): Backend {
+  return mpiAvailable() && mpirunPath() !== undefined ? 'mpi' : 'gloo';
+}
+
+/** Where mpirun is, or undefined when it is not on PATH. */
+export function mpirunPath(): string | undefined {
+  for (const dir of (process.env.PATH ?? '').split(':')) {
+    if (dir && existsSync(`${dir}/mpirun`)) return `${dir}/mpirun`;
+  }
+  return undefined;
+}
+
+/** One line naming the world's backend, for the start of a run's output. */
+export function describeBackend(group: ProcessGroup = getWorld()): string {
+  const b = group.backend;
+  if (b === 'mpi') return `backend mpi (${loadMpi().info().library.split(',')[0]}; shared memory within a host), ${group.size} ranks`;
+  if (b === 'gloo') return `backend gloo (c10d Gloo over TCP), ${group.size} ranks`;
+  return 'backend local (one process, no collectives)';
+}
+
+export function initProcessGroup(opts: { timeoutMs?: number; backend?: Backend | 'auto' } = {}): ProcessGroup {
   if (state !== undefined) {
     throw new Error('initProcessGroup(): the process group is already initialised in this process (call destroyProcessGroup() first)');
   }
-  if (opts.backend !== undefined && opts.backend !== 'gloo') {
-    throw new Error(`initProcessGroup(): unknown backend '${String(opts.backend)}' (flotilla has 'gloo')`);
-  }
+  const backend = resolveBackend(opts.backend);
   const env = readLaunchEnv();
   exitWithLauncher();
   const timeoutMs = opts.timeoutMs ?? timeoutFromEnv(DEFAULT_TIMEOUT_MS);
@@ -221,9 +276,10 @@ export function initProcessGroup(opts: { timeoutMs?: number; backend?: 'gloo' } 
 
   if (env.worldSize === 1) {
     const world = new ProcessGroup({ name: 'world', rank: 0, ranks, timeoutMs, handle: undefined });
-    state = { world, env, store: undefined, rendezvous: undefined, deviceOpts, groupsCreated: 0, groups: [world] };
+    state = { world, backend, env, store: undefined, rendezvous: undefined, deviceOpts, groupsCreated: 0, groups: [world] };
     return world;
   }
+  if (backend === 'mpi') return initMpi(env, ranks, timeoutMs, deviceOpts);
 
   const rendezvous = openStore(env, timeoutMs);
   const store = rendezvous.handle;
@@ -250,7 +306,33 @@ export function initProcessGroup(opts: { timeoutMs?: number; backend?: 'gloo' } 
     );
   }
   const world = new ProcessGroup({ name: 'world', rank: env.rank, ranks, timeoutMs, handle });
-  state = { world, env, store, rendezvous, deviceOpts, groupsCreated: 0, groups: [world] };
+  state = { world, backend, env, store, rendezvous, deviceOpts, groupsCreated: 0, groups: [world] };
+  return world;
+}
+
+/** The MPI world: MPI_COMM_WORLD of the mpirun job, checked against the launch contract. */
+function initMpi(env: LaunchEnv, ranks: number[], timeoutMs: number, deviceOpts: { hostname?: string; iface?: string }): ProcessGroup {
+  if (!startedByMpirun()) {
+    throw new Error(
+      `rank ${env.rank}: backend 'mpi' needs ranks started by mpirun (flotilla run --backend mpi --nproc N script.ts, ` +
+        `or mpirun -np N); this process was started by ${env.source === 'torchrun' ? 'a torchrun-style launcher' : env.source}. ` +
+        "Use backend 'gloo' (or 'auto') here.",
+    );
+  }
+  let comm: MpiComm;
+  try {
+    comm = initMpiWorld(timeoutMs);
+  } catch (e) {
+    throw new Error(`rank ${env.rank}: could not start MPI: ${(e as Error).message} (${MPI_INSTALL_HINT})`, { cause: e });
+  }
+  if (comm.rank() !== env.rank || comm.size() !== env.worldSize) {
+    throw new LaunchEnvError(
+      `rank ${env.rank} of ${env.worldSize} by the launch variables is MPI rank ${comm.rank()} of ${comm.size()}; ` +
+        'unset RANK/WORLD_SIZE under mpirun (it sets OMPI_COMM_WORLD_RANK/SIZE)',
+    );
+  }
+  const world = new ProcessGroup({ name: 'world', rank: env.rank, ranks, timeoutMs, handle: new MpiGroupHandle(comm), backend: 'mpi' });
+  state = { world, backend: 'mpi', mpi: comm, env, store: undefined, rendezvous: undefined, deviceOpts, groupsCreated: 0, groups: [world] };
   return world;
 }
 
@@ -324,6 +406,7 @@ export function newGroup(ranks: number[], opts: { timeoutMs?: number; name?: str
   if (sorted.some((r, i) => i > 0 && r === sorted[i - 1])) throw new Error(`newGroup(${label}): ranks [${ranks.join(', ')}] repeat a rank`);
   const timeoutMs = opts.timeoutMs ?? world.timeoutMs;
   const rank = sorted.indexOf(world.rank);
+  if (s.mpi !== undefined && sorted.length > 1) return splitGroup(s, s.mpi, label, id, sorted, rank, timeoutMs);
   if (rank < 0) return undefined;
   if (sorted.length === 1 || s.store === undefined) {
     const g = new ProcessGroup({ name: label, rank, ranks: sorted, timeoutMs, handle: undefined });
@@ -337,6 +420,45 @@ export function newGroup(ranks: number[], opts: { timeoutMs?: number; name?: str
   } finally {
     store.release(); // the native group holds its own reference
   }
+}
+
+/**
+ * An MPI sub-group: MPI_Comm_split of the world, which every world rank joins (members or not).
+ * Members then compare what they asked for, so ranks that called newGroup in different orders get
+ * an error instead of a cross-wired group.
+ */
+function splitGroup(s: WorldState, world: MpiComm, label: string, id: number, sorted: number[], rank: number, timeoutMs: number): ProcessGroup | undefined {
+  let comm: MpiComm | undefined;
+  try {
+    comm = world.split(rank < 0 ? -1 : 0, rank, timeoutMs);
+  } catch (e) {
+    throw new Error(`newGroup(${label}) call #${id} for global ranks [${sorted.join(', ')}]: MPI_Comm_split failed: ${(e as Error).message}`, { cause: e });
+  }
+  if (comm === undefined) return undefined;
+  const g = new ProcessGroup({ name: label, rank, ranks: sorted, timeoutMs, handle: new MpiGroupHandle(comm), backend: 'mpi' });
+  s.groups.push(g);
+  const spec = specHash(sorted);
+  const mine = tensor(Float64Array.from([spec, -spec]), { dtype: 'float64' });
+  try {
+    g.allReduce(mine, 'max').wait();
+    const [hi, negLo] = mine.toNumbers();
+    if (hi !== spec || -negLo! !== spec || comm.size() !== sorted.length) {
+      throw new Error(
+        `newGroup(${label}) call #${id} on global rank ${s.world.rank} for ranks [${sorted.join(', ')}]: the other members asked for other ranks. ` +
+          'Every rank must call newGroup with the same ranks, in the same order.',
+      );
+    }
+  } finally {
+    mine.dispose();
+  }
+  return g;
+}
+
+/** A number that names a rank list (equal lists, equal numbers). */
+function specHash(ranks: number[]): number {
+  let h = 17;
+  for (const r of ranks) h = (h * 31 + r + 1) % 2147483647;
+  return h * 1024 + ranks.length;
 }
 
 function joinGroup(
