@@ -13,6 +13,10 @@ usage:
   flotilla train <config.toml> [--nproc N] [--section.field=value ...]
       Train the model a config describes. --nproc N (N > 1) starts N local ranks through the
       launcher (data parallel). Overrides win over the file, e.g. --optim.lr=3e-4 --train.steps=50.
+  flotilla verify <config.toml> --nproc N [--steps K] [--section.field=value ...]
+      Train K steps (default 5) under the config's layout on N ranks and the same steps in one
+      process on the same global batches; print per-step loss and grad-norm differences, the largest
+      parameter difference, and PASS or FAIL (exit status 0 or 1) against the stated tolerance.
   flotilla run --nproc N <script.ts|script.js> [args ...]
       Start N ranks of a script with the launch environment (RANK, WORLD_SIZE, MASTER_ADDR, ...);
       run \`flotilla run --help\` for the launcher's options.
@@ -43,6 +47,10 @@ interface TrainArgs {
   config: string;
   nproc?: number;
   overrides: string[];
+  /** `flotilla verify` sets it: every rank records its steps and final parameters there. */
+  record?: string;
+  /** `verify` only: steps to compare. */
+  steps?: number;
 }
 
 function parseNproc(v: string | undefined): number {
@@ -53,13 +61,22 @@ function parseNproc(v: string | undefined): number {
 }
 
 /** Splits `train` arguments into the config path, --nproc and the --section.field overrides. */
-export function parseTrainArgs(args: readonly string[]): TrainArgs {
+export function parseTrainArgs(args: readonly string[], command = 'train'): TrainArgs {
   let config: string | undefined;
   let nproc: number | undefined;
+  let record: string | undefined;
+  let steps: number | undefined;
   const overrides: string[] = [];
   for (let i = 0; i < args.length; i++) {
     const a = args[i]!;
-    if (a === '--nproc' || a === '--nproc-per-node') {
+    if (a === '--record' && command === 'train') {
+      record = args[++i];
+      if (record === undefined) throw new UsageError('--record needs a directory');
+    } else if ((a === '--steps' || a.startsWith('--steps=')) && command === 'verify') {
+      const v = a === '--steps' ? args[++i] : a.slice('--steps='.length);
+      if (v === undefined || !/^\d+$/.test(v) || Number(v) < 1) throw new UsageError(`--steps needs a positive integer, got ${v === undefined ? 'nothing' : JSON.stringify(v)}`);
+      steps = Number(v);
+    } else if (a === '--nproc' || a === '--nproc-per-node') {
       nproc = parseNproc(args[++i]);
     } else if (a.startsWith('--nproc=') || a.startsWith('--nproc-per-node=')) {
       nproc = parseNproc(a.slice(a.indexOf('=') + 1));
@@ -71,7 +88,7 @@ export function parseTrainArgs(args: readonly string[]): TrainArgs {
       overrides.push(`${a}=${v}`);
       i++;
     } else if (a.startsWith('-')) {
-      throw new UsageError(`train: unknown option ${a}; options are --nproc N and --section.field=value overrides (see flotilla --help)`);
+      throw new UsageError(`${command}: unknown option ${a}; options are --nproc N${command === 'verify' ? ', --steps K' : ''} and --section.field=value overrides (see flotilla --help)`);
     } else if (config === undefined) {
       config = a;
     } else {
@@ -79,7 +96,7 @@ export function parseTrainArgs(args: readonly string[]): TrainArgs {
     }
   }
   if (config === undefined) throw new UsageError('train: missing the config file: flotilla train <config.toml> (e.g. examples/gpt-tiny.toml)');
-  return { config, overrides, ...(nproc !== undefined ? { nproc } : {}) };
+  return { config, overrides, ...(nproc !== undefined ? { nproc } : {}), ...(record !== undefined ? { record } : {}), ...(steps !== undefined ? { steps } : {}) };
 }
 
 async function trainCommand(args: readonly string[]): Promise<number> {
@@ -98,13 +115,13 @@ async function trainCommand(args: readonly string[]): Promise<number> {
     const problems = checkRunnable(cfg, a.nproc);
     if (problems.length > 0) throw new ConfigError(problems, a.config);
     const { runLauncher } = await import('../distributed/launcher.js');
-    return runLauncher(['--nproc', String(a.nproc), MAIN, 'train', a.config, ...a.overrides]);
+    return runLauncher(['--nproc', String(a.nproc), MAIN, 'train', a.config, ...a.overrides, ...(a.record ? ['--record', a.record] : [])]);
   }
   if (a.nproc !== undefined && inWorld && a.nproc !== env.worldSize) {
     throw new UsageError(`train: --nproc ${a.nproc} given inside a world of ${env.worldSize} ranks already started by ${env.source}; drop --nproc`);
   }
   const { train } = await import('../train/trainer.js');
-  await train(cfg, { configPath: a.config, overrides: a.overrides });
+  await train(cfg, { configPath: a.config, overrides: a.overrides, ...(a.record ? { recordDir: a.record } : {}) });
   return 0;
 }
 
@@ -204,10 +221,20 @@ export async function main(argv: readonly string[]): Promise<number> {
       }
       case 'config':
         return configCommand(rest);
+      case 'verify': {
+        if (rest.includes('--help') || rest.includes('-h')) {
+          process.stdout.write(`${USAGE}\n`);
+          return 0;
+        }
+        const a = parseTrainArgs(rest, 'verify');
+        if (a.nproc === undefined || a.nproc < 2) throw new UsageError('verify: give the layout\'s rank count with --nproc N (N >= 2), e.g. flotilla verify examples/gpt-tiny.toml --nproc 2 --parallel.zero=3');
+        const { verifyCommand } = await import('./verify.js');
+        return await verifyCommand({ config: a.config, nproc: a.nproc, steps: a.steps ?? 5, overrides: a.overrides }, MAIN, (l) => process.stdout.write(`${l}\n`));
+      }
       case 'schedule':
         return await scheduleCommand(rest);
       default:
-        throw new UsageError(`unknown command ${JSON.stringify(cmd)}; commands: train, run, config, schedule (see flotilla --help)`);
+        throw new UsageError(`unknown command ${JSON.stringify(cmd)}; commands: train, verify, run, config, schedule (see flotilla --help)`);
     }
   } catch (e) {
     const err = e as Error;

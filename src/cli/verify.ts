@@ -1,0 +1,124 @@
+// `flotilla verify CONFIG --nproc N [--steps K] [--section.field=value ...]`: trains K steps under the
+// config's layout on N ranks and the same K steps in one process on the same global batches, then
+// compares each rank's loss and gradient norm per step and every rank's final parameters against
+// the single process. It is how a user convinces themselves that a layout trains the same model.
+//
+// Both runs record into a temporary directory through the trainer's recordDir (per rank: the steps
+// as JSON and the full parameters as safetensors); nothing is written to the config's run directory.
+import { mkdtempSync, readFileSync, rmSync, existsSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { loadConfig, checkRunnable, ConfigError, type FlotillaConfig } from '../train/config.js';
+
+/** Relative tolerances: float32 training under a different reduction order stays far inside them. */
+export const VERIFY_TOLERANCE = { loss: 1e-4, gradNorm: 1e-4, params: 1e-4 };
+
+export interface VerifyArgs {
+  config: string;
+  nproc: number;
+  steps: number;
+  overrides: string[];
+}
+
+interface Record_ {
+  rank: number;
+  steps: { step: number; loss: number; gradNorm: number }[];
+}
+
+/** Overrides that make both runs comparable and keep them out of the user's run directory. */
+function runOverrides(dir: string, steps: number): string[] {
+  return [
+    `--train.steps=${steps}`, '--train.evalEvery=0', '--train.evalBatches=1', '--log.progress=off', '--log.metrics=',
+    `--train.runDir=${dir}`, '--model.dropout=0',
+  ];
+}
+
+/** The single-process twin of a layout: same global batch and micro-batch size, no parallelism. */
+function referenceOverrides(cfg: FlotillaConfig, dp: number): string[] {
+  return [
+    '--parallel.dp=-1', '--parallel.pp=1', '--parallel.zero=0', '--parallel.dpShard=-1', '--parallel.dpReplicate=1', '--parallel.accumulate=auto',
+    `--data.microBatches=${cfg.data.microBatches * dp}`,
+  ];
+}
+
+export async function verifyCommand(a: VerifyArgs, mainScript: string, print: (l: string) => void): Promise<number> {
+  const cfg = loadConfig(a.config, a.overrides);
+  const problems = checkRunnable(cfg, a.nproc);
+  if (problems.length > 0) throw new ConfigError(problems, a.config);
+  const dp = (cfg.parallel.dp === -1 ? a.nproc / cfg.parallel.pp : cfg.parallel.dp);
+  const dir = mkdtempSync(join(tmpdir(), 'flotilla-verify-'));
+  try {
+    const layoutDir = join(dir, 'layout');
+    const refDir = join(dir, 'reference');
+    print(`verify: ${a.steps} step(s) of ${a.config} on ${a.nproc} ranks (parallel: pp ${cfg.parallel.pp}, zero ${cfg.parallel.zero}, dpShard ${cfg.parallel.dpShard}, dpReplicate ${cfg.parallel.dpReplicate}) against one process`);
+    if (cfg.model.dropout > 0) print(`verify: model.dropout=${cfg.model.dropout} set to 0 for both runs (dropout draws differ between layouts)`);
+    const { runLauncher } = await import('../distributed/launcher.js');
+    const code = await runLauncher(['--nproc', String(a.nproc), mainScript, 'train', a.config, ...a.overrides, ...runOverrides(join(dir, 'run-layout'), a.steps), '--record', layoutDir]);
+    if (code !== 0) {
+      print(`FAIL: the ${a.nproc}-rank run exited with status ${code}`);
+      return 1;
+    }
+    const { train } = await import('../train/trainer.js');
+    const refCfg = loadConfig(a.config, [...a.overrides, ...runOverrides(join(dir, 'run-reference'), a.steps), ...referenceOverrides(cfg, dp)]);
+    await train(refCfg, { recordDir: refDir, print: () => {} });
+    return await compare(layoutDir, refDir, a.nproc, print);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+async function compare(layoutDir: string, refDir: string, nproc: number, print: (l: string) => void): Promise<number> {
+  const { loadSafetensors } = await import('../checkpoint/safetensors.js');
+  const { tidy } = await import('../tensor/index.js');
+  const read = (d: string, r: number) => JSON.parse(readFileSync(join(d, `rank${r}.json`), 'utf8')) as Record_;
+  const ref = read(refDir, 0);
+  const ranks = Array.from({ length: nproc }, (_, r) => read(layoutDir, r));
+  const rel = (a: number, b: number) => Math.abs(a - b) / Math.max(Math.abs(b), 1e-12);
+  let ok = true;
+  print('step  loss (1 process)  max |Δloss| rel  grad norm (1 process)  max |Δnorm| rel');
+  for (const [i, s] of ref.steps.entries()) {
+    const dl = Math.max(...ranks.map((r) => rel(r.steps[i]!.loss, s.loss)));
+    const dn = Math.max(...ranks.map((r) => rel(r.steps[i]!.gradNorm, s.gradNorm)));
+    if (!(dl <= VERIFY_TOLERANCE.loss) || !(dn <= VERIFY_TOLERANCE.gradNorm)) ok = false;
+    print(`${String(s.step).padStart(4)}  ${s.loss.toFixed(6).padStart(16)}  ${dl.toExponential(2).padStart(15)}  ${s.gradNorm.toFixed(6).padStart(21)}  ${dn.toExponential(2).padStart(15)}`);
+  }
+  // Parameters: every rank's copy (a pipeline rank holds its stages) against the single process:
+  // ||Δθ|| / ||θ|| over all the tensors a rank holds decides; the worst single tensor is shown.
+  const refParams = loadSafetensors(join(refDir, 'rank0.safetensors'));
+  let worstRank = 0;
+  let worstTensor = 0;
+  let where = 'every tensor equal';
+  for (let r = 0; r < nproc; r++) {
+    const file = join(layoutDir, `rank${r}.safetensors`);
+    if (!existsSync(file)) {
+      print(`FAIL: rank ${r} saved no parameters`);
+      return 1;
+    }
+    const mine = loadSafetensors(file);
+    let d2 = 0;
+    let n2 = 0;
+    for (const [name, t] of Object.entries(mine)) {
+      const b = refParams[name];
+      if (!b) {
+        print(`FAIL: rank ${r} holds '${name}', which the single-process model does not have`);
+        return 1;
+      }
+      const [dd, nn] = tidy(() => {
+        const b64 = b.to('float64');
+        return [t.to('float64').sub(b64).pow(2).sum().item(), b64.pow(2).sum().item()];
+      });
+      d2 += dd;
+      n2 += nn;
+      const d = Math.sqrt(dd / Math.max(nn, 1e-24));
+      if (d > worstTensor) [worstTensor, where] = [d, `rank ${r}, ${name}`];
+    }
+    const d = Math.sqrt(d2 / Math.max(n2, 1e-24));
+    if (!(d <= worstRank)) worstRank = d;
+  }
+  if (!(worstRank <= VERIFY_TOLERANCE.params)) ok = false;
+  print(`max parameter difference ||Δθ|| / ||θ|| over a rank's parameters: ${worstRank.toExponential(2)}; worst tensor ${worstTensor.toExponential(2)} (${where})`);
+  print(
+    `${ok ? 'PASS' : 'FAIL'} (tolerance: loss ${VERIFY_TOLERANCE.loss}, grad norm ${VERIFY_TOLERANCE.gradNorm}, parameters ${VERIFY_TOLERANCE.params}, all relative)`,
+  );
+  return ok ? 0 : 1;
+}
