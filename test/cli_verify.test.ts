@@ -1,0 +1,46 @@
+// `flotilla verify` end to end: it passes for every layout and fails for a deliberately broken one
+// (a test-only switch that skips the 1/N averaging of one gradient bucket).
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { join } from 'node:path';
+import { REPO_ROOT } from './helpers/world.js';
+
+const small = ['--model.nLayer=2', '--model.nEmbd=64', '--data.seqLen=32', '--data.globalBatch=8', '--parallel.bucketSizeMb=0.1'];
+
+function verify(nproc: number, overrides: string[], env: Record<string, string> = {}): { code: number | null; out: string } {
+  const r = spawnSync(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', 'verify', 'examples/gpt-tiny.toml', '--nproc', String(nproc), '--steps', '4', ...small, ...overrides], {
+    cwd: REPO_ROOT, encoding: 'utf8', env: { ...process.env, ...env }, timeout: 240_000,
+  });
+  return { code: r.status, out: `${r.stdout}${r.stderr}` };
+}
+
+const layouts: [string, number, string[]][] = [
+  ['data parallel', 2, []],
+  ['ZeRO-1', 2, ['--parallel.zero=1']],
+  ['ZeRO-2 with 2 micro-batches', 2, ['--parallel.zero=2', '--data.microBatches=2']],
+  ['ZeRO-3', 2, ['--parallel.zero=3']],
+  ['HSDP 2 x 2, ZeRO-3', 4, ['--parallel.zero=3', '--parallel.dpReplicate=2']],
+  ['pipeline pp=2, 1F1B', 2, ['--parallel.pp=2', '--data.microBatches=4']],
+];
+
+for (const [name, nproc, overrides] of layouts) {
+  test(`verify PASSes for ${name} on ${nproc} ranks`, () => {
+    const { code, out } = verify(nproc, overrides);
+    assert.equal(code, 0, out);
+    assert.match(out, /^PASS \(tolerance/m);
+    assert.equal(out.match(/^ +\d+ +[\d.]+ +[\d.e+-]+ +[\d.]+ +[\d.e+-]+$/gm)?.length, 4, `one line per step:\n${out}`);
+  });
+}
+
+test('verify FAILs (exit 1) when one bucket skips the 1/N averaging', () => {
+  const { code, out } = verify(2, ['--parallel.zero=2'], { FLOTILLA_TEST_BREAK_AVERAGING: '0' });
+  assert.equal(code, 1, out);
+  assert.match(out, /^FAIL \(tolerance/m);
+});
+
+test('verify needs --nproc and names the fix', () => {
+  const r = spawnSync(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', 'verify', 'examples/gpt-tiny.toml'], { cwd: REPO_ROOT, encoding: 'utf8' });
+  assert.equal(r.status, 2);
+  assert.match(r.stderr, /--nproc N/);
+});
