@@ -1,15 +1,16 @@
-// Collectives, sub-groups, DeviceMesh groups and the data-partition check on real ranks over loopback.
-// The rank scripts check the numbers themselves (they know every rank's data) and report each check.
+// Collectives, sub-groups, DeviceMesh groups and the data-partition check on real ranks over loopback,
+// on both backends (Gloo, and Open MPI under mpirun). The rank scripts check the numbers themselves
+// (they know every rank's data) and report each check.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { runWorld, parseResults, describeWorld } from './helpers/world.js';
+import { runWorld, parseResults, describeWorld, BACKENDS } from './helpers/world.js';
 
 interface Summary { rank: number; size: number; backend: string; threads: number; passed: number; failed: { name: string; detail: string }[]; names: string[] }
 
 const CONTRACT_OFF = { RANK: undefined, WORLD_SIZE: undefined, LOCAL_RANK: undefined, LOCAL_WORLD_SIZE: undefined, MASTER_ADDR: undefined, MASTER_PORT: undefined };
 
-async function collectives(nproc: number, env: Record<string, string | undefined> = {}): Promise<Summary[]> {
-  const w = await runWorld({ nproc, script: 'test/helpers/ranks/collectives.ts', env, timeoutMs: 90_000 });
+async function collectives(nproc: number, env: Record<string, string | undefined> = {}, backend: 'gloo' | 'mpi' = 'gloo'): Promise<Summary[]> {
+  const w = await runWorld({ nproc, script: 'test/helpers/ranks/collectives.ts', env, timeoutMs: 90_000, backend });
   assert.deepEqual(w.codes, new Array(nproc).fill(0), describeWorld(w));
   const res = parseResults<Summary>(w.outputs);
   for (const r of res) assert.deepEqual(r.failed, [], `rank ${r.rank} failed checks:\n${r.failed.map((f) => `${f.name}: ${f.detail}`).join('\n')}`);
@@ -18,12 +19,12 @@ async function collectives(nproc: number, env: Record<string, string | undefined
   return res;
 }
 
-for (const nproc of [2, 4]) {
-  test(`collectives on ${nproc} ranks: every op and dtype, odd lengths, staging, async completion`, async () => {
-    const res = await collectives(nproc);
+for (const backend of BACKENDS) for (const nproc of [2, 4]) {
+  test(`${backend}: collectives on ${nproc} ranks: every op and dtype, odd lengths, staging, async completion`, async () => {
+    const res = await collectives(nproc, {}, backend);
     assert.ok(res[0]!.passed > 190, `${res[0]!.passed} checks`);
     for (const r of res) {
-      assert.equal(r.backend, 'gloo');
+      assert.equal(r.backend, backend);
       assert.equal(r.threads, 1, 'ranks sharing the cores get one intra-op thread each');
     }
     const names = res[0]!.names;
@@ -41,8 +42,8 @@ test('a world of one (no launch variables): collectives are local and complete',
   assert.ok(res[0]!.passed > 150);
 });
 
-test('sub-groups, DeviceMesh groups and the data-partition check on 4 ranks', async () => {
-  const w = await runWorld({ nproc: 4, script: 'test/helpers/ranks/groups.ts', timeoutMs: 90_000 });
+for (const backend of BACKENDS) test(`${backend}: sub-groups, DeviceMesh groups and the data-partition check on 4 ranks`, async () => {
+  const w = await runWorld({ nproc: 4, script: 'test/helpers/ranks/groups.ts', timeoutMs: 90_000, backend });
   assert.deepEqual(w.codes, [0, 0, 0, 0], describeWorld(w));
   const res = parseResults<Summary & { partitionMessage: string }>(w.outputs);
   for (const r of res) assert.deepEqual(r.failed, [], `rank ${r.rank}:\n${r.failed.map((f) => `${f.name}: ${f.detail}`).join('\n')}`);

@@ -17,6 +17,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { native, type GroupHandle, type NativeReduceOp, type TensorHandle, type WorkHandle } from '../tensor/native.js';
 import { dtypeFromCode, elementSize } from '../tensor/dtype.js';
+import { MPI_INSTALL_HINT } from './mpi_launch.js';
 
 /** A communicator of the MPI addon; buffers are addresses (BigInt), sizes are counts or bytes. */
 export interface MpiComm {
@@ -41,7 +42,7 @@ export interface MpiAddon {
   info(): { library: string; initialized: boolean; finalized: boolean; threadLevel: number };
 }
 
-export const MPI_INSTALL_HINT = 'apt-get install libopenmpi-dev openmpi-bin, then rebuild the addon (bash scripts/ensure.sh)';
+export { MPI_INSTALL_HINT };
 
 let loaded: MpiAddon | undefined;
 let loadError: string | undefined;

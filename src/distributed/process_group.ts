@@ -26,7 +26,7 @@
 import { availableParallelism } from 'node:os';
 import { existsSync } from 'node:fs';
 import { native, type GroupHandle, type StoreHandle } from '../tensor/native.js';
-import { setNumThreads, tensor, type Tensor } from '../tensor/index.js';
+import { setNumThreads, tensor, empty, type Tensor } from '../tensor/index.js';
 import { readLaunchEnv, timeoutFromEnv, isLoopback, intVar, LaunchEnvError, type LaunchEnv } from './env.js';
 import * as C from './collectives.js';
 import { openStore, type RendezvousStore } from './store.js';
@@ -424,41 +424,56 @@ export function newGroup(ranks: number[], opts: { timeoutMs?: number; name?: str
 
 /**
  * An MPI sub-group: MPI_Comm_split of the world, which every world rank joins (members or not).
- * Members then compare what they asked for, so ranks that called newGroup in different orders get
- * an error instead of a cross-wired group.
+ * First every rank shares the ranks it asked for (a world all-gather), so ranks that called newGroup
+ * in different orders get the same error Gloo gives (naming what the group's lowest rank asked for)
+ * instead of a cross-wired group; the split colour is the request itself, so differing requests
+ * never land in one communicator.
  */
-function splitGroup(s: WorldState, world: MpiComm, label: string, id: number, sorted: number[], rank: number, timeoutMs: number): ProcessGroup | undefined {
+function splitGroup(s: WorldState, worldComm: MpiComm, label: string, id: number, sorted: number[], rank: number, timeoutMs: number): ProcessGroup | undefined {
+  const fail = (detail: string, cause?: unknown): Error => new Error(
+    `newGroup(${label}) call #${id} on global rank ${s.world.rank} for ranks [${sorted.join(', ')}]: ${detail}. ` +
+      'Every rank must call newGroup with the same ranks, in the same order.', cause === undefined ? undefined : { cause });
+  const asked = worldRequests(new MpiGroupHandle(worldComm), s.world.size, sorted);
   let comm: MpiComm | undefined;
   try {
-    comm = world.split(rank < 0 ? -1 : 0, rank, timeoutMs);
+    comm = worldComm.split(rank < 0 ? -1 : specHash(sorted), rank, timeoutMs);
   } catch (e) {
-    throw new Error(`newGroup(${label}) call #${id} for global ranks [${sorted.join(', ')}]: MPI_Comm_split failed: ${(e as Error).message}`, { cause: e });
+    throw fail(`MPI_Comm_split failed: ${(e as Error).message}`, e);
   }
   if (comm === undefined) return undefined;
+  const lead = JSON.stringify(asked[sorted[0]!]);
+  if (lead !== JSON.stringify(sorted)) throw fail(`global rank ${sorted[0]} asked for ranks ${lead} in the same call`);
+  if (comm.size() !== sorted.length) throw fail(`${comm.size()} ranks joined instead of ${sorted.length}`);
   const g = new ProcessGroup({ name: label, rank, ranks: sorted, timeoutMs, handle: new MpiGroupHandle(comm), backend: 'mpi' });
   s.groups.push(g);
-  const spec = specHash(sorted);
-  const mine = tensor(Float64Array.from([spec, -spec]), { dtype: 'float64' });
-  try {
-    g.allReduce(mine, 'max').wait();
-    const [hi, negLo] = mine.toNumbers();
-    if (hi !== spec || -negLo! !== spec || comm.size() !== sorted.length) {
-      throw new Error(
-        `newGroup(${label}) call #${id} on global rank ${s.world.rank} for ranks [${sorted.join(', ')}]: the other members asked for other ranks. ` +
-          'Every rank must call newGroup with the same ranks, in the same order.',
-      );
-    }
-  } finally {
-    mine.dispose();
-  }
   return g;
 }
 
-/** A number that names a rank list (equal lists, equal numbers). */
+/** The rank list every world rank passed to this newGroup call (two world collectives). */
+function worldRequests(world: MpiGroupHandle, worldSize: number, sorted: number[]): number[][] {
+  const len = tensor(Float64Array.from([sorted.length]), { dtype: 'int64' });
+  let mine: Tensor | undefined;
+  let all: Tensor | undefined;
+  try {
+    world.allreduce([len.handle], 'max').wait();
+    const width = len.toNumbers()[0]!;
+    mine = tensor(Float64Array.from({ length: width }, (_, i) => sorted[i] ?? -1), { dtype: 'int64' });
+    all = empty([worldSize * width], { dtype: 'int64' });
+    world.allgatherBase(all.handle, mine.handle).wait();
+    const flat = all.toNumbers();
+    return Array.from({ length: worldSize }, (_, r) => flat.slice(r * width, (r + 1) * width).filter((x) => x >= 0));
+  } finally {
+    len.dispose();
+    mine?.dispose();
+    all?.dispose();
+  }
+}
+
+/** A split colour that names a rank list (equal lists, equal colours; 0..2^30). */
 function specHash(ranks: number[]): number {
-  let h = 17;
-  for (const r of ranks) h = (h * 31 + r + 1) % 2147483647;
-  return h * 1024 + ranks.length;
+  let h = ranks.length;
+  for (const r of ranks) h = (Math.imul(h, 31) + r + 1) >>> 0;
+  return h % 1073741824;
 }
 
 function joinGroup(

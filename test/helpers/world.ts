@@ -10,6 +10,8 @@
 // This module does not load the native addon; rank scripts import emitResult from ./rank.js.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { freePort } from '../../src/distributed/launcher.js';
+import { spawnMpiJob } from '../../src/distributed/mpi_launch.js';
+import { existsSync } from 'node:fs';
 import { isAbsolute, resolve } from 'node:path';
 
 export interface WorldOptions {
@@ -25,6 +27,25 @@ export interface WorldOptions {
   timeoutMs?: number;
   /** Called once per rank right after it starts (tests use it to signal a rank). */
   onSpawn?: (rank: number, child: ChildProcess) => void;
+  /**
+   * 'gloo' (default): every rank is its own child process with the launch contract set. 'mpi': the
+   * ranks run under one mpirun (src/distributed/mpi_launch.ts) with FLOTILLA_BACKEND=mpi; rankEnv
+   * and onSpawn are not available there.
+   */
+  backend?: 'gloo' | 'mpi';
+}
+
+/**
+ * The backends the collective tests run on. Both, always: scripts/setup.sh installs Open MPI, and a
+ * machine without it fails the MPI tests with the install line (assertMpiBuilt) instead of skipping.
+ */
+export const BACKENDS = ['gloo', 'mpi'] as const;
+
+/** Fails naming the fix when the MPI addon was not built (Open MPI missing when the addon was built). */
+export function assertMpiBuilt(): void {
+  if (!existsSync(resolve(REPO_ROOT, 'native', 'build', 'Release', 'flotilla_mpi.node'))) {
+    throw new Error('native/build/Release/flotilla_mpi.node is missing: apt-get install libopenmpi-dev openmpi-bin, then bash scripts/ensure.sh');
+  }
 }
 
 export interface WorldResult {
@@ -67,6 +88,10 @@ export async function runWorld(opts: WorldOptions): Promise<WorldResult> {
   const { nproc } = opts;
   if (!Number.isInteger(nproc) || nproc < 1) throw new Error(`runWorld: nproc must be a positive integer, got ${nproc}`);
   const timeoutMs = opts.timeoutMs ?? 60_000;
+  if (opts.backend === 'mpi') {
+    assertMpiBuilt();
+    return runMpiWorld(opts, timeoutMs);
+  }
   const port = await freePort();
   const script = isAbsolute(opts.script) ? opts.script : resolve(REPO_ROOT, opts.script);
   const [cmd, argv] = scriptCommand(script, opts.args);
@@ -123,6 +148,60 @@ export async function runWorld(opts: WorldOptions): Promise<WorldResult> {
     throw new WorldTimeoutError(hung, outputs, timeoutMs);
   }
   return { codes, signals, outputs, port };
+}
+
+/** runWorld for backend 'mpi': one mpirun, its output and exits split by rank. */
+async function runMpiWorld(opts: WorldOptions, timeoutMs: number): Promise<WorldResult> {
+  const { nproc } = opts;
+  if (opts.rankEnv || opts.onSpawn) throw new Error("runWorld: rankEnv and onSpawn are not available with backend 'mpi'");
+  const script = isAbsolute(opts.script) ? opts.script : resolve(REPO_ROOT, opts.script);
+  const [cmd, argv] = scriptCommand(script, opts.args);
+  const verbose = process.env.FLOTILLA_TEST_VERBOSE === '1';
+  const outputs: string[] = new Array(nproc).fill('');
+  const codes: (number | null)[] = new Array(nproc).fill(null);
+  const signals: (NodeJS.Signals | null)[] = new Array(nproc).fill(null);
+  const exited = new Set<number>();
+  let mpirunOut = '';
+  let timer: NodeJS.Timeout | undefined;
+  let job: ChildProcess | undefined;
+  const closed = new Promise<{ code: number | null; startError: string | undefined }>((res) => {
+    job = spawnMpiJob({
+      nproc, cmd, args: argv, cwd: REPO_ROOT, env: { ...process.env, ...opts.env },
+      onLine: (rank, _stream, line) => {
+        if (rank < 0 || rank >= nproc) mpirunOut += `${line}\n`;
+        else outputs[rank] += `${line}\n`;
+        if (verbose) process.stderr.write(`[${rank < 0 ? 'mpirun' : `rank ${rank}`}] ${line}\n`);
+      },
+      onRankExit: (rank, code, signal) => {
+        codes[rank] = code;
+        signals[rank] = signal;
+        exited.add(rank);
+      },
+      onClose: (code, _signal, startError) => res({ code, startError }),
+    });
+  });
+  const timedOut = new Promise<'timeout'>((res) => {
+    timer = setTimeout(() => res('timeout'), timeoutMs);
+  });
+  const winner = await Promise.race([closed, timedOut]);
+  clearTimeout(timer);
+  if (winner === 'timeout') {
+    const hung = Array.from({ length: nproc }, (_, r) => r).filter((r) => !exited.has(r));
+    job?.kill('SIGTERM');
+    const killer = setTimeout(() => job?.kill('SIGKILL'), 5000);
+    await closed;
+    clearTimeout(killer);
+    throw new WorldTimeoutError(hung, outputs, timeoutMs);
+  }
+  const { code, startError } = winner;
+  // A rank mpirun could not start (or mpirun itself failing) leaves no exit line: say so in its output.
+  for (let r = 0; r < nproc; r++) {
+    if (!exited.has(r)) {
+      codes[r] = code === 0 ? 1 : code;
+      outputs[r] += `\n[runWorld] mpirun reported no exit for rank ${r} (mpirun exit ${code}${startError ? `, ${startError}` : ''}):\n${mpirunOut}`;
+    }
+  }
+  return { codes, signals, outputs, port: 0 };
 }
 
 export const RESULT_PREFIX = 'FLOTILLA_RESULT ';

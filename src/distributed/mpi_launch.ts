@@ -1,0 +1,154 @@
+// Starting ranks through Open MPI's mpirun (`flotilla run --backend mpi`, and the test harness).
+//
+// mpirun runs every rank as `sh -c '<rank command>; echo FLOTILLA_RANK_EXIT $?'`, with
+// --tag-output, so this side learns each rank's output and exit status from mpirun's one output
+// stream: lines tagged `[job,rank]<stdout>:` are the rank's, FLOTILLA_RANK_EXIT lines report its
+// exit (128 + n when signal n ended it). --enable-recovery keeps mpirun from killing every rank the
+// moment one dies: the caller decides (the launcher stops the rest; the harness lets survivors report).
+//
+// Oversubscription: with more ranks than cores mpirun refuses to start unless told
+// (--oversubscribe), and a rank waiting in a blocking MPI call spins on its core unless
+// mpi_yield_when_idle is set; both are set then. Ranks are not bound to cores (--bind-to none), as
+// with `flotilla run` on Gloo: a rank's intra-op, MPI and runtime threads share whatever is free.
+// Running as root, Open MPI needs OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM); they are set for root only.
+// This module loads no native addon (the test harness uses it).
+import { spawn, type ChildProcess } from 'node:child_process';
+import { availableParallelism, constants as osConstants } from 'node:os';
+import type { Readable } from 'node:stream';
+
+/** The fix for a machine without Open MPI. */
+export const MPI_INSTALL_HINT = 'apt-get install libopenmpi-dev openmpi-bin, then rebuild the addon (bash scripts/ensure.sh)';
+
+export const RANK_EXIT = 'FLOTILLA_RANK_EXIT';
+
+/** The variables a launcher must not pass down: under mpirun the rank comes from OMPI_COMM_WORLD_*. */
+const CONTRACT_VARS = ['RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'FLOTILLA_LAUNCHER_PID', 'FLOTILLA_STATUS_FD', 'FLOTILLA_STORE_FILE'];
+
+/** mpirun's own noise when a rank leaves early under --enable-recovery (nothing is wrong). */
+const NOISE = /PMIX ERROR: BAD-PARAM in file .*pmix_event_notification\.c/;
+
+export interface MpiJobOptions {
+  nproc: number;
+  cmd: string;
+  args: string[];
+  env?: Record<string, string | undefined>;
+  cwd?: string;
+  /** A line a rank wrote (stream 'stdout' or 'stderr'), or mpirun's own line (rank -1). */
+  onLine: (rank: number, stream: 'stdout' | 'stderr', line: string) => void;
+  /** A rank ended: its exit code, or the signal that ended it. */
+  onRankExit: (rank: number, code: number | null, signal: NodeJS.Signals | null) => void;
+  /** mpirun itself ended (after every rank). */
+  onClose: (code: number | null, signal: NodeJS.Signals | null, startError: string | undefined) => void;
+}
+
+function signalName(n: number): NodeJS.Signals | null {
+  for (const [name, num] of Object.entries(osConstants.signals)) if (num === n) return name as NodeJS.Signals;
+  return null;
+}
+
+/** mpirun's arguments for nproc local ranks of cmd. */
+export function mpirunArgs(nproc: number, cmd: string, args: string[]): string[] {
+  const out = ['-np', String(nproc), '--tag-output', '--enable-recovery', '--bind-to', 'none'];
+  if (nproc > availableParallelism()) out.push('--oversubscribe', '--mca', 'mpi_yield_when_idle', '1');
+  out.push('sh', '-c', `"$@"; echo "${RANK_EXIT} $?"`, 'sh', cmd, ...args);
+  return out;
+}
+
+/** The environment mpirun gets: the caller's, minus the torchrun-style contract, plus what MPI needs. */
+export function mpirunEnv(base: Record<string, string | undefined>): NodeJS.ProcessEnv {
+  const env: NodeJS.ProcessEnv = { ...base, FLOTILLA_BACKEND: 'mpi' };
+  for (const v of CONTRACT_VARS) delete env[v];
+  if (process.getuid?.() === 0) {
+    env.OMPI_ALLOW_RUN_AS_ROOT = '1';
+    env.OMPI_ALLOW_RUN_AS_ROOT_CONFIRM = '1';
+  }
+  return env;
+}
+
+/** Starts an mpirun job and routes its output and exits per rank. */
+export function spawnMpiJob(o: MpiJobOptions): ChildProcess {
+  const child = spawn('mpirun', mpirunArgs(o.nproc, o.cmd, o.args), {
+    env: mpirunEnv(o.env ?? process.env), cwd: o.cwd, stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  const deliver = (rank: number, stream: 'stdout' | 'stderr', line: string): void => {
+    if (rank < 0) {
+      if (!NOISE.test(line)) o.onLine(-1, stream, line);
+      return;
+    }
+    if (stream === 'stdout' && line.startsWith(`${RANK_EXIT} `)) {
+      const status = Number(line.slice(RANK_EXIT.length + 1));
+      if (status > 128) o.onRankExit(rank, null, signalName(status - 128));
+      else o.onRankExit(rank, status, null);
+      return;
+    }
+    o.onLine(rank, stream, line);
+  };
+  const outDone = new Promise<void>((res) => splitTagged(child.stdout!, 'stdout', deliver, res));
+  const errDone = new Promise<void>((res) => splitTagged(child.stderr!, 'stderr', deliver, res));
+  let startError: string | undefined;
+  child.on('error', (e) => {
+    startError = (e as NodeJS.ErrnoException).code === 'ENOENT' ? `mpirun is not installed (${MPI_INSTALL_HINT})` : e.message;
+  });
+  child.on('close', (code, signal) => {
+    void Promise.all([outDone, errDone]).then(() => o.onClose(code, signal, startError));
+  });
+  return child;
+}
+
+/**
+ * Splits one of mpirun's --tag-output streams into lines per rank. mpirun tags every chunk it
+ * forwards (`[job,rank]<stdout>:`) and every line start within it, but a chunk that ends mid-line
+ * is continued by a later chunk with its own tag, possibly after other ranks' chunks: so text is
+ * collected per rank and stream until its newline. Untagged text is mpirun's own (rank -1).
+ */
+export function splitTagged(
+  input: Readable, via: 'stdout' | 'stderr', deliver: (rank: number, stream: 'stdout' | 'stderr', line: string) => void, done: () => void,
+): void {
+  const tag = /\[\d+,(\d+)\]<(stdout|stderr|stddiag)>:/g;
+  const partial = new Map<string, string>();
+  let current: { rank: number; stream: 'stdout' | 'stderr' } | undefined;
+  let pending = '';
+  const add = (text: string): void => {
+    let rest = text;
+    while (rest.length > 0) {
+      const key = current ? `${current.rank}:${current.stream}` : `-1:${via}`;
+      const nl = rest.indexOf('\n');
+      if (nl < 0) {
+        partial.set(key, (partial.get(key) ?? '') + rest);
+        return;
+      }
+      const line = (partial.get(key) ?? '') + rest.slice(0, nl);
+      partial.delete(key);
+      deliver(current?.rank ?? -1, current?.stream ?? via, line);
+      current = undefined; // the next line starts with a tag if it is a rank's
+      rest = rest.slice(nl + 1);
+    }
+  };
+  const consume = (final: boolean): void => {
+    tag.lastIndex = 0;
+    let at = 0;
+    for (let m = tag.exec(pending); m !== null; m = tag.exec(pending)) {
+      add(pending.slice(at, m.index));
+      current = { rank: Number(m[1]), stream: m[2] === 'stdout' ? 'stdout' : 'stderr' };
+      at = m.index + m[0].length;
+    }
+    // Keep a tail that might be the start of a tag cut by the chunk boundary.
+    const lb = pending.lastIndexOf('[');
+    const keep = !final && lb >= at && pending.length - lb < 32 && !pending.includes('\n', lb) ? lb : pending.length;
+    add(pending.slice(at, keep));
+    pending = pending.slice(keep);
+  };
+  input.setEncoding('utf8');
+  input.on('data', (chunk: string) => {
+    pending += chunk;
+    consume(false);
+  });
+  input.on('end', () => {
+    consume(true);
+    for (const [key, text] of partial) {
+      const [rank, stream] = key.split(':');
+      if (text.length > 0) deliver(Number(rank), stream as 'stdout' | 'stderr', text);
+    }
+    done();
+  });
+}
