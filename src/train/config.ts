@@ -55,6 +55,8 @@ export interface ParallelConfig {
   ppVirtualStages: number;
   bucketSizeMb: number;
   overlap: boolean;
+  /** Collective backend: "auto" (Open MPI when installed, else Gloo), "gloo" or "mpi" (src/distributed/process_group.ts). */
+  backend: 'auto' | 'gloo' | 'mpi';
 }
 
 export interface LogConfig {
@@ -154,6 +156,7 @@ export const configSchema: Schema<FlotillaConfig> = {
       accumulate: { kind: 'string', default: 'auto', choices: ['auto', 'reduceLast', 'reduceEach', 'reduceScatterEachAllReduceLast'], doc: 'With several micro-batches: "reduceLast" reduces once per step (least communication), "reduceEach" reduces every micro-batch into the gradient shards (least memory; zero >= 2), "reduceScatterEachAllReduceLast" reduce-scatters every micro-batch and all-reduces across replicas once (HSDP); "auto" = reduceEach for zero >= 2, else reduceLast.' },
       bucketSizeMb: { kind: 'float', default: 25, above: 0, doc: 'Gradient bucket size in MiB for the data-parallel all-reduce.' },
       overlap: { kind: 'bool', default: true, doc: 'Start each bucket\'s all-reduce during backward, as soon as its gradients are final.' },
+      backend: { kind: 'string', default: 'auto', choices: ['auto', 'gloo', 'mpi'], doc: 'Collectives: "mpi" (Open MPI, shared memory within a host; ranks start through mpirun), "gloo" (c10d Gloo over TCP), or "auto" = mpi when Open MPI is installed, else gloo.' },
       pp: { kind: 'int', default: 1, min: 1, doc: 'Pipeline-parallel degree: ranks each model replica is split over (must divide the world size); data.microBatches is the pipeline\'s m.' },
       ppSchedule: { kind: 'string', default: '1f1b', choices: ['gpipe', '1f1b', 'interleaved', 'zb'], doc: 'Pipeline schedule: "gpipe", "1f1b", "interleaved" (ppVirtualStages stages per rank) or "zb" (zero bubble: backward split into input and weight gradients).' },
       ppVirtualStages: { kind: 'int', default: 1, min: 1, doc: 'Stages per pipeline rank; more than 1 needs ppSchedule = "interleaved".' },
