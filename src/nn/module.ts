@@ -1,6 +1,6 @@
 // Module: named parameters, buffers and children, train/eval, and state dicts. Models know nothing
 // about ranks; parallelism wraps them from outside (src/parallel).
-import { Tensor, keep, noGrad } from '../tensor/index.js';
+import { Tensor, keep, noGrad, isGradEnabled } from '../tensor/index.js';
 
 export type Parameter = Tensor;
 
@@ -43,6 +43,29 @@ export class Module {
     const id = Module.nextHookId++;
     this.postHooks.set(id, fn);
     return () => void this.postHooks.delete(id);
+  }
+
+  /**
+   * Adds a hook that runs when backward reaches this module: once per forward call whose output
+   * takes part in a backward pass, as soon as the gradient of that output is computed and before
+   * the module's own backward runs (FSDP gathers a unit's parameters here). Returns its remover.
+   */
+  registerBackwardPreHook(fn: (module: Module) => void): () => void {
+    return this.registerForwardHook((m, _args, out) => {
+      if (!isGradEnabled()) return;
+      let fired = false;
+      for (const t of tensorsIn(out)) {
+        if (!t.requiresGrad) continue;
+        // The hook lives with the output's graph and goes with it.
+        t.registerHook(() => {
+          if (!fired) {
+            fired = true;
+            fn(m);
+          }
+          return undefined;
+        });
+      }
+    });
   }
 
   /** Registers a trainable leaf tensor; it outlives every tidy() scope. */
@@ -157,4 +180,12 @@ export class Module {
   dispose(): void {
     for (const [, t] of Object.entries(this.stateDict())) t.dispose();
   }
+}
+
+/** The tensors in a forward's output: a tensor, or arrays and objects of them. */
+function tensorsIn(out: unknown): Tensor[] {
+  if (out instanceof Tensor) return [out];
+  if (Array.isArray(out)) return out.flatMap(tensorsIn);
+  if (out && typeof out === 'object') return Object.values(out as Record<string, unknown>).flatMap(tensorsIn);
+  return [];
 }

@@ -254,8 +254,8 @@ export abstract class Optimizer<O extends { lr: number }> {
 
   // The source's pieces outside the gradient window (names and ranges only matter here).
   private pieceList(): StepPiece[] {
-    const src = this.grads as GradientSource & { stepPieces(): StepPiece[]; pieceLayout?(): StepPiece[] };
-    return src.pieceLayout ? src.pieceLayout() : src.stepPieces();
+    const src = this.grads!;
+    return src.pieceLayout ? src.pieceLayout() : src.stepPieces!();
   }
 
   private localPiecesQuiet(): StepPiece[] {

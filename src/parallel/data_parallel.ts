@@ -524,6 +524,11 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
   /** What this rank's optimizer updates: per bucket, the (parameter, gradient) range it owns. */
   stepPieces(): StepPiece[] {
     this.requireWindow('stepPieces');
+    return this.pieceLayout();
+  }
+
+  /** The same ranges at any time (optimizer state dicts name and size their entries by them). */
+  pieceLayout(): StepPiece[] {
     return this.runs.map(({ bucket: b }) => {
       const [s, e] = this.zero === 0 ? [0, b.numel] : shardRange(b, this.shardGroup.rank);
       const data = this.zero === 3 ? b.shardData! : this.zero === 0 ? b.data : b.data.narrow(0, s, e - s);

@@ -17,7 +17,7 @@
 // the same all-gathers in the same order. The root unit is gathered on first use in a step and
 // kept until the step ends. Writes into a gathered bucket go through the bucket tensor, never
 // through the parameter, so the version counters autograd checks on saved views do not move.
-import { Tensor, isGradEnabled } from '../tensor/index.js';
+import { isGradEnabled, type Tensor } from '../tensor/index.js';
 import type { Module } from '../nn/module.js';
 import type { ProcessGroup, Work } from '../distributed/process_group.js';
 import { Block } from '../nn/transformer.js';
@@ -105,7 +105,8 @@ export class FsdpUnits {
     for (const u of this.units) {
       if (u.isRoot) continue;
       this.removers.push(u.module.registerForwardPreHook(() => this.preForward(u)));
-      this.removers.push(u.module.registerForwardHook((_m, _a, out) => this.postForward(u, out)));
+      this.removers.push(u.module.registerForwardHook(() => this.postForward(u)));
+      this.removers.push(u.module.registerBackwardPreHook(() => this.preBackward(u)));
     }
     // The root's parameters are gathered when the model is entered (or when a unit first runs).
     this.removers.push(model.registerForwardPreHook(() => this.ensureRoot()));
@@ -122,20 +123,8 @@ export class FsdpUnits {
     if (this.opts.prefetch && this.forwardOrder) this.prefetchAfter(u, this.forwardOrder);
   }
 
-  private postForward(u: UnitState, out: unknown): void {
+  private postForward(u: UnitState): void {
     if (this.opts.reshardAfterForward) this.free(u);
-    if (!isGradEnabled()) return;
-    let hooked = false;
-    for (const t of tensorsIn(out)) {
-      if (!t.requiresGrad) continue;
-      hooked = true;
-      const remove = t.registerHook(() => {
-        this.preBackward(u);
-        return undefined;
-      });
-      void remove; // the hook lives as long as the output's graph
-    }
-    void hooked;
   }
 
   private preBackward(u: UnitState): void {
@@ -219,11 +208,4 @@ export class FsdpUnits {
     for (const r of this.removers) r();
     this.removers.length = 0;
   }
-}
-
-function tensorsIn(out: unknown): Tensor[] {
-  if (out instanceof Tensor) return [out];
-  if (Array.isArray(out)) return out.flatMap(tensorsIn);
-  if (out && typeof out === 'object') return Object.values(out as Record<string, unknown>).flatMap(tensorsIn);
-  return [];
 }

@@ -49,6 +49,8 @@ export interface GradientSource {
   clipTargets?(): Tensor[];
   /** The flat ranges this rank's optimizer updates (default: each parameter and its .grad). */
   stepPieces?(): StepPiece[];
+  /** The same ranges outside the gradient window (for naming and sizing optimizer state). */
+  pieceLayout?(): StepPiece[];
   /** Parameters that received a gradient on some rank this step; the optimizer skips the others. Undefined: all. */
   usedParameters?(): ReadonlySet<Tensor> | undefined;
   /** Called by the optimizer after it updated the pieces (sharded modes gather the new parameters). */
