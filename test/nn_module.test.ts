@@ -150,3 +150,28 @@ test('custom modules: registration, nested names, shared weights in Linear', () 
   assert.throws(() => new Linear(3, 5, { weight: n.emb.weight }), /Linear: shared weight has shape \[5,4\], expected \[5, 3\]/);
   n.dispose();
 });
+
+test('call() runs forward pre/post hooks around every invocation; a backward pre-hook fires once per reached forward, before the module\'s own backward', () => {
+  tidy(() => {
+    manualSeed(0);
+    const gpt = new GPT(small);
+    const events: string[] = [];
+    const block = gpt.layers.items[1]!;
+    const removers = [
+      block.registerForwardPreHook(() => events.push('pre')),
+      block.registerForwardHook((_m, _a, out) => events.push(`post:${(out as Tensor).shape.join('x')}`)),
+      block.registerBackwardPreHook(() => events.push('backward-pre')),
+      // The block's first parameter gets its gradient during the block's own backward: after the pre-hook.
+      ...[block.ln1.weight].map((p) => p.registerAccumulateGradHook(() => events.push('ln1.weight grad'))),
+      gpt.layers.items[0]!.registerBackwardPreHook(() => events.push('block0 backward-pre')),
+    ];
+    const idx = randint(0, 13, [2, 5]);
+    gpt.call(idx, idx).loss!.backward();
+    assert.deepEqual(events, ['pre', 'post:2x5x8', 'backward-pre', 'ln1.weight grad', 'block0 backward-pre']);
+    for (const r of removers) r();
+    events.length = 0;
+    gpt.call(idx, idx).loss!.backward();
+    assert.deepEqual(events.filter((e) => e !== 'ln1.weight grad'), [], 'removed hooks stay silent');
+    gpt.dispose();
+  });
+});

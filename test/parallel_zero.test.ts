@@ -13,7 +13,7 @@ const dir = mkdtempSync(join(tmpdir(), 'flotilla-zero-'));
 const STEPS = 10;
 const common = { steps: STEPS, globalBatch: 8, seqLen: 16 };
 
-interface Case { tag: string; zero: number; dpReplicate?: number; accum: number; accumulate?: string; tie?: boolean }
+interface Case { tag: string; zero: number; dpReplicate?: number; accum: number; accumulate?: string; tie?: boolean; reshardAfterForward?: boolean; prefetch?: boolean }
 interface Result { tag: string; rank: number; dpRank?: number; losses: number[] | number[][]; norms: number[] }
 
 async function run(nproc: number, cases: Case[], name: string): Promise<{ res: Result[]; params: (tag: string, rank: number) => Float64Array }> {
@@ -94,6 +94,10 @@ test('HSDP 2 x 2 (ZeRO-1/2/3 sharded over 2, replicated over 2), every accumulat
   await checkLayout(4, casesFor({ hsdp: true }), 'hsdp');
 });
 
-test('ZeRO-3 with tied input and output embeddings (the shared weight lives in the root unit)', async () => {
-  await checkLayout(2, [{ tag: 'z3-tied', zero: 3, accum: 2, accumulate: 'reduceEach', tie: true }], 'tied');
+test('ZeRO-3 with tied input and output embeddings (the shared weight lives in the root unit), without resharding after forward, without prefetch', async () => {
+  await checkLayout(2, [
+    { tag: 'z3-tied', zero: 3, accum: 2, accumulate: 'reduceEach', tie: true },
+    { tag: 'z3-keep', zero: 3, accum: 2, accumulate: 'reduceEach', reshardAfterForward: false },
+    { tag: 'z3-noprefetch', zero: 3, accum: 1, prefetch: false },
+  ], 'z3opts');
 });

@@ -57,6 +57,10 @@ export interface ParallelizeOptions {
   overlap: boolean;
   findUnusedParameters?: boolean;
   nonFinite?: 'off' | 'raise' | 'skip';
+  /** ZeRO-3: free each unit's gathered parameters after its forward (default true). */
+  reshardAfterForward?: boolean;
+  /** ZeRO-3: gather the next unit while the current one computes (default true). */
+  prefetch?: boolean;
   /** Test-only: skip the 1/N averaging of one bucket (verification must catch it). */
   breakAveragingOfBucket?: number;
 }
@@ -73,6 +77,8 @@ export function parallelize<M extends Module>(model: M, m: DataParallelMesh, lay
     ...(opts.findUnusedParameters !== undefined ? { findUnusedParameters: opts.findUnusedParameters } : {}),
     ...(opts.nonFinite !== undefined ? { nonFinite: opts.nonFinite } : {}),
     ...(opts.breakAveragingOfBucket !== undefined ? { breakAveragingOfBucket: opts.breakAveragingOfBucket } : {}),
+    ...(opts.reshardAfterForward !== undefined ? { reshardAfterForward: opts.reshardAfterForward } : {}),
+    ...(opts.prefetch !== undefined ? { prefetch: opts.prefetch } : {}),
   });
 }
 

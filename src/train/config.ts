@@ -49,6 +49,8 @@ export interface ParallelConfig {
   dpReplicate: number;
   /** When gradients are reduced under accumulation (src/parallel/data_parallel.ts, [Note: accumulation]). */
   accumulate: 'auto' | 'reduceLast' | 'reduceEach' | 'reduceScatterEachAllReduceLast';
+  /** ZeRO-3: free a unit's gathered parameters after its forward (false keeps them until its backward). */
+  reshardAfterForward: boolean;
   /** Pipeline ranks (stages per model replica, times ppVirtualStages); 1 = no pipeline. */
   pp: number;
   ppSchedule: 'gpipe' | '1f1b' | 'interleaved' | 'zb';
@@ -154,6 +156,7 @@ export const configSchema: Schema<FlotillaConfig> = {
       dpShard: { kind: 'int', default: -1, min: -1, doc: 'Ranks the model state is sharded over when zero >= 1; -1 means dp / dpReplicate.' },
       dpReplicate: { kind: 'int', default: 1, min: 1, doc: 'Replicas of the sharded state when zero >= 1 (hybrid sharding, HSDP, when > 1): the data-parallel rank is replicateRank x dpShard + shardRank.' },
       accumulate: { kind: 'string', default: 'auto', choices: ['auto', 'reduceLast', 'reduceEach', 'reduceScatterEachAllReduceLast'], doc: 'With several micro-batches: "reduceLast" reduces once per step (least communication), "reduceEach" reduces every micro-batch into the gradient shards (least memory; zero >= 2), "reduceScatterEachAllReduceLast" reduce-scatters every micro-batch and all-reduces across replicas once (HSDP); "auto" = reduceEach for zero >= 2, else reduceLast.' },
+      reshardAfterForward: { kind: 'bool', default: true, doc: 'ZeRO-3: free each wrapping unit\'s gathered parameters after its forward and gather them again for its backward (false keeps them, trading memory for one all-gather per unit).' },
       bucketSizeMb: { kind: 'float', default: 25, above: 0, doc: 'Gradient bucket size in MiB for the data-parallel all-reduce.' },
       overlap: { kind: 'bool', default: true, doc: 'Start each bucket\'s all-reduce during backward, as soon as its gradients are final.' },
       backend: { kind: 'string', default: 'auto', choices: ['auto', 'gloo', 'mpi'], doc: 'Collectives: "mpi" (Open MPI, shared memory within a host; ranks start through mpirun), "gloo" (c10d Gloo over TCP), or "auto" = mpi when Open MPI is installed, else gloo.' },

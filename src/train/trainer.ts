@@ -135,7 +135,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
       named = model.namedParameters();
       const breakBucket = process.env.FLOTILLA_TEST_BREAK_AVERAGING;
       dp = parallelize(model, mesh, layout, {
-        bucketSizeMb: cfg.parallel.bucketSizeMb, overlap: cfg.parallel.overlap,
+        bucketSizeMb: cfg.parallel.bucketSizeMb, overlap: cfg.parallel.overlap, reshardAfterForward: cfg.parallel.reshardAfterForward,
         ...(breakBucket !== undefined && breakBucket !== '' ? { breakAveragingOfBucket: Number(breakBucket) } : {}),
       });
       grads = dp;
