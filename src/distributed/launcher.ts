@@ -27,6 +27,10 @@
 // waits a moment for the others to time out too and names the rank(s) still running that never timed
 // out (the one everybody waited for), not the first rank that gave up.
 //
+// --backend mpi: the ranks start through Open MPI's mpirun instead (src/distributed/mpi_launch.ts),
+// which sets OMPI_COMM_WORLD_* in place of RANK/WORLD_SIZE; output prefixes, signal forwarding,
+// stopping the others when one fails, restarts and exit codes are the same. One node only.
+//
 // Ports: on one node without --master-port each attempt picks a free port (so a restarted group
 // never meets a store left over from the one it replaces). With --master-port on one node every
 // attempt reuses it (the old ranks are all gone by then). With several nodes, which cannot agree on a
@@ -41,6 +45,7 @@ import { delimiter, join } from 'node:path';
 import { createInterface } from 'node:readline';
 import type { Readable } from 'node:stream';
 import { DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, checkFlotillaEnv, isLoopback } from './env.js';
+import { runMpiGroup, mpiInstalled, MPI_INSTALL_HINT } from './mpi_launch.js';
 
 export const RUN_USAGE = `usage: flotilla run --nproc N [options] script.ts [script args...]
 
@@ -54,6 +59,8 @@ options:
   --master-addr A      address of the node that runs global rank 0 (default ${DEFAULT_MASTER_ADDR})
   --master-port P      rendezvous port there (default: a free port on one node, ${DEFAULT_MASTER_PORT} on several)
   --max-restarts K     restart the whole group up to K times after a failure (default 0)
+  --backend B          gloo (default), mpi (ranks start through Open MPI's mpirun; one node), or
+                       auto (mpi when Open MPI is installed, else gloo)
   -h, --help           show this help`;
 
 export interface RunOptions {
@@ -64,6 +71,8 @@ export interface RunOptions {
   /** Undefined: pick a free port (one node) or use the default (several). */
   masterPort: number | undefined;
   maxRestarts: number;
+  /** 'mpi': the ranks start through mpirun (src/distributed/mpi_launch.ts) and use the MPI backend. */
+  backend: 'gloo' | 'mpi';
   script: string;
   scriptArgs: string[];
 }
@@ -78,7 +87,7 @@ export class RunUsageError extends Error {
 
 const OPTIONS: Record<string, keyof RunOptions> = {
   'nproc': 'nproc', 'nproc-per-node': 'nproc', 'nnodes': 'nnodes', 'node-rank': 'nodeRank',
-  'master-addr': 'masterAddr', 'master-port': 'masterPort', 'max-restarts': 'maxRestarts',
+  'master-addr': 'masterAddr', 'master-port': 'masterPort', 'max-restarts': 'maxRestarts', 'backend': 'backend',
 };
 
 function parseInt(flag: string, raw: string, min: number, max = Number.MAX_SAFE_INTEGER): number {
@@ -131,7 +140,17 @@ export function parseRunArgs(argv: readonly string[]): RunOptions {
   if (masterPort !== undefined && nnodes > 1 && masterPort + maxRestarts > 65535) {
     throw new RunUsageError(`--master-port ${masterPort} + --max-restarts ${maxRestarts} exceeds 65535 (attempt k uses port P + k on several nodes)`);
   }
-  return { nproc, nnodes, nodeRank, masterAddr, masterPort, maxRestarts, script, scriptArgs: argv.slice(i + 1) };
+  const backend = parseBackend(raw.backend, nnodes);
+  return { nproc, nnodes, nodeRank, masterAddr, masterPort, maxRestarts, backend, script, scriptArgs: argv.slice(i + 1) };
+}
+
+function parseBackend(raw: string | undefined, nnodes: number): 'gloo' | 'mpi' {
+  const b = raw ?? 'gloo';
+  if (b !== 'gloo' && b !== 'mpi' && b !== 'auto') throw new RunUsageError(`--backend ${JSON.stringify(b)}: expected gloo, mpi or auto`);
+  if (b === 'gloo' || (b === 'auto' && (nnodes > 1 || !mpiInstalled()))) return 'gloo';
+  if (nnodes > 1) throw new RunUsageError('--backend mpi starts ranks on one node; across hosts run mpirun with a hostfile yourself (each rank picks MPI under mpirun), or use --backend gloo');
+  if (!mpiInstalled()) throw new RunUsageError(`--backend mpi: Open MPI is not available here (${MPI_INSTALL_HINT})`);
+  return 'mpi';
 }
 
 /** A TCP port that was free on `host` a moment ago. */
@@ -212,6 +231,11 @@ function signalCode(signal: NodeJS.Signals): number {
 
 /** Runs one attempt: every local rank, until all have exited. */
 function runGroup(o: RunOptions, attempt: number, port: number, io: Required<LauncherIO>, storeDir: string | undefined): Promise<Outcome> {
+  if (o.backend === 'mpi') {
+    const [cmd, args] = commandFor(o.script, o.scriptArgs);
+    const env = { ...process.env, FLOTILLA_RESTART_COUNT: String(attempt), FLOTILLA_MAX_RESTARTS: String(o.maxRestarts), FLOTILLA_LAUNCHER_TTY: process.stdout.isTTY ? '1' : '0' };
+    return runMpiGroup({ nproc: o.nproc, cmd, args, env }, io);
+  }
   const worldSize = o.nnodes * o.nproc;
   let [cmd, baseArgs] = commandFor(o.script, o.scriptArgs);
   const setpriv = findSetpriv();

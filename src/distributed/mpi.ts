@@ -93,8 +93,11 @@ export function initMpiWorld(timeoutMs: number): MpiComm {
   const comm = m.init(timeoutMs);
   if (!exitHook) {
     exitHook = true;
-    process.on('exit', () => {
-      m.finalize(5000);
+    // Only a rank that succeeds finalizes: MPI_Finalize waits for every rank to get there, and a
+    // failing rank's job is being torn down anyway (it must not sit in that wait while the
+    // launcher waits for its exit).
+    process.on('exit', (code) => {
+      if (code === 0) m.finalize(Math.min(timeoutMs, 30_000));
     });
   }
   return comm;

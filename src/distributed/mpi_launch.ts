@@ -13,7 +13,10 @@
 // Running as root, Open MPI needs OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM); they are set for root only.
 // This module loads no native addon (the test harness uses it).
 import { spawn, type ChildProcess } from 'node:child_process';
+import { accessSync, constants as fsConstants, existsSync } from 'node:fs';
 import { availableParallelism, constants as osConstants } from 'node:os';
+import { delimiter, dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import type { Readable } from 'node:stream';
 
 /** The fix for a machine without Open MPI. */
@@ -65,9 +68,35 @@ export function mpirunEnv(base: Record<string, string | undefined>): NodeJS.Proc
   return env;
 }
 
+/** An executable's path on PATH, or undefined. */
+export function onPath(name: string): string | undefined {
+  for (const dir of (process.env.PATH ?? '/usr/bin:/bin').split(delimiter)) {
+    if (!dir) continue;
+    const p = join(dir, name);
+    try {
+      accessSync(p, fsConstants.X_OK);
+      return p;
+    } catch {
+      // not here
+    }
+  }
+  return undefined;
+}
+
+/** True when the MPI backend can run here: the MPI addon is built and mpirun is on PATH. */
+export function mpiInstalled(): boolean {
+  const addon = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'native', 'build', 'Release', 'flotilla_mpi.node');
+  return existsSync(addon) && onPath('mpirun') !== undefined;
+}
+
 /** Starts an mpirun job and routes its output and exits per rank. */
 export function spawnMpiJob(o: MpiJobOptions): ChildProcess {
-  const child = spawn('mpirun', mpirunArgs(o.nproc, o.cmd, o.args), {
+  // Under setpriv's parent-death signal where it exists: mpirun (and so every rank) ends with its launcher.
+  const setpriv = process.platform === 'linux' ? onPath('setpriv') : undefined;
+  const [cmd, args] = setpriv !== undefined
+    ? [setpriv, ['--pdeathsig', 'TERM', '--', 'mpirun', ...mpirunArgs(o.nproc, o.cmd, o.args)]]
+    : ['mpirun', mpirunArgs(o.nproc, o.cmd, o.args)];
+  const child = spawn(cmd, args, {
     env: mpirunEnv(o.env ?? process.env), cwd: o.cwd, stdio: ['ignore', 'pipe', 'pipe'],
   });
   const deliver = (rank: number, stream: 'stdout' | 'stderr', line: string): void => {
@@ -150,5 +179,94 @@ export function splitTagged(
       if (text.length > 0) deliver(Number(rank), stream as 'stdout' | 'stderr', text);
     }
     done();
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// `flotilla run --backend mpi`: one attempt of the group
+
+export type MpiOutcome =
+  | { kind: 'ok' }
+  | { kind: 'failed'; rank: number; code: number | null; signal: NodeJS.Signals | null }
+  | { kind: 'interrupted'; signal: NodeJS.Signals };
+
+export interface MpiGroupIO {
+  stdout: { write(s: string): unknown };
+  stderr: { write(s: string): unknown };
+  handleSignals: boolean;
+  graceMs: number;
+}
+
+/**
+ * Runs nproc ranks of cmd under mpirun with the launcher's contract: output prefixed `[rank k]`,
+ * SIGINT/SIGTERM forwarded, and when a rank exits non-zero or is killed the others are stopped
+ * (mpirun is told to end the job: SIGTERM, then SIGKILL after graceMs) and the rank is reported.
+ */
+export function runMpiGroup(
+  o: { nproc: number; cmd: string; args: string[]; env: Record<string, string | undefined> }, io: MpiGroupIO,
+): Promise<MpiOutcome> {
+  const say = (msg: string): void => void io.stderr.write(`flotilla run: ${msg}\n`);
+  let outcome: MpiOutcome = { kind: 'ok' };
+  let stopping = false;
+  let killTimer: NodeJS.Timeout | undefined;
+  const running = new Set(Array.from({ length: o.nproc }, (_, r) => r));
+  let job: ChildProcess | undefined;
+  const stop = (signal: NodeJS.Signals): void => {
+    job?.kill(signal);
+    if (signal !== 'SIGKILL' && killTimer === undefined) {
+      killTimer = setTimeout(() => {
+        if (running.size > 0) say(`rank(s) ${[...running].join(', ')} still running after ${io.graceMs} ms; killing`);
+        job?.kill('SIGKILL');
+      }, io.graceMs);
+      killTimer.unref();
+    }
+  };
+  const onSignal = (signal: NodeJS.Signals): void => {
+    if (outcome.kind === 'interrupted') {
+      say(`second ${signal}: killing the ranks`);
+      stop('SIGKILL');
+      return;
+    }
+    outcome = { kind: 'interrupted', signal };
+    stopping = true;
+    say(`received ${signal}; forwarding it to the ranks`);
+    stop('SIGTERM');
+  };
+  if (io.handleSignals) {
+    process.on('SIGINT', onSignal);
+    process.on('SIGTERM', onSignal);
+  }
+  return new Promise<MpiOutcome>((resolve) => {
+    job = spawnMpiJob({
+      nproc: o.nproc, cmd: o.cmd, args: o.args, env: o.env,
+      onLine: (rank, stream, line) => {
+        const out = stream === 'stdout' ? io.stdout : io.stderr;
+        out.write(rank < 0 ? `flotilla run: mpirun: ${line}\n` : `[rank ${rank}] ${line}\n`);
+      },
+      onRankExit: (rank, code, signal) => {
+        running.delete(rank);
+        if ((code === 0 && signal === null) || stopping) return;
+        stopping = true;
+        outcome = { kind: 'failed', rank, code, signal };
+        const others = running.size;
+        const what = signal ? `was killed by ${signal}` : `exited with code ${code}`;
+        say(`rank ${rank} ${what}${others > 0 ? `; stopping the other ${others} rank${others > 1 ? 's' : ''}` : ''}`);
+        stop('SIGTERM');
+      },
+      onClose: (code, signal, startError) => {
+        if (killTimer) clearTimeout(killTimer);
+        if (io.handleSignals) {
+          process.off('SIGINT', onSignal);
+          process.off('SIGTERM', onSignal);
+        }
+        if (outcome.kind === 'ok' && (startError !== undefined || code !== 0 || running.size > 0)) {
+          // mpirun failed without a rank reporting (it could not start them, or was killed).
+          const first = [...running][0] ?? 0;
+          say(startError !== undefined ? `could not start mpirun: ${startError}` : `mpirun ended (${signal ?? `exit ${code}`}) before rank(s) ${[...running].join(', ')} reported an exit`);
+          outcome = { kind: 'failed', rank: first, code: startError !== undefined ? 127 : code ?? 1, signal: null };
+        }
+        resolve(outcome);
+      },
+    });
   });
 }
