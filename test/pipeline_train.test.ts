@@ -14,8 +14,8 @@ const script = 'test/fixtures/pipeline_rank.ts';
 const dir = mkdtempSync(join(tmpdir(), 'flotilla-pp-'));
 const SCHEDULES = [['gpipe', 1], ['1f1b', 1], ['interleaved', 2], ['zb', 1]] as const;
 
-function run(name: string, pp: number, dp: number, schedule: Run['schedule'], v: number, tie: boolean): Run {
-  return { name, pp, dp, schedule, v, tie, steps: 10, micro: 4, b: 2, nLayer: 8 };
+function run(name: string, pp: number, dp: number, schedule: Run['schedule'], v: number, tie: boolean, accum = 1): Run {
+  return { name, pp, dp, schedule, v, tie, steps: 10, micro: 4, b: 2, nLayer: 8, accum };
 }
 
 interface Out { rank: number; losses: number[]; params: Record<string, number[]> }
@@ -63,20 +63,25 @@ function compare(name: string, nproc: number, refName: string): void {
 
 const refs = launch(1, [run('ref', 0, 1, 'gpipe', 1, false), run('ref_tied', 0, 1, 'gpipe', 1, true), run('ref_dp2', 0, 2, 'gpipe', 1, false)]);
 
-test('2 stages on 2 ranks, every schedule, untied and tied embeddings: 10 steps equal single-process training', async () => {
+test('2 stages on 2 ranks, every schedule, untied and tied embeddings, accumulation across steps: 10 steps equal single-process training', async () => {
   const runs = SCHEDULES.flatMap(([s, v]) => [run(`pp2_${s}`, 2, 1, s, v, false), run(`pp2_tied_${s}`, 2, 1, s, v, true)]);
+  // Gradient accumulation across steps: two pipeline steps of 2 micro-batches per optimizer step.
+  runs.push(run('pp2_tied_accum_zb', 2, 1, 'zb', 1, true, 2));
   await Promise.all([refs, launch(2, runs)]);
   for (const [s] of SCHEDULES) {
     compare(`pp2_${s}`, 2, 'ref');
     compare(`pp2_tied_${s}`, 2, 'ref_tied');
   }
+  compare('pp2_tied_accum_zb', 2, 'ref_tied');
 });
 
-test('4 stages on 4 ranks and pp=2 x dp=2, every schedule: 10 steps equal single-process training', async () => {
+test('4 stages on 4 ranks and pp=2 x dp=2, every schedule, accumulation across steps: 10 steps equal single-process training', async () => {
   const runs = SCHEDULES.flatMap(([s, v]) => [run(`pp4_${s}`, 4, 1, s, v, false), run(`pp2dp2_${s}`, 2, 2, s, v, false)]);
+  runs.push(run('pp2dp2_accum_1f1b', 2, 2, '1f1b', 1, false, 2));
   await Promise.all([refs, launch(4, runs)]);
   for (const [s] of SCHEDULES) {
     compare(`pp4_${s}`, 4, 'ref');
     compare(`pp2dp2_${s}`, 4, 'ref_dp2');
   }
+  compare('pp2dp2_accum_1f1b', 4, 'ref_dp2');
 });
