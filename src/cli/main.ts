@@ -12,7 +12,7 @@ export const USAGE = `flotilla — distributed training for TypeScript
 usage:
   flotilla train <config.toml> [--nproc N] [--section.field=value ...]
       Train the model a config describes. --nproc N (N > 1) starts N local ranks through the
-      launcher (data parallel). Overrides win over the file, e.g. --optim.lr=3e-4 --train.steps=50.
+      launcher (data parallel; through mpirun on Open MPI when installed, see parallel.backend). Overrides win over the file, e.g. --optim.lr=3e-4 --train.steps=50.
   flotilla verify <config.toml> --nproc N [--steps K] [--section.field=value ...]
       Train K steps (default 5) under the config's layout on N ranks and the same steps in one
       process on the same global batches; print per-step loss and grad-norm differences, the largest
@@ -115,7 +115,9 @@ async function trainCommand(args: readonly string[]): Promise<number> {
     const problems = checkRunnable(cfg, a.nproc);
     if (problems.length > 0) throw new ConfigError(problems, a.config);
     const { runLauncher } = await import('../distributed/launcher.js');
-    return runLauncher(['--nproc', String(a.nproc), MAIN, 'train', a.config, ...a.overrides, ...(a.record ? ['--record', a.record] : [])]);
+    // [parallel] backend: "auto" picks Open MPI where it is installed (ranks start through mpirun).
+    const backend = cfg.parallel.backend;
+    return runLauncher(['--nproc', String(a.nproc), '--backend', backend, MAIN, 'train', a.config, ...a.overrides, ...(a.record ? ['--record', a.record] : [])]);
   }
   if (a.nproc !== undefined && inWorld && a.nproc !== env.worldSize) {
     throw new UsageError(`train: --nproc ${a.nproc} given inside a world of ${env.worldSize} ranks already started by ${env.source}; drop --nproc`);
