@@ -120,3 +120,16 @@ test('config: [parallel] pp, ppSchedule, ppVirtualStages parse and are validated
   assert.throws(() => parseConfig('', ['--parallel.ppVirtualStages=2']), /ppVirtualStages=2 needs parallel\.ppSchedule = "interleaved"/);
   assert.throws(() => parseConfig('', ['--parallel.pp=4', '--model.nLayer=2']), /4 pipeline stages need model\.nLayer >= 4/);
 });
+
+test('measureGPTPartCosts times the embeddings, one block and the head; planStages splits by them', async () => {
+  const { measureGPTPartCosts } = await import('../src/parallel/pipeline/stage.js');
+  const cfg = { vocabSize: 32, blockSize: 16, nLayer: 6, nHead: 2, nEmbd: 16, dropout: 0, bias: true, tieEmbeddings: false };
+  const costs = measureGPTPartCosts(cfg, { batch: 2, seqLen: 16, repeats: 1 });
+  assert.equal(costs.length, 8);
+  assert.ok(costs.every((c) => c >= 0 && Number.isFinite(c)), String(costs));
+  assert.ok(costs.slice(1, 7).every((c) => c === costs[1]), 'every block costs the same');
+  const plan = planStages(cfg, 3, costs);
+  assert.deepEqual(plan.map((s) => s.layers[0]), [0, plan[1]!.layers[0], plan[2]!.layers[0]]);
+  assert.equal(plan.at(-1)!.layers[1], 6);
+  assert.ok(plan.every((s) => s.layers[1] > s.layers[0]), 'every stage holds a block');
+});

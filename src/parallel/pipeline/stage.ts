@@ -9,8 +9,8 @@
 // possible (the classic linear partition, solved exactly by dynamic programming). Every stage holds
 // at least one block. Each rank builds only its stages' modules (GPTStage), never the whole model.
 import { Linear, type Module } from '../../nn/index.js';
-import { GPTStage, type GPTConfig, type GPTStageSpec } from '../../models/gpt.js';
-import type { Tensor } from '../../tensor/index.js';
+import { GPTStage, gptLoss, type GPTConfig, type GPTStageSpec } from '../../models/gpt.js';
+import { type Tensor, arange, randint, tidy } from '../../tensor/index.js';
 
 /**
  * The GPT's parts in order, for cost-based splitting: costs[0] the embeddings, costs[1..nLayer]
@@ -44,6 +44,49 @@ export function planStages(cfg: Pick<GPTConfig, 'nLayer'>, numStages: number, co
     embed: s === 0,
     head: s === numStages - 1,
   }));
+}
+
+/**
+ * Measures the GPT's part costs for planStages on this process: forward + backward time (ms,
+ * median of `repeats`) of the embeddings, of one block (every block costs the same) and of the
+ * final norm + head + loss, on a (batch, seqLen) input. Builds one block, never the whole model.
+ */
+export function measureGPTPartCosts(cfg: GPTConfig, opts: { batch: number; seqLen: number; repeats?: number }): number[] {
+  const one = new GPTStage({ ...cfg, nLayer: Math.max(1, cfg.nLayer) }, { layers: [0, 1], embed: true, head: true }, { initSeed: 0 });
+  const repeats = opts.repeats ?? 3;
+  const times = { embed: [] as number[], block: [] as number[], head: [] as number[] };
+  try {
+    for (let r = 0; r < repeats; r++) {
+      tidy(() => {
+        const idx = randint(0, cfg.vocabSize, [opts.batch, opts.seqLen]);
+        const timed = (fn: () => void): number => {
+          const t0 = performance.now();
+          fn();
+          return performance.now() - t0;
+        };
+        // Each part on a detached input, so its backward stops at its own boundary.
+        let h!: Tensor;
+        times.embed.push(timed(() => {
+          const e = one.wte!.call(idx).add(one.wpe!.call(arange(0, opts.seqLen)));
+          e.sum().backward();
+          h = e.detach().requiresGrad_(true);
+        }));
+        let out!: Tensor;
+        times.block.push(timed(() => {
+          const y = one.layers.items[0]!.call(h);
+          y.sum().backward();
+          out = y.detach().requiresGrad_(true);
+        }));
+        times.head.push(timed(() => {
+          gptLoss(one.head!.call(one.lnF!.call(out)), idx).backward();
+        }));
+      });
+    }
+  } finally {
+    one.dispose();
+  }
+  const med = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+  return [med(times.embed), ...new Array<number>(cfg.nLayer).fill(med(times.block)), med(times.head)];
 }
 
 /**
