@@ -218,7 +218,11 @@ export function startStoreServer(o: StoreServerOptions): Promise<Server> {
         const rest = all.subarray(4 + n);
         chunks = rest.length > 0 ? [rest] : [];
         buffered = rest.length;
-        handle(body);
+        try {
+          handle(body);
+        } catch (e) {
+          refuse(`bad request: ${(e as Error).message}`); // e.g. add() on a key that holds no integer
+        }
       }
     };
 
