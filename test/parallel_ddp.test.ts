@@ -19,9 +19,9 @@ function results(outputs: string[]): Result[] {
   });
 }
 
-async function train(nproc: number, opts: Record<string, unknown>, tag: string): Promise<{ res: Result[]; params: Float64Array }> {
+async function train(nproc: number, opts: Record<string, unknown>, tag: string, backend: 'gloo' | 'mpi' = 'gloo'): Promise<{ res: Result[]; params: Float64Array }> {
   const out = join(dir, `${tag}.bin`);
-  const { codes, outputs } = await runWorld({ nproc, script, args: [JSON.stringify({ ...opts, out })], timeoutMs: 240_000 });
+  const { codes, outputs } = await runWorld({ nproc, script, args: [JSON.stringify({ ...opts, out })], timeoutMs: 240_000, backend });
   assert.deepEqual(codes, new Array(nproc).fill(0), outputs.join('\n'));
   return { res: results(outputs), params: new Float64Array(new Uint8Array(readFileSync(out)).buffer) };
 }
@@ -65,6 +65,20 @@ for (const [nproc, overlap, accum] of [[2, true, 1], [2, false, 1], [2, true, 2]
     }
   });
 }
+
+test('a GPT trained 10 steps on 2 ranks under MPI equals Gloo and one process', async () => {
+  const opts = { steps: 10, globalBatch: 8, accum: 1 };
+  const one = await train(1, opts, 'backends-ref');
+  const gloo = await train(2, opts, 'backends-gloo', 'gloo');
+  const mpi = await train(2, opts, 'backends-mpi', 'mpi');
+  for (const r of mpi.res) {
+    assertClose(r.losses, one.res[0]!.losses, 1e-5, `MPI losses on rank ${r.rank} vs one process`);
+    assertClose(r.losses, gloo.res[r.rank]!.losses, 1e-5, `MPI losses on rank ${r.rank} vs Gloo`);
+  }
+  assertClose(mpi.params, one.params, 1e-5, 'MPI final parameters vs one process');
+  assertClose(mpi.params, gloo.params, 1e-5, 'MPI final parameters vs Gloo');
+  assert.ok(mpi.res[0]!.buckets > 1 && mpi.res[0]!.launchedInBackward.slice(1).every(Boolean), 'MPI buckets overlap with backward too');
+});
 
 test('DDP with tied input/output embedding (one parameter used twice) equals single-process training', async () => {
   const base = await train(1, { steps: 10, globalBatch: 8, tie: true }, 'tie-ref');
