@@ -62,6 +62,16 @@ else
   newer=$(find native -maxdepth 1 \( -name '*.cc' -o -name '*.h' -o -name binding.gyp \) -newer "$addon" -print -quit)
   [[ -z "$newer" ]] || rebuild="$newer changed"
 fi
+# The Open MPI addon is built where Open MPI is installed: rebuild when it was installed after the
+# last build (or mpi.cc changed since).
+mpi_addon=native/build/Release/flotilla_mpi.node
+if [[ -z "$rebuild" && "$(node scripts/find-mpi.cjs has)" == 1 ]]; then
+  if [[ ! -f $mpi_addon ]]; then
+    rebuild="Open MPI is installed but $mpi_addon is missing"
+  elif [[ native/mpi.cc -nt $mpi_addon ]]; then
+    rebuild="native/mpi.cc changed"
+  fi
+fi
 if [[ -n "$rebuild" ]]; then
   echo "ensure: building the native addon ($rebuild) against libtorch from $(node scripts/find-libtorch.cjs)"
   # Use the headers of the node that runs us when they are installed beside it (Debian, NodeSource),

@@ -8,6 +8,10 @@
 # libblas.so.3 alternative and follows torch's intra-op thread count, so ranks sharing cores do not
 # oversubscribe them.
 #
+# Why Open MPI: the second collectives backend (native/mpi.cc, built as its own addon only where
+# mpi.h exists). Within a host it all-reduces over shared memory several times faster than Gloo over
+# loopback TCP; `npm start` uses it when it is installed.
+#
 #   bash scripts/setup.sh           install what is missing (as root), or say what to run (not root)
 #   bash scripts/setup.sh --check   exit 0 when nothing is missing, 1 otherwise; prints nothing
 #
@@ -21,7 +25,7 @@ case "${1:-}" in
   *) echo "usage: bash scripts/setup.sh [--check]" >&2; exit 2 ;;
 esac
 
-packages=(build-essential g++ make python3 libgloo-dev python3-torch libopenblas0-openmp)
+packages=(build-essential g++ make python3 libgloo-dev python3-torch libopenblas0-openmp libopenmpi-dev openmpi-bin)
 if [[ -n "${LIBTORCH:-}" ]]; then
   if [[ ! -d "$LIBTORCH/include/torch" ]]; then
     echo "flotilla setup: LIBTORCH=$LIBTORCH has no include/torch; point LIBTORCH at an unzipped libtorch or unset it" >&2
