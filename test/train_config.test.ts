@@ -115,3 +115,27 @@ test('checkRunnable: the config against the world it will run in', () => {
   assert.match(checkRunnable(fixed, 1).join('\n'), /parallel\.dp=2 but the world has 1 rank\(s\)/);
   assert.match(checkRunnable(parseConfig('', ['--data.source=/no/such.txt']), 1).join('\n'), /data\.source: text file \/no\/such\.txt does not exist/);
 });
+
+test('sharding layouts: one clear error per mistake, naming the field and the fix', () => {
+  const err = (overrides: string[]) => {
+    try {
+      parseConfig('', overrides);
+      return '';
+    } catch (e) {
+      return (e as Error).message;
+    }
+  };
+  assert.equal(err(['--parallel.zero=3', '--parallel.dpReplicate=2']), '');
+  assert.match(err(['--parallel.zero=4']), /parallel\.zero/);
+  assert.match(err(['--parallel.dpReplicate=2']), /parallel\.zero = 0 replicates everything; set parallel\.zero to 1, 2 or 3/);
+  assert.match(err(['--parallel.zero=1', '--parallel.accumulate=reduceEach']), /"reduceEach" reduces into gradient shards, which parallel\.zero = 1 does not keep; use "reduceLast"/);
+  assert.match(err(['--parallel.zero=2', '--parallel.accumulate=reduceScatterEachAllReduceLast']), /is for hybrid sharding: set parallel\.dpReplicate > 1/);
+  assert.match(err(['--parallel.zero=2', '--parallel.pp=2']), /sharding inside a pipeline is not supported yet/);
+  assert.match(err(['--parallel.accumulate=sometimes']), /parallel\.accumulate/);
+  // Against the world: dpReplicate x dpShard must be the data-parallel ranks.
+  const hsdp = parseConfig('', ['--parallel.zero=2', '--parallel.dpReplicate=2', '--data.globalBatch=8']);
+  assert.deepEqual(checkRunnable(hsdp, 4), []);
+  assert.match(checkRunnable(hsdp, 3).join('\n'), /parallel\.dpReplicate=2 x parallel\.dpShard=-1 \(3 \/ 2\) must equal the 3 data-parallel rank\(s\)/);
+  const fixed = parseConfig('', ['--parallel.zero=3', '--parallel.dpShard=3', '--data.globalBatch=12']);
+  assert.match(checkRunnable(fixed, 2).join('\n'), /dpShard=3 must equal the 2 data-parallel rank\(s\)/);
+});
