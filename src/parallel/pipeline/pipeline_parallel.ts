@@ -29,6 +29,7 @@
 // stageNamedParameters() for mapping local parameters to their whole-model names (checkpoints).
 import { Tensor, cat, noGrad, tensor, tidy } from '../../tensor/index.js';
 import type { ProcessGroup } from '../../distributed/process_group.js';
+import type { DeviceMesh } from '../../distributed/mesh.js';
 import type { GPTConfig } from '../../models/gpt.js';
 import type { GradShard, GradientSource } from '../grads.js';
 import { buildSchedule, validateSchedule, type PipelineSchedule, type ScheduleName } from './schedule.js';
@@ -94,6 +95,19 @@ export class PipelineParallel {
       stages: new Map(this.stages.map((st) => [st.index, st])),
     });
     this.grads = new PipelineGrads(this);
+  }
+
+  /**
+   * The same from a DeviceMesh: the pipeline group is the mesh dim `ppDim` (default 'pp'), and the
+   * dp group the dim `dpDim` (default 'dp') when the mesh has it.
+   */
+  static fromMesh(
+    cfg: GPTConfig, mesh: DeviceMesh,
+    opts: Omit<PipelineOptions, 'pp' | 'dp'> & { ppDim?: string; dpDim?: string },
+  ): PipelineParallel {
+    const { ppDim = 'pp', dpDim = 'dp', ...rest } = opts;
+    const dp = mesh.names.includes(dpDim) ? mesh.dim(dpDim).group : undefined;
+    return new PipelineParallel(cfg, { ...rest, pp: mesh.dim(ppDim).group, dp });
   }
 
   /** This rank's parameters (all its stages; the tied head copy included): give these to the optimizer. */
