@@ -1,5 +1,7 @@
-// c10d binding: TCPStore/PrefixStore for rendezvous, ProcessGroupGloo for collectives, and the
-// async Work handle. All c10d use lives in this file so a libtorch 2.x / NCCL build is a local change.
+// c10d binding: stores for rendezvous (FileStore, PrefixStore, and SocketStore, the client of
+// flotilla's own store; libtorch 1.13's TCPStore is not used: it listens on every interface and
+// admits anyone), ProcessGroupGloo for collectives, and the async Work handle. All c10d use lives in
+// this file so a libtorch 2.x / NCCL build is a local change.
 // Which collective to build from which primitive (e.g. reduce-scatter from all-to-all) is decided
 // in TypeScript (src/distributed/collectives.ts).
 #include "common.h"
@@ -7,7 +9,6 @@
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <fcntl.h>
 #include <netdb.h>
@@ -529,22 +530,6 @@ static Napi::Value CreateFileStore(const Napi::CallbackInfo& info) {
   FLOTILLA_CATCH(env, "FileStore(" + path + ")")
 }
 
-// createTCPStore(host, port, worldSize, isServer, timeoutMs)
-static Napi::Value CreateTCPStore(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  std::string host = info[0].As<Napi::String>();
-  FLOTILLA_TRY
-  c10d::TCPStoreOptions opts;
-  opts.port = static_cast<std::uint16_t>(info[1].As<Napi::Number>().Uint32Value());
-  opts.numWorkers = static_cast<std::size_t>(info[2].As<Napi::Number>().Uint32Value());
-  opts.isServer = info[3].As<Napi::Boolean>().Value();
-  opts.waitWorkers = false;  // rendezvous completes at process-group creation, which the TS side times
-  opts.timeout = Ms(info[4], 300000);
-  auto store = c10::make_intrusive<c10d::TCPStore>(host, opts);
-  return StoreHandle::New(env, store);
-  FLOTILLA_CATCH(env, "TCPStore(" + host + ":" + std::to_string(info[1].As<Napi::Number>().Uint32Value()) + ")")
-}
-
 static Napi::Value CreatePrefixStore(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   FLOTILLA_TRY
@@ -687,7 +672,6 @@ void InitComm(Napi::Env env, Napi::Object exports) {
   WorkHandle::Init(env, exports);
   StoreHandle::Init(env, exports);
   GroupHandle::Init(env, exports);
-  exports.Set("createTCPStore", Napi::Function::New(env, CreateTCPStore));
   exports.Set("createPrefixStore", Napi::Function::New(env, CreatePrefixStore));
   exports.Set("createSocketStore", Napi::Function::New(env, CreateSocketStore));
   exports.Set("createFileStore", Napi::Function::New(env, CreateFileStore));

@@ -98,7 +98,6 @@ export interface Native {
   registerAccumulateGradHook(t: TensorHandle, fn: () => void): number;
   removeAccumulateGradHook(id: number): void;
 
-  createTCPStore(host: string, port: number, worldSize: number, isServer: boolean, timeoutMs: number): StoreHandle;
   /** A client of flotilla's own store (src/distributed/store_server.ts); prove answers its nonce. */
   createSocketStore(host: string, port: number, timeoutMs: number, maxFrameBytes: number, prove: (nonce: Buffer) => Buffer): StoreHandle;
   /** c10d's FileStore: rendezvous through a file, for ranks on one host. */
