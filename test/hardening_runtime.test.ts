@@ -7,7 +7,7 @@ import { mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, writeFile
 import { connect, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { runWorld, parseResults, describeWorld, REPO_ROOT } from './helpers/world.js';
+import { runWorld, parseResults, describeWorld, scriptCommand, REPO_ROOT } from './helpers/world.js';
 import { storeProof, Op, Status } from '../src/distributed/store_server.js';
 
 const RANK_SCRIPT = 'test/helpers/ranks/hardening.ts';
@@ -152,13 +152,12 @@ function rssBytes(pid: number): number {
   return Number(m![1]) * 1024;
 }
 
-test('the store admits only holders of the job secret; a foreign client cannot read, and its oversized request allocates nothing', async () => {
+test('the store admits only holders of the job secret: a foreign client cannot join or read, and its oversized request allocates nothing', async () => {
   const dir = mkdtempSync(join(tmpdir(), 'flotilla-test-'));
   const go = join(dir, 'go');
   const secret = 'test-secret-0123456789abcdef';
   let serverPid = 0;
   let port = 0;
-  const probes: string[] = [];
   const world = runWorld({
     nproc: 2, script: RANK_SCRIPT, args: ['serve', go], env: { FLOTILLA_JOB_SECRET: secret, TEST_TIMEOUT_MS: '20000' },
     onSpawn: (rank, child) => {
@@ -182,7 +181,6 @@ test('the store admits only holders of the job secret; a foreign client cannot r
     let r = await c.reply();
     assert.equal(r?.status, Status.refused, 'a GET before authenticating must be refused');
     assert.equal(await c.reply(), undefined, 'the connection must be closed after the refusal');
-    probes.push('unauthenticated get refused');
 
     // 2. A wrong proof: refused.
     c = await RawClient.open(port);
@@ -191,7 +189,6 @@ test('the store admits only holders of the job secret; a foreign client cannot r
     r = await c.reply();
     assert.equal(r?.status, Status.refused);
     assert.match(r!.fields[0]!.toString(), /not a member of this job/);
-    probes.push('wrong secret refused');
 
     // 3. A 9-byte request declaring a 1 GiB key, and one declaring 3 GiB after the prefix: refused unread.
     for (const declared of [0x40000000, 0xc0000000]) {
@@ -206,9 +203,23 @@ test('the store admits only holders of the job secret; a foreign client cannot r
       assert.equal(r?.status, Status.refused);
       assert.match(r!.fields[0]!.toString(), /above the limit/);
     }
-    probes.push('oversized requests refused');
 
-    // 4. A half-sent message that stays open while the job uses the store again (newGroup below).
+    // 4. A rank process with another secret cannot join: refused, naming the fix.
+    const intruder = await new Promise<{ code: number | null; out: string }>((resolve) => {
+      const [cmd, argv] = scriptCommand(join(REPO_ROOT, RANK_SCRIPT), ['join']);
+      const child = spawn(cmd, argv, {
+        cwd: REPO_ROOT,
+        env: { ...process.env, RANK: '1', WORLD_SIZE: '2', MASTER_ADDR: '127.0.0.1', MASTER_PORT: String(port), FLOTILLA_JOB_SECRET: 'another-secret-0123456789' },
+      });
+      let out = '';
+      child.stdout.on('data', (d) => (out += d));
+      child.stderr.on('data', (d) => (out += d));
+      child.on('close', (code) => resolve({ code, out }));
+    });
+    assert.notEqual(intruder.code, 0);
+    assert.match(intruder.out, /refused this rank: not a member of this job .*give every rank the same FLOTILLA_JOB_SECRET/);
+
+    // 5. A half-sent message that stays open while the job uses the store again (newGroup below).
     const half = await RawClient.open(port);
     await half.reply();
     half.sock.write(Buffer.from([0x30, 0, 0]));
