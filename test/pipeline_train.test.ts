@@ -41,7 +41,7 @@ function maxRel(a: number[], b: number[]): number {
 }
 
 /** Every rank's losses and parameters against the reference; every parameter held somewhere. */
-function compare(name: string, nproc: number, refName: string): void {
+function compare(name: string, nproc: number, refName: string, opts: { wholeOnOneRank?: boolean } = {}): void {
   const ref = read(refName, 1)[0]!;
   const outs = read(name, nproc);
   const covered = new Set<string>();
@@ -58,12 +58,19 @@ function compare(name: string, nproc: number, refName: string): void {
   const missing = Object.keys(ref.params).filter((k) => !covered.has(k));
   assert.deepEqual(missing, [], `${name}: parameters no rank holds`);
   // No rank builds the whole model: each holds a strict subset of its parameters.
-  for (const o of outs) assert.ok(Object.keys(o.params).length < Object.keys(ref.params).length, `${name}: rank ${o.rank} holds every parameter`);
+  if (!opts.wholeOnOneRank) {
+    for (const o of outs) assert.ok(Object.keys(o.params).length < Object.keys(ref.params).length, `${name}: rank ${o.rank} holds every parameter`);
+  }
 }
 
-const refs = launch(1, [run('ref', 0, 1, 'gpipe', 1, false), run('ref_tied', 0, 1, 'gpipe', 1, true), run('ref_dp2', 0, 2, 'gpipe', 1, false)]);
+// The references, and pp = 1 (consecutive stages on one rank hand over locally, a tied embedding's
+// two copies live on the same rank) in the same world of one.
+const refs = launch(1, [
+  run('ref', 0, 1, 'gpipe', 1, false), run('ref_tied', 0, 1, 'gpipe', 1, true), run('ref_dp2', 0, 2, 'gpipe', 1, false),
+  run('pp1_tied_interleaved', 1, 1, 'interleaved', 2, true), run('pp1_zb', 1, 1, 'zb', 1, false),
+]);
 
-test('2 stages on 2 ranks, every schedule, untied and tied embeddings, accumulation across steps: 10 steps equal single-process training', async () => {
+test('2 stages on 2 ranks, every schedule, untied and tied embeddings, accumulation across steps, and pp=1: 10 steps equal single-process training', async () => {
   const runs = SCHEDULES.flatMap(([s, v]) => [run(`pp2_${s}`, 2, 1, s, v, false), run(`pp2_tied_${s}`, 2, 1, s, v, true)]);
   // Gradient accumulation across steps: two pipeline steps of 2 micro-batches per optimizer step.
   runs.push(run('pp2_tied_accum_zb', 2, 1, 'zb', 1, true, 2));
@@ -73,6 +80,8 @@ test('2 stages on 2 ranks, every schedule, untied and tied embeddings, accumulat
     compare(`pp2_tied_${s}`, 2, 'ref_tied');
   }
   compare('pp2_tied_accum_zb', 2, 'ref_tied');
+  compare('pp1_tied_interleaved', 1, 'ref_tied', { wholeOnOneRank: true });
+  compare('pp1_zb', 1, 'ref', { wholeOnOneRank: true });
 });
 
 test('4 stages on 4 ranks and pp=2 x dp=2, every schedule, accumulation across steps: 10 steps equal single-process training', async () => {

@@ -131,6 +131,11 @@ export class Executor {
     const m = this.s.micro;
     if (micro.length !== m) throw new Error(`pipeline step: the schedule was built for ${m} micro-batches, got ${micro.length}`);
     const [b, T] = micro[0]!.x.shape as [number, number];
+    for (const [i, mb] of micro.entries()) {
+      if (mb.x.ndim !== 2 || mb.x.shape[0] !== b || mb.x.shape[1] !== T || mb.y.shape.join('x') !== `${b}x${T}`) {
+        throw new Error(`pipeline step: micro-batch ${i} has x [${mb.x.shape}] and y [${mb.y.shape}]; every micro-batch must be (${b}, ${T}) like the first (split the batch into equal parts)`);
+      }
+    }
     const dtype = this.stages.values().next().value!.params[0]!.dtype;
     const actShape = [b, T, this.nEmbd];
     const slots = new Map<string, Slot>();

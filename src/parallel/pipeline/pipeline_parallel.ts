@@ -120,14 +120,17 @@ export class PipelineParallel {
     return this.stages.flatMap((s) => s.fullNamedParameters());
   }
 
-  /** The first stage's embedding, when tied and this rank holds it (pp > 1). */
-  private tiedPair(): { mine: Tensor; peer: number } | undefined {
-    if (!this.cfg.tieEmbeddings || this.ppGroup.size === 1) return undefined;
+  /**
+   * The tied embedding's copies this rank holds: the first stage's wte.weight and/or the last
+   * stage's head copy, and the pipeline rank holding the other copy when it is not this one.
+   */
+  private tiedCopies(): { mine: Tensor[]; peer?: number } | undefined {
+    if (!this.cfg.tieEmbeddings || this.schedule.numStages === 1) return undefined; // one stage: shared in-graph
     const first = this.stages.find((s) => s.isFirst);
     const last = this.stages.find((s) => s.isLast);
-    if (first && last) return undefined; // one rank holds both: the parameter is shared in-graph
-    if (first) return { mine: first.module.wte!.weight, peer: this.schedule.stageRank(this.schedule.numStages - 1) };
-    if (last) return { mine: last.tiedHeadCopy!, peer: this.schedule.stageRank(0) };
+    if (first && last) return { mine: [first.module.wte!.weight, last.tiedHeadCopy!] };
+    if (first) return { mine: [first.module.wte!.weight], peer: this.schedule.stageRank(this.schedule.numStages - 1) };
+    if (last) return { mine: [last.tiedHeadCopy!], peer: this.schedule.stageRank(0) };
     return undefined;
   }
 
@@ -151,15 +154,25 @@ export class PipelineParallel {
   /** Finishes gradients: tied copies summed, then every gradient averaged over dp. */
   syncGrads(): void {
     tidy(() => noGrad(() => {
-      const tied = this.tiedPair();
+      const tied = this.tiedCopies();
       if (tied) {
-        const g = tied.mine.grad;
-        if (!g) throw new Error('pipeline: the tied embedding has no gradient (run step() first)');
-        const other = g.clone();
-        const send = this.ppGroup.send(g, tied.peer, TIED_TAG);
-        this.ppGroup.recv(other, tied.peer, TIED_TAG).wait();
-        send.wait();
-        g.add_(other);
+        const gs = tied.mine.map((p) => {
+          const g = p.grad;
+          if (!g) throw new Error('pipeline: the tied embedding has no gradient (run step() first)');
+          return g;
+        });
+        if (tied.peer === undefined) {
+          // Both copies on this rank (pp = 1 with several stages): sum into one, copy to the other.
+          gs[0]!.add_(gs[1]!);
+          gs[1]!.copy_(gs[0]!);
+        } else {
+          const g = gs[0]!;
+          const other = g.clone();
+          const send = this.ppGroup.send(g, tied.peer, TIED_TAG);
+          this.ppGroup.recv(other, tied.peer, TIED_TAG).wait();
+          send.wait();
+          g.add_(other);
+        }
       }
       if (this.dpGroup) {
         const grads = this.parameters().map((p) => {
