@@ -5,12 +5,13 @@
 //           the makespan is the longest span.
 //   memory: one schedule; resident memory before the first step and the peak (maxRSS) after the
 //           steps, without an optimizer (its state would blur the activations).
-//   step:   training steps (forward, backward, AdamW) of pp = 2 or of data parallel on the same
+//   step:   training steps (forward, backward, AdamW) of pp = 2 or of DataParallel on the same
 //           ranks and the same global batch; wall time per step.
 import * as ft from '../src/tensor/index.js';
 import { GPT, type GPTConfig } from '../src/models/gpt.js';
 import { AdamW } from '../src/optim/index.js';
 import { initProcessGroup, destroyProcessGroup } from '../src/distributed/process_group.js';
+import { DataParallel } from '../src/parallel/data_parallel.js';
 import { PipelineParallel, buildSchedule, simulate, theoreticalBubble, peakActivations, type ScheduleName, type TraceEvent } from '../src/parallel/pipeline/index.js';
 
 interface Opts {
@@ -52,6 +53,7 @@ if (o.mode === 'bubble') {
       const pp = new PipelineParallel(o.cfg, { pp: world, schedule: s.name, virtualStages: s.v, micro: m, initSeed: 1 });
       const mbs = batches(m, o.b, 7);
       const measured: number[] = [];
+      const kindMs: Record<'F' | 'B' | 'I' | 'W', number[]> = { F: [], B: [], I: [], W: [] };
       for (let i = 0; i < o.warmup + o.steps; i++) {
         const trace: TraceEvent[] = [];
         world.barrier().wait();
@@ -63,13 +65,28 @@ if (o.mode === 'bubble') {
         world.allReduce(busyAll, 'sum').wait();
         const spanMax = ft.tensor([span], { dtype: 'float64' });
         world.allReduce(spanMax, 'max').wait();
-        if (i >= o.warmup) measured.push(1 - busyAll.item() / (world.size * spanMax.item()));
+        if (i >= o.warmup) {
+          measured.push(1 - busyAll.item() / (world.size * spanMax.item()));
+          for (const e of trace) kindMs[e.kind].push(e.end - e.start);
+        }
         for (const x of [t, busyAll, spanMax]) x.dispose();
         ft.noGrad(() => pp.parameters().forEach((p) => p.grad?.zero_()));
       }
       const sched = buildSchedule(s.name, { pp: world.size, micro: m, virtualStages: s.name === 'interleaved' ? s.v : undefined });
+      // The same table simulated with this run's measured mean costs (both ranks, 0.25 ms slots):
+      // what the schedule predicts once F, B, I and W are not the unit costs of the theory.
+      const mean = (k: 'F' | 'B' | 'I' | 'W'): number => {
+        const t = ft.tensor([kindMs[k].reduce((a, b) => a + b, 0), kindMs[k].length], { dtype: 'float64' });
+        world.allReduce(t, 'sum').wait();
+        const [sum, n] = t.toNumbers() as [number, number];
+        t.dispose();
+        return n > 0 ? sum / n : 0;
+      };
+      const ms = { F: mean('F'), B: mean('B'), I: mean('I'), W: mean('W') };
+      const slot = (x: number) => Math.max(1, Math.round(x / 0.25));
       rows.push({
-        schedule: s.name, v: s.v, m, measured,
+        schedule: s.name, v: s.v, m, measured, costsMs: ms,
+        simulatedMeasuredCosts: simulate(sched, { F: slot(ms.F), B: slot(ms.B), I: slot(ms.I), W: slot(ms.W) }).bubbleFraction,
         simulated: simulate(sched).bubbleFraction,
         theory: theoreticalBubble(s.name, world.size, m, s.v),
       });
@@ -106,11 +123,11 @@ if (o.mode === 'bubble') {
     }
     pp.dispose();
   } else {
-    // Data parallel: each rank the whole model on half the global batch, then an averaged
-    // all-reduce of one flat gradient buffer (the same reduction PipelineParallel uses for dp).
+    // Data parallel: each rank the whole model on half the global batch, with flotilla's
+    // DataParallel (bucketed all-reduce overlapped with backward, 2 MiB buckets).
     const model = new GPT(o.cfg, { initSeed: 1 });
-    const params = model.parameters();
-    const opt = new AdamW(params, { lr: 1e-4 });
+    const ddp = new DataParallel(model, { group: world, bucketSizeMb: 2 });
+    const opt = new AdamW(model.parameters(), { lr: 1e-4 });
     const all = batches(1, (m * o.b), 7)[0]!;
     const half = (m * o.b) / world.size;
     const x = all.x.narrow(0, world.rank * half, half), y = all.y.narrow(0, world.rank * half, half);
@@ -119,16 +136,7 @@ if (o.mode === 'bubble') {
       const t0 = performance.now();
       ft.tidy(() => {
         model.forward(x, y).loss!.backward();
-        ft.noGrad(() => {
-          const grads = params.map((p) => p.grad!);
-          const flat = ft.cat(grads.map((g) => g.reshape(-1)));
-          world.allReduce(flat, 'avg').wait();
-          let off = 0;
-          for (const g of grads) {
-            g.copy_(flat.narrow(0, off, g.numel()).view(...g.shape));
-            off += g.numel();
-          }
-        });
+        ddp.finishGradSync();
         opt.step();
         opt.zeroGrad();
       });
