@@ -1,11 +1,13 @@
-// All-reduce bus bandwidth, flotilla vs. PyTorch's c10d Gloo, measured in the same run.
+// All-reduce bus bandwidth, flotilla on Open MPI and on Gloo vs. PyTorch's c10d Gloo, measured in
+// the same run.
 //
-//   node --import tsx bench/allreduce.ts [--nproc 2] [--trials 2]
+//   node --import tsx bench/allreduce.ts [--nproc 2] [--trials 4]
 //
-// Both sides start through `flotilla run` (runLauncher) on loopback with one intra-op thread per
-// rank, all-reduce (sum) a float32 tensor of 256 KB..64 MB, and report the best per-op time of
-// several timed rounds (the machine is shared, so the best round is the least disturbed one). The
-// sides alternate (flotilla, torch, flotilla, torch, ...) and each keeps its best trial.
+// Every side starts through `flotilla run` (runLauncher; `--backend mpi` for flotilla on MPI, which
+// starts the ranks through mpirun) with one intra-op thread per rank, all-reduces (sum) a float32
+// tensor of 256 KB..64 MB, and reports the best per-op time of several timed rounds (the machine is
+// shared, so the best round is the least disturbed one). The sides alternate (MPI, Gloo, torch,
+// MPI, ...) and each keeps its best trial.
 // Bus bandwidth = 2 (n-1)/n × bytes / time, the bytes each rank's link carries in a ring all-reduce.
 // Writes its section of docs/BENCHMARKS.md (between the allreduce markers) and prints the table.
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
@@ -34,8 +36,13 @@ const plan = { sizes, iters, rounds: 3, warmup: 2 };
 
 interface Report { impl: string; worldSize: number; seconds: number[]; threads?: number; torch: string }
 
-async function side(impl: 'flotilla' | 'torch'): Promise<Report> {
-  const script = impl === 'flotilla' ? [join(ROOT, 'bench', 'allreduce_rank.ts')] : [PYTHON, join(ROOT, 'bench', 'allreduce_peer.py')];
+type Impl = 'mpi' | 'gloo' | 'torch';
+const IMPLS: readonly Impl[] = ['mpi', 'gloo', 'torch'];
+
+async function side(impl: Impl): Promise<Report> {
+  const script = impl !== 'torch'
+    ? ['--backend', impl, join(ROOT, 'bench', 'allreduce_rank.ts')]
+    : [PYTHON, join(ROOT, 'bench', 'allreduce_peer.py')];
   let out = '', err = '';
   const code = await runLauncher(['--nproc', String(nproc), ...script, JSON.stringify(plan)], {
     stdout: { write: (s: string) => (out += s) },
@@ -54,33 +61,35 @@ function fmtSize(b: number): string {
   return b >= MB ? `${b / MB} MB` : `${b / KB} KB`;
 }
 
-const best: Record<'flotilla' | 'torch', number[]> = { flotilla: sizes.map(() => Infinity), torch: sizes.map(() => Infinity) };
-let flotillaReport: Report | undefined, torchReport: Report | undefined;
+const best: Record<Impl, number[]> = { mpi: sizes.map(() => Infinity), gloo: sizes.map(() => Infinity), torch: sizes.map(() => Infinity) };
+const reports: Partial<Record<Impl, Report>> = {};
 for (let t = 0; t < trials; t++) {
-  for (const impl of ['flotilla', 'torch'] as const) {
-    process.stderr.write(`trial ${t + 1}/${trials}: ${impl}...\n`);
+  for (const impl of IMPLS) {
+    process.stderr.write(`trial ${t + 1}/${trials}: ${impl === 'torch' ? 'PyTorch (Gloo)' : `flotilla (${impl})`}...\n`);
     const r = await side(impl);
-    if (impl === 'flotilla') flotillaReport = r;
-    else torchReport = r;
+    reports[impl] = r;
     r.seconds.forEach((s, k) => (best[impl][k] = Math.min(best[impl][k]!, s)));
   }
 }
+const flotillaReport = reports.gloo, torchReport = reports.torch;
 
 const rows = sizes.map((b, k) => {
-  const f = best.flotilla[k]!, p = best.torch[k]!;
-  const fb = busBw(b, f), pb = busBw(b, p);
-  return `| ${fmtSize(b)} | ${(f * 1e3).toFixed(3)} | ${fb.toFixed(2)} | ${(p * 1e3).toFixed(3)} | ${pb.toFixed(2)} | ${(fb / pb).toFixed(2)} |`;
+  const m = best.mpi[k]!, g = best.gloo[k]!, p = best.torch[k]!;
+  const mb = busBw(b, m), gb = busBw(b, g), pb = busBw(b, p);
+  return `| ${fmtSize(b)} | ${(m * 1e3).toFixed(3)} | ${mb.toFixed(2)} | ${(g * 1e3).toFixed(3)} | ${gb.toFixed(2)} | ${(p * 1e3).toFixed(3)} | ${pb.toFixed(2)} | ${(mb / pb).toFixed(2)} | ${(gb / pb).toFixed(2)} |`;
 });
-const ratios = sizes.map((b, k) => busBw(b, best.flotilla[k]!) / busBw(b, best.torch[k]!));
+const ratios = sizes.map((b, k) => busBw(b, best.gloo[k]!) / busBw(b, best.torch[k]!));
 const below = sizes.filter((_, k) => ratios[k]! < 0.95).map(fmtSize);
+const mpiX = sizes.map((b, k) => busBw(b, best.mpi[k]!) / busBw(b, best.torch[k]!));
 const table = [
-  '| size | flotilla ms/op | flotilla bus GB/s | PyTorch ms/op | PyTorch bus GB/s | ratio (flotilla / PyTorch) |',
-  '|---:|---:|---:|---:|---:|---:|',
+  '| size | MPI ms/op | MPI bus GB/s | Gloo ms/op | Gloo bus GB/s | PyTorch (Gloo) ms/op | PyTorch bus GB/s | MPI / PyTorch | Gloo / PyTorch |',
+  '|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
   ...rows,
   '',
+  `flotilla on Open MPI moves ${Math.min(...mpiX).toFixed(1)}-${Math.max(...mpiX).toFixed(1)}x PyTorch's Gloo bus bandwidth across these sizes.`,
   below.length === 0
-    ? 'Target (>= 0.95 x raw Gloo at every size): met.'
-    : `Target (>= 0.95 x raw Gloo at every size): **missed at ${below.join(', ')}** in this run. On this 2-core machine ` +
+    ? 'Target for flotilla on Gloo (>= 0.95 x raw Gloo at every size): met.'
+    : `Target for flotilla on Gloo (>= 0.95 x raw Gloo at every size): **missed at ${below.join(', ')}** in this run. On this 2-core machine ` +
       'the ratios swing widely from run to run, most at 256 KB; compare several runs before reading a trend.',
 ].join('\n');
 
@@ -89,8 +98,9 @@ const section = `${BEGIN}
 ## All-reduce bus bandwidth (${nproc} ranks, loopback)
 
 \`node --import tsx bench/allreduce.ts\` — all-reduce (sum) of a float32 tensor through flotilla's
-\`ProcessGroup.allReduce\`, next to PyTorch ${torchReport?.torch ?? '?'} \`torch.distributed.all_reduce\` on c10d Gloo
-(bench/allreduce_peer.py), both started by \`flotilla run\` in the same run, one intra-op thread per rank.
+\`ProcessGroup.allReduce\` on Open MPI (shared memory, ranks started by \`flotilla run --backend mpi\`) and on
+Gloo, next to PyTorch ${torchReport?.torch ?? '?'} \`torch.distributed.all_reduce\` on c10d Gloo
+(bench/allreduce_peer.py), all started by \`flotilla run\` in the same run, one intra-op thread per rank.
 Best per-op time of ${plan.rounds} timed rounds × ${trials} alternating trials per side; bus bandwidth =
 2(n-1)/n × bytes / time. Machine: ${cpus().length} × ${cpu}, Node ${process.version}, libtorch ${flotillaReport?.torch ?? '?'}.
 Measured ${new Date().toISOString().slice(0, 10)} on a machine shared with other work: compare the ratio, not the absolute numbers.

@@ -65,12 +65,34 @@ def step(sync):
     return (time.perf_counter() - t0) * 1000
 
 
+def thread_cpu():
+    """CPU milliseconds each thread of this process has run, by thread id (as bench/ddp_rank.ts)."""
+    out = {}
+    for t in os.listdir('/proc/self/task'):
+        try:
+            with open(f'/proc/self/task/{t}/schedstat') as f:
+                out[int(t)] = int(f.read().split()[0]) / 1e6
+        except OSError:
+            pass
+    return out
+
+
 synced, local = [], []
+main_cpu = other_cpu = 0.0
 for _ in range(opts['warmup']):
     step(True)
 for _ in range(opts['steps']):
     synced.append(step(True)); dist.barrier()
-    local.append(step(False)); dist.barrier()
-print('BENCH ' + json.dumps({'rank': rank, 'synced': synced, 'local': local,
+    before = thread_cpu()
+    local.append(step(False))
+    for tid, ms in thread_cpu().items():
+        d = ms - before.get(tid, 0.0)
+        if tid == os.getpid():
+            main_cpu += d
+        else:
+            other_cpu += d
+    dist.barrier()
+cpu = {'main': main_cpu / opts['steps'], 'other': other_cpu / opts['steps']}
+print('BENCH ' + json.dumps({'rank': rank, 'synced': synced, 'local': local, 'cpu': cpu,
                              'params': sum(p.numel() for p in model.parameters())}), flush=True)
 dist.destroy_process_group()

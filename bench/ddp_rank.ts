@@ -1,10 +1,27 @@
 // One rank of the data-parallel benchmark: the ~3M-parameter GPT, 8 x 128 tokens per rank, AdamW,
-// one intra-op thread. Times full synced steps and compute-only steps (noSync) and prints JSON.
+// one intra-op thread. Times full synced steps and compute-only steps (noSync) and prints JSON,
+// with the CPU time every thread of this process spent in the compute-only steps (from
+// /proc/self/task/<tid>/schedstat; the main thread runs the intra-op work, the others are V8's
+// garbage-collector helpers, libuv and the collective backend's threads).
 import * as ft from '../src/tensor/index.js';
 import { GPT } from '../src/models/gpt.js';
 import { AdamW } from '../src/optim/index.js';
 import { initProcessGroup, destroyProcessGroup } from '../src/distributed/process_group.js';
 import { DataParallel } from '../src/parallel/index.js';
+import { readdirSync, readFileSync } from 'node:fs';
+
+/** CPU milliseconds each thread of this process has run, by thread id. */
+function threadCpu(): Map<number, number> {
+  const m = new Map<number, number>();
+  for (const t of readdirSync('/proc/self/task')) {
+    try {
+      m.set(Number(t), Number(readFileSync(`/proc/self/task/${t}/schedstat`, 'utf8').split(' ')[0]) / 1e6);
+    } catch {
+      // the thread ended
+    }
+  }
+  return m;
+}
 
 const { steps, warmup, bucketMb } = JSON.parse(process.argv[2] ?? '{}') as { steps: number; warmup: number; bucketMb: number };
 ft.setNumThreads(1);
@@ -37,14 +54,22 @@ function step(sync: boolean): { total: number; exposed: number } {
 }
 
 const synced: number[] = [], local: number[] = [], exposed: number[] = [];
+let mainCpu = 0, otherCpu = 0;
 for (let i = 0; i < warmup; i++) step(true);
 for (let i = 0; i < steps; i++) {
   const s = step(true);
   synced.push(s.total);
   exposed.push(s.exposed);
   world.barrier().wait();
+  const before = threadCpu();
   local.push(step(false).total);
+  for (const [tid, ms] of threadCpu()) {
+    const d = ms - (before.get(tid) ?? 0);
+    if (tid === process.pid) mainCpu += d;
+    else otherCpu += d;
+  }
   world.barrier().wait();
 }
-console.log('BENCH ' + JSON.stringify({ rank: world.rank, synced, local, exposed, params: model.numParams() }));
+const cpu = { main: mainCpu / steps, other: otherCpu / steps };
+console.log('BENCH ' + JSON.stringify({ rank: world.rank, synced, local, exposed, cpu, params: model.numParams() }));
 destroyProcessGroup();
