@@ -73,7 +73,8 @@ test('flotilla train --nproc 2 trains exactly like one process (data parallel, w
     const runDir = join(dir, `dp2-mb${mb}`);
     const r = await flotilla(['train', config, '--nproc', '2', `--train.runDir=${runDir}`, `--data.microBatches=${mb}`]);
     assert.equal(r.code, 0, r.out + r.err);
-    assert.match(r.out, /\[rank 0\] \[parallelize\] DataParallel over 2 ranks/);
+    assert.match(r.out, /\[rank 0\] \[mesh\] data parallel 2, accumulate reduceLast/);
+    assert.match(r.out, /\[rank 0\] \[parallelize\] \d+ bucket\(s\)/);
     assert.doesNotMatch(r.out, /\[rank 1\] \[/, 'only rank 0 prints progress');
     const m = readMetrics(join(runDir, 'metrics.jsonl'));
     assert.equal(m.length, 20);
@@ -88,7 +89,7 @@ test('flotilla train --nproc 2 trains exactly like one process (data parallel, w
 test('bad usage exits 2 with one message', async () => {
   const cases: [string[], RegExp][] = [
     [[], /usage:/],
-    [['frobnicate'], /unknown command "frobnicate"; commands: train, run, config/],
+    [['frobnicate'], /unknown command "frobnicate"; commands: train, verify, run, config/],
     [['train'], /train: missing the config file/],
     [['train', config, '--nproc', 'two'], /--nproc needs a positive integer, got "two"/],
     [['train', config, '--verbose'], /unknown option --verbose/],

@@ -56,6 +56,8 @@ export abstract class Optimizer<O extends { lr: number }> {
   private readonly groupOf = new Map<Tensor, number>();
   private readonly steps = new Map<Tensor, number>();
   private readonly pieceState = new Map<string, Record<string, Tensor>>();
+  // The layout of every piece that has state (names and ranges outlive the tensors handed in).
+  private readonly pieceMeta = new Map<string, Pick<StepPiece, 'segments' | 'owned'>>();
   private readonly decayCache = new Map<string, Tensor>();
 
   constructor(params: ParamsArg<O>, defaults: O, extras: OptimizerExtras = {}) {
@@ -103,12 +105,7 @@ export abstract class Optimizer<O extends { lr: number }> {
       const stepped = new Set<Tensor>();
       noGrad(() => {
         for (const piece of pieces) {
-          let state = this.pieceState.get(piece.key);
-          if (!state) {
-            state = this.initState(piece.data);
-            for (const t of Object.values(state)) keep(t);
-            this.pieceState.set(piece.key, state);
-          }
+          const state = this.stateOf(piece);
           for (const run of this.runsOf(piece, used)) {
             const st = state;
             tidy(() => {
@@ -128,6 +125,17 @@ export abstract class Optimizer<O extends { lr: number }> {
       for (const p of stepped) this.steps.set(p, (this.steps.get(p) ?? 0) + 1);
     });
     this.grads?.afterStep?.();
+  }
+
+  private stateOf(piece: StepPiece): Record<string, Tensor> {
+    let state = this.pieceState.get(piece.key);
+    if (!state) {
+      state = this.initState(piece.data);
+      for (const t of Object.values(state)) keep(t);
+      this.pieceState.set(piece.key, state);
+      this.pieceMeta.set(piece.key, { segments: piece.segments.map((s) => ({ ...s })), owned: piece.owned });
+    }
+    return state;
   }
 
   /** Each parameter with a .grad is a piece of its own (no gradient source). */
@@ -207,14 +215,12 @@ export abstract class Optimizer<O extends { lr: number }> {
    */
   stateDict(): OptimizerState {
     const state: Record<string, Record<string, Tensor>> = {};
-    const pieces = this.grads?.stepPieces ? this.pieceList() : this.localPiecesQuiet();
-    for (const piece of pieces) {
-      const st = this.pieceState.get(piece.key);
-      if (!st) continue;
-      for (const seg of piece.segments) {
+    for (const [key, st] of this.pieceState) {
+      const meta = this.pieceMeta.get(key)!;
+      for (const seg of meta.segments) {
         const entry: Record<string, Tensor> = { step: tensor([this.steps.get(seg.param) ?? 0], { dtype: 'float64' }) };
         for (const [k, t] of Object.entries(st)) entry[k] = t.narrow(0, seg.start, seg.numel);
-        if (piece.owned) entry.offset = tensor([seg.paramOffset], { dtype: 'float64' });
+        if (meta.owned) entry.offset = tensor([seg.paramOffset], { dtype: 'float64' });
         state[seg.name] = entry;
       }
     }
@@ -231,12 +237,7 @@ export abstract class Optimizer<O extends { lr: number }> {
           known.add(seg.name);
           const entry = sd.state[seg.name];
           if (!entry) continue;
-          let st = this.pieceState.get(piece.key);
-          if (!st) {
-            st = this.initState(piece.data);
-            for (const t of Object.values(st)) keep(t);
-            this.pieceState.set(piece.key, st);
-          }
+          const st = this.stateOf(piece);
           for (const [k, t] of Object.entries(st)) {
             const src = entry[k];
             if (!src) continue;
@@ -275,6 +276,7 @@ export abstract class Optimizer<O extends { lr: number }> {
   dispose(): void {
     for (const st of this.pieceState.values()) for (const t of Object.values(st)) t.dispose();
     this.pieceState.clear();
+    this.pieceMeta.clear();
     for (const t of this.decayCache.values()) t.dispose();
     this.decayCache.clear();
   }

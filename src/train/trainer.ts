@@ -244,11 +244,9 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
         if (step === 0) firstLoss = loss;
         // Memory after the second step: the first one also learns gradient readiness (everything
         // is reduced after backward), so its peak is not the steady state.
-        if (step === Math.min(1, steps - 1)) {
-          if (memory) {
-            const per = (b: number) => `${(b / MiB).toFixed(2)} MiB (${(b / numParams).toFixed(2)} B/param)`;
-            header('memory', `rank 0 holds parameters ${per(memory.paramBytes)}, gradients ${per(memory.gradBytes)}, optimizer state ${per(memory.optimizerBytes)}; step peak ${per(memory.peakBytes)}`);
-          }
+        if (step === Math.min(1, steps - 1) && memory && isRank0 && mode !== 'off') {
+          const per = (b: number) => `${(b / MiB).toFixed(2)} MiB (${(b / numParams).toFixed(2)} B/param)`;
+          progress.log(`[memory] rank 0 holds parameters ${per(memory.paramBytes)}, gradients ${per(memory.gradBytes)}, optimizer state ${per(memory.optimizerBytes)}; step peak ${per(memory.peakBytes)}`);
         }
         lastLoss = loss;
         record.push({ step: step + 1, loss, gradNorm: norm });
