@@ -120,6 +120,7 @@ export abstract class Optimizer<O extends { lr: number }> {
             });
             for (const p of run.params) stepped.add(p);
           }
+          this.grads?.pieceStepped?.(piece);
         }
       });
       for (const p of stepped) this.steps.set(p, (this.steps.get(p) ?? 0) + 1);

@@ -405,31 +405,41 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
 
   // ---- ZeRO-1/2: parameters are replicated, but each rank updates only its shard
 
-  /** After the optimizer step: every rank's updated shard is all-gathered into the full buckets. */
+  /**
+   * The optimizer finished a piece (stepPieces hands them in forward order under zero 1/2): that
+   * bucket's updated shards are all-gathered at once, overlapping the optimizer's other pieces and
+   * then the next forward, whose modules each wait for just their own buckets.
+   */
+  pieceStepped(piece: StepPiece): void {
+    if (this.zero !== 1 && this.zero !== 2) return;
+    const run = this.runs[Number(piece.key.slice('bucket'.length))];
+    if (run) this.gatherParams(run);
+  }
+
+  /** After the optimizer step: every bucket not gathered yet is, and ZeRO-3's gathered units are stale. */
   afterStep(): void {
     this.window = 'stepped';
     if (this.zero === 3) {
       this.fsdp!.afterStep();
       return;
     }
-    if (this.zero === 0 || this.shardGroup.size === 1) return;
-    // Issued in forward order (the last bucket holds the first layers), waited for by the first
-    // module that needs each bucket, so the gathers overlap the next forward.
-    for (let i = this.runs.length - 1; i >= 0; i--) {
-      const run = this.runs[i]!;
-      const b = run.bucket;
-      const outs = Array.from({ length: this.shardGroup.size }, (_, k) => b.data.narrow(0, k * b.shardNumel, b.shardNumel));
-      const mine = outs[this.shardGroup.rank]!.clone();
-      const work = this.shardGroup.allGather(outs, mine);
-      run.gather = () => {
-        try {
-          work.wait();
-        } finally {
-          mine.dispose();
-          for (const o of outs) o.dispose();
-        }
-      };
-    }
+    for (let i = this.runs.length - 1; i >= 0; i--) this.gatherParams(this.runs[i]!);
+  }
+
+  private gatherParams(run: BucketRun): void {
+    if (this.zero === 0 || this.shardGroup.size === 1 || run.gather) return;
+    const b = run.bucket;
+    const outs = Array.from({ length: this.shardGroup.size }, (_, k) => b.data.narrow(0, k * b.shardNumel, b.shardNumel));
+    const mine = outs[this.shardGroup.rank]!.clone();
+    const work = this.shardGroup.allGather(outs, mine);
+    run.gather = () => {
+      try {
+        work.wait();
+      } finally {
+        mine.dispose();
+        for (const o of outs) o.dispose();
+      }
+    };
   }
 
   /** Waits for every parameter all-gather still in flight (before reading parameters directly). */
@@ -521,10 +531,14 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     return { tensors: this.runs.map((r) => r.bucket.shardGrad!), sumOver: this.shardGroup.size > 1 ? [this.shardGroup] : [] };
   }
 
-  /** What this rank's optimizer updates: per bucket, the (parameter, gradient) range it owns. */
+  /**
+   * What this rank's optimizer updates: per bucket, the (parameter, gradient) range it owns; in
+   * forward order (the last bucket holds the first layers) so parameter gathers go out in the order
+   * the next forward needs them.
+   */
   stepPieces(): StepPiece[] {
     this.requireWindow('stepPieces');
-    return this.pieceLayout();
+    return this.pieceLayout().reverse();
   }
 
   /** The same ranges at any time (optimizer state dicts name and size their entries by them). */

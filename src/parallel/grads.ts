@@ -53,6 +53,8 @@ export interface GradientSource {
   pieceLayout?(): StepPiece[];
   /** Parameters that received a gradient on some rank this step; the optimizer skips the others. Undefined: all. */
   usedParameters?(): ReadonlySet<Tensor> | undefined;
+  /** Called by the optimizer after it updated one piece (a sharded mode may start gathering it). */
+  pieceStepped?(piece: StepPiece): void;
   /** Called by the optimizer after it updated the pieces (sharded modes gather the new parameters). */
   afterStep?(): void;
   /** Zeroes the gradients this source holds (the optimizer's zeroGrad delegates here). */
