@@ -6,9 +6,13 @@
 // exit (128 + n when signal n ended it). --enable-recovery keeps mpirun from killing every rank the
 // moment one dies: the caller decides (the launcher stops the rest; the harness lets survivors report).
 //
-// Oversubscription: with more ranks than cores mpirun refuses to start unless told
-// (--oversubscribe), and a rank waiting in a blocking MPI call spins on its core unless
-// mpi_yield_when_idle is set; both are set then. Ranks are not bound to cores (--bind-to none), as
+// Spinning: a rank waiting in a blocking MPI call busy-polls (Open MPI's progress loop) on the
+// communicator's thread, beside the rank's own compute thread and the other ranks'. With
+// mpi_yield_when_idle=1 the poll yields the core to runnable threads: on 2 ranks x 2 cores the
+// exposed communication of a DDP step fell from 35-49 ms to 14-19 ms (bench/ddp.ts setup, measured
+// alternately), and oversubscribed waiters leave the core to the rank that computes
+// (bench/oversubscribe.ts). So it is always set (an OMPI_MCA_mpi_yield_when_idle in the environment
+// wins). With more ranks than cores mpirun refuses to start unless told (--oversubscribe). Ranks are not bound to cores (--bind-to none), as
 // with `flotilla run` on Gloo: a rank's intra-op, MPI and runtime threads share whatever is free.
 // Running as root, Open MPI needs OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM); they are set for root only.
 // This module loads no native addon (the test harness uses it).
@@ -50,9 +54,10 @@ function signalName(n: number): NodeJS.Signals | null {
 }
 
 /** mpirun's arguments for nproc local ranks of cmd. */
-export function mpirunArgs(nproc: number, cmd: string, args: string[]): string[] {
+export function mpirunArgs(nproc: number, cmd: string, args: string[], env: Record<string, string | undefined> = process.env): string[] {
   const out = ['-np', String(nproc), '--tag-output', '--enable-recovery', '--bind-to', 'none'];
-  if (nproc > availableParallelism()) out.push('--oversubscribe', '--mca', 'mpi_yield_when_idle', '1');
+  if (nproc > availableParallelism()) out.push('--oversubscribe');
+  if (env.OMPI_MCA_mpi_yield_when_idle === undefined) out.push('--mca', 'mpi_yield_when_idle', '1');
   out.push('sh', '-c', `"$@"; echo "${RANK_EXIT} $?"`, 'sh', cmd, ...args);
   return out;
 }
@@ -94,8 +99,8 @@ export function spawnMpiJob(o: MpiJobOptions): ChildProcess {
   // Under setpriv's parent-death signal where it exists: mpirun (and so every rank) ends with its launcher.
   const setpriv = process.platform === 'linux' ? onPath('setpriv') : undefined;
   const [cmd, args] = setpriv !== undefined
-    ? [setpriv, ['--pdeathsig', 'TERM', '--', 'mpirun', ...mpirunArgs(o.nproc, o.cmd, o.args)]]
-    : ['mpirun', mpirunArgs(o.nproc, o.cmd, o.args)];
+    ? [setpriv, ['--pdeathsig', 'TERM', '--', 'mpirun', ...mpirunArgs(o.nproc, o.cmd, o.args, o.env ?? process.env)]]
+    : ['mpirun', mpirunArgs(o.nproc, o.cmd, o.args, o.env ?? process.env)];
   const child = spawn(cmd, args, {
     env: mpirunEnv(o.env ?? process.env), cwd: o.cwd, stdio: ['ignore', 'pipe', 'pipe'],
   });
