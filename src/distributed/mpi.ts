@@ -80,9 +80,14 @@ export function loadMpi(): MpiAddon {
   return m;
 }
 
-/** True when this process was started by Open MPI's mpirun (so MPI_Init can join its world). */
+/**
+ * True when this process was started by Open MPI's mpirun (so MPI_Init can join its world): besides
+ * OMPI_COMM_WORLD_* (which anyone can set, and env.ts reads as a launch contract for Gloo too), mpirun
+ * gives each rank the address of its daemon (OMPI_MCA_orte_hnp_uri or a PMIx server).
+ */
 export function startedByMpirun(env: Record<string, string | undefined> = process.env): boolean {
-  return env.OMPI_COMM_WORLD_SIZE !== undefined && env.OMPI_COMM_WORLD_RANK !== undefined;
+  if (env.OMPI_COMM_WORLD_SIZE === undefined || env.OMPI_COMM_WORLD_RANK === undefined) return false;
+  return env.OMPI_MCA_orte_hnp_uri !== undefined || env.PMIX_NAMESPACE !== undefined || env.PMIX_SERVER_URI3 !== undefined || env.PMIX_SERVER_URI2 !== undefined;
 }
 
 let exitHook = false;
