@@ -32,7 +32,7 @@ function results(perRank: Map<number, string>, n: number): Vars[][] {
 
 test('parseRunArgs: options, aliases, script arguments, and clear usage errors', () => {
   const o = parseRunArgs(['--nproc', '4', '--nnodes=2', '--node_rank', '1', '--master-addr', 'node0', '--master-port=1234', '--max-restarts', '2', 'train.ts', '--nproc', '9', 'x']);
-  assert.deepEqual(o, { nproc: 4, nnodes: 2, nodeRank: 1, masterAddr: 'node0', masterPort: 1234, maxRestarts: 2, script: 'train.ts', scriptArgs: ['--nproc', '9', 'x'] });
+  assert.deepEqual(o, { nproc: 4, nnodes: 2, nodeRank: 1, masterAddr: 'node0', masterPort: 1234, maxRestarts: 2, backend: 'gloo', script: 'train.ts', scriptArgs: ['--nproc', '9', 'x'] });
   assert.equal(parseRunArgs(['--nproc-per-node', '2', 's.ts']).nproc, 2);
   assert.deepEqual(parseRunArgs(['--nproc', '1', '--', '-weird.ts']).script, '-weird.ts');
   const bad: [string[], RegExp][] = [

@@ -1,0 +1,73 @@
+// The Open MPI backend through `flotilla run --backend mpi` (ranks under mpirun): the launch contract,
+// output prefixes, failure handling and exit codes, and the errors a user gets for a backend that
+// cannot run. The collectives themselves run on both backends in distributed_collectives.test.ts,
+// distributed_failure.test.ts and parallel_ddp.test.ts.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { runLauncher } from '../src/distributed/launcher.js';
+import { assertMpiBuilt, parseAllResults, REPO_ROOT, scriptCommand } from './helpers/world.js';
+
+const SCRIPT = 'test/helpers/ranks/mpi_rank.ts';
+
+async function launch(argv: string[]): Promise<{ code: number; out: string; err: string; perRank: string[] }> {
+  assertMpiBuilt();
+  let out = '', err = '';
+  const code = await runLauncher(argv, {
+    stdout: { write: (s: string) => (out += s) },
+    stderr: { write: (s: string) => (err += s) },
+    handleSignals: false,
+    graceMs: 2000,
+  });
+  const perRank: string[] = [];
+  for (const line of (out + err).split('\n')) {
+    const m = /^\[rank (\d+)\] (.*)$/.exec(line);
+    if (m) perRank[Number(m[1])] = `${perRank[Number(m[1])] ?? ''}${m[2]}\n`;
+  }
+  return { code, out, err, perRank };
+}
+
+interface R { rank: number; size: number; backend: string; sum: number; rankVar: string | null }
+
+test('flotilla run --backend mpi: ranks join MPI_COMM_WORLD through mpirun, output prefixed by rank', async () => {
+  const r = await launch(['--backend', 'mpi', '--nproc', '3', SCRIPT, 'ok']);
+  assert.equal(r.code, 0, r.err);
+  const res = parseAllResults<R>(r.perRank).map((x) => x[0]!);
+  assert.deepEqual(res.map((x) => [x.rank, x.size, x.backend, x.sum]), [0, 1, 2].map((k) => [k, 3, 'mpi', 6]));
+  assert.ok(res.every((x) => x.rankVar === null), 'under mpirun the rank comes from OMPI_COMM_WORLD_*, not RANK');
+  for (let k = 0; k < 3; k++) assert.match(r.perRank[k]!, /^backend mpi \(Open MPI v[\d.]+; shared memory within a host\), 3 ranks$/m);
+});
+
+test('flotilla run --backend mpi: a rank that exits non-zero stops the others; the launcher exits with its code, naming it', async () => {
+  const r = await launch(['--backend', 'mpi', '--nproc', '3', SCRIPT, 'fail', '1', '3']);
+  assert.equal(r.code, 3, r.err);
+  assert.match(r.err, /flotilla run: rank 1 exited with code 3; stopping the other 2 ranks/);
+  assert.match(r.err, /flotilla run: failed: rank 1 exited with code 3/);
+});
+
+test('flotilla run --backend mpi: a rank killed by a signal gives 128 + signal, naming the rank', async () => {
+  const r = await launch(['--backend', 'mpi', '--nproc', '2', SCRIPT, 'selfkill', '0']);
+  assert.equal(r.code, 137, r.err);
+  assert.match(r.err, /flotilla run: rank 0 was killed by SIGKILL/);
+});
+
+test('backend errors a user can cause name the fix', async () => {
+  let badErr = '';
+  const bad = await runLauncher(['--backend', 'nccl', '--nproc', '2', SCRIPT], { stdout: { write: () => true }, stderr: { write: (s: string) => (badErr += s) }, handleSignals: false });
+  assert.equal(bad, 2);
+  assert.match(badErr, /--backend "nccl": expected gloo, mpi or auto/);
+  let nodes = '';
+  assert.equal(await runLauncher(['--backend', 'mpi', '--nnodes', '2', '--nproc', '1', SCRIPT], { stdout: { write: () => true }, stderr: { write: (s: string) => (nodes += s) }, handleSignals: false }), 2);
+  assert.match(nodes, /--backend mpi starts ranks on one node/);
+  // backend 'mpi' in a process mpirun did not start (a world of two by torchrun-style variables).
+  const [cmd, args] = scriptCommand(`${REPO_ROOT}/${SCRIPT}`, ['ok']);
+  const p = spawnSync(cmd, args, {
+    cwd: REPO_ROOT, encoding: 'utf8', timeout: 30_000,
+    env: { ...process.env, RANK: '0', WORLD_SIZE: '2', MASTER_ADDR: '127.0.0.1', MASTER_PORT: '1', FLOTILLA_BACKEND: 'mpi' },
+  });
+  assert.notEqual(p.status, 0);
+  assert.match(p.stderr, /backend 'mpi' needs ranks started by mpirun \(flotilla run --backend mpi --nproc N script\.ts/);
+  const q = spawnSync(cmd, args, { cwd: REPO_ROOT, encoding: 'utf8', timeout: 30_000, env: { ...process.env, FLOTILLA_BACKEND: 'tcp' } });
+  assert.notEqual(q.status, 0);
+  assert.match(q.stderr, /unknown FLOTILLA_BACKEND 'tcp' \(expected auto, gloo, mpi\)/);
+});
