@@ -47,6 +47,27 @@ function bubbleOf(trace: TraceEvent[], start: number): { busy: number; span: num
 
 const out: Record<string, unknown> = { rank: world.rank };
 if (o.mode === 'bubble') {
+  // One-way time of an activation-sized message (b x T x C float32) between the two ranks: the
+  // theory counts communication as free; every hop on the critical path costs about this much.
+  {
+    const msg = ft.zeros([o.b, o.T, o.cfg.nEmbd]);
+    const peer = 1 - world.rank;
+    const rounds = 20;
+    world.barrier().wait();
+    const t0 = performance.now();
+    for (let i = 0; i < rounds; i++) {
+      if (world.rank === 0) {
+        world.send(msg, peer, i).wait();
+        world.recv(msg, peer, i).wait();
+      } else {
+        world.recv(msg, peer, i).wait();
+        world.send(msg, peer, i).wait();
+      }
+    }
+    out.oneWayMs = (performance.now() - t0) / (2 * rounds);
+    out.messageBytes = msg.numel() * 4;
+    msg.dispose();
+  }
   const rows: unknown[] = [];
   for (const s of o.schedules) {
     for (const m of o.micros) {
