@@ -4,7 +4,7 @@
 // distributed_failure.test.ts and parallel_ddp.test.ts.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { runLauncher } from '../src/distributed/launcher.js';
 import { assertMpiBuilt, parseAllResults, REPO_ROOT, scriptCommand } from './helpers/world.js';
 
@@ -49,6 +49,35 @@ test('flotilla run --backend mpi: a rank killed by a signal gives 128 + signal, 
   const r = await launch(['--backend', 'mpi', '--nproc', '2', SCRIPT, 'selfkill', '0']);
   assert.equal(r.code, 137, r.err);
   assert.match(r.err, /flotilla run: rank 0 was killed by SIGKILL/);
+});
+
+test('flotilla run --backend mpi: ranks end when the launcher is killed with SIGKILL', async () => {
+  assertMpiBuilt();
+  const launcher = spawn(process.execPath, [`${REPO_ROOT}/bin/flotilla.js`, 'run', '--backend', 'mpi', '--nproc', '2', SCRIPT, 'fail', '5', '1'], { cwd: REPO_ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  const pids = await new Promise<number[]>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`ranks did not start:\n${out}`)), 30_000);
+    launcher.stdout.on('data', (d: Buffer) => {
+      out += d.toString();
+      const found = [...out.matchAll(/"pid":(\d+)/g)].map((m) => Number(m[1]));
+      if (found.length === 2) {
+        clearTimeout(timer);
+        resolve(found);
+      }
+    });
+  });
+  launcher.kill('SIGKILL');
+  const alive = (pid: number): boolean => {
+    try {
+      process.kill(pid, 0);
+      return true;
+    } catch {
+      return false;
+    }
+  };
+  const until = Date.now() + 10_000;
+  while (pids.some(alive) && Date.now() < until) await new Promise((res) => setTimeout(res, 100));
+  assert.deepEqual(pids.filter(alive), [], 'ranks outlived their launcher');
 });
 
 test('backend errors a user can cause name the fix', async () => {

@@ -11,7 +11,7 @@ const world = initProcessGroup({ timeoutMs: 20_000 });
 const t = T.full([4], world.rank + 1);
 world.allReduce(t).wait();
 console.log(describeBackend(world));
-emitResult({ rank: world.rank, size: world.size, backend: world.backend, sum: t.toNumbers()[0], rankVar: process.env.RANK ?? null });
+emitResult({ rank: world.rank, size: world.size, backend: world.backend, sum: t.toNumbers()[0], rankVar: process.env.RANK ?? null, pid: process.pid });
 if (mode === 'fail' && world.rank === Number(a1)) process.exit(Number(a2));
 if (mode === 'selfkill' && world.rank === Number(a1)) process.kill(process.pid, 'SIGKILL');
 if (mode !== 'ok') await new Promise((res) => setTimeout(res, 30_000)); // stopped by the launcher
