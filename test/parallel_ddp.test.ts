@@ -4,6 +4,7 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { assertClose } from './helpers/close.js';
 import { runWorld } from './helpers/world.js';
 
 const script = join(import.meta.dirname, 'fixtures', 'ddp_train.ts');
@@ -23,19 +24,13 @@ async function train(nproc: number, opts: Record<string, unknown>, tag: string, 
   const out = join(dir, `${tag}.bin`);
   const { codes, outputs } = await runWorld({ nproc, script, args: [JSON.stringify({ ...opts, out })], timeoutMs: 240_000, backend });
   assert.deepEqual(codes, new Array(nproc).fill(0), outputs.join('\n'));
-  return { res: results(outputs), params: new Float64Array(new Uint8Array(readFileSync(out)).buffer) };
+  const each = Array.from({ length: nproc }, (_, r) => new Float64Array(new Uint8Array(readFileSync(`${out}.rank${r}`)).buffer));
+  // params: every rank's final parameters must be equal (a drifting replica fails here), then
+  // rank 0's stand for the run.
+  each.forEach((p, r) => assertClose(p, each[0]!, 0, `rank ${r}'s final parameters vs rank 0's`));
+  return { res: results(outputs), params: each[0]! };
 }
 
-function assertClose(a: ArrayLike<number>, b: ArrayLike<number>, rel: number, what: string): void {
-  assert.equal(a.length, b.length, `${what}: lengths differ`);
-  let worst = 0;
-  let at = 0;
-  for (let i = 0; i < a.length; i++) {
-    const d = Math.abs(a[i]! - b[i]!) / Math.max(1e-3, Math.abs(b[i]!));
-    if (d > worst) [worst, at] = [d, i];
-  }
-  assert.ok(worst <= rel, `${what}: max relative difference ${worst} > ${rel} at element ${at} (${a[at]} vs ${b[at]})`);
-}
 
 let reference: { res: Result[]; params: Float64Array } | undefined;
 async function ref(): Promise<{ res: Result[]; params: Float64Array }> {

@@ -6,6 +6,7 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { assertClose } from './helpers/close.js';
 import { runWorld, parseAllResults } from './helpers/world.js';
 
 const script = join(import.meta.dirname, 'fixtures', 'dp_rank.ts');
@@ -26,16 +27,6 @@ async function run(nproc: number, cases: Case[], name: string): Promise<{ res: R
   };
 }
 
-function assertClose(a: ArrayLike<number>, b: ArrayLike<number>, rel: number, what: string): void {
-  assert.equal(a.length, b.length, `${what}: lengths differ`);
-  let worst = 0;
-  let at = 0;
-  for (let i = 0; i < a.length; i++) {
-    const d = Math.abs(a[i]! - b[i]!) / Math.max(1e-3, Math.abs(b[i]!));
-    if (!(d <= worst)) [worst, at] = [d, i];
-  }
-  assert.ok(worst <= rel, `${what}: max relative difference ${worst} > ${rel} at element ${at} (${a[at]} vs ${b[at]})`);
-}
 
 // The single-process reference for N data-parallel slices and a micro-batch count: the losses of
 // each slice, the norms and the parameters.
