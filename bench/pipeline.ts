@@ -124,7 +124,7 @@ writeSection('pipeline', [
     'those mean costs (comm still free).',
   '',
   'Peak activation memory, m = 8 micro-batches of 4 x 128 tokens, forward and backward only (no optimizer state); ' +
-    'peak RSS is the process\'s maxRSS after 3 steps, one world per schedule:',
+    `peak RSS is the process's maxRSS after ${steps} steps, one world per schedule:`,
   '',
   memTable,
   '',
