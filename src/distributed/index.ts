@@ -4,7 +4,9 @@ export { readLaunchEnv, LaunchEnvError, type LaunchEnv, type LaunchSource } from
 export {
   ProcessGroup, Work, CollectiveError, CollectiveArgumentError, type ReduceOp, type CollectiveStats,
   initProcessGroup, getWorld, newGroup, destroyProcessGroup, isInitialized, getLaunchEnv, DEFAULT_TIMEOUT_MS,
+  describeBackend, resolveBackend, fastestBackend, BACKENDS, type Backend,
 } from './process_group.js';
+export { mpiAvailable } from './mpi.js';
 export { DeviceMesh, MeshDim, MeshLayout, MeshError, type MeshSpec } from './mesh.js';
 export { verifyDataPartition, checkPartition, dpRank, DataPartitionError, type PartitionReport } from './partition.js';
 export { runLauncher, parseRunArgs, RunUsageError, RUN_USAGE, type RunOptions, type LauncherIO } from './launcher.js';

@@ -24,7 +24,6 @@
 // (at least one), so ranks do not oversubscribe the cores. FLOTILLA_NUM_THREADS=n sets n exactly;
 // with OMP_NUM_THREADS set, libtorch's own choice is left alone.
 import { availableParallelism } from 'node:os';
-import { existsSync } from 'node:fs';
 import { native, type GroupHandle, type StoreHandle } from '../tensor/native.js';
 import { setNumThreads, tensor, empty, type Tensor } from '../tensor/index.js';
 import { readLaunchEnv, timeoutFromEnv, isLoopback, intVar, LaunchEnvError, type LaunchEnv } from './env.js';
@@ -33,6 +32,7 @@ import { openStore, type RendezvousStore } from './store.js';
 import { tellLauncher } from './launcher_channel.js';
 import { Work, type ReduceOp, type GroupContext } from './collectives.js';
 import { initMpiWorld, loadMpi, mpiAvailable, startedByMpirun, MpiGroupHandle, MPI_INSTALL_HINT, type MpiComm } from './mpi.js';
+import { mpiInstalled } from './mpi_launch.js';
 
 export { Work, CollectiveError, CollectiveArgumentError, type ReduceOp } from './collectives.js';
 
@@ -242,15 +242,7 @@ export function resolveBackend(requested?: string): Backend {
  * built and mpirun is installed, else 'gloo'. Launchers (flotilla run/train) use it for 'auto'.
  */
 export function fastestBackend(): Backend {
-  return mpiAvailable() && mpirunPath() !== undefined ? 'mpi' : 'gloo';
-}
-
-/** Where mpirun is, or undefined when it is not on PATH. */
-export function mpirunPath(): string | undefined {
-  for (const dir of (process.env.PATH ?? '').split(':')) {
-    if (dir && existsSync(`${dir}/mpirun`)) return `${dir}/mpirun`;
-  }
-  return undefined;
+  return mpiInstalled() ? 'mpi' : 'gloo';
 }
 
 /** One line naming the world's backend, for the start of a run's output. */
