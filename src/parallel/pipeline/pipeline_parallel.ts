@@ -14,10 +14,11 @@
 //
 // step() runs this rank's action list (executor.ts), then finishes the gradients so that they equal
 // those of one process training the whole model on the whole global batch:
-//   1. tied embeddings (tieEmbeddings with pp > 1): the first stage's wte.weight and the last stage's
-//      head copy exchange gradients point-to-point over the pipeline group and both add the other's,
-//      so both hold the sum (the same bits: a + b = b + a); the norm counts the first stage's copy
-//      only, clipping scales both, and both take identical optimizer steps;
+//   1. tied embeddings (tieEmbeddings with more than one stage): the first stage's wte.weight and
+//      the last stage's head copy exchange gradients point-to-point over the pipeline group (or add
+//      locally when one rank holds both stages) so both hold the sum (the same bits: a + b = b + a);
+//      the norm counts the first stage's copy only, clipping scales both (clipTargets), and both
+//      take identical optimizer steps;
 //   2. data parallel: every local gradient is averaged over the dp group by one all-reduce of a
 //      flat float buffer (a plain averaged all-reduce composes with any schedule: DataParallel's
 //      backward hooks would fire once per micro-batch backward);
@@ -25,8 +26,12 @@
 // With { sync: false } steps 1-2 are left for a later step (gradient accumulation across steps:
 // pass lossScale 1/(m * steps) to weigh them).
 //
-// Stateless helpers: planStages (the split), buildSchedule/validateSchedule (schedule.ts), and
-// stageNamedParameters() for mapping local parameters to their whole-model names (checkpoints).
+// PipelineParallel.fromMesh(cfg, mesh, opts) takes the groups from a DeviceMesh's 'pp' (and 'dp')
+// dims. The single-process reference with the same weights is new GPT(cfg, { initSeed }).
+// Stateless helpers: planStages and measureGPTPartCosts (the split, by block count or measured
+// cost: opts.costs), buildSchedule/validateSchedule (schedule.ts), and stageNamedParameters() for
+// mapping local parameters to their whole-model names (checkpoints; the tied head copy appears as
+// 'wte.weight' on the last stage too). Micro-batches must all have the same shape.
 import { Tensor, cat, noGrad, tensor, tidy } from '../../tensor/index.js';
 import type { ProcessGroup } from '../../distributed/process_group.js';
 import type { DeviceMesh } from '../../distributed/mesh.js';
