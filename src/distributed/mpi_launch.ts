@@ -1,6 +1,6 @@
 // Starting ranks through Open MPI's mpirun (`flotilla run --backend mpi`, and the test harness).
 //
-// mpirun runs every rank as `sh -c '<rank command>; echo FLOTILLA_RANK_EXIT $?'`, with
+// mpirun runs every rank as `sh -c '{ <rank command>; echo FLOTILLA_RANK_EXIT $?; } | cat'`, with
 // --tag-output, so this side learns each rank's output and exit status from mpirun's one output
 // stream: lines tagged `[job,rank]<stdout>:` are the rank's, FLOTILLA_RANK_EXIT lines report its
 // exit (128 + n when signal n ended it). --enable-recovery keeps mpirun from killing every rank the
@@ -58,7 +58,10 @@ export function mpirunArgs(nproc: number, cmd: string, args: string[], env: Reco
   const out = ['-np', String(nproc), '--tag-output', '--enable-recovery', '--bind-to', 'none'];
   if (nproc > availableParallelism()) out.push('--oversubscribe');
   if (env.OMPI_MCA_mpi_yield_when_idle === undefined) out.push('--mca', 'mpi_yield_when_idle', '1');
-  out.push('sh', '-c', `"$@"; echo "${RANK_EXIT} $?"`, 'sh', cmd, ...args);
+  // The rank's stdout goes through a pipe (`| cat`): mpirun would give it a pseudo-terminal, and a
+  // rank that believes it writes to a terminal colours its output and draws its progress bar into
+  // mpirun's stream instead of on the launcher's terminal (as it does under Gloo).
+  out.push('sh', '-c', `{ "$@"; echo "${RANK_EXIT} $?"; } | cat`, 'sh', cmd, ...args);
   return out;
 }
 
