@@ -14,7 +14,7 @@ const dir = mkdtempSync(join(tmpdir(), 'flotilla-zero-'));
 const STEPS = 10;
 const common = { steps: STEPS, globalBatch: 8, seqLen: 16 };
 
-interface Case { tag: string; zero: number; dpReplicate?: number; accum: number; accumulate?: string; tie?: boolean; reshardAfterForward?: boolean; prefetch?: boolean }
+interface Case { tag: string; zero: number; dpReplicate?: number; accum: number; accumulate?: string; tie?: boolean; reshardAfterForward?: boolean; prefetch?: boolean; reduceAtEnd?: boolean }
 interface Result { tag: string; rank: number; dpRank?: number; losses: number[] | number[][]; norms: number[] }
 
 async function run(nproc: number, cases: Case[], name: string): Promise<{ res: Result[]; params: (tag: string, rank: number) => Float64Array }> {
@@ -75,6 +75,10 @@ function casesFor(opts: { hsdp?: boolean } = {}): Case[] {
 
 test('plain data parallel, ZeRO-1, ZeRO-2, ZeRO-3 on 2 ranks, every accumulation flavour: 10 steps equal single-process training on every rank', async () => {
   await checkLayout(2, casesFor(), 'w2');
+});
+
+test('backward passes run with sync off, then one reduceAccumulated() (how a pipeline reduces), in every stage: equal to one process', async () => {
+  await checkLayout(2, [0, 1, 2, 3].map((zero) => ({ tag: `z${zero}-end`, zero, accum: 2, accumulate: 'reduceLast', reduceAtEnd: true })), 'end');
 });
 
 test('plain data parallel, ZeRO-1, ZeRO-2, ZeRO-3 on 4 ranks, every accumulation flavour: 10 steps equal single-process training on every rank', async () => {

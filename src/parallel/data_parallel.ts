@@ -312,6 +312,31 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     }
   }
 
+  // ---- callers that run backward passes themselves (pipeline schedules)
+
+  /**
+   * Allocates (zeroed) every full gradient bucket that is freed, so gradients may be written into
+   * .grad views directly, outside autograd's accumulator (a zero-bubble weight-gradient pass).
+   */
+  allocateGradients(): void {
+    for (const run of this.runs) this.beforeAccumulate(run.bucket);
+  }
+
+  /** Tells the reducer that `param` received a gradient written by hand this step (see allocateGradients). */
+  markGradient(param: Tensor): void {
+    this.reducer.markUsed(this.requireSlot(param));
+  }
+
+  /**
+   * Reduces what the backward passes run with gradient sync off accumulated, all buckets in index
+   * order, like the end of one synchronised backward; then call finishGradSync(). This is how a
+   * pipeline, whose schedule interleaves many backward passes, reduces once per step.
+   */
+  reduceAccumulated(): void {
+    this.requireGradientSync(true);
+    this.reducer.launchAll();
+  }
+
   /**
    * Waits for every bucket's reduction; call after the final micro-batch's backward, before the
    * optimizer. Returns false when the step must be skipped (nonFinite: 'skip' saw NaN/Inf on some rank).

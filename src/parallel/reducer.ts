@@ -177,6 +177,26 @@ export class Reducer {
   }
 
   /**
+   * Launches every bucket now, in index order, as if a synchronised backward had just ended: for
+   * callers that run their backward passes themselves with sync off (a pipeline schedule) and
+   * reduce what accumulated once at the end.
+   */
+  launchAll(): void {
+    this.settle();
+    if (this.states.some((st) => st.launchedSinceFinish) && !this.opts.reduceEachBackward) {
+      throw new Error(`${this.opts.owner}: reduceAccumulated() after buckets were already reduced in this step; call it once, after every backward pass ran with gradient sync off`);
+    }
+    this.syncedBackwards++;
+    for (const st of this.states) this.launch(st, false);
+    for (const st of this.states) st.launched = false;
+  }
+
+  /** Records a gradient written without autograd's accumulator (e.g. a weight gradient computed by hand). */
+  markUsed(slot: ParamSlot): void {
+    this.used.add(slot);
+  }
+
+  /**
    * Runs the end-of-backward work if the engine did not (a backward that failed part-way drops its
    * queued callbacks); backward() is synchronous, so none is running when this is called.
    */
