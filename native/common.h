@@ -27,6 +27,8 @@ class TensorHandle {
   /** Frees the slot; false when the handle was already released. */
   static bool Release(Napi::Env env, const Napi::Value& v);
   static int64_t Live();
+  /** Reports the tensor's storage bytes to V8 (once per handle; views are not counted). */
+  static bool ReportExternal(Napi::Env env, const Napi::Value& v);
 };
 
 // The thread that loaded the addon: hooks may only call into JS from it.

@@ -91,15 +91,7 @@ Napi::Value TensorHandle::Wrap(Napi::Env env, const at::Tensor& t) {
   Slot& s = slots[index];
   s.tensor = t;
   s.used = true;
-  s.reported = 0;
-  // Report storage bytes of tensors that own their storage; views share a base already counted.
-  if (t.defined() && !t.is_view() && t.has_storage()) {
-    int64_t bytes = static_cast<int64_t>(t.storage().nbytes());
-    if (bytes > 0) {
-      Napi::MemoryManagement::AdjustExternalMemory(env, bytes);
-      s.reported = bytes;
-    }
-  }
+  s.reported = 0;  // reported to V8 only once the tensor may outlive its scope (ReportExternal)
   live_count++;
   uint64_t raw = (static_cast<uint64_t>(s.generation) << 32) | index;
   return Napi::BigInt::New(env, raw);
@@ -137,6 +129,21 @@ bool TensorHandle::Release(Napi::Env env, const Napi::Value& v) {
 
 int64_t TensorHandle::Live() {
   return live_count;
+}
+
+bool TensorHandle::ReportExternal(Napi::Env env, const Napi::Value& v) {
+  uint32_t index, generation;
+  Decode(v, &index, &generation);
+  if (index >= slots.size() || !slots[index].used || slots[index].generation != generation) return false;
+  Slot& s = slots[index];
+  const at::Tensor& t = s.tensor;
+  // Storage bytes of tensors that own their storage; views share a base that is counted already.
+  if (s.reported != 0 || !t.defined() || t.is_view() || !t.has_storage()) return false;
+  int64_t bytes = static_cast<int64_t>(t.storage().nbytes());
+  if (bytes <= 0) return false;
+  Napi::MemoryManagement::AdjustExternalMemory(env, bytes);
+  s.reported = bytes;
+  return true;
 }
 
 static Napi::Value ReleaseHandle(const Napi::CallbackInfo& info) {
@@ -508,6 +515,12 @@ static Napi::Value GetNumThreads(const Napi::CallbackInfo& info) {
   return Napi::Number::New(info.Env(), at::get_num_threads());
 }
 
+// reportExternal(t): tells V8 about the tensor's storage bytes (the caller decides when: a tensor
+// freed by its scope never needs to be, one that may live on does, so GC pressure stays real).
+static Napi::Value ReportExternal(const Napi::CallbackInfo& info) {
+  return Napi::Boolean::New(info.Env(), TensorHandle::ReportExternal(info.Env(), info[0]));
+}
+
 static Napi::Value LiveTensors(const Napi::CallbackInfo& info) {
   return Napi::Number::New(info.Env(), static_cast<double>(TensorHandle::Live()));
 }
@@ -573,6 +586,7 @@ void InitTensor(Napi::Env env, Napi::Object exports) {
   exports.Set("setNumThreads", Napi::Function::New(env, SetNumThreads));
   exports.Set("getNumThreads", Napi::Function::New(env, GetNumThreads));
   exports.Set("liveTensors", Napi::Function::New(env, LiveTensors));
+  exports.Set("reportExternal", Napi::Function::New(env, ReportExternal));
   exports.Set("version", Napi::Function::New(env, Version));
 }
 

@@ -67,6 +67,8 @@ export interface Native {
   setNumThreads(n: number): void;
   getNumThreads(): number;
   liveTensors(): number;
+  /** Reports the tensor's storage bytes to V8 as external memory (once per handle; not views). */
+  reportExternal(t: TensorHandle): boolean;
   /** Frees a handle's tensor now; false if it was already released. */
   release(t: TensorHandle): boolean;
   isLive(t: TensorHandle): boolean;

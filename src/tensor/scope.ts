@@ -1,20 +1,29 @@
 // Memory scopes: every tensor created inside tidy() is freed when it returns, except what it returns
 // and what keep() marks. The GC finalizer is only a backstop (see native/tensor.cc).
+//
+// [Note: external memory] V8 learns a tensor's bytes (escaped()) only when the tensor may outlive
+// every scope: created outside any scope, kept, or returned out of the outermost one. A step's
+// temporaries are freed by their scope and never reported, so they do not make V8 run full
+// collections to find garbage that is not there; what the GC backstop may have to free is reported.
 
 export interface Disposable {
   dispose(): void;
+  /** The object may now outlive every scope (a tensor reports its native bytes). */
+  escaped?(): void;
 }
 
 const stack: Set<Disposable>[] = [];
 
-/** Registers a new tensor with the innermost scope (no-op outside scopes). */
+/** Registers a new tensor with the innermost scope; outside scopes it has escaped already. */
 export function track(t: Disposable): void {
   if (stack.length > 0) stack[stack.length - 1]!.add(t);
+  else t.escaped?.();
 }
 
 /** Removes a tensor from every open scope so it outlives them (parameters, buffers, state). */
 export function keep<T extends Disposable>(t: T): T {
   for (const s of stack) s.delete(t);
+  t.escaped?.();
   return t;
 }
 

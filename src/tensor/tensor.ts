@@ -69,6 +69,11 @@ export class Tensor {
     }
   }
 
+  /** Called when the tensor may outlive every scope: V8 learns its native bytes ([Note: external memory]). */
+  escaped(): void {
+    if (this.h !== undefined) native.reportExternal(this.h);
+  }
+
   get isDisposed(): boolean {
     return this.h === undefined;
   }
