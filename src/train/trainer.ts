@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import { liveTensors, manualSeed, noGrad, setNumThreads, tensor, tidy, torchVersion, type Tensor } from '../tensor/index.js';
 import { GPT } from '../models/gpt.js';
 import { AdamW, warmupCosine, constant } from '../optim/index.js';
-import { initProcessGroup, destroyProcessGroup, getWorld, isInitialized, type ProcessGroup } from '../distributed/process_group.js';
+import { initProcessGroup, destroyProcessGroup, describeBackend, getWorld, isInitialized, type ProcessGroup } from '../distributed/process_group.js';
 import { readLaunchEnv } from '../distributed/env.js';
 import { verifyDataPartition } from '../distributed/partition.js';
 import { clipGradNorm, gradNorm, type GradientSource } from '../parallel/grads.js';
@@ -82,11 +82,11 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
   if (problems.length > 0) throw new ConfigError(problems, opts.configPath);
   // A caller that already joined the world keeps it; otherwise the trainer joins and leaves it.
   const ownsWorld = !isInitialized();
-  const world = ownsWorld ? initProcessGroup() : getWorld();
+  const world = ownsWorld ? initProcessGroup({ backend: cfg.parallel.backend }) : getWorld();
   try {
     setNumThreads(cfg.train.threads);
     const how = { torchrun: 'RANK/WORLD_SIZE (flotilla run, torchrun)', mpirun: 'mpirun', srun: 'srun', single: 'a single process' }[env.source];
-    header('world', `${env.worldSize} rank(s) from ${how}, ${cfg.train.threads} thread(s) per rank, libtorch ${torchVersion()}`);
+    header('world', `${describeBackend(world)}, started by ${how}, ${cfg.train.threads} thread(s) per rank, libtorch ${torchVersion()}`);
 
     // ---- mesh: pp x dpReplicate x dpShard; the data-parallel rank decides what a rank reads
     const layout = resolveLayout(cfg.parallel, env.worldSize);
