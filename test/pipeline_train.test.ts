@@ -1,7 +1,8 @@
 // Pipeline parallel training on real ranks over loopback equals single-process training of the
 // whole model on the whole batch: every schedule (GPipe, 1F1B, interleaved with 2 virtual stages,
 // zero bubble) on 2 stages / 2 ranks and 4 stages / 4 ranks, pp=2 x dp=2, and tied embeddings
-// across the first and last stage. Several runs share one world launch to keep the suite fast.
+// across the first and last stage; pp=2 x dp=2 with ZeRO-1 and ZeRO-2 on the dp dimension under
+// every schedule (tied embeddings included). Several runs share one world launch to keep the suite fast.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync, existsSync } from 'node:fs';
@@ -14,11 +15,11 @@ const script = 'test/fixtures/pipeline_rank.ts';
 const dir = mkdtempSync(join(tmpdir(), 'flotilla-pp-'));
 const SCHEDULES = [['gpipe', 1], ['1f1b', 1], ['interleaved', 2], ['zb', 1]] as const;
 
-function run(name: string, pp: number, dp: number, schedule: Run['schedule'], v: number, tie: boolean, accum = 1): Run {
-  return { name, pp, dp, schedule, v, tie, steps: 10, micro: 4, b: 2, nLayer: 8, accum };
+function run(name: string, pp: number, dp: number, schedule: Run['schedule'], v: number, tie: boolean, accum = 1, zero: Run['zero'] = 0): Run {
+  return { name, pp, dp, schedule, v, tie, steps: 10, micro: 4, b: 2, nLayer: 8, accum, zero };
 }
 
-interface Out { rank: number; losses: number[]; params: Record<string, number[]> }
+interface Out { rank: number; losses: number[]; params: Record<string, number[]>; stateBytes: number }
 
 async function launch(nproc: number, runs: Run[]): Promise<void> {
   const r = await runWorld({ nproc, script, args: [JSON.stringify({ mode: 'train', out: dir, runs })], timeoutMs: 120_000 });
@@ -67,6 +68,7 @@ function compare(name: string, nproc: number, refName: string, opts: { wholeOnOn
 // two copies live on the same rank) in the same world of one.
 const refs = launch(1, [
   run('ref', 0, 1, 'gpipe', 1, false), run('ref_tied', 0, 1, 'gpipe', 1, true), run('ref_dp2', 0, 2, 'gpipe', 1, false),
+  run('ref_dp2_tied', 0, 2, 'gpipe', 1, true),
   run('pp1_tied_interleaved', 1, 1, 'interleaved', 2, true), run('pp1_zb', 1, 1, 'zb', 1, false),
 ]);
 
@@ -93,4 +95,24 @@ test('4 stages on 4 ranks and pp=2 x dp=2, every schedule, accumulation across s
     compare(`pp2dp2_${s}`, 4, 'ref_dp2');
   }
   compare('pp2dp2_accum_1f1b', 4, 'ref_dp2');
+});
+
+test('pp=2 x dp=2 with ZeRO-1 and ZeRO-2 over dp, every schedule, tied embeddings and accumulation across steps: 10 steps equal single-process training', async () => {
+  const runs = [
+    run('z1_1f1b', 2, 2, '1f1b', 1, false, 1, 1), run('z1_zb', 2, 2, 'zb', 1, false, 1, 1),
+    run('z2_1f1b', 2, 2, '1f1b', 1, false, 1, 2), run('z2_zb', 2, 2, 'zb', 1, false, 1, 2),
+    run('z1_gpipe', 2, 2, 'gpipe', 1, false, 1, 1), run('z2_interleaved', 2, 2, 'interleaved', 2, false, 1, 2),
+    run('z2_tied_zb', 2, 2, 'zb', 1, true, 1, 2), run('z1_tied_1f1b', 2, 2, '1f1b', 1, true, 1, 1),
+    run('z2_tied_accum_1f1b', 2, 2, '1f1b', 1, true, 2, 2),
+  ];
+  await Promise.all([refs, launch(4, runs)]);
+  for (const r of runs) compare(r.name, 4, r.tie ? 'ref_dp2_tied' : 'ref_dp2');
+  // The optimizer state is sharded: AdamW keeps 2 float64 values per element it updates, each rank
+  // about half of its stages' elements (buckets are padded to an even length).
+  for (const r of runs) {
+    for (const o of read(r.name, 4)) {
+      const local = Object.values(o.params).reduce((n, v) => n + v.length, 0);
+      assert.ok(o.stateBytes <= 16 * (local / 2 + 64), `${r.name}: rank ${o.rank} holds ${o.stateBytes} bytes of optimizer state for ${local} local elements`);
+    }
+  }
 });

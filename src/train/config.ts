@@ -359,8 +359,17 @@ export function validateConfig(c: FlotillaConfig): string[] {
   if (acc === 'reduceScatterEachAllReduceLast' && c.parallel.dpReplicate === 1) {
     p.push('parallel.accumulate = "reduceScatterEachAllReduceLast" is for hybrid sharding: set parallel.dpReplicate > 1, or use "reduceEach" / "reduceLast"');
   }
-  if (z >= 1 && c.parallel.pp > 1) {
-    p.push(`parallel.zero = ${z} with parallel.pp = ${c.parallel.pp}: sharding inside a pipeline is not supported yet; use parallel.zero = 0 with pipelines`);
+  if (c.parallel.pp > 1) {
+    // A pipeline shards over dp with zero 1/2 and reduces once per step (src/parallel/pipeline/pipeline_parallel.ts).
+    if (z === 3) {
+      p.push(`parallel.zero = 3 with parallel.pp = ${c.parallel.pp}: sharded parameters (ZeRO-3) inside a pipeline are not supported; use parallel.zero = 1 or 2 with pipelines`);
+    }
+    if (z >= 1 && c.parallel.dpReplicate > 1) {
+      p.push(`parallel.dpReplicate = ${c.parallel.dpReplicate} with parallel.pp = ${c.parallel.pp}: hybrid sharding inside a pipeline is not supported; leave parallel.dpReplicate = 1 (shard over all data-parallel ranks)`);
+    }
+    if (acc === 'reduceEach' || acc === 'reduceScatterEachAllReduceLast') {
+      p.push(`parallel.accumulate = "${acc}" with parallel.pp = ${c.parallel.pp}: a pipeline reduces its gradients once per step; use "auto" or "reduceLast"`);
+    }
   }
   if (c.parallel.ppVirtualStages > 1 && c.parallel.ppSchedule !== 'interleaved') {
     p.push(`parallel.ppVirtualStages=${c.parallel.ppVirtualStages} needs parallel.ppSchedule = "interleaved" (got "${c.parallel.ppSchedule}"); set ppVirtualStages = 1 or switch the schedule`);

@@ -90,6 +90,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
 
     // ---- mesh: pp x dpReplicate x dpShard; the data-parallel rank decides what a rank reads
     const layout = resolveLayout(cfg.parallel, env.worldSize);
+    if (layout.pp > 1) layout.accumulate = 'reduceLast'; // a pipeline reduces once per step
     const mesh = buildMesh(layout, world);
     header('mesh', `${describeLayout(layout)}; mesh pp ${layout.pp} x dpReplicate ${layout.dpReplicate} x dpShard ${layout.dpShard}`);
 
@@ -122,12 +123,14 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
       pipe = new PipelineParallel({ ...m }, {
         pp: mesh.pp, ...(layout.dp > 1 ? { dp: mesh.dp } : {}),
         schedule: cfg.parallel.ppSchedule, virtualStages: cfg.parallel.ppVirtualStages, micro: cfg.data.microBatches, initSeed: cfg.train.seed,
+        ...(layout.zero >= 1 ? { zero: layout.zero, shardGroup: mesh.shard, replicateGroup: mesh.replicate, bucketSizeMb: cfg.parallel.bucketSizeMb } : {}),
       });
       named = pipe.stageNamedParameters();
       grads = pipe.grads;
       numParams = gptParamCount(m);
       header('model', `GPT ${m.nLayer} layers, ${m.nHead} heads, width ${m.nEmbd}, context ${m.blockSize}: ${numParams.toLocaleString('en-US')} parameters; this rank holds ${named.reduce((a, [, p]) => a + p.numel(), 0).toLocaleString('en-US')}`);
-      header('parallelize', `pipeline over ${layout.pp} ranks, schedule ${cfg.parallel.ppSchedule}, ${cfg.parallel.ppVirtualStages} stage(s) per rank, ${cfg.data.microBatches} micro-batches`);
+      header('parallelize', `pipeline over ${layout.pp} ranks, schedule ${cfg.parallel.ppSchedule}, ${cfg.parallel.ppVirtualStages} stage(s) per rank, ${cfg.data.microBatches} micro-batches` +
+        (pipe.dp ? `; ZeRO-${layout.zero} over ${layout.dp} data-parallel ranks` : ''));
     } else {
       model = new GPT({ ...m }, { initSeed: cfg.train.seed });
       numParams = model.numParams();
@@ -150,7 +153,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
     const optimizer = new AdamW(
       [{ params: decay, options: { weightDecay: o.weightDecay } }, { params: noDecay, options: { weightDecay: 0 } }].filter((g) => g.params.length > 0),
       { lr: o.lr, betas: [o.beta1, o.beta2], eps: o.eps, weightDecay: o.weightDecay },
-      dp ? { grads: dp } : {},
+      dp ? { grads: dp } : pipe?.dp ? { grads: pipe.grads } : {},
     );
     const steps = cfg.train.steps;
     const schedule = o.schedule === 'cosine'
@@ -273,6 +276,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
         writeFileSync(join(opts.recordDir, `rank${env.rank}.json`), JSON.stringify({ rank: env.rank, steps: record }));
         const save = () => saveSafetensors(join(opts.recordDir!, `rank${env.rank}.safetensors`), Object.fromEntries(named), { format: 'pt' });
         if (dp) dp.withFullParameters(save);
+        else if (pipe) pipe.withFullParameters(save);
         else save();
       }
     } finally {

@@ -16,7 +16,8 @@
 //   the split Linear layers (their AccumulateGrad is not an input, so should_compute_output is false
 //   for those edges). During F, a forward hook on each split Linear keeps its input x and a tensor
 //   hook on its output captures dy when I computes it. W then forms dW = dy^T x and db = sum(dy) and
-//   adds them to .grad. Backward never runs twice over the same graph.
+//   adds them to .grad (or, under ZeRO, to the bucket view: handGrads). Backward never runs twice over
+//   the same graph.
 // - Consecutive stages on the same rank (pp = 1) hand over locally, without comm actions.
 import { Tensor, backward, empty, keep, noGrad, tidy } from '../../tensor/index.js';
 import type { ProcessGroup, Work } from '../../distributed/process_group.js';
@@ -66,6 +67,19 @@ export interface ExecutorOptions {
   /** This rank's stages by global index. */
   stages: Map<number, Stage>;
   nEmbd: number;
+  /**
+   * Where W writes the weight gradients it forms by hand, when the parameters' gradients live in
+   * a data-parallel wrapper's buckets (see [Note: pipeline x ZeRO] in pipeline_parallel.ts):
+   * `view` gives the parameter's accumulating gradient, `written` records that it received one.
+   * Default: param.grad.
+   */
+  handGrads?: HandGrads;
+}
+
+/** A gradient store W writes into (see ExecutorOptions.handGrads). */
+export interface HandGrads {
+  view(param: Tensor): Tensor;
+  written(param: Tensor): void;
 }
 
 /** One compute action's wall-clock span (performance.now() milliseconds), for bubble measurements. */
@@ -89,6 +103,7 @@ export class Executor {
   private readonly group: ProcessGroup;
   private readonly rank: number;
   private readonly nEmbd: number;
+  private readonly handGrads: HandGrads | undefined;
   /** The split Linears' forward hooks append here while a zero-bubble F runs. */
   private capturing: Capture[] | undefined;
   private readonly removers: (() => void)[] = [];
@@ -99,6 +114,7 @@ export class Executor {
     this.group = o.group;
     this.rank = o.rank;
     this.nEmbd = o.nEmbd;
+    this.handGrads = o.handGrads;
     if (this.s.actions.some((list) => list.some((a) => a.kind === 'I' || a.kind === 'W'))) {
       for (const st of this.stages.values()) {
         for (const l of st.splitLinears) {
@@ -319,14 +335,23 @@ export class Executor {
         tidy(() => {
           const out = c.dy!.shape[c.dy!.ndim - 1]!, inn = c.x.shape[c.x.ndim - 1]!;
           const dy = c.dy!.reshape(-1, out), x = c.x.reshape(-1, inn);
-          accumulate(c.weight, dy.t().mm(x));
-          if (c.bias) accumulate(c.bias, dy.sum(0));
+          this.accumulate(c.weight, dy.t().mm(x));
+          if (c.bias) this.accumulate(c.bias, dy.sum(0));
         });
         c.x.dispose();
         c.dy.dispose();
       }
       sl.captures = undefined;
     });
+  }
+
+  /** param's gradient += g: into the data-parallel bucket (handGrads) or param.grad. */
+  private accumulate(param: Tensor, g: Tensor): void {
+    if (!this.handGrads) return accumulate(param, g);
+    const v = this.handGrads.view(param);
+    v.add_(g);
+    v.dispose();
+    this.handGrads.written(param);
   }
 
   dispose(): void {

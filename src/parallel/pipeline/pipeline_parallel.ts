@@ -19,12 +19,26 @@
 //      locally when one rank holds both stages) so both hold the sum (the same bits: a + b = b + a);
 //      the norm counts the first stage's copy only, clipping scales both (clipTargets), and both
 //      take identical optimizer steps;
-//   2. data parallel: every local gradient is averaged over the dp group by one all-reduce of a
-//      flat float buffer (a plain averaged all-reduce composes with any schedule: DataParallel's
-//      backward hooks would fire once per micro-batch backward);
+//   2. data parallel: with zero = 0 every local gradient is averaged over the dp group by one
+//      all-reduce of a flat float buffer; with zero 1 or 2 the stages' DataParallel reduces its
+//      buckets (see [Note: pipeline x ZeRO]);
 //   3. the loss (mean over micro-batches and dp replicas) is all-reduced so every rank reports it.
 // With { sync: false } steps 1-2 are left for a later step (gradient accumulation across steps:
 // pass lossScale 1/(m * steps) to weigh them).
+//
+// [Note: pipeline x ZeRO] With zero >= 1 (and a dp group), this rank's stage modules are registered
+// in one container module (virtual stages share it) wrapped in a DataParallel over the dp group with
+// that zero stage and accumulate 'reduceLast'. Every backward of the schedule runs with gradient
+// sync off and accumulates into the full gradient buckets (allocated at the start of the step); the
+// zero-bubble W pass writes its hand-made weight gradients into the same buckets (Executor
+// handGrads) and marks them. After the schedule the tied copies are summed in the buckets (a sum
+// before the dp average equals one after it), then reduceAccumulated() + finishGradSync() reduce
+// every bucket once: all-reduce (zero 1) or reduce-scatter into this rank's shard (zero 2). The
+// optimizer takes `grads` (ShardedPipelineGrads): DataParallel's step pieces (this rank's shards),
+// and the parameter all-gather after the step is DataParallel's (pieceStepped/afterStep). The norm
+// counts each element of the whole model once: pieces summed over the pipeline group and, when
+// gradients are sharded (zero 2), the shard group; the last stage's tied copy is left out.
+// Sharded parameters (zero 3) are not supported inside a pipeline.
 //
 // PipelineParallel.fromMesh(cfg, mesh, opts) takes the groups from a DeviceMesh's 'pp' (and 'dp')
 // dims. The single-process reference with the same weights is new GPT(cfg, { initSeed }).
@@ -36,7 +50,10 @@ import { Tensor, cat, noGrad, tensor, tidy } from '../../tensor/index.js';
 import type { ProcessGroup } from '../../distributed/process_group.js';
 import type { DeviceMesh } from '../../distributed/mesh.js';
 import type { GPTConfig } from '../../models/gpt.js';
-import type { GradShard, GradientSource } from '../grads.js';
+import { Module } from '../../nn/module.js';
+import type { GradShard, GradientSource, StepPiece } from '../grads.js';
+import { DataParallel, type ZeroStage } from '../data_parallel.js';
+import { gradView, type ParamSlot } from '../grad_buffer.js';
 import { buildSchedule, validateSchedule, type PipelineSchedule, type ScheduleName } from './schedule.js';
 import { Stage, planStages, type PartCosts } from './stage.js';
 import { Executor, type MicroBatch, type TraceEvent } from './executor.js';
@@ -55,6 +72,25 @@ export interface PipelineOptions {
   initSeed: number;
   /** Measured cost per part (embeddings, blocks, head) to split by; default: even by block count. */
   costs?: PartCosts;
+  /** ZeRO stage over the dp group: 0 (default) replicates, 1 and 2 shard (see [Note: pipeline x ZeRO]). */
+  zero?: ZeroStage;
+  /** With zero >= 1: the ranks that split the state (default: dp); see DataParallelOptions. */
+  shardGroup?: ProcessGroup;
+  /** With zero >= 1: hybrid sharding's replicas of a shard. */
+  replicateGroup?: ProcessGroup;
+  /** With zero >= 1: bucket size in MiB (DataParallel's default when absent). */
+  bucketSizeMb?: number;
+}
+
+/** This rank's stage modules under one parent, so one DataParallel holds all of them. */
+class LocalStages extends Module {
+  constructor(stages: Stage[]) {
+    super();
+    for (const st of stages) this.registerModule(`stage${st.index}`, st.module);
+  }
+  forward(): never {
+    throw new Error('pipeline: the stages run through the executor, not as one module');
+  }
 }
 
 export interface PipelineStepOptions {
@@ -79,8 +115,12 @@ export class PipelineParallel {
   readonly stages: Stage[];
   readonly ppGroup: ProcessGroup;
   readonly dpGroup: ProcessGroup | undefined;
-  readonly grads: PipelineGrads;
+  /** The gradient API (grads.ts) for clipping, norms and the optimizer's `grads`. */
+  readonly grads: GradientSource;
+  /** With zero >= 1: the stages' data-parallel wrapper (see [Note: pipeline x ZeRO]). */
+  readonly dp: DataParallel | undefined;
   private readonly executor: Executor;
+  private readonly slotOf = new Map<Tensor, ParamSlot>();
 
   constructor(cfg: GPTConfig, opts: PipelineOptions) {
     this.cfg = cfg;
@@ -95,11 +135,34 @@ export class PipelineParallel {
     const rank = opts.pp.rank;
     this.stages = this.schedule.stagesOf(rank).sort((a, b) => a - b)
       .map((s) => new Stage(s, this.schedule.numStages, cfg, specs[s]!, opts.initSeed));
+    const zero = opts.zero ?? 0;
+    if (zero === 3) {
+      throw new Error('pipeline: ZeRO-3 (sharded parameters) inside a pipeline is not supported; use zero 1 or 2 with pipelines');
+    }
+    if (zero >= 1 && this.dpGroup) {
+      this.dp = new DataParallel(new LocalStages(this.stages), {
+        group: this.dpGroup, zero, accumulate: 'reduceLast',
+        ...(opts.shardGroup ? { shardGroup: opts.shardGroup } : {}),
+        ...(opts.replicateGroup ? { replicateGroup: opts.replicateGroup } : {}),
+        ...(opts.bucketSizeMb !== undefined ? { bucketSizeMb: opts.bucketSizeMb } : {}),
+      });
+      for (const s of this.dp.parametersWithSlots()) this.slotOf.set(s.param, s);
+    }
     this.executor = new Executor({
       schedule: this.schedule, rank, group: opts.pp, nEmbd: cfg.nEmbd,
       stages: new Map(this.stages.map((st) => [st.index, st])),
+      ...(this.dp ? { handGrads: { view: (p: Tensor) => this.accumulatingGrad(p), written: (p: Tensor) => this.dp!.markGradient(p) } } : {}),
     });
-    this.grads = new PipelineGrads(this);
+    this.grads = this.dp ? new ShardedPipelineGrads(this, this.dp) : new PipelineGrads(this);
+  }
+
+  /** The gradient a backward accumulates into: the bucket view (zero >= 1) or param.grad. */
+  private accumulatingGrad(param: Tensor): Tensor {
+    const slot = this.slotOf.get(param);
+    if (slot) return gradView(slot);
+    const g = param.grad;
+    if (!g) throw new Error('pipeline: a parameter has no gradient (run step() first)');
+    return g;
   }
 
   /**
@@ -146,6 +209,11 @@ export class PipelineParallel {
   step(microBatches: MicroBatch[], opts: PipelineStepOptions = {}): { loss: number } {
     const m = this.schedule.micro;
     const lossScale = opts.lossScale ?? 1 / m;
+    if (this.dp) {
+      // Backward passes accumulate into the full buckets; they are reduced once, in syncGrads.
+      this.dp.requireGradientSync(false);
+      this.dp.allocateGradients();
+    }
     const lossSum = this.executor.run(microBatches, lossScale, opts.trace);
     if (opts.sync ?? true) this.syncGrads();
     return tidy(() => {
@@ -161,11 +229,7 @@ export class PipelineParallel {
     tidy(() => noGrad(() => {
       const tied = this.tiedCopies();
       if (tied) {
-        const gs = tied.mine.map((p) => {
-          const g = p.grad;
-          if (!g) throw new Error('pipeline: the tied embedding has no gradient (run step() first)');
-          return g;
-        });
+        const gs = tied.mine.map((p) => this.accumulatingGrad(p));
         if (tied.peer === undefined) {
           // Both copies on this rank (pp = 1 with several stages): sum into one, copy to the other.
           gs[0]!.add_(gs[1]!);
@@ -179,7 +243,10 @@ export class PipelineParallel {
           g.add_(other);
         }
       }
-      if (this.dpGroup) {
+      if (this.dp) {
+        this.dp.reduceAccumulated();
+        this.dp.finishGradSync();
+      } else if (this.dpGroup) {
         const grads = this.parameters().map((p) => {
           const g = p.grad;
           if (!g) throw new Error('pipeline: a parameter has no gradient (run step() first)');
@@ -197,9 +264,24 @@ export class PipelineParallel {
     }));
   }
 
+  /**
+   * Runs fn with every local parameter current (zero 1/2: waits for the parameter all-gathers the
+   * optimizer step started); call before reading parameters directly (saving, comparing).
+   */
+  withFullParameters<T>(fn: () => T): T {
+    return this.dp ? this.dp.withFullParameters(fn) : fn();
+  }
+
   dispose(): void {
     this.executor.dispose();
+    this.dp?.dispose();
     for (const s of this.stages) s.dispose();
+  }
+
+  /** The last stage's tied head copy when the first stage (holding the counted copy) is elsewhere or here too. */
+  tiedCopyLeftOutOfNorm(): Tensor | undefined {
+    if (!this.cfg.tieEmbeddings || this.schedule.numStages === 1) return undefined;
+    return this.stages.find((s) => s.isLast)?.tiedHeadCopy;
   }
 }
 
@@ -240,5 +322,59 @@ export class PipelineGrads implements GradientSource {
       const g = p.grad;
       return g ? [g] : [];
     });
+  }
+}
+
+/**
+ * The gradient API when the stages' gradients live in a DataParallel with zero 1 or 2 (see
+ * [Note: pipeline x ZeRO]): reads, shards and the optimizer's pieces are DataParallel's; the norm
+ * is summed over the pipeline group (and the shard group when gradients are sharded) and counts the
+ * tied embedding once.
+ */
+export class ShardedPipelineGrads implements GradientSource {
+  constructor(private readonly pp: PipelineParallel, private readonly dp: DataParallel) {}
+
+  fullGrad(param: Tensor): Tensor {
+    return this.dp.fullGrad(param);
+  }
+  localGradShard(param: Tensor): GradShard {
+    return this.dp.localGradShard(param);
+  }
+  normPieces(): { tensors: Tensor[]; sumOver: ProcessGroup[] } {
+    const skip = this.pp.tiedCopyLeftOutOfNorm();
+    const sharded = this.dp.zero >= 2;
+    const tensors: Tensor[] = [];
+    for (const { param } of this.dp.parametersWithSlots()) {
+      if (param === skip) continue;
+      // zero 1: the full reduced gradient (replicated over dp); zero 2: this rank's shard of it.
+      const t = sharded ? this.dp.localGradShard(param).tensor : this.dp.fullGrad(param);
+      if (t.numel() > 0) tensors.push(t);
+    }
+    const sumOver: ProcessGroup[] = [];
+    if (this.pp.ppGroup.size > 1) sumOver.push(this.pp.ppGroup);
+    if (sharded && this.dp.shardGroup.size > 1) sumOver.push(this.dp.shardGroup);
+    return { tensors, sumOver };
+  }
+  clipTargets(): Tensor[] {
+    // The buckets themselves (zero 1) or the shards (zero 2): the tied copy is scaled too.
+    return this.dp.normPieces().tensors;
+  }
+  stepPieces(): StepPiece[] {
+    return this.dp.stepPieces();
+  }
+  pieceLayout(): StepPiece[] {
+    return this.dp.pieceLayout();
+  }
+  usedParameters(): ReadonlySet<Tensor> | undefined {
+    return this.dp.usedParameters();
+  }
+  pieceStepped(piece: StepPiece): void {
+    this.dp.pieceStepped(piece);
+  }
+  afterStep(): void {
+    this.dp.afterStep();
+  }
+  zeroGrad(): void {
+    this.dp.zeroGrad();
   }
 }
