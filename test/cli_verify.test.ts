@@ -23,6 +23,7 @@ const layouts: [string, number, string[]][] = [
   ['HSDP 2 x 2, ZeRO-3', 4, ['--parallel.zero=3', '--parallel.dpReplicate=2']],
   ['pipeline pp=2, 1F1B', 2, ['--parallel.pp=2', '--data.microBatches=4']],
   ['pipeline pp=2 x ZeRO-2 over dp=2', 4, ['--parallel.pp=2', '--parallel.zero=2', '--data.microBatches=4']],
+  ['pipeline pp=2 x ZeRO-3 over dp=2, zero bubble', 4, ['--parallel.pp=2', '--parallel.zero=3', '--parallel.ppSchedule=zb', '--data.microBatches=4']],
 ];
 
 for (const [name, nproc, overrides] of layouts) {

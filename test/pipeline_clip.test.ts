@@ -1,7 +1,7 @@
 // Global gradient-norm clipping under pipeline parallelism against PyTorch: the norm that
 // torch.nn.utils.clip_grad_norm_ computes on the whole model with the same gradients, for norm types
-// 1, 2 and Infinity, on pp=2, pp=2 x dp=2 and pp=2 x dp=2 with ZeRO-2 gradient shards (tied
-// embeddings counted once), every rank's clipped
+// 1, 2 and Infinity, on pp=2, pp=2 x dp=2 and pp=2 x dp=2 with ZeRO-2 and ZeRO-3 gradient shards
+// (tied embeddings counted once), every rank's clipped
 // gradients; a NaN in one stage's gradient leads every rank to the same outcome; and the float64
 // accumulation of [Note: norm precision] at 10M parameters.
 import { test } from 'node:test';
@@ -60,19 +60,22 @@ function checkAgainstTorch(name: string, nproc: number): void {
   }
 }
 
-test('clipGradNorm on pp=2 (untied and tied), pp=2 x dp=2 and pp=2 x dp=2 x ZeRO-2 equals torch.nn.utils.clip_grad_norm_ on the whole model', { skip }, async () => {
+test('clipGradNorm on pp=2 (untied and tied), pp=2 x dp=2 and pp=2 x dp=2 x ZeRO-2/3 equals torch.nn.utils.clip_grad_norm_ on the whole model', { skip }, async () => {
   const w2 = runWorld({ nproc: 2, script, args: [JSON.stringify({ mode: 'clip', out: dir, runs: [run('c_pp2', 2, 1, false), run('c_pp2_tied', 2, 1, true)] })], timeoutMs: 120_000 });
-  const w4 = runWorld({ nproc: 4, script, args: [JSON.stringify({ mode: 'clip', out: dir, runs: [run('c_pp2dp2', 2, 2, false), run('c_pp2dp2_tied', 2, 2, true), run('c_pp2dp2_z2_tied', 2, 2, true, 2)] })], timeoutMs: 120_000 });
+  const w4 = runWorld({ nproc: 4, script, args: [JSON.stringify({ mode: 'clip', out: dir, runs: [run('c_pp2dp2', 2, 2, false), run('c_pp2dp2_tied', 2, 2, true), run('c_pp2dp2_z2_tied', 2, 2, true, 2), run('c_pp2dp2_z3', 2, 2, false, 3)] })], timeoutMs: 120_000 });
   for (const [r, n] of [[await w2, 2], [await w4, 4]] as const) assert.deepEqual(r.codes, new Array(n).fill(0), describeWorld(r));
   checkAgainstTorch('c_pp2', 2);
   checkAgainstTorch('c_pp2_tied', 2);
   checkAgainstTorch('c_pp2dp2', 4);
   checkAgainstTorch('c_pp2dp2_tied', 4);
   checkAgainstTorch('c_pp2dp2_z2_tied', 4);
-  // The sharded run's norms are those of the replicated run (same gradients, counted once).
-  for (let r = 0; r < 4; r++) {
-    const [a, b] = ['c_pp2dp2_tied', 'c_pp2dp2_z2_tied'].map((n) => JSON.parse(readFileSync(join(dir, `${n}.${r}.json`), 'utf8')) as ClipOut);
-    for (const [i, c] of b!.clips.entries()) assert.ok(rel(c.norm, a!.clips[i]!.norm) <= 1e-6, `rank ${r} p=${c.p}: ZeRO-2 norm ${c.norm} vs unsharded ${a!.clips[i]!.norm}`);
+  checkAgainstTorch('c_pp2dp2_z3', 4);
+  // The sharded runs' norms are those of the replicated runs (same gradients, counted once).
+  for (const [plain, sharded] of [['c_pp2dp2_tied', 'c_pp2dp2_z2_tied'], ['c_pp2dp2', 'c_pp2dp2_z3']]) {
+    for (let r = 0; r < 4; r++) {
+      const [a, b] = [plain!, sharded!].map((n) => JSON.parse(readFileSync(join(dir, `${n}.${r}.json`), 'utf8')) as ClipOut);
+      for (const [i, c] of b!.clips.entries()) assert.ok(rel(c.norm, a!.clips[i]!.norm) <= 1e-6, `${sharded}: rank ${r} p=${c.p}: norm ${c.norm} vs unsharded ${a!.clips[i]!.norm}`);
+    }
   }
 });
 

@@ -1,7 +1,7 @@
 // Pipeline parallel training on real ranks over loopback equals single-process training of the
 // whole model on the whole batch: every schedule (GPipe, 1F1B, interleaved with 2 virtual stages,
 // zero bubble) on 2 stages / 2 ranks and 4 stages / 4 ranks, pp=2 x dp=2, and tied embeddings
-// across the first and last stage; pp=2 x dp=2 with ZeRO-1 and ZeRO-2 on the dp dimension under
+// across the first and last stage; pp=2 x dp=2 with ZeRO-1, 2 and 3 on the dp dimension under
 // every schedule (tied embeddings included). Several runs share one world launch to keep the suite fast.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -97,13 +97,16 @@ test('4 stages on 4 ranks and pp=2 x dp=2, every schedule, accumulation across s
   compare('pp2dp2_accum_1f1b', 4, 'ref_dp2');
 });
 
-test('pp=2 x dp=2 with ZeRO-1 and ZeRO-2 over dp, every schedule, tied embeddings and accumulation across steps: 10 steps equal single-process training', async () => {
+test('pp=2 x dp=2 with ZeRO-1, ZeRO-2 and ZeRO-3 over dp, every schedule, tied embeddings and accumulation across steps: 10 steps equal single-process training', async () => {
   const runs = [
     run('z1_1f1b', 2, 2, '1f1b', 1, false, 1, 1), run('z1_zb', 2, 2, 'zb', 1, false, 1, 1),
     run('z2_1f1b', 2, 2, '1f1b', 1, false, 1, 2), run('z2_zb', 2, 2, 'zb', 1, false, 1, 2),
     run('z1_gpipe', 2, 2, 'gpipe', 1, false, 1, 1), run('z2_interleaved', 2, 2, 'interleaved', 2, false, 1, 2),
     run('z2_tied_zb', 2, 2, 'zb', 1, true, 1, 2), run('z1_tied_1f1b', 2, 2, '1f1b', 1, true, 1, 1),
     run('z2_tied_accum_1f1b', 2, 2, '1f1b', 1, true, 2, 2),
+    run('z3_1f1b', 2, 2, '1f1b', 1, false, 1, 3), run('z3_zb', 2, 2, 'zb', 1, false, 1, 3),
+    run('z3_tied_interleaved', 2, 2, 'interleaved', 2, true, 1, 3), run('z3_tied_gpipe', 2, 2, 'gpipe', 1, true, 1, 3),
+    run('z3_tied_accum_zb', 2, 2, 'zb', 1, true, 2, 3),
   ];
   await Promise.all([refs, launch(4, runs)]);
   for (const r of runs) compare(r.name, 4, r.tie ? 'ref_dp2_tied' : 'ref_dp2');

@@ -131,7 +131,8 @@ test('sharding layouts: one clear error per mistake, naming the field and the fi
   assert.match(err(['--parallel.zero=1', '--parallel.accumulate=reduceEach']), /"reduceEach" reduces into gradient shards, which parallel\.zero = 1 does not keep; use "reduceLast"/);
   assert.match(err(['--parallel.zero=2', '--parallel.accumulate=reduceScatterEachAllReduceLast']), /is for hybrid sharding: set parallel\.dpReplicate > 1/);
   assert.doesNotMatch(err(['--parallel.zero=2', '--parallel.pp=2']), /pipeline/);
-  assert.match(err(['--parallel.zero=3', '--parallel.pp=2']), /ZeRO-3\) inside a pipeline are not supported; use parallel\.zero = 1 or 2/);
+  assert.doesNotMatch(err(['--parallel.zero=3', '--parallel.pp=2']), /pipeline/);
+  assert.match(err(['--parallel.zero=3', '--parallel.pp=2', '--parallel.dpReplicate=2']), /hybrid sharding inside a pipeline is not supported; leave parallel\.dpReplicate = 1/);
   assert.match(err(['--parallel.zero=2', '--parallel.pp=2', '--parallel.accumulate=reduceEach']), /a pipeline reduces its gradients once per step; use "auto" or "reduceLast"/);
   assert.match(err(['--parallel.accumulate=sometimes']), /parallel\.accumulate/);
   // Against the world: dpReplicate x dpShard must be the data-parallel ranks.

@@ -360,10 +360,7 @@ export function validateConfig(c: FlotillaConfig): string[] {
     p.push('parallel.accumulate = "reduceScatterEachAllReduceLast" is for hybrid sharding: set parallel.dpReplicate > 1, or use "reduceEach" / "reduceLast"');
   }
   if (c.parallel.pp > 1) {
-    // A pipeline shards over dp with zero 1/2 and reduces once per step (src/parallel/pipeline/pipeline_parallel.ts).
-    if (z === 3) {
-      p.push(`parallel.zero = 3 with parallel.pp = ${c.parallel.pp}: sharded parameters (ZeRO-3) inside a pipeline are not supported; use parallel.zero = 1 or 2 with pipelines`);
-    }
+    // A pipeline shards over dp with zero 1/2/3 and reduces once per step (src/parallel/pipeline/pipeline_parallel.ts).
     if (z >= 1 && c.parallel.dpReplicate > 1) {
       p.push(`parallel.dpReplicate = ${c.parallel.dpReplicate} with parallel.pp = ${c.parallel.pp}: hybrid sharding inside a pipeline is not supported; leave parallel.dpReplicate = 1 (shard over all data-parallel ranks)`);
     }

@@ -123,7 +123,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
       pipe = new PipelineParallel({ ...m }, {
         pp: mesh.pp, ...(layout.dp > 1 ? { dp: mesh.dp } : {}),
         schedule: cfg.parallel.ppSchedule, virtualStages: cfg.parallel.ppVirtualStages, micro: cfg.data.microBatches, initSeed: cfg.train.seed,
-        ...(layout.zero >= 1 ? { zero: layout.zero, shardGroup: mesh.shard, replicateGroup: mesh.replicate, bucketSizeMb: cfg.parallel.bucketSizeMb } : {}),
+        ...(layout.zero >= 1 ? { zero: layout.zero, shardGroup: mesh.shard, replicateGroup: mesh.replicate, bucketSizeMb: cfg.parallel.bucketSizeMb, reshardAfterForward: cfg.parallel.reshardAfterForward } : {}),
       });
       named = pipe.stageNamedParameters();
       grads = pipe.grads;

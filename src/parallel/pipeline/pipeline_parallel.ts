@@ -20,7 +20,7 @@
 //      the norm counts the first stage's copy only, clipping scales both (clipTargets), and both
 //      take identical optimizer steps;
 //   2. data parallel: with zero = 0 every local gradient is averaged over the dp group by one
-//      all-reduce of a flat float buffer; with zero 1 or 2 the stages' DataParallel reduces its
+//      all-reduce of a flat float buffer; with zero 1, 2 or 3 the stages' DataParallel reduces its
 //      buckets (see [Note: pipeline x ZeRO]);
 //   3. the loss (mean over micro-batches and dp replicas) is all-reduced so every rank reports it.
 // With { sync: false } steps 1-2 are left for a later step (gradient accumulation across steps:
@@ -33,12 +33,16 @@
 // zero-bubble W pass writes its hand-made weight gradients into the same buckets (Executor
 // handGrads) and marks them. After the schedule the tied copies are summed in the buckets (a sum
 // before the dp average equals one after it), then reduceAccumulated() + finishGradSync() reduce
-// every bucket once: all-reduce (zero 1) or reduce-scatter into this rank's shard (zero 2). The
+// every bucket once: all-reduce (zero 1) or reduce-scatter into this rank's shard (zero 2, 3). The
 // optimizer takes `grads` (ShardedPipelineGrads): DataParallel's step pieces (this rank's shards),
 // and the parameter all-gather after the step is DataParallel's (pieceStepped/afterStep). The norm
 // counts each element of the whole model once: pieces summed over the pipeline group and, when
-// gradients are sharded (zero 2), the shard group; the last stage's tied copy is left out.
-// Sharded parameters (zero 3) are not supported inside a pipeline.
+// gradients are sharded (zero 2, 3), the shard group; the last stage's tied copy is left out.
+// Zero 3: FSDP's module hooks (fsdp.ts) gather a unit before each forward call and again, through
+// the hook on that call's output, before its backward, so micro-batches in flight each find their
+// unit gathered; every backward pass of the schedule frees the units at its end, and W needs no
+// parameters (dW = dy^T x). Every dp replica of a pipeline rank runs the same action list, so the
+// shard group issues the same gathers in the same order. Read parameters inside withFullParameters.
 //
 // PipelineParallel.fromMesh(cfg, mesh, opts) takes the groups from a DeviceMesh's 'pp' (and 'dp')
 // dims. The single-process reference with the same weights is new GPT(cfg, { initSeed }).
@@ -72,7 +76,7 @@ export interface PipelineOptions {
   initSeed: number;
   /** Measured cost per part (embeddings, blocks, head) to split by; default: even by block count. */
   costs?: PartCosts;
-  /** ZeRO stage over the dp group: 0 (default) replicates, 1 and 2 shard (see [Note: pipeline x ZeRO]). */
+  /** ZeRO stage over the dp group: 0 (default) replicates, 1, 2 and 3 shard (see [Note: pipeline x ZeRO]). */
   zero?: ZeroStage;
   /** With zero >= 1: the ranks that split the state (default: dp); see DataParallelOptions. */
   shardGroup?: ProcessGroup;
@@ -80,6 +84,8 @@ export interface PipelineOptions {
   replicateGroup?: ProcessGroup;
   /** With zero >= 1: bucket size in MiB (DataParallel's default when absent). */
   bucketSizeMb?: number;
+  /** With zero = 3: free a unit's gathered parameters after each forward (default true). */
+  reshardAfterForward?: boolean;
 }
 
 /** This rank's stage modules under one parent, so one DataParallel holds all of them. */
@@ -117,7 +123,7 @@ export class PipelineParallel {
   readonly dpGroup: ProcessGroup | undefined;
   /** The gradient API (grads.ts) for clipping, norms and the optimizer's `grads`. */
   readonly grads: GradientSource;
-  /** With zero >= 1: the stages' data-parallel wrapper (see [Note: pipeline x ZeRO]). */
+  /** With zero >= 1 and a dp group: the stages' data-parallel wrapper (see [Note: pipeline x ZeRO]). */
   readonly dp: DataParallel | undefined;
   private readonly executor: Executor;
   private readonly slotOf = new Map<Tensor, ParamSlot>();
@@ -136,15 +142,13 @@ export class PipelineParallel {
     this.stages = this.schedule.stagesOf(rank).sort((a, b) => a - b)
       .map((s) => new Stage(s, this.schedule.numStages, cfg, specs[s]!, opts.initSeed));
     const zero = opts.zero ?? 0;
-    if (zero === 3) {
-      throw new Error('pipeline: ZeRO-3 (sharded parameters) inside a pipeline is not supported; use zero 1 or 2 with pipelines');
-    }
     if (zero >= 1 && this.dpGroup) {
       this.dp = new DataParallel(new LocalStages(this.stages), {
         group: this.dpGroup, zero, accumulate: 'reduceLast',
         ...(opts.shardGroup ? { shardGroup: opts.shardGroup } : {}),
         ...(opts.replicateGroup ? { replicateGroup: opts.replicateGroup } : {}),
         ...(opts.bucketSizeMb !== undefined ? { bucketSizeMb: opts.bucketSizeMb } : {}),
+        ...(opts.reshardAfterForward !== undefined ? { reshardAfterForward: opts.reshardAfterForward } : {}),
       });
       for (const s of this.dp.parametersWithSlots()) this.slotOf.set(s.param, s);
     }
@@ -266,7 +270,8 @@ export class PipelineParallel {
 
   /**
    * Runs fn with every local parameter current (zero 1/2: waits for the parameter all-gathers the
-   * optimizer step started); call before reading parameters directly (saving, comparing).
+   * optimizer step started; zero 3: gathers every unit, freed again after fn); call before reading
+   * parameters directly (saving, comparing). Every rank of the dp group must call it.
    */
   withFullParameters<T>(fn: () => T): T {
     return this.dp ? this.dp.withFullParameters(fn) : fn();
@@ -326,7 +331,7 @@ export class PipelineGrads implements GradientSource {
 }
 
 /**
- * The gradient API when the stages' gradients live in a DataParallel with zero 1 or 2 (see
+ * The gradient API when the stages' gradients live in a DataParallel with zero 1, 2 or 3 (see
  * [Note: pipeline x ZeRO]): reads, shards and the optimizer's pieces are DataParallel's; the norm
  * is summed over the pipeline group (and the shard group when gradients are sharded) and counts the
  * tied embedding once.
@@ -346,7 +351,7 @@ export class ShardedPipelineGrads implements GradientSource {
     const tensors: Tensor[] = [];
     for (const { param } of this.dp.parametersWithSlots()) {
       if (param === skip) continue;
-      // zero 1: the full reduced gradient (replicated over dp); zero 2: this rank's shard of it.
+      // zero 1: the full reduced gradient (replicated over dp); zero 2/3: this rank's shard of it.
       const t = sharded ? this.dp.localGradShard(param).tensor : this.dp.fullGrad(param);
       if (t.numel() > 0) tensors.push(t);
     }
@@ -356,7 +361,7 @@ export class ShardedPipelineGrads implements GradientSource {
     return { tensors, sumOver };
   }
   clipTargets(): Tensor[] {
-    // The buckets themselves (zero 1) or the shards (zero 2): the tied copy is scaled too.
+    // The buckets themselves (zero 1) or the shards (zero 2/3): the tied copy is scaled too.
     return this.dp.normPieces().tensors;
   }
   stepPieces(): StepPiece[] {
