@@ -5,8 +5,9 @@
 //     pp: mesh.dim('pp').group,            // group rank = pipeline rank
 //     dp: mesh.dim('dp').group,            // optional: replicas of this pipeline to average over
 //     schedule: 'zb', virtualStages: 1, micro: 8, initSeed: 1234,
+//     zero: 2,                             // optional: ZeRO-1/2/3 over dp (see [Note: pipeline x ZeRO])
 //   });
-//   const opt = new AdamW(pp.parameters(), {...});        // this rank's stages only
+//   const opt = new AdamW(pp.parameters(), {...}, { grads: pp.grads }); // this rank's stages (and shards) only
 //   const { loss } = pp.step(microBatches);                // m x { x, y } (b, T) int64, same on every pp rank
 //   const { norm } = clipGradNorm(pp.grads, 1.0);           // the whole model's norm, same on every rank
 //   if (Number.isFinite(norm)) opt.step();                  // every rank decides alike
