@@ -1,5 +1,6 @@
 // The `flotilla` command end to end: a short training run on one process and on two ranks
-// (which must train identically), and usage/config errors that exit 2 and write nothing.
+// (which must train identically, data parallel and as a 2-stage pipeline with its validation loss),
+// and usage/config errors that exit 2 and write nothing.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
@@ -57,7 +58,7 @@ test('flotilla train: 20 steps on one process write metrics, and the loss falls'
   const runDir = join(dir, 'single');
   const r = await flotilla(['train', config, `--train.runDir=${runDir}`]);
   assert.equal(r.code, 0, r.out + r.err);
-  assert.match(r.out, /^\[world\] 1 rank/m);
+  assert.match(r.out, /^\[world\] backend local \(one process, no collectives\), started by a single process/m);
   assert.match(r.out, /^step 20\/20 \| loss \d\.\d{4} \| val \d\.\d{4}/m, 'plain progress lines when stdout is not a terminal');
   const m = readMetrics(join(runDir, 'metrics.jsonl'));
   assert.equal(m.length, 20);
@@ -84,6 +85,30 @@ test('flotilla train --nproc 2 trains exactly like one process (data parallel, w
       if (ref.valLoss !== undefined) assert.ok(Math.abs(row.valLoss! - ref.valLoss) / ref.valLoss < 1e-5, `val loss at step ${i + 1}`);
     });
   }
+});
+
+test('flotilla train --nproc 2 --parallel.pp=2 reports validation losses and the memory line; they equal one process', async () => {
+  const args = ['train', 'examples/gpt-tiny.toml', '--train.steps=4', '--train.evalEvery=2'];
+  const [one, pp] = await Promise.all([
+    flotilla([...args, `--train.runDir=${join(dir, 'tiny-one')}`]),
+    flotilla([...args, '--nproc', '2', '--parallel.pp=2', `--train.runDir=${join(dir, 'tiny-pp2')}`]),
+  ]);
+  assert.equal(one.code, 0, one.out + one.err);
+  assert.equal(pp.code, 0, pp.out + pp.err);
+  assert.match(pp.out, /\[rank 0\] \[mesh\] pipeline 2/);
+  assert.match(pp.out, /\[rank 0\] \[memory\] rank 0 holds parameters \d+\.\d+ MiB .*optimizer state \d+\.\d+ MiB .*step peak \d+\.\d+ MiB/);
+  assert.match(pp.out, /\[rank 0\] step 2\/4 \| loss \d\.\d{4} \| val \d\.\d{4}/);
+  assert.match(pp.out, /\[rank 0\] \[done\] loss \d\.\d{4} -> \d\.\d{4}, val loss \d\.\d{4}/);
+  const ref = readMetrics(join(dir, 'tiny-one', 'metrics.jsonl'));
+  const got = readMetrics(join(dir, 'tiny-pp2', 'metrics.jsonl'));
+  assert.deepEqual(got.map((r) => r.valLoss !== undefined), [false, true, false, true], 'validation at steps 2 and 4');
+  got.forEach((row, i) => {
+    const want = ref[i]!;
+    assert.ok(Math.abs(row.loss - want.loss) / want.loss < 1e-5, `step ${i + 1}: loss ${row.loss} vs one process ${want.loss}`);
+    if (want.valLoss !== undefined) {
+      assert.ok(Math.abs(row.valLoss! - want.valLoss) / want.valLoss < 1e-5, `step ${i + 1}: val loss ${row.valLoss} vs one process ${want.valLoss}`);
+    }
+  });
 });
 
 test('bad usage exits 2 with one message', async () => {

@@ -132,7 +132,7 @@ test('sharding layouts: one clear error per mistake, naming the field and the fi
   assert.match(err(['--parallel.zero=2', '--parallel.accumulate=reduceScatterEachAllReduceLast']), /is for hybrid sharding: set parallel\.dpReplicate > 1/);
   assert.doesNotMatch(err(['--parallel.zero=2', '--parallel.pp=2']), /pipeline/);
   assert.doesNotMatch(err(['--parallel.zero=3', '--parallel.pp=2']), /pipeline/);
-  assert.match(err(['--parallel.zero=3', '--parallel.pp=2', '--parallel.dpReplicate=2']), /hybrid sharding inside a pipeline is not supported; leave parallel\.dpReplicate = 1/);
+  assert.equal(err(['--parallel.zero=3', '--parallel.pp=2', '--parallel.dpReplicate=2']), '', 'hybrid sharding inside a pipeline is a valid layout');
   assert.match(err(['--parallel.zero=2', '--parallel.pp=2', '--parallel.accumulate=reduceEach']), /a pipeline reduces its gradients once per step; use "auto" or "reduceLast"/);
   assert.match(err(['--parallel.accumulate=sometimes']), /parallel\.accumulate/);
   // Against the world: dpReplicate x dpShard must be the data-parallel ranks.

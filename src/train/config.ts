@@ -360,10 +360,8 @@ export function validateConfig(c: FlotillaConfig): string[] {
     p.push('parallel.accumulate = "reduceScatterEachAllReduceLast" is for hybrid sharding: set parallel.dpReplicate > 1, or use "reduceEach" / "reduceLast"');
   }
   if (c.parallel.pp > 1) {
-    // A pipeline shards over dp with zero 1/2/3 and reduces once per step (src/parallel/pipeline/pipeline_parallel.ts).
-    if (z >= 1 && c.parallel.dpReplicate > 1) {
-      p.push(`parallel.dpReplicate = ${c.parallel.dpReplicate} with parallel.pp = ${c.parallel.pp}: hybrid sharding inside a pipeline is not supported; leave parallel.dpReplicate = 1 (shard over all data-parallel ranks)`);
-    }
+    // A pipeline shards over dp with zero 1/2/3 (hybrid sharding included) and reduces once per
+    // step (src/parallel/pipeline/pipeline_parallel.ts).
     if (acc === 'reduceEach' || acc === 'reduceScatterEachAllReduceLast') {
       p.push(`parallel.accumulate = "${acc}" with parallel.pp = ${c.parallel.pp}: a pipeline reduces its gradients once per step; use "auto" or "reduceLast"`);
     }

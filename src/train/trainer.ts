@@ -45,11 +45,11 @@ export interface TrainSummary {
   numParams: number;
   firstLoss: number;
   finalLoss: number;
-  /** Validation loss at the last evaluation (not measured under a pipeline). */
+  /** Validation loss at the last evaluation. */
   finalValLoss?: number;
   /** Mean tokens/s over the loop (evaluation excluded). */
   tokensPerSec: number;
-  /** This rank's parameter, gradient and optimizer bytes after the last step, and the step peak (data parallel layouts). */
+  /** This rank's parameter, gradient and optimizer bytes after the last step, and the step peak (activations not counted). */
   memory?: MemoryReport;
 }
 
@@ -180,8 +180,16 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
 
     // ---- train loop
     const M = cfg.data.microBatches;
-    const evaluate = (): number | undefined => {
-      if (!dp || !model) return undefined; // a pipeline has no evaluation pass yet
+    const evaluate = (): number => {
+      if (pipe) {
+        // Forward only through the stages; each call returns the global batch's mean on every rank.
+        let sum = 0;
+        for (let k = 0; k < cfg.train.evalBatches; k++) {
+          sum += tidy(() => pipe!.evaluate(Array.from({ length: M }, (_, mb) => evalLoader.batch(k, mb))));
+        }
+        return sum / cfg.train.evalBatches;
+      }
+      if (!dp || !model) throw new Error('internal: no model to evaluate');
       model.eval();
       let sum = 0;
       noGrad(() => {
@@ -243,7 +251,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
         });
         const dt = (performance.now() - t0) / 1000;
         loopSeconds += dt;
-        if (dp) memory = dp.memory(optimizer.stateBytes());
+        memory = (dp ?? pipe)?.memory(optimizer.stateBytes());
         if (step === 0) firstLoss = loss;
         // Memory after the second step: the first one also learns gradient readiness (everything
         // is reduced after backward), so its peak is not the steady state.

@@ -19,6 +19,10 @@
 //   adds them to .grad (or, under ZeRO, to the bucket view: handGrads). Backward never runs twice over
 //   the same graph.
 // - Consecutive stages on the same rank (pp = 1) hand over locally, without comm actions.
+// - Evaluation (runForward) runs the same list with only its F, RECV_F and SEND_F actions, under
+//   noGrad: every F keeps its place relative to the other forwards, and each F depends only on
+//   forwards that precede it in the full list too, so the filtered lists cannot deadlock either.
+//   No input requires grad and the last stage keeps only the loss value.
 import { Tensor, backward, empty, keep, noGrad, tidy } from '../../tensor/index.js';
 import type { ProcessGroup, Work } from '../../distributed/process_group.js';
 import { gptLoss } from '../../models/gpt.js';
@@ -144,6 +148,19 @@ export class Executor {
    * loss where this rank holds the last stage, else 0.
    */
   run(micro: MicroBatch[], lossScale: number, trace?: TraceEvent[]): number {
+    return this.execute(micro, lossScale, trace, false);
+  }
+
+  /**
+   * Runs this rank's forward actions only, under noGrad (evaluation): the same activations travel
+   * by the same sends and receives, nothing is kept for a backward. Returns the sum over
+   * micro-batches of the loss where this rank holds the last stage, else 0.
+   */
+  runForward(micro: MicroBatch[]): number {
+    return noGrad(() => this.execute(micro, 1, undefined, true));
+  }
+
+  private execute(micro: MicroBatch[], lossScale: number, trace: TraceEvent[] | undefined, forwardOnly: boolean): number {
     const m = this.s.micro;
     if (micro.length !== m) throw new Error(`pipeline step: the schedule was built for ${m} micro-batches, got ${micro.length}`);
     const [b, T] = micro[0]!.x.shape as [number, number];
@@ -165,7 +182,8 @@ export class Executor {
     const recvB = new Map<string, Posted>();
     const sends: { work: Work; t: Tensor }[] = [];
     let lossSum = 0;
-    const actions = this.s.actions[this.rank]!;
+    const all = this.s.actions[this.rank]!;
+    const actions = forwardOnly ? all.filter((a) => a.kind === 'F' || a.kind === 'RECV_F' || a.kind === 'SEND_F') : all;
     const owned: Tensor[] = []; // every tensor kept across actions, freed at the end
 
     const stageOf = (a: Action): Stage => {
@@ -211,7 +229,7 @@ export class Executor {
               break;
             }
             case 'F':
-              lossSum += this.forward(stageOf(a), a, micro[a.micro]!, slot, recvF, take, lossScale, owned);
+              lossSum += this.forward(stageOf(a), a, micro[a.micro]!, slot, recvF, take, lossScale, owned, forwardOnly);
               break;
             case 'B':
             case 'I':
@@ -257,7 +275,7 @@ export class Executor {
   private forward(
     st: Stage, a: Action, mb: MicroBatch, slot: (s: number, i: number) => Slot,
     recvF: Map<string, Posted>, take: (m: Map<string, Posted>, k: string, what: string) => Tensor, lossScale: number,
-    owned: Tensor[],
+    owned: Tensor[], forwardOnly: boolean,
   ): number {
     const sl = slot(a.stage, a.micro);
     let input: Tensor;
@@ -265,16 +283,16 @@ export class Executor {
       input = mb.x;
     } else if (recvF.has(`${a.stage}:${a.micro}`)) {
       input = take(recvF, `${a.stage}:${a.micro}`, 'activation');
-      input.requiresGrad_(true);
+      if (!forwardOnly) input.requiresGrad_(true);
     } else {
       // Local hand-over from the previous stage on this rank: a fresh leaf over its output.
       const prev = slot(a.stage - 1, a.micro).root;
       if (!prev) throw new Error(`the output of stage ${a.stage - 1} is not here (neither received nor computed on this rank)`);
-      input = keep(prev.detach().requiresGrad_(true));
+      input = keep(forwardOnly ? prev.detach() : prev.detach().requiresGrad_(true));
       owned.push(input);
     }
     sl.input = st.isFirst ? undefined : input;
-    const capturing = st.splitLinears.length > 0 && this.removers.length > 0 ? (sl.captures = []) : undefined;
+    const capturing = !forwardOnly && st.splitLinears.length > 0 && this.removers.length > 0 ? (sl.captures = []) : undefined;
     this.capturing = capturing;
     let loss = 0;
     try {
@@ -283,7 +301,7 @@ export class Executor {
         if (!st.isLast) return keep(out);
         const l = gptLoss(out, mb.y);
         loss = l.item();
-        return keep(l.mul(lossScale));
+        return forwardOnly ? undefined : keep(l.mul(lossScale));
       });
     } finally {
       this.capturing = undefined;

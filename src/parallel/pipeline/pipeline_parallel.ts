@@ -12,6 +12,7 @@
 //   const { norm } = clipGradNorm(pp.grads, 1.0);           // the whole model's norm, same on every rank
 //   if (Number.isFinite(norm)) opt.step();                  // every rank decides alike
 //   opt.zeroGrad();
+//   const valLoss = pp.evaluate(valMicroBatches);           // forward only, the same number on every rank
 //
 // step() runs this rank's action list (executor.ts), then finishes the gradients so that they equal
 // those of one process training the whole model on the whole global batch:
@@ -26,6 +27,14 @@
 //   3. the loss (mean over micro-batches and dp replicas) is all-reduced so every rank reports it.
 // With { sync: false } steps 1-2 are left for a later step (gradient accumulation across steps:
 // pass lossScale 1/(m * steps) to weigh them).
+//
+// evaluate() runs the schedule's forward actions only (Executor.runForward: the same sends and
+// receives, under noGrad, stages in eval mode) and reduces the loss like step(). Under ZeRO the
+// stage modules' hooks do what a forward needs: zero 1/2 wait for the parameter all-gathers the
+// optimizer started, zero 3 gathers each unit around its forward (and frees it after, with
+// reshardAfterForward). Gradients are not touched, so it may run between any two steps.
+// memory(optimizerBytes) reports this rank's parameter, gradient and optimizer bytes (the trainer's
+// memory line): DataParallel's report with zero >= 1, else the stage tensors counted.
 //
 // [Note: pipeline x ZeRO] With zero >= 1 (and a dp group), this rank's stage modules are registered
 // in one container module (virtual stages share it) wrapped in a DataParallel over the dp group with
@@ -44,6 +53,10 @@
 // unit gathered; every backward pass of the schedule frees the units at its end, and W needs no
 // parameters (dW = dy^T x). Every dp replica of a pipeline rank runs the same action list, so the
 // shard group issues the same gathers in the same order. Read parameters inside withFullParameters.
+// Hybrid sharding (replicateGroup, HSDP): the dp group is replicate x shard ranks; DataParallel
+// reduce-scatters in the shard group (scaled by 1/dp) and all-reduces the shards across replicas,
+// so the norm still sums over the pipeline and shard groups only: replicas hold equal shards and
+// count once.
 //
 // PipelineParallel.fromMesh(cfg, mesh, opts) takes the groups from a DeviceMesh's 'pp' (and 'dp')
 // dims. The single-process reference with the same weights is new GPT(cfg, { initSeed }).
@@ -51,13 +64,13 @@
 // cost: opts.costs), buildSchedule/validateSchedule (schedule.ts), and stageNamedParameters() for
 // mapping local parameters to their whole-model names (checkpoints; the tied head copy appears as
 // 'wte.weight' on the last stage too). Micro-batches must all have the same shape.
-import { Tensor, cat, noGrad, tensor, tidy } from '../../tensor/index.js';
+import { Tensor, cat, elementSize, noGrad, tensor, tidy } from '../../tensor/index.js';
 import type { ProcessGroup } from '../../distributed/process_group.js';
 import type { DeviceMesh } from '../../distributed/mesh.js';
 import type { GPTConfig } from '../../models/gpt.js';
 import { Module } from '../../nn/module.js';
 import type { GradShard, GradientSource, StepPiece } from '../grads.js';
-import { DataParallel, type ZeroStage } from '../data_parallel.js';
+import { DataParallel, type MemoryReport, type ZeroStage } from '../data_parallel.js';
 import { gradView, type ParamSlot } from '../grad_buffer.js';
 import { buildSchedule, validateSchedule, type PipelineSchedule, type ScheduleName } from './schedule.js';
 import { Stage, planStages, type PartCosts } from './stage.js';
@@ -81,7 +94,7 @@ export interface PipelineOptions {
   zero?: ZeroStage;
   /** With zero >= 1: the ranks that split the state (default: dp); see DataParallelOptions. */
   shardGroup?: ProcessGroup;
-  /** With zero >= 1: hybrid sharding's replicas of a shard. */
+  /** With zero >= 1: hybrid sharding's replicas of a shard (HSDP; dp = shard x replicate ranks). */
   replicateGroup?: ProcessGroup;
   /** With zero >= 1: bucket size in MiB (DataParallel's default when absent). */
   bucketSizeMb?: number;
@@ -221,11 +234,65 @@ export class PipelineParallel {
     }
     const lossSum = this.executor.run(microBatches, lossScale, opts.trace);
     if (opts.sync ?? true) this.syncGrads();
+    return { loss: this.meanLoss(lossSum / m) };
+  }
+
+  /**
+   * Evaluation: the mean loss over the given micro-batches (a positive multiple of m, each shaped
+   * like step()'s, run m at a time) and over the dp replicas, the same number on every rank. Forward
+   * only, under noGrad, with the stages in eval mode (restored after); gradients and optimizer state
+   * are not touched. Every rank of the pipeline and dp groups calls it with its own micro-batches.
+   */
+  evaluate(microBatches: MicroBatch[]): number {
+    const m = this.schedule.micro;
+    const n = microBatches.length;
+    if (n === 0 || n % m !== 0) {
+      throw new Error(`pipeline evaluate: the schedule runs ${m} micro-batches at a time, got ${n}; pass a positive multiple of ${m}`);
+    }
+    const training = this.stages.map((s) => s.module.training);
+    for (const s of this.stages) s.module.eval();
+    let lossSum = 0;
+    try {
+      for (let k = 0; k < n; k += m) lossSum += this.executor.runForward(microBatches.slice(k, k + m));
+    } finally {
+      this.stages.forEach((s, i) => s.module.train(training[i]));
+    }
+    return this.meanLoss(lossSum / n);
+  }
+
+  /** A per-micro-batch mean held by the last stage's rank: summed over pp, averaged over dp, on every rank. */
+  private meanLoss(local: number): number {
     return tidy(() => {
-      const l = tensor([lossSum / m], { dtype: 'float64' });
+      const l = tensor([local], { dtype: 'float64' });
       if (this.ppGroup.size > 1) this.ppGroup.allReduce(l, 'sum').wait();
       if (this.dpGroup) this.dpGroup.allReduce(l, 'avg').wait();
-      return { loss: l.item() };
+      return l.item();
+    });
+  }
+
+  /**
+   * This rank's parameter, gradient and optimizer bytes (pass the optimizer's stateBytes()). With
+   * zero >= 1 it is the stages' DataParallel's report (resident buckets and shards, the step peak).
+   * With zero 0 the stage parameters and their gradients are counted; the peak adds what syncGrads
+   * holds besides them: the flat copy of every gradient all-reduced over dp, and the tied embedding's
+   * received copy. Activations are not counted in either case.
+   */
+  memory(optimizerBytes = 0): MemoryReport {
+    if (this.dp) return this.dp.memory(optimizerBytes);
+    return tidy(() => {
+      const bytes = (t: Tensor) => t.numel() * elementSize(t.dtype);
+      let params = 0, grads = 0;
+      for (const p of this.parameters()) {
+        params += bytes(p);
+        const g = p.grad;
+        if (g) {
+          grads += bytes(g);
+          g.dispose();
+        }
+      }
+      const tied = this.tiedCopies();
+      const extra = (this.dpGroup ? grads : 0) + (tied?.peer !== undefined ? bytes(tied.mine[0]!) : 0);
+      return { paramBytes: params, gradBytes: grads, optimizerBytes, peakBytes: params + grads + extra + optimizerBytes };
     });
   }
 
