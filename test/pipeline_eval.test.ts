@@ -10,13 +10,13 @@
 //   losses, gradient norms (replicas counted once) and parameters equal one process.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, readFileSync, existsSync } from 'node:fs';
+import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { runWorld, describeWorld } from './helpers/world.js';
+import { maxRelDiff } from './helpers/close.js';
+import { launchPipelineRuns, readPipelineRun } from './helpers/pipeline_runs.js';
 import type { Run } from './fixtures/pipeline_rank.js';
 
-const script = 'test/fixtures/pipeline_rank.ts';
 const dir = mkdtempSync(join(tmpdir(), 'flotilla-ppeval-'));
 
 interface Out { rank: number; losses: number[]; norms: number[]; evals: number[]; params: Record<string, number[]> }
@@ -25,41 +25,24 @@ function run(name: string, pp: number, dp: number, schedule: Run['schedule'], v:
   return { name, pp, dp, schedule, v, tie, steps: 3, micro: 4, b: 2, nLayer: 4, zero, dpReplicate };
 }
 
-async function launch(nproc: number, runs: Run[]): Promise<void> {
-  const r = await runWorld({ nproc, script, args: [JSON.stringify({ mode: 'eval', out: dir, runs })], timeoutMs: 120_000 });
-  assert.deepEqual(r.codes, new Array(nproc).fill(0), describeWorld(r));
-}
 
-function read(name: string, nproc: number): Out[] {
-  return Array.from({ length: nproc }, (_, r) => {
-    const f = join(dir, `${name}.${r}.json`);
-    assert.ok(existsSync(f), `rank ${r} wrote no result for ${name}`);
-    return JSON.parse(readFileSync(f, 'utf8')) as Out;
-  });
-}
 
-function worstRel(a: number[], b: number[]): number {
-  assert.equal(a.length, b.length);
-  let w = 0;
-  for (let i = 0; i < a.length; i++) w = Math.max(w, Math.abs(a[i]! - b[i]!) / Math.max(1e-3, Math.abs(b[i]!)));
-  return w;
-}
 
 /** Every rank's evaluations, losses, norms and parameters against the single-process run. */
 function compare(name: string, nproc: number, refName: string): void {
-  const ref = read(refName, 1)[0]!;
+  const ref = readPipelineRun<Out>(dir, refName, 1)[0]!;
   assert.equal(ref.evals.length, 4, `${refName}: two evaluations of two batches each`);
   const covered = new Set<string>();
-  for (const o of read(name, nproc)) {
-    const de = worstRel(o.evals, ref.evals);
+  for (const o of readPipelineRun<Out>(dir, name, nproc)) {
+    const de = maxRelDiff(o.evals, ref.evals);
     assert.ok(de <= 1e-9, `${name}: rank ${o.rank} validation losses ${o.evals} differ from single-process ${ref.evals} by ${de}`);
-    const dl = worstRel(o.losses, ref.losses);
+    const dl = maxRelDiff(o.losses, ref.losses);
     assert.ok(dl <= 1e-9, `${name}: rank ${o.rank} losses ${o.losses} differ from single-process ${ref.losses} by ${dl}`);
-    const dn = worstRel(o.norms, ref.norms);
+    const dn = maxRelDiff(o.norms, ref.norms);
     assert.ok(dn <= 1e-9, `${name}: rank ${o.rank} gradient norms ${o.norms} differ from single-process ${ref.norms} by ${dn}`);
     for (const [k, v] of Object.entries(o.params)) {
       assert.ok(k in ref.params, `${name}: rank ${o.rank} holds ${k}, which the whole model does not have`);
-      const d = worstRel(v, ref.params[k]!);
+      const d = maxRelDiff(v, ref.params[k]!);
       assert.ok(d <= 1e-9, `${name}: rank ${o.rank} parameter ${k} differs from single-process by ${d}`);
       covered.add(k);
     }
@@ -68,7 +51,7 @@ function compare(name: string, nproc: number, refName: string): void {
 }
 
 // The references, and pp = 1 with 2 virtual stages (the stages hand over locally) in the same world of one.
-const refs = launch(1, [
+const refs = launchPipelineRuns('eval', dir, 1, [
   run('ref', 0, 1, 'gpipe', 1, false), run('ref_tied', 0, 1, 'gpipe', 1, true),
   run('ref_dp2', 0, 2, 'gpipe', 1, false), run('ref_dp2_tied', 0, 2, 'gpipe', 1, true),
   run('e_pp1_tied_interleaved', 1, 1, 'interleaved', 2, true),
@@ -77,7 +60,7 @@ const refs = launch(1, [
 test('pipeline evaluation equals the whole model\'s (1F1B, interleaved with tied embeddings, zero bubble, pp=1 with 2 stages; pp=2 x dp=2 with ZeRO-3), between training steps that still equal one process', async () => {
   const runs2 = [run('e_1f1b', 2, 1, '1f1b', 1, false), run('e_tied_interleaved', 2, 1, 'interleaved', 2, true), run('e_zb', 2, 1, 'zb', 1, false)];
   const runs4 = [run('e_z3_1f1b', 2, 2, '1f1b', 1, false, 3), run('e_z3_tied_interleaved', 2, 2, 'interleaved', 2, true, 3)];
-  await Promise.all([refs, launch(2, runs2), launch(4, runs4)]);
+  await Promise.all([refs, launchPipelineRuns('eval', dir, 2, runs2), launchPipelineRuns('eval', dir, 4, runs4)]);
   for (const r of runs2) compare(r.name, 2, r.tie ? 'ref_tied' : 'ref');
   for (const r of runs4) compare(r.name, 4, r.tie ? 'ref_dp2_tied' : 'ref_dp2');
   compare('e_pp1_tied_interleaved', 1, 'ref_tied');
@@ -88,6 +71,6 @@ test('HSDP inside a pipeline (pp=2 x dpReplicate=2 x dpShard=1) with ZeRO-1, 2 a
     run('h_z1_1f1b', 2, 2, '1f1b', 1, false, 1, 2), run('h_z2_zb', 2, 2, 'zb', 1, false, 2, 2),
     run('h_z3_tied_interleaved', 2, 2, 'interleaved', 2, true, 3, 2),
   ];
-  await Promise.all([refs, launch(4, runs)]);
+  await Promise.all([refs, launchPipelineRuns('eval', dir, 4, runs)]);
   for (const r of runs) compare(r.name, 4, r.tie ? 'ref_dp2_tied' : 'ref_dp2');
 });

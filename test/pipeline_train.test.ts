@@ -5,13 +5,13 @@
 // every schedule (tied embeddings included). Several runs share one world launch to keep the suite fast.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, readFileSync, existsSync } from 'node:fs';
+import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { runWorld, describeWorld } from './helpers/world.js';
+import { maxRelDiff } from './helpers/close.js';
+import { launchPipelineRuns, readPipelineRun } from './helpers/pipeline_runs.js';
 import type { Run } from './fixtures/pipeline_rank.js';
 
-const script = 'test/fixtures/pipeline_rank.ts';
 const dir = mkdtempSync(join(tmpdir(), 'flotilla-pp-'));
 const SCHEDULES = [['gpipe', 1], ['1f1b', 1], ['interleaved', 2], ['zb', 1]] as const;
 
@@ -21,37 +21,20 @@ function run(name: string, pp: number, dp: number, schedule: Run['schedule'], v:
 
 interface Out { rank: number; losses: number[]; params: Record<string, number[]>; stateBytes: number }
 
-async function launch(nproc: number, runs: Run[]): Promise<void> {
-  const r = await runWorld({ nproc, script, args: [JSON.stringify({ mode: 'train', out: dir, runs })], timeoutMs: 120_000 });
-  assert.deepEqual(r.codes, new Array(nproc).fill(0), describeWorld(r));
-}
 
-function read(name: string, nproc: number): Out[] {
-  return Array.from({ length: nproc }, (_, r) => {
-    const f = join(dir, `${name}.${r}.json`);
-    assert.ok(existsSync(f), `rank ${r} wrote no result for ${name}`);
-    return JSON.parse(readFileSync(f, 'utf8')) as Out;
-  });
-}
 
-function maxRel(a: number[], b: number[]): number {
-  assert.equal(a.length, b.length);
-  let w = 0;
-  for (let i = 0; i < a.length; i++) w = Math.max(w, Math.abs(a[i]! - b[i]!) / Math.max(1e-3, Math.abs(b[i]!)));
-  return w;
-}
 
 /** Every rank's losses and parameters against the reference; every parameter held somewhere. */
 function compare(name: string, nproc: number, refName: string, opts: { wholeOnOneRank?: boolean } = {}): void {
-  const ref = read(refName, 1)[0]!;
-  const outs = read(name, nproc);
+  const ref = readPipelineRun<Out>(dir, refName, 1)[0]!;
+  const outs = readPipelineRun<Out>(dir, name, nproc);
   const covered = new Set<string>();
   for (const o of outs) {
-    const dl = maxRel(o.losses, ref.losses);
+    const dl = maxRelDiff(o.losses, ref.losses);
     assert.ok(dl <= 1e-5, `${name}: rank ${o.rank} losses differ from single-process by ${dl} (${o.losses} vs ${ref.losses})`);
     for (const [k, v] of Object.entries(o.params)) {
       assert.ok(k in ref.params, `${name}: rank ${o.rank} holds ${k}, which the whole model does not have`);
-      const d = maxRel(v, ref.params[k]!);
+      const d = maxRelDiff(v, ref.params[k]!);
       assert.ok(d <= 1e-5, `${name}: rank ${o.rank} parameter ${k} differs from single-process by ${d}`);
       covered.add(k);
     }
@@ -66,7 +49,7 @@ function compare(name: string, nproc: number, refName: string, opts: { wholeOnOn
 
 // The references, and pp = 1 (consecutive stages on one rank hand over locally, a tied embedding's
 // two copies live on the same rank) in the same world of one.
-const refs = launch(1, [
+const refs = launchPipelineRuns('train', dir, 1, [
   run('ref', 0, 1, 'gpipe', 1, false), run('ref_tied', 0, 1, 'gpipe', 1, true), run('ref_dp2', 0, 2, 'gpipe', 1, false),
   run('ref_dp2_tied', 0, 2, 'gpipe', 1, true),
   run('pp1_tied_interleaved', 1, 1, 'interleaved', 2, true), run('pp1_zb', 1, 1, 'zb', 1, false),
@@ -76,7 +59,7 @@ test('2 stages on 2 ranks, every schedule, untied and tied embeddings, accumulat
   const runs = SCHEDULES.flatMap(([s, v]) => [run(`pp2_${s}`, 2, 1, s, v, false), run(`pp2_tied_${s}`, 2, 1, s, v, true)]);
   // Gradient accumulation across steps: two pipeline steps of 2 micro-batches per optimizer step.
   runs.push(run('pp2_tied_accum_zb', 2, 1, 'zb', 1, true, 2));
-  await Promise.all([refs, launch(2, runs)]);
+  await Promise.all([refs, launchPipelineRuns('train', dir, 2, runs)]);
   for (const [s] of SCHEDULES) {
     compare(`pp2_${s}`, 2, 'ref');
     compare(`pp2_tied_${s}`, 2, 'ref_tied');
@@ -89,7 +72,7 @@ test('2 stages on 2 ranks, every schedule, untied and tied embeddings, accumulat
 test('4 stages on 4 ranks and pp=2 x dp=2, every schedule, accumulation across steps: 10 steps equal single-process training', async () => {
   const runs = SCHEDULES.flatMap(([s, v]) => [run(`pp4_${s}`, 4, 1, s, v, false), run(`pp2dp2_${s}`, 2, 2, s, v, false)]);
   runs.push(run('pp2dp2_accum_1f1b', 2, 2, '1f1b', 1, false, 2));
-  await Promise.all([refs, launch(4, runs)]);
+  await Promise.all([refs, launchPipelineRuns('train', dir, 4, runs)]);
   for (const [s] of SCHEDULES) {
     compare(`pp4_${s}`, 4, 'ref');
     compare(`pp2dp2_${s}`, 4, 'ref_dp2');
@@ -108,12 +91,12 @@ test('pp=2 x dp=2 with ZeRO-1, ZeRO-2 and ZeRO-3 over dp, every schedule, tied e
     run('z3_tied_interleaved', 2, 2, 'interleaved', 2, true, 1, 3), run('z3_tied_gpipe', 2, 2, 'gpipe', 1, true, 1, 3),
     run('z3_tied_accum_zb', 2, 2, 'zb', 1, true, 2, 3),
   ];
-  await Promise.all([refs, launch(4, runs)]);
+  await Promise.all([refs, launchPipelineRuns('train', dir, 4, runs)]);
   for (const r of runs) compare(r.name, 4, r.tie ? 'ref_dp2_tied' : 'ref_dp2');
   // The optimizer state is sharded: AdamW keeps 2 float64 values per element it updates, each rank
   // about half of its stages' elements (buckets are padded to an even length).
   for (const r of runs) {
-    for (const o of read(r.name, 4)) {
+    for (const o of readPipelineRun<Out>(dir, r.name, 4)) {
       const local = Object.values(o.params).reduce((n, v) => n + v.length, 0);
       assert.ok(o.stateBytes <= 16 * (local / 2 + 64), `${r.name}: rank ${o.rank} holds ${o.stateBytes} bytes of optimizer state for ${local} local elements`);
     }

@@ -15,3 +15,11 @@ export function assertClose(a: ArrayLike<number>, b: ArrayLike<number>, rel: num
   }
   assert.ok(worst <= rel, `${what}: max relative difference ${worst} > ${rel} at element ${at} (${a[at]} vs ${b[at]})`);
 }
+
+/** The largest |a - b| / max(1e-3, |b|) over two equal-length arrays (same floor as assertClose). */
+export function maxRelDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
+  assert.equal(a.length, b.length, 'arrays of different lengths');
+  let w = 0;
+  for (let i = 0; i < a.length; i++) w = Math.max(w, Math.abs(a[i]! - b[i]!) / Math.max(1e-3, Math.abs(b[i]!)));
+  return w;
+}
