@@ -4,10 +4,9 @@
 // compute-only step (no gradient sync), and the communication left exposed after backward
 // (synced - compute-only). Writes its section of docs/BENCHMARKS.md.
 //   node --import tsx bench/ddp.ts [--steps 10] [--bucket-mb 2]
-import { spawn } from 'node:child_process';
 import { join } from 'node:path';
-import { runWorld, freePort } from '../test/helpers/world.js';
-import { median, writeSection } from './report.js';
+import { runWorld } from '../test/helpers/world.js';
+import { median, writeSection, runTorchPeers, parseBench } from './report.js';
 
 const argv = process.argv.slice(2);
 const arg = (name: string, dflt: number) => {
@@ -19,11 +18,7 @@ const trials = arg('--trials', 3);
 const root = join(import.meta.dirname, '..');
 
 interface RankBench { rank: number; synced: number[]; local: number[]; exposed?: number[]; cpu: { main: number; other: number }; params: number }
-const parse = (out: string): RankBench => {
-  const line = out.split('\n').find((l) => l.includes('BENCH '));
-  if (!line) throw new Error(`a benchmark rank printed no result:\n${out}`);
-  return JSON.parse(line.slice(line.indexOf('BENCH ') + 6)) as RankBench;
-};
+const parse = (out: string): RankBench => parseBench<RankBench>(out);
 
 async function flotilla(backend: 'mpi' | 'gloo'): Promise<RankBench[]> {
   const r = await runWorld({ nproc: 2, script: join(root, 'bench', 'ddp_rank.ts'), args: [JSON.stringify(opts)], timeoutMs: 600_000, backend });
@@ -32,17 +27,7 @@ async function flotilla(backend: 'mpi' | 'gloo'): Promise<RankBench[]> {
 }
 
 async function pytorch(): Promise<RankBench[]> {
-  const port = await freePort();
-  const runs = [0, 1].map((rank) => new Promise<string>((res, rej) => {
-    const child = spawn('/usr/bin/python3', [join(root, 'bench', 'ddp_peer.py'), JSON.stringify(opts)], {
-      env: { ...process.env, RANK: String(rank), WORLD_SIZE: '2', LOCAL_RANK: String(rank), MASTER_ADDR: '127.0.0.1', MASTER_PORT: String(port), OMP_NUM_THREADS: '1' },
-    });
-    let out = '';
-    child.stdout.on('data', (d) => (out += d));
-    child.stderr.on('data', (d) => (out += d));
-    child.on('exit', (code) => (code === 0 ? res(out) : rej(new Error(`PyTorch rank ${rank} exited ${code}:\n${out}`))));
-  }));
-  return (await Promise.all(runs)).map(parse);
+  return (await runTorchPeers(join(root, 'bench', 'ddp_peer.py'), [JSON.stringify(opts)])).map(parse);
 }
 
 // Alternate the two sides: this machine's load drifts, and PyTorch's exposed communication in

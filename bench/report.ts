@@ -1,5 +1,7 @@
 // Shared benchmark helpers: statistics and the docs/BENCHMARKS.md section writer.
+import { spawn } from 'node:child_process';
 import { existsSync, readFileSync, writeFileSync, mkdirSync } from 'node:fs';
+import { freePort } from '../test/helpers/world.js';
 import { cpus } from 'node:os';
 import { join } from 'node:path';
 
@@ -22,4 +24,29 @@ export function writeSection(name: string, body: string): void {
   const i = doc.indexOf(begin), j = doc.indexOf(end);
   doc = i >= 0 && j > i ? doc.slice(0, i) + block + doc.slice(j + end.length) : `${doc.trimEnd()}\n\n${block}\n`;
   writeFileSync(FILE, doc);
+}
+
+/**
+ * Runs a PyTorch peer script on `nproc` ranks (torchrun's variables, Gloo on loopback, one OpenMP
+ * thread each) and resolves to every rank's output; a failing rank rejects with its output.
+ */
+export async function runTorchPeers(script: string, args: string[], nproc = 2): Promise<string[]> {
+  const port = await freePort();
+  const runs = Array.from({ length: nproc }, (_, rank) => new Promise<string>((res, rej) => {
+    const child = spawn('/usr/bin/python3', [script, ...args], {
+      env: { ...process.env, RANK: String(rank), WORLD_SIZE: String(nproc), LOCAL_RANK: String(rank), MASTER_ADDR: '127.0.0.1', MASTER_PORT: String(port), OMP_NUM_THREADS: '1' },
+    });
+    let out = '';
+    child.stdout.on('data', (d) => (out += d));
+    child.stderr.on('data', (d) => (out += d));
+    child.on('exit', (code) => (code === 0 ? res(out) : rej(new Error(`PyTorch rank ${rank} exited ${code}:\n${out}`))));
+  }));
+  return Promise.all(runs);
+}
+
+/** The JSON a benchmark rank printed after 'BENCH '. */
+export function parseBench<T>(out: string): T {
+  const line = out.split('\n').find((l) => l.includes('BENCH '));
+  if (!line) throw new Error(`a benchmark rank printed no result:\n${out}`);
+  return JSON.parse(line.slice(line.indexOf('BENCH ') + 6)) as T;
 }

@@ -3,10 +3,9 @@
 // ZeroRedundancyOptimizer (ZeRO-1) on the same GPT and batch, alternating trials in one run.
 // Writes its section of docs/BENCHMARKS.md.
 //   node --import tsx bench/zero.ts [--steps 8] [--trials 2] [--bucket-mb 2]
-import { spawn } from 'node:child_process';
 import { join } from 'node:path';
-import { runWorld, freePort } from '../test/helpers/world.js';
-import { median, writeSection } from './report.js';
+import { runWorld } from '../test/helpers/world.js';
+import { median, writeSection, runTorchPeers, parseBench } from './report.js';
 
 const argv = process.argv.slice(2);
 const arg = (name: string, dflt: number) => {
@@ -20,30 +19,15 @@ const root = join(import.meta.dirname, '..');
 interface Mem { paramBytes: number; gradBytes: number; optimizerBytes: number; peakBytes: number }
 type FlRank = Record<string, { times: number[]; memory: Mem; peak: number; numParams: number }>;
 type PtRank = Record<string, { times: number[]; optimizerBytes: number }>;
-const parse = <T>(out: string): T => {
-  const line = out.split('\n').find((l) => l.includes('BENCH '));
-  if (!line) throw new Error(`a benchmark rank printed no result:\n${out}`);
-  return JSON.parse(line.slice(line.indexOf('BENCH ') + 6)) as T;
-};
 
 async function flotilla(): Promise<FlRank[]> {
   const r = await runWorld({ nproc: 2, script: join(root, 'bench', 'zero_rank.ts'), args: [JSON.stringify(opts)], timeoutMs: 900_000 });
   if (r.codes.some((c) => c !== 0)) throw new Error(`flotilla ranks failed:\n${r.outputs.join('\n')}`);
-  return r.outputs.map((o) => parse<FlRank>(o));
+  return r.outputs.map((o) => parseBench<FlRank>(o));
 }
 
 async function pytorch(): Promise<PtRank[]> {
-  const port = await freePort();
-  const runs = [0, 1].map((rank) => new Promise<string>((res, rej) => {
-    const child = spawn('/usr/bin/python3', [join(root, 'bench', 'zero_peer.py'), JSON.stringify(opts)], {
-      env: { ...process.env, RANK: String(rank), WORLD_SIZE: '2', LOCAL_RANK: String(rank), MASTER_ADDR: '127.0.0.1', MASTER_PORT: String(port), OMP_NUM_THREADS: '1' },
-    });
-    let out = '';
-    child.stdout.on('data', (d) => (out += d));
-    child.stderr.on('data', (d) => (out += d));
-    child.on('exit', (code) => (code === 0 ? res(out) : rej(new Error(`PyTorch rank ${rank} exited ${code}:\n${out}`))));
-  }));
-  return (await Promise.all(runs)).map((o) => parse<PtRank>(o));
+  return (await runTorchPeers(join(root, 'bench', 'zero_peer.py'), [JSON.stringify(opts)])).map((o) => parseBench<PtRank>(o));
 }
 
 const fl: FlRank[] = [], pt: PtRank[] = [];
