@@ -212,6 +212,19 @@ static c10::Scalar ToScalar(const Napi::Value& v) {
   return c10::Scalar(d);
 }
 
+// An op operand: a live handle whose storage still holds its bytes. A sharded parameter outside its
+// unit's forward and backward has a freed storage (0 bytes) under an unchanged shape; reading it would
+// read freed memory, so it is an error naming the fix instead.
+static const at::Tensor& Operand(const Napi::Value& v) {
+  const at::Tensor& t = TensorHandle::Get(v);
+  if (t.defined() && t.has_storage() && t.numel() > 0 && t.storage().nbytes() == 0) {
+    throw std::invalid_argument(
+        "tensor " + DescribeTensor(t) + " has no storage: it is a sharded parameter (or gradient) whose full copy is freed "
+        "outside its unit's forward and backward; read it inside the wrapper's withFullParameters(), or use fullGrad()");
+  }
+  return t;
+}
+
 static c10::IValue ToIValue(const Napi::Value& v, const c10::TypePtr& type);
 
 static c10::IValue ToList(const Napi::Value& v, const c10::TypePtr& elem) {
@@ -242,14 +255,14 @@ static c10::IValue ToList(const Napi::Value& v, const c10::TypePtr& elem) {
     }
     case c10::TypeKind::TensorType: {
       c10::List<at::Tensor> out;
-      for (auto& it : items) out.push_back(TensorHandle::Get(it));
+      for (auto& it : items) out.push_back(Operand(it));
       return out;
     }
     case c10::TypeKind::OptionalType: {
       c10::List<c10::optional<at::Tensor>> out;
       for (auto& it : items) {
         if (it.IsNull() || it.IsUndefined()) out.push_back(c10::nullopt);
-        else out.push_back(TensorHandle::Get(it));
+        else out.push_back(Operand(it));
       }
       return out;
     }
@@ -261,7 +274,7 @@ static c10::IValue ToList(const Napi::Value& v, const c10::TypePtr& elem) {
 static c10::IValue ToIValue(const Napi::Value& v, const c10::TypePtr& type) {
   switch (type->kind()) {
     case c10::TypeKind::TensorType:
-      return TensorHandle::Get(v);
+      return Operand(v);
     case c10::TypeKind::OptionalType:
       if (v.IsUndefined() || v.IsNull()) return c10::IValue();
       return ToIValue(v, type->expectRef<c10::OptionalType>().getElementType());
@@ -439,7 +452,7 @@ static Napi::Value FromBuffer(const Napi::CallbackInfo& info) {
 static Napi::Value ToBuffer(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   FLOTILLA_TRY
-  at::Tensor t = TensorHandle::Get(info[0]).detach().contiguous();
+  at::Tensor t = Operand(info[0]).detach().contiguous();
   size_t bytes = t.numel() * t.element_size();
   Napi::ArrayBuffer buf = Napi::ArrayBuffer::New(env, bytes);
   if (bytes) std::memcpy(buf.Data(), t.data_ptr(), bytes);

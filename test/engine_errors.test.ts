@@ -105,3 +105,16 @@ test('an error inside tidy() frees the scope and leaves no scope open', () => {
   for (let i = 0; i < 200; i++) assert.throws(() => tidy(() => randn([2, 3]).matmul(randn([4, 5]))));
   assert.equal(liveTensors(), before);
 });
+
+test('a tensor whose storage was freed (a sharded parameter outside its unit) is an error naming the fix, not a crash', () => {
+  tidy(() => {
+    const full = zeros([64]);
+    const p = full.narrow(0, 0, 32).view(4, 8);
+    full.resizeStorage_(0);
+    for (const use of [() => p.sum(), () => p.toNumbers(), () => p.matmul(zeros([8, 2])), () => F.linear(zeros([1, 8]), p)]) {
+      throwsNaming(use, /float32\[4, 8\] has no storage/, /withFullParameters\(\)/);
+    }
+    full.resizeStorage_(64 * 4); // given its bytes back, the same view works again
+    assert.equal(p.sum().item(), p.sum().item());
+  });
+});
