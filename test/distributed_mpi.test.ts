@@ -6,7 +6,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
 import { runLauncher } from '../src/distributed/launcher.js';
-import { assertMpiBuilt, parseAllResults, REPO_ROOT, scriptCommand } from './helpers/world.js';
+import { assertMpiBuilt, isAlive, parseAllResults, REPO_ROOT, scriptCommand } from './helpers/world.js';
 
 const SCRIPT = 'test/helpers/ranks/mpi_rank.ts';
 
@@ -67,17 +67,9 @@ test('flotilla run --backend mpi: ranks end when the launcher is killed with SIG
     });
   });
   launcher.kill('SIGKILL');
-  const alive = (pid: number): boolean => {
-    try {
-      process.kill(pid, 0);
-      return true;
-    } catch {
-      return false;
-    }
-  };
   const until = Date.now() + 10_000;
-  while (pids.some(alive) && Date.now() < until) await new Promise((res) => setTimeout(res, 100));
-  assert.deepEqual(pids.filter(alive), [], 'ranks outlived their launcher');
+  while (pids.some(isAlive) && Date.now() < until) await new Promise((res) => setTimeout(res, 100));
+  assert.deepEqual(pids.filter(isAlive), [], 'ranks outlived their launcher');
 });
 
 test('backend errors a user can cause name the fix', async () => {

@@ -3,17 +3,10 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { join } from 'node:path';
+import { isAlive } from './helpers/world.js';
 
 const root = join(import.meta.dirname, '..');
 
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-}
 
 test('ranks exit when their launcher is killed with SIGKILL', async () => {
   const launcher = spawn(process.execPath, [join(root, 'bin', 'flotilla.js'), 'run', '--nproc', '2', join(root, 'test', 'helpers', 'ranks', 'linger.ts')], {
@@ -31,11 +24,11 @@ test('ranks exit when their launcher is killed with SIGKILL', async () => {
       }
     });
   });
-  assert.ok(pids.every(alive));
+  assert.ok(pids.every(isAlive));
   launcher.kill('SIGKILL');
   const deadline = Date.now() + 10_000;
-  while (Date.now() < deadline && pids.some(alive)) await new Promise((r) => setTimeout(r, 100));
-  const left = pids.filter(alive);
+  while (Date.now() < deadline && pids.some(isAlive)) await new Promise((r) => setTimeout(r, 100));
+  const left = pids.filter(isAlive);
   for (const p of left) process.kill(p, 'SIGKILL');
   assert.deepEqual(left, [], 'ranks outlived their launcher');
 });

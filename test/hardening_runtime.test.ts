@@ -7,20 +7,12 @@ import { mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, writeFile
 import { connect, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { runWorld, parseResults, describeWorld, scriptCommand, REPO_ROOT } from './helpers/world.js';
-import { storeProof, Op, Status } from '../src/distributed/store_server.js';
+import { runWorld, parseResults, describeWorld, scriptCommand, isAlive, REPO_ROOT } from './helpers/world.js';
+import { frame, storeProof, Op, Status } from '../src/distributed/store_server.js';
 
 const RANK_SCRIPT = 'test/helpers/ranks/hardening.ts';
 const FLOTILLA = join(REPO_ROOT, 'bin', 'flotilla.js');
 
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-}
 
 /** Waits until `pattern` has matched `count` times in the process's stdout+stderr. */
 function waitForOutput(child: ChildProcess, pattern: RegExp, count: number, what: string): Promise<RegExpMatchArray[]> {
@@ -130,17 +122,7 @@ class RawClient {
     }
   }
   send(op: number, fields: Buffer[]): void {
-    const n = 1 + fields.reduce((a, f) => a + 4 + f.length, 0);
-    const out = Buffer.alloc(4 + n);
-    out.writeUInt32LE(n, 0);
-    out[4] = op;
-    let at = 5;
-    for (const f of fields) {
-      out.writeUInt32LE(f.length, at);
-      f.copy(out, at + 4);
-      at += 4 + f.length;
-    }
-    this.sock.write(out);
+    this.sock.write(frame(op, fields));
   }
   close(): void {
     this.sock.destroy();
@@ -309,8 +291,8 @@ test('ranks end when the launcher dies before they join a process group', async 
   const launcher = spawn(process.execPath, [FLOTILLA, 'run', '--nproc', '2', join(REPO_ROOT, RANK_SCRIPT), 'prejoin'], { stdio: ['ignore', 'pipe', 'pipe'] });
   const pids = (await waitForOutput(launcher, /PID \d+ (\d+)/, 2, 'both ranks starting')).map((m) => Number(m[1]));
   launcher.kill('SIGKILL');
-  for (let i = 0; i < 100 && pids.some(alive); i++) await new Promise((r) => setTimeout(r, 100));
-  const left = pids.filter(alive);
+  for (let i = 0; i < 100 && pids.some(isAlive); i++) await new Promise((r) => setTimeout(r, 100));
+  const left = pids.filter(isAlive);
   for (const p of left) process.kill(p, 'SIGKILL');
   assert.deepEqual(left, [], 'ranks outlived their launcher');
 });
@@ -321,11 +303,11 @@ test('killing a wrapper around the launcher (as npx is) stops the launcher and i
   const wrapper = spawn('sh', ['-c', cmd], { stdio: ['ignore', 'pipe', 'pipe'] });
   const pids = (await waitForOutput(wrapper, /PID \d+ (\d+)/, 2, 'both ranks starting')).map((m) => Number(m[1]));
   const launcherPid = Number(readFileSync(`/proc/${pids[0]}/stat`, 'utf8').split(') ')[1]!.split(' ')[1]);
-  assert.ok(alive(launcherPid));
+  assert.ok(isAlive(launcherPid));
   wrapper.kill('SIGKILL');
   const procs = [launcherPid, ...pids];
-  for (let i = 0; i < 150 && procs.some(alive); i++) await new Promise((r) => setTimeout(r, 100));
-  const left = procs.filter(alive);
+  for (let i = 0; i < 150 && procs.some(isAlive); i++) await new Promise((r) => setTimeout(r, 100));
+  const left = procs.filter(isAlive);
   for (const p of left) process.kill(p, 'SIGKILL');
   assert.deepEqual(left, [], 'the launcher or its ranks outlived the wrapper');
 });

@@ -6,7 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { randint, tidy, zeros, manualSeed, setNumThreads, liveTensors, type Tensor } from '../src/tensor/index.js';
 import { Module, Linear, LayerNorm, Dropout, ModuleList, Embedding } from '../src/nn/index.js';
-import { GPT } from '../src/models/gpt.js';
+import { GPT, gptNumParams } from '../src/models/gpt.js';
 import { saveSafetensors, loadSafetensors } from '../src/checkpoint/safetensors.js';
 
 setNumThreads(1);
@@ -174,4 +174,12 @@ test('call() runs forward pre/post hooks around every invocation; a backward pre
     assert.deepEqual(events.filter((e) => e !== 'ln1.weight grad'), [], 'removed hooks stay silent');
     gpt.dispose();
   });
+});
+
+test('gptNumParams counts from the config what the built GPT holds (bias, tied head)', () => {
+  for (const extra of [{}, { bias: false }, { tieEmbeddings: true }, { bias: false, tieEmbeddings: true, nLayer: 3 }]) {
+    const gpt = new GPT({ ...small, ...extra });
+    assert.equal(gptNumParams({ ...small, ...extra }), gpt.numParams(), JSON.stringify(extra));
+    gpt.dispose();
+  }
 });

@@ -42,7 +42,8 @@ export interface StoreServerOptions {
   maxFrameBytes?: number;
 }
 
-function frame(status: number, fields: Buffer[] = []): Buffer {
+/** One message, request or reply: u32 length, a code byte (op or status), then u32-length-prefixed fields. */
+export function frame(status: number, fields: Buffer[] = []): Buffer {
   const n = 1 + fields.reduce((a, f) => a + 4 + f.length, 0);
   const out = Buffer.alloc(4 + n);
   out.writeUInt32LE(n, 0);

@@ -53,6 +53,19 @@ function checkConfig(cfg: Partial<GPTConfig>): GPTConfig {
   return c;
 }
 
+/**
+ * Parameters of the whole GPT a config describes, counted from its shapes, so a pipeline rank that
+ * builds only its stages can still name the model's size (a tied head counts once).
+ */
+export function gptNumParams(cfg: Partial<GPTConfig>): number {
+  const c = checkConfig(cfg);
+  const C = c.nEmbd, b = c.bias ? 1 : 0;
+  const norm = C + b * C;
+  const linear = (inF: number, outF: number) => inF * outF + b * outF;
+  const block = 2 * norm + linear(C, 3 * C) + linear(C, C) + linear(C, 4 * C) + linear(4 * C, C);
+  return c.vocabSize * C + c.blockSize * C + c.nLayer * block + norm + (c.tieEmbeddings ? 0 : c.vocabSize * C);
+}
+
 /** A run of blocks registered under their global indices ("2", "3", ...). */
 export class BlockRange extends Module {
   readonly items: Block[];

@@ -102,11 +102,13 @@ export abstract class Optimizer<O extends { lr: number }> {
     tidy(() => {
       const pieces = this.grads?.stepPieces ? this.grads.stepPieces() : this.localPieces();
       const used = this.grads?.usedParameters?.();
+      // Which groups may share a run, decided once per step (a schedule changes lr in every group alike).
+      const fuseKeys = this.groups.map((g) => this.fuseKey(g.options));
       const stepped = new Set<Tensor>();
       noGrad(() => {
         for (const piece of pieces) {
           const state = this.stateOf(piece);
-          for (const run of this.runsOf(piece, used)) {
+          for (const run of this.runsOf(piece, used, fuseKeys)) {
             const st = state;
             tidy(() => {
               const view = (t: Tensor) => t.narrow(0, run.start, run.numel);
@@ -155,7 +157,7 @@ export abstract class Optimizer<O extends { lr: number }> {
   }
 
   /** Consecutive segments with equal hyper-parameters and update counts, unused parameters left out. */
-  private runsOf(piece: StepPiece, used: ReadonlySet<Tensor> | undefined): Run[] {
+  private runsOf(piece: StepPiece, used: ReadonlySet<Tensor> | undefined, fuseKeys: string[]): Run[] {
     const runs: Run[] = [];
     let cur: Run | undefined;
     for (const seg of piece.segments) {
@@ -165,7 +167,7 @@ export abstract class Optimizer<O extends { lr: number }> {
       const o = this.groups[group]!.options;
       const step = (this.steps.get(seg.param) ?? 0) + 1;
       const decay = this.decayOf(o);
-      if (cur && cur.start + cur.numel === seg.start && cur.step === step && this.fusable(this.groups[cur.group]!.options, o)) {
+      if (cur && cur.start + cur.numel === seg.start && cur.step === step && fuseKeys[cur.group] === fuseKeys[group]) {
         cur.numel += seg.numel;
         cur.params.push(seg.param);
         cur.decays.push(decay);
@@ -199,12 +201,11 @@ export abstract class Optimizer<O extends { lr: number }> {
     return (o as unknown as { weightDecay?: number }).weightDecay ?? 0;
   }
 
-  /** Whether two groups' segments may be updated in one run (all options but weight decay equal, by default). */
-  protected fusable(a: O, b: O): boolean {
-    if (a === b) return true;
-    const strip = (o: O) => JSON.stringify({ ...o, weightDecay: undefined });
-    return strip(a) === strip(b);
+  /** Groups with equal keys may share a run: all options but weight decay, by default. */
+  protected fuseKey(o: O): string {
+    return JSON.stringify({ ...o, weightDecay: undefined });
   }
+
 
   protected abstract initState(flat: Tensor): Record<string, Tensor>;
   protected abstract update(run: UpdateRun, o: O): void;

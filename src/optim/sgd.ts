@@ -23,8 +23,8 @@ export class SGD extends Optimizer<SGDOptions> {
   }
 
   // Weight decay enters the gradient (L2), so ranges with different decay are updated apart.
-  protected override fusable(a: SGDOptions, b: SGDOptions): boolean {
-    return a === b || JSON.stringify(a) === JSON.stringify(b);
+  protected override fuseKey(o: SGDOptions): string {
+    return JSON.stringify(o);
   }
 
   protected update({ param: p, grad: g, state, step, weightDecay }: UpdateRun, o: SGDOptions): void {

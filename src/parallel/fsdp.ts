@@ -50,7 +50,7 @@ interface UnitState {
 
 export class FsdpUnits {
   private readonly units: UnitState[];
-  private readonly root: UnitState;
+  private readonly root: UnitState | undefined; // no root unit when every parameter lives in a unit
   private readonly unitOfBucket = new Map<Bucket, UnitState>();
   private readonly removers: (() => void)[] = [];
   private forwardOrder: UnitState[] | undefined;
@@ -101,7 +101,7 @@ export class FsdpUnits {
     if (buckets.length !== plan.units.length) throw new Error(`FSDP: ${plan.units.length} units but ${buckets.length} buckets (one dtype per unit is supported)`);
     this.units = plan.units.map((u, i) => ({ ...u, bucket: buckets[i]!, isRoot: u.module === model, state: 'free' as const }));
     for (const u of this.units) this.unitOfBucket.set(u.bucket, u);
-    this.root = this.units.find((u) => u.isRoot) ?? { name: '', module: model, bucket: undefined as unknown as Bucket, isRoot: true, state: 'ready' };
+    this.root = this.units.find((u) => u.isRoot);
     for (const u of this.units) {
       if (u.isRoot) continue;
       this.removers.push(u.module.registerForwardPreHook(() => this.preForward(u)));
@@ -113,7 +113,7 @@ export class FsdpUnits {
   }
 
   private ensureRoot(): void {
-    if (this.root.bucket) this.gather(this.root);
+    if (this.root) this.gather(this.root);
   }
 
   private preForward(u: UnitState): void {

@@ -7,7 +7,7 @@
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { liveTensors, manualSeed, noGrad, setNumThreads, tensor, tidy, torchVersion, type Tensor } from '../tensor/index.js';
-import { GPT } from '../models/gpt.js';
+import { GPT, gptNumParams } from '../models/gpt.js';
 import { AdamW, warmupCosine, constant } from '../optim/index.js';
 import { initProcessGroup, destroyProcessGroup, describeBackend, getWorld, isInitialized, type ProcessGroup } from '../distributed/process_group.js';
 import { readLaunchEnv } from '../distributed/env.js';
@@ -127,10 +127,10 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
       });
       named = pipe.stageNamedParameters();
       grads = pipe.grads;
-      numParams = gptParamCount(m);
+      numParams = gptNumParams(m);
       header('model', `GPT ${m.nLayer} layers, ${m.nHead} heads, width ${m.nEmbd}, context ${m.blockSize}: ${numParams.toLocaleString('en-US')} parameters; this rank holds ${named.reduce((a, [, p]) => a + p.numel(), 0).toLocaleString('en-US')}`);
       header('parallelize', `pipeline over ${layout.pp} ranks, schedule ${cfg.parallel.ppSchedule}, ${cfg.parallel.ppVirtualStages} stage(s) per rank, ${cfg.data.microBatches} micro-batches` +
-        (pipe.dp ? `; ZeRO-${layout.zero} over ${layout.dp} data-parallel ranks` : ''));
+        (pipe.dp ? `; ${layout.zero > 0 ? `ZeRO-${layout.zero}` : 'data parallel'} over ${layout.dp} data-parallel ranks` : ''));
     } else {
       model = new GPT({ ...m }, { initSeed: cfg.train.seed });
       numParams = model.numParams();
@@ -310,13 +310,4 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
   } finally {
     if (ownsWorld) destroyProcessGroup();
   }
-}
-
-/** Parameters of the whole GPT a config describes, counted from shapes (no rank builds it). */
-function gptParamCount(m: FlotillaConfig['model']): number {
-  const C = m.nEmbd, V = m.vocabSize, L = m.nLayer;
-  const b = m.bias ? 1 : 0;
-  const ln = C + b * C;
-  const block = 2 * ln + (C * 3 * C + b * 3 * C) + (C * C + b * C) + (C * 4 * C + b * 4 * C) + (4 * C * C + b * C);
-  return V * C + m.blockSize * C + L * block + ln + (m.tieEmbeddings ? 0 : V * C);
 }

@@ -62,6 +62,16 @@ export const REPO_ROOT = resolve(import.meta.dirname, '..', '..');
 
 export { freePort };
 
+/** Whether a process with this pid exists (signal 0 probes without delivering anything). */
+export function isAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 /** Command and arguments that run a script: .ts/.mts/.cts under tsx, .js under node. */
 export function scriptCommand(script: string, args: string[] = []): [string, string[]] {
   if (/\.[mc]?ts$/.test(script)) return [process.execPath, ['--import', import.meta.resolve('tsx'), script, ...args]];
@@ -93,13 +103,7 @@ export async function runWorld(opts: WorldOptions): Promise<WorldResult> {
     return runMpiWorld(opts, timeoutMs);
   }
   const port = await freePort();
-  const script = isAbsolute(opts.script) ? opts.script : resolve(REPO_ROOT, opts.script);
-  const [cmd, argv] = scriptCommand(script, opts.args);
-  const verbose = process.env.FLOTILLA_TEST_VERBOSE === '1';
-
-  const outputs: string[] = new Array(nproc).fill('');
-  const codes: (number | null)[] = new Array(nproc).fill(null);
-  const signals: (NodeJS.Signals | null)[] = new Array(nproc).fill(null);
+  const { cmd, argv, verbose, outputs, codes, signals } = worldState(opts);
   const running = new Set<number>();
   const children: ChildProcess[] = [];
 
@@ -150,16 +154,24 @@ export async function runWorld(opts: WorldOptions): Promise<WorldResult> {
   return { codes, signals, outputs, port };
 }
 
+/** What both kinds of world start from: the rank command, and per-rank output, exit code and signal. */
+function worldState(opts: WorldOptions) {
+  const script = isAbsolute(opts.script) ? opts.script : resolve(REPO_ROOT, opts.script);
+  const [cmd, argv] = scriptCommand(script, opts.args);
+  return {
+    cmd, argv,
+    verbose: process.env.FLOTILLA_TEST_VERBOSE === '1',
+    outputs: new Array<string>(opts.nproc).fill(''),
+    codes: new Array<number | null>(opts.nproc).fill(null),
+    signals: new Array<NodeJS.Signals | null>(opts.nproc).fill(null),
+  };
+}
+
 /** runWorld for backend 'mpi': one mpirun, its output and exits split by rank. */
 async function runMpiWorld(opts: WorldOptions, timeoutMs: number): Promise<WorldResult> {
   const { nproc } = opts;
   if (opts.rankEnv || opts.onSpawn) throw new Error("runWorld: rankEnv and onSpawn are not available with backend 'mpi'");
-  const script = isAbsolute(opts.script) ? opts.script : resolve(REPO_ROOT, opts.script);
-  const [cmd, argv] = scriptCommand(script, opts.args);
-  const verbose = process.env.FLOTILLA_TEST_VERBOSE === '1';
-  const outputs: string[] = new Array(nproc).fill('');
-  const codes: (number | null)[] = new Array(nproc).fill(null);
-  const signals: (NodeJS.Signals | null)[] = new Array(nproc).fill(null);
+  const { cmd, argv, verbose, outputs, codes, signals } = worldState(opts);
   const exited = new Set<number>();
   let mpirunOut = '';
   let timer: NodeJS.Timeout | undefined;

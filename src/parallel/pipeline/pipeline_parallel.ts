@@ -21,9 +21,8 @@
 //      locally when one rank holds both stages) so both hold the sum (the same bits: a + b = b + a);
 //      the norm counts the first stage's copy only, clipping scales both (clipTargets), and both
 //      take identical optimizer steps;
-//   2. data parallel: with zero = 0 every local gradient is averaged over the dp group by one
-//      all-reduce of a flat float buffer; with zero 1, 2 or 3 the stages' DataParallel reduces its
-//      buckets (see [Note: pipeline x ZeRO]);
+//   2. data parallel: the stages' DataParallel (zero 0, 1, 2 or 3) reduces its buckets once (see
+//      [Note: pipeline x ZeRO]);
 //   3. the loss (mean over micro-batches and dp replicas) is all-reduced so every rank reports it.
 // With { sync: false } steps 1-2 are left for a later step (gradient accumulation across steps:
 // pass lossScale 1/(m * steps) to weigh them).
@@ -34,16 +33,16 @@
 // optimizer started, zero 3 gathers each unit around its forward (and frees it after, with
 // reshardAfterForward). Gradients are not touched, so it may run between any two steps.
 // memory(optimizerBytes) reports this rank's parameter, gradient and optimizer bytes (the trainer's
-// memory line): DataParallel's report with zero >= 1, else the stage tensors counted.
+// memory line): DataParallel's report with a dp group, else the stage tensors counted.
 //
-// [Note: pipeline x ZeRO] With zero >= 1 (and a dp group), this rank's stage modules are registered
+// [Note: pipeline x ZeRO] With a dp group (any zero stage, 0 included), this rank's stage modules are registered
 // in one container module (virtual stages share it) wrapped in a DataParallel over the dp group with
 // that zero stage and accumulate 'reduceLast'. Every backward of the schedule runs with gradient
 // sync off and accumulates into the full gradient buckets (allocated at the start of the step); the
 // zero-bubble W pass writes its hand-made weight gradients into the same buckets (Executor
 // handGrads) and marks them. After the schedule the tied copies are summed in the buckets (a sum
 // before the dp average equals one after it), then reduceAccumulated() + finishGradSync() reduce
-// every bucket once: all-reduce (zero 1) or reduce-scatter into this rank's shard (zero 2, 3). The
+// every bucket once: all-reduce (zero 0, 1) or reduce-scatter into this rank's shard (zero 2, 3). The
 // optimizer takes `grads` (ShardedPipelineGrads): DataParallel's step pieces (this rank's shards),
 // and the parameter all-gather after the step is DataParallel's (pieceStepped/afterStep). The norm
 // counts each element of the whole model once: pieces summed over the pipeline group and, when
@@ -64,7 +63,7 @@
 // cost: opts.costs), buildSchedule/validateSchedule (schedule.ts), and stageNamedParameters() for
 // mapping local parameters to their whole-model names (checkpoints; the tied head copy appears as
 // 'wte.weight' on the last stage too). Micro-batches must all have the same shape.
-import { Tensor, cat, elementSize, noGrad, tensor, tidy } from '../../tensor/index.js';
+import { Tensor, elementSize, noGrad, tensor, tidy } from '../../tensor/index.js';
 import type { ProcessGroup } from '../../distributed/process_group.js';
 import type { DeviceMesh } from '../../distributed/mesh.js';
 import type { GPTConfig } from '../../models/gpt.js';
@@ -137,7 +136,7 @@ export class PipelineParallel {
   readonly dpGroup: ProcessGroup | undefined;
   /** The gradient API (grads.ts) for clipping, norms and the optimizer's `grads`. */
   readonly grads: GradientSource;
-  /** With zero >= 1 and a dp group: the stages' data-parallel wrapper (see [Note: pipeline x ZeRO]). */
+  /** With a dp group: the stages' data-parallel wrapper, any zero stage (see [Note: pipeline x ZeRO]). */
   readonly dp: DataParallel | undefined;
   private readonly executor: Executor;
   private readonly slotOf = new Map<Tensor, ParamSlot>();
@@ -156,7 +155,7 @@ export class PipelineParallel {
     this.stages = this.schedule.stagesOf(rank).sort((a, b) => a - b)
       .map((s) => new Stage(s, this.schedule.numStages, cfg, specs[s]!, opts.initSeed));
     const zero = opts.zero ?? 0;
-    if (zero >= 1 && this.dpGroup) {
+    if (this.dpGroup) {
       this.dp = new DataParallel(new LocalStages(this.stages), {
         group: this.dpGroup, zero, accumulate: 'reduceLast',
         ...(opts.shardGroup ? { shardGroup: opts.shardGroup } : {}),
@@ -174,7 +173,7 @@ export class PipelineParallel {
     this.grads = this.dp ? new ShardedPipelineGrads(this, this.dp) : new PipelineGrads(this);
   }
 
-  /** The gradient a backward accumulates into: the bucket view (zero >= 1) or param.grad. */
+  /** The gradient a backward accumulates into: the bucket view (with a dp group) or param.grad. */
   private accumulatingGrad(param: Tensor): Tensor {
     const slot = this.slotOf.get(param);
     if (slot) return gradView(slot);
@@ -271,11 +270,10 @@ export class PipelineParallel {
   }
 
   /**
-   * This rank's parameter, gradient and optimizer bytes (pass the optimizer's stateBytes()). With
-   * zero >= 1 it is the stages' DataParallel's report (resident buckets and shards, the step peak).
-   * With zero 0 the stage parameters and their gradients are counted; the peak adds what syncGrads
-   * holds besides them: the flat copy of every gradient all-reduced over dp, and the tied embedding's
-   * received copy. Activations are not counted in either case.
+   * This rank's parameter, gradient and optimizer bytes (pass the optimizer's stateBytes()). With a
+   * dp group it is the stages' DataParallel's report (resident buckets and shards, the step peak).
+   * Without one the stage parameters and their gradients are counted; the peak adds the tied
+   * embedding's received copy. Activations are not counted in either case.
    */
   memory(optimizerBytes = 0): MemoryReport {
     if (this.dp) return this.dp.memory(optimizerBytes);
@@ -291,7 +289,7 @@ export class PipelineParallel {
         }
       }
       const tied = this.tiedCopies();
-      const extra = (this.dpGroup ? grads : 0) + (tied?.peer !== undefined ? bytes(tied.mine[0]!) : 0);
+      const extra = tied?.peer !== undefined ? bytes(tied.mine[0]!) : 0;
       return { paramBytes: params, gradBytes: grads, optimizerBytes, peakBytes: params + grads + extra + optimizerBytes };
     });
   }
@@ -318,20 +316,6 @@ export class PipelineParallel {
       if (this.dp) {
         this.dp.reduceAccumulated();
         this.dp.finishGradSync();
-      } else if (this.dpGroup) {
-        const grads = this.parameters().map((p) => {
-          const g = p.grad;
-          if (!g) throw new Error('pipeline: a parameter has no gradient (run step() first)');
-          return g;
-        });
-        const flat = cat(grads.map((g) => g.reshape(-1)));
-        this.dpGroup.allReduce(flat, 'avg').wait();
-        let off = 0;
-        for (const g of grads) {
-          const n = g.numel();
-          g.copy_(flat.narrow(0, off, n).view(...g.shape));
-          off += n;
-        }
       }
     }));
   }
@@ -399,7 +383,7 @@ export class PipelineGrads implements GradientSource {
 }
 
 /**
- * The gradient API when the stages' gradients live in a DataParallel with zero 1, 2 or 3 (see
+ * The gradient API when the stages' gradients live in a DataParallel, any zero stage (see
  * [Note: pipeline x ZeRO]): reads, shards and the optimizer's pieces are DataParallel's; the norm
  * is summed over the pipeline group (and the shard group when gradients are sharded) and counts the
  * tied embedding once.
