@@ -2,6 +2,7 @@
 #include "common.h"
 
 #include <csignal>
+#include <dlfcn.h>
 #ifdef __linux__
 #include <sys/prctl.h>
 #endif
@@ -19,12 +20,28 @@ static Napi::Value SetParentDeathSignal(const Napi::CallbackInfo& info) {
 #endif
 }
 
+// blasInfo(): which BLAS libtorch's CPU matmuls run in, and which kernels it chose for this CPU:
+// { core, config } from OpenBLAS (found by symbol, as libtorch links it), or undefined for another
+// BLAS.
+static Napi::Value BlasInfo(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  using NameFn = char* (*)();
+  auto core = reinterpret_cast<NameFn>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  auto config = reinterpret_cast<NameFn>(dlsym(RTLD_DEFAULT, "openblas_get_config"));
+  if (core == nullptr) return env.Undefined();
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("core", std::string(core()));
+  o.Set("config", config != nullptr ? std::string(config()) : std::string());
+  return o;
+}
+
 Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
   main_thread = std::this_thread::get_id();
   InitTensor(env, exports);
   InitAutograd(env, exports);
   InitComm(env, exports);
   exports.Set("setParentDeathSignal", Napi::Function::New(env, SetParentDeathSignal));
+  exports.Set("blasInfo", Napi::Function::New(env, BlasInfo));
   return exports;
 }
 

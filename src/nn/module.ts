@@ -1,6 +1,6 @@
 // Module: named parameters, buffers and children, train/eval, and state dicts. Models know nothing
 // about ranks; parallelism wraps them from outside (src/parallel).
-import { Tensor, keep, noGrad, isGradEnabled } from '../tensor/index.js';
+import { Tensor, keep, noGrad, isGradEnabled, tidy } from '../tensor/index.js';
 
 export type Parameter = Tensor;
 
@@ -12,6 +12,14 @@ export type ForwardHook = (module: Module, args: unknown[], output: unknown) => 
 // [Note: module call path] Parents invoke children through call(), never forward() directly, so
 // that forward pre/post hooks see every invocation: this is how parallel wrappers act around a
 // unit's forward (FSDP gathers before it and frees after it) without the model knowing.
+//
+// [Note: forward scope] A forward's intermediates die with the call, as a Python forward's locals
+// do: call() releases this process's handles on every tensor made inside that its output does not
+// reach. Autograd keeps what backward needs (its saved tensors) and frees each as soon as backward
+// has used it, so a backward pass reuses the memory, still in cache, of the activations it has
+// consumed. Held until the training step's tidy() ended instead, they made a GPT backward ~10%
+// slower than PyTorch's (docs/BENCHMARKS.md, step section). A module that stores a tensor made in
+// forward for later (a cache) keep()s it and disposes it itself.
 export class Module {
   training = true;
   private readonly params = new Map<string, Tensor>();
@@ -21,14 +29,19 @@ export class Module {
   private readonly postHooks = new Map<number, ForwardHook>();
   private static nextHookId = 0;
 
-  /** Runs forward with this module's hooks around it: the one way a module is invoked. */
+  /**
+   * Runs forward with this module's hooks around it: the one way a module is invoked. The call is a
+   * tidy() scope ([Note: forward scope]): tensors made inside that the output does not reach (a
+   * tensor, or arrays and plain objects of them) are released when it returns.
+   */
   call<A extends unknown[], R>(this: { forward(...a: A): R }, ...args: A): R {
     const self = this as unknown as Module;
-    if (self.preHooks.size === 0 && self.postHooks.size === 0) return this.forward(...args);
-    for (const h of self.preHooks.values()) h(self, args);
-    const out = this.forward(...args);
-    for (const h of self.postHooks.values()) h(self, args, out);
-    return out;
+    return tidy(() => {
+      for (const h of self.preHooks.values()) h(self, args);
+      const out = this.forward(...args);
+      for (const h of self.postHooks.values()) h(self, args, out);
+      return out;
+    });
   }
 
   /** Adds a hook that runs before every forward; returns its remover. */

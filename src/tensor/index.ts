@@ -20,3 +20,16 @@ export function getNumThreads(): number {
 export function torchVersion(): string {
   return native.version().torch;
 }
+/**
+ * The BLAS under libtorch's CPU matmuls and the kernels it picked, for a run's first lines, e.g.
+ * "OpenBLAS 0.3.21 Cooperlake kernels". OpenBLAS picks by CPU when it loads unless OPENBLAS_CORETYPE
+ * pins a kernel set; matmuls are most of a step on CPU, so a pin is worth seeing (pinning Haswell's
+ * AVX2 kernels on an AVX-512 machine made a GPT step 1.5x slower in docs/BENCHMARKS.md).
+ */
+export function describeBlas(): string {
+  const info = native.blasInfo();
+  if (info === undefined) return 'BLAS not OpenBLAS';
+  const version = /OpenBLAS\s+(\S+)/.exec(info.config)?.[1];
+  const pinned = process.env.OPENBLAS_CORETYPE?.trim() ? ' (pinned by OPENBLAS_CORETYPE)' : '';
+  return `OpenBLAS${version ? ` ${version}` : ''} ${info.core} kernels${pinned}`;
+}

@@ -73,6 +73,8 @@ export interface Native {
   release(t: TensorHandle): boolean;
   isLive(t: TensorHandle): boolean;
   version(): { torch: string; parallel: string };
+  /** OpenBLAS's kernel choice for this CPU and its build line; undefined when libtorch uses another BLAS. */
+  blasInfo(): { core: string; config: string } | undefined;
   /** Linux: deliver signo to this process when its parent exits (false elsewhere). */
   setParentDeathSignal(signo: number): boolean;
 

@@ -6,7 +6,7 @@
 // buffers] in src/parallel/grad_buffer.ts) and hand it the ranges this rank updates.
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { liveTensors, manualSeed, noGrad, setNumThreads, tensor, tidy, torchVersion, type Tensor } from '../tensor/index.js';
+import { describeBlas, liveTensors, manualSeed, noGrad, setNumThreads, tensor, tidy, torchVersion, type Tensor } from '../tensor/index.js';
 import { GPT, gptNumParams } from '../models/gpt.js';
 import { AdamW, warmupCosine, constant } from '../optim/index.js';
 import { initProcessGroup, destroyProcessGroup, describeBackend, getWorld, isInitialized, type ProcessGroup } from '../distributed/process_group.js';
@@ -86,7 +86,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
   try {
     setNumThreads(cfg.train.threads);
     const how = { torchrun: 'RANK/WORLD_SIZE (flotilla run, torchrun)', mpirun: 'mpirun', srun: 'srun', single: 'a single process' }[env.source];
-    header('world', `${describeBackend(world)}, started by ${how}, ${cfg.train.threads} thread(s) per rank, libtorch ${torchVersion()}`);
+    header('world', `${describeBackend(world)}, started by ${how}, ${cfg.train.threads} thread(s) per rank, libtorch ${torchVersion()}, ${describeBlas()}`);
 
     // ---- mesh: pp x dpReplicate x dpShard; the data-parallel rank decides what a rank reads
     const layout = resolveLayout(cfg.parallel, env.worldSize);
