@@ -3,6 +3,9 @@
 
 #include <csignal>
 #include <dlfcn.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #ifdef __linux__
 #include <sys/prctl.h>
 #endif
@@ -35,6 +38,21 @@ static Napi::Value BlasInfo(const Napi::CallbackInfo& info) {
   return o;
 }
 
+// setMallocOptions(mmapThreshold, trimThreshold): glibc's mallopt for the two settings that decide
+// whether freed tensor memory goes back to the OS. Returns false where the C library is not glibc or
+// refuses a value. The values are chosen in TypeScript (src/tensor/allocator.ts).
+static Napi::Value SetMallocOptions(const Napi::CallbackInfo& info) {
+#ifdef __GLIBC__
+  int mmap_threshold = info[0].As<Napi::Number>().Int32Value();
+  int trim_threshold = info[1].As<Napi::Number>().Int32Value();
+  bool ok = mallopt(M_MMAP_THRESHOLD, mmap_threshold) == 1;
+  ok = mallopt(M_TRIM_THRESHOLD, trim_threshold) == 1 && ok;
+  return Napi::Boolean::New(info.Env(), ok);
+#else
+  return Napi::Boolean::New(info.Env(), false);
+#endif
+}
+
 Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
   main_thread = std::this_thread::get_id();
   InitTensor(env, exports);
@@ -42,6 +60,7 @@ Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
   InitComm(env, exports);
   exports.Set("setParentDeathSignal", Napi::Function::New(env, SetParentDeathSignal));
   exports.Set("blasInfo", Napi::Function::New(env, BlasInfo));
+  exports.Set("setMallocOptions", Napi::Function::New(env, SetMallocOptions));
   return exports;
 }
 

@@ -183,3 +183,38 @@ test('gptNumParams counts from the config what the built GPT holds (bias, tied h
     gpt.dispose();
   }
 });
+
+test('a module call frees the intermediates of its forward at once; what the output reaches survives; a stored, un-kept tensor errors clearly', () => {
+  class Stack extends Module {
+    readonly a = this.registerModule('a', new Linear(6, 6));
+    readonly b = this.registerModule('b', new Linear(6, 6));
+    stash?: Tensor;
+    forward(x: Tensor): { y: Tensor; parts: Tensor[] } {
+      const h1 = this.a.call(x).relu(); // intermediates: the linear's output, h1, h2
+      const h2 = h1.mul(2);
+      this.stash = h2;
+      const y = this.b.call(h2).sum();
+      return { y, parts: [h1.view(-1)] };
+    }
+  }
+  manualSeed(0);
+  const m = new Stack();
+  const x = zeros([3, 6]).add(0.5);
+  const before = liveTensors();
+  tidy(() => {
+    const out = m.call(x);
+    // Only the two outputs hold handles now; autograd holds what backward needs by itself.
+    assert.equal(liveTensors(), before + 2, 'intermediates are released when the call returns');
+    out.y.backward();
+    assert.throws(() => m.stash!.sum(), /tensor was disposed .*a module call is a scope too: keep\(\)/);
+  });
+  assert.equal(liveTensors(), before);
+  // The gradients equal those of the same forward written out in one scope.
+  const grads = m.parameters().map((p) => p.grad!.toNumbers());
+  for (const p of m.parameters()) p.grad = undefined;
+  tidy(() => {
+    const h = m.a.forward(x).relu().mul(2);
+    m.b.forward(h).sum().backward();
+  });
+  m.parameters().forEach((p, i) => assert.deepEqual(p.grad!.toNumbers(), grads[i], `gradient ${i}`));
+});

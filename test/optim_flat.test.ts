@@ -5,6 +5,7 @@ import assert from 'node:assert/strict';
 import * as ft from '../src/tensor/index.js';
 import { GPT } from '../src/models/gpt.js';
 import { AdamW, SGD } from '../src/optim/index.js';
+import { UPDATE_CHUNK } from '../src/optim/optimizer.js';
 import { initProcessGroup, destroyProcessGroup } from '../src/distributed/process_group.js';
 import { DataParallel } from '../src/parallel/data_parallel.js';
 
@@ -59,6 +60,30 @@ test('AdamW and SGD over flat buckets equal the per-parameter step in float32 (m
       assert.ok(d <= 1e-6, `${o1.constructor.name}: flat and per-parameter steps differ by ${d}`);
       dp.dispose();
     }
+  } finally {
+    destroyProcessGroup();
+  }
+});
+
+test('an update split into cache-sized chunks equals the per-parameter step (runs and mixed weight decay cross chunk edges)', () => {
+  const world = initProcessGroup();
+  try {
+    // Width 256: one 4 MiB bucket holds ~0.8M elements, so runs span several UPDATE_CHUNKs and the
+    // per-element decay tensor is cut at the same edges.
+    const wide = { ...cfg, nEmbd: 256, nHead: 4, nLayer: 1 };
+    const flat = new GPT(wide, { initSeed: 7 }), ref = new GPT(wide, { initSeed: 7 });
+    const dp = new DataParallel(flat, { group: world, bucketSizeMb: 4 });
+    const longest = Math.max(...dp.pieceLayout().map((p) => p.data.numel()));
+    assert.ok(longest > 2 * UPDATE_CHUNK, `the bucket (${longest} elements) must span several chunks of ${UPDATE_CHUNK}`);
+    const o1 = new AdamW(groups(flat), { lr: 3e-3, betas: [0.9, 0.95] }, { grads: dp });
+    const o2 = new AdamW(groups(ref), { lr: 3e-3, betas: [0.9, 0.95] });
+    for (let s = 0; s < 4; s++) {
+      step(flat, dp, o1, s);
+      step(ref, undefined, o2, s);
+    }
+    const d = maxRel(flat, ref);
+    assert.ok(d <= 1e-6, `chunked flat and per-parameter steps differ by ${d}`);
+    dp.dispose();
   } finally {
     destroyProcessGroup();
   }

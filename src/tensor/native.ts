@@ -3,6 +3,7 @@ import { createRequire } from 'node:module';
 import { existsSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { tuneAllocator } from './allocator.js';
 
 /**
  * An owned at::Tensor: a slot in the addon's handle table (index and generation packed in a
@@ -75,6 +76,8 @@ export interface Native {
   version(): { torch: string; parallel: string };
   /** OpenBLAS's kernel choice for this CPU and its build line; undefined when libtorch uses another BLAS. */
   blasInfo(): { core: string; config: string } | undefined;
+  /** glibc mallopt of M_MMAP_THRESHOLD and M_TRIM_THRESHOLD; false where not glibc or refused. */
+  setMallocOptions(mmapThreshold: number, trimThreshold: number): boolean;
   /** Linux: deliver signo to this process when its parent exits (false elsewhere). */
   setParentDeathSignal(signo: number): boolean;
 
@@ -119,7 +122,9 @@ function load(): Native {
   if (!existsSync(file)) {
     throw new Error(`flotilla native addon not built (${file} missing): run \`npm run build:native\` (or \`bash scripts/ensure.sh\`)`);
   }
-  return createRequire(import.meta.url)(file) as Native;
+  const addon = createRequire(import.meta.url)(file) as Native;
+  tuneAllocator((mmap, trim) => addon.setMallocOptions(mmap, trim)); // [Note: allocator tuning]
+  return addon;
 }
 
 export const native: Native = load();

@@ -56,7 +56,7 @@ export class Tensor {
 
   /** The native handle; throws if disposed. */
   get handle(): TensorHandle {
-    if (this.h === undefined) throw new Error('tensor was disposed (used after dispose() or after its tidy() scope ended)');
+    if (this.h === undefined) throw new Error('tensor was disposed (used after dispose() or after its tidy() scope ended; a module call is a scope too: keep() what forward stores for later)');
     return this.h;
   }
 
