@@ -8,6 +8,7 @@
 // Under mpirun and srun, MASTER_ADDR / MASTER_PORT still come from the environment when set
 // (default 127.0.0.1:29500): neither launcher says where rank 0 listens.
 import { networkInterfaces } from 'node:os';
+import { allocatorChoice } from '../tensor/allocator.js';
 
 export type LaunchSource = 'torchrun' | 'mpirun' | 'srun' | 'single';
 
@@ -157,6 +158,11 @@ export function checkFlotillaEnv(env: Env = process.env, interfaces: () => strin
     if (present(env, name)) intVar(env, name, { positive: true });
   }
   if (present(env, 'FLOTILLA_KILL_GRACE_MS')) intVar(env, 'FLOTILLA_KILL_GRACE_MS');
+  try {
+    allocatorChoice(env);
+  } catch (e) {
+    throw new LaunchEnvError((e as Error).message);
+  }
   for (const name of ['FLOTILLA_GLOO_IFACE', 'GLOO_SOCKET_IFNAME']) {
     const iface = env[name]?.trim();
     if (!iface) continue;
