@@ -3,7 +3,7 @@
 // same run (trials alternate MPI, Gloo, PyTorch). Reports the median synced step, the median
 // compute-only step (no gradient sync), and the communication left exposed after backward
 // (synced - compute-only). Writes its section of docs/BENCHMARKS.md.
-//   node --import tsx bench/ddp.ts [--steps 10] [--bucket-mb 2,25] [--trials 3]
+//   node --import tsx bench/ddp.ts [--steps 10] [--bucket-mb 2,25] [--trials 3] [--no-write]
 import { join } from 'node:path';
 import { runWorld } from '../test/helpers/world.js';
 import { median, writeSection, runTorchPeers, parseBench } from './report.js';
@@ -91,7 +91,7 @@ const cpuTable = [
 console.log(sections.join('\n\n'));
 console.log(cpuTable);
 const params = all('mpi', bucketSizes[0]!)[0]!.params;
-writeSection('ddp', [
+if (!argv.includes('--no-write')) writeSection('ddp', [
   '## Data parallel: GPT training step on 2 ranks',
   '',
   `GPT with ${params.toLocaleString('en-US')} parameters (4 layers, width 256, 8 heads, context 128, vocab 256), 8 x 128 tokens per rank, ` +
