@@ -10,6 +10,7 @@ import { AdamW } from '../src/optim/index.js';
 import { initProcessGroup, destroyProcessGroup } from '../src/distributed/process_group.js';
 import { DataParallel } from '../src/parallel/index.js';
 import { readdirSync, readFileSync } from 'node:fs';
+import { median } from './report.js';
 
 /** CPU milliseconds each thread of this process has run, by thread id. */
 function threadCpu(): Map<number, number> {
@@ -84,7 +85,7 @@ for (let i = 0; i < steps; i++) {
   }
   world.barrier().wait();
 }
-const optMedian = [...optMs].sort((a, b) => a - b)[Math.floor(optMs.length / 2)]!;
+const optMedian = median(optMs);
 const local = passes.map((p) => p + optMedian);
 const cpu = { main: mainCpu / steps, other: otherCpu / steps };
 console.log('BENCH ' + JSON.stringify({ rank: world.rank, synced, local, exposed, opt: optMs, cpu, params: model.numParams() }));

@@ -490,23 +490,24 @@ class CommHandle : public Napi::ObjectWrap<CommHandle> {
   }
   // send(ptr, bytes, dst, tag) / recv(ptr, bytes, src, tag): non-blocking underneath.
   Napi::Value Send(const Napi::CallbackInfo& info) {
-    return Guard(info.Env(), "Send", [&]() -> Napi::Value {
-      void* p = Ptr(info[0]);
-      int n = Count(info[1], "bytes");
-      int peer = info[2].As<Napi::Number>().Int32Value();
-      int tag = info[3].As<Napi::Number>().Int32Value();
-      MPI_Comm c = comm->comm;
-      return Issue(info.Env(), "MPI_Isend", true, [=](MPI_Request* q) { return MPI_Isend(p, n, MPI_BYTE, peer, tag, c, q); });
+    return PointToPoint(info, "Send", "MPI_Isend", [](void* p, int n, int peer, int tag, MPI_Comm c, MPI_Request* q) {
+      return MPI_Isend(p, n, MPI_BYTE, peer, tag, c, q);
     });
   }
   Napi::Value Recv(const Napi::CallbackInfo& info) {
-    return Guard(info.Env(), "Recv", [&]() -> Napi::Value {
+    return PointToPoint(info, "Recv", "MPI_Irecv", [](void* p, int n, int peer, int tag, MPI_Comm c, MPI_Request* q) {
+      return MPI_Irecv(p, n, MPI_BYTE, peer, tag, c, q);
+    });
+  }
+  template <typename Post>
+  Napi::Value PointToPoint(const Napi::CallbackInfo& info, const char* what, const char* op, Post post) {
+    return Guard(info.Env(), what, [&]() -> Napi::Value {
       void* p = Ptr(info[0]);
       int n = Count(info[1], "bytes");
       int peer = info[2].As<Napi::Number>().Int32Value();
       int tag = info[3].As<Napi::Number>().Int32Value();
       MPI_Comm c = comm->comm;
-      return Issue(info.Env(), "MPI_Irecv", true, [=](MPI_Request* q) { return MPI_Irecv(p, n, MPI_BYTE, peer, tag, c, q); });
+      return Issue(info.Env(), op, true, [=](MPI_Request* q) { return post(p, n, peer, tag, c, q); });
     });
   }
   Napi::Value Barrier(const Napi::CallbackInfo& info) {

@@ -42,51 +42,49 @@ function maxRel(a: GPT, b: GPT): number {
   return worst;
 }
 
-test('AdamW and SGD over flat buckets equal the per-parameter step in float32 (mixed weight decay in one bucket)', () => {
+type MakeOpt = (ps: ReturnType<typeof groups>, x: object) => { step(): void; zeroGrad(): void };
+
+/**
+ * Trains the same GPT twice, with the optimizer over DataParallel's flat buckets and per parameter,
+ * and returns the flat run's wrapper (for layout checks before training) and their largest difference.
+ */
+function flatVsPerParameter(c: typeof cfg, bucketSizeMb: number, make: MakeOpt, steps: number, check?: (dp: DataParallel<GPT>) => void): number {
   const world = initProcessGroup();
   try {
-    for (const make of [
-      (ps: ReturnType<typeof groups>, x: object) => new AdamW(ps, { lr: 3e-3, betas: [0.9, 0.95] }, x),
-      (ps: ReturnType<typeof groups>, x: object) => new SGD(ps, { lr: 0.1, momentum: 0.9 }, x),
-    ]) {
-      const flat = new GPT(cfg, { initSeed: 3 }), ref = new GPT(cfg, { initSeed: 3 });
-      const dp = new DataParallel(flat, { group: world, bucketSizeMb: 1 });
-      const o1 = make(groups(flat), { grads: dp }), o2 = make(groups(ref), {});
-      for (let s = 0; s < 6; s++) {
-        step(flat, dp, o1, s);
-        step(ref, undefined, o2, s);
-      }
-      const d = maxRel(flat, ref);
-      assert.ok(d <= 1e-6, `${o1.constructor.name}: flat and per-parameter steps differ by ${d}`);
-      dp.dispose();
+    const flat = new GPT(c, { initSeed: 3 }), ref = new GPT(c, { initSeed: 3 });
+    const dp = new DataParallel(flat, { group: world, bucketSizeMb });
+    check?.(dp);
+    const o1 = make(groups(flat), { grads: dp }), o2 = make(groups(ref), {});
+    for (let s = 0; s < steps; s++) {
+      step(flat, dp, o1, s);
+      step(ref, undefined, o2, s);
     }
+    dp.dispose();
+    return maxRel(flat, ref);
   } finally {
     destroyProcessGroup();
+  }
+}
+
+test('AdamW and SGD over flat buckets equal the per-parameter step in float32 (mixed weight decay in one bucket)', () => {
+  for (const [name, make] of [
+    ['AdamW', (ps, x) => new AdamW(ps, { lr: 3e-3, betas: [0.9, 0.95] }, x)],
+    ['SGD', (ps, x) => new SGD(ps, { lr: 0.1, momentum: 0.9 }, x)],
+  ] as [string, MakeOpt][]) {
+    const d = flatVsPerParameter(cfg, 1, make, 6);
+    assert.ok(d <= 1e-6, `${name}: flat and per-parameter steps differ by ${d}`);
   }
 });
 
 test('an update split into cache-sized chunks equals the per-parameter step (runs and mixed weight decay cross chunk edges)', () => {
-  const world = initProcessGroup();
-  try {
-    // Width 256: one 4 MiB bucket holds ~0.8M elements, so runs span several UPDATE_CHUNKs and the
-    // per-element decay tensor is cut at the same edges.
-    const wide = { ...cfg, nEmbd: 256, nHead: 4, nLayer: 1 };
-    const flat = new GPT(wide, { initSeed: 7 }), ref = new GPT(wide, { initSeed: 7 });
-    const dp = new DataParallel(flat, { group: world, bucketSizeMb: 4 });
+  // Width 256: one 4 MiB bucket holds ~0.8M elements, so runs span several UPDATE_CHUNKs and the
+  // per-element decay tensor is cut at the same edges.
+  const wide = { ...cfg, nEmbd: 256, nHead: 4, nLayer: 1 };
+  const d = flatVsPerParameter(wide, 4, (ps, x) => new AdamW(ps, { lr: 3e-3, betas: [0.9, 0.95] }, x), 4, (dp) => {
     const longest = Math.max(...dp.pieceLayout().map((p) => p.data.numel()));
     assert.ok(longest > 2 * UPDATE_CHUNK, `the bucket (${longest} elements) must span several chunks of ${UPDATE_CHUNK}`);
-    const o1 = new AdamW(groups(flat), { lr: 3e-3, betas: [0.9, 0.95] }, { grads: dp });
-    const o2 = new AdamW(groups(ref), { lr: 3e-3, betas: [0.9, 0.95] });
-    for (let s = 0; s < 4; s++) {
-      step(flat, dp, o1, s);
-      step(ref, undefined, o2, s);
-    }
-    const d = maxRel(flat, ref);
-    assert.ok(d <= 1e-6, `chunked flat and per-parameter steps differ by ${d}`);
-    dp.dispose();
-  } finally {
-    destroyProcessGroup();
-  }
+  });
+  assert.ok(d <= 1e-6, `chunked flat and per-parameter steps differ by ${d}`);
 });
 
 test('optimizer state saved by parameter name loads into a fresh wrapper and training continues identically', () => {

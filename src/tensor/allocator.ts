@@ -27,21 +27,9 @@ export function allocatorChoice(env: NodeJS.ProcessEnv): AllocatorChoice {
   return { tuned: true };
 }
 
-let applied: AllocatorChoice | undefined;
-
-/** Applies the choice once per process, through set (the addon's mallopt); false where it failed. */
+/** Applies the choice through set (the addon's mallopt, once, when the addon loads). */
 export function tuneAllocator(set: (mmapThreshold: number, trimThreshold: number) => boolean): AllocatorChoice {
-  if (applied) return applied;
   const choice = allocatorChoice(process.env);
-  if (choice.tuned && !set(MALLOC_OPTIONS.mmapThreshold, MALLOC_OPTIONS.trimThreshold)) {
-    applied = { tuned: false, why: 'not glibc' };
-  } else {
-    applied = choice;
-  }
-  return applied;
-}
-
-/** What tuneAllocator decided in this process (undefined before the addon loaded). */
-export function allocatorState(): AllocatorChoice | undefined {
-  return applied;
+  if (choice.tuned && !set(MALLOC_OPTIONS.mmapThreshold, MALLOC_OPTIONS.trimThreshold)) return { tuned: false, why: 'not glibc' };
+  return choice;
 }

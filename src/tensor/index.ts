@@ -24,7 +24,7 @@ export function torchVersion(): string {
  * The BLAS under libtorch's CPU matmuls and the kernels it picked, for a run's first lines, e.g.
  * "OpenBLAS 0.3.21 Cooperlake kernels". OpenBLAS picks by CPU when it loads unless OPENBLAS_CORETYPE
  * pins a kernel set; matmuls are most of a step on CPU, so a pin is worth seeing (pinning Haswell's
- * AVX2 kernels on an AVX-512 machine made a GPT step 1.5x slower in docs/BENCHMARKS.md).
+ * AVX2 kernels on an AVX-512 machine made a GPT step about 1.6x slower in docs/BENCHMARKS.md).
  */
 export function describeBlas(): string {
   const info = native.blasInfo();
