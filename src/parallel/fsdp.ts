@@ -58,6 +58,8 @@ export class FsdpUnits {
   private recordingForward: UnitState[] = [];
   private recordingBackward: UnitState[] = [];
   private readonly backwardSeen = new Set<UnitState>();
+  /** The first failed all-gather's error: see [Note: failed gather]. */
+  private failure: { error: unknown } | undefined;
 
   /** Chooses the units and the parameter group (bucket) of each, in bucket order. */
   static plan(model: Module, named: [string, Tensor][], policy: UnitPolicy = defaultUnitPolicy): UnitPlan {
@@ -145,26 +147,43 @@ export class FsdpUnits {
     const b = u.bucket;
     if (allocStorage(b.data)) this.opts.onMemoryChange();
     const views = Array.from({ length: this.group.size }, (_, k) => b.data.narrow(0, k * b.shardNumel, b.shardNumel));
-    u.work = this.group.allGather(views, b.shardData!);
+    try {
+      u.work = this.group.allGather(views, b.shardData!);
+    } catch (e) {
+      for (const v of views) v.dispose();
+      throw e;
+    }
     u.views = views;
     u.state = 'gathering';
   }
 
+  // [Note: failed gather] After a failed all-gather the group is unusable (a timed-out or broken
+  // collective), so the units keep the first error: whatever needs parameters later rethrows that
+  // same error and issues nothing, and the clean-up paths (free, afterStep, dispose) neither wait
+  // on the other in-flight gathers nor free memory they may still write. No later error can then
+  // replace the one the user must see.
   private gather(u: UnitState): void {
+    if (this.failure) throw this.failure.error;
     if (u.state === 'free') this.issueGather(u);
     if (u.state === 'gathering') {
+      const work = u.work!;
+      const views = u.views!;
+      u.work = undefined;
+      u.views = undefined;
       try {
-        u.work!.wait();
+        work.wait();
+      } catch (e) {
+        this.failure = { error: e };
+        throw e;
       } finally {
-        for (const v of u.views!) v.dispose();
-        u.work = undefined;
-        u.views = undefined;
+        for (const v of views) v.dispose();
       }
       u.state = 'ready';
     }
   }
 
   private free(u: UnitState): void {
+    if (this.failure) return; // see [Note: failed gather]
     if (u.state === 'gathering') this.gather(u); // never free memory a collective is writing
     if (u.state !== 'ready') return;
     freeStorage(u.bucket.data);
@@ -204,8 +223,11 @@ export class FsdpUnits {
   }
 
   dispose(): void {
-    for (const u of this.units) if (u.state === 'gathering') this.gather(u);
-    for (const r of this.removers) r();
+    try {
+      for (const u of this.units) if (u.state === 'gathering' && !this.failure) this.gather(u);
+    } finally {
+      for (const r of this.removers) r();
+    }
     this.removers.length = 0;
   }
 }
