@@ -9,6 +9,7 @@
 //           ranks and the same global batch; wall time per step.
 import * as ft from '../src/tensor/index.js';
 import { GPT, type GPTConfig } from '../src/models/gpt.js';
+import { gptPipeline } from '../src/models/gpt_parallel.js';
 import { AdamW } from '../src/optim/index.js';
 import { initProcessGroup, destroyProcessGroup } from '../src/distributed/process_group.js';
 import { DataParallel } from '../src/parallel/data_parallel.js';
@@ -71,7 +72,7 @@ if (o.mode === 'bubble') {
   const rows: unknown[] = [];
   for (const s of o.schedules) {
     for (const m of o.micros) {
-      const pp = new PipelineParallel(o.cfg, { pp: world, schedule: s.name, virtualStages: s.v, micro: m, initSeed: 1 });
+      const pp = new PipelineParallel(gptPipeline(o.cfg, { initSeed: 1 }), { pp: world, schedule: s.name, virtualStages: s.v, micro: m });
       const mbs = batches(m, o.b, 7);
       const measured: number[] = [];
       const kindMs: Record<'F' | 'B' | 'I' | 'W', number[]> = { F: [], B: [], I: [], W: [] };
@@ -117,7 +118,7 @@ if (o.mode === 'bubble') {
   out.rows = rows;
 } else if (o.mode === 'memory') {
   const s = o.schedules[0]!, m = o.micros[0]!;
-  const pp = new PipelineParallel(o.cfg, { pp: world, schedule: s.name, virtualStages: s.v, micro: m, initSeed: 1 });
+  const pp = new PipelineParallel(gptPipeline(o.cfg, { initSeed: 1 }), { pp: world, schedule: s.name, virtualStages: s.v, micro: m });
   const mbs = batches(m, o.b, 7);
   const before = process.memoryUsage().rss;
   for (let i = 0; i < o.steps; i++) ft.tidy(() => pp.step(mbs));
@@ -129,7 +130,7 @@ if (o.mode === 'bubble') {
   const m = o.micros[0]!, s = o.schedules[0]!;
   const times: number[] = [];
   if (o.layout === 'pp') {
-    const pp = new PipelineParallel(o.cfg, { pp: world, schedule: s.name, virtualStages: s.v, micro: m, initSeed: 1 });
+    const pp = new PipelineParallel(gptPipeline(o.cfg, { initSeed: 1 }), { pp: world, schedule: s.name, virtualStages: s.v, micro: m });
     const opt = new AdamW(pp.parameters(), { lr: 1e-4 });
     const mbs = batches(m, o.b, 7);
     for (let i = 0; i < o.warmup + o.steps; i++) {

@@ -4,6 +4,7 @@
 // reports the memory this rank holds. Prints one JSON line.
 import * as ft from '../src/tensor/index.js';
 import { GPT } from '../src/models/gpt.js';
+import { gptUnits } from '../src/models/gpt_parallel.js';
 import { AdamW } from '../src/optim/index.js';
 import { initProcessGroup, destroyProcessGroup } from '../src/distributed/process_group.js';
 import { DataParallel, type ZeroStage } from '../src/parallel/data_parallel.js';
@@ -14,7 +15,7 @@ const world = initProcessGroup();
 const out: Record<string, unknown> = { rank: world.rank };
 for (const zero of stages) {
   const model = new GPT({ vocabSize: 256, blockSize: 128, nLayer: 4, nHead: 8, nEmbd: 256, dropout: 0, bias: true }, { initSeed: 0 });
-  const dp = new DataParallel(model, { group: world, zero, bucketSizeMb: bucketMb });
+  const dp = new DataParallel(model, { group: world, zero, bucketSizeMb: bucketMb, units: gptUnits });
   const opt = new AdamW(model.parameters(), { lr: 1e-4 }, { grads: dp });
   ft.manualSeed(1 + world.rank);
   const x = ft.randint(0, 256, [8, 128]);

@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import { randn, randint, tidy, manualSeed, setNumThreads, setDefaultDtype, backward, grad, noGrad, type Tensor } from '../src/tensor/index.js';
 import { F } from '../src/nn/index.js';
 import { GPT, GPTStage, gptLoss } from '../src/models/gpt.js';
-import { planStages } from '../src/parallel/pipeline/stage.js';
+import { planStages } from '../src/models/gpt_parallel.js';
 
 setNumThreads(1);
 setDefaultDtype('float64');
@@ -122,7 +122,7 @@ test('config: [parallel] pp, ppSchedule, ppVirtualStages parse and are validated
 });
 
 test('measureGPTPartCosts times the embeddings, one block and the head; planStages splits by them', async () => {
-  const { measureGPTPartCosts } = await import('../src/parallel/pipeline/stage.js');
+  const { measureGPTPartCosts } = await import('../src/models/gpt_parallel.js');
   const cfg = { vocabSize: 32, blockSize: 16, nLayer: 6, nHead: 2, nEmbd: 16, dropout: 0, bias: true, tieEmbeddings: false };
   const costs = measureGPTPartCosts(cfg, { batch: 2, seqLen: 16, repeats: 1 });
   assert.equal(costs.length, 8);

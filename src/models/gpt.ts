@@ -115,7 +115,7 @@ abstract class GPTParts extends Module {
       this.lnF = this.registerModule('lnF', new LayerNorm(c.nEmbd, { bias: c.bias }));
       // Tied: the head reuses the embedding matrix, one leaf tensor used twice in the graph. A
       // stage with the head but not the embedding holds its own copy (same initial values); the
-      // pipeline sums the two copies' gradients (src/parallel/pipeline/stage.ts).
+      // pipeline sums the two copies' gradients (declared tied in src/models/gpt_parallel.ts).
       const shared = c.tieEmbeddings ? this.wte?.weight : undefined;
       this.head = this.registerModule('head', new Linear(c.nEmbd, c.vocabSize, { bias: false, weight: shared }));
     }

@@ -28,7 +28,7 @@ import type { Module } from '../nn/module.js';
 import type { ProcessGroup, Work } from '../distributed/process_group.js';
 import { GradBuffer, buildGradBuffers, gradView, shardRange, allocStorage, freeStorage, isAllocated, type Bucket, type ParamSlot } from './grad_buffer.js';
 import { Reducer } from './reducer.js';
-import { FsdpUnits, type UnitPolicy } from './fsdp.js';
+import { FsdpUnits, singleUnitWarning, type UnitPolicy } from './fsdp.js';
 import type { GradientSource, GradShard, StepPiece } from './grads.js';
 
 export type ZeroStage = 0 | 1 | 2 | 3;
@@ -62,7 +62,10 @@ export interface DataParallelOptions {
   nonFinite?: 'off' | 'raise' | 'skip';
   /** Broadcast parameters and buffers from rank 0 at wrap time (default true). */
   broadcastFromRank0?: boolean;
-  /** Zero 3: which modules are wrapping units (default: transformer blocks, embeddings and the head). */
+  /**
+   * Zero 3: which modules are wrapping units (unitsByClass / unitsByPath in fsdp.ts). Without it the
+   * whole model is one unit, gathered for the whole step, and a warning says how to split it.
+   */
   units?: UnitPolicy;
   /** Zero 3: free a unit's gathered parameters after its forward (default true; false keeps them until backward). */
   reshardAfterForward?: boolean;
@@ -139,6 +142,9 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     if (named.length === 0) throw new Error('DataParallel: the module has no trainable parameters');
     const sharded = this.zero >= 1;
     const units = this.zero === 3 ? FsdpUnits.plan(module, named, opts.units) : undefined;
+    if (units && units.units.length === 1 && this.group.rank === 0) {
+      process.emitWarning(singleUnitWarning(module), { type: 'FlotillaWarning', code: 'FLOTILLA_SINGLE_UNIT' });
+    }
     this.buffers = buildGradBuffers(named, {
       bucketBytes: (opts.bucketSizeMb ?? 25) * 2 ** 20,
       padMultiple: sharded ? this.shardGroup.size : this.group.size,

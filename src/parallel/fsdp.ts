@@ -1,8 +1,9 @@
 // ZeRO-3 / FSDP: parameters are sharded; each wrapping unit's full parameters exist only around its
 // forward and its backward.
 //
-// A unit is a module chosen by the unit policy (by default each transformer block, each embedding
-// and the output head) and owns the parameters of its subtree that no nested unit owns; the rest,
+// A unit is a module chosen by the unit policy (as FSDP2 users call fully_shard per block: by module
+// class or by path, see unitsByClass / unitsByPath; the GPT's policy is gptUnits in
+// src/models/gpt_parallel.ts) and owns the parameters of its subtree that no nested unit owns; the rest,
 // and any parameter two units share (a tied embedding and head), belong to the root unit. Each unit
 // is one bucket of the flat buffers (grad_buffer.ts), so gathering a unit is one all-gather of
 // every rank's shard into the bucket's full `data`, and freeing it releases the bucket's storage.
@@ -20,16 +21,53 @@
 import { isGradEnabled, type Tensor } from '../tensor/index.js';
 import type { Module } from '../nn/module.js';
 import type { ProcessGroup, Work } from '../distributed/process_group.js';
-import { Block } from '../nn/transformer.js';
-import { Embedding } from '../nn/layers.js';
 import { allocStorage, freeStorage, type Bucket } from './grad_buffer.js';
 
 /** Whether a module (by dotted name) is a wrapping unit of its own. */
 export type UnitPolicy = (name: string, module: Module) => boolean;
 
-/** Transformer blocks, embeddings and the output head (a module named 'head'). */
-export const defaultUnitPolicy: UnitPolicy = (name, m) =>
-  m instanceof Block || m instanceof Embedding || name === 'head' || name.endsWith('.head');
+/** A module class, for unitsByClass. */
+export type ModuleClass = abstract new (...args: any[]) => Module;
+
+/** A dotted module path: exact ('head'), with '*' for one path segment ('layers.*'), or a RegExp. */
+export type PathPattern = string | RegExp;
+
+function pathMatcher(p: PathPattern): (name: string) => boolean {
+  if (p instanceof RegExp) return (n) => p.test(n);
+  const re = new RegExp(`^${p.split('*').map((s) => s.replace(/[.+?^${}()|[\]\\]/g, '\\$&')).join('[^.]+')}$`);
+  return (n) => re.test(n);
+}
+
+/**
+ * Every module that is an instance of one of `classes` is a unit (e.g. the model's block class),
+ * and so is every module whose path matches one of `paths`.
+ */
+export function unitsByClass(classes: readonly ModuleClass[], opts: { paths?: readonly PathPattern[] } = {}): UnitPolicy {
+  const byPath = unitsByPath(opts.paths ?? []);
+  return (name, m) => classes.some((c) => m instanceof c) || byPath(name, m);
+}
+
+/** Every module whose dotted path matches one of `paths` is a unit ('layers.*', 'head', /^enc\.\d+$/). */
+export function unitsByPath(paths: readonly PathPattern[]): UnitPolicy {
+  const ms = paths.map(pathMatcher);
+  return (name) => ms.some((m) => m(name));
+}
+
+/** Without a policy the whole model is one unit: gathered for the whole step (see unitWarning). */
+export const wholeModelUnit: UnitPolicy = () => false;
+
+/**
+ * The warning for a plan with a single unit: its parameters are all gathered for the whole step,
+ * so ZeRO-3 saves nothing over ZeRO-2. Names the fix.
+ */
+export function singleUnitWarning(model: Module): string {
+  const kids = model.namedModules().filter(([n]) => n !== '' && !n.includes('.')).map(([n, m]) => `${n} (${m.constructor.name})`);
+  return (
+    'ZeRO-3: the model is one wrapping unit, so every parameter is gathered for the whole step and zero = 3 holds as much as zero = 2. ' +
+    'Split it into units by module class or path, e.g. DataParallel(model, { zero: 3, units: unitsByClass([YourBlock]) }) or units: unitsByPath([\'layers.*\']) ' +
+    `(in a parallelize plan: { units }); the model's top-level modules are ${kids.length > 0 ? kids.join(', ') : '(none)'}.`
+  );
+}
 
 export interface UnitPlan {
   /** Per unit, its parameters (the groups handed to the gradient buffer, one bucket each). */
@@ -62,7 +100,7 @@ export class FsdpUnits {
   private failure: { error: unknown } | undefined;
 
   /** Chooses the units and the parameter group (bucket) of each, in bucket order. */
-  static plan(model: Module, named: [string, Tensor][], policy: UnitPolicy = defaultUnitPolicy): UnitPlan {
+  static plan(model: Module, named: [string, Tensor][], policy: UnitPolicy = wholeModelUnit): UnitPlan {
     const nameOf = new Map(named.map(([n, p]) => [p, n]));
     const unitMods = model.namedModules().filter(([n, m]) => n !== '' && policy(n, m));
     const owner = new Map<Tensor, number>(); // param -> index into unitMods, innermost wins

@@ -10,6 +10,7 @@ import { DeviceMesh } from '../distributed/mesh.js';
 import type { ProcessGroup } from '../distributed/process_group.js';
 import type { ParallelConfig } from '../train/config.js';
 import { DataParallel, type AccumulateFlavour, type ZeroStage } from './data_parallel.js';
+import type { UnitPolicy } from './fsdp.js';
 
 export interface Layout {
   pp: number;
@@ -61,6 +62,8 @@ export interface ParallelizeOptions {
   reshardAfterForward?: boolean;
   /** ZeRO-3: gather the next unit while the current one computes (default true). */
   prefetch?: boolean;
+  /** ZeRO-3: the wrapping units (fsdp.ts: unitsByClass, unitsByPath). */
+  units?: UnitPolicy;
   /** Test-only: skip the 1/N averaging of one bucket (verification must catch it). */
   breakAveragingOfBucket?: number;
 }
@@ -79,6 +82,7 @@ export function parallelize<M extends Module>(model: M, m: DataParallelMesh, lay
     ...(opts.breakAveragingOfBucket !== undefined ? { breakAveragingOfBucket: opts.breakAveragingOfBucket } : {}),
     ...(opts.reshardAfterForward !== undefined ? { reshardAfterForward: opts.reshardAfterForward } : {}),
     ...(opts.prefetch !== undefined ? { prefetch: opts.prefetch } : {}),
+    ...(opts.units ? { units: opts.units } : {}),
   });
 }
 

@@ -8,6 +8,7 @@ import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describeBlas, liveTensors, manualSeed, noGrad, setNumThreads, tensor, tidy, torchVersion, type Tensor } from '../tensor/index.js';
 import { GPT, gptNumParams } from '../models/gpt.js';
+import { gptPipeline, gptUnits } from '../models/gpt_parallel.js';
 import { AdamW, warmupCosine, constant } from '../optim/index.js';
 import { initProcessGroup, destroyProcessGroup, describeBackend, getWorld, isInitialized, type ProcessGroup } from '../distributed/process_group.js';
 import { readLaunchEnv } from '../distributed/env.js';
@@ -120,10 +121,10 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
     let grads: GradientSource;
     let numParams: number;
     if (layout.pp > 1) {
-      pipe = new PipelineParallel({ ...m }, {
+      pipe = new PipelineParallel(gptPipeline({ ...m }, { initSeed: cfg.train.seed }), {
         pp: mesh.pp, ...(layout.dp > 1 ? { dp: mesh.dp } : {}),
-        schedule: cfg.parallel.ppSchedule, virtualStages: cfg.parallel.ppVirtualStages, micro: cfg.data.microBatches, initSeed: cfg.train.seed,
-        ...(layout.zero >= 1 ? { zero: layout.zero, shardGroup: mesh.shard, replicateGroup: mesh.replicate, bucketSizeMb: cfg.parallel.bucketSizeMb, reshardAfterForward: cfg.parallel.reshardAfterForward } : {}),
+        schedule: cfg.parallel.ppSchedule, virtualStages: cfg.parallel.ppVirtualStages, micro: cfg.data.microBatches,
+        ...(layout.zero >= 1 ? { zero: layout.zero, shardGroup: mesh.shard, replicateGroup: mesh.replicate, bucketSizeMb: cfg.parallel.bucketSizeMb, reshardAfterForward: cfg.parallel.reshardAfterForward, units: gptUnits } : {}),
       });
       named = pipe.stageNamedParameters();
       grads = pipe.grads;
@@ -138,7 +139,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
       named = model.namedParameters();
       const breakBucket = process.env.FLOTILLA_TEST_BREAK_AVERAGING;
       dp = parallelize(model, mesh, layout, {
-        bucketSizeMb: cfg.parallel.bucketSizeMb, overlap: cfg.parallel.overlap, reshardAfterForward: cfg.parallel.reshardAfterForward,
+        bucketSizeMb: cfg.parallel.bucketSizeMb, overlap: cfg.parallel.overlap, reshardAfterForward: cfg.parallel.reshardAfterForward, units: gptUnits,
         ...(breakBucket !== undefined && breakBucket !== '' ? { breakAveragingOfBucket: Number(breakBucket) } : {}),
       });
       grads = dp;

@@ -6,11 +6,16 @@
 //   for at the end of the step (its tensor stays alive until then). Every message has its own tag,
 //   derived from (direction, stage boundary, micro-batch) identically on both sides, so a pair can
 //   never match the wrong message; the schedule's ordering guarantees no deadlock.
-// - F runs the stage on its input: token ids on the first stage, else the received activation made
-//   a leaf that requires grad (so backward leaves the gradient to send upstream in its .grad). The
-//   last stage applies the criterion (gptLoss) and scales it by lossScale (1/m): the gradients of m
-//   micro-batches are summed with 1/m each, which equals the full batch's mean-loss gradient.
-// - B is one backward from the stage output (with the received output gradient) to every leaf.
+// - An activation travels as a small int64 header (per tensor: dtype, whether it carries a
+//   gradient, shape) followed by its tensors, so stages may pass several tensors of any rank and
+//   dtype ([Note: stage values] in model.ts). The receiver learns the shapes from the header; an
+//   output gradient needs none, since it is shaped like the output this stage sent.
+// - F runs the stage on its inputs: the micro-batch's x on the first stage, else the received
+//   activations, those that carry a gradient made leaves that require grad (so backward leaves the
+//   gradient to send upstream in their .grad). The last stage applies the model's loss function and
+//   scales it by lossScale (1/m): the gradients of m micro-batches are summed with 1/m each, which
+//   equals the full batch's mean-loss gradient.
+// - B is one backward from the stage outputs (with the received output gradients) to every leaf.
 // - I/W (zero bubble): I runs backward with inputs = [the stage input, the parameters not split],
 //   so the engine runs only what the input gradient needs and skips the weight-gradient kernels of
 //   the split Linear layers (their AccumulateGrad is not an input, so should_compute_output is false
@@ -23,17 +28,42 @@
 //   noGrad: every F keeps its place relative to the other forwards, and each F depends only on
 //   forwards that precede it in the full list too, so the filtered lists cannot deadlock either.
 //   No input requires grad and the last stage keeps only the loss value.
-import { Tensor, backward, empty, keep, noGrad, tidy } from '../../tensor/index.js';
+import { Tensor, backward, empty, keep, noGrad, tidy, tensor, zerosLike, isFloating, type DType } from '../../tensor/index.js';
 import type { ProcessGroup, Work } from '../../distributed/process_group.js';
-import { gptLoss } from '../../models/gpt.js';
 import type { Action, PipelineSchedule } from './schedule.js';
 import type { Stage } from './stage.js';
+import { asList, type LossFn, type MicroBatch, type StageValue } from './model.js';
 
-export interface MicroBatch {
-  /** (b, T) int64 token ids; read by the first stage, its shape by every stage. */
-  x: Tensor;
-  /** (b, T) int64 targets; read by the last stage. */
-  y: Tensor;
+export type { MicroBatch } from './model.js';
+
+/** Tensors per activation message, and dimensions per tensor, that the header can describe. */
+const MAX_TENSORS = 8, MAX_DIMS = 8;
+const PER_TENSOR = 3 + MAX_DIMS;
+const HEADER = 1 + MAX_TENSORS * PER_TENSOR;
+const DTYPES: readonly DType[] = ['float32', 'float64', 'bfloat16', 'float16', 'int64', 'int32', 'int16', 'int8', 'uint8', 'bool'];
+
+/** What a stage sends forward: the header describing its tensors. */
+function encodeHeader(ts: readonly Tensor[], carriesGrad: readonly boolean[]): Tensor {
+  if (ts.length > MAX_TENSORS) throw new Error(`a stage passes ${ts.length} tensors to the next; at most ${MAX_TENSORS} are supported (pack them into fewer)`);
+  const h = new Array<number>(HEADER).fill(0);
+  h[0] = ts.length;
+  ts.forEach((t, i) => {
+    if (t.ndim > MAX_DIMS) throw new Error(`a stage output has ${t.ndim} dimensions; at most ${MAX_DIMS} can travel between stages (reshape it)`);
+    const o = 1 + i * PER_TENSOR;
+    h[o] = DTYPES.indexOf(t.dtype);
+    h[o + 1] = carriesGrad[i] ? 1 : 0;
+    h[o + 2] = t.ndim;
+    t.shape.forEach((d, k) => (h[o + 3 + k] = d));
+  });
+  return tensor(BigInt64Array.from(h, (v) => BigInt(v)));
+}
+
+function decodeHeader(t: Tensor): { dtype: DType; carriesGrad: boolean; shape: number[] }[] {
+  const h = t.toNumbers();
+  return Array.from({ length: h[0]! }, (_, i) => {
+    const o = 1 + i * PER_TENSOR;
+    return { dtype: DTYPES[h[o]!]!, carriesGrad: h[o + 1] === 1, shape: h.slice(o + 3, o + 3 + h[o + 2]!) };
+  });
 }
 
 /** What one split Linear call left for W: its input and, after I, its output gradient. */
@@ -46,20 +76,25 @@ interface Capture {
 
 /** Per (stage, micro-batch) state between F and B (or I and W). */
 interface Slot {
-  input?: Tensor;
-  /** The backward root: the stage output, or the scaled loss on the last stage. */
-  root?: Tensor;
+  /** The stage inputs (not on the first stage), and which of them carry a gradient. */
+  inputs?: Tensor[];
+  inputCarriesGrad?: boolean[];
+  /** The stage outputs (not on the last stage), kept for backward and the send. */
+  outputs?: Tensor[];
+  /** The last stage's scaled loss: its backward root. */
+  loss?: Tensor;
   captures?: Capture[];
-  /** The gradient of the stage input, once B or I ran (not on the first stage). */
-  inputGrad?: Tensor;
-  /** The received gradient of the stage output. */
-  outputGrad?: Tensor;
+  /** The gradients of the inputs that carry one, once B or I ran. */
+  inputGrads?: Tensor[];
   done: boolean;
 }
 
+/** A posted receive: its buffers and works (a forward message also has its header). */
 interface Posted {
-  buf: Tensor;
-  work: Work;
+  header?: { buf: Tensor; work: Work; peer: number; edge: number; micro: number };
+  bufs: Tensor[];
+  works: Work[];
+  carriesGrad: boolean[];
 }
 
 export interface ExecutorOptions {
@@ -70,7 +105,8 @@ export interface ExecutorOptions {
   group: ProcessGroup;
   /** This rank's stages by global index. */
   stages: Map<number, Stage>;
-  nEmbd: number;
+  /** The criterion the last stage applies to its output and the micro-batch's y. */
+  loss: LossFn;
   /**
    * Where W writes the weight gradients it forms by hand, when the parameters' gradients live in
    * a data-parallel wrapper's buckets (see [Note: pipeline x ZeRO] in pipeline_parallel.ts):
@@ -106,7 +142,7 @@ export class Executor {
   private readonly stages: Map<number, Stage>;
   private readonly group: ProcessGroup;
   private readonly rank: number;
-  private readonly nEmbd: number;
+  private readonly loss: LossFn;
   private readonly handGrads: HandGrads | undefined;
   /** The split Linears' forward hooks append here while a zero-bubble F runs. */
   private capturing: Capture[] | undefined;
@@ -117,7 +153,7 @@ export class Executor {
     this.stages = o.stages;
     this.group = o.group;
     this.rank = o.rank;
-    this.nEmbd = o.nEmbd;
+    this.loss = o.loss;
     this.handGrads = o.handGrads;
     if (this.s.actions.some((list) => list.some((a) => a.kind === 'I' || a.kind === 'W'))) {
       for (const st of this.stages.values()) {
@@ -138,9 +174,9 @@ export class Executor {
     });
   }
 
-  /** Tag of a message over the boundary between stage e and e + 1 (unique per step). */
-  private tag(dir: 'F' | 'B', edge: number, micro: number): number {
-    return ((dir === 'F' ? 0 : 1) * this.s.numStages + edge) * this.s.micro + micro;
+  /** Tag of part `part` of a message over the boundary between stage e and e + 1 (unique per step). */
+  private tag(dir: 'F' | 'B', edge: number, micro: number, part: number): number {
+    return (((dir === 'F' ? 0 : 1) * this.s.numStages + edge) * this.s.micro + micro) * (MAX_TENSORS + 1) + part;
   }
 
   /**
@@ -163,14 +199,13 @@ export class Executor {
   private execute(micro: MicroBatch[], lossScale: number, trace: TraceEvent[] | undefined, forwardOnly: boolean): number {
     const m = this.s.micro;
     if (micro.length !== m) throw new Error(`pipeline step: the schedule was built for ${m} micro-batches, got ${micro.length}`);
-    const [b, T] = micro[0]!.x.shape as [number, number];
+    const shapes = (mb: MicroBatch) => [...asList(mb.x), ...asList(mb.y)].map((t) => `[${t.shape.join(',')}]`).join(' ');
+    const first = shapes(micro[0]!);
     for (const [i, mb] of micro.entries()) {
-      if (mb.x.ndim !== 2 || mb.x.shape[0] !== b || mb.x.shape[1] !== T || mb.y.shape.join('x') !== `${b}x${T}`) {
-        throw new Error(`pipeline step: micro-batch ${i} has x [${mb.x.shape}] and y [${mb.y.shape}]; every micro-batch must be (${b}, ${T}) like the first (split the batch into equal parts)`);
+      if (shapes(mb) !== first) {
+        throw new Error(`pipeline step: micro-batch ${i} has x, y shapes ${shapes(mb)}; every micro-batch must be shaped like the first (${first}): split the batch into equal parts`);
       }
     }
-    const dtype = this.stages.values().next().value!.params[0]!.dtype;
-    const actShape = [b, T, this.nEmbd];
     const slots = new Map<string, Slot>();
     const slot = (stage: number, i: number): Slot => {
       const k = `${stage}:${i}`;
@@ -179,27 +214,46 @@ export class Executor {
       return v;
     };
     const recvF = new Map<string, Posted>();
-    const recvB = new Map<string, Posted>();
+    const recvB = new Map<string, Posted | 'deferred'>();
     const sends: { work: Work; t: Tensor }[] = [];
     let lossSum = 0;
     const all = this.s.actions[this.rank]!;
     const actions = forwardOnly ? all.filter((a) => a.kind === 'F' || a.kind === 'RECV_F' || a.kind === 'SEND_F') : all;
     const owned: Tensor[] = []; // every tensor kept across actions, freed at the end
+    const own = (t: Tensor): Tensor => {
+      owned.push(keep(t));
+      return t;
+    };
 
     const stageOf = (a: Action): Stage => {
       const st = this.stages.get(a.stage);
       if (!st) throw new Error(`stage ${a.stage} does not live on this rank`);
       return st;
     };
+    // An output gradient is shaped like the output it belongs to: its receive is posted once that
+    // output exists (at RECV_B, or when B needs it if the forward ran later in the list).
+    const postGrads = (a: Action): Posted => {
+      const outs = slot(a.stage, a.micro).outputs;
+      if (!outs) throw new Error('its forward has not run, so the shapes of its output gradients are unknown');
+      const bufs = outs.filter((o) => o.requiresGrad).map((o) => own(empty(o.shape, { dtype: o.dtype })));
+      const works = bufs.map((b, j) => this.group.recv(b, a.peer!, this.tag('B', a.stage, a.micro, j)));
+      return { bufs, works, carriesGrad: bufs.map(() => true) };
+    };
     let waited = 0; // ms the current action spent waiting for its receive (bubble, not compute)
-    const take = (map: Map<string, Posted>, k: string, what: string): Tensor => {
-      const p = map.get(k);
-      if (!p) throw new Error(`no receive was posted for the ${what} it consumes`);
-      map.delete(k);
+    const waitAll = (p: Posted): Tensor[] => {
       const w0 = trace ? performance.now() : 0;
-      p.work.wait();
+      if (p.header) {
+        // A forward message: the header says what follows; post those receives now.
+        p.header.work.wait();
+        const desc = decodeHeader(p.header.buf);
+        const { peer, edge, micro } = p.header;
+        p.bufs = desc.map((d) => own(empty(d.shape, { dtype: d.dtype })));
+        p.works = p.bufs.map((b, j) => this.group.recv(b, peer, this.tag('F', edge, micro, j + 1)));
+        p.carriesGrad = desc.map((d) => d.carriesGrad);
+      }
+      for (const w of p.works) w.wait();
       if (trace) waited += performance.now() - w0;
-      return p.buf;
+      return p.bufs;
     };
 
     try {
@@ -208,33 +262,45 @@ export class Executor {
         waited = 0;
         try {
           switch (a.kind) {
-            case 'RECV_F':
-            case 'RECV_B': {
-              const buf = owned[owned.push(empty(actShape, { dtype })) - 1]!;
-              keep(buf);
-              const edge = a.kind === 'RECV_F' ? a.stage - 1 : a.stage;
-              const work = this.group.recv(buf, a.peer!, this.tag(a.kind === 'RECV_F' ? 'F' : 'B', edge, a.micro));
-              (a.kind === 'RECV_F' ? recvF : recvB).set(`${a.stage}:${a.micro}`, { buf, work });
+            case 'RECV_F': {
+              const edge = a.stage - 1;
+              const buf = own(empty([HEADER], { dtype: 'int64' }));
+              const work = this.group.recv(buf, a.peer!, this.tag('F', edge, a.micro, 0));
+              recvF.set(`${a.stage}:${a.micro}`, { header: { buf, work, peer: a.peer!, edge, micro: a.micro }, bufs: [], works: [], carriesGrad: [] });
               break;
             }
+            case 'RECV_B':
+              recvB.set(`${a.stage}:${a.micro}`, slot(a.stage, a.micro).outputs ? postGrads(a) : 'deferred');
+              break;
             case 'SEND_F': {
-              const t = keep(slot(a.stage, a.micro).root!.detach());
-              owned.push(t);
-              sends.push({ t, work: this.group.send(t, a.peer!, this.tag('F', a.stage, a.micro)) });
+              const outs = slot(a.stage, a.micro).outputs!;
+              const carries = outs.map((o) => o.requiresGrad);
+              const parts = [own(encodeHeader(outs, carries)), ...outs.map((o) => own(o.detach().contiguous()))];
+              parts.forEach((t, j) => sends.push({ t, work: this.group.send(t, a.peer!, this.tag('F', a.stage, a.micro, j)) }));
               break;
             }
-            case 'SEND_B': {
-              const t = slot(a.stage, a.micro).inputGrad!;
-              sends.push({ t, work: this.group.send(t, a.peer!, this.tag('B', a.stage - 1, a.micro)) });
+            case 'SEND_B':
+              slot(a.stage, a.micro).inputGrads!.forEach((t, j) => sends.push({ t, work: this.group.send(t, a.peer!, this.tag('B', a.stage - 1, a.micro, j)) }));
               break;
-            }
             case 'F':
-              lossSum += this.forward(stageOf(a), a, micro[a.micro]!, slot, recvF, take, lossScale, owned, forwardOnly);
+              lossSum += this.forward(stageOf(a), a, micro[a.micro]!, slot, recvF, waitAll, lossScale, own, forwardOnly);
               break;
             case 'B':
-            case 'I':
-              this.backward(stageOf(a), a, slot, recvB, take, owned);
+            case 'I': {
+              let gradOut: Tensor[] | undefined;
+              if (!stageOf(a).isLast) {
+                const posted = recvB.get(`${a.stage}:${a.micro}`);
+                recvB.delete(`${a.stage}:${a.micro}`);
+                if (posted) {
+                  gradOut = waitAll(posted === 'deferred' ? postGrads(a) : posted);
+                } else {
+                  gradOut = slot(a.stage + 1, a.micro).inputGrads;
+                  if (!gradOut) throw new Error(`the input gradient of stage ${a.stage + 1} is not here (neither received nor computed on this rank)`);
+                }
+              }
+              this.backward(stageOf(a), a, slot, gradOut, own);
               break;
+            }
             case 'W':
               this.weightGrads(slot(a.stage, a.micro));
               break;
@@ -258,9 +324,7 @@ export class Executor {
         }
       }
       for (const v of slots.values()) {
-        v.input?.dispose();
-        v.root?.dispose();
-        v.inputGrad?.dispose();
+        for (const t of [...(v.outputs ?? []), ...(v.loss ? [v.loss] : [])]) t.dispose();
         for (const c of v.captures ?? []) {
           c.x.dispose();
           c.dy?.dispose();
@@ -274,34 +338,47 @@ export class Executor {
 
   private forward(
     st: Stage, a: Action, mb: MicroBatch, slot: (s: number, i: number) => Slot,
-    recvF: Map<string, Posted>, take: (m: Map<string, Posted>, k: string, what: string) => Tensor, lossScale: number,
-    owned: Tensor[], forwardOnly: boolean,
+    recvF: Map<string, Posted>, waitAll: (p: Posted) => Tensor[], lossScale: number,
+    own: (t: Tensor) => Tensor, forwardOnly: boolean,
   ): number {
     const sl = slot(a.stage, a.micro);
-    let input: Tensor;
+    let inputs: Tensor[];
     if (st.isFirst) {
-      input = mb.x;
-    } else if (recvF.has(`${a.stage}:${a.micro}`)) {
-      input = take(recvF, `${a.stage}:${a.micro}`, 'activation');
-      if (!forwardOnly) input.requiresGrad_(true);
+      inputs = asList(mb.x);
     } else {
-      // Local hand-over from the previous stage on this rank: a fresh leaf over its output.
-      const prev = slot(a.stage - 1, a.micro).root;
-      if (!prev) throw new Error(`the output of stage ${a.stage - 1} is not here (neither received nor computed on this rank)`);
-      input = keep(forwardOnly ? prev.detach() : prev.detach().requiresGrad_(true));
-      owned.push(input);
+      let carries: boolean[];
+      const posted = recvF.get(`${a.stage}:${a.micro}`);
+      if (posted) {
+        recvF.delete(`${a.stage}:${a.micro}`);
+        inputs = waitAll(posted);
+        carries = posted.carriesGrad;
+      } else {
+        // Local hand-over from the previous stage on this rank: fresh leaves over its outputs.
+        const prev = slot(a.stage - 1, a.micro).outputs;
+        if (!prev) throw new Error(`the output of stage ${a.stage - 1} is not here (neither received nor computed on this rank)`);
+        carries = prev.map((o) => o.requiresGrad);
+        inputs = prev.map((o) => own(o.detach()));
+      }
+      sl.inputCarriesGrad = forwardOnly ? inputs.map(() => false) : carries;
+      inputs.forEach((t, i) => {
+        if (sl.inputCarriesGrad![i]) t.requiresGrad_(true);
+      });
+      sl.inputs = inputs;
     }
-    sl.input = st.isFirst ? undefined : input;
     const capturing = !forwardOnly && st.splitLinears.length > 0 && this.removers.length > 0 ? (sl.captures = []) : undefined;
     this.capturing = capturing;
     let loss = 0;
     try {
-      sl.root = tidy(() => {
-        const out = st.module.call(input);
-        if (!st.isLast) return keep(out);
-        const l = gptLoss(out, mb.y);
+      tidy(() => {
+        const out = (st.module as unknown as { call: (...x: Tensor[]) => StageValue }).call(...inputs);
+        if (!st.isLast) {
+          sl.outputs = asList(out).map((t) => keep(t));
+          return;
+        }
+        const l = this.loss(out, mb.y);
+        if (l.numel() !== 1) throw new Error(`the loss function returned a tensor of shape [${l.shape}]; it must return a scalar (the mean over the micro-batch)`);
         loss = l.item();
-        return forwardOnly ? undefined : keep(l.mul(lossScale));
+        if (!forwardOnly) sl.loss = keep(l.mul(lossScale));
       });
     } finally {
       this.capturing = undefined;
@@ -309,38 +386,28 @@ export class Executor {
     return loss;
   }
 
-  private backward(
-    st: Stage, a: Action, slot: (s: number, i: number) => Slot,
-    recvB: Map<string, Posted>, take: (m: Map<string, Posted>, k: string, what: string) => Tensor, owned: Tensor[],
-  ): void {
+  private backward(st: Stage, a: Action, slot: (s: number, i: number) => Slot, gradOut: Tensor[] | undefined, own: (t: Tensor) => Tensor): void {
     const sl = slot(a.stage, a.micro);
-    if (!sl.root) throw new Error('its forward has not run');
-    let gradOut: Tensor | undefined;
-    if (!st.isLast) {
-      if (recvB.has(`${a.stage}:${a.micro}`)) {
-        gradOut = take(recvB, `${a.stage}:${a.micro}`, 'output gradient');
-      } else {
-        gradOut = slot(a.stage + 1, a.micro).inputGrad;
-        if (!gradOut) throw new Error(`the input gradient of stage ${a.stage + 1} is not here (neither received nor computed on this rank)`);
-      }
+    const roots = st.isLast ? (sl.loss ? [sl.loss] : []) : (sl.outputs ?? []).filter((o) => o.requiresGrad);
+    if (roots.length === 0) throw new Error(sl.loss || sl.outputs ? 'no stage output requires grad, so there is nothing to run backward from' : 'its forward has not run');
+    if (gradOut && gradOut.length !== roots.length) {
+      throw new Error(`${gradOut.length} output gradient(s) for ${roots.length} output(s) that require grad`);
     }
+    const carrying = (sl.inputs ?? []).filter((_, i) => sl.inputCarriesGrad![i]);
     tidy(() => {
       if (a.kind === 'B') {
-        backward([sl.root!], gradOut ? [gradOut] : undefined);
+        backward(roots, gradOut);
       } else {
-        const inputs = [...(sl.input ? [sl.input] : []), ...st.inputPassParams];
+        const inputs = [...carrying, ...st.inputPassParams];
         if (inputs.length === 0) throw new Error('the input-gradient pass has nothing to compute (a first stage with only split layers)');
-        backward([sl.root!], gradOut ? [gradOut] : undefined, { inputs });
+        backward(roots, gradOut, { inputs });
       }
     });
-    sl.root!.dispose();
-    sl.root = undefined;
-    if (sl.input) {
-      const g = sl.input.grad;
-      if (!g) throw new Error('backward left no gradient for the stage input');
-      sl.inputGrad = keep(g);
-      owned.push(g);
-    }
+    for (const t of [...(sl.outputs ?? []), ...(sl.loss ? [sl.loss] : [])]) t.dispose();
+    sl.outputs = undefined;
+    sl.loss = undefined;
+    // An input the stage did not use gets a zero gradient: the previous stage still waits for one.
+    sl.inputGrads = carrying.map((x) => own(x.grad ?? zerosLike(x)));
     sl.done = true;
   }
 

@@ -1,14 +1,15 @@
-// PipelineParallel: a GPT split into pipeline stages over a pipeline group (optionally replicated
-// over a data-parallel group), run by a schedule table, with the gradient API of grads.ts.
+// PipelineParallel: any model cut into pipeline stages (model.ts: stage modules and a loss
+// function) over a pipeline group (optionally replicated over a data-parallel group), run by a
+// schedule table, with the gradient API of grads.ts.
 //
-//   const pp = new PipelineParallel(gptConfig, {
+//   const pp = new PipelineParallel(gptPipeline(gptConfig, { initSeed: 1234 }), {   // or sequentialStages({...}), or your own PipelineModel
 //     pp: mesh.dim('pp').group,            // group rank = pipeline rank
 //     dp: mesh.dim('dp').group,            // optional: replicas of this pipeline to average over
-//     schedule: 'zb', virtualStages: 1, micro: 8, initSeed: 1234,
+//     schedule: 'zb', virtualStages: 1, micro: 8,
 //     zero: 2,                             // optional: ZeRO-1/2/3 over dp (see [Note: pipeline x ZeRO])
 //   });
 //   const opt = new AdamW(pp.parameters(), {...}, { grads: pp.grads }); // this rank's stages (and shards) only
-//   const { loss } = pp.step(microBatches);                // m x { x, y } (b, T) int64, same on every pp rank
+//   const { loss } = pp.step(microBatches);                // m x { x, y }, same on every pp rank
 //   const { norm } = clipGradNorm(pp.grads, 1.0);           // the whole model's norm, same on every rank
 //   if (Number.isFinite(norm)) opt.step();                  // every rank decides alike
 //   opt.zeroGrad();
@@ -16,11 +17,10 @@
 //
 // step() runs this rank's action list (executor.ts), then finishes the gradients so that they equal
 // those of one process training the whole model on the whole global batch:
-//   1. tied embeddings (tieEmbeddings with more than one stage): the first stage's wte.weight and
-//      the last stage's head copy exchange gradients point-to-point over the pipeline group (or add
-//      locally when one rank holds both stages) so both hold the sum (the same bits: a + b = b + a);
-//      the norm counts the first stage's copy only, clipping scales both (clipTargets), and both
-//      take identical optimizer steps;
+//   1. tied parameters (PipelineModel.tied, e.g. a GPT's embedding and head): the copies exchange
+//      gradients point-to-point over the pipeline group (or add locally when one rank holds them)
+//      and every copy holds their sum, added in copy order (the same bits everywhere); the norm
+//      counts the first copy only, clipping scales all (clipTargets), and all take identical steps;
 //   2. data parallel: the stages' DataParallel (zero 0, 1, 2 or 3) reduces its buckets once (see
 //      [Note: pipeline x ZeRO]);
 //   3. the loss (mean over micro-batches and dp replicas) is all-reduced so every rank reports it.
@@ -57,23 +57,23 @@
 // so the norm still sums over the pipeline and shard groups only: replicas hold equal shards and
 // count once.
 //
-// PipelineParallel.fromMesh(cfg, mesh, opts) takes the groups from a DeviceMesh's 'pp' (and 'dp')
-// dims. The single-process reference with the same weights is new GPT(cfg, { initSeed }).
-// Stateless helpers: planStages and measureGPTPartCosts (the split, by block count or measured
-// cost: opts.costs), buildSchedule/validateSchedule (schedule.ts), and stageNamedParameters() for
-// mapping local parameters to their whole-model names (checkpoints; the tied head copy appears as
-// 'wte.weight' on the last stage too). Micro-batches must all have the same shape.
+// PipelineParallel.fromMesh(model, mesh, opts) takes the groups from a DeviceMesh's 'pp' (and 'dp')
+// dims. buildSchedule/validateSchedule are in schedule.ts; stageNamedParameters() maps local
+// parameters to their whole-model names (checkpoints; a tied copy appears under its declared name
+// on every stage holding one). Micro-batches must all have the same shapes.
 import { Tensor, elementSize, noGrad, tensor, tidy } from '../../tensor/index.js';
 import type { ProcessGroup } from '../../distributed/process_group.js';
 import type { DeviceMesh } from '../../distributed/mesh.js';
-import type { GPTConfig } from '../../models/gpt.js';
 import { Module } from '../../nn/module.js';
+import type { UnitPolicy } from '../fsdp.js';
+import type { ParallelModel } from '../parallel_model.js';
 import type { GradShard, GradientSource, StepPiece } from '../grads.js';
 import { DataParallel, type MemoryReport, type ZeroStage } from '../data_parallel.js';
 import { gradView, type ParamSlot } from '../grad_buffer.js';
 import { buildSchedule, validateSchedule, type PipelineSchedule, type ScheduleName } from './schedule.js';
-import { Stage, planStages, type PartCosts } from './stage.js';
-import { Executor, type MicroBatch, type TraceEvent } from './executor.js';
+import { Stage } from './stage.js';
+import { Executor, type TraceEvent } from './executor.js';
+import type { MicroBatch, PipelineModel, TiedParameter } from './model.js';
 
 export interface PipelineOptions {
   /** The pipeline group; a rank's group rank is its pipeline rank. */
@@ -85,10 +85,6 @@ export interface PipelineOptions {
   virtualStages?: number;
   /** Micro-batches per step (m). */
   micro: number;
-  /** Per-parameter init seed (GPTBuildOptions.initSeed): any split gets the whole model's weights. */
-  initSeed: number;
-  /** Measured cost per part (embeddings, blocks, head) to split by; default: even by block count. */
-  costs?: PartCosts;
   /** ZeRO stage over the dp group: 0 (default) replicates, 1, 2 and 3 shard (see [Note: pipeline x ZeRO]). */
   zero?: ZeroStage;
   /** With zero >= 1: the ranks that split the state (default: dp); see DataParallelOptions. */
@@ -99,6 +95,8 @@ export interface PipelineOptions {
   bucketSizeMb?: number;
   /** With zero = 3: free a unit's gathered parameters after each forward (default true). */
   reshardAfterForward?: boolean;
+  /** With zero = 3: the wrapping units among the stage modules (fsdp.ts; paths start with 'stage<s>.'). */
+  units?: UnitPolicy;
 }
 
 /** This rank's stage modules under one parent, so one DataParallel holds all of them. */
@@ -127,9 +125,18 @@ export interface PipelineStepOptions {
 /** Tag for the tied-embedding exchange (above every activation tag of a step). */
 const TIED_TAG = 0x40000000;
 
-export class PipelineParallel {
+/** A tied parameter's copies as this rank sees them. */
+interface TiedGroup {
+  decl: TiedParameter;
+  /** Per declared copy: its parameter when this rank holds that stage. */
+  local: (Tensor | undefined)[];
+  /** Pipeline ranks other than this one holding a copy. */
+  peers: number[];
+}
+
+export class PipelineParallel implements ParallelModel {
   readonly schedule: PipelineSchedule;
-  readonly cfg: GPTConfig;
+  readonly model: PipelineModel;
   /** This rank's stages, by global stage index (ascending). */
   readonly stages: Stage[];
   readonly ppGroup: ProcessGroup;
@@ -140,9 +147,16 @@ export class PipelineParallel {
   readonly dp: DataParallel | undefined;
   private readonly executor: Executor;
   private readonly slotOf = new Map<Tensor, ParamSlot>();
+  private readonly tied: TiedGroup[];
+  /** Tied copies other than the first: left out of the norm (the first counts the sum once). */
+  readonly tiedCopiesLeftOutOfNorm: ReadonlySet<Tensor>;
+  private readonly tiedName = new Map<Tensor, string>();
 
-  constructor(cfg: GPTConfig, opts: PipelineOptions) {
-    this.cfg = cfg;
+  constructor(model: PipelineModel, opts: PipelineOptions) {
+    if (!model || typeof model.stage !== 'function' || typeof model.loss !== 'function') {
+      throw new Error('PipelineParallel: the model must be a PipelineModel ({ stage(index, numStages), loss(output, target) }); build one with sequentialStages(...) or, for a GPT, gptPipeline(cfg, { initSeed })');
+    }
+    this.model = model;
     this.ppGroup = opts.pp;
     this.dpGroup = opts.dp && opts.dp.size > 1 ? opts.dp : undefined;
     this.schedule = buildSchedule(opts.schedule, {
@@ -150,10 +164,19 @@ export class PipelineParallel {
       virtualStages: opts.schedule === 'interleaved' ? (opts.virtualStages ?? 2) : opts.virtualStages,
     });
     validateSchedule(this.schedule);
-    const specs = planStages(cfg, this.schedule.numStages, opts.costs);
+    const n = this.schedule.numStages;
     const rank = opts.pp.rank;
-    this.stages = this.schedule.stagesOf(rank).sort((a, b) => a - b)
-      .map((s) => new Stage(s, this.schedule.numStages, cfg, specs[s]!, opts.initSeed));
+    this.stages = this.schedule.stagesOf(rank).sort((a, b) => a - b).map((s) => new Stage(s, n, model.stage(s, n)));
+    this.tied = this.resolveTied(model.tied?.(n) ?? []);
+    const leftOut = new Set<Tensor>();
+    for (const t of this.tied) {
+      t.local.forEach((p, c) => {
+        if (!p) return;
+        this.tiedName.set(p, t.decl.name);
+        if (c > 0) leftOut.add(p);
+      });
+    }
+    this.tiedCopiesLeftOutOfNorm = leftOut;
     const zero = opts.zero ?? 0;
     if (this.dpGroup) {
       this.dp = new DataParallel(new LocalStages(this.stages), {
@@ -162,15 +185,39 @@ export class PipelineParallel {
         ...(opts.replicateGroup ? { replicateGroup: opts.replicateGroup } : {}),
         ...(opts.bucketSizeMb !== undefined ? { bucketSizeMb: opts.bucketSizeMb } : {}),
         ...(opts.reshardAfterForward !== undefined ? { reshardAfterForward: opts.reshardAfterForward } : {}),
+        ...(opts.units ? { units: opts.units } : {}),
       });
       for (const s of this.dp.parametersWithSlots()) this.slotOf.set(s.param, s);
     }
     this.executor = new Executor({
-      schedule: this.schedule, rank, group: opts.pp, nEmbd: cfg.nEmbd,
+      schedule: this.schedule, rank, group: opts.pp, loss: model.loss,
       stages: new Map(this.stages.map((st) => [st.index, st])),
       ...(this.dp ? { handGrads: { view: (p: Tensor) => this.accumulatingGrad(p), written: (p: Tensor) => this.dp!.markGradient(p) } } : {}),
     });
     this.grads = this.dp ? new ShardedPipelineGrads(this, this.dp) : new PipelineGrads(this);
+  }
+
+  /** Checks the tied declarations against the stages and finds this rank's copies and peers. */
+  private resolveTied(decls: TiedParameter[]): TiedGroup[] {
+    const n = this.schedule.numStages;
+    return decls.map((decl) => {
+      const stages = decl.copies.map((c) => c.stage);
+      if (decl.copies.length < 2 || new Set(stages).size !== stages.length || stages.some((s) => !Number.isInteger(s) || s < 0 || s >= n)) {
+        throw new Error(`pipeline: tied parameter '${decl.name}' must name at least two copies on distinct stages 0..${n - 1}, got stages [${stages.join(', ')}]`);
+      }
+      const local = decl.copies.map((c) => {
+        const st = this.stages.find((x) => x.index === c.stage);
+        if (!st) return undefined;
+        const p = st.module.namedParameters().find(([name]) => name === c.path)?.[1];
+        if (!p) {
+          throw new Error(`pipeline: tied parameter '${decl.name}': stage ${c.stage} has no parameter '${c.path}' (its parameters: ${st.module.namedParameters().map(([x]) => x).join(', ')})`);
+        }
+        return p;
+      });
+      const me = this.ppGroup.rank;
+      const peers = [...new Set(decl.copies.map((c) => this.schedule.stageRank(c.stage)))].filter((r) => r !== me);
+      return { decl, local, peers };
+    });
   }
 
   /** The gradient a backward accumulates into: the bucket view (with a dp group) or param.grad. */
@@ -187,36 +234,36 @@ export class PipelineParallel {
    * dp group the dim `dpDim` (default 'dp') when the mesh has it.
    */
   static fromMesh(
-    cfg: GPTConfig, mesh: DeviceMesh,
+    model: PipelineModel, mesh: DeviceMesh,
     opts: Omit<PipelineOptions, 'pp' | 'dp'> & { ppDim?: string; dpDim?: string },
   ): PipelineParallel {
     const { ppDim = 'pp', dpDim = 'dp', ...rest } = opts;
     const dp = mesh.names.includes(dpDim) ? mesh.dim(dpDim).group : undefined;
-    return new PipelineParallel(cfg, { ...rest, pp: mesh.dim(ppDim).group, dp });
+    return new PipelineParallel(model, { ...rest, pp: mesh.dim(ppDim).group, dp });
   }
 
-  /** This rank's parameters (all its stages; the tied head copy included): give these to the optimizer. */
+  /** This rank's stage modules. */
+  get parts(): Module[] {
+    return this.stages.map((s) => s.module);
+  }
+
+  /** The optimizer's `grads`: the data-parallel pieces when there is a dp group. */
+  get optimizerGrads(): GradientSource | undefined {
+    return this.dp ? this.grads : undefined;
+  }
+
+  /** This rank's parameters (all its stages; tied copies included): give these to the optimizer. */
   parameters(): Tensor[] {
     return this.stages.flatMap((s) => s.params);
   }
 
-  /** This rank's parameters under their whole-model names (the tied head copy as 'wte.weight'). */
+  /** This rank's parameters under their whole-model names (a tied copy under its declared name). */
   stageNamedParameters(): [string, Tensor][] {
-    return this.stages.flatMap((s) => s.fullNamedParameters());
+    return this.stages.flatMap((s) => s.module.namedParameters().map(([n, p]): [string, Tensor] => [this.tiedName.get(p) ?? n, p]));
   }
 
-  /**
-   * The tied embedding's copies this rank holds: the first stage's wte.weight and/or the last
-   * stage's head copy, and the pipeline rank holding the other copy when it is not this one.
-   */
-  private tiedCopies(): { mine: Tensor[]; peer?: number } | undefined {
-    if (!this.cfg.tieEmbeddings || this.schedule.numStages === 1) return undefined; // one stage: shared in-graph
-    const first = this.stages.find((s) => s.isFirst);
-    const last = this.stages.find((s) => s.isLast);
-    if (first && last) return { mine: [first.module.wte!.weight, last.tiedHeadCopy!] };
-    if (first) return { mine: [first.module.wte!.weight], peer: this.schedule.stageRank(this.schedule.numStages - 1) };
-    if (last) return { mine: [last.tiedHeadCopy!], peer: this.schedule.stageRank(0) };
-    return undefined;
+  namedParameters(): [string, Tensor][] {
+    return this.stageNamedParameters();
   }
 
   /**
@@ -288,8 +335,12 @@ export class PipelineParallel {
           g.dispose();
         }
       }
-      const tied = this.tiedCopies();
-      const extra = tied?.peer !== undefined ? bytes(tied.mine[0]!) : 0;
+      // Each remote copy of a tied parameter is received during the gradient sum.
+      let extra = 0;
+      for (const t of this.tied) {
+        const mine = t.local.filter((p): p is Tensor => p !== undefined);
+        if (mine.length > 0) extra += (t.decl.copies.length - mine.length) * bytes(mine[0]!);
+      }
       return { paramBytes: params, gradBytes: grads, optimizerBytes, peakBytes: params + grads + extra + optimizerBytes };
     });
   }
@@ -297,27 +348,37 @@ export class PipelineParallel {
   /** Finishes gradients: tied copies summed, then every gradient averaged over dp. */
   syncGrads(): void {
     tidy(() => noGrad(() => {
-      const tied = this.tiedCopies();
-      if (tied) {
-        const gs = tied.mine.map((p) => this.accumulatingGrad(p));
-        if (tied.peer === undefined) {
-          // Both copies on this rank (pp = 1 with several stages): sum into one, copy to the other.
-          gs[0]!.add_(gs[1]!);
-          gs[1]!.copy_(gs[0]!);
-        } else {
-          const g = gs[0]!;
-          const other = g.clone();
-          const send = this.ppGroup.send(g, tied.peer, TIED_TAG);
-          this.ppGroup.recv(other, tied.peer, TIED_TAG).wait();
-          send.wait();
-          g.add_(other);
-        }
-      }
+      this.tied.forEach((t, gi) => this.sumTied(t, gi));
       if (this.dp) {
         this.dp.reduceAccumulated();
         this.dp.finishGradSync();
       }
     }));
+  }
+
+  /**
+   * Every copy of a tied parameter ends with the sum of all copies' gradients, added in copy order
+   * so that every rank holds the same bits: each rank sends its copies' gradients to the other
+   * holders and receives theirs (tags above every activation tag of a step).
+   */
+  private sumTied(t: TiedGroup, gi: number): void {
+    const mine = t.local.flatMap((p, c) => (p ? [{ c, g: this.accumulatingGrad(p) }] : []));
+    if (mine.length === 0) return;
+    const tag = (c: number) => TIED_TAG + gi * 256 + c;
+    const grads = new Array<Tensor | undefined>(t.decl.copies.length);
+    for (const { c, g } of mine) grads[c] = g;
+    const sends = t.peers.flatMap((peer) => mine.map(({ c, g }) => this.ppGroup.send(g, peer, tag(c))));
+    const recvs = t.decl.copies.flatMap((copy, c) => {
+      if (grads[c]) return [];
+      const buf = mine[0]!.g.clone();
+      grads[c] = buf;
+      return [this.ppGroup.recv(buf, this.schedule.stageRank(copy.stage), tag(c))];
+    });
+    for (const w of recvs) w.wait();
+    for (const w of sends) w.wait();
+    const sum = grads[0]!.clone();
+    for (let c = 1; c < grads.length; c++) sum.add_(grads[c]!);
+    for (const { g } of mine) g.copy_(sum);
   }
 
   /**
@@ -333,12 +394,6 @@ export class PipelineParallel {
     this.executor.dispose();
     this.dp?.dispose();
     for (const s of this.stages) s.dispose();
-  }
-
-  /** The last stage's tied head copy when the first stage (holding the counted copy) is elsewhere or here too. */
-  tiedCopyLeftOutOfNorm(): Tensor | undefined {
-    if (!this.cfg.tieEmbeddings || this.schedule.numStages === 1) return undefined;
-    return this.stages.find((s) => s.isLast)?.tiedHeadCopy;
   }
 }
 
@@ -365,10 +420,9 @@ export class PipelineGrads implements GradientSource {
     return { tensor: g, offset: 0, numel: g.numel(), fullNumel: g.numel() };
   }
   normPieces(): { tensors: Tensor[]; sumOver: ProcessGroup[] } {
-    const skip = this.pp.stages.find((s) => s.isLast && !s.isFirst)?.tiedHeadCopy;
     const tensors: Tensor[] = [];
     for (const p of this.pp.parameters()) {
-      if (p === skip) continue;
+      if (this.pp.tiedCopiesLeftOutOfNorm.has(p)) continue;
       const g = p.grad;
       if (g) tensors.push(g);
     }
@@ -398,11 +452,10 @@ export class ShardedPipelineGrads implements GradientSource {
     return this.dp.localGradShard(param);
   }
   normPieces(): { tensors: Tensor[]; sumOver: ProcessGroup[] } {
-    const skip = this.pp.tiedCopyLeftOutOfNorm();
     const sharded = this.dp.zero >= 2;
     const tensors: Tensor[] = [];
     for (const { param } of this.dp.parametersWithSlots()) {
-      if (param === skip) continue;
+      if (this.pp.tiedCopiesLeftOutOfNorm.has(param)) continue;
       // zero 1: the full reduced gradient (replicated over dp); zero 2/3: this rank's shard of it.
       const t = sharded ? this.dp.localGradShard(param).tensor : this.dp.fullGrad(param);
       if (t.numel() > 0) tensors.push(t);

@@ -1,121 +1,9 @@
-// Pipeline stages: how a GPT is cut into numStages contiguous pieces, and the per-stage state the
-// executor needs (its module, which parameters get their gradient in the input-gradient pass I and
-// which Linear layers finish theirs in the weight-gradient pass W).
-//
-// [Note: stage split] The model is a sequence of parts: the embeddings, nLayer blocks, and the
-// final norm + head. The embeddings always go with the first stage and the norm + head with the
-// last. The blocks are cut into contiguous runs either evenly by count (earlier stages take the
-// remainder) or, given a measured cost per part, so that the most expensive stage is as cheap as
-// possible (the classic linear partition, solved exactly by dynamic programming). Every stage holds
-// at least one block. Each rank builds only its stages' modules (GPTStage), never the whole model.
+// Pipeline stages: the per-stage state the executor needs for a stage module of any model (see
+// model.ts): its module, which parameters get their gradient in the input-gradient pass I and which
+// Linear layers finish theirs in the weight-gradient pass W. How a model is cut into stages is the
+// model's (PipelineModel.stage; the GPT's split is in src/models/gpt_parallel.ts).
 import { Linear, type Module } from '../../nn/index.js';
-import { GPTStage, gptLoss, type GPTConfig, type GPTStageSpec } from '../../models/gpt.js';
-import { type Tensor, arange, randint, tidy } from '../../tensor/index.js';
-
-/**
- * The GPT's parts in order, for cost-based splitting: costs[0] the embeddings, costs[1..nLayer]
- * the blocks, costs[nLayer + 1] the final norm + head.
- */
-export type PartCosts = readonly number[];
-
-/** The stage specs of a numStages-way split (see [Note: stage split]). */
-export function planStages(cfg: Pick<GPTConfig, 'nLayer'>, numStages: number, costs?: PartCosts): GPTStageSpec[] {
-  const L = cfg.nLayer;
-  if (!Number.isInteger(numStages) || numStages < 1) throw new Error(`pipeline: the number of stages must be a positive integer, got ${numStages}`);
-  if (L < numStages) {
-    throw new Error(
-      `pipeline: ${numStages} stages need at least ${numStages} blocks, the model has nLayer=${L}; ` +
-        'lower parallel.pp (or parallel.ppVirtualStages), or give the model more layers',
-    );
-  }
-  let bounds: number[]; // block index where each stage starts, plus L
-  if (costs === undefined) {
-    bounds = [0];
-    const base = Math.floor(L / numStages), extra = L % numStages;
-    for (let s = 0; s < numStages; s++) bounds.push(bounds[s]! + base + (s < extra ? 1 : 0));
-  } else {
-    if (costs.length !== L + 2 || costs.some((c) => !(c >= 0) || !Number.isFinite(c))) {
-      throw new Error(`pipeline: costs must hold ${L + 2} finite non-negative numbers (embeddings, ${L} blocks, head), got ${costs.length}`);
-    }
-    bounds = partitionBlocks(costs, L, numStages);
-  }
-  return Array.from({ length: numStages }, (_, s) => ({
-    layers: [bounds[s]!, bounds[s + 1]!] as const,
-    embed: s === 0,
-    head: s === numStages - 1,
-  }));
-}
-
-/**
- * Measures the GPT's part costs for planStages on this process: forward + backward time (ms,
- * median of `repeats`) of the embeddings, of one block (every block costs the same) and of the
- * final norm + head + loss, on a (batch, seqLen) input. Builds one block, never the whole model.
- */
-export function measureGPTPartCosts(cfg: GPTConfig, opts: { batch: number; seqLen: number; repeats?: number }): number[] {
-  const one = new GPTStage({ ...cfg, nLayer: Math.max(1, cfg.nLayer) }, { layers: [0, 1], embed: true, head: true }, { initSeed: 0 });
-  const repeats = opts.repeats ?? 3;
-  const times = { embed: [] as number[], block: [] as number[], head: [] as number[] };
-  try {
-    for (let r = 0; r < repeats; r++) {
-      tidy(() => {
-        const idx = randint(0, cfg.vocabSize, [opts.batch, opts.seqLen]);
-        const timed = (fn: () => void): number => {
-          const t0 = performance.now();
-          fn();
-          return performance.now() - t0;
-        };
-        // Each part on a detached input, so its backward stops at its own boundary.
-        let h!: Tensor;
-        times.embed.push(timed(() => {
-          const e = one.wte!.call(idx).add(one.wpe!.call(arange(0, opts.seqLen)));
-          e.sum().backward();
-          h = e.detach().requiresGrad_(true);
-        }));
-        let out!: Tensor;
-        times.block.push(timed(() => {
-          const y = one.layers.items[0]!.call(h);
-          y.sum().backward();
-          out = y.detach().requiresGrad_(true);
-        }));
-        times.head.push(timed(() => {
-          gptLoss(one.head!.call(one.lnF!.call(out)), idx).backward();
-        }));
-      });
-    }
-  } finally {
-    one.dispose();
-  }
-  const med = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
-  return [med(times.embed), ...new Array<number>(cfg.nLayer).fill(med(times.block)), med(times.head)];
-}
-
-/**
- * Cuts blocks 0..L-1 into k non-empty contiguous runs minimising the largest stage cost, where
- * stage 0 also pays costs[0] (embeddings) and stage k-1 pays costs[L+1] (head).
- */
-function partitionBlocks(costs: PartCosts, L: number, k: number): number[] {
-  const prefix = [0];
-  for (let i = 0; i < L; i++) prefix.push(prefix[i]! + costs[i + 1]!);
-  const cost = (s: number, a: number, b: number): number =>
-    prefix[b]! - prefix[a]! + (s === 0 ? costs[0]! : 0) + (s === k - 1 ? costs[L + 1]! : 0);
-  // best[s][b]: the smallest max-cost of stages 0..s covering blocks [0, b); cut[s][b]: where stage s starts.
-  const best = Array.from({ length: k }, () => new Array<number>(L + 1).fill(Infinity));
-  const cut = Array.from({ length: k }, () => new Array<number>(L + 1).fill(-1));
-  for (let b = 1; b <= L; b++) best[0]![b] = cost(0, 0, b);
-  for (let s = 1; s < k; s++) {
-    for (let b = s + 1; b <= L; b++) {
-      for (let a = s; a < b; a++) {
-        const v = Math.max(best[s - 1]![a]!, cost(s, a, b));
-        if (v < best[s]![b]!) [best[s]![b], cut[s]![b]] = [v, a];
-      }
-    }
-  }
-  const bounds = new Array<number>(k + 1);
-  bounds[k] = L;
-  for (let s = k - 1; s >= 1; s--) bounds[s] = cut[s]![bounds[s + 1]!]!;
-  bounds[0] = 0;
-  return bounds;
-}
+import type { Tensor } from '../../tensor/index.js';
 
 /** A Linear whose weight gradient the zero-bubble schedule computes in W, from captures taken in F/I. */
 export interface SplitLinear {
@@ -126,7 +14,7 @@ export interface SplitLinear {
 
 /** One stage on this rank: its module and how its parameters' gradients are produced. */
 export class Stage {
-  readonly module: GPTStage;
+  readonly module: Module;
   readonly isFirst: boolean;
   readonly isLast: boolean;
   /** Local parameters in module order (the tied head copy included). */
@@ -136,8 +24,8 @@ export class Stage {
   /** Parameters that get their gradient in I (everything not in splitLinears). */
   readonly inputPassParams: Tensor[];
 
-  constructor(readonly index: number, readonly numStages: number, cfg: GPTConfig, spec: GPTStageSpec, initSeed: number) {
-    this.module = new GPTStage(cfg, spec, { initSeed });
+  constructor(readonly index: number, readonly numStages: number, module: Module) {
+    this.module = module;
     this.isFirst = index === 0;
     this.isLast = index === numStages - 1;
     this.params = this.module.parameters();
@@ -151,16 +39,6 @@ export class Stage {
     }
     const split = new Set<Tensor>(this.splitLinears.flatMap((l) => (l.bias ? [l.weight, l.bias] : [l.weight])));
     this.inputPassParams = this.params.filter((p) => !split.has(p));
-  }
-
-  /** Named parameters with their names in the whole model (the tied head copy is 'wte.weight'). */
-  fullNamedParameters(): [string, Tensor][] {
-    return this.module.namedParameters().map(([n, p]) => [this.module.fullName(n), p]);
-  }
-
-  /** The last stage's own copy of the embedding tied to the first stage's, if any. */
-  get tiedHeadCopy(): Tensor | undefined {
-    return this.module.hasTiedHeadCopy ? this.module.head!.weight : undefined;
   }
 
   dispose(): void {
