@@ -138,6 +138,7 @@ struct Comm : std::enable_shared_from_this<Comm> {
   std::string poisonWhy;
   std::atomic<bool> stopping{false};
   std::atomic<bool> stopped{false};
+  bool freed = false;  // MPI_Comm_free was called (the JS thread only reads and writes it)
 
   void Start() {
     auto self = shared_from_this();
@@ -369,7 +370,8 @@ class CommHandle : public Napi::ObjectWrap<CommHandle> {
          InstanceMethod("allgather", &CommHandle::Allgather), InstanceMethod("allgatherList", &CommHandle::AllgatherList),
          InstanceMethod("reduceScatter", &CommHandle::ReduceScatter), InstanceMethod("alltoall", &CommHandle::Alltoall),
          InstanceMethod("send", &CommHandle::Send), InstanceMethod("recv", &CommHandle::Recv),
-         InstanceMethod("barrier", &CommHandle::Barrier), InstanceMethod("split", &CommHandle::Split)});
+         InstanceMethod("barrier", &CommHandle::Barrier), InstanceMethod("split", &CommHandle::Split),
+         InstanceMethod("free", &CommHandle::Free)});
     constructor = new Napi::FunctionReference(Napi::Persistent(fn));
     exports.Set("MpiCommHandle", fn);
   }
@@ -385,6 +387,7 @@ class CommHandle : public Napi::ObjectWrap<CommHandle> {
 
   Napi::Value Issue(Napi::Env env, const std::string& what, bool p2p, std::function<int(MPI_Request*)> run) {
     if (g_finalized) throw Napi::Error::New(env, what + ": MPI was finalized");
+    if (comm->freed) throw Napi::Error::New(env, what + ": the communicator was freed");
     auto w = std::make_shared<WorkState>();
     w->what = what;
     w->comm = comm;
@@ -534,6 +537,27 @@ class CommHandle : public Napi::ObjectWrap<CommHandle> {
     return NewComm(env, *result, timeoutMs);
   }
 
+  // free(limitMs): stops the communicator's worker thread (after the operations already issued) and
+  // frees the communicator (MPI_Comm_free). Returns false and frees nothing when an operation timed
+  // out on it (its thread is stuck inside MPI) or the thread has not stopped within limitMs; later
+  // operations on a freed communicator throw.
+  Napi::Value Free(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    int64_t limitMs = info.Length() > 0 && info[0].IsNumber() ? info[0].As<Napi::Number>().Int64Value() : 5000;
+    if (comm->freed) return Napi::Boolean::New(env, true);
+    if (g_finalized || comm->poisoned.load()) return Napi::Boolean::New(env, false);
+    comm->stopping.store(true);
+    comm->cv.notify_all();
+    auto until = Clock::now() + std::chrono::milliseconds(limitMs);
+    while (!comm->stopped.load()) {
+      if (Clock::now() > until) return Napi::Boolean::New(env, false);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    comm->freed = true;
+    int rc = MPI_Comm_free(&comm->comm);
+    return Napi::Boolean::New(env, rc == MPI_SUCCESS);
+  }
+
   static Napi::Value NewComm(Napi::Env env, MPI_Comm mc, int64_t timeoutMs) {
     auto c = std::make_shared<Comm>();
     c->comm = mc;
@@ -594,7 +618,7 @@ Napi::Value Finalize(const Napi::CallbackInfo& info) {
     if (auto c = w.lock()) comms.push_back(c);
   }
   for (auto& c : comms) {
-    if (c->poisoned.load()) return Napi::Boolean::New(env, false);
+    if (c->poisoned.load() && !c->freed) return Napi::Boolean::New(env, false);
   }
   for (auto& c : comms) {
     c->stopping.store(true);

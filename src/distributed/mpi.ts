@@ -34,6 +34,11 @@ export interface MpiComm {
   barrier(): WorkHandle;
   /** MPI_Comm_split: every member calls it; color < 0 stays out (undefined). */
   split(color: number, key: number, timeoutMs: number): MpiComm | undefined;
+  /**
+   * Stops the communicator's worker thread and calls MPI_Comm_free; false (nothing freed) when an
+   * operation is stuck on it or the thread did not stop within limitMs.
+   */
+  free(limitMs: number): boolean;
 }
 
 export interface MpiAddon {
@@ -110,6 +115,9 @@ export function initMpiWorld(timeoutMs: number): MpiComm {
 
 // ---------------------------------------------------------------------------------------------
 // The GroupHandle adapter
+
+/** How long releasing a group waits for its communicator's thread to finish what was issued. */
+const FREE_LIMIT_MS = 5000;
 
 const ALIAS = (): number => (aliasId ??= native.lookupOp('aten::alias', ''));
 let aliasId: number | undefined;
@@ -228,9 +236,14 @@ export class MpiGroupHandle implements GroupHandle {
   backendName(): string {
     return 'mpi';
   }
-  /** Later calls throw. The communicator itself lives until MPI is finalized at exit. */
+  /**
+   * Later calls throw, and the communicator is freed with its worker thread (destroyProcessGroup).
+   * A communicator stuck in a timed-out operation cannot be freed: it stays until the process exits.
+   */
   release(): void {
+    if (this.released) return;
     this.released = true;
+    this.comm.free(FREE_LIMIT_MS);
   }
   private released = false;
 }

@@ -176,6 +176,8 @@ interface WorldState {
 }
 
 let state: WorldState | undefined;
+/** Worlds this process has joined so far: each meets in a store of its own ([Note: store cycles]). */
+let cycles = 0;
 
 function glooDevice(env: LaunchEnv): { hostname?: string; iface?: string } {
   const e = process.env;
@@ -273,7 +275,7 @@ export function initProcessGroup(opts: { timeoutMs?: number; backend?: Backend |
   }
   if (backend === 'mpi') return initMpi(env, ranks, timeoutMs, deviceOpts);
 
-  const rendezvous = openStore(env, timeoutMs);
+  const rendezvous = openStore(env, timeoutMs, cycles++);
   const store = rendezvous.handle;
   const where = rendezvous.kind === 'file' ? rendezvous.where : `${env.masterAddr}:${env.masterPort}`;
   let handle: GroupHandle;

@@ -11,6 +11,13 @@
 //
 // close() releases everything at once: the client connection, and on rank 0 the server's listener
 // and its thread.
+//
+// [Note: store cycles] A process may destroy its world and join a new one (destroyProcessGroup, then
+// initProcessGroup), and every rank counts those cycles alike. Each cycle meets in a store of its
+// own: the FileStore of cycle k > 0 is FLOTILLA_STORE_FILE + '.k', and rank 0's server of cycle k
+// holds the key 'cycle/k' from the start; a rank that reaches the previous cycle's server (rank 0
+// has not closed it yet) sees no such key, disconnects and tries again. Otherwise the new cycle's
+// rank claims would meet the old ones, or a rank would join a server that is about to close.
 import { statSync } from 'node:fs';
 import { dirname } from 'node:path';
 import { MessageChannel, receiveMessageOnPort, Worker } from 'node:worker_threads';
@@ -62,10 +69,19 @@ export function jobSecret(env: LaunchEnv, vars: Record<string, string | undefine
   return secret;
 }
 
-/** Opens the world's store (see the top of this file). */
-export function openStore(env: LaunchEnv, timeoutMs: number): RendezvousStore {
-  const file = process.env.FLOTILLA_STORE_FILE?.trim();
-  if (file) {
+/** Blocks this thread for ms milliseconds. */
+function sleepSync(ms: number): void {
+  Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, ms);
+}
+
+/** A connection that broke while the previous cycle's server was closing: worth another try. */
+const CLOSING_SERVER = /closed the connection|lost the connection|did not greet|did not answer/;
+
+/** Opens the world's store (see the top of this file) for the given cycle of this process. */
+export function openStore(env: LaunchEnv, timeoutMs: number, cycle = 0): RendezvousStore {
+  const base = process.env.FLOTILLA_STORE_FILE?.trim();
+  if (base) {
+    const file = cycle === 0 ? base : `${base}.${cycle}`;
     const problem = privateDirProblem(dirname(file));
     if (problem !== undefined) {
       throw new LaunchEnvError(`FLOTILLA_STORE_FILE=${file}: ${problem}; unset it to rendezvous over MASTER_ADDR, or let \`flotilla run\` create it`);
@@ -76,10 +92,32 @@ export function openStore(env: LaunchEnv, timeoutMs: number): RendezvousStore {
 
   const secret = jobSecret(env);
   const where = `${env.masterAddr}:${env.masterPort}`;
-  const server = env.rank === 0 ? serveStore(env.masterAddr, env.masterPort, secret, timeoutMs) : undefined;
+  const cycleKey = `cycle/${cycle}`;
+  const server = env.rank === 0 ? serveStore(env.masterAddr, env.masterPort, secret, timeoutMs, { [cycleKey]: '1' }) : undefined;
   let handle: StoreHandle;
   try {
-    handle = native.createSocketStore(env.masterAddr, env.masterPort, timeoutMs, MAX_FRAME_BYTES, (nonce) => storeProof(secret, nonce));
+    const deadline = Date.now() + timeoutMs;
+    for (let attempt = 0; ; attempt++) {
+      const left = Math.max(1, deadline - Date.now());
+      let h: StoreHandle | undefined;
+      let current: boolean;
+      try {
+        h = native.createSocketStore(env.masterAddr, env.masterPort, left, MAX_FRAME_BYTES, (nonce) => storeProof(secret, nonce));
+        current = h.check([cycleKey]);
+      } catch (e) {
+        h?.release();
+        if (!CLOSING_SERVER.test((e as Error).message) || Date.now() >= deadline) throw e;
+        sleepSync(50);
+        continue;
+      }
+      if (current) {
+        handle = h;
+        break;
+      }
+      h.release(); // the previous cycle's server, still open: see [Note: store cycles]
+      if (Date.now() >= deadline) throw new Error(`only the server of an earlier cycle answered (this process is in cycle ${cycle})`);
+      sleepSync(Math.min(50 * (attempt + 1), 250));
+    }
   } catch (e) {
     server?.close();
     const msg = (e as Error).message;
@@ -112,11 +150,11 @@ function workerSource(): string {
  * Starts the store server in a worker thread and waits (blocking this thread) until it listens.
  * close() stops it and waits until its listener is closed.
  */
-function serveStore(host: string, port: number, secret: string, timeoutMs: number): { close(): void } {
+function serveStore(host: string, port: number, secret: string, timeoutMs: number, initialKeys: Record<string, string>): { close(): void } {
   const state = new SharedArrayBuffer(4);
   const flag = new Int32Array(state);
   const { port1, port2 } = new MessageChannel();
-  const data: StoreWorkerData = { flotillaStoreServer: { host, port, secret }, state, port: port2 };
+  const data: StoreWorkerData = { flotillaStoreServer: { host, port, secret, initialKeys }, state, port: port2 };
   const worker = new Worker(workerSource(), { eval: true, workerData: data, transferList: [port2], stdout: false, stderr: false });
   worker.unref();
   Atomics.wait(flag, 0, 0, Math.min(timeoutMs, 60_000));

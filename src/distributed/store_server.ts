@@ -40,6 +40,8 @@ export interface StoreServerOptions {
   /** The job secret ('' when the job has none, which store.ts allows on loopback only). */
   secret: string;
   maxFrameBytes?: number;
+  /** Keys the store holds from the start (store.ts names the world's cycle with one). */
+  initialKeys?: Record<string, string>;
 }
 
 /** One message, request or reply: u32 length, a code byte (op or status), then u32-length-prefixed fields. */
@@ -81,7 +83,7 @@ interface Waiter {
 /** Starts the server; resolves once it listens (rejects with the listen error). */
 export function startStoreServer(o: StoreServerOptions): Promise<Server> {
   const maxFrame = o.maxFrameBytes ?? MAX_FRAME_BYTES;
-  const data = new Map<string, Buffer>();
+  const data = new Map<string, Buffer>(Object.entries(o.initialKeys ?? {}).map(([k, v]) => [k, Buffer.from(v)]));
   let waiters: Waiter[] = [];
   const sockets = new Set<Socket>();
 
