@@ -8,12 +8,33 @@
 // the global batch (the trainer checks this at start-up with localSampleIds), a run with 1 rank and
 // k micro-batches reads exactly the samples of a run with k ranks, and resuming only needs the step
 // counter and the seed.
+//
+// [Note: sources and blending]
+// What a sample reads is a window of seqLen + 1 tokens of a TokenCorpus (src/data/corpus_files.ts:
+// in-memory arrays or token files read by byte range). With several weighted sources, sample g of the
+// run (g = step * globalBatch + i) reads source k where the Weyl point frac(g * phi + seedShift)
+// falls in k's share of [0, 1): a low-discrepancy sequence, so after N samples every source has had
+// its weight's share to within O(log N / N), decided by g alone. The window within the source comes
+// from the same (seed, step) stream as with one source. So blending keeps the partition property
+// and the loader's whole state stays (step, micro).
 import { type Tensor, tensor } from '../tensor/index.js';
 import type { TokenArray } from './tokenizer.js';
+import { TokenCorpus } from './corpus_files.js';
+import { Prefetcher } from './prefetch.js';
+import { Sampler, type LoaderSource, type Sample, type SamplerSpec } from './sampler.js';
+
+export { sampleStream, uniformStream, blendedSource, Sampler, type LoaderSource, type Sample, type SamplerSpec } from './sampler.js';
 
 export interface LoaderOptions {
-  /** The token stream to sample windows from. */
-  tokens: TokenArray;
+  /** The token stream to sample windows from (or `sources`). */
+  tokens?: TokenArray;
+  /** Weighted corpora to sample from (instead of `tokens`). */
+  sources?: LoaderSource[];
+  /**
+   * Batches a worker thread prepares ahead of next() (0: none, next() reads inline). The worker
+   * reads the same windows; only when they are read changes.
+   */
+  prefetch?: number;
   /** Tokens per sample (T). */
   seqLen: number;
   /** Samples per optimizer step, summed over every DP rank and micro-batch. */
@@ -49,37 +70,13 @@ export interface LoaderState {
   seqLen: number;
 }
 
-/** 32-bit integer hash (a bijection with good avalanche). */
-function mix32(z: number): number {
-  z = Math.imul(z ^ (z >>> 16), 0x21f0aaad);
-  z = Math.imul(z ^ (z >>> 15), 0x735a2d97);
-  return (z ^ (z >>> 15)) >>> 0;
-}
-
-const GOLDEN = 0x9e3779b9;
-
-/** `count` uniform integers in [0, range) for (seed, step): a splitmix-style counter stream. */
-export function sampleStream(seed: number, step: number, count: number, range: number): number[] {
-  let state = mix32((mix32(seed) + Math.imul(step, GOLDEN)) | 0);
-  const out = new Array<number>(count);
-  for (let i = 0; i < count; i++) {
-    state = (state + GOLDEN) | 0;
-    const hi = mix32(state);
-    state = (state + GOLDEN) | 0;
-    const lo = mix32(state);
-    const u = (hi * 2 ** 21 + (lo >>> 11)) / 2 ** 53; // 53 random bits in [0, 1)
-    out[i] = Math.floor(u * range);
-  }
-  return out;
-}
-
 function positiveInt(v: number, name: string): number {
   if (!Number.isInteger(v) || v <= 0) throw new Error(`loader: ${name} must be a positive integer, got ${v}`);
   return v;
 }
 
 export class DataLoader {
-  readonly tokens: TokenArray;
+  readonly sources: LoaderSource[];
   readonly seqLen: number;
   readonly globalBatch: number;
   readonly dpRank: number;
@@ -92,9 +89,17 @@ export class DataLoader {
   private seedValue: number;
   private stepValue = 0;
   private microValue = 0;
+  private readonly sampler: Sampler;
+  private readonly prefetchDepth: number;
+  private prefetcher: Prefetcher | undefined;
 
   constructor(o: LoaderOptions) {
-    this.tokens = o.tokens;
+    if ((o.tokens === undefined) === (o.sources === undefined)) throw new Error('loader: give either tokens or sources');
+    this.sources = o.sources ?? [{ corpus: TokenCorpus.fromArray(o.tokens!), weight: 1 }];
+    if (this.sources.length === 0) throw new Error('loader: sources is empty; give at least one source');
+    for (const s of this.sources) {
+      if (!(Number.isFinite(s.weight) && s.weight > 0)) throw new Error(`loader: the weight of ${s.corpus.name} must be a positive number, got ${s.weight}`);
+    }
     this.seqLen = positiveInt(o.seqLen, 'seqLen');
     this.globalBatch = positiveInt(o.globalBatch, 'globalBatch');
     this.dpSize = positiveInt(o.dpSize ?? 1, 'dpSize');
@@ -115,13 +120,33 @@ export class DataLoader {
     }
     this.localBatch = this.globalBatch / this.dpSize;
     this.microBatchSize = this.localBatch / this.microBatches;
-    if (this.tokens.length < this.seqLen + 1) {
-      throw new Error(
-        `loader: ${this.tokens.length} tokens cannot hold one sample of data.seqLen=${this.seqLen} (+1 target token); ` +
-          'use a longer text or a shorter data.seqLen',
-      );
+    for (const s of this.sources) {
+      if (s.corpus.starts(this.seqLen + 1) === 0) {
+        throw new Error(
+          `loader: ${s.corpus.length} tokens${this.sources.length > 1 || o.sources ? ` of ${s.corpus.name}` : ''} cannot hold one sample of data.seqLen=${this.seqLen} (+1 target token); ` +
+            'use a longer text or a shorter data.seqLen',
+        );
+      }
     }
     this.seedValue = checkSeed(o.seed ?? 0);
+    const geo = { seqLen: this.seqLen, globalBatch: this.globalBatch, dpRank: this.dpRank, dpSize: this.dpSize, microBatches: this.microBatches };
+    this.sampler = new Sampler(this.sources, geo);
+    this.prefetchDepth = o.prefetch ?? 0;
+  }
+
+  /** The tokens of a single in-memory source (the original constructor's `tokens`). */
+  get tokens(): TokenArray | undefined {
+    const specs = this.sources.length === 1 ? this.sources[0]!.corpus.specs : [];
+    const s = specs.length === 1 ? specs[0]! : undefined;
+    return s?.kind === 'memory' && s.lo === 0 && s.hi === s.tokens.length ? s.tokens : undefined;
+  }
+
+  /** Plain data a worker thread can rebuild this loader's sampler from. */
+  samplerSpec(): SamplerSpec {
+    return {
+      sources: this.sources.map((s) => ({ specs: s.corpus.specs, name: s.corpus.name, vocabSize: s.corpus.vocabSize, weight: s.weight })),
+      ...this.sampler.geo,
+    };
   }
 
   get seed(): number {
@@ -136,9 +161,14 @@ export class DataLoader {
     return this.microValue;
   }
 
-  /** Start offsets of the whole global batch of `step` (identical on every rank). */
+  /** Window starts of the whole global batch of `step` (identical on every rank; with one in-memory source, token offsets). */
   sampleOffsets(step: number): number[] {
-    return sampleStream(this.seedValue, step, this.globalBatch, this.tokens.length - this.seqLen);
+    return this.sampler.samples(this.seedValue, step).map((s) => s.window);
+  }
+
+  /** Source and window of every sample of the global batch of `step`. */
+  samples(step: number): Sample[] {
+    return this.sampler.samples(this.seedValue, step);
   }
 
   /** Indices into the global batch that this rank reads at `step` (all its micro-batches, in order). */
@@ -159,27 +189,37 @@ export class DataLoader {
   /** The (x, y) of one micro-batch, by position; does not move the cursor. */
   batch(step: number, micro: number): { x: Tensor; y: Tensor } {
     if (!Number.isInteger(step) || step < 0) throw new Error(`loader: step must be a non-negative integer, got ${step}`);
-    const offsets = this.sampleOffsets(step);
-    const ids = this.microSampleIds(step, micro);
+    this.microSampleIds(step, micro); // checks micro
     const T = this.seqLen;
-    const B = ids.length;
+    const B = this.microBatchSize;
     const xs = new Int32Array(B * T);
     const ys = new Int32Array(B * T);
-    ids.forEach((id, b) => {
-      const start = offsets[id]!;
-      for (let t = 0; t < T; t++) {
-        xs[b * T + t] = this.tokens[start + t]!;
-        ys[b * T + t] = this.tokens[start + t + 1]!;
-      }
-    });
-    return { x: tensor(xs, { shape: [B, T], dtype: 'int64' }), y: tensor(ys, { shape: [B, T], dtype: 'int64' }) };
+    this.sampler.fill(this.seedValue, step, micro, xs, ys);
+    return this.toTensors(xs, ys);
+  }
+
+  private toTensors(xs: Int32Array, ys: Int32Array): { x: Tensor; y: Tensor } {
+    const shape = [this.microBatchSize, this.seqLen];
+    return { x: tensor(xs, { shape, dtype: 'int64' }), y: tensor(ys, { shape, dtype: 'int64' }) };
   }
 
   /** The next micro-batch; after the last micro-batch of a step the cursor moves to the next step. */
   next(): Batch {
     const step = this.stepValue;
     const micro = this.microValue;
-    const { x, y } = this.batch(step, micro);
+    let x: Tensor;
+    let y: Tensor;
+    if (this.prefetchDepth > 0) {
+      const pos = step * this.microBatches + micro;
+      if (!this.prefetcher || !this.prefetcher.serves(pos)) {
+        this.prefetcher?.close();
+        this.prefetcher = new Prefetcher(this.samplerSpec(), this.seedValue, pos, this.prefetchDepth);
+      }
+      // The native side takes ordinary buffers only: copy out of the shared ring.
+      ({ x, y } = this.prefetcher.take(pos, (xs, ys) => this.toTensors(xs.slice(), ys.slice())));
+    } else {
+      ({ x, y } = this.batch(step, micro));
+    }
     this.microValue++;
     if (this.microValue === this.microBatches) {
       this.microValue = 0;
@@ -206,6 +246,14 @@ export class DataLoader {
     this.seedValue = checkSeed(s.seed);
     this.stepValue = s.step;
     this.microValue = s.micro;
+    this.prefetcher?.close(); // it read ahead from the old position
+    this.prefetcher = undefined;
+  }
+
+  /** Stops the prefetch worker (if any). The loader still works afterwards, reading inline. */
+  close(): void {
+    this.prefetcher?.close();
+    this.prefetcher = undefined;
   }
 }
 

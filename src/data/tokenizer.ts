@@ -1,12 +1,54 @@
-// Byte-level tokenizer: a token is one byte of the UTF-8 encoding, so the vocabulary is 256, every
-// string round-trips, and no merge table has to be trained, shipped or versioned.
+// Tokenizers: bytes (vocabulary 256, nothing to train or ship), GPT-2's BPE (its 50,257 ranks ship
+// inside the npm package gpt-tokenizer, so nothing is fetched), and any Hugging Face tokenizer.json
+// (read by @huggingface/tokenizers; `flotilla tokenizer train` writes one, src/data/bpe_train.ts).
+//
+// `loadTokenizer(spec)` is the one entry point: training, `flotilla prepare` and decoding samples all
+// use it, and a prepared dataset records `tokenizer.identity` so a run refuses data made by another.
+import { createHash } from 'node:crypto';
+import { createRequire } from 'node:module';
+import { existsSync, readFileSync, statSync } from 'node:fs';
+import { resolve } from 'node:path';
 
 /** Token ids as stored by datasets and loaders. */
-export type TokenArray = Uint8Array | Uint16Array | Int32Array;
+export type TokenArray = Uint8Array | Uint16Array | Uint32Array | Int32Array;
 
-export class ByteTokenizer {
+/** What every tokenizer offers. */
+export interface Tokenizer {
+  /** "byte", "gpt2" or the absolute path of a tokenizer.json. */
+  readonly spec: string;
+  /** Short human name for messages. */
+  readonly name: string;
+  /** Ids lie in 0..vocabSize-1; the model's embedding must hold at least this many. */
+  readonly vocabSize: number;
+  /** The id written between documents by `flotilla prepare`. */
+  readonly eot: number;
+  /** A digest of everything that decides the ids (the merge table, the special tokens). */
+  readonly identity: string;
+  /** Ids of text; special-token strings in the text are ordinary text. */
+  encode(text: string): ArrayLike<number>;
+  /** Text of ids; a cut through a multi-byte character decodes to U+FFFD. */
+  decode(ids: ArrayLike<number>): string;
+}
+
+/** Digest of a tokenizer's defining content, as recorded in a prepared dataset's manifest. */
+function digest(...parts: (string | Buffer)[]): string {
+  const h = createHash('sha256');
+  for (const p of parts) h.update(p);
+  return `sha256:${h.digest('hex')}`;
+}
+
+/**
+ * Byte-level tokenizer: a token is one byte of the UTF-8 encoding, so the vocabulary is 256 and
+ * every string round-trips. Prepared byte datasets separate documents with byte 0 (NUL), which
+ * text does not use.
+ */
+export class ByteTokenizer implements Tokenizer {
+  readonly spec = 'byte';
+  readonly name = 'byte';
   /** Number of distinct ids (0..255). */
   readonly vocabSize = 256;
+  readonly eot = 0;
+  readonly identity = digest('flotilla byte tokenizer v1');
 
   /** UTF-8 bytes of text, one id per byte. */
   encode(text: string): Uint8Array {
@@ -19,10 +61,7 @@ export class ByteTokenizer {
     return Int32Array.from(this.encode(text));
   }
 
-  /**
-   * Text from ids. Ids must lie in 0..255; a cut through a multi-byte character (e.g. in sampled
-   * text) decodes to U+FFFD rather than throwing.
-   */
+  /** Text from ids in 0..255. */
   decode(ids: ArrayLike<number>): string {
     let bytes: Uint8Array;
     if (ids instanceof Uint8Array) {
@@ -39,4 +78,121 @@ export class ByteTokenizer {
     }
     return Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).toString('utf8');
   }
+}
+
+interface GptTokenizerModule {
+  encode(text: string, opts?: { allowedSpecial?: Set<string>; disallowedSpecial?: Set<string> }): number[];
+  decode(ids: Iterable<number>): string;
+}
+
+/** GPT-2's byte-level BPE (50,257 ids; <|endoftext|> = 50256), from the package's own ranks. */
+export class Gpt2Tokenizer implements Tokenizer {
+  readonly spec = 'gpt2';
+  readonly name = 'gpt2';
+  readonly vocabSize = 50257;
+  readonly eot = 50256;
+  readonly identity = digest('gpt2 r50k_base (gpt-tokenizer)');
+  private readonly ordinary = { allowedSpecial: new Set<string>(), disallowedSpecial: new Set<string>() };
+
+  constructor(private readonly impl: GptTokenizerModule) {}
+
+  encode(text: string): number[] {
+    return this.impl.encode(text, this.ordinary);
+  }
+
+  decode(ids: ArrayLike<number>): string {
+    return this.impl.decode(Array.from(ids));
+  }
+}
+
+interface HfTokenizer {
+  encode(text: string, opts?: { add_special_tokens?: boolean }): { ids: number[] };
+  decode(ids: number[], opts?: { skip_special_tokens?: boolean }): string;
+  token_to_id(token: string): number | undefined;
+}
+
+/** End-of-text tokens, by convention, in the order they are looked for in a tokenizer.json. */
+const EOT_NAMES = ['<|endoftext|>', '</s>', '<eos>', '[SEP]', '<|end_of_text|>'];
+
+/** A Hugging Face tokenizer.json (any model @huggingface/tokenizers reads: BPE, WordPiece, Unigram). */
+export class JsonTokenizer implements Tokenizer {
+  readonly name: string;
+  readonly vocabSize: number;
+  readonly eot: number;
+  readonly identity: string;
+
+  constructor(readonly spec: string, private readonly impl: HfTokenizer, json: { model?: { vocab?: unknown }; added_tokens?: { id: number; content: string }[] }, bytes: Buffer) {
+    this.name = spec;
+    let maxId = -1;
+    const vocab = json.model?.vocab;
+    if (Array.isArray(vocab)) maxId = vocab.length - 1; // Unigram: [token, score] pairs
+    else if (vocab && typeof vocab === 'object') for (const v of Object.values(vocab as Record<string, number>)) if (v > maxId) maxId = v;
+    for (const t of json.added_tokens ?? []) if (t.id > maxId) maxId = t.id;
+    this.vocabSize = maxId + 1;
+    const eot = EOT_NAMES.map((n) => impl.token_to_id(n)).find((id) => id !== undefined);
+    if (eot === undefined) {
+      throw new Error(`tokenizer ${spec} has no end-of-text token (one of ${EOT_NAMES.join(', ')}); add one to its added_tokens, or train one with \`flotilla tokenizer train\``);
+    }
+    this.eot = eot;
+    this.identity = digest(bytes);
+  }
+
+  encode(text: string): number[] {
+    return this.impl.encode(text, { add_special_tokens: false }).ids;
+  }
+
+  decode(ids: ArrayLike<number>): string {
+    return this.impl.decode(Array.from(ids), { skip_special_tokens: false });
+  }
+}
+
+const require = createRequire(import.meta.url);
+
+/** A short label for a tokenizer spec in messages. */
+export function describeTokenizerSpec(spec: string): string {
+  return spec === 'byte' || spec === 'gpt2' ? spec : resolve(spec);
+}
+
+/**
+ * The tokenizer a `data.tokenizer` / `--tokenizer` value names: "byte", "gpt2", or a path to a
+ * tokenizer.json. Errors name the value and the fix.
+ */
+export async function loadTokenizer(spec: string): Promise<Tokenizer> {
+  if (spec === 'byte') return new ByteTokenizer();
+  if (spec === 'gpt2') {
+    let mod: GptTokenizerModule;
+    try {
+      mod = (await import('gpt-tokenizer/encoding/r50k_base')) as unknown as GptTokenizerModule;
+    } catch {
+      throw new Error('tokenizer "gpt2" needs the npm package gpt-tokenizer; run `npm install` in the flotilla checkout');
+    }
+    return new Gpt2Tokenizer(mod);
+  }
+  const path = resolve(spec);
+  if (!existsSync(path) || !statSync(path).isFile()) {
+    throw new Error(`tokenizer ${JSON.stringify(spec)}: no such file ${path}; use "byte", "gpt2" or the path of a tokenizer.json (make one with \`flotilla tokenizer train\`)`);
+  }
+  const bytes = readFileSync(path);
+  let json: Record<string, unknown>;
+  try {
+    json = JSON.parse(bytes.toString('utf8')) as Record<string, unknown>;
+  } catch (e) {
+    throw new Error(`tokenizer ${path} is not JSON (${(e as Error).message}); pass a Hugging Face tokenizer.json`);
+  }
+  if (json === null || typeof json !== 'object' || typeof json.model !== 'object' || json.model === null) {
+    throw new Error(`tokenizer ${path} has no "model" table, so it is not a Hugging Face tokenizer.json`);
+  }
+  const { Tokenizer: HfTokenizerClass } = require('@huggingface/tokenizers') as { Tokenizer: new (t: object, c: object) => HfTokenizer };
+  let impl: HfTokenizer;
+  try {
+    impl = new HfTokenizerClass(json, {});
+  } catch (e) {
+    throw new Error(`tokenizer ${path} cannot be loaded by @huggingface/tokenizers: ${(e as Error).message}`);
+  }
+  return new JsonTokenizer(path, impl, json as ConstructorParameters<typeof JsonTokenizer>[2], bytes);
+}
+
+/** Synchronous loader for the built-in tokenizers only (the byte tokenizer needs no package). */
+export function byteTokenizer(): ByteTokenizer {
+  return new ByteTokenizer();
 }

@@ -1,0 +1,97 @@
+// Batches prepared ahead on a worker thread, off the step's critical path.
+//
+// The worker rebuilds the loader's Sampler from plain data (the same windows, the same order) and
+// fills a ring of `depth` slots in shared memory; each slot carries a tag, the position it holds + 1.
+// take(pos) waits on that tag (Atomics.wait: the training step is synchronous), copies the tokens
+// into tensors, and asks for position pos + depth in the freed slot. A jump of the cursor (resume)
+// starts a new worker rather than racing an old one's writes.
+import { MessageChannel, receiveMessageOnPort, type MessagePort, type Worker } from 'node:worker_threads';
+import type { SamplerSpec } from './sampler.js';
+import { siblingUrl, startWorker } from './workers.js';
+
+/** What the worker is started with. */
+export interface PrefetchInit {
+  spec: SamplerSpec;
+  seed: number;
+  depth: number;
+  shared: SharedArrayBuffer;
+  port: MessagePort;
+}
+
+/** Byte layout of the shared ring: `depth` Int32 tags, then per slot x then y (B * T int32 each). */
+export function ringLayout(spec: SamplerSpec, depth: number): { tagsBytes: number; slotInts: number; bytes: number } {
+  const bt = (spec.globalBatch / spec.dpSize / spec.microBatches) * spec.seqLen;
+  const tagsBytes = 4 * depth;
+  return { tagsBytes, slotInts: 2 * bt, bytes: tagsBytes + 4 * 2 * bt * depth };
+}
+
+const WAIT_LIMIT_MS = 120_000;
+
+export class Prefetcher {
+  private readonly worker: Worker;
+  private readonly tags: Int32Array;
+  private readonly data: Int32Array;
+  private readonly slotInts: number;
+  private readonly errors: MessagePort;
+  private next: number;
+  private closed = false;
+
+  constructor(spec: SamplerSpec, seed: number, start: number, private readonly depth: number) {
+    const layout = ringLayout(spec, depth);
+    const shared = new SharedArrayBuffer(layout.bytes);
+    this.tags = new Int32Array(shared, 0, depth);
+    this.data = new Int32Array(shared, layout.tagsBytes);
+    this.slotInts = layout.slotInts;
+    const { port1, port2 } = new MessageChannel();
+    this.errors = port1;
+    const init: PrefetchInit = { spec, seed, depth, shared, port: port2 };
+    this.worker = startWorker(siblingUrl('prefetch_worker'), { workerData: init, transferList: [port2] });
+    this.worker.unref();
+    this.next = start;
+    for (let i = 0; i < depth; i++) this.request(start + i);
+  }
+
+  private request(pos: number): void {
+    this.worker.postMessage(pos);
+    this.next = pos + 1;
+  }
+
+  /** Whether take(pos) can be served by this ring (pos is the next position it expects). */
+  serves(pos: number): boolean {
+    return !this.closed && pos === this.next - this.depth;
+  }
+
+  /** The batch at `pos` (which must be the next in order), turned into whatever `make` builds. */
+  take<T>(pos: number, make: (xs: Int32Array, ys: Int32Array) => T): T {
+    if (!this.serves(pos)) throw new Error(`internal: prefetcher asked for position ${pos}, expected ${this.next - this.depth}`);
+    const slot = pos % this.depth;
+    const waitStart = Date.now();
+    for (;;) {
+      const tag = Atomics.load(this.tags, slot);
+      if (tag === pos + 1) break;
+      if (tag === -1) {
+        const msg = receiveMessageOnPort(this.errors)?.message as string | undefined;
+        this.close();
+        throw new Error(msg ?? 'the data prefetch worker failed');
+      }
+      if (Date.now() - waitStart > WAIT_LIMIT_MS) {
+        this.close();
+        throw new Error(`the data prefetch worker gave no batch for ${WAIT_LIMIT_MS / 1000} s; set data.prefetch = 0 to read inline`);
+      }
+      Atomics.wait(this.tags, slot, tag, 1000);
+    }
+    const base = slot * this.slotInts;
+    const half = this.slotInts / 2;
+    const out = make(this.data.subarray(base, base + half), this.data.subarray(base + half, base + this.slotInts));
+    Atomics.store(this.tags, slot, 0);
+    this.request(pos + this.depth);
+    return out;
+  }
+
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    void this.worker.terminate();
+    this.errors.close();
+  }
+}
