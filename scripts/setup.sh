@@ -12,6 +12,11 @@
 # mpi.h exists). Within a host it all-reduces over shared memory several times faster than Gloo over
 # loopback TCP; `npm start` uses it when it is installed.
 #
+# Why iproute2: `flotilla run --backend mpi` runs mpirun in a network namespace with only loopback (its
+# out-of-band listener binds every interface otherwise) and brings that loopback up with `ip`; the
+# route to MASTER_ADDR (`ip route get`) picks Gloo's interface across hosts; the two-host test builds
+# its namespaces with it.
+#
 #   bash scripts/setup.sh           install what is missing (as root), or say what to run (not root)
 #   bash scripts/setup.sh --check   exit 0 when nothing is missing, 1 otherwise; prints nothing
 #
@@ -25,7 +30,7 @@ case "${1:-}" in
   *) echo "usage: bash scripts/setup.sh [--check]" >&2; exit 2 ;;
 esac
 
-packages=(build-essential g++ make python3 libgloo-dev python3-torch libopenblas0-openmp libopenmpi-dev openmpi-bin)
+packages=(build-essential g++ make python3 libgloo-dev python3-torch libopenblas0-openmp libopenmpi-dev openmpi-bin iproute2)
 if [[ -n "${LIBTORCH:-}" ]]; then
   if [[ ! -d "$LIBTORCH/include/torch" ]]; then
     echo "flotilla setup: LIBTORCH=$LIBTORCH has no include/torch; point LIBTORCH at an unzipped libtorch or unset it" >&2

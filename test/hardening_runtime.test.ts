@@ -7,7 +7,7 @@ import { mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, writeFile
 import { connect, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { runWorld, parseResults, describeWorld, scriptCommand, isAlive, REPO_ROOT } from './helpers/world.js';
+import { runWorld, parseResults, describeWorld, scriptCommand, isAlive, assertMpiBuilt, REPO_ROOT } from './helpers/world.js';
 import { frame, storeProof, Op, Status } from '../src/distributed/store_server.js';
 
 const RANK_SCRIPT = 'test/helpers/ranks/hardening.ts';
@@ -77,6 +77,70 @@ test('a single-host `flotilla run` exposes nothing beyond loopback: no store lis
     const code = await new Promise((r) => launcher.on('close', r));
     rmSync(dir, { recursive: true, force: true });
     assert.equal(code, 0);
+  }
+});
+
+/**
+ * Listening TCP sockets of a process as its own network namespace sees them, and that namespace's
+ * interfaces (from /proc/<pid>/net: a process in a namespace of its own has its own tables).
+ */
+function listenersInOwnNamespace(pid: number): { listening: { addr: string; port: number }[]; interfaces: string[]; ownNamespace: boolean } {
+  const inodes = new Set<string>();
+  for (const fd of readdirSync(`/proc/${pid}/fd`)) {
+    try {
+      const m = /^socket:\[(\d+)\]$/.exec(readlinkSync(`/proc/${pid}/fd/${fd}`));
+      if (m) inodes.add(m[1]!);
+    } catch {
+      // gone meanwhile
+    }
+  }
+  const listening: { addr: string; port: number }[] = [];
+  for (const [file, v6] of [[`/proc/${pid}/net/tcp`, false], [`/proc/${pid}/net/tcp6`, true]] as const) {
+    for (const line of readFileSync(file, 'utf8').split('\n').slice(1)) {
+      const c = line.trim().split(/\s+/);
+      if (!inodes.has(c[9]!) || c[3] !== '0A') continue;
+      const [hex, port] = c[1]!.split(':') as [string, string];
+      listening.push({ addr: v6 ? hex : hex.match(/../g)!.reverse().map((b) => parseInt(b, 16)).join('.'), port: parseInt(port, 16) });
+    }
+  }
+  const interfaces = readFileSync(`/proc/${pid}/net/dev`, 'utf8').split('\n').slice(2).map((l) => l.split(':')[0]!.trim()).filter((n) => n !== '');
+  return { listening, interfaces, ownNamespace: readlinkSync(`/proc/${pid}/ns/net`) !== readlinkSync('/proc/self/ns/net') };
+}
+
+/** The nearest ancestor of pid whose command name is `name`. */
+function ancestorNamed(pid: number, name: string): number | undefined {
+  for (let p = pid, i = 0; p > 1 && i < 10; i++) {
+    const stat = readFileSync(`/proc/${p}/stat`, 'utf8');
+    if (stat.slice(stat.indexOf('(') + 1, stat.lastIndexOf(')')) === name) return p;
+    p = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+  }
+  return undefined;
+}
+
+test('a single-host `flotilla run --backend mpi` is reachable on loopback only: ranks and mpirun', async () => {
+  assertMpiBuilt();
+  const dir = mkdtempSync(join(tmpdir(), 'flotilla-test-'));
+  const go = join(dir, 'go');
+  const launcher = spawn(process.execPath, [FLOTILLA, 'run', '--backend', 'mpi', '--nproc', '2', join(REPO_ROOT, RANK_SCRIPT), 'listen', go], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let err = '';
+  launcher.stderr!.on('data', (d) => (err += d));
+  try {
+    const pids = (await waitForOutput(launcher, /PID \d+ (\d+)/, 2, 'both ranks joining')).map((m) => Number(m[1]));
+    const mpirun = ancestorNamed(pids[0]!, 'mpirun');
+    assert.ok(mpirun !== undefined, 'mpirun is an ancestor of the ranks');
+    for (const [what, pid] of [['rank 0', pids[0]!], ['rank 1', pids[1]!], ['mpirun', mpirun]] as const) {
+      const v = listenersInOwnNamespace(pid);
+      const exposed = v.listening.filter((l) => !isLoopbackHex(l.addr));
+      // Reachable from elsewhere only through a listener on a non-loopback address, or on a wildcard
+      // address in a namespace that has an interface besides lo.
+      const reachable = v.ownNamespace && v.interfaces.every((n) => n === 'lo') ? [] : exposed;
+      assert.deepEqual(reachable, [], `${what} (pid ${pid}) listens beyond loopback: ${JSON.stringify(v)}`);
+    }
+  } finally {
+    writeFileSync(go, '');
+    const code = await new Promise((r) => launcher.on('close', r));
+    rmSync(dir, { recursive: true, force: true });
+    assert.equal(code, 0, err);
   }
 });
 

@@ -16,7 +16,20 @@
 // with `flotilla run` on Gloo: a rank's intra-op, MPI and runtime threads share whatever is free.
 // Running as root, Open MPI needs OMPI_ALLOW_RUN_AS_ROOT(_CONFIRM); they are set for root only.
 // This module loads no native addon (the test harness uses it).
-import { spawn, type ChildProcess } from 'node:child_process';
+//
+// [Note: MPI listeners] A job on one host must listen on nothing but loopback. Left alone, Open MPI's
+// TCP transport listens in every rank on every interface (0.0.0.0:1024, [::]:1024, ...) and mpirun's
+// out-of-band channel does too. So the ranks move data over shared memory only (btl self,vader: no
+// TCP transport is loaded) and the out-of-band channel is told to use lo. That is not enough for
+// mpirun itself: Open MPI 4.1 binds its out-of-band listener to INADDR_ANY whatever
+// oob_tcp_if_include says (checked with 4.1.4: 0.0.0.0 and [::]). So mpirun, and the ranks it starts,
+// run in a network namespace of their own that has only a loopback interface (`unshare --net`, with
+// --map-root-user when not root), where "every interface" is loopback; shared memory, files and
+// signals are unchanged, but the ranks cannot reach other hosts. FLOTILLA_MPI_NETNS=0 keeps the
+// host's network (then mpirun listens on every interface); where no namespace can be made (no
+// unshare or ip, or user namespaces disabled) the launcher says so once and runs without one.
+// MCA settings already in the environment (OMPI_MCA_btl, OMPI_MCA_oob_tcp_if_include) win.
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { accessSync, constants as fsConstants, existsSync } from 'node:fs';
 import { availableParallelism, constants as osConstants } from 'node:os';
 import { delimiter, dirname, join } from 'node:path';
@@ -58,6 +71,9 @@ export function mpirunArgs(nproc: number, cmd: string, args: string[], env: Reco
   const out = ['-np', String(nproc), '--tag-output', '--enable-recovery', '--bind-to', 'none'];
   if (nproc > availableParallelism()) out.push('--oversubscribe');
   if (env.OMPI_MCA_mpi_yield_when_idle === undefined) out.push('--mca', 'mpi_yield_when_idle', '1');
+  // One host: shared memory between ranks, out-of-band on loopback ([Note: MPI listeners]).
+  if (env.OMPI_MCA_btl === undefined) out.push('--mca', 'btl', 'self,vader');
+  if (env.OMPI_MCA_oob_tcp_if_include === undefined && env.OMPI_MCA_oob_tcp_if_exclude === undefined) out.push('--mca', 'oob_tcp_if_include', 'lo');
   // The rank's stdout goes through a pipe (`| cat`): mpirun would give it a pseudo-terminal, and a
   // rank that believes it writes to a terminal colours its output and draws its progress bar into
   // mpirun's stream instead of on the launcher's terminal (as it does under Gloo).
@@ -97,16 +113,70 @@ export function mpiInstalled(): boolean {
   return existsSync(addon) && onPath('mpirun') !== undefined;
 }
 
-/** Starts an mpirun job and routes its output and exits per rank. */
-export function spawnMpiJob(o: MpiJobOptions): ChildProcess {
+/** An executable on PATH or in the system directories (ip lives in /usr/sbin). */
+function systemTool(name: string): string | undefined {
+  const found = onPath(name);
+  if (found !== undefined) return found;
+  for (const dir of ['/usr/sbin', '/sbin', '/usr/bin', '/bin']) {
+    const p = join(dir, name);
+    if (existsSync(p)) return p;
+  }
+  return undefined;
+}
+
+let netnsProbe: { prefix: string[]; asRoot: boolean } | string | undefined;
+
+/**
+ * The command prefix that runs mpirun in a network namespace with only loopback, up
+ * ([Note: MPI listeners]), or why there is none. Probed once per process.
+ */
+export function loopbackNamespace(env: Record<string, string | undefined> = process.env): { prefix: string[]; asRoot: boolean } | string {
+  if (env.FLOTILLA_MPI_NETNS?.trim() === '0') return 'FLOTILLA_MPI_NETNS=0';
+  if (netnsProbe !== undefined) return netnsProbe;
+  const unshare = process.platform === 'linux' ? systemTool('unshare') : undefined;
+  const ip = systemTool('ip');
+  if (unshare === undefined || ip === undefined) {
+    netnsProbe = `${unshare === undefined ? 'unshare (util-linux)' : 'ip (iproute2)'} is not installed`;
+    return netnsProbe;
+  }
+  const root = process.getuid?.() === 0;
+  const prefix = [unshare, '--net', ...(root ? [] : ['--map-root-user']), '--', 'sh', '-c', `${JSON.stringify(ip)} link set lo up && exec "$@"`, 'sh'];
+  const probe = spawnSync(prefix[0]!, [...prefix.slice(1), 'true'], { stdio: ['ignore', 'ignore', 'pipe'], timeout: 10_000, encoding: 'utf8' });
+  netnsProbe = probe.status === 0
+    ? { prefix, asRoot: !root }
+    : `a network namespace could not be made (${(probe.stderr || probe.error?.message || `exit ${probe.status}`).trim().split('\n')[0]})`;
+  return netnsProbe;
+}
+
+/** The command that starts mpirun: under setpriv's parent-death signal, in a loopback-only namespace. */
+export function mpirunCommand(o: { nproc: number; cmd: string; args: string[] }, env: Record<string, string | undefined>): { cmd: string; args: string[]; env: NodeJS.ProcessEnv; isolated: boolean; why?: string } {
+  let line = ['mpirun', ...mpirunArgs(o.nproc, o.cmd, o.args, env)];
+  const childEnv = mpirunEnv(env);
+  const ns = loopbackNamespace(env);
+  if (typeof ns !== 'string') {
+    line = [...ns.prefix, ...line];
+    if (ns.asRoot) {
+      // Inside the user namespace the launcher's user is root to Open MPI.
+      childEnv.OMPI_ALLOW_RUN_AS_ROOT = '1';
+      childEnv.OMPI_ALLOW_RUN_AS_ROOT_CONFIRM = '1';
+    }
+  }
   // Under setpriv's parent-death signal where it exists: mpirun (and so every rank) ends with its launcher.
   const setpriv = process.platform === 'linux' ? onPath('setpriv') : undefined;
-  const [cmd, args] = setpriv !== undefined
-    ? [setpriv, ['--pdeathsig', 'TERM', '--', 'mpirun', ...mpirunArgs(o.nproc, o.cmd, o.args, o.env ?? process.env)]]
-    : ['mpirun', mpirunArgs(o.nproc, o.cmd, o.args, o.env ?? process.env)];
-  const child = spawn(cmd, args, {
-    env: mpirunEnv(o.env ?? process.env), cwd: o.cwd, stdio: ['ignore', 'pipe', 'pipe'],
-  });
+  if (setpriv !== undefined) line = [setpriv, '--pdeathsig', 'TERM', '--', ...line];
+  return { cmd: line[0]!, args: line.slice(1), env: childEnv, isolated: typeof ns !== 'string', ...(typeof ns === 'string' ? { why: ns } : {}) };
+}
+
+let warnedNoNamespace = false;
+
+/** Starts an mpirun job and routes its output and exits per rank. */
+export function spawnMpiJob(o: MpiJobOptions): ChildProcess {
+  const c = mpirunCommand(o, o.env ?? process.env);
+  if (!c.isolated && c.why !== 'FLOTILLA_MPI_NETNS=0' && !warnedNoNamespace) {
+    warnedNoNamespace = true;
+    o.onLine(-1, 'stderr', `ranks share the host's network: ${c.why}; mpirun's out-of-band listener is open on every interface (see FLOTILLA_MPI_NETNS in the README)`);
+  }
+  const child = spawn(c.cmd, c.args, { env: c.env, cwd: o.cwd, stdio: ['ignore', 'pipe', 'pipe'] });
   const deliver = (rank: number, stream: 'stdout' | 'stderr', line: string): void => {
     if (rank < 0) {
       if (!NOISE.test(line)) o.onLine(-1, stream, line);
