@@ -17,6 +17,9 @@
 # route to MASTER_ADDR (`ip route get`) picks Gloo's interface across hosts; the two-host test builds
 # its namespaces with it.
 #
+# Why chromium: the tests open the run report (RUN/report.html) in headless Chromium and check what
+# it draws (test/report_browser.test.ts); flotilla itself never needs a browser.
+#
 #   bash scripts/setup.sh           install what is missing (as root), or say what to run (not root)
 #   bash scripts/setup.sh --check   exit 0 when nothing is missing, 1 otherwise; prints nothing
 #
@@ -30,7 +33,7 @@ case "${1:-}" in
   *) echo "usage: bash scripts/setup.sh [--check]" >&2; exit 2 ;;
 esac
 
-packages=(build-essential g++ make python3 libgloo-dev python3-torch libopenblas0-openmp libopenmpi-dev openmpi-bin iproute2)
+packages=(build-essential g++ make python3 libgloo-dev python3-torch libopenblas0-openmp libopenmpi-dev openmpi-bin iproute2 chromium)
 if [[ -n "${LIBTORCH:-}" ]]; then
   if [[ ! -d "$LIBTORCH/include/torch" ]]; then
     echo "flotilla setup: LIBTORCH=$LIBTORCH has no include/torch; point LIBTORCH at an unzipped libtorch or unset it" >&2

@@ -120,7 +120,12 @@ function load(): Native {
   const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
   const file = join(root, 'native', 'build', 'Release', 'flotilla.node');
   if (!existsSync(file)) {
-    throw new Error(`flotilla native addon not built (${file} missing): run \`npm run build:native\` (or \`bash scripts/ensure.sh\`)`);
+    // A checkout builds it with scripts/ensure.sh; an installed package on `npm install` (when npm
+    // ran its install script) or with the same script run by hand.
+    const fix = existsSync(join(root, 'scripts', 'ensure.sh'))
+      ? '`bash scripts/ensure.sh` (or `npm run build:native`)'
+      : `\`node ${join(root, 'scripts', 'install-addon.cjs')} --build\``;
+    throw new Error(`flotilla native addon not built (${file} missing): run ${fix}`);
   }
   const addon = createRequire(import.meta.url)(file) as Native;
   tuneAllocator((mmap, trim) => addon.setMallocOptions(mmap, trim)); // [Note: allocator tuning]

@@ -1,0 +1,94 @@
+// The report's charts: Apache ECharts rendered in this process to SVG strings (its server-side
+// renderer), so the page needs no script and no network to show them.
+import * as echarts from 'echarts';
+import type { StepMetrics } from '../train/metrics.js';
+
+export interface ChartSeries {
+  name: string;
+  color: string;
+  points: [number, number][];
+  /** Draw every point as a dot (sparse series such as validation loss). */
+  dots?: boolean;
+  dashed?: boolean;
+}
+
+export interface ChartSpec {
+  title: string;
+  yName: string;
+  series: ChartSeries[];
+  logY?: boolean;
+}
+
+export const CHART_WIDTH = 860;
+export const CHART_HEIGHT = 340;
+/** More points than a chart this wide can show are thinned to about this many, keeping the last. */
+const MAX_POINTS = 2000;
+
+function thin(points: [number, number][]): [number, number][] {
+  if (points.length <= MAX_POINTS) return points;
+  const stride = Math.ceil(points.length / MAX_POINTS);
+  const out = points.filter((_, i) => i % stride === 0);
+  if (out[out.length - 1] !== points[points.length - 1]) out.push(points[points.length - 1]!);
+  return out;
+}
+
+/** One chart as a standalone <svg> element. */
+export function renderChart(spec: ChartSpec): string {
+  const chart = echarts.init(null, null, { renderer: 'svg', ssr: true, width: CHART_WIDTH, height: CHART_HEIGHT });
+  try {
+    chart.setOption({
+      animation: false,
+      title: { text: spec.title, left: 'center', textStyle: { fontSize: 15 } },
+      legend: { bottom: 0, type: 'plain' },
+      grid: { left: 70, right: 30, top: 45, bottom: 70 },
+      xAxis: { type: 'value', name: 'step', nameLocation: 'middle', nameGap: 28, minInterval: 1, scale: true },
+      yAxis: { type: spec.logY ? 'log' : 'value', name: spec.yName, scale: true, splitLine: { show: true } },
+      series: spec.series.map((s) => ({
+        name: s.name,
+        type: 'line',
+        data: thin(s.points),
+        showSymbol: s.dots === true,
+        symbolSize: 5,
+        color: s.color,
+        lineStyle: { width: 2, color: s.color, ...(s.dashed ? { type: 'dashed' } : {}) },
+        connectNulls: true,
+      })),
+    });
+    return chart.renderToSVGString();
+  } finally {
+    chart.dispose();
+  }
+}
+
+/** One colour per run (its train and validation series share it); Tableau's 10, distinct from the axes' greys. */
+export const RUN_COLORS = ['#4e79a7', '#f28e2b', '#e15759', '#76b7b2', '#59a14f', '#edc948', '#b07aa1', '#ff9da7', '#9c755f', '#bab0ac'];
+
+export interface NamedMetrics {
+  name: string;
+  metrics: StepMetrics[];
+}
+
+function series(runs: readonly NamedMetrics[], pick: (m: StepMetrics) => number | undefined, suffix = ''): ChartSeries[] {
+  return runs
+    .map((r, i) => ({
+      name: `${r.name}${suffix}`,
+      color: RUN_COLORS[i % RUN_COLORS.length]!,
+      points: r.metrics.flatMap((m): [number, number][] => {
+        const v = pick(m);
+        return v !== undefined && Number.isFinite(v) ? [[m.step, v]] : [];
+      }),
+    }))
+    .filter((s) => s.points.length > 0);
+}
+
+/** The report's charts for one run or several overlaid (each series named by its run). */
+export function metricCharts(runs: readonly NamedMetrics[]): { id: string; spec: ChartSpec }[] {
+  const val = series(runs, (m) => m.valLoss, ' val').map((s) => ({ ...s, dots: true, dashed: true }));
+  const specs: { id: string; spec: ChartSpec }[] = [
+    { id: 'loss', spec: { title: 'Training and validation loss', yName: 'loss', series: [...series(runs, (m) => m.loss, ' train'), ...val] } },
+    { id: 'lr', spec: { title: 'Learning rate', yName: 'lr', series: series(runs, (m) => m.lr) } },
+    { id: 'grad-norm', spec: { title: 'Gradient norm (before clipping)', yName: 'norm', series: series(runs, (m) => m.gradNorm) } },
+    { id: 'tokens-per-sec', spec: { title: 'Throughput', yName: 'tokens/s', series: series(runs, (m) => m.tokensPerSec) } },
+  ];
+  return specs.filter((c) => c.spec.series.length > 0);
+}

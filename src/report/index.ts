@@ -1,0 +1,47 @@
+// `flotilla report`: a run directory (or several, overlaid) as one HTML page a person can open,
+// written to RUN/report.html. The trainer writes it at the end of every run (watch.ts). Reading is
+// tolerant of a killed run; the only file written is the report. Synchronous, so that a process
+// that is exiting can still write it.
+import { writeFileSync } from 'node:fs';
+import { join, relative, resolve } from 'node:path';
+import { parseConfig } from '../train/config.js';
+import { describeLayout, resolveLayout } from '../parallel/layout.js';
+import { renderReport, type RunExtras } from './html.js';
+import { readRun, ReportError, type RunData } from './run.js';
+
+export { ReportError, readRun, type RunData } from './run.js';
+
+/** The layout in words from the resolved config and world size (undefined when it cannot be worked out). */
+function layoutOf(run: RunData): string | undefined {
+  if (run.configText === undefined || run.worldSize === undefined) return undefined;
+  try {
+    const cfg = parseConfig(run.configText, [], join(run.dir, 'config.toml'));
+    const l = resolveLayout(cfg.parallel, run.worldSize);
+    return `${describeLayout(l)}; mesh pp ${l.pp} x dpReplicate ${l.dpReplicate} x dpShard ${l.dpShard}`;
+  } catch {
+    return undefined; // e.g. a config from another flotilla version: the config itself is shown
+  }
+}
+
+export interface ReportOptions {
+  /** Where to write (default: report.html in the first run's directory). */
+  out?: string;
+  now?: Date;
+}
+
+/** Writes the report of one run, or of several overlaid; returns its path. Throws ReportError on bad input. */
+export function writeReport(dirs: readonly string[], opts: ReportOptions = {}): string {
+  if (dirs.length === 0) throw new ReportError('give at least one run directory, e.g. flotilla report runs/gpt-tiny');
+  const runs = dirs.map((d) => readRun(d)); // every directory checked before anything is written
+  // Overlaid runs are told apart by name; two runs of the same name by their directories.
+  const counts = new Map<string, number>();
+  for (const r of runs) counts.set(r.name, (counts.get(r.name) ?? 0) + 1);
+  for (const r of runs) if (counts.get(r.name)! > 1) r.name = relative(process.cwd(), r.dir) || r.dir;
+  const extras: RunExtras[] = runs.map((r) => {
+    const layout = layoutOf(r);
+    return layout !== undefined ? { layout } : {};
+  });
+  const out = resolve(opts.out ?? join(runs[0]!.dir, 'report.html'));
+  writeFileSync(out, renderReport(runs, extras, opts.now ?? new Date()));
+  return out;
+}
