@@ -25,6 +25,10 @@ usage:
   flotilla schedule --pp P --micro M --schedule gpipe|1f1b|interleaved|zb [--virtual V] [--actions]
       Print a pipeline schedule as a grid (ranks x time, '.' = idle) after checking it, with its
       simulated bubble fraction and the theory; --actions also lists each rank's sends and receives.
+  flotilla report RUN [RUN...] [--out FILE]
+      Write RUN/report.html: charts of loss, validation loss, learning rate, gradient norm and
+      tokens/s against step (several runs overlaid), the resolved config, layout, checkpoints and
+      sample. \`flotilla train\` writes it at the end of every run.
   flotilla --help | --version
 
 example:
@@ -235,8 +239,12 @@ export async function main(argv: readonly string[]): Promise<number> {
       }
       case 'schedule':
         return await scheduleCommand(rest);
+      case 'report': {
+        const { reportCommand } = await import('./report.js');
+        return await reportCommand(rest, (l) => process.stdout.write(`${l}\n`));
+      }
       default:
-        throw new UsageError(`unknown command ${JSON.stringify(cmd)}; commands: train, verify, run, config, schedule (see flotilla --help)`);
+        throw new UsageError(`unknown command ${JSON.stringify(cmd)}; commands: train, verify, run, config, schedule, report (see flotilla --help)`);
     }
   } catch (e) {
     const err = e as Error;

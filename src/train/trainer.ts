@@ -22,6 +22,7 @@ import { DataLoader, loadTextDataset } from '../data/index.js';
 import { ConfigError, checkRunnable, configToToml, prepareRunDir, runDirOf, type FlotillaConfig } from './config.js';
 import { MetricsWriter, type StepMetrics } from './metrics.js';
 import { Progress, resolveProgressMode } from './progress.js';
+import { watchRun, type RunWatch } from '../report/watch.js';
 
 export interface TrainOptions {
   /** Where the config came from, recorded in the saved config. */
@@ -84,6 +85,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
   // A caller that already joined the world keeps it; otherwise the trainer joins and leaves it.
   const ownsWorld = !isInitialized();
   const world = ownsWorld ? initProcessGroup({ backend: cfg.parallel.backend }) : getWorld();
+  let report: RunWatch | undefined; // rank 0: RUN/report.html when the run ends, however it ends
   try {
     setNumThreads(cfg.train.threads);
     const how = { torchrun: 'RANK/WORLD_SIZE (flotilla run, torchrun)', mpirun: 'mpirun', srun: 'srun', single: 'a single process' }[env.source];
@@ -176,6 +178,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
       const from = [opts.configPath ? `from ${opts.configPath}` : 'from defaults', ...(opts.overrides ?? [])].join(' ');
       writeFileSync(join(runDir, 'config.toml'), configToToml(cfg, { header: `Resolved config of run "${cfg.train.name}" (${from}), world size ${env.worldSize}.` }));
       if (cfg.log.metrics !== '') metrics = new MetricsWriter(join(runDir, cfg.log.metrics));
+      report = watchRun(runDir, (l) => header('report', l));
     }
     const record: { step: number; loss: number; gradNorm: number }[] = [];
 
@@ -310,5 +313,6 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
     };
   } finally {
     if (ownsWorld) destroyProcessGroup();
+    await report?.finish(); // never throws: a report that cannot be written is one printed line
   }
 }
