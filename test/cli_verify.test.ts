@@ -1,5 +1,6 @@
 // `flotilla verify` end to end: it passes for every layout and fails for a deliberately broken one
-// (a test-only switch that skips the 1/N averaging of one gradient bucket).
+// (a fault injected by preloading test/fixtures/break_averaging.ts: one gradient bucket skips the
+// 1/N averaging).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
@@ -36,7 +37,8 @@ for (const [name, nproc, overrides] of layouts) {
 }
 
 test('verify FAILs (exit 1) when one bucket skips the 1/N averaging', () => {
-  const { code, out } = verify(2, ['--parallel.zero=2'], { FLOTILLA_TEST_BREAK_AVERAGING: '0' });
+  const preload = join(REPO_ROOT, 'test', 'fixtures', 'break_averaging.ts');
+  const { code, out } = verify(2, ['--parallel.zero=2'], { NODE_OPTIONS: `${process.env.NODE_OPTIONS ?? ''} --import tsx --import ${preload}`.trim() });
   assert.equal(code, 1, out);
   assert.match(out, /^FAIL \(tolerance/m);
 });

@@ -1,6 +1,9 @@
 // Every data-parallel layout (plain, ZeRO-1/2/3, HSDP) and accumulation flavour against
 // single-process training: each rank's own loss, every rank's gradient norm and every rank's final
-// parameters, in float64 over 10 GPT steps on real ranks.
+// parameters, in float64 over 10 GPT steps on real ranks. HSDP runs both square (2 x 2) and with
+// unequal sizes (2 x 3, 3 x 2 on 6 ranks), where a data-parallel rank computed as
+// replicateRank * dpReplicate + shardRank instead of replicateRank * dpShard + shardRank would read
+// the wrong rows (on a square mesh the two agree).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync } from 'node:fs';
@@ -17,9 +20,9 @@ const common = { steps: STEPS, globalBatch: 8, seqLen: 16 };
 interface Case { tag: string; zero: number; dpReplicate?: number; accum: number; accumulate?: string; tie?: boolean; reshardAfterForward?: boolean; prefetch?: boolean; reduceAtEnd?: boolean }
 interface Result { tag: string; rank: number; dpRank?: number; losses: number[] | number[][]; norms: number[] }
 
-async function run(nproc: number, cases: Case[], name: string): Promise<{ res: Result[]; params: (tag: string, rank: number) => Float64Array }> {
+async function run(nproc: number, cases: Case[], name: string, globalBatch = common.globalBatch): Promise<{ res: Result[]; params: (tag: string, rank: number) => Float64Array }> {
   const out = join(dir, name);
-  const { codes, outputs } = await runWorld({ nproc, script, args: [JSON.stringify({ ...common, cases, out })], timeoutMs: 300_000 });
+  const { codes, outputs } = await runWorld({ nproc, script, args: [JSON.stringify({ ...common, globalBatch, cases, out })], timeoutMs: 300_000 });
   assert.deepEqual(codes, new Array(nproc).fill(0), outputs.join('\n'));
   return {
     res: parseAllResults<Result>(outputs).flat(),
@@ -31,18 +34,18 @@ async function run(nproc: number, cases: Case[], name: string): Promise<{ res: R
 // The single-process reference for N data-parallel slices and a micro-batch count: the losses of
 // each slice, the norms and the parameters.
 const refs = new Map<string, Promise<{ res: Result; params: Float64Array }>>();
-function reference(slices: number, accum: number, tie = false): Promise<{ res: Result; params: Float64Array }> {
-  const key = `s${slices}a${accum}${tie ? 't' : ''}`;
+function reference(slices: number, accum: number, tie = false, globalBatch = common.globalBatch): Promise<{ res: Result; params: Float64Array }> {
+  const key = `s${slices}a${accum}${tie ? 't' : ''}b${globalBatch}`;
   if (!refs.has(key)) {
-    refs.set(key, run(1, [{ tag: key, zero: 0, accum, tie, slices } as Case & { slices: number }], `ref-${key}`).then(({ res, params }) => ({ res: res[0]!, params: params(key, 0) })));
+    refs.set(key, run(1, [{ tag: key, zero: 0, accum, tie, slices } as Case & { slices: number }], `ref-${key}`, globalBatch).then(({ res, params }) => ({ res: res[0]!, params: params(key, 0) })));
   }
   return refs.get(key)!;
 }
 
-async function checkLayout(nproc: number, cases: Case[], name: string): Promise<void> {
-  const runResult = await run(nproc, cases, name);
+async function checkLayout(nproc: number, cases: Case[], name: string, globalBatch = common.globalBatch): Promise<void> {
+  const runResult = await run(nproc, cases, name, globalBatch);
   for (const c of cases) {
-    const ref = await reference(nproc, c.accum, c.tie);
+    const ref = await reference(nproc, c.accum, c.tie, globalBatch);
     const refLosses = ref.res.losses as number[][];
     const ranks = runResult.res.filter((r) => r.tag === c.tag);
     assert.equal(ranks.length, nproc, `${c.tag}: every rank reports`);
@@ -95,4 +98,14 @@ test('ZeRO-3 with tied input and output embeddings (the shared weight lives in t
     { tag: 'z3-keep', zero: 3, accum: 2, accumulate: 'reduceEach', reshardAfterForward: false },
     { tag: 'z3-noprefetch', zero: 3, accum: 1, prefetch: false },
   ], 'z3opts');
+});
+
+test('HSDP with unequal sizes on 6 ranks: dpShard 2 x dpReplicate 3 and dpShard 3 x dpReplicate 2, ZeRO-1/2/3 and accumulation: equal to single-process training on every rank', async () => {
+  const cases: Case[] = [];
+  for (const R of [3, 2]) {
+    for (const zero of [1, 2, 3]) cases.push({ tag: `r${R}-z${zero}-a1`, zero, dpReplicate: R, accum: 1 });
+    cases.push({ tag: `r${R}-z3-a2-rsar`, zero: 3, dpReplicate: R, accum: 2, accumulate: 'reduceScatterEachAllReduceLast' });
+    cases.push({ tag: `r${R}-z2-a2-each`, zero: 2, dpReplicate: R, accum: 2, accumulate: 'reduceEach' });
+  }
+  await checkLayout(6, cases, 'hsdp6', 12);
 });

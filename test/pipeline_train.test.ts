@@ -2,7 +2,8 @@
 // whole model on the whole batch: every schedule (GPipe, 1F1B, interleaved with 2 virtual stages,
 // zero bubble) on 2 stages / 2 ranks and 4 stages / 4 ranks, pp=2 x dp=2, and tied embeddings
 // across the first and last stage; pp=2 x dp=2 with ZeRO-1, 2 and 3 on the dp dimension under
-// every schedule (tied embeddings included). Several runs share one world launch to keep the suite fast.
+// every schedule (tied embeddings included); pp=2 over HSDP with unequal sizes (dpShard 2 x
+// dpReplicate 3, 12 ranks). Several runs share one world launch to keep the suite fast.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync } from 'node:fs';
@@ -15,8 +16,8 @@ import type { Run } from './fixtures/pipeline_rank.js';
 const dir = mkdtempSync(join(tmpdir(), 'flotilla-pp-'));
 const SCHEDULES = [['gpipe', 1], ['1f1b', 1], ['interleaved', 2], ['zb', 1]] as const;
 
-function run(name: string, pp: number, dp: number, schedule: Run['schedule'], v: number, tie: boolean, accum = 1, zero: Run['zero'] = 0): Run {
-  return { name, pp, dp, schedule, v, tie, steps: 10, micro: 4, b: 2, nLayer: 8, accum, zero };
+function run(name: string, pp: number, dp: number, schedule: Run['schedule'], v: number, tie: boolean, accum = 1, zero: Run['zero'] = 0, dpReplicate = 1): Run {
+  return { name, pp, dp, schedule, v, tie, steps: 10, micro: 4, b: 2, nLayer: 8, accum, zero, dpReplicate };
 }
 
 interface Out { rank: number; losses: number[]; params: Record<string, number[]>; stateBytes: number }
@@ -101,4 +102,14 @@ test('pp=2 x dp=2 with ZeRO-1, ZeRO-2 and ZeRO-3 over dp, every schedule, tied e
       assert.ok(o.stateBytes <= 16 * (local / 2 + 64), `${r.name}: rank ${o.rank} holds ${o.stateBytes} bytes of optimizer state for ${local} local elements`);
     }
   }
+});
+
+test('pp=2 over HSDP with unequal sizes (dpShard 2 x dpReplicate 3, ZeRO-2 and ZeRO-3, 12 ranks): 10 steps equal single-process training', async () => {
+  const runs = [run('pp2_hsdp_s2r3_z2', 2, 6, '1f1b', 1, false, 1, 2, 3), run('pp2_hsdp_s2r3_z3_tied', 2, 6, 'zb', 1, true, 1, 3, 3)];
+  await Promise.all([
+    launchPipelineRuns('train', dir, 1, [run('ref_dp6', 0, 6, 'gpipe', 1, false), run('ref_dp6_tied', 0, 6, 'gpipe', 1, true)]),
+    launchPipelineRuns('train', dir, 12, runs),
+  ]);
+  compare('pp2_hsdp_s2r3_z2', 12, 'ref_dp6');
+  compare('pp2_hsdp_s2r3_z3_tied', 12, 'ref_dp6_tied');
 });

@@ -30,9 +30,9 @@ import { GradBuffer, buildGradBuffers, gradView, shardRange, allocStorage, freeS
 import { Reducer } from './reducer.js';
 import { FsdpUnits, singleUnitWarning, type UnitPolicy } from './fsdp.js';
 import type { GradientSource, GradShard, StepPiece } from './grads.js';
+import { accumulateProblem, resolveAccumulate, type AccumulateFlavour, type ZeroStage } from './layout.js';
 
-export type ZeroStage = 0 | 1 | 2 | 3;
-export type AccumulateFlavour = 'reduceLast' | 'reduceEach' | 'reduceScatterEachAllReduceLast';
+export type { ZeroStage, AccumulateFlavour } from './layout.js';
 
 export interface DataParallelOptions {
   /** Every data-parallel rank (for HSDP: shard x replicate ranks). */
@@ -71,8 +71,6 @@ export interface DataParallelOptions {
   reshardAfterForward?: boolean;
   /** Zero 3: gather the next unit while the current one computes (default true). */
   prefetch?: boolean;
-  /** Test-only: skip the 1/N averaging of this bucket index (to prove that verification catches it). */
-  breakAveragingOfBucket?: number;
 }
 
 export interface SyncRecord {
@@ -123,7 +121,6 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
   private window: Window = 'idle';
   private usedThisStep: Set<Tensor> | undefined; // parameters with a gradient on some rank (findUnusedParameters)
   private peak = 0;
-  private readonly breakBucket: number | undefined;
 
   constructor(module: M, opts: DataParallelOptions) {
     this.module = module;
@@ -134,8 +131,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     this.overlap = opts.overlap ?? true;
     this.findUnusedParameters = opts.findUnusedParameters ?? false;
     this.nonFinite = opts.nonFinite ?? 'off';
-    this.breakBucket = opts.breakAveragingOfBucket;
-    this.accumulate = opts.accumulate ?? (this.zero >= 2 ? 'reduceEach' : 'reduceLast');
+    this.accumulate = resolveAccumulate(this.zero, opts.accumulate);
     checkLayout(this.zero, this.accumulate, this.group, this.shardGroup, this.replicateGroup);
 
     const named = module.namedParameters().filter(([, p]) => p.requiresGrad);
@@ -287,8 +283,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     this.beforeAccumulate(run.bucket);
     const g = run.bucket.grad;
     if (this.nonFinite !== 'off' && !run.nonFinite) run.nonFinite = tidy(() => !g.isfinite().all().item());
-    const scale = run.bucket.index === this.breakBucket ? 1 : 1 / this.group.size;
-    if (this.group.size > 1) noGrad(() => g.mul_(scale)); // average = pre-scale, then sum
+    if (this.group.size > 1) noGrad(() => g.mul_(this.averagingScale(run.bucket))); // average = pre-scale, then sum
     if (this.zero <= 1) {
       if (this.group.size > 1) run.work = this.group.allReduce(g, 'sum');
       return;
@@ -297,6 +292,14 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     run.work = this.shardGroup.reduceScatter(run.recv, g, 'sum');
     this.notePeak();
     this.fsdp?.onReduced(run.bucket);
+  }
+
+  /**
+   * The factor a bucket is scaled by before it is summed over the group: 1/N, so the sum is the
+   * average. (Tests replace it on the prototype to prove that verification catches a wrong one.)
+   */
+  protected averagingScale(_bucket: Bucket): number {
+    return 1 / this.group.size;
   }
 
   /** Waits for a bucket's reduction and folds it into the gradient shard (sharded modes). */
@@ -659,14 +662,8 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
 /** One clear error per layout that cannot work, at wrap time. */
 function checkLayout(zero: ZeroStage, acc: AccumulateFlavour, group: ProcessGroup, shard: ProcessGroup, replicate: ProcessGroup | undefined): void {
   if (![0, 1, 2, 3].includes(zero)) throw new Error(`DataParallel: zero must be 0, 1, 2 or 3, got ${zero}`);
-  const flavours: AccumulateFlavour[] = ['reduceLast', 'reduceEach', 'reduceScatterEachAllReduceLast'];
-  if (!flavours.includes(acc)) throw new Error(`DataParallel: accumulate must be one of ${flavours.join(', ')}, got ${String(acc)}`);
-  if (zero <= 1 && acc !== 'reduceLast') {
-    throw new Error(`DataParallel: accumulate '${acc}' reduces into gradient shards, which zero ${zero} does not keep (its gradients are replicated); use 'reduceLast' or zero >= 2`);
-  }
-  if (acc === 'reduceScatterEachAllReduceLast' && !replicate) {
-    throw new Error(`DataParallel: accumulate 'reduceScatterEachAllReduceLast' is for hybrid sharding (a replicate group of size > 1); without replicas use 'reduceEach' or 'reduceLast'`);
-  }
+  const problem = accumulateProblem(zero, acc, replicate !== undefined, false, 'accumulate');
+  if (problem) throw new Error(`DataParallel: ${problem}`);
   if (zero === 0 && (shard !== group || replicate)) {
     throw new Error('DataParallel: shardGroup / replicateGroup need zero >= 1 (plain data parallelism replicates over the whole group)');
   }

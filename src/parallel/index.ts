@@ -3,6 +3,8 @@ export { DataParallel, type DataParallelOptions, type SyncRecord, type MemoryRep
 export { FsdpUnits, unitsByClass, unitsByPath, singleUnitWarning, type UnitPolicy, type ModuleClass, type PathPattern } from './fsdp.js';
 export type { ParallelModel } from './parallel_model.js';
 export { Reducer } from './reducer.js';
-export { parallelize, buildMesh, resolveLayout, describeLayout, type Layout, type DataParallelMesh, type ParallelizeOptions } from './parallelize.js';
+export { parallelize, wrapDataParallel, buildMesh, type LayoutMesh, type DataParallelMesh, type ParallelPlan, type DataParallelKnobs } from './parallelize.js';
+export { resolveLayout, layoutFor, describeLayout, layoutProblems, resolveAccumulate, accumulateProblem, dataParallelDegree, LayoutError, type Layout, type LayoutRequest, type ParallelConfig } from './layout.js';
+export { DataParallelModel, meanOverRanks } from './data_parallel_model.js';
 export { LocalGrads, gradNorm, clipGradNorm, type GradientSource, type GradShard, type ClipResult, type StepPiece } from './grads.js';
 export * from './pipeline/index.js';

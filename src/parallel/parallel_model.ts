@@ -3,7 +3,7 @@
 import type { Tensor } from '../tensor/index.js';
 import type { Module } from '../nn/module.js';
 import type { GradientSource } from './grads.js';
-import type { MemoryReport } from './data_parallel.js';
+import type { DataParallel, MemoryReport } from './data_parallel.js';
 import type { MicroBatch } from './pipeline/model.js';
 
 export interface ParallelModel {
@@ -13,6 +13,12 @@ export interface ParallelModel {
   readonly grads: GradientSource;
   /** What the optimizer takes as `grads` (the sharded ranges it updates), when the layout has them. */
   readonly optimizerGrads: GradientSource | undefined;
+  /** The data-parallel wrapper holding this rank's flat buffers, when the layout has one. */
+  readonly dataParallel: DataParallel | undefined;
+  /** Tied copies left out of the norm (and of checkpoints' writes): the first copy stands for them. */
+  readonly tiedCopiesLeftOutOfNorm: ReadonlySet<Tensor>;
+  /** One line for the run's header: how the parts are wrapped. */
+  summary(): string;
   /** This rank's trainable parameters by whole-model name (a tied copy under its declared name). */
   namedParameters(): [string, Tensor][];
   /**

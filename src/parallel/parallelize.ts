@@ -1,97 +1,112 @@
-// The one place a config's [parallel] section becomes a layout: the mesh, each rank's place in it,
-// and the wrapper that applies data parallelism (replicated or sharded) to a model from outside.
-// Models know nothing about ranks; each layout is a choice of config, not a new trainer.
+// The one place a layout is applied to a model, from outside it (models know nothing about ranks):
 //
-// Mesh dims, outermost first: pp (pipeline), dpReplicate, dpShard. The data-parallel rank, which
-// decides what data a rank reads, is replicateRank * dpShard + shardRank (the Lingua lesson), and
-// every pipeline rank of one replica reads the same data.
+//   const layout = resolveLayout(cfg.parallel, worldSize);     // layout.ts: validated once
+//   const mesh = buildMesh(layout, world);                      // pp x dpReplicate x dpShard
+//   const model = parallelize(myModel, mesh, { layout, micro, loss, units });
+//   model.step(microBatches); clipGradNorm(model.grads, 1); ...  // the same loop for every layout
+//
+// parallelize applies the pipeline first (this rank builds only its stages), then sharding or
+// replication over the data-parallel ranks (plain, ZeRO-1/2/3, HSDP; inside a pipeline the stages
+// are wrapped together), and returns this rank's model parts behind one ParallelModel. The order
+// is torchtitan's: pipeline, (tensor parallel, later), then FSDP/DDP.
 import type { Module } from '../nn/module.js';
 import { DeviceMesh } from '../distributed/mesh.js';
 import type { ProcessGroup } from '../distributed/process_group.js';
-import type { ParallelConfig } from '../train/config.js';
-import { DataParallel, type AccumulateFlavour, type ZeroStage } from './data_parallel.js';
+import { DataParallel } from './data_parallel.js';
+import { DataParallelModel } from './data_parallel_model.js';
 import type { UnitPolicy } from './fsdp.js';
+import type { Layout } from './layout.js';
+import type { ParallelModel } from './parallel_model.js';
+import type { LossFn, PipelineModel } from './pipeline/model.js';
+import { PipelineParallel } from './pipeline/pipeline_parallel.js';
 
-export interface Layout {
-  pp: number;
-  /** Data-parallel ranks: dpReplicate x dpShard. */
-  dp: number;
-  dpReplicate: number;
-  dpShard: number;
-  zero: ZeroStage;
-  accumulate: AccumulateFlavour;
-}
+export { resolveLayout, describeLayout, layoutProblems, resolveAccumulate, LayoutError, type Layout, type ParallelConfig } from './layout.js';
 
-/** Resolves -1 and 'auto' in the [parallel] section for a world (checkRunnable has validated it). */
-export function resolveLayout(p: ParallelConfig, worldSize: number): Layout {
-  const dp = p.dp === -1 ? worldSize / p.pp : p.dp;
-  const zero = p.zero;
-  const dpReplicate = zero === 0 ? 1 : p.dpReplicate;
-  const dpShard = zero === 0 ? dp : p.dpShard === -1 ? dp / dpReplicate : p.dpShard;
-  const accumulate: AccumulateFlavour = p.accumulate === 'auto' ? (zero >= 2 ? 'reduceEach' : 'reduceLast') : p.accumulate;
-  return { pp: p.pp, dp, dpReplicate, dpShard, zero, accumulate };
-}
-
-export interface DataParallelMesh {
+export interface LayoutMesh {
   mesh: DeviceMesh;
   /** All data-parallel ranks of this rank's pipeline position. */
   dp: ProcessGroup;
   shard: ProcessGroup;
   replicate: ProcessGroup;
   pp: ProcessGroup;
-  /** This rank's data-parallel rank: replicateRank * dpShard + shardRank. */
+  /** This rank's data-parallel rank: the flattened (dpReplicate, dpShard) mesh rank, replicateRank * dpShard + shardRank. */
   dpRank: number;
 }
+/** The former name of LayoutMesh. */
+export type DataParallelMesh = LayoutMesh;
 
 /** Builds the mesh and its groups (collective: every rank calls it with the same layout). */
-export function buildMesh(layout: Layout, world: ProcessGroup): DataParallelMesh {
+export function buildMesh(layout: Pick<Layout, 'pp' | 'dpReplicate' | 'dpShard'>, world: ProcessGroup): LayoutMesh {
   const mesh = DeviceMesh.build([['pp', layout.pp], ['dpReplicate', layout.dpReplicate], ['dpShard', layout.dpShard]], world);
+  // The data-parallel rank is the flattened mesh rank and nothing else (see layout.ts).
   const dp = mesh.flatten(['dpReplicate', 'dpShard'], 'dp');
-  const c = mesh.coords();
-  const dpRank = c.dpReplicate! * layout.dpShard + c.dpShard!;
-  if (dp.rank !== dpRank) throw new Error(`internal: flattened dp rank ${dp.rank} differs from replicateRank x dpShard + shardRank = ${dpRank}`);
-  return { mesh, dp: dp.group, shard: mesh.dim('dpShard').group, replicate: mesh.dim('dpReplicate').group, pp: mesh.dim('pp').group, dpRank };
+  return { mesh, dp: dp.group, shard: mesh.dim('dpShard').group, replicate: mesh.dim('dpReplicate').group, pp: mesh.dim('pp').group, dpRank: dp.rank };
 }
 
-export interface ParallelizeOptions {
-  bucketSizeMb: number;
-  overlap: boolean;
+/** Knobs of the data-parallel wrapping that are not part of the layout. */
+export interface DataParallelKnobs {
+  bucketSizeMb?: number;
+  overlap?: boolean;
   findUnusedParameters?: boolean;
   nonFinite?: 'off' | 'raise' | 'skip';
   /** ZeRO-3: free each unit's gathered parameters after its forward (default true). */
   reshardAfterForward?: boolean;
   /** ZeRO-3: gather the next unit while the current one computes (default true). */
   prefetch?: boolean;
-  /** ZeRO-3: the wrapping units (fsdp.ts: unitsByClass, unitsByPath). */
+  /** ZeRO-3: the wrapping units (fsdp.ts: unitsByClass, unitsByPath; a GPT's are gptUnits). */
   units?: UnitPolicy;
-  /** Test-only: skip the 1/N averaging of one bucket (verification must catch it). */
-  breakAveragingOfBucket?: number;
 }
 
-/** Wraps the model for the layout's data parallelism (plain, ZeRO-1/2/3, HSDP). */
-export function parallelize<M extends Module>(model: M, m: DataParallelMesh, layout: Layout, opts: ParallelizeOptions): DataParallel<M> {
+export interface ParallelPlan extends DataParallelKnobs {
+  layout: Layout;
+  /** Micro-batches per step on each data-parallel rank (the pipeline's m). */
+  micro: number;
+  /** The criterion for a whole-module model: (its output, the micro-batch's y) -> scalar loss. A PipelineModel carries its own. */
+  loss?: LossFn;
+}
+
+/** True for a PipelineModel (stage builder + loss), false for a Module. */
+function isPipelineModel(m: Module | PipelineModel): m is PipelineModel {
+  return typeof (m as PipelineModel).stage === 'function' && typeof (m as PipelineModel).loss === 'function';
+}
+
+/**
+ * Applies the plan's layout to a model: pipeline (a PipelineModel is required when pp > 1), then
+ * sharding or replication. Takes ownership of the model: the result's dispose() frees it.
+ */
+export function parallelize(model: Module | PipelineModel, mesh: LayoutMesh, plan: ParallelPlan): ParallelModel {
+  const { layout } = plan;
+  if (isPipelineModel(model)) {
+    return new PipelineParallel(model, {
+      pp: mesh.pp, ...(layout.dp > 1 ? { dp: mesh.dp } : {}),
+      schedule: layout.schedule ?? '1f1b', ...(layout.virtualStages !== undefined ? { virtualStages: layout.virtualStages } : {}),
+      micro: plan.micro, zero: layout.zero,
+      ...(layout.zero >= 1 ? { shardGroup: mesh.shard, replicateGroup: mesh.replicate } : {}),
+      ...(plan.bucketSizeMb !== undefined ? { bucketSizeMb: plan.bucketSizeMb } : {}),
+      ...(plan.reshardAfterForward !== undefined ? { reshardAfterForward: plan.reshardAfterForward } : {}),
+      ...(plan.units ? { units: plan.units } : {}),
+    });
+  }
+  if (layout.pp > 1) {
+    throw new Error(`parallelize: pp = ${layout.pp} needs the model as pipeline stages, not one module: pass a PipelineModel (sequentialStages({ layers, layer, loss }), or gptPipeline(cfg, { initSeed }) for a GPT)`);
+  }
+  if (!plan.loss) throw new Error('parallelize: a whole-module model needs plan.loss, the criterion (output, target) => scalar loss');
+  return new DataParallelModel(model, wrapDataParallel(model, mesh, layout, plan), plan.loss);
+}
+
+/** Wraps a whole model for the layout's data parallelism (plain, ZeRO-1/2/3, HSDP): the lower-level DataParallel. */
+export function wrapDataParallel<M extends Module>(model: M, m: LayoutMesh, layout: Layout, opts: DataParallelKnobs = {}): DataParallel<M> {
   return new DataParallel(model, {
     group: m.dp,
     zero: layout.zero,
     ...(layout.zero >= 1 ? { shardGroup: m.shard, replicateGroup: m.replicate } : {}),
     accumulate: layout.accumulate,
-    bucketSizeMb: opts.bucketSizeMb,
-    overlap: opts.overlap,
+    ...(opts.bucketSizeMb !== undefined ? { bucketSizeMb: opts.bucketSizeMb } : {}),
+    ...(opts.overlap !== undefined ? { overlap: opts.overlap } : {}),
     ...(opts.findUnusedParameters !== undefined ? { findUnusedParameters: opts.findUnusedParameters } : {}),
     ...(opts.nonFinite !== undefined ? { nonFinite: opts.nonFinite } : {}),
-    ...(opts.breakAveragingOfBucket !== undefined ? { breakAveragingOfBucket: opts.breakAveragingOfBucket } : {}),
     ...(opts.reshardAfterForward !== undefined ? { reshardAfterForward: opts.reshardAfterForward } : {}),
     ...(opts.prefetch !== undefined ? { prefetch: opts.prefetch } : {}),
     ...(opts.units ? { units: opts.units } : {}),
   });
-}
-
-/** One line for the run's header. */
-export function describeLayout(l: Layout): string {
-  const parts: string[] = [];
-  if (l.pp > 1) parts.push(`pipeline ${l.pp}`);
-  if (l.zero === 0) parts.push(l.dp > 1 ? `data parallel ${l.dp}` : 'single replica');
-  else parts.push(`ZeRO-${l.zero} sharded over ${l.dpShard}` + (l.dpReplicate > 1 ? ` x ${l.dpReplicate} replicas (HSDP)` : ''));
-  parts.push(`accumulate ${l.accumulate}`);
-  return parts.join(', ');
 }

@@ -5,6 +5,10 @@ import { readFileSync, existsSync, statSync, readdirSync, mkdirSync } from 'node
 import { join, resolve } from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import type { GPTConfig } from '../models/gpt.js';
+import { layoutProblems, dataParallelDegree, type ParallelConfig } from '../parallel/layout.js';
+
+// The layout type and its rules live with the layouts (src/parallel/layout.ts).
+export type { ParallelConfig } from '../parallel/layout.js';
 
 /** The [model] section is the GPT's own config (src/models/gpt.ts). */
 export type ModelConfig = GPTConfig;
@@ -37,28 +41,6 @@ export interface TrainConfig {
   evalEvery: number;
   evalBatches: number;
   threads: number;
-}
-
-export interface ParallelConfig {
-  dp: number;
-  /** 0 = plain data parallel; 1, 2, 3 = ZeRO stage (optimizer state; + gradients; + parameters sharded). */
-  zero: 0 | 1 | 2 | 3;
-  /** Ranks one model state is sharded over (-1: the data-parallel ranks / dpReplicate). */
-  dpShard: number;
-  /** Replicas of the sharded state (HSDP when > 1). */
-  dpReplicate: number;
-  /** When gradients are reduced under accumulation (src/parallel/data_parallel.ts, [Note: accumulation]). */
-  accumulate: 'auto' | 'reduceLast' | 'reduceEach' | 'reduceScatterEachAllReduceLast';
-  /** ZeRO-3: free a unit's gathered parameters after its forward (false keeps them until its backward). */
-  reshardAfterForward: boolean;
-  /** Pipeline ranks (stages per model replica, times ppVirtualStages); 1 = no pipeline. */
-  pp: number;
-  ppSchedule: 'gpipe' | '1f1b' | 'interleaved' | 'zb';
-  ppVirtualStages: number;
-  bucketSizeMb: number;
-  overlap: boolean;
-  /** Collective backend: "auto" (Open MPI when installed, else Gloo), "gloo" or "mpi" (src/distributed/process_group.ts). */
-  backend: 'auto' | 'gloo' | 'mpi';
 }
 
 export interface LogConfig {
@@ -346,29 +328,7 @@ export function validateConfig(c: FlotillaConfig): string[] {
   if (c.model.nEmbd % c.model.nHead !== 0) p.push(`model.nEmbd (${c.model.nEmbd}) must be divisible by model.nHead (${c.model.nHead})`);
   if (c.data.seqLen > c.model.blockSize) p.push(`data.seqLen (${c.data.seqLen}) must be <= model.blockSize (${c.model.blockSize}); lower data.seqLen or raise model.blockSize`);
   if (c.optim.minLr > c.optim.lr) p.push(`optim.minLr (${c.optim.minLr}) must be <= optim.lr (${c.optim.lr})`);
-  if (c.parallel.dp === 0) p.push('parallel.dp must be -1 (the world size) or a positive integer, got 0');
-  if (c.parallel.dpShard === 0) p.push('parallel.dpShard must be -1 (the rest of the data-parallel ranks) or a positive integer, got 0');
-  const z = c.parallel.zero;
-  if (z === 0 && (c.parallel.dpShard > 1 || c.parallel.dpReplicate > 1)) {
-    p.push('parallel.dpShard / parallel.dpReplicate split the data-parallel ranks for sharding, but parallel.zero = 0 replicates everything; set parallel.zero to 1, 2 or 3, or leave dpShard and dpReplicate unset');
-  }
-  const acc = c.parallel.accumulate;
-  if (z <= 1 && (acc === 'reduceEach' || acc === 'reduceScatterEachAllReduceLast')) {
-    p.push(`parallel.accumulate = "${acc}" reduces into gradient shards, which parallel.zero = ${z} does not keep; use "reduceLast" (or "auto"), or set parallel.zero to 2 or 3`);
-  }
-  if (acc === 'reduceScatterEachAllReduceLast' && c.parallel.dpReplicate === 1) {
-    p.push('parallel.accumulate = "reduceScatterEachAllReduceLast" is for hybrid sharding: set parallel.dpReplicate > 1, or use "reduceEach" / "reduceLast"');
-  }
-  if (c.parallel.pp > 1) {
-    // A pipeline shards over dp with zero 1/2/3 (hybrid sharding included) and reduces once per
-    // step (src/parallel/pipeline/pipeline_parallel.ts).
-    if (acc === 'reduceEach' || acc === 'reduceScatterEachAllReduceLast') {
-      p.push(`parallel.accumulate = "${acc}" with parallel.pp = ${c.parallel.pp}: a pipeline reduces its gradients once per step; use "auto" or "reduceLast"`);
-    }
-  }
-  if (c.parallel.ppVirtualStages > 1 && c.parallel.ppSchedule !== 'interleaved') {
-    p.push(`parallel.ppVirtualStages=${c.parallel.ppVirtualStages} needs parallel.ppSchedule = "interleaved" (got "${c.parallel.ppSchedule}"); set ppVirtualStages = 1 or switch the schedule`);
-  }
+  p.push(...layoutProblems(c.parallel));
   const ppStages = c.parallel.pp * c.parallel.ppVirtualStages;
   if (c.parallel.pp > 1 && c.model.nLayer < ppStages) {
     p.push(`parallel.pp x parallel.ppVirtualStages = ${ppStages} pipeline stages need model.nLayer >= ${ppStages} (got ${c.model.nLayer}); lower parallel.pp or ppVirtualStages, or raise model.nLayer`);
@@ -453,29 +413,8 @@ export function configToToml(c: FlotillaConfig, opts: { docs?: boolean; header?:
  * and every rank runs it before touching anything, so these mistakes cost no process and no file.
  */
 export function checkRunnable(c: FlotillaConfig, worldSize: number): string[] {
-  const p: string[] = [];
-  const pp = c.parallel.pp;
-  if (worldSize % pp !== 0) {
-    p.push(`parallel.pp=${pp} does not divide the world of ${worldSize} rank(s); start a multiple of ${pp} ranks (--nproc ${pp * Math.max(1, Math.round(worldSize / pp))}) or set parallel.pp to a divisor of ${worldSize}`);
-  }
-  const replicas = Math.max(1, Math.floor(worldSize / pp)); // ranks left for data parallelism
-  const dp = c.parallel.dp === -1 ? replicas : c.parallel.dp;
-  if (dp !== replicas) {
-    p.push(
-      `parallel.dp=${c.parallel.dp} but the world has ${worldSize} rank(s)${pp > 1 ? ` over parallel.pp=${pp} pipeline ranks` : ''}; ` +
-        `set parallel.dp=-1 (or ${replicas}), or start ${dp * pp} ranks (--nproc ${dp * pp})`,
-    );
-  }
-  if (c.parallel.zero >= 1) {
-    const r = c.parallel.dpReplicate;
-    const shard = c.parallel.dpShard === -1 ? dp / r : c.parallel.dpShard;
-    if (!Number.isInteger(shard) || shard * r !== dp) {
-      p.push(
-        `parallel.dpReplicate=${r} x parallel.dpShard=${c.parallel.dpShard === -1 ? `-1 (${dp} / ${r})` : c.parallel.dpShard} must equal the ${dp} data-parallel rank(s); ` +
-          `choose dpReplicate and dpShard whose product is ${dp} (dpShard = -1 takes the rest)`,
-      );
-    }
-  }
+  const p = layoutProblems(c.parallel, worldSize);
+  const dp = dataParallelDegree(c.parallel, worldSize);
   const parts = dp * c.data.microBatches;
   if (c.data.globalBatch % parts !== 0) {
     const lower = Math.floor(c.data.globalBatch / parts) * parts;

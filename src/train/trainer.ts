@@ -6,17 +6,16 @@
 // buffers] in src/parallel/grad_buffer.ts) and hand it the ranges this rank updates.
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { describeBlas, liveTensors, manualSeed, noGrad, setNumThreads, tensor, tidy, torchVersion, type Tensor } from '../tensor/index.js';
+import { describeBlas, liveTensors, manualSeed, setNumThreads, tidy, torchVersion } from '../tensor/index.js';
 import { GPT, gptNumParams } from '../models/gpt.js';
-import { gptPipeline, gptUnits } from '../models/gpt_parallel.js';
+import { gptCriterion, gptPipeline, gptUnits } from '../models/gpt_parallel.js';
 import { AdamW, warmupCosine, constant } from '../optim/index.js';
-import { initProcessGroup, destroyProcessGroup, describeBackend, getWorld, isInitialized, type ProcessGroup } from '../distributed/process_group.js';
+import { initProcessGroup, destroyProcessGroup, describeBackend, getWorld, isInitialized } from '../distributed/process_group.js';
 import { readLaunchEnv } from '../distributed/env.js';
 import { verifyDataPartition } from '../distributed/partition.js';
-import { clipGradNorm, gradNorm, type GradientSource } from '../parallel/grads.js';
+import { clipGradNorm, gradNorm } from '../parallel/grads.js';
 import { buildMesh, describeLayout, parallelize, resolveLayout } from '../parallel/parallelize.js';
-import type { DataParallel, MemoryReport } from '../parallel/data_parallel.js';
-import { PipelineParallel } from '../parallel/pipeline/pipeline_parallel.js';
+import type { MemoryReport } from '../parallel/data_parallel.js';
 import { saveSafetensors } from '../checkpoint/safetensors.js';
 import { DataLoader, loadTextDataset } from '../data/index.js';
 import { ConfigError, checkRunnable, configToToml, prepareRunDir, runDirOf, type FlotillaConfig } from './config.js';
@@ -55,18 +54,6 @@ export interface TrainSummary {
   memory?: MemoryReport;
 }
 
-/** The mean of a per-rank scalar over the group (no collective for one rank). */
-function meanOverRanks(group: ProcessGroup, v: number): number {
-  if (group.size === 1) return v;
-  const t = tensor(new Float64Array([v]));
-  try {
-    group.allReduce(t, 'avg').wait();
-    return t.item();
-  } finally {
-    t.dispose();
-  }
-}
-
 const MiB = 2 ** 20;
 
 /** Trains the model a config describes; every rank of the world calls it. */
@@ -93,7 +80,6 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
 
     // ---- mesh: pp x dpReplicate x dpShard; the data-parallel rank decides what a rank reads
     const layout = resolveLayout(cfg.parallel, env.worldSize);
-    if (layout.pp > 1) layout.accumulate = 'reduceLast'; // a pipeline reduces once per step
     const mesh = buildMesh(layout, world);
     header('mesh', `${describeLayout(layout)}; mesh pp ${layout.pp} x dpReplicate ${layout.dpReplicate} x dpShard ${layout.dpShard}`);
 
@@ -113,40 +99,21 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
         `${tokensPerStep.toLocaleString('en-US')} tokens/step = ${layout.dp} data-parallel rank(s) x ${cfg.data.microBatches} micro-batch(es) x ${loader.microBatchSize} samples`,
     );
 
-    // ---- model and parallelize. Weights are drawn per parameter from the seed and its name, so
-    // every layout (a pipeline stage included) starts from the same whole-model weights.
+    // ---- model: weights are drawn per parameter from the seed and its name, so every layout (a
+    // pipeline stage included) starts from the same whole-model weights. A pipeline rank builds
+    // only its stages (the GPT's split, src/models/gpt_parallel.ts), never the whole model.
     const m = cfg.model;
-    let model: GPT | undefined;
-    let dp: DataParallel<GPT> | undefined;
-    let pipe: PipelineParallel | undefined;
-    let named: [string, Tensor][];
-    let grads: GradientSource;
-    let numParams: number;
-    if (layout.pp > 1) {
-      pipe = new PipelineParallel(gptPipeline({ ...m }, { initSeed: cfg.train.seed }), {
-        pp: mesh.pp, ...(layout.dp > 1 ? { dp: mesh.dp } : {}),
-        schedule: cfg.parallel.ppSchedule, virtualStages: cfg.parallel.ppVirtualStages, micro: cfg.data.microBatches,
-        ...(layout.zero >= 1 ? { zero: layout.zero, shardGroup: mesh.shard, replicateGroup: mesh.replicate, bucketSizeMb: cfg.parallel.bucketSizeMb, reshardAfterForward: cfg.parallel.reshardAfterForward, units: gptUnits } : {}),
-      });
-      named = pipe.stageNamedParameters();
-      grads = pipe.grads;
-      numParams = gptNumParams(m);
-      header('model', `GPT ${m.nLayer} layers, ${m.nHead} heads, width ${m.nEmbd}, context ${m.blockSize}: ${numParams.toLocaleString('en-US')} parameters; this rank holds ${named.reduce((a, [, p]) => a + p.numel(), 0).toLocaleString('en-US')}`);
-      header('parallelize', `pipeline over ${layout.pp} ranks, schedule ${cfg.parallel.ppSchedule}, ${cfg.parallel.ppVirtualStages} stage(s) per rank, ${cfg.data.microBatches} micro-batches` +
-        (pipe.dp ? `; ${layout.zero > 0 ? `ZeRO-${layout.zero}` : 'data parallel'} over ${layout.dp} data-parallel ranks` : ''));
-    } else {
-      model = new GPT({ ...m }, { initSeed: cfg.train.seed });
-      numParams = model.numParams();
-      header('model', `GPT ${m.nLayer} layers, ${m.nHead} heads, width ${m.nEmbd}, context ${m.blockSize}: ${numParams.toLocaleString('en-US')} parameters`);
-      named = model.namedParameters();
-      const breakBucket = process.env.FLOTILLA_TEST_BREAK_AVERAGING;
-      dp = parallelize(model, mesh, layout, {
-        bucketSizeMb: cfg.parallel.bucketSizeMb, overlap: cfg.parallel.overlap, reshardAfterForward: cfg.parallel.reshardAfterForward, units: gptUnits,
-        ...(breakBucket !== undefined && breakBucket !== '' ? { breakAveragingOfBucket: Number(breakBucket) } : {}),
-      });
-      grads = dp;
-      header('parallelize', `${dp.buffers.reduce((a, b) => a + b.buckets.length, 0)} bucket(s)${layout.zero === 3 ? ' (one per wrapping unit)' : ` of <= ${cfg.parallel.bucketSizeMb} MiB`}, overlap ${cfg.parallel.overlap ? 'on' : 'off'}`);
-    }
+    const numParams = gptNumParams(m);
+    const gpt = layout.pp > 1 ? gptPipeline({ ...m }, { initSeed: cfg.train.seed }) : new GPT({ ...m }, { initSeed: cfg.train.seed });
+
+    // ---- parallelize: pipeline, then sharding or replication (src/parallel/parallelize.ts)
+    const model = parallelize(gpt, mesh, {
+      layout, micro: cfg.data.microBatches, loss: gptCriterion, units: gptUnits,
+      bucketSizeMb: cfg.parallel.bucketSizeMb, overlap: cfg.parallel.overlap, reshardAfterForward: cfg.parallel.reshardAfterForward,
+    });
+    const named = model.namedParameters();
+    header('model', `GPT ${m.nLayer} layers, ${m.nHead} heads, width ${m.nEmbd}, context ${m.blockSize}: ${numParams.toLocaleString('en-US')} parameters; this rank holds ${named.reduce((a, [, p]) => a + p.numel(), 0).toLocaleString('en-US')}`);
+    header('parallelize', model.summary());
     manualSeed(cfg.train.seed); // dropout draws, the same on every layout
 
     // ---- optimizer + schedule (weight decay on matrices only, as nanoGPT/GPT-2)
@@ -156,7 +123,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
     const optimizer = new AdamW(
       [{ params: decay, options: { weightDecay: o.weightDecay } }, { params: noDecay, options: { weightDecay: 0 } }].filter((g) => g.params.length > 0),
       { lr: o.lr, betas: [o.beta1, o.beta2], eps: o.eps, weightDecay: o.weightDecay },
-      dp ? { grads: dp } : pipe?.dp ? { grads: pipe.grads } : {},
+      model.optimizerGrads ? { grads: model.optimizerGrads } : {},
     );
     const steps = cfg.train.steps;
     const schedule = o.schedule === 'cosine'
@@ -185,35 +152,17 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
     // ---- train loop
     const M = cfg.data.microBatches;
     const evaluate = (): number => {
-      if (pipe) {
-        // Forward only through the stages; each call returns the global batch's mean on every rank.
-        let sum = 0;
-        for (let k = 0; k < cfg.train.evalBatches; k++) {
-          sum += tidy(() => pipe!.evaluate(Array.from({ length: M }, (_, mb) => evalLoader.batch(k, mb))));
-        }
-        return sum / cfg.train.evalBatches;
-      }
-      if (!dp || !model) throw new Error('internal: no model to evaluate');
-      model.eval();
+      // Forward only; each call returns the global batch's mean on every rank.
       let sum = 0;
-      noGrad(() => {
-        for (let k = 0; k < cfg.train.evalBatches; k++) {
-          for (let mb = 0; mb < M; mb++) {
-            sum += tidy(() => {
-              const { x, y } = evalLoader.batch(k, mb);
-              return dp!.forward(x, y).loss!.item();
-            });
-          }
-        }
-      });
-      model.train();
-      // Equal-sized micro-batches everywhere, so the mean of means is the global mean.
-      return meanOverRanks(mesh.dp, sum / (cfg.train.evalBatches * M));
+      for (let k = 0; k < cfg.train.evalBatches; k++) {
+        sum += tidy(() => model.evaluate(Array.from({ length: M }, (_, mb) => evalLoader.batch(k, mb))));
+      }
+      return sum / cfg.train.evalBatches;
     };
 
     header('train', `${steps} steps, eval every ${cfg.train.evalEvery || steps} on ${cfg.train.evalBatches} val batch(es); run dir ${runDir}`);
     const progress = new Progress(steps, mode, cfg.log.every, print);
-    model?.train();
+    for (const part of model.parts) part.train();
     let firstLoss = NaN;
     let lastLoss = NaN;
     let lastVal: number | undefined;
@@ -227,35 +176,16 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
         const t0 = performance.now();
         const { loss, norm } = tidy(() => {
           optimizer.zeroGrad();
-          let loss: number;
-          if (pipe) {
-            const batches = Array.from({ length: M }, () => loader.next());
-            loss = pipe.step(batches).loss;
-          } else {
-            let lossSum = 0;
-            for (let mb = 0; mb < M; mb++) {
-              // Each micro-batch in its own scope: its activations go before the next one starts.
-              const microStep = (): number => tidy(() => {
-                const { x, y } = loader.next();
-                const l = dp!.forward(x, y).loss as Tensor;
-                l.div(M).backward(); // the mean over micro-batches, as one big batch would give
-                return l.item();
-              });
-              // Non-final micro-batches run inside noSync; what is reduced when is the layout's
-              // accumulation flavour ([Note: accumulation] in src/parallel/data_parallel.ts).
-              lossSum += mb < M - 1 ? dp!.noSync(microStep) : microStep();
-            }
-            dp!.finishGradSync();
-            loss = meanOverRanks(mesh.dp, lossSum / M);
-          }
-          const norm = o.gradClip > 0 ? clipGradNorm(grads, o.gradClip).norm : gradNorm(grads);
+          // Forward and backward of every micro-batch, gradients finished as the layout says.
+          const { loss } = model.step(Array.from({ length: M }, () => loader.next()));
+          const norm = o.gradClip > 0 ? clipGradNorm(model.grads, o.gradClip).norm : gradNorm(model.grads);
           // A non-finite norm is the same on every rank (grads.ts), so every rank skips alike.
           if (Number.isFinite(norm)) optimizer.step();
           return { loss, norm };
         });
         const dt = (performance.now() - t0) / 1000;
         loopSeconds += dt;
-        memory = (dp ?? pipe)?.memory(optimizer.stateBytes());
+        memory = model.memory(optimizer.stateBytes());
         if (step === 0) firstLoss = loss;
         // Memory after the second step: the first one also learns gradient readiness (everything
         // is reduced after backward), so its peak is not the steady state.
@@ -287,18 +217,14 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
         mkdirSync(opts.recordDir, { recursive: true });
         writeFileSync(join(opts.recordDir, `rank${env.rank}.json`), JSON.stringify({ rank: env.rank, steps: record }));
         const save = () => saveSafetensors(join(opts.recordDir!, `rank${env.rank}.safetensors`), Object.fromEntries(named), { format: 'pt' });
-        if (dp) dp.withFullParameters(save);
-        else if (pipe) pipe.withFullParameters(save);
-        else save();
+        model.withFullParameters(save);
       }
     } finally {
       progress.stop();
       metrics?.close();
       // Native memory goes back now, not whenever the GC gets to the wrappers.
-      dp?.dispose();
-      pipe?.dispose();
+      model.dispose();
       optimizer.dispose();
-      model?.dispose();
     }
     const tokensPerSec = (steps * tokensPerStep) / loopSeconds;
     header(

@@ -71,6 +71,8 @@ interface Capture {
   weight: Tensor;
   bias?: Tensor;
   x: Tensor;
+  /** The Linear's output: an input of I, so that dy is computed even where nothing else needs it. */
+  out: Tensor;
   dy?: Tensor;
 }
 
@@ -167,7 +169,7 @@ export class Executor {
   private capture(weight: Tensor, bias: Tensor | undefined, x: Tensor, out: Tensor): void {
     const list = this.capturing;
     if (list === undefined) return;
-    const c: Capture = { weight, bias, x: keep(x.detach()) };
+    const c: Capture = { weight, bias, x: keep(x.detach()), out: keep(out) };
     list.push(c);
     out.registerHook((g) => {
       c.dy = keep(g);
@@ -327,6 +329,7 @@ export class Executor {
         for (const t of [...(v.outputs ?? []), ...(v.loss ? [v.loss] : [])]) t.dispose();
         for (const c of v.captures ?? []) {
           c.x.dispose();
+          c.out.dispose();
           c.dy?.dispose();
         }
       }
@@ -398,7 +401,9 @@ export class Executor {
       if (a.kind === 'B') {
         backward(roots, gradOut);
       } else {
-        const inputs = [...carrying, ...st.inputPassParams];
+        // The split Linears' outputs are inputs too: a Linear whose input needs no gradient (on the
+        // first stage) would otherwise get no dy, which W needs for dW = dy^T x.
+        const inputs = [...carrying, ...st.inputPassParams, ...(sl.captures ?? []).map((c) => c.out)];
         if (inputs.length === 0) throw new Error('the input-gradient pass has nothing to compute (a first stage with only split layers)');
         backward(roots, gradOut, { inputs });
       }
@@ -424,6 +429,7 @@ export class Executor {
           if (c.bias) this.accumulate(c.bias, dy.sum(0));
         });
         c.x.dispose();
+        c.out.dispose();
         c.dy.dispose();
       }
       sl.captures = undefined;

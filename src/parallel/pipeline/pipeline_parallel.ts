@@ -247,6 +247,16 @@ export class PipelineParallel implements ParallelModel {
     return this.stages.map((s) => s.module);
   }
 
+  get dataParallel(): DataParallel | undefined {
+    return this.dp;
+  }
+
+  summary(): string {
+    const v = this.schedule.numStages / this.ppGroup.size;
+    return `pipeline over ${this.ppGroup.size} ranks, schedule ${this.schedule.name}, ${v} stage(s) per rank, ${this.schedule.micro} micro-batches` +
+      (this.dp ? `; ${this.dp.zero > 0 ? `ZeRO-${this.dp.zero}` : 'data parallel'} over ${this.dp.group.size} data-parallel ranks` : '');
+  }
+
   /** The optimizer's `grads`: the data-parallel pieces when there is a dp group. */
   get optimizerGrads(): GradientSource | undefined {
     return this.dp ? this.grads : undefined;

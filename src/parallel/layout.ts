@@ -1,0 +1,172 @@
+// The layout: the one description of how a model is spread over ranks ([parallel] in a config),
+// its validation and the choices derived from it. Everything that needs the layout reads it from
+// here: the config (src/train/config.ts re-exports ParallelConfig), the trainer, parallelize.ts
+// and DataParallel's accumulation default.
+//
+// Mesh dims, outermost first: pp (pipeline), dpReplicate, dpShard. The data-parallel rank, which
+// decides what data a rank reads, is the flattened (dpReplicate, dpShard) mesh rank:
+// replicateRank * dpShard + shardRank (the Lingua lesson; DeviceMesh.flatten computes it, and no
+// one else does). Every pipeline rank of one replica reads the same data.
+import type { ScheduleName } from './pipeline/schedule.js';
+
+export type ZeroStage = 0 | 1 | 2 | 3;
+export type AccumulateFlavour = 'reduceLast' | 'reduceEach' | 'reduceScatterEachAllReduceLast';
+
+/** The [parallel] config section (every field is documented in src/train/config.ts's schema). */
+export interface ParallelConfig {
+  dp: number;
+  /** 0 = plain data parallel; 1, 2, 3 = ZeRO stage (optimizer state; + gradients; + parameters sharded). */
+  zero: ZeroStage;
+  /** Ranks one model state is sharded over (-1: the data-parallel ranks / dpReplicate). */
+  dpShard: number;
+  /** Replicas of the sharded state (HSDP when > 1). */
+  dpReplicate: number;
+  /** When gradients are reduced under accumulation (data_parallel.ts, [Note: accumulation]). */
+  accumulate: 'auto' | AccumulateFlavour;
+  /** ZeRO-3: free a unit's gathered parameters after its forward (false keeps them until its backward). */
+  reshardAfterForward: boolean;
+  /** Pipeline ranks (stages per model replica, times ppVirtualStages); 1 = no pipeline. */
+  pp: number;
+  ppSchedule: ScheduleName;
+  ppVirtualStages: number;
+  bucketSizeMb: number;
+  overlap: boolean;
+  /** Collective backend: "auto" (Open MPI when installed, else Gloo), "gloo" or "mpi" (src/distributed/process_group.ts). */
+  backend: 'auto' | 'gloo' | 'mpi';
+}
+
+/** A layout resolved for a world: every degree known. */
+export interface Layout {
+  pp: number;
+  /** Data-parallel ranks: dpReplicate x dpShard. */
+  dp: number;
+  dpReplicate: number;
+  dpShard: number;
+  zero: ZeroStage;
+  accumulate: AccumulateFlavour;
+  /** Pipeline schedule and stages per rank (used when pp > 1). */
+  schedule?: ScheduleName;
+  virtualStages?: number;
+}
+
+/**
+ * The accumulation flavour, decided here only: a pipeline reduces once per step ('reduceLast');
+ * otherwise 'auto' (or nothing) means reduceEach where gradients are sharded (zero 2/3), else reduceLast.
+ */
+export function resolveAccumulate(zero: ZeroStage, requested: 'auto' | AccumulateFlavour | undefined, opts: { pipeline?: boolean } = {}): AccumulateFlavour {
+  if (opts.pipeline) return 'reduceLast';
+  if (requested === undefined || requested === 'auto') return zero >= 2 ? 'reduceEach' : 'reduceLast';
+  return requested;
+}
+
+/**
+ * Why an accumulation flavour cannot run with this zero stage (undefined when it can). `field`
+ * names the setting in messages ('parallel.accumulate' for a config, 'accumulate' for the API).
+ */
+export function accumulateProblem(zero: ZeroStage, acc: string, replicated: boolean, pipeline: boolean, field = 'parallel.accumulate'): string | undefined {
+  const flavours = ['auto', 'reduceLast', 'reduceEach', 'reduceScatterEachAllReduceLast'];
+  if (!flavours.includes(acc)) return `${field} must be one of ${flavours.join(', ')}, got ${String(acc)}`;
+  if (zero <= 1 && (acc === 'reduceEach' || acc === 'reduceScatterEachAllReduceLast')) {
+    return `${field} = "${acc}" reduces into gradient shards, which zero = ${zero} does not keep (its gradients are replicated); use "reduceLast" (or "auto"), or zero 2 or 3`;
+  }
+  if (acc === 'reduceScatterEachAllReduceLast' && !replicated) {
+    return `${field} = "reduceScatterEachAllReduceLast" is for hybrid sharding (dpReplicate > 1); without replicas use "reduceEach" or "reduceLast"`;
+  }
+  if (pipeline && (acc === 'reduceEach' || acc === 'reduceScatterEachAllReduceLast')) {
+    return `${field} = "${acc}" with a pipeline: a pipeline reduces its gradients once per step; use "auto" or "reduceLast"`;
+  }
+  return undefined;
+}
+
+/**
+ * Every problem with a [parallel] section, each naming the field and the fix; with a world size
+ * also whether the degrees fit it. The one validation of a layout: the config checks it without a
+ * world when parsed, and with the world before any rank starts.
+ */
+export function layoutProblems(p: ParallelConfig, worldSize?: number): string[] {
+  const out: string[] = [];
+  if (p.dp === 0) out.push('parallel.dp must be -1 (the world size) or a positive integer, got 0');
+  if (p.dpShard === 0) out.push('parallel.dpShard must be -1 (the rest of the data-parallel ranks) or a positive integer, got 0');
+  if (p.zero === 0 && (p.dpShard > 1 || p.dpReplicate > 1)) {
+    out.push('parallel.dpShard / parallel.dpReplicate split the data-parallel ranks for sharding, but parallel.zero = 0 replicates everything; set parallel.zero to 1, 2 or 3, or leave dpShard and dpReplicate unset');
+  }
+  const acc = accumulateProblem(p.zero, p.accumulate, p.dpReplicate > 1, p.pp > 1);
+  if (acc) out.push(acc);
+  if (p.ppVirtualStages > 1 && p.ppSchedule !== 'interleaved') {
+    out.push(`parallel.ppVirtualStages=${p.ppVirtualStages} needs parallel.ppSchedule = "interleaved" (got "${p.ppSchedule}"); set ppVirtualStages = 1 or switch the schedule`);
+  }
+  if (worldSize === undefined) return out;
+  const pp = p.pp;
+  if (worldSize % pp !== 0) {
+    out.push(`parallel.pp=${pp} does not divide the world of ${worldSize} rank(s); start a multiple of ${pp} ranks (--nproc ${pp * Math.max(1, Math.round(worldSize / pp))}) or set parallel.pp to a divisor of ${worldSize}`);
+  }
+  const replicas = Math.max(1, Math.floor(worldSize / pp)); // ranks left for data parallelism
+  const dp = p.dp === -1 ? replicas : p.dp;
+  if (dp !== replicas) {
+    out.push(
+      `parallel.dp=${p.dp} but the world has ${worldSize} rank(s)${pp > 1 ? ` over parallel.pp=${pp} pipeline ranks` : ''}; ` +
+        `set parallel.dp=-1 (or ${replicas}), or start ${dp * pp} ranks (--nproc ${dp * pp})`,
+    );
+  }
+  if (p.zero >= 1) {
+    const r = p.dpReplicate;
+    const shard = p.dpShard === -1 ? dp / r : p.dpShard;
+    if (!Number.isInteger(shard) || shard * r !== dp) {
+      out.push(
+        `parallel.dpReplicate=${r} x parallel.dpShard=${p.dpShard === -1 ? `-1 (${dp} / ${r})` : p.dpShard} must equal the ${dp} data-parallel rank(s); ` +
+          `choose dpReplicate and dpShard whose product is ${dp} (dpShard = -1 takes the rest)`,
+      );
+    }
+  }
+  return out;
+}
+
+/** The data-parallel degree a [parallel] section gives on a world (-1 resolved). */
+export function dataParallelDegree(p: Pick<ParallelConfig, 'dp' | 'pp'>, worldSize: number): number {
+  return p.dp === -1 ? Math.max(1, Math.floor(worldSize / p.pp)) : p.dp;
+}
+
+/** A [parallel] section that cannot run on this world: every problem, each naming the fix. */
+export class LayoutError extends Error {
+  constructor(readonly problems: string[]) {
+    super(`the [parallel] layout cannot run:\n  - ${problems.join('\n  - ')}`);
+    this.name = 'LayoutError';
+  }
+}
+
+/** Resolves -1 and 'auto' in the [parallel] section for a world; throws LayoutError when it does not fit. */
+export function resolveLayout(p: ParallelConfig, worldSize: number): Layout {
+  const problems = layoutProblems(p, worldSize);
+  if (problems.length > 0) throw new LayoutError(problems);
+  const dp = dataParallelDegree(p, worldSize);
+  const zero = p.zero;
+  const dpReplicate = zero === 0 ? 1 : p.dpReplicate;
+  const dpShard = zero === 0 ? dp : p.dpShard === -1 ? dp / dpReplicate : p.dpShard;
+  const accumulate = resolveAccumulate(zero, p.accumulate, { pipeline: p.pp > 1 });
+  return { pp: p.pp, dp, dpReplicate, dpShard, zero, accumulate, schedule: p.ppSchedule, virtualStages: p.ppVirtualStages };
+}
+
+/** One line for the run's header. */
+export function describeLayout(l: Layout): string {
+  const parts: string[] = [];
+  if (l.pp > 1) parts.push(`pipeline ${l.pp}`);
+  if (l.zero === 0) parts.push(l.dp > 1 ? `data parallel ${l.dp}` : 'single replica');
+  else parts.push(`ZeRO-${l.zero} sharded over ${l.dpShard}` + (l.dpReplicate > 1 ? ` x ${l.dpReplicate} replicas (HSDP)` : ''));
+  parts.push(`accumulate ${l.accumulate}`);
+  return parts.join(', ');
+}
+
+/** The layout fields a script sets; the rest take the config's defaults. */
+export type LayoutRequest = Partial<Pick<ParallelConfig, 'dp' | 'zero' | 'dpShard' | 'dpReplicate' | 'accumulate' | 'pp' | 'ppSchedule' | 'ppVirtualStages'>>;
+
+/**
+ * A layout for a script that has no config file: `layoutFor({ pp: 2, zero: 2 }, world.size)`.
+ * Unset fields default as in [parallel] (dp and dpShard take the rest of the ranks); validated
+ * like a config.
+ */
+export function layoutFor(req: LayoutRequest, worldSize: number): Layout {
+  return resolveLayout({
+    dp: -1, zero: 0, dpShard: -1, dpReplicate: 1, accumulate: 'auto', pp: 1, ppSchedule: '1f1b', ppVirtualStages: 1,
+    reshardAfterForward: true, bucketSizeMb: 25, overlap: true, backend: 'auto', ...req,
+  }, worldSize);
+}

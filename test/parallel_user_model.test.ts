@@ -1,0 +1,60 @@
+// A model flotilla does not know (the MLP-Mixer of examples/own_model/model.ts, with its own loss
+// and two tensors passed between layers) trained through parallelize() equals one process: data
+// parallel, ZeRO-3 with a unit policy by class, pp=2 with 1F1B (and zero bubble), and pp=2 x ZeRO-2.
+// Every rank's losses and parameters against the whole model on the whole batch, in float64.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { maxRelDiff } from './helpers/close.js';
+import { runWorld, describeWorld } from './helpers/world.js';
+import { readPipelineRun } from './helpers/pipeline_runs.js';
+
+const dir = mkdtempSync(join(tmpdir(), 'flotilla-user-'));
+const script = 'test/fixtures/user_model_rank.ts';
+
+interface Out { rank: number; losses: number[]; params: Record<string, number[]> }
+interface Run { name: string; layout?: Record<string, unknown>; micro: number }
+
+async function launch(nproc: number, runs: Run[]): Promise<void> {
+  const r = await runWorld({ nproc, script, args: [JSON.stringify({ out: dir, runs })], timeoutMs: 240_000 });
+  assert.deepEqual(r.codes, new Array(nproc).fill(0), describeWorld(r));
+}
+
+function compare(name: string, nproc: number, opts: { split?: boolean } = {}): void {
+  const ref = readPipelineRun<Out>(dir, 'ref', 1)[0]!;
+  const covered = new Set<string>();
+  for (const o of readPipelineRun<Out>(dir, name, nproc)) {
+    const dl = maxRelDiff(o.losses, ref.losses);
+    assert.ok(dl <= 1e-7, `${name}: rank ${o.rank} losses differ from one process by ${dl} (${o.losses} vs ${ref.losses})`);
+    for (const [k, v] of Object.entries(o.params)) {
+      assert.ok(k in ref.params, `${name}: rank ${o.rank} holds ${k}, which the whole model does not have`);
+      const d = maxRelDiff(v, ref.params[k]!);
+      assert.ok(d <= 1e-7, `${name}: rank ${o.rank} parameter ${k} differs from one process by ${d}`);
+      covered.add(k);
+    }
+    if (opts.split) assert.ok(Object.keys(o.params).length < Object.keys(ref.params).length, `${name}: rank ${o.rank} holds the whole model`);
+  }
+  assert.deepEqual(Object.keys(ref.params).filter((k) => !covered.has(k)), [], `${name}: parameters no rank holds`);
+}
+
+const ref = launch(1, [{ name: 'ref', micro: 1 }]);
+
+test('your own model on 2 ranks: data parallel, ZeRO-3 with units by class, pp=2 with 1F1B and zero bubble: equal to one process', async () => {
+  await Promise.all([ref, launch(2, [
+    { name: 'dp', layout: {}, micro: 2 },
+    { name: 'z3', layout: { zero: 3 }, micro: 2 },
+    { name: 'pp2_1f1b', layout: { pp: 2, ppSchedule: '1f1b' }, micro: 4 },
+    { name: 'pp2_zb', layout: { pp: 2, ppSchedule: 'zb' }, micro: 4 },
+  ])]);
+  compare('dp', 2);
+  compare('z3', 2);
+  compare('pp2_1f1b', 2, { split: true });
+  compare('pp2_zb', 2, { split: true });
+});
+
+test('your own model on 4 ranks: pp=2 x ZeRO-2 over dp=2 (1F1B): equal to one process', async () => {
+  await Promise.all([ref, launch(4, [{ name: 'pp2_z2', layout: { pp: 2, zero: 2, ppSchedule: '1f1b' }, micro: 2 }])]);
+  compare('pp2_z2', 4, { split: true });
+});
