@@ -29,6 +29,11 @@ usage:
       Write RUN/report.html: charts of loss, validation loss, learning rate, gradient norm and
       tokens/s against step (several runs overlaid), the resolved config, layout, checkpoints and
       sample. \`flotilla train\` writes it at the end of every run.
+  flotilla prepare SOURCES... --tokenizer byte|gpt2|tokenizer.json --out DIR [--field text] [--workers N] [--skip-bad]
+      Tokenize text files, directories, .jsonl and parquet into token shards with document indexes
+      and a manifest, in parallel; a re-run skips finished shards. Train on DIR with data.source.
+  flotilla tokenizer train --vocab N FILES... --out tokenizer.json
+      Learn a byte-level BPE of N ids from text or .jsonl files ("moby-dick" names the demo corpus).
   flotilla --help | --version
 
 example:
@@ -239,12 +244,16 @@ export async function main(argv: readonly string[]): Promise<number> {
       }
       case 'schedule':
         return await scheduleCommand(rest);
+      case 'prepare':
+        return await (await import('./prepare.js')).prepareCommand(rest);
+      case 'tokenizer':
+        return await (await import('./tokenizer.js')).tokenizerCommand(rest);
       case 'report': {
         const { reportCommand } = await import('./report.js');
         return await reportCommand(rest, (l) => process.stdout.write(`${l}\n`));
       }
       default:
-        throw new UsageError(`unknown command ${JSON.stringify(cmd)}; commands: train, verify, run, config, schedule, report (see flotilla --help)`);
+        throw new UsageError(`unknown command ${JSON.stringify(cmd)}; commands: train, verify, run, config, schedule, prepare, tokenizer, report (see flotilla --help)`);
     }
   } catch (e) {
     const err = e as Error;

@@ -48,7 +48,7 @@ export class ByteTokenizer implements Tokenizer {
   /** Number of distinct ids (0..255). */
   readonly vocabSize = 256;
   readonly eot = 0;
-  readonly identity = digest('flotilla byte tokenizer v1');
+  readonly identity = tokenizerIdentity('byte').identity;
 
   /** UTF-8 bytes of text, one id per byte. */
   encode(text: string): Uint8Array {
@@ -91,7 +91,7 @@ export class Gpt2Tokenizer implements Tokenizer {
   readonly name = 'gpt2';
   readonly vocabSize = 50257;
   readonly eot = 50256;
-  readonly identity = digest('gpt2 r50k_base (gpt-tokenizer)');
+  readonly identity = tokenizerIdentity('gpt2').identity;
   private readonly ordinary = { allowedSpecial: new Set<string>(), disallowedSpecial: new Set<string>() };
 
   constructor(private readonly impl: GptTokenizerModule) {}
@@ -123,12 +123,7 @@ export class JsonTokenizer implements Tokenizer {
 
   constructor(readonly spec: string, private readonly impl: HfTokenizer, json: { model?: { vocab?: unknown }; added_tokens?: { id: number; content: string }[] }, bytes: Buffer) {
     this.name = spec;
-    let maxId = -1;
-    const vocab = json.model?.vocab;
-    if (Array.isArray(vocab)) maxId = vocab.length - 1; // Unigram: [token, score] pairs
-    else if (vocab && typeof vocab === 'object') for (const v of Object.values(vocab as Record<string, number>)) if (v > maxId) maxId = v;
-    for (const t of json.added_tokens ?? []) if (t.id > maxId) maxId = t.id;
-    this.vocabSize = maxId + 1;
+    this.vocabSize = jsonVocabSize(json);
     const eot = EOT_NAMES.map((n) => impl.token_to_id(n)).find((id) => id !== undefined);
     if (eot === undefined) {
       throw new Error(`tokenizer ${spec} has no end-of-text token (one of ${EOT_NAMES.join(', ')}); add one to its added_tokens, or train one with \`flotilla tokenizer train\``);
@@ -144,6 +139,44 @@ export class JsonTokenizer implements Tokenizer {
   decode(ids: ArrayLike<number>): string {
     return this.impl.decode(Array.from(ids), { skip_special_tokens: false });
   }
+}
+
+/** Ids a tokenizer.json can produce: its model's vocabulary and its added tokens. */
+export function jsonVocabSize(json: { model?: { vocab?: unknown }; added_tokens?: { id: number }[] }): number {
+  let maxId = -1;
+  const vocab = json.model?.vocab;
+  if (Array.isArray(vocab)) maxId = vocab.length - 1; // Unigram: [token, score] pairs
+  else if (vocab && typeof vocab === 'object') for (const v of Object.values(vocab as Record<string, number>)) if (v > maxId) maxId = v;
+  for (const t of json.added_tokens ?? []) if (t.id > maxId) maxId = t.id;
+  return maxId + 1;
+}
+
+/** What identifies a tokenizer, without loading its implementation (config checks run this). */
+export interface TokenizerIdentity {
+  spec: string;
+  vocabSize: number;
+  identity: string;
+}
+
+/** The identity of a `data.tokenizer` value, synchronously; throws naming the fix. */
+export function tokenizerIdentity(spec: string): TokenizerIdentity {
+  if (spec === 'byte') return { spec, vocabSize: 256, identity: digest('flotilla byte tokenizer v1') };
+  if (spec === 'gpt2') return { spec, vocabSize: 50257, identity: digest('gpt2 r50k_base (gpt-tokenizer)') };
+  const path = resolve(spec);
+  if (!existsSync(path) || !statSync(path).isFile()) {
+    throw new Error(`tokenizer ${JSON.stringify(spec)}: no such file ${path}; use "byte", "gpt2" or the path of a tokenizer.json (make one with \`flotilla tokenizer train\`)`);
+  }
+  const bytes = readFileSync(path);
+  let json: { model?: { vocab?: unknown }; added_tokens?: { id: number }[] };
+  try {
+    json = JSON.parse(bytes.toString('utf8')) as typeof json;
+  } catch (e) {
+    throw new Error(`tokenizer ${path} is not JSON (${(e as Error).message}); pass a Hugging Face tokenizer.json`);
+  }
+  if (json === null || typeof json !== 'object' || typeof json.model !== 'object' || json.model === null) {
+    throw new Error(`tokenizer ${path} has no "model" table, so it is not a Hugging Face tokenizer.json`);
+  }
+  return { spec: path, vocabSize: jsonVocabSize(json), identity: digest(bytes) };
 }
 
 const require = createRequire(import.meta.url);

@@ -5,6 +5,8 @@ import { readFileSync, existsSync, statSync, readdirSync, mkdirSync } from 'node
 import { join, resolve } from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import type { GPTConfig } from '../models/gpt.js';
+import { checkDataConfig, type SourceEntry } from '../data/sources.js';
+import { tokenizerIdentity } from '../data/tokenizer.js';
 import { layoutProblems, dataParallelDegree, type ParallelConfig } from '../parallel/layout.js';
 
 // The layout type and its rules live with the layouts (src/parallel/layout.ts).
@@ -15,10 +17,15 @@ export type ModelConfig = GPTConfig;
 
 export interface DataConfig {
   source: string;
+  /** Weighted sources (blended); when non-empty, data.source is not used. */
+  sources: SourceEntry[];
+  tokenizer: string;
+  valSource: string;
   seqLen: number;
   globalBatch: number;
   microBatches: number;
   valFraction: number;
+  prefetch: number;
 }
 
 export interface OptimConfig {
@@ -58,7 +65,7 @@ export interface FlotillaConfig {
   log: LogConfig;
 }
 
-type KindOf<T> = T extends boolean ? 'bool' : T extends number ? 'int' | 'float' : 'string';
+type KindOf<T> = T extends boolean ? 'bool' : T extends number ? 'int' | 'float' : T extends readonly unknown[] ? 'sources' : 'string';
 
 interface Field<T> {
   doc: string;
@@ -81,7 +88,7 @@ export const configSchema: Schema<FlotillaConfig> = {
   model: {
     doc: 'The GPT model (src/models/gpt.ts).',
     fields: {
-      vocabSize: { kind: 'int', default: 256, min: 256, doc: 'Token ids the model embeds; at least 256 for the byte tokenizer.' },
+      vocabSize: { kind: 'int', default: 0, min: 0, doc: 'Token ids the model embeds; 0 = the vocabulary of data.tokenizer (256 for bytes). Resolved when the config is read.' },
       blockSize: { kind: 'int', default: 128, min: 1, doc: 'Longest context in tokens (learned positions).' },
       nLayer: { kind: 'int', default: 4, min: 1, doc: 'Transformer blocks.' },
       nHead: { kind: 'int', default: 4, min: 1, doc: 'Attention heads per block; must divide model.nEmbd.' },
@@ -94,14 +101,21 @@ export const configSchema: Schema<FlotillaConfig> = {
   data: {
     doc: 'Text, tokenization and batching (src/data).',
     fields: {
-      source: { kind: 'string', default: 'moby-dick', doc: '"moby-dick" (the demo corpus from npm) or a path to a UTF-8 text file.' },
+      source: { kind: 'string', default: 'moby-dick', doc: '"moby-dick" (the demo corpus from npm), a UTF-8 text file, a prepared directory (flotilla prepare) or a nanoGPT-style uint16 .bin.' },
+      sources: {
+        kind: 'sources', default: [],
+        doc: 'Datasets blended by weight, e.g. [{ path = "data/web", weight = 0.7 }, { path = "data/books", weight = 0.3 }] (on the command line: --data.sources=data/web:0.7,data/books:0.3); [] = data.source alone.',
+      },
+      tokenizer: { kind: 'string', default: 'byte', doc: '"byte" (vocabulary 256), "gpt2" (GPT-2\'s BPE) or the path of a tokenizer.json (flotilla tokenizer train); prepared data must have been made with the same one.' },
+      valSource: { kind: 'string', default: '', doc: 'Validation data (a prepared directory, .bin or text file); "" = the last data.valFraction of every training source.' },
       seqLen: { kind: 'int', default: 128, min: 1, doc: 'Tokens per training sample; at most model.blockSize.' },
       globalBatch: {
         kind: 'int', default: 16, min: 1,
         doc: 'Samples per optimizer step over all data-parallel ranks and micro-batches; a multiple of dp x data.microBatches.',
       },
       microBatches: { kind: 'int', default: 1, min: 1, doc: 'Gradient-accumulation micro-batches per step (per rank).' },
-      valFraction: { kind: 'float', default: 0.1, above: 0, below: 1, doc: 'Share of the text, taken from its end, held out for validation.' },
+      valFraction: { kind: 'float', default: 0.1, above: 0, below: 1, doc: 'Share of each source, taken from its end, held out for validation (when data.valSource is "").' },
+      prefetch: { kind: 'int', default: 2, min: 0, doc: 'Batches a worker thread prepares ahead of the training step (0: read inline).' },
     },
   },
   optim: {
@@ -169,7 +183,7 @@ export class ConfigError extends Error {
   }
 }
 
-type AnyField = Omit<Field<unknown>, 'kind'> & { kind: 'int' | 'float' | 'bool' | 'string' };
+type AnyField = Omit<Field<unknown>, 'kind'> & { kind: 'int' | 'float' | 'bool' | 'string' | 'sources' };
 type RawConfig = Record<string, Record<string, unknown>>;
 
 const sections = Object.keys(configSchema) as (keyof FlotillaConfig)[];
@@ -206,6 +220,27 @@ function unknownField(section: string, name: string, how: string): string {
   return `unknown key ${how}${suggest(name, valid)}; valid keys in [${section}]: ${valid.join(', ')}`;
 }
 
+/** `path:weight,path:weight` or a JSON array of { path, weight } (the command-line form of data.sources). */
+function parseSourcesText(text: string): { value?: SourceEntry[]; problem?: string } {
+  const t = text.trim();
+  if (t === '' || t === '[]') return { value: [] };
+  if (t.startsWith('[')) {
+    try {
+      return { value: JSON.parse(t) as SourceEntry[] };
+    } catch (e) {
+      return { problem: `--data.sources is not a JSON array (${(e as Error).message}); write --data.sources=dirA:0.7,dirB:0.3` };
+    }
+  }
+  const out: SourceEntry[] = [];
+  for (const part of t.split(',')) {
+    const i = part.lastIndexOf(':');
+    const weight = i > 0 ? Number(part.slice(i + 1)) : NaN;
+    if (!Number.isFinite(weight)) return { problem: `--data.sources entry ${JSON.stringify(part)} needs a weight: write path:weight (e.g. data/web:0.7)` };
+    out.push({ path: part.slice(0, i), weight });
+  }
+  return { value: out };
+}
+
 function describe(v: unknown): string {
   return typeof v === 'string' ? JSON.stringify(v) : typeof v === 'object' ? (Array.isArray(v) ? 'an array' : 'a table') : String(v);
 }
@@ -216,6 +251,18 @@ function checkField(key: string, f: AnyField, v: unknown): string | undefined {
     case 'bool':
       if (typeof v !== 'boolean') return `${key} must be true or false, got ${describe(v)}`;
       return undefined;
+    case 'sources': {
+      const fix = `${key} must be an array of { path = "...", weight = number > 0 }`;
+      if (!Array.isArray(v)) return `${fix}, got ${describe(v)}`;
+      for (const e of v as unknown[]) {
+        const r = e as Record<string, unknown>;
+        if (e === null || typeof e !== 'object' || typeof r.path !== 'string' || r.path === '') return `${fix}; an entry has no path`;
+        if (typeof r.weight !== 'number' || !(r.weight > 0) || !Number.isFinite(r.weight)) return `${fix}; the weight of ${r.path} is ${describe(r.weight)}`;
+        const extra = Object.keys(r).filter((k) => k !== 'path' && k !== 'weight');
+        if (extra.length > 0) return `${fix}; unknown key ${extra[0]} in the entry for ${r.path}`;
+      }
+      return undefined;
+    }
     case 'string':
       if (typeof v !== 'string') return `${key} must be a string, got ${describe(v)}`;
       if (f.choices && !f.choices.includes(v)) return `${key} must be one of ${f.choices.map((c) => JSON.stringify(c)).join(', ')}, got ${JSON.stringify(v)}`;
@@ -249,14 +296,23 @@ function parseCliValue(key: string, f: AnyField, text: string): { value?: unknow
     }
     case 'string':
       return { value: text };
+    case 'sources':
+      return parseSourcesText(text);
   }
 }
 
 export function defaultConfig(): FlotillaConfig {
+  const c = schemaDefaults();
+  c.model.vocabSize = tokenizerIdentity(c.data.tokenizer).vocabSize; // resolved as parseConfig does
+  return c;
+}
+
+/** Every field's schema default (model.vocabSize still 0, unresolved). */
+function schemaDefaults(): FlotillaConfig {
   const out: Record<string, Record<string, unknown>> = {};
   for (const s of sections) {
     out[s] = {};
-    for (const [k, f] of Object.entries(fieldsOf(s)!)) out[s]![k] = f.default;
+    for (const [k, f] of Object.entries(fieldsOf(s)!)) out[s]![k] = Array.isArray(f.default) ? [...f.default] : f.default;
   }
   return out as unknown as FlotillaConfig;
 }
@@ -355,7 +411,7 @@ export function parseConfig(tomlText: string, overrides: readonly string[] = [],
   const fromFile = checkRaw(table);
   const fromCli = parseOverrides(overrides);
   const problems = [...fromFile.problems, ...fromCli.problems];
-  const cfg = defaultConfig() as unknown as RawConfig;
+  const cfg = schemaDefaults() as unknown as RawConfig;
   for (const layer of [fromFile.raw, fromCli.raw]) {
     for (const [s, body] of Object.entries(layer)) Object.assign(cfg[s]!, body);
   }
@@ -368,7 +424,16 @@ export function parseConfig(tomlText: string, overrides: readonly string[] = [],
   }
   if (problems.length === 0) problems.push(...validateConfig(cfg as unknown as FlotillaConfig));
   if (problems.length > 0) throw new ConfigError(problems, where);
-  return cfg as unknown as FlotillaConfig;
+  const resolved = cfg as unknown as FlotillaConfig;
+  // model.vocabSize = 0 follows data.tokenizer, so the saved config names the size the model has.
+  if (resolved.model.vocabSize === 0) {
+    try {
+      resolved.model.vocabSize = tokenizerIdentity(resolved.data.tokenizer).vocabSize;
+    } catch (e) {
+      throw new ConfigError([`data.tokenizer: ${(e as Error).message}`], where);
+    }
+  }
+  return resolved;
 }
 
 /** Reads a TOML file and applies overrides; a missing file is a ConfigError naming the path. */
@@ -386,6 +451,7 @@ export function loadConfig(path: string, overrides: readonly string[] = []): Flo
 
 function tomlValue(v: unknown): string {
   if (typeof v === 'string') return JSON.stringify(v); // JSON string escapes are valid TOML basic-string escapes
+  if (Array.isArray(v)) return `[${v.map((e: SourceEntry) => `{ path = ${JSON.stringify(e.path)}, weight = ${e.weight} }`).join(', ')}]`;
   return String(v);
 }
 
@@ -423,11 +489,8 @@ export function checkRunnable(c: FlotillaConfig, worldSize: number): string[] {
         `${parts} equal parts; set data.globalBatch to a multiple of ${parts} (e.g. ${lower > 0 ? `${lower} or ` : ''}${lower + parts})`,
     );
   }
-  if (c.data.source !== 'moby-dick') {
-    const abs = resolve(c.data.source);
-    if (!existsSync(abs)) p.push(`data.source: text file ${abs} does not exist; set data.source to "moby-dick" or to an existing file`);
-    else if (!statSync(abs).isFile()) p.push(`data.source: ${abs} is not a file; set data.source to "moby-dick" or to a text file`);
-  }
+  // Sources, manifests, the tokenizer and the vocabulary (src/data/sources.ts); no tokenizing.
+  p.push(...checkDataConfig(c.data, c.model.vocabSize));
   return p;
 }
 

@@ -17,7 +17,7 @@ import { clipGradNorm, gradNorm } from '../parallel/grads.js';
 import { buildMesh, describeLayout, parallelize, resolveLayout } from '../parallel/parallelize.js';
 import type { MemoryReport } from '../parallel/data_parallel.js';
 import { saveSafetensors } from '../checkpoint/safetensors.js';
-import { DataLoader, loadTextDataset } from '../data/index.js';
+import { DataLoader, loadTrainData } from '../data/index.js';
 import { ConfigError, checkRunnable, configToToml, prepareRunDir, runDirOf, type FlotillaConfig } from './config.js';
 import { MetricsWriter, type StepMetrics } from './metrics.js';
 import { Progress, resolveProgressMode } from './progress.js';
@@ -83,19 +83,19 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
     const mesh = buildMesh(layout, world);
     header('mesh', `${describeLayout(layout)}; mesh pp ${layout.pp} x dpReplicate ${layout.dpReplicate} x dpShard ${layout.dpShard}`);
 
-    // ---- data
-    const ds = loadTextDataset({ source: cfg.data.source, valFraction: cfg.data.valFraction, seqLen: cfg.data.seqLen });
+    // ---- data: the tokenizer and the sources of [data] (src/data/sources.ts); shards are read by
+    // byte range, never whole, and a worker thread prepares the next batches (data.prefetch).
+    const data = await loadTrainData(cfg.data, { modelVocab: cfg.model.vocabSize, rank: env.rank, worldSize: env.worldSize });
     const geometry = { seqLen: cfg.data.seqLen, globalBatch: cfg.data.globalBatch, dpRank: mesh.dpRank, dpSize: layout.dp, microBatches: cfg.data.microBatches };
-    const loader = new DataLoader({ tokens: ds.train, seed: cfg.train.seed, ...geometry });
+    const loader = new DataLoader({ sources: data.train, seed: cfg.train.seed, prefetch: cfg.data.prefetch, ...geometry });
     // Validation reads fixed batches (steps 0..evalBatches-1 of its own stream) so evaluations compare.
-    const evalLoader = new DataLoader({ tokens: ds.val, seed: (cfg.train.seed + 1) >>> 0, ...geometry });
+    const evalLoader = new DataLoader({ sources: data.val, seed: (cfg.train.seed + 1) >>> 0, ...geometry });
     // Lingua's lesson: check that the data-parallel ranks' samples partition the global batch.
     verifyDataPartition(mesh.dp, loader.localSampleIds(0), cfg.data.globalBatch);
     const tokensPerStep = cfg.data.globalBatch * cfg.data.seqLen;
     header(
       'data',
-      `${ds.source}: ${ds.tokens.length.toLocaleString('en-US')} byte tokens (train ${ds.train.length.toLocaleString('en-US')}, ` +
-        `val ${ds.val.length.toLocaleString('en-US')}); global batch ${cfg.data.globalBatch} x ${cfg.data.seqLen} = ` +
+      `${data.describe}; global batch ${cfg.data.globalBatch} x ${cfg.data.seqLen} = ` +
         `${tokensPerStep.toLocaleString('en-US')} tokens/step = ${layout.dp} data-parallel rank(s) x ${cfg.data.microBatches} micro-batch(es) x ${loader.microBatchSize} samples`,
     );
 
