@@ -137,6 +137,7 @@ export class JsonTokenizer implements Tokenizer {
   }
 
   decode(ids: ArrayLike<number>): string {
+    if (ids.length === 0) return ''; // the library refuses an empty list
     return this.impl.decode(Array.from(ids), { skip_special_tokens: false });
   }
 }
