@@ -291,3 +291,22 @@ test('flotilla schedule prints the grid, the simulated bubble and the theory; ba
   assert.match(unknown.stderr, /unknown schedule "pipedream"; schedules are gpipe, 1f1b, interleaved, zb/);
   assert.equal(run('--pp', '2').status, 2);
 });
+
+test('actions parse from their printed names: every action of every schedule round-trips, malformed names name the accepted forms', async () => {
+  const { actionName, parseAction, parseActions } = await import('../src/parallel/pipeline/schedule.js');
+  for (const name of ['gpipe', '1f1b', 'interleaved', 'zb'] as ScheduleName[]) {
+    for (const [pp, micro] of [[1, 1], [2, 4], [4, 8], [3, 6]] as const) {
+      const s = buildSchedule(name, { pp, micro, virtualStages: name === 'interleaved' ? 2 : 1 });
+      s.actions.forEach((list, r) => {
+        for (const a of list) assert.deepEqual(parseAction(actionName(a)), a, `${name} pp=${pp} m=${micro} rank ${r}: ${actionName(a)}`);
+        assert.deepEqual(parseActions(list.map(actionName).join(' ')), list, `${name} pp=${pp} m=${micro} rank ${r}: the printed list`);
+      });
+    }
+  }
+  assert.deepEqual(parseAction('0SEND_F0->1'), { kind: 'SEND_F', stage: 0, micro: 0, peer: 1 });
+  assert.deepEqual(parseAction('12RECV_B3<-2'), { kind: 'RECV_B', stage: 12, micro: 3, peer: 2 });
+  assert.throws(() => parseAction('2X0'), /'2X0' is not an action; write <stage><F\|B\|I\|W><micro>/);
+  assert.throws(() => parseAction('2F0->1'), /compute action, which has no peer/);
+  assert.throws(() => parseAction('0SEND_F0<-1'), /needs its peer after '->'/);
+  assert.throws(() => parseAction('1RECV_B0'), /needs its peer after '<-'/);
+});

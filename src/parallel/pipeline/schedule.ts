@@ -67,6 +67,34 @@ export function actionName(a: Action): string {
   return a.kind.startsWith('SEND') ? `${base}->${a.peer}` : `${base}<-${a.peer}`;
 }
 
+const ACTION_RE = /^(\d+)(F|B|I|W|SEND_F|SEND_B|RECV_F|RECV_B)(\d+)(?:(->|<-)(\d+))?$/;
+
+/**
+ * The action a printed name stands for (actionName's inverse): '2F0', '1W3', '0SEND_F0->1',
+ * '1RECV_B2<-0'. A malformed name is an error that shows the accepted forms.
+ */
+export function parseAction(text: string): Action {
+  const m = ACTION_RE.exec(text.trim());
+  const bad = (why: string): never => {
+    throw new Error(`pipeline action '${text}' ${why}; write <stage><F|B|I|W><micro> (e.g. 2F0) or <stage><SEND_F|SEND_B><micro>-><rank> / <stage><RECV_F|RECV_B><micro><-<rank> (e.g. 0SEND_F0->1)`);
+  };
+  if (!m) return bad('is not an action');
+  const kind = m[2] as Action['kind'];
+  const a: Action = { kind, stage: Number(m[1]), micro: Number(m[3]) };
+  if (isCompute(kind)) {
+    if (m[4] !== undefined) bad('is a compute action, which has no peer');
+    return a;
+  }
+  const arrow = kind.startsWith('SEND') ? '->' : '<-';
+  if (m[4] !== arrow) bad(`needs its peer after '${arrow}'`);
+  return { ...a, peer: Number(m[5]) };
+}
+
+/** A rank's action list from its printed form: names separated by spaces (as `flotilla schedule --actions` lists them). */
+export function parseActions(text: string): Action[] {
+  return text.split(/\s+/).filter((t) => t !== '').map(parseAction);
+}
+
 const isCompute = (k: Action['kind']): k is ComputeKind => k === 'F' || k === 'B' || k === 'I' || k === 'W';
 
 function checkCount(what: string, v: unknown, flag: string): number {
