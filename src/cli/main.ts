@@ -1,17 +1,19 @@
 // The `flotilla` command: train from a TOML config (on one process or, with --nproc, through the
 // launcher), run any script on N ranks, and print the documented config.
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { resolve } from 'node:path';
-import { ConfigError, checkRunnable, configToToml, defaultConfig, loadConfig, parseConfig, runDirProblem } from '../train/config.js';
+import { ConfigError, checkRunnable, configToToml, defaultConfig, loadConfig, parseConfig, runDirOf, runDirProblem } from '../train/config.js';
 
 const MAIN = fileURLToPath(import.meta.url);
 
 export const USAGE = `flotilla — distributed training for TypeScript
 
 usage:
-  flotilla train <config.toml> [--nproc N] [--section.field=value ...]
-      Train the model a config describes. --nproc N (N > 1) starts N local ranks through the
+  flotilla train <config.toml> [--nproc N] [--resume [PATH|latest]] [--max-restarts K] [--section.field=value ...]
+      Train the model a config describes. --resume continues a run from its newest checkpoint (or
+      the checkpoint PATH names), under this config's layout; --max-restarts K restarts a failed
+      group up to K times, each from the latest checkpoint. --nproc N (N > 1) starts N local ranks through the
       launcher (data parallel; through mpirun on Open MPI when installed, see parallel.backend). Overrides win over the file, e.g. --optim.lr=3e-4 --train.steps=50.
   flotilla verify <config.toml> --nproc N [--steps K] [--section.field=value ...]
       Train K steps (default 5) under the config's layout on N ranks and the same steps in one
@@ -25,6 +27,14 @@ usage:
   flotilla schedule --pp P --micro M --schedule gpipe|1f1b|interleaved|zb [--virtual V] [--actions]
       Print a pipeline schedule as a grid (ranks x time, '.' = idle) after checking it, with its
       simulated bubble fraction and the theory; --actions also lists each rank's sends and receives.
+  flotilla export <checkpoint|run dir> <out.safetensors>
+      Write the model's parameters as one safetensors file (PyTorch and Hugging Face read it), the
+      model config in its metadata.
+  flotilla generate <checkpoint|run dir|exported.safetensors> --prompt TEXT [--tokens N]
+                    [--temperature T] [--top-k K] [--seed S] [--out FILE]
+      Sample text from a trained model in one process (deterministic for a seed).
+  flotilla checkpoint check <checkpoint|run dir>
+      Verify a checkpoint's files, sizes, checksums and completeness without building a model.
   flotilla report RUN [RUN...] [--out FILE]
       Write RUN/report.html: charts of loss, validation loss, learning rate, gradient norm and
       tokens/s against step (several runs overlaid), the resolved config, layout, checkpoints and
@@ -55,6 +65,10 @@ function version(): string {
 interface TrainArgs {
   config: string;
   nproc?: number;
+  /** --resume: 'latest' or a checkpoint path. */
+  resume?: string;
+  /** --max-restarts K (train through the launcher). */
+  maxRestarts?: number;
   overrides: string[];
   /** `flotilla verify` sets it: every rank records its steps and final parameters there. */
   record?: string;
@@ -75,6 +89,8 @@ export function parseTrainArgs(args: readonly string[], command = 'train'): Trai
   let nproc: number | undefined;
   let record: string | undefined;
   let steps: number | undefined;
+  let resume: string | undefined;
+  let maxRestarts: number | undefined;
   const overrides: string[] = [];
   for (let i = 0; i < args.length; i++) {
     const a = args[i]!;
@@ -85,6 +101,15 @@ export function parseTrainArgs(args: readonly string[], command = 'train'): Trai
       const v = a === '--steps' ? args[++i] : a.slice('--steps='.length);
       if (v === undefined || !/^\d+$/.test(v) || Number(v) < 1) throw new UsageError(`--steps needs a positive integer, got ${v === undefined ? 'nothing' : JSON.stringify(v)}`);
       steps = Number(v);
+    } else if (a === '--resume' || a.startsWith('--resume=')) {
+      // The path is optional: `--resume` alone (or followed by another option) means the latest.
+      const next = args[i + 1];
+      resume = a.startsWith('--resume=') ? a.slice('--resume='.length) || 'latest'
+        : next !== undefined && !next.startsWith('--') && !next.endsWith('.toml') ? (i++, next) : 'latest';
+    } else if ((a === '--max-restarts' || a.startsWith('--max-restarts=')) && command === 'train') {
+      const v = a === '--max-restarts' ? args[++i] : a.slice('--max-restarts='.length);
+      if (v === undefined || !/^\d+$/.test(v)) throw new UsageError(`--max-restarts needs a whole number, got ${v === undefined ? 'nothing' : JSON.stringify(v)}`);
+      maxRestarts = Number(v);
     } else if (a === '--nproc' || a === '--nproc-per-node') {
       nproc = parseNproc(args[++i]);
     } else if (a.startsWith('--nproc=') || a.startsWith('--nproc-per-node=')) {
@@ -105,7 +130,7 @@ export function parseTrainArgs(args: readonly string[], command = 'train'): Trai
     }
   }
   if (config === undefined) throw new UsageError('train: missing the config file: flotilla train <config.toml> (e.g. examples/gpt-tiny.toml)');
-  return { config, overrides, ...(nproc !== undefined ? { nproc } : {}), ...(record !== undefined ? { record } : {}), ...(steps !== undefined ? { steps } : {}) };
+  return { config, overrides, ...(nproc !== undefined ? { nproc } : {}), ...(resume !== undefined ? { resume } : {}), ...(maxRestarts !== undefined ? { maxRestarts } : {}), ...(record !== undefined ? { record } : {}), ...(steps !== undefined ? { steps } : {}) };
 }
 
 async function trainCommand(args: readonly string[]): Promise<number> {
@@ -117,8 +142,15 @@ async function trainCommand(args: readonly string[]): Promise<number> {
   const inWorld = env.source !== 'single';
   if (!inWorld) {
     // Before any rank starts: an earlier run's directory is refused once, here (rank 0 checks again).
-    const problem = runDirProblem(cfg);
+    // Resuming continues an existing run directory; a checkpoint PATH may also start a new one.
+    const problem = runDirProblem(cfg, { resume: a.resume !== undefined && existsSync(runDirOf(cfg)) });
     if (problem !== undefined) throw new ConfigError([problem], a.config);
+    if (a.resume !== undefined) {
+      // A missing or broken checkpoint is one message here, before any rank starts.
+      const { resumeTarget } = await import('../train/checkpointing.js');
+      const { readMeta } = await import('../checkpoint/format.js');
+      readMeta(resumeTarget(cfg, a.resume)!);
+    }
   }
   if (a.nproc !== undefined && a.nproc > 1 && !inWorld) {
     const problems = checkRunnable(cfg, a.nproc);
@@ -126,13 +158,16 @@ async function trainCommand(args: readonly string[]): Promise<number> {
     const { runLauncher } = await import('../distributed/launcher.js');
     // [parallel] backend: "auto" picks Open MPI where it is installed (ranks start through mpirun).
     const backend = cfg.parallel.backend;
-    return runLauncher(['--nproc', String(a.nproc), '--backend', backend, MAIN, 'train', a.config, ...a.overrides, ...(a.record ? ['--record', a.record] : [])]);
+    return runLauncher([
+      '--nproc', String(a.nproc), '--backend', backend, ...(a.maxRestarts !== undefined ? ['--max-restarts', String(a.maxRestarts)] : []),
+      MAIN, 'train', a.config, ...a.overrides, ...(a.record ? ['--record', a.record] : []), ...(a.resume !== undefined ? [`--resume=${a.resume}`] : []),
+    ]);
   }
   if (a.nproc !== undefined && inWorld && a.nproc !== env.worldSize) {
     throw new UsageError(`train: --nproc ${a.nproc} given inside a world of ${env.worldSize} ranks already started by ${env.source}; drop --nproc`);
   }
   const { train } = await import('../train/trainer.js');
-  await train(cfg, { configPath: a.config, overrides: a.overrides, ...(a.record ? { recordDir: a.record } : {}) });
+  await train(cfg, { configPath: a.config, overrides: a.overrides, ...(a.record ? { recordDir: a.record } : {}), ...(a.resume !== undefined ? { resume: a.resume } : {}) });
   return 0;
 }
 
@@ -252,12 +287,21 @@ export async function main(argv: readonly string[]): Promise<number> {
         const { reportCommand } = await import('./report.js');
         return await reportCommand(rest, (l) => process.stdout.write(`${l}\n`));
       }
+      case 'export':
+      case 'generate':
+      case 'checkpoint': {
+        const c = await import('./checkpoint.js');
+        const print = (l: string) => process.stdout.write(`${l}\n`);
+        if (cmd === 'export') return c.exportCommand(rest, print);
+        if (cmd === 'checkpoint') return c.checkpointCommand(rest, print);
+        return await c.generateCommand(rest, print);
+      }
       default:
-        throw new UsageError(`unknown command ${JSON.stringify(cmd)}; commands: train, verify, run, config, schedule, prepare, tokenizer, report (see flotilla --help)`);
+        throw new UsageError(`unknown command ${JSON.stringify(cmd)}; commands: train, verify, run, config, schedule, prepare, tokenizer, export, generate, checkpoint, report (see flotilla --help)`);
     }
   } catch (e) {
     const err = e as Error;
-    if (err instanceof UsageError || err instanceof ConfigError || err?.name === 'LaunchEnvError') {
+    if (err instanceof UsageError || err instanceof ConfigError || err?.name === 'LaunchEnvError' || err?.name === 'UsageError') {
       process.stderr.write(`flotilla: ${err.message}\n`);
       return 2;
     }

@@ -276,9 +276,47 @@ export abstract class Optimizer<O extends { lr: number }> {
   }
 
   private localPiecesQuiet(): StepPiece[] {
+    // Flat views, as localPieces() hands them to a step: state is created flat from piece.data.
     return this.groups.flatMap((g) => g.params).map((p, i) => ({
-      key: `param${i}`, data: p, grad: p, segments: [{ param: p, name: String(i), start: 0, numel: p.numel(), paramOffset: 0 }], owned: false,
+      key: `param${i}`, data: p.view(-1), grad: p.view(-1), segments: [{ param: p, name: String(i), start: 0, numel: p.numel(), paramOffset: 0 }], owned: false,
     }));
+  }
+
+  /**
+   * The state this rank keeps for one parameter: the range of its flattened elements the state
+   * covers (all of them, or this rank's shard), a flat view of each state tensor over that range,
+   * and its update count. With `create`, zeroed state is made for a parameter that has none yet
+   * (a checkpoint is loaded before the first step); otherwise undefined until the first step.
+   * Checkpoints read and write optimizer state through it ([Note: placement] in src/parallel/placement.ts).
+   */
+  paramState(param: Tensor, opts: { create?: boolean } = {}): { offset: number; numel: number; state: Record<string, Tensor>; step: number } | undefined {
+    const found = (piece: Pick<StepPiece, 'segments'>, st: Record<string, Tensor>) => {
+      const seg = piece.segments.find((s) => s.param === param);
+      if (!seg) return undefined;
+      const state: Record<string, Tensor> = {};
+      for (const [k, t] of Object.entries(st)) state[k] = t.narrow(0, seg.start, seg.numel);
+      return { offset: seg.paramOffset, numel: seg.numel, state, step: this.steps.get(param) ?? 0 };
+    };
+    for (const [key, meta] of this.pieceMeta) {
+      const r = found(meta, this.pieceState.get(key)!);
+      if (r) return r;
+    }
+    if (!opts.create || !this.groupOf.has(param)) return undefined;
+    return tidy(() => {
+      const pieces = this.grads?.stepPieces ? this.pieceList() : this.localPiecesQuiet();
+      const piece = pieces.find((pc) => pc.segments.some((s) => s.param === param));
+      if (!piece) return undefined;
+      const r = found(piece, this.stateOf(piece));
+      if (r) for (const t of Object.values(r.state)) keep(t);
+      return r;
+    });
+  }
+
+  /** Sets a parameter's update count (bias correction), as a checkpoint recorded it. */
+  setParamStep(param: Tensor, step: number): void {
+    if (!Number.isInteger(step) || step < 0) throw new Error(`optimizer: a parameter's update count must be a non-negative integer, got ${step}`);
+    if (step === 0) this.steps.delete(param);
+    else this.steps.set(param, step);
   }
 
   /** Bytes of optimizer state this rank holds (resident). */

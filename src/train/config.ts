@@ -48,6 +48,18 @@ export interface TrainConfig {
   evalEvery: number;
   evalBatches: number;
   threads: number;
+  initFrom: string;
+}
+
+export interface CheckpointConfig {
+  /** Save every this many steps (0 = never; the run still saves on Ctrl-C). */
+  every: number;
+  /** Checkpoints kept (the oldest are deleted once a newer one is complete). */
+  keep: number;
+  /** Where checkpoints go ("" = <run dir>/checkpoints). */
+  dir: string;
+  /** Write in the background while training continues. */
+  async: boolean;
 }
 
 export interface LogConfig {
@@ -62,6 +74,7 @@ export interface FlotillaConfig {
   optim: OptimConfig;
   train: TrainConfig;
   parallel: ParallelConfig;
+  checkpoint: CheckpointConfig;
   log: LogConfig;
 }
 
@@ -142,6 +155,7 @@ export const configSchema: Schema<FlotillaConfig> = {
       evalEvery: { kind: 'int', default: 50, min: 0, doc: 'Validation loss every this many steps and after the last (0: only after the last).' },
       evalBatches: { kind: 'int', default: 4, min: 1, doc: 'Global batches of the validation split per evaluation (the same ones each time).' },
       threads: { kind: 'int', default: 1, min: 1, doc: 'Intra-op CPU threads per rank.' },
+      initFrom: { kind: 'string', default: '', doc: 'Start from the weights of a checkpoint directory or an exported .safetensors file (step 0, fresh optimizer state; fine-tuning); "" = random init from train.seed.' },
     },
   },
   parallel: {
@@ -159,6 +173,15 @@ export const configSchema: Schema<FlotillaConfig> = {
       pp: { kind: 'int', default: 1, min: 1, doc: 'Pipeline-parallel degree: ranks each model replica is split over (must divide the world size); data.microBatches is the pipeline\'s m.' },
       ppSchedule: { kind: 'string', default: '1f1b', choices: ['gpipe', '1f1b', 'interleaved', 'zb'], doc: 'Pipeline schedule: "gpipe", "1f1b", "interleaved" (ppVirtualStages stages per rank) or "zb" (zero bubble: backward split into input and weight gradients).' },
       ppVirtualStages: { kind: 'int', default: 1, min: 1, doc: 'Stages per pipeline rank; more than 1 needs ppSchedule = "interleaved".' },
+    },
+  },
+  checkpoint: {
+    doc: 'Saving and resuming (src/checkpoint): every rank writes what it owns; a checkpoint loads under any layout.',
+    fields: {
+      every: { kind: 'int', default: 0, min: 0, doc: 'Save a checkpoint every this many steps and after the last (0: only on Ctrl-C).' },
+      keep: { kind: 'int', default: 3, min: 1, doc: 'Complete checkpoints kept; older ones are deleted once a newer one is durable.' },
+      dir: { kind: 'string', default: '', doc: 'Checkpoint directory ("" means <run dir>/checkpoints).' },
+      async: { kind: 'bool', default: false, doc: 'Copy the state in memory and write it on a background thread while training continues (the next save and the end of the run wait for it).' },
     },
   },
   log: {
@@ -502,7 +525,7 @@ export function runDirOf(c: FlotillaConfig): string {
 function hasCheckpoints(dir: string): boolean {
   for (const d of [dir, join(dir, 'checkpoints')]) {
     try {
-      if (readdirSync(d).some((f) => f.endsWith('.safetensors'))) return true;
+      if (readdirSync(d).some((f) => f.endsWith('.safetensors') || (/^step-\d+$/.test(f) && existsSync(join(d, f, 'meta.json'))))) return true;
     } catch {
       // no such directory
     }

@@ -1,6 +1,6 @@
 // Per-step metrics as JSON lines (one object per optimizer step), written synchronously so the file
 // is complete up to the last finished step even when a run dies.
-import { closeSync, existsSync, mkdirSync, openSync, readFileSync, writeSync } from 'node:fs';
+import { closeSync, existsSync, mkdirSync, openSync, readFileSync, writeFileSync, writeSync } from 'node:fs';
 import { dirname } from 'node:path';
 
 export interface StepMetrics {
@@ -23,10 +23,27 @@ export interface StepMetrics {
 export class MetricsWriter {
   private fd: number | undefined;
 
-  /** Truncates `path` (creating its directory); a run directory holds one run's metrics. */
-  constructor(readonly path: string) {
+  /**
+   * Truncates `path` (creating its directory); a run directory holds one run's metrics. With
+   * `continueAfter` (a resumed run) the file keeps its lines up to that step, drops the ones a
+   * killed run wrote after its last checkpoint (they are trained again), and is appended to.
+   */
+  constructor(readonly path: string, opts: { continueAfter?: number } = {}) {
     mkdirSync(dirname(path), { recursive: true });
-    this.fd = openSync(path, 'w');
+    if (opts.continueAfter !== undefined && existsSync(path)) {
+      const keep = readFileSync(path, 'utf8').split('\n').filter((l) => {
+        if (l.trim() === '') return false;
+        try {
+          return (JSON.parse(l) as StepMetrics).step <= opts.continueAfter!;
+        } catch {
+          return false; // a line cut short when the run died
+        }
+      });
+      writeFileSync(path, keep.map((l) => `${l}\n`).join(''));
+      this.fd = openSync(path, 'a');
+    } else {
+      this.fd = openSync(path, 'w');
+    }
   }
 
   write(m: StepMetrics): void {

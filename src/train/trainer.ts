@@ -4,7 +4,7 @@
 // layout is a choice of config: plain data parallel, ZeRO-1/2/3, HSDP, or a pipeline. The optimizer
 // is built after parallelisms because they re-point parameters into flat buffers ([Note: flat
 // buffers] in src/parallel/grad_buffer.ts) and hand it the ranges this rank updates.
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describeBlas, liveTensors, manualSeed, setNumThreads, tidy, torchVersion } from '../tensor/index.js';
 import { GPT, gptNumParams } from '../models/gpt.js';
@@ -17,6 +17,8 @@ import { clipGradNorm, gradNorm } from '../parallel/grads.js';
 import { buildMesh, describeLayout, parallelize, resolveLayout } from '../parallel/parallelize.js';
 import type { MemoryReport } from '../parallel/data_parallel.js';
 import { saveSafetensors } from '../checkpoint/safetensors.js';
+import { placementsOf, type ParamPlacement } from '../parallel/placement.js';
+import { RunCheckpoints, StopRequest, initFrom, restore, resumeTarget, stepSeed } from './checkpointing.js';
 import { DataLoader, loadTrainData } from '../data/index.js';
 import { ConfigError, checkRunnable, configToToml, prepareRunDir, runDirOf, type FlotillaConfig } from './config.js';
 import { MetricsWriter, type StepMetrics } from './metrics.js';
@@ -37,6 +39,11 @@ export interface TrainOptions {
    * full parameters by model name (rank<r>.safetensors) here: `flotilla verify` compares them.
    */
   recordDir?: string;
+  /**
+   * Continue a run from a checkpoint: 'latest' (the newest in the run's checkpoint directory) or a
+   * path. The run directory is reused and its metrics file continued.
+   */
+  resume?: string;
 }
 
 export interface TrainSummary {
@@ -52,6 +59,14 @@ export interface TrainSummary {
   tokensPerSec: number;
   /** This rank's parameter, gradient and optimizer bytes after the last step, and the step peak (activations not counted). */
   memory?: MemoryReport;
+  /** The step the run started from (0, or the resumed checkpoint's step). */
+  startStep: number;
+  /** Steps completed when the run ended (less than steps when it was stopped by Ctrl-C). */
+  endStep: number;
+  /** The newest checkpoint the run published, if any. */
+  checkpoint?: string;
+  /** Milliseconds training was blocked by each checkpoint save. */
+  saveBlockedMs: number[];
 }
 
 const MiB = 2 ** 20;
@@ -114,7 +129,6 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
     const named = model.namedParameters();
     header('model', `GPT ${m.nLayer} layers, ${m.nHead} heads, width ${m.nEmbd}, context ${m.blockSize}: ${numParams.toLocaleString('en-US')} parameters; this rank holds ${named.reduce((a, [, p]) => a + p.numel(), 0).toLocaleString('en-US')}`);
     header('parallelize', model.summary());
-    manualSeed(cfg.train.seed); // dropout draws, the same on every layout
 
     // ---- optimizer + schedule (weight decay on matrices only, as nanoGPT/GPT-2)
     const o = cfg.optim;
@@ -137,14 +151,50 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
         (layout.zero >= 1 ? `; state sharded over ${layout.dpShard} rank(s)` : ''),
     );
 
+    // ---- checkpoint: where each parameter lives ([Note: placement]), then resume or initFrom
+    const placements = (): ParamPlacement[] =>
+      placementsOf(named, { ...(model.dataParallel ? { dp: model.dataParallel } : {}), silent: model.tiedCopiesLeftOutOfNorm });
+    const ckpts = new RunCheckpoints(cfg, { world, log: (l) => { if (isRank0) progress?.log(l); } });
+    const resumeFrom = resumeTarget(cfg, opts.resume);
+    let startStep = 0;
+    if (resumeFrom !== undefined) {
+      const meta = restore(resumeFrom, { placements: placements(), optimizer }, numParams);
+      startStep = meta.step;
+      if (startStep >= steps) throw new ConfigError([`the checkpoint ${resumeFrom} is at step ${startStep}, and train.steps is ${steps}: nothing is left to train; raise --train.steps`]);
+      loader.loadStateDict(meta.data);
+      // Lingua's lesson again, at the resumed position and under this run's data-parallel layout.
+      verifyDataPartition(mesh.dp, loader.localSampleIds(startStep), cfg.data.globalBatch);
+      header('resume', `resumed from step ${startStep} (${resumeFrom}; saved by ${meta.layout.worldSize} rank(s), ${meta.layout.description})`);
+    } else if (cfg.train.initFrom !== '') {
+      initFrom(cfg.train.initFrom, placements(), numParams);
+      header('init', `weights from ${cfg.train.initFrom}; step 0, fresh optimizer state`);
+    }
+    const runInfo = (step: number) => ({
+      layout: {
+        worldSize: env.worldSize, description: describeLayout(layout), pp: layout.pp, dpReplicate: layout.dpReplicate, dpShard: layout.dpShard,
+        zero: layout.zero, ppSchedule: cfg.parallel.ppSchedule, ppVirtualStages: cfg.parallel.ppVirtualStages,
+      },
+      config: cfg as unknown as Record<string, Record<string, unknown>>,
+      data: loader.stateDict(),
+      rng: { kind: 'seed-per-step' as const, seed: cfg.train.seed },
+      schedule: { step },
+    });
+    const saveCheckpoint = async (step: number): Promise<void> => {
+      model.dataParallel?.waitParams(); // ZeRO-1/2: the last step's parameter gathers land first
+      await ckpts.save(step, { placements: placements(), optimizer, optimizerName: 'AdamW' }, runInfo(step));
+    };
+
     // ---- the run directory (rank 0): the resolved config first, then metrics as they come
     const runDir = runDirOf(cfg);
     let metrics: MetricsWriter | undefined;
     if (isRank0) {
-      prepareRunDir(cfg); // refuses an earlier run's directory (ConfigError naming --train.name), then creates it
+      // Refuses an earlier run's directory (ConfigError naming --train.name) unless resuming it.
+      prepareRunDir(cfg, { resume: resumeFrom !== undefined && existsSync(runDir) });
       const from = [opts.configPath ? `from ${opts.configPath}` : 'from defaults', ...(opts.overrides ?? [])].join(' ');
-      writeFileSync(join(runDir, 'config.toml'), configToToml(cfg, { header: `Resolved config of run "${cfg.train.name}" (${from}), world size ${env.worldSize}.` }));
-      if (cfg.log.metrics !== '') metrics = new MetricsWriter(join(runDir, cfg.log.metrics));
+      // A resumed run keeps the first config.toml and records its own next to it.
+      const configFile = startStep > 0 ? `config.resumed-${startStep}.toml` : 'config.toml';
+      writeFileSync(join(runDir, configFile), configToToml(cfg, { header: `Resolved config of run "${cfg.train.name}" (${from}), world size ${env.worldSize}${startStep > 0 ? `, resumed at step ${startStep}` : ''}.` }));
+      if (cfg.log.metrics !== '') metrics = new MetricsWriter(join(runDir, cfg.log.metrics), startStep > 0 ? { continueAfter: startStep } : {});
       report = watchRun(runDir, (l) => header('report', l));
     }
     const record: { step: number; loss: number; gradNorm: number }[] = [];
@@ -162,6 +212,9 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
 
     header('train', `${steps} steps, eval every ${cfg.train.evalEvery || steps} on ${cfg.train.evalBatches} val batch(es); run dir ${runDir}`);
     const progress = new Progress(steps, mode, cfg.log.every, print);
+    const stopRequest = new StopRequest((l) => { if (isRank0) progress.log(l); });
+    ckpts.prepare();
+    let endStep = startStep;
     for (const part of model.parts) part.train();
     let firstLoss = NaN;
     let lastLoss = NaN;
@@ -170,7 +223,8 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
     let memory: MemoryReport | undefined;
     const loopStart = performance.now();
     try {
-      for (let step = 0; step < steps; step++) {
+      for (let step = startStep; step < steps; step++) {
+        manualSeed(stepSeed(cfg.train.seed, step)); // dropout draws: a function of the step, so a resume draws the same
         const lr = schedule(step);
         optimizer.lr = lr;
         const t0 = performance.now();
@@ -186,7 +240,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
         const dt = (performance.now() - t0) / 1000;
         loopSeconds += dt;
         memory = model.memory(optimizer.stateBytes());
-        if (step === 0) firstLoss = loss;
+        if (step === startStep) firstLoss = loss;
         // Memory after the second step: the first one also learns gradient readiness (everything
         // is reduced after backward), so its peak is not the steady state.
         if (step === Math.min(1, steps - 1) && memory && isRank0 && mode !== 'off') {
@@ -210,9 +264,18 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
         if (!Number.isFinite(loss)) {
           throw new Error(`step ${step + 1}: the training loss is ${loss}; lower optim.lr or set optim.gradClip (now ${o.gradClip})`);
         }
-        // Let timers and signal handlers run between steps (the step itself is synchronous).
+        // Let timers, signal handlers and the checkpoint writer run between steps (the step itself is synchronous).
         await new Promise<void>((resolve) => setImmediate(resolve));
+        endStep = step + 1;
+        ckpts.poll();
+        const stop = stopRequest.agreed(world);
+        if (ckpts.due(step + 1) || stop) await saveCheckpoint(step + 1);
+        if (stop) {
+          progress.log(`[stop] stopped after step ${step + 1} of ${steps}; continue with --resume`);
+          break;
+        }
       }
+      await ckpts.finish();
       if (opts.recordDir) {
         mkdirSync(opts.recordDir, { recursive: true });
         writeFileSync(join(opts.recordDir, `rank${env.rank}.json`), JSON.stringify({ rank: env.rank, steps: record }));
@@ -221,6 +284,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
       }
     } finally {
       progress.stop();
+      stopRequest.dispose();
       metrics?.close();
       // Native memory goes back now, not whenever the GC gets to the wrappers.
       model.dispose();
@@ -236,6 +300,8 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
       runDir, steps, worldSize: env.worldSize, numParams, firstLoss, finalLoss: lastLoss,
       ...(lastVal !== undefined ? { finalValLoss: lastVal } : {}), tokensPerSec,
       ...(memory ? { memory } : {}),
+      startStep, endStep, saveBlockedMs: ckpts.saves.map((r) => r.blockedMs),
+      ...(ckpts.lastSaved ? { checkpoint: ckpts.lastSaved } : {}),
     };
   } finally {
     if (ownsWorld) destroyProcessGroup();

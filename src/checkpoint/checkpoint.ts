@@ -1,0 +1,583 @@
+// Distributed checkpoints: every rank writes the pieces it owns ([Note: placement] in
+// src/parallel/placement.ts), rank 0 publishes the checkpoint once every rank's file is durable, and
+// any layout loads it back by reading just the byte ranges it needs (format.ts describes the files).
+//
+// [Note: checkpoint durability]
+//   1. Every rank copies its pieces out of the tensors (the only part that blocks training when
+//      saving in the background) and writes rank-NNNNN.safetensors into .tmp-step-N/, hashing the
+//      bytes as they go and fsync-ing the file, then a small sidecar with its index.
+//   2. All ranks agree that every rank finished (one tiny all-reduce, at a step boundary: in the
+//      background mode a later step notices, the next save or the end of the run waits).
+//   3. Rank 0 merges the sidecars into meta.json (fsync), renames .tmp-step-N to step-N (fsync of
+//      the parent), and only then moves `latest` and deletes checkpoints beyond `keep`.
+// A run killed at any point leaves the previous checkpoint and `latest` intact; a leftover
+// .tmp-step-N is removed by the next run that saves into the directory.
+import { closeSync, existsSync, fsyncSync, mkdirSync, openSync, readdirSync, readFileSync, readSync, renameSync, rmSync, statSync, unlinkSync, writeFileSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+import { join, resolve } from 'node:path';
+import { Tensor, noGrad, tidy, tensor } from '../tensor/index.js';
+import { native } from '../tensor/native.js';
+import { dtypeCode, elementSize, type DType } from '../tensor/dtype.js';
+import type { ProcessGroup } from '../distributed/process_group.js';
+import type { Optimizer } from '../optim/optimizer.js';
+import type { ElementRange, ParamPlacement } from '../parallel/placement.js';
+import { encodeSafetensors, readSafetensorsHeader } from './safetensors.js';
+import { BackgroundWriter, writeFileHashed, type WrittenFile } from './writer.js';
+import {
+  CHECKPOINT_FORMAT, CheckpointError, LATEST_FILE, META_FILE, numelOf, readMeta, stepDirName,
+  type CheckpointMeta, type ParamInfo, type Piece,
+} from './format.js';
+
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+type AnyOptimizer = Optimizer<any>;
+
+/** What a save records besides the tensors (rank 0 writes it into meta.json). */
+export type RunInfo = Pick<CheckpointMeta, 'layout' | 'config' | 'data' | 'rng' | 'schedule'>;
+
+/** The state of one rank: where its parameters live, and its optimizer. */
+export interface RankState {
+  placements: ParamPlacement[];
+  optimizer?: AnyOptimizer;
+  /** Optimizer name recorded in meta.json (default the class name). */
+  optimizerName?: string;
+}
+
+interface Sidecar {
+  file: string;
+  written: WrittenFile;
+  params: Record<string, ParamInfo>;
+  paramSteps: Record<string, number>;
+  stepCount: number | undefined;
+  optimizerName: string | undefined;
+  pieces: Piece[];
+}
+
+const rankFile = (rank: number): string => `rank-${String(rank).padStart(5, '0')}.safetensors`;
+const sidecarFile = (rank: number): string => `rank-${String(rank).padStart(5, '0')}.json`;
+const tmpDirName = (step: number): string => `.tmp-${stepDirName(step)}`;
+
+/** fsync a directory, so a rename inside it survives a crash. */
+function fsyncDir(dir: string): void {
+  const fd = openSync(dir, 'r');
+  try {
+    fsyncSync(fd);
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/** Writes a small file durably and atomically (temp file, fsync, rename). */
+function writeDurably(path: string, text: string): void {
+  const tmp = `${path}.${process.pid}.tmp`;
+  writeFileSync(tmp, text);
+  const fd = openSync(tmp, 'r+');
+  try {
+    fsyncSync(fd);
+  } finally {
+    closeSync(fd);
+  }
+  renameSync(tmp, path);
+}
+
+/**
+ * Copies this rank's pieces out of the tensors: safetensors bytes (header first) and the index of
+ * what they hold. After it returns, training may change the tensors.
+ */
+function snapshot(state: RankState, rank: number): { parts: Buffer[]; sidecar: Omit<Sidecar, 'written'> } {
+  const file = rankFile(rank);
+  const params: Record<string, ParamInfo> = {};
+  const paramSteps: Record<string, number> = {};
+  const entries: { key: string; kind: string; name: string; offset: number; numel: number; dtype: DType }[] = [];
+  return tidy(() => {
+    const tensors: Record<string, Tensor> = {};
+    for (const p of state.placements) {
+      params[p.name] = { shape: [...p.shape], dtype: p.dtype };
+      const ps = state.optimizer?.paramState(p.param);
+      if (ps) paramSteps[p.name] = ps.step;
+      const w = p.writes;
+      if (w.numel === 0) continue;
+      const add = (kind: string, src: Tensor, srcOffset: number) => {
+        const key = `${kind}/${p.name}@${w.offset}`;
+        tensors[key] = src.narrow(0, w.offset - srcOffset, w.numel);
+        entries.push({ key, kind, name: p.name, offset: w.offset, numel: w.numel, dtype: src.dtype });
+      };
+      add('param', p.values(), p.held.offset);
+      if (ps) for (const [k, t] of Object.entries(ps.state)) add(k, t, ps.offset);
+    }
+    const parts = encodeSafetensors(tensors, { format: 'pt', flotilla: CHECKPOINT_FORMAT, rank: String(rank) });
+    // Byte positions: the data region starts after the header; tensors follow in insertion order.
+    let byte = parts[0]!.length;
+    const pieces: Piece[] = entries.map((e, i) => {
+      const piece: Piece = { file, kind: e.kind, name: e.name, offset: e.offset, numel: e.numel, dtype: e.dtype, byte };
+      byte += parts[i + 1]!.length;
+      return piece;
+    });
+    const stepCount = state.optimizer?.stepCount;
+    const optimizerName = state.optimizer ? (state.optimizerName ?? state.optimizer.constructor.name) : undefined;
+    return { parts, sidecar: { file, params, paramSteps, stepCount, optimizerName, pieces } };
+  });
+}
+
+interface PendingSave {
+  step: number;
+  tmp: string;
+  settled: Promise<void>;
+  done: boolean;
+  error?: Error;
+  info: RunInfo;
+}
+
+export interface CheckpointerOptions {
+  /** The checkpoints directory (step-N directories and `latest` go here). */
+  dir: string;
+  /** Complete checkpoints kept. */
+  keep: number;
+  /** Write on a background thread while training continues. */
+  async: boolean;
+  /** Every rank of the run: agreement that a save is complete is one all-reduce over it. */
+  world: ProcessGroup;
+  /** Rank 0's log line sink. */
+  log?: (line: string) => void;
+}
+
+export interface SaveReport {
+  step: number;
+  /** Milliseconds the caller was blocked (the copy, plus the write when saving in the foreground). */
+  blockedMs: number;
+  /** Bytes this rank copied for writing. */
+  bytes: number;
+}
+
+/** Saves checkpoints of one run; every rank owns one and calls it at the same steps. */
+export class Checkpointer {
+  readonly dir: string;
+  private readonly opts: CheckpointerOptions;
+  private readonly writer = new BackgroundWriter();
+  private pending: PendingSave | undefined;
+  /** The newest checkpoint this run published (rank 0 knows; others see it after the agreement). */
+  lastSaved: string | undefined;
+
+  constructor(opts: CheckpointerOptions) {
+    if (!Number.isInteger(opts.keep) || opts.keep < 1) throw new Error(`checkpoint.keep must be a positive integer, got ${opts.keep}`);
+    this.opts = opts;
+    this.dir = resolve(opts.dir);
+  }
+
+  /** True while a background save is not yet published. */
+  get busy(): boolean {
+    return this.pending !== undefined;
+  }
+
+  /**
+   * Saves the state after `step` optimizer steps. Collective: every rank calls it at the same step.
+   * In the background mode it returns once the state is copied; otherwise once the checkpoint is
+   * published.
+   */
+  async save(step: number, state: RankState, info: RunInfo): Promise<SaveReport> {
+    const t0 = performance.now();
+    await this.finishPending();
+    const world = this.opts.world;
+    const tmp = join(this.dir, tmpDirName(step));
+    mkdirSync(tmp, { recursive: true });
+    const { parts, sidecar } = snapshot(state, world.rank);
+    const bytes = parts.reduce((a, b) => a + b.length, 0);
+    const path = join(tmp, sidecar.file);
+    const written = this.opts.async
+      ? this.writer.write(path, parts.map((b) => b.buffer as ArrayBuffer))
+      : Promise.resolve().then(() => writeFileHashed(path, parts));
+    const p: PendingSave = { step, tmp, done: false, info, settled: Promise.resolve() };
+    p.settled = written.then(
+      (w) => {
+        writeDurably(join(tmp, sidecarFile(world.rank)), JSON.stringify({ ...sidecar, written: { ...w, path: sidecar.file } }));
+        p.done = true;
+      },
+      (e: Error) => {
+        p.error = e;
+        p.done = true;
+      },
+    );
+    this.pending = p;
+    if (!this.opts.async) await this.finishPending();
+    return { step, blockedMs: performance.now() - t0, bytes };
+  }
+
+  /**
+   * Publishes a background save once every rank's file is written; call at every step boundary
+   * (collective while a save is pending: one small all-reduce; nothing otherwise).
+   */
+  poll(): void {
+    if (this.pending) this.agreeAndPublish(false);
+  }
+
+  /** Waits for a save in flight and publishes it (collective). Call before exiting. */
+  async finishPending(): Promise<void> {
+    const p = this.pending;
+    if (!p) return;
+    await p.settled;
+    this.agreeAndPublish(true);
+  }
+
+  /** Stops the writer thread (after finishPending). */
+  async close(): Promise<void> {
+    await this.writer.close();
+  }
+
+  private agreeAndPublish(waited: boolean): void {
+    const p = this.pending!;
+    const world = this.opts.world;
+    const flags = tensor([p.error ? 1 : 0, p.done ? 0 : 1], { dtype: 'float64' });
+    let failed: number, notDone: number;
+    try {
+      if (world.size > 1) world.allReduce(flags, 'max').wait();
+      [failed, notDone] = flags.toNumbers() as [number, number];
+    } finally {
+      flags.dispose();
+    }
+    if (failed > 0) {
+      this.pending = undefined;
+      throw new CheckpointError(
+        `saving checkpoint ${stepDirName(p.step)} failed${p.error ? `: ${p.error.message}` : ' on another rank (see its output)'}; ` +
+          `the previous checkpoint is intact. Check free space and permissions in ${this.dir}`,
+      );
+    }
+    if (notDone > 0) {
+      if (waited) throw new Error('internal: a checkpoint write settled but is not done');
+      return;
+    }
+    this.pending = undefined;
+    const name = stepDirName(p.step);
+    if (world.rank === 0) {
+      this.publish(p, world.size);
+      this.opts.log?.(`[checkpoint] saved ${join(this.dir, name)}`);
+    }
+    this.lastSaved = join(this.dir, name);
+  }
+
+  /** Rank 0: merge the sidecars into meta.json, then make the checkpoint visible and prune. */
+  private publish(p: PendingSave, worldSize: number): void {
+    const params: Record<string, ParamInfo> = {};
+    const paramSteps: Record<string, number> = {};
+    const files: CheckpointMeta['files'] = {};
+    const pieces: Piece[] = [];
+    let stepCount: number | undefined;
+    let optimizerName: string | undefined;
+    for (let r = 0; r < worldSize; r++) {
+      const sc = JSON.parse(readFileSync(join(p.tmp, sidecarFile(r)), 'utf8')) as Sidecar;
+      Object.assign(params, sc.params);
+      Object.assign(paramSteps, sc.paramSteps);
+      files[sc.file] = { bytes: sc.written.bytes, sha256: sc.written.sha256 };
+      pieces.push(...sc.pieces);
+      stepCount ??= sc.stepCount;
+      optimizerName ??= sc.optimizerName;
+    }
+    // Every element of every parameter written exactly once: a layout that wrote a range twice
+    // or not at all is a bug to stop at, not a checkpoint to publish.
+    const covered = new Map<string, number>();
+    for (const pc of pieces) if (pc.kind === 'param') covered.set(pc.name, (covered.get(pc.name) ?? 0) + pc.numel);
+    for (const [name, info] of Object.entries(params)) {
+      if ((covered.get(name) ?? 0) !== numelOf(info.shape)) {
+        throw new Error(`internal: checkpoint ${stepDirName(p.step)} holds ${covered.get(name) ?? 0} of the ${numelOf(info.shape)} elements of '${name}'`);
+      }
+    }
+    const meta: CheckpointMeta = {
+      format: CHECKPOINT_FORMAT, step: p.step, savedAt: new Date().toISOString(), ...p.info, params,
+      optimizer: optimizerName !== undefined ? { name: optimizerName, stepCount: stepCount ?? 0, paramSteps } : undefined,
+      files, pieces,
+    };
+    writeDurably(join(p.tmp, META_FILE), `${JSON.stringify(meta)}\n`);
+    for (let r = 0; r < worldSize; r++) unlinkSync(join(p.tmp, sidecarFile(r)));
+    fsyncDir(p.tmp);
+    const final = join(this.dir, stepDirName(p.step));
+    let old: string | undefined;
+    if (existsSync(final)) {
+      old = join(this.dir, `.old-${stepDirName(p.step)}-${process.pid}`);
+      renameSync(final, old);
+    }
+    renameSync(p.tmp, final);
+    fsyncDir(this.dir);
+    writeDurably(join(this.dir, LATEST_FILE), `${stepDirName(p.step)}\n`);
+    fsyncDir(this.dir);
+    if (old) rmSync(old, { recursive: true, force: true });
+    // Only now, with the new checkpoint durable, do old ones go.
+    const complete = listCheckpoints(this.dir);
+    for (const c of complete.slice(0, Math.max(0, complete.length - this.opts.keep))) rmSync(join(this.dir, c.name), { recursive: true, force: true });
+  }
+}
+
+/**
+ * Removes the saves an earlier run left unfinished (never a checkpoint, never `latest`). Rank 0
+ * calls it once before training starts: no rank can reach a save before rank 0 has passed it.
+ */
+export function removeInterruptedSaves(dir: string): string[] {
+  if (!existsSync(dir)) return [];
+  const gone = readdirSync(dir).filter((n) => n.startsWith('.tmp-step-') || n.startsWith('.old-step-'));
+  for (const name of gone) rmSync(join(dir, name), { recursive: true, force: true });
+  return gone;
+}
+
+/** Complete checkpoints in a directory (those with meta.json), oldest first. */
+export function listCheckpoints(dir: string): { name: string; step: number; path: string }[] {
+  if (!existsSync(dir)) return [];
+  return readdirSync(dir)
+    .flatMap((name) => {
+      const m = /^step-(\d+)$/.exec(name);
+      return m && existsSync(join(dir, name, META_FILE)) ? [{ name, step: Number(m[1]), path: join(dir, name) }] : [];
+    })
+    .sort((a, b) => a.step - b.step);
+}
+
+/**
+ * The checkpoint directory an argument names: a step-N directory itself, or a checkpoints
+ * directory (or a run directory holding checkpoints/) for its newest complete checkpoint.
+ */
+export function resolveCheckpoint(arg: string): string {
+  const p = resolve(arg);
+  if (!existsSync(p)) throw new CheckpointError(`checkpoint ${arg} does not exist`);
+  if (statSync(p).isFile()) throw new CheckpointError(`${arg} is a file; a checkpoint is a directory with ${META_FILE} (an exported .safetensors file is for train.initFrom and generate)`);
+  if (existsSync(join(p, META_FILE))) return p;
+  for (const dir of [p, join(p, 'checkpoints')]) {
+    const latest = join(dir, LATEST_FILE);
+    if (existsSync(latest)) {
+      const name = readFileSync(latest, 'utf8').trim();
+      if (/^step-\d+$/.test(name) && existsSync(join(dir, name, META_FILE))) return join(dir, name);
+    }
+    const all = listCheckpoints(dir);
+    if (all.length > 0) return all[all.length - 1]!.path;
+  }
+  throw new CheckpointError(`no complete checkpoint in ${arg} (looked for ${META_FILE}, ${LATEST_FILE} and step-N directories${existsSync(join(p, 'checkpoints')) ? ' here and in checkpoints/' : ''})`);
+}
+
+/** SHA-256 of a file, read in chunks. */
+function hashFile(path: string): string {
+  const h = createHash('sha256');
+  const fd = openSync(path, 'r');
+  try {
+    const buf = Buffer.allocUnsafe(8 * 2 ** 20);
+    for (;;) {
+      const n = readSync(fd, buf, 0, buf.length, null);
+      if (n === 0) break;
+      h.update(buf.subarray(0, n));
+    }
+  } finally {
+    closeSync(fd);
+  }
+  return h.digest('hex');
+}
+
+/** Checks the recorded checksums of the named files (of the whole checkpoint by default). */
+export function verifyFiles(dir: string, meta: CheckpointMeta, names: Iterable<string> = Object.keys(meta.files)): void {
+  for (const f of names) {
+    const want = meta.files[f]!.sha256;
+    const have = hashFile(join(dir, f));
+    if (have !== want) throw new CheckpointError(`${join(dir, f)}: checksum mismatch (sha256 ${have.slice(0, 16)}..., ${META_FILE} records ${want.slice(0, 16)}...): the file is corrupt`);
+  }
+}
+
+/** Reads byte ranges of files, keeping each file open once. */
+class RangeReader {
+  private readonly fds = new Map<string, number>();
+  constructor(private readonly dir: string) {}
+  read(file: string, byte: number, len: number): Buffer {
+    let fd = this.fds.get(file);
+    if (fd === undefined) {
+      fd = openSync(join(this.dir, file), 'r');
+      this.fds.set(file, fd);
+    }
+    const buf = Buffer.allocUnsafe(len);
+    let got = 0;
+    while (got < len) {
+      const n = readSync(fd, buf, got, len - got, byte + got);
+      if (n === 0) throw new CheckpointError(`${join(this.dir, file)}: unexpected end of file at byte ${byte + got} (truncated)`);
+      got += n;
+    }
+    return buf;
+  }
+  close(): void {
+    for (const fd of this.fds.values()) closeSync(fd);
+    this.fds.clear();
+  }
+}
+
+/**
+ * Fills `target` (a flat view of elements range.offset.. of one tensor) from the pieces on disk
+ * that intersect it; every element must be covered.
+ */
+function fillRange(target: Tensor, range: ElementRange, pieces: readonly Piece[], reader: RangeReader, what: string): void {
+  const lo = range.offset;
+  const hi = lo + range.numel;
+  let covered = 0;
+  for (const pc of pieces) {
+    const a = Math.max(lo, pc.offset);
+    const b = Math.min(hi, pc.offset + pc.numel);
+    if (b <= a) continue;
+    const es = elementSize(pc.dtype);
+    const bytes = reader.read(pc.file, pc.byte + (a - pc.offset) * es, (b - a) * es);
+    tidy(() => {
+      const src = new Tensor(native.fromBuffer(bytes, [b - a], dtypeCode(pc.dtype)));
+      noGrad(() => target.narrow(0, a - lo, b - a).copy_(src));
+    });
+    covered += b - a;
+  }
+  if (covered !== range.numel) {
+    throw new CheckpointError(`${what}: the checkpoint holds ${covered} of the ${range.numel} elements [${lo}, ${hi}) this rank needs; it is incomplete`);
+  }
+}
+
+/** Pieces by (kind, name), sorted by offset. */
+function indexPieces(pieces: readonly Piece[]): Map<string, Piece[]> {
+  const m = new Map<string, Piece[]>();
+  for (const p of pieces) {
+    const k = `${p.kind}\u0000${p.name}`;
+    if (!m.has(k)) m.set(k, []);
+    m.get(k)!.push(p);
+  }
+  for (const l of m.values()) l.sort((a, b) => a.offset - b.offset);
+  return m;
+}
+
+export interface LoadOptions {
+  /** Also load optimizer state and update counts (resume); without it, weights only (initFrom). */
+  optimizer?: AnyOptimizer;
+  /** The whole model's parameter count: a checkpoint of another size is refused before reading. */
+  numParams?: number;
+}
+
+/** Checks that the checkpoint's parameter table matches this rank's parameters (names, shapes). */
+function checkModel(where: string, table: Record<string, ParamInfo>, placements: readonly ParamPlacement[], numParams: number | undefined): void {
+  const missing: string[] = [];
+  for (const p of placements) {
+    const info = table[p.name];
+    if (!info) {
+      missing.push(p.name);
+      continue;
+    }
+    if (info.shape.length !== p.shape.length || info.shape.some((d, i) => d !== p.shape[i])) {
+      throw new CheckpointError(
+        `${where}: parameter '${p.name}' is [${info.shape.join(', ')}] there and [${p.shape.join(', ')}] in this model; ` +
+          'it comes from a different model config (compare the [model] sections)',
+      );
+    }
+  }
+  if (missing.length > 0) {
+    throw new CheckpointError(
+      `${where} has no parameter${missing.length > 1 ? 's' : ''} ${missing.slice(0, 4).map((n) => `'${n}'`).join(', ')}${missing.length > 4 ? `, ... (${missing.length} in all)` : ''}; ` +
+        `it holds ${Object.keys(table).slice(0, 4).map((n) => `'${n}'`).join(', ')}...: it comes from a different model`,
+    );
+  }
+  if (numParams !== undefined) {
+    const total = Object.values(table).reduce((a, i) => a + numelOf(i.shape), 0);
+    if (total !== numParams) {
+      throw new CheckpointError(`${where} holds ${total.toLocaleString('en-US')} parameters, this model has ${numParams.toLocaleString('en-US')}: it comes from a different model config`);
+    }
+  }
+}
+
+/**
+ * Loads a checkpoint into this rank's parameters (and optimizer state) under any layout: each rank
+ * reads only the byte ranges of the pieces its placements need, after verifying the checksums of
+ * the files it reads. No collective; every rank may call it at its own pace.
+ */
+export function loadCheckpoint(dir: string, placements: readonly ParamPlacement[], opts: LoadOptions = {}): CheckpointMeta {
+  const meta = readMeta(dir);
+  checkModel(`checkpoint ${dir}`, meta.params, placements, opts.numParams);
+  const index = indexPieces(meta.pieces);
+  const want = (kind: string, name: string, r: ElementRange): Piece[] =>
+    r.numel === 0 ? [] : (index.get(`${kind}\u0000${name}`) ?? []).filter((p) => p.offset < r.offset + r.numel && p.offset + p.numel > r.offset);
+  const optimizer = opts.optimizer && meta.optimizer ? opts.optimizer : undefined;
+  // Which files this rank reads: verify those (in parallel with the other ranks doing theirs).
+  const needed = new Set<string>();
+  for (const p of placements) {
+    for (const pc of want('param', p.name, p.held)) needed.add(pc.file);
+    if (optimizer) for (const [k, l] of index) if (!k.startsWith('param\u0000') && l[0]!.name === p.name) for (const pc of want(l[0]!.kind, p.name, p.stateHeld)) needed.add(pc.file);
+  }
+  verifyFiles(dir, meta, needed);
+  const reader = new RangeReader(dir);
+  try {
+    for (const p of placements) {
+      if (p.held.numel > 0) fillRange(p.values(), p.held, want('param', p.name, p.held), reader, `parameter '${p.name}'`);
+    }
+    if (optimizer) {
+      for (const p of placements) {
+        if (p.stateHeld.numel === 0) continue;
+        optimizer.setParamStep(p.param, meta.optimizer!.paramSteps[p.name] ?? 0);
+        const ps = optimizer.paramState(p.param, { create: true });
+        if (!ps) continue; // not trained by this optimizer (frozen)
+        for (const [k, t] of Object.entries(ps.state)) {
+          const pcs = want(k, p.name, p.stateHeld);
+          // No state on disk for this parameter: it was saved before its first update.
+          if (pcs.length === 0 && !index.has(`${k}\u0000${p.name}`)) continue;
+          fillRange(t, { offset: ps.offset, numel: ps.numel }, pcs, reader, `optimizer state '${k}' of '${p.name}'`);
+        }
+      }
+      optimizer.stepCount = meta.optimizer!.stepCount;
+    }
+  } finally {
+    reader.close();
+  }
+  return meta;
+}
+
+/**
+ * Loads weights only from a checkpoint directory or a consolidated .safetensors file (an export),
+ * for fine-tuning (train.initFrom) and sampling. Each rank reads its own ranges.
+ */
+export function loadWeights(path: string, placements: readonly ParamPlacement[], numParams?: number): void {
+  if (existsSync(path) && statSync(path).isFile()) {
+    const header = readSafetensorsHeader(path);
+    const table: Record<string, ParamInfo> = {};
+    for (const [name, e] of Object.entries(header.tensors)) table[name] = { shape: e.shape, dtype: e.dtype };
+    checkModel(path, table, placements, numParams);
+    const dir = resolve(path, '..');
+    const file = resolve(path).slice(dir.length + 1);
+    const reader = new RangeReader(dir);
+    try {
+      for (const p of placements) {
+        const e = header.tensors[p.name]!;
+        const piece: Piece = { file, kind: 'param', name: p.name, offset: 0, numel: numelOf(e.shape), dtype: e.dtype, byte: header.dataStart + e.dataOffsets[0] };
+        if (p.held.numel > 0) fillRange(p.values(), p.held, [piece], reader, `parameter '${p.name}'`);
+      }
+    } finally {
+      reader.close();
+    }
+    return;
+  }
+  loadCheckpoint(resolveCheckpoint(path), placements, numParams !== undefined ? { numParams } : {});
+}
+
+/** What `flotilla checkpoint check` reports. */
+export interface CheckReport {
+  dir: string;
+  step: number;
+  files: number;
+  bytes: number;
+  params: number;
+  elements: number;
+}
+
+/**
+ * Verifies a checkpoint without building a model: meta.json, every file's presence, size and
+ * checksum, and that the pieces cover every parameter (and every optimizer state tensor saved).
+ */
+export function checkCheckpoint(arg: string): CheckReport {
+  const dir = resolveCheckpoint(arg);
+  const meta = readMeta(dir);
+  verifyFiles(dir, meta);
+  const index = indexPieces(meta.pieces);
+  for (const [key, list] of index) {
+    const [kind, name] = key.split('\u0000') as [string, string];
+    const n = numelOf(meta.params[name]!.shape);
+    const have = list.reduce((a, p) => a + p.numel, 0);
+    if (have !== n) throw new CheckpointError(`${dir}: ${kind} of '${name}' covers ${have} of its ${n} elements; the checkpoint is incomplete`);
+  }
+  for (const name of Object.keys(meta.params)) {
+    if (!index.has(`param\u0000${name}`)) throw new CheckpointError(`${dir}: parameter '${name}' has no pieces; the checkpoint is incomplete`);
+  }
+  // Each file is a valid safetensors file (header checked against its size).
+  for (const f of Object.keys(meta.files)) readSafetensorsHeader(join(dir, f));
+  return {
+    dir, step: meta.step, files: Object.keys(meta.files).length,
+    bytes: Object.values(meta.files).reduce((a, f) => a + f.bytes, 0),
+    params: Object.keys(meta.params).length,
+    elements: Object.values(meta.params).reduce((a, i) => a + numelOf(i.shape), 0),
+  };
+}

@@ -1,0 +1,158 @@
+// The on-disk form of a distributed checkpoint, and the checks every reader runs before trusting it.
+//
+//   checkpoints/
+//     step-000300/
+//       meta.json                 what the run was (step, layout, config, data position, RNG), the
+//                                 parameter table, every file's size and SHA-256, and the piece index
+//       rank-00000.safetensors    rank 0's pieces: 1-D runs of flattened parameters and optimizer state
+//       rank-00001.safetensors    ...
+//     latest                      the name of the newest complete checkpoint ("step-000300")
+//     .tmp-step-000400/           a save in progress (removed at the next start if the run died)
+//
+// A piece is (name, kind, offset, numel) of a flattened full tensor; pieces of one tensor never
+// overlap and together cover it (checked at load), so loading under any layout is intersecting the
+// ranges a rank needs with the ranges on disk and reading those bytes.
+import { existsSync, readFileSync, statSync } from 'node:fs';
+import { join } from 'node:path';
+import { type DType, elementSize } from '../tensor/dtype.js';
+import { SAFETENSORS_DTYPE } from './safetensors.js';
+
+export const CHECKPOINT_FORMAT = 'flotilla.checkpoint.v1';
+export const META_FILE = 'meta.json';
+export const LATEST_FILE = 'latest';
+/** meta.json is refused unread above this size (a real one is a few hundred KiB per thousand parameters). */
+const MAX_META_BYTES = 256 * 2 ** 20;
+
+/** One run of elements in a rank's file. */
+export interface Piece {
+  file: string;
+  /** 'param' for parameter values, else the optimizer state key ('exp_avg', 'exp_avg_sq', ...). */
+  kind: string;
+  name: string;
+  /** Elements [offset, offset + numel) of the flattened tensor. */
+  offset: number;
+  numel: number;
+  dtype: DType;
+  /** Absolute byte offset of the first element in the file. */
+  byte: number;
+}
+
+export interface ParamInfo {
+  shape: number[];
+  dtype: DType;
+}
+
+export interface CheckpointMeta {
+  format: typeof CHECKPOINT_FORMAT;
+  /** Optimizer steps completed when it was saved (training resumes at this step). */
+  step: number;
+  savedAt: string;
+  /** The layout that saved it (loading may use another). */
+  layout: { worldSize: number; description: string; pp: number; dpReplicate: number; dpShard: number; zero: number; ppSchedule: string; ppVirtualStages: number };
+  /** The resolved config of the run (sections and fields as in the TOML). */
+  config: Record<string, Record<string, unknown>>;
+  /** Data loader position in the global sample order. */
+  data: { step: number; micro: number; seed: number; globalBatch: number; seqLen: number };
+  /** Random state: dropout draws are seeded per step from (seed, step), so the seed and the step are all of it. */
+  rng: { kind: 'seed-per-step'; seed: number };
+  /** Learning-rate schedule position (the step it continues from). */
+  schedule: { step: number };
+  /** Every parameter of the whole model. */
+  params: Record<string, ParamInfo>;
+  /** Optimizer: its name, update count, and each parameter's own update count. */
+  optimizer: { name: string; stepCount: number; paramSteps: Record<string, number> } | undefined;
+  files: Record<string, { bytes: number; sha256: string }>;
+  pieces: Piece[];
+}
+
+/** A checkpoint that cannot be used: one message naming the file and the problem. */
+export class CheckpointError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'CheckpointError';
+  }
+}
+
+export function stepDirName(step: number): string {
+  return `step-${String(step).padStart(6, '0')}`;
+}
+
+const isObj = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
+const isCount = (v: unknown): v is number => typeof v === 'number' && Number.isSafeInteger(v) && v >= 0;
+const DTYPES = new Set(Object.keys(SAFETENSORS_DTYPE));
+
+/**
+ * Reads and checks meta.json of a checkpoint directory: the structure, that every piece lies inside
+ * its parameter and its file, that the pieces of each tensor do not overlap, and that every file is
+ * present with the recorded size. Checksums are verified by the reader of each file (verifyFiles).
+ */
+export function readMeta(dir: string): CheckpointMeta {
+  const path = join(dir, META_FILE);
+  if (!existsSync(dir)) throw new CheckpointError(`checkpoint ${dir} does not exist`);
+  if (!existsSync(path)) {
+    throw new CheckpointError(`checkpoint ${dir} has no ${META_FILE}: it is incomplete (a save that did not finish) or not a flotilla checkpoint`);
+  }
+  const size = statSync(path).size;
+  if (size > MAX_META_BYTES) throw new CheckpointError(`${path}: ${size} bytes is larger than any checkpoint index (${MAX_META_BYTES}); the file is corrupt`);
+  let m: unknown;
+  try {
+    m = JSON.parse(readFileSync(path, 'utf8'));
+  } catch (e) {
+    throw new CheckpointError(`${path} is not valid JSON (${(e as Error).message}); the checkpoint is corrupt`);
+  }
+  const bad = (why: string): CheckpointError => new CheckpointError(`${path}: ${why}; the checkpoint is corrupt or not a flotilla checkpoint`);
+  if (!isObj(m) || m.format !== CHECKPOINT_FORMAT) throw bad(`format is ${isObj(m) ? JSON.stringify(m.format) : 'missing'}, expected "${CHECKPOINT_FORMAT}"`);
+  if (!isCount(m.step)) throw bad('step is not a non-negative integer');
+  if (!isObj(m.params) || !isObj(m.files) || !Array.isArray(m.pieces) || !isObj(m.config) || !isObj(m.data) || !isObj(m.layout)) {
+    throw bad('params, files, pieces, config, data or layout is missing');
+  }
+  const params = m.params as Record<string, unknown>;
+  for (const [name, info] of Object.entries(params)) {
+    if (!isObj(info) || !Array.isArray(info.shape) || !info.shape.every(isCount) || info.shape.length > 8 || !DTYPES.has(info.dtype as string)) {
+      throw bad(`parameter '${name}' has no valid shape and dtype`);
+    }
+    if (numelOf(info.shape as number[]) > Number.MAX_SAFE_INTEGER / 16) throw bad(`parameter '${name}' has an absurd shape [${(info.shape as number[]).join(', ')}]`);
+  }
+  const files = m.files as Record<string, unknown>;
+  for (const [f, info] of Object.entries(files)) {
+    if (!/^rank-\d{5}\.safetensors$/.test(f)) throw bad(`file name ${JSON.stringify(f)} is not rank-NNNNN.safetensors`);
+    if (!isObj(info) || !isCount(info.bytes) || typeof info.sha256 !== 'string' || !/^[0-9a-f]{64}$/.test(info.sha256)) throw bad(`file ${f} has no valid size and sha256`);
+    const fp = join(dir, f);
+    if (!existsSync(fp)) throw new CheckpointError(`checkpoint ${dir} is missing ${f} (listed in ${META_FILE}); the checkpoint is incomplete`);
+    const have = statSync(fp).size;
+    if (have !== info.bytes) {
+      throw new CheckpointError(`${fp} has ${have} bytes, ${META_FILE} records ${info.bytes}: the file is ${have < info.bytes ? 'truncated' : 'changed'}`);
+    }
+  }
+  const byTensor = new Map<string, [number, number][]>();
+  for (const p of m.pieces as unknown[]) {
+    if (!isObj(p) || typeof p.file !== 'string' || typeof p.kind !== 'string' || typeof p.name !== 'string' || !isCount(p.offset) || !isCount(p.numel) || !isCount(p.byte) || !DTYPES.has(p.dtype as string)) {
+      throw bad(`a piece entry is malformed: ${JSON.stringify(p).slice(0, 200)}`);
+    }
+    const info = params[p.name] as ParamInfo | undefined;
+    if (!info) throw bad(`a piece names parameter '${p.name}', which is not in the parameter table`);
+    const file = files[p.file] as { bytes: number } | undefined;
+    if (!file) throw bad(`a piece of '${p.name}' is in ${p.file}, which is not in the file table`);
+    const n = numelOf(info.shape);
+    if (p.offset + p.numel > n) throw bad(`piece [${p.offset}, ${p.offset + p.numel}) of '${p.name}' (${p.kind}) lies outside its ${n} elements`);
+    const end = p.byte + p.numel * elementSize(p.dtype as DType);
+    if (end > file.bytes) throw bad(`piece of '${p.name}' (${p.kind}) ends at byte ${end}, past the end of ${p.file} (${file.bytes} bytes)`);
+    const key = `${p.kind}\u0000${p.name}`;
+    if (!byTensor.has(key)) byTensor.set(key, []);
+    byTensor.get(key)!.push([p.offset, p.offset + p.numel]);
+  }
+  for (const [key, ranges] of byTensor) {
+    ranges.sort((a, b) => a[0] - b[0]);
+    for (let i = 1; i < ranges.length; i++) {
+      if (ranges[i]![0] < ranges[i - 1]![1]) {
+        const [kind, name] = key.split('\u0000');
+        throw bad(`pieces of '${name}' (${kind}) overlap: [${ranges[i - 1]!.join(', ')}) and [${ranges[i]!.join(', ')})`);
+      }
+    }
+  }
+  return m as unknown as CheckpointMeta;
+}
+
+export function numelOf(shape: readonly number[]): number {
+  return shape.reduce((a, b) => a * b, 1);
+}

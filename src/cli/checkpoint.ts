@@ -1,0 +1,166 @@
+// `flotilla export`, `flotilla generate` and `flotilla checkpoint check`: using what a run saved,
+// in one process, without the layout it was trained under.
+import { existsSync, statSync, writeFileSync } from 'node:fs';
+import { noGrad, tensor, tidy } from '../tensor/index.js';
+import { GPT, type GPTConfig } from '../models/gpt.js';
+import { placementsOf } from '../parallel/placement.js';
+import { checkCheckpoint, loadWeights, resolveCheckpoint } from '../checkpoint/checkpoint.js';
+import { exportCheckpoint } from '../checkpoint/export.js';
+import { CheckpointError, readMeta } from '../checkpoint/format.js';
+import { readSafetensorsHeader } from '../checkpoint/safetensors.js';
+import { sampleStream } from '../data/loader.js';
+
+export class CheckpointUsageError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'UsageError';
+  }
+}
+
+/** `flotilla export CKPT OUT.safetensors` */
+export function exportCommand(args: readonly string[], print: (l: string) => void): number {
+  const [src, out, ...extra] = args;
+  if (src === undefined || out === undefined || extra.length > 0) {
+    throw new CheckpointUsageError('export: usage: flotilla export <checkpoint|run dir> <out.safetensors>');
+  }
+  if (!out.endsWith('.safetensors')) throw new CheckpointUsageError(`export: the output ${out} should end in .safetensors`);
+  if (existsSync(out)) throw new CheckpointUsageError(`export: ${out} exists; choose another name or delete it first (nothing was written)`);
+  const r = exportCheckpoint(src, out);
+  print(`exported step ${r.step}: ${r.params} parameters (${r.elements.toLocaleString('en-US')} elements) to ${r.out}`);
+  return 0;
+}
+
+/** `flotilla checkpoint check PATH` */
+export function checkpointCommand(args: readonly string[], print: (l: string) => void): number {
+  const [sub, path, ...extra] = args;
+  if (sub !== 'check' || path === undefined || extra.length > 0) throw new CheckpointUsageError('checkpoint: usage: flotilla checkpoint check <checkpoint|checkpoints dir|run dir>');
+  const r = checkCheckpoint(path);
+  print(`OK ${r.dir}: step ${r.step}, ${r.files} file(s), ${r.bytes.toLocaleString('en-US')} bytes, ${r.params} parameters (${r.elements.toLocaleString('en-US')} elements); sizes and SHA-256 checksums match, every tensor complete`);
+  return 0;
+}
+
+export interface GenerateOptions {
+  prompt: string;
+  tokens: number;
+  temperature: number;
+  topK: number;
+  seed: number;
+}
+
+/** The model config and tokenizer spec a checkpoint or an exported file records. */
+function modelOf(path: string): { weights: string; model: Partial<GPTConfig>; tokenizer: string } {
+  if (existsSync(path) && statSync(path).isFile()) {
+    const h = readSafetensorsHeader(path);
+    const model = h.metadata['flotilla.model'];
+    if (!model) throw new CheckpointError(`${path} has no flotilla.model metadata: it was not written by flotilla export, so its model config is unknown`);
+    const data = JSON.parse(h.metadata['flotilla.data'] ?? '{}') as { tokenizer?: string };
+    return { weights: path, model: JSON.parse(model) as Partial<GPTConfig>, tokenizer: data.tokenizer ?? 'byte' };
+  }
+  const dir = resolveCheckpoint(path);
+  const meta = readMeta(dir);
+  const data = (meta.config.data ?? {}) as { tokenizer?: string };
+  return { weights: dir, model: (meta.config.model ?? {}) as Partial<GPTConfig>, tokenizer: data.tokenizer ?? 'byte' };
+}
+
+interface TextCodec {
+  encode(text: string): ArrayLike<number>;
+  decode(ids: ArrayLike<number>): string;
+}
+
+async function codecFor(spec: string): Promise<TextCodec> {
+  const data = await import('../data/index.js') as Record<string, unknown>;
+  const load = data.loadTokenizer as ((s: string) => TextCodec) | undefined;
+  if (load) return load(spec);
+  if (spec !== 'byte') throw new CheckpointError(`this build cannot decode tokenizer "${spec}"`);
+  return {
+    encode: (t) => new TextEncoder().encode(t),
+    decode: (ids) => new TextDecoder().decode(Uint8Array.from(ids as ArrayLike<number>)),
+  };
+}
+
+/** Index drawn from softmax(logits / temperature) restricted to the top k (argmax at temperature 0). */
+export function sampleIndex(logits: ArrayLike<number>, o: { temperature: number; topK: number }, u: number): number {
+  const n = logits.length;
+  let best = 0;
+  for (let i = 1; i < n; i++) if (logits[i]! > logits[best]!) best = i;
+  if (o.temperature === 0) return best;
+  let ids = Array.from({ length: n }, (_, i) => i);
+  if (o.topK > 0 && o.topK < n) ids = ids.sort((a, b) => logits[b]! - logits[a]! || a - b).slice(0, o.topK);
+  const m = logits[best]!;
+  const w = ids.map((i) => Math.exp((logits[i]! - m) / o.temperature));
+  const total = w.reduce((a, b) => a + b, 0);
+  let acc = 0;
+  for (let j = 0; j < ids.length; j++) {
+    acc += w[j]! / total;
+    if (u < acc) return ids[j]!;
+  }
+  return ids[ids.length - 1]!;
+}
+
+/** Samples a continuation of the prompt from a checkpoint or an exported file; deterministic for a seed. */
+export async function generate(path: string, o: GenerateOptions): Promise<{ prompt: string; text: string }> {
+  const { weights, model: cfg, tokenizer } = modelOf(path);
+  const codec = await codecFor(tokenizer);
+  const model = new GPT(cfg);
+  try {
+    loadWeights(weights, placementsOf(model.namedParameters()), model.numParams());
+    model.eval();
+    const ids = Array.from(codec.encode(o.prompt));
+    if (ids.length === 0) throw new CheckpointUsageError('generate: --prompt needs some text');
+    const block = model.cfg.blockSize;
+    const draws = sampleStream(o.seed >>> 0, 0, o.tokens, 2 ** 30);
+    const out: number[] = [];
+    noGrad(() => {
+      for (let i = 0; i < o.tokens; i++) {
+        const ctx = [...ids, ...out].slice(-block);
+        const row = tidy(() => {
+          const x = tensor(Int32Array.from(ctx), { shape: [1, ctx.length], dtype: 'int64' });
+          const { logits } = model.call(x) as { logits: ReturnType<typeof tensor> };
+          return logits.narrow(1, ctx.length - 1, 1).reshape(-1).toNumbers();
+        });
+        out.push(sampleIndex(row, o, draws[i]! / 2 ** 30));
+      }
+    });
+    return { prompt: o.prompt, text: codec.decode(out) };
+  } finally {
+    model.dispose();
+  }
+}
+
+function num(v: string | undefined, flag: string, ok: (n: number) => boolean, what: string): number {
+  const n = Number(v);
+  if (v === undefined || v.trim() === '' || !Number.isFinite(n) || !ok(n)) throw new CheckpointUsageError(`generate: ${flag} needs ${what}, got ${v === undefined ? 'nothing' : JSON.stringify(v)}`);
+  return n;
+}
+
+/** `flotilla generate CKPT --prompt TEXT [--tokens N --temperature T --top-k K --seed S --out FILE]` */
+export async function generateCommand(args: readonly string[], print: (l: string) => void): Promise<number> {
+  let path: string | undefined;
+  let out: string | undefined;
+  const o: GenerateOptions = { prompt: '', tokens: 200, temperature: 0.8, topK: 40, seed: 1 };
+  let havePrompt = false;
+  for (let i = 0; i < args.length; i++) {
+    const a = args[i]!;
+    const [flag, inline] = a.startsWith('--') && a.includes('=') ? [a.slice(0, a.indexOf('=')), a.slice(a.indexOf('=') + 1)] : [a, undefined];
+    const value = (): string | undefined => inline ?? args[++i];
+    if (flag === '--prompt') {
+      const v = value();
+      if (v === undefined) throw new CheckpointUsageError('generate: --prompt needs text');
+      o.prompt = v;
+      havePrompt = true;
+    } else if (flag === '--tokens') o.tokens = num(value(), '--tokens', (n) => Number.isInteger(n) && n >= 1 && n <= 100_000, 'a whole number from 1 to 100000');
+    else if (flag === '--temperature') o.temperature = num(value(), '--temperature', (n) => n >= 0, 'a number >= 0 (0 = always the most likely token)');
+    else if (flag === '--top-k') o.topK = num(value(), '--top-k', (n) => Number.isInteger(n) && n >= 0, 'a whole number >= 0 (0 = no limit)');
+    else if (flag === '--seed') o.seed = num(value(), '--seed', (n) => Number.isInteger(n) && n >= 0 && n < 2 ** 32, 'a whole number from 0 to 2^32-1');
+    else if (flag === '--out') out = value();
+    else if (a.startsWith('-')) throw new CheckpointUsageError(`generate: unknown option ${a}; options are --prompt, --tokens, --temperature, --top-k, --seed, --out`);
+    else if (path === undefined) path = a;
+    else throw new CheckpointUsageError(`generate: one checkpoint expected, got ${JSON.stringify(path)} and ${JSON.stringify(a)}`);
+  }
+  if (path === undefined || !havePrompt) throw new CheckpointUsageError('generate: usage: flotilla generate <checkpoint|run dir|exported.safetensors> --prompt TEXT [--tokens N --temperature T --top-k K --seed S --out FILE]');
+  const r = await generate(path, o);
+  const text = `${r.prompt}${r.text}`;
+  print(text);
+  if (out !== undefined) writeFileSync(out, `${text}\n`);
+  return 0;
+}

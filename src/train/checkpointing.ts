@@ -1,0 +1,157 @@
+// The trainer's side of checkpoints: when to save, what a resume restores, and a stop request
+// (Ctrl-C) that every rank honours at the same step boundary. The files themselves are
+// src/checkpoint's business.
+import { join, resolve } from 'node:path';
+import { existsSync } from 'node:fs';
+import { tensor } from '../tensor/index.js';
+import type { ProcessGroup } from '../distributed/process_group.js';
+import type { ParamPlacement } from '../parallel/placement.js';
+import { Checkpointer, listCheckpoints, removeInterruptedSaves, loadCheckpoint, loadWeights, resolveCheckpoint, type RankState, type RunInfo, type SaveReport } from '../checkpoint/checkpoint.js';
+import { CheckpointError, type CheckpointMeta } from '../checkpoint/format.js';
+import { runDirOf, type FlotillaConfig } from './config.js';
+
+/** The checkpoints directory of a run's config. */
+export function checkpointDirOf(cfg: FlotillaConfig): string {
+  return cfg.checkpoint.dir !== '' ? resolve(cfg.checkpoint.dir) : join(runDirOf(cfg), 'checkpoints');
+}
+
+/**
+ * Which checkpoint a run resumes from: `--resume latest` (or no path) means the newest complete one
+ * in the run's checkpoint directory; a path names a checkpoint, a checkpoints directory or a run
+ * directory. A group restarted by `--max-restarts` resumes from the latest one when there is one.
+ */
+export function resumeTarget(cfg: FlotillaConfig, resume: string | undefined): string | undefined {
+  const restarted = Number(process.env.FLOTILLA_RESTART_COUNT ?? 0) > 0;
+  const dir = checkpointDirOf(cfg);
+  if (resume === undefined) return restarted && listCheckpoints(dir).length > 0 ? resolveCheckpoint(dir) : undefined;
+  if (resume === '' || resume === 'latest') {
+    if (listCheckpoints(dir).length === 0) {
+      throw new CheckpointError(`--resume latest: no complete checkpoint in ${dir}; start the run without --resume, or name a checkpoint: --resume PATH`);
+    }
+    return resolveCheckpoint(dir);
+  }
+  return resolveCheckpoint(resume);
+}
+
+/** A seed for step `step`'s random draws (dropout), so a resumed run draws what the straight run drew. */
+export function stepSeed(seed: number, step: number): number {
+  let z = (seed ^ Math.imul(step + 1, 0x9e3779b9)) >>> 0;
+  z = Math.imul(z ^ (z >>> 16), 0x21f0aaad);
+  z = Math.imul(z ^ (z >>> 15), 0x735a2d97);
+  return (z ^ (z >>> 15)) >>> 0;
+}
+
+export interface RunCheckpointsOptions {
+  world: ProcessGroup;
+  log: (line: string) => void;
+}
+
+/** Saving during a run: the schedule, and the save itself. */
+export class RunCheckpoints {
+  private checkpointer: Checkpointer | undefined;
+  private readonly cfg: FlotillaConfig;
+  private readonly opts: RunCheckpointsOptions;
+  /** Blocked time of every save this run (the benchmark and the end-of-run line read it). */
+  readonly saves: SaveReport[] = [];
+
+  constructor(cfg: FlotillaConfig, opts: RunCheckpointsOptions) {
+    this.cfg = cfg;
+    this.opts = opts;
+  }
+
+  get dir(): string {
+    return checkpointDirOf(this.cfg);
+  }
+
+  /** Rank 0, before the first step: clears saves an earlier run left unfinished. */
+  prepare(): void {
+    if (this.opts.world.rank !== 0) return;
+    const gone = removeInterruptedSaves(this.dir);
+    if (gone.length > 0) this.opts.log(`[checkpoint] removed ${gone.length} unfinished save(s) of an earlier run: ${gone.join(', ')}`);
+  }
+
+  /** Whether the schedule saves after `step` steps (the last step included when saving is on). */
+  due(step: number): boolean {
+    const every = this.cfg.checkpoint.every;
+    return every > 0 && (step % every === 0 || step === this.cfg.train.steps);
+  }
+
+  async save(step: number, state: RankState, info: RunInfo): Promise<SaveReport> {
+    this.checkpointer ??= new Checkpointer({
+      dir: this.dir, keep: this.cfg.checkpoint.keep, async: this.cfg.checkpoint.async, world: this.opts.world, log: this.opts.log,
+    });
+    const r = await this.checkpointer.save(step, state, info);
+    this.saves.push(r);
+    return r;
+  }
+
+  /** At every step boundary: publishes a finished background save (collective while one is pending). */
+  poll(): void {
+    this.checkpointer?.poll();
+  }
+
+  /** Waits for the last save and publishes it (collective). */
+  async finish(): Promise<void> {
+    if (!this.checkpointer) return;
+    try {
+      await this.checkpointer.finishPending();
+    } finally {
+      await this.checkpointer.close();
+    }
+  }
+
+  /** The newest checkpoint this run published. */
+  get lastSaved(): string | undefined {
+    return this.checkpointer?.lastSaved;
+  }
+}
+
+/** Restores a resumed run's parameters and optimizer state (weights only for initFrom). */
+export function restore(target: string, state: RankState, numParams: number): CheckpointMeta {
+  return loadCheckpoint(target, state.placements, { ...(state.optimizer ? { optimizer: state.optimizer } : {}), numParams });
+}
+
+/** Loads train.initFrom's weights (a checkpoint directory or an exported .safetensors file). */
+export function initFrom(path: string, placements: readonly ParamPlacement[], numParams: number): void {
+  if (!existsSync(path)) throw new CheckpointError(`train.initFrom: ${path} does not exist; name a checkpoint directory or an exported .safetensors file`);
+  loadWeights(path, placements, numParams);
+}
+
+/**
+ * Ctrl-C: the first SIGINT asks the run to stop after the current step, with a checkpoint; a second one in a process without a launcher exits at once. Under `flotilla run` the
+ * terminal's SIGINT and the launcher's forwarded one arrive together, so a rank leaves the second
+ * to the launcher, which kills the ranks when its user presses Ctrl-C again.
+ */
+export class StopRequest {
+  private requested = false;
+  private readonly handler: (sig: NodeJS.Signals) => void;
+  private readonly launched = process.env.FLOTILLA_RESTART_COUNT !== undefined;
+
+  constructor(private readonly log: (line: string) => void) {
+    this.handler = (sig) => {
+      if (this.requested && !this.launched) {
+        process.stderr.write(`flotilla: second ${sig}; exiting now without saving\n`);
+        process.exit(130);
+      }
+      if (!this.requested) this.log(`[stop] ${sig}: stopping after this step with a checkpoint (press Ctrl-C again to exit at once)`);
+      this.requested = true;
+    };
+    process.on('SIGINT', this.handler);
+  }
+
+  /** Whether any rank was asked to stop (collective over the world: every rank learns the same). */
+  agreed(world: ProcessGroup): boolean {
+    if (world.size === 1) return this.requested;
+    const t = tensor([this.requested ? 1 : 0], { dtype: 'float64' });
+    try {
+      world.allReduce(t, 'max').wait();
+      return t.item() > 0;
+    } finally {
+      t.dispose();
+    }
+  }
+
+  dispose(): void {
+    process.off('SIGINT', this.handler);
+  }
+}

@@ -1,0 +1,93 @@
+// Checkpoints under every layout, with real ranks: each layout trains 6 steps saving at step 3;
+// resuming its step-3 checkpoint under the same layout gives bit-identical losses and parameters,
+// and resuming it in one process (or under another layout) gives one process's numbers. Shapes do
+// not divide by the world (vocabulary 259, width 30), so shards of unequal sizes round-trip.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { assertClose } from './helpers/close.js';
+import { checkpointOf, train, type RunResult } from './helpers/ckpt_runs.js';
+
+let ref: RunResult;
+
+/**
+ * Losses of steps from..6 and every parameter of `got` equal `want`'s: exactly (rel 0), or within rel
+ * for losses and norms, and ||Δθ|| / ||θ|| <= 1e-4 per parameter (as `flotilla verify`: elements whose
+ * gradient is zero in exact arithmetic, such as the key bias, move by float32 noise that AdamW's
+ * normalised update scales up).
+ */
+function same(got: RunResult, want: RunResult, from: number, rel: number, what: string): void {
+  const g = got.metrics.filter((m) => m.step >= from);
+  const w = want.metrics.filter((m) => m.step >= from);
+  assert.deepEqual(g.map((m) => m.step), w.map((m) => m.step), `${what}: steps`);
+  if (rel === 0) {
+    assert.deepEqual(g.map((m) => m.loss), w.map((m) => m.loss), `${what}: losses`);
+    assert.deepEqual(g.map((m) => m.gradNorm), w.map((m) => m.gradNorm), `${what}: gradient norms`);
+  } else {
+    assertClose(g.map((m) => m.loss), w.map((m) => m.loss), rel, `${what}: losses`);
+    assertClose(g.map((m) => m.gradNorm!), w.map((m) => m.gradNorm!), rel, `${what}: gradient norms`);
+  }
+  assert.deepEqual([...got.params.keys()].sort(), [...want.params.keys()].sort(), `${what}: parameter names`);
+  for (const [n, v] of want.params) {
+    if (rel === 0) assert.deepEqual(got.params.get(n), v, `${what}: parameter ${n}`);
+    else {
+      const g = got.params.get(n)!;
+      let d = 0, t = 0;
+      for (let i = 0; i < v.length; i++) [d, t] = [d + (g[i]! - v[i]!) ** 2, t + v[i]! ** 2];
+      assert.ok(Math.sqrt(d / t) <= 1e-4, `${what}: parameter ${n}: ||Δ|| / ||θ|| = ${Math.sqrt(d / t)} > 1e-4`);
+    }
+  }
+}
+
+test('one process: a resume from step 3 continues bit-identically (losses, norms, parameters, metrics file)', async () => {
+  ref = await train('ref');
+  assert.equal(ref.metrics.length, 6);
+  const again = await train('ref-resumed', ['--resume', checkpointOf(ref, 3)]);
+  assert.match(again.out, /\[resume\] resumed from step 3 \(.*step-000003; saved by 1 rank\(s\)/);
+  same(again, ref, 4, 0, 'one process resumed');
+});
+
+/** A model of its own for the tied-embedding layout (4 stages need 4 layers). */
+const TIED = ['--model.tieEmbeddings=true', '--model.nLayer=4'];
+
+const LAYOUTS: [string, string[]][] = [
+  ['data parallel 2', ['--nproc', '2']],
+  ['ZeRO-1 on 2', ['--nproc', '2', '--parallel.zero=1']],
+  ['ZeRO-2 on 2', ['--nproc', '2', '--parallel.zero=2', '--data.microBatches=2']],
+  ['ZeRO-3 on 3', ['--nproc', '3', '--parallel.zero=3']],
+  ['HSDP 2 x 2, ZeRO-3', ['--nproc', '4', '--parallel.zero=3', '--parallel.dpShard=2', '--parallel.dpReplicate=2']],
+  ['pipeline 2, 1F1B', ['--nproc', '2', '--parallel.pp=2', '--data.microBatches=2']],
+  ['pipeline 2, interleaved, tied embeddings', ['--nproc', '2', '--parallel.pp=2', '--parallel.ppSchedule=interleaved', '--parallel.ppVirtualStages=2', '--data.microBatches=2', ...TIED]],
+  ['pipeline 2, zero bubble', ['--nproc', '2', '--parallel.pp=2', '--parallel.ppSchedule=zb', '--data.microBatches=2']],
+  ['pipeline 2 x ZeRO-2 on 2', ['--nproc', '4', '--parallel.pp=2', '--parallel.zero=2', '--data.microBatches=2']],
+];
+
+const saved = new Map<string, RunResult>();
+
+for (const [name, args] of LAYOUTS) {
+  test(`${name}: resumes itself bit-identically, and resumes in one process with one process's numbers`, async () => {
+    const tied = args.includes(TIED[0]!);
+    const base = tied ? await train('ref-tied', TIED) : ref;
+    const slug = name.replace(/\W+/g, '-');
+    const full = await train(`${slug}-full`, args);
+    saved.set(name, full);
+    same(full, base, 1, 1e-5, `${name} vs one process`);
+    const self = await train(`${slug}-self`, [...args, '--resume', checkpointOf(full, 3)]);
+    same(self, full, 4, 0, `${name} resumed under ${name}`);
+    const one = await train(`${slug}-one`, ['--resume', checkpointOf(full, 3), ...(tied ? TIED : [])]);
+    same(one, base, 4, 1e-5, `${name} resumed in one process`);
+  });
+}
+
+test('a data-parallel checkpoint resumes under ZeRO-3 on 3 ranks, HSDP and a pipeline, with one process\'s numbers', async () => {
+  const dp = saved.get('data parallel 2') ?? (await train('dp2-again', ['--nproc', '2']));
+  const into: [string, string[]][] = [
+    ['zero3-3', ['--nproc', '3', '--parallel.zero=3']],
+    ['hsdp', ['--nproc', '4', '--parallel.zero=2', '--parallel.dpShard=2', '--parallel.dpReplicate=2']],
+    ['pp2', ['--nproc', '2', '--parallel.pp=2', '--parallel.ppSchedule=gpipe', '--data.microBatches=3']],
+  ];
+  for (const [slug, args] of into) {
+    const r = await train(`dp2-into-${slug}`, [...args, '--resume', checkpointOf(dp, 3)]);
+    assert.match(r.out, /\[resume\] resumed from step 3 .*saved by 2 rank\(s\), data parallel 2/);
+    same(r, ref, 4, 1e-5, `data-parallel checkpoint resumed as ${slug}`);
+  }
+});

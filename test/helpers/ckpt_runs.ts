@@ -1,0 +1,105 @@
+// Test-side runs of `flotilla train` for the checkpoint tests: a tiny GPT whose shapes do not divide
+// by the world (vocabulary 259, width 30), each run in its own directory, read back as per-step
+// losses and every parameter (merged over the ranks' records).
+import { spawn, type ChildProcess } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { loadSafetensors } from '../../src/checkpoint/safetensors.js';
+import { readMetrics, type StepMetrics } from '../../src/train/metrics.js';
+
+export const ROOT = resolve(import.meta.dirname, '..', '..');
+export const BIN = join(ROOT, 'bin', 'flotilla.js');
+
+export const work = mkdtempSync(join(tmpdir(), 'flotilla-ckpt-'));
+export const CONFIG = join(work, 'tiny.toml');
+writeFileSync(CONFIG, `# checkpoint tests: shapes that split unevenly over 2, 3 and 4 ranks
+[model]
+vocabSize = 259
+nLayer = 2
+nHead = 2
+nEmbd = 30
+blockSize = 16
+[data]
+seqLen = 16
+globalBatch = 12
+[optim]
+lr = 3e-3
+minLr = 3e-4
+warmupSteps = 2
+[train]
+steps = 6
+evalEvery = 0
+evalBatches = 1
+[parallel]
+bucketSizeMb = 0.01
+[checkpoint]
+every = 3
+[log]
+progress = "plain"
+every = 1
+`);
+
+export interface Flotilla {
+  code: number | null;
+  out: string;
+  err: string;
+}
+
+/** `flotilla ARGS` from the repository root; onStart gets the child (for signals). */
+export function flotilla(args: string[], o: { timeoutMs?: number; onStart?: (c: ChildProcess) => void; env?: Record<string, string> } = {}): Promise<Flotilla> {
+  return new Promise((res, rej) => {
+    const child = spawn(process.execPath, [BIN, ...args], { cwd: ROOT, env: { ...process.env, FLOTILLA_TEST_CHILD: '1', ...o.env } });
+    let out = '';
+    let err = '';
+    child.stdout.on('data', (d) => (out += d));
+    child.stderr.on('data', (d) => (err += d));
+    const timer = setTimeout(() => {
+      child.kill('SIGKILL');
+      rej(new Error(`flotilla ${args.join(' ')} timed out\n${out}\n${err}`));
+    }, o.timeoutMs ?? 180_000);
+    o.onStart?.(child);
+    child.on('close', (code) => {
+      clearTimeout(timer);
+      res({ code, out, err });
+    });
+  });
+}
+
+export interface RunResult {
+  dir: string;
+  metrics: StepMetrics[];
+  /** Every parameter by name, as numbers (the ranks' records merged). */
+  params: Map<string, number[]>;
+  out: string;
+}
+
+/** Trains the test config with the given extra arguments into work/<name>; fails on a non-zero exit. */
+export async function train(name: string, extra: string[] = []): Promise<RunResult> {
+  const dir = join(work, name);
+  const record = join(dir, 'record');
+  const r = await flotilla(['train', CONFIG, `--train.runDir=${dir}`, '--record', record, ...extra]);
+  if (r.code !== 0) throw new Error(`flotilla train ${extra.join(' ')} exited ${r.code}\n${r.out}\n${r.err}`);
+  return { dir, metrics: readMetrics(join(dir, 'metrics.jsonl')), params: readRecord(record), out: r.out };
+}
+
+export function readRecord(record: string): Map<string, number[]> {
+  const params = new Map<string, number[]>();
+  for (const f of readdirSync(record).filter((n) => n.endsWith('.safetensors')).sort()) {
+    for (const [n, t] of Object.entries(loadSafetensors(join(record, f)))) {
+      if (!params.has(n)) params.set(n, t.toNumbers());
+      t.dispose();
+    }
+  }
+  return params;
+}
+
+export function checkpointOf(run: { dir: string }, step: number): string {
+  const p = join(run.dir, 'checkpoints', `step-${String(step).padStart(6, '0')}`);
+  if (!existsSync(join(p, 'meta.json'))) throw new Error(`no checkpoint ${p}`);
+  return p;
+}
+
+export function latestOf(run: { dir: string }): string {
+  return readFileSync(join(run.dir, 'checkpoints', 'latest'), 'utf8').trim();
+}
