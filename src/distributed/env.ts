@@ -158,6 +158,10 @@ export function checkFlotillaEnv(env: Env = process.env, interfaces: () => strin
     if (present(env, name)) intVar(env, name, { positive: true });
   }
   if (present(env, 'FLOTILLA_KILL_GRACE_MS')) intVar(env, 'FLOTILLA_KILL_GRACE_MS');
+  for (const name of ['FLOTILLA_HEARTBEAT_MS', 'FLOTILLA_HEARTBEAT_TIMEOUT_MS']) {
+    if (present(env, name)) intVar(env, name, { positive: true });
+  }
+  if (present(env, 'FLOTILLA_HEARTBEAT_PORT')) portVar(env, 'FLOTILLA_HEARTBEAT_PORT');
   if (present(env, 'FLOTILLA_MPI_NETNS') && !['0', '1'].includes(env.FLOTILLA_MPI_NETNS!.trim())) {
     throw new LaunchEnvError(`FLOTILLA_MPI_NETNS=${JSON.stringify(env.FLOTILLA_MPI_NETNS)} must be 1 (mpirun in a loopback-only network namespace, the default) or 0 (the host's network)`);
   }

@@ -27,6 +27,12 @@
 // waits a moment for the others to time out too and names the rank(s) still running that never timed
 // out (the one everybody waited for), not the first rank that gave up.
 //
+// Liveness (heartbeat.ts): the launchers of a multi-node job keep a heartbeat, so a lost node (its
+// host or link gone, its launcher killed) is found within FLOTILLA_HEARTBEAT_TIMEOUT_MS (30 s), and
+// a node whose ranks fail tells the others at once: every launcher then stops its ranks and exits
+// non-zero naming the node and its ranks. On every node, a rank that stays stopped (SIGSTOP, a
+// debugger) for that long is treated as hung and ends the job like a rank that failed.
+//
 // --backend mpi: the ranks start through Open MPI's mpirun instead (src/distributed/mpi_launch.ts),
 // which sets OMPI_COMM_WORLD_* in place of RANK/WORLD_SIZE; output prefixes, signal forwarding,
 // stopping the others when one fails, restarts and exit codes are the same. One node only.
@@ -46,6 +52,7 @@ import { createInterface } from 'node:readline';
 import type { Readable } from 'node:stream';
 import { DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, checkFlotillaEnv, isLoopback } from './env.js';
 import { runMpiGroup, mpiInstalled, MPI_INSTALL_HINT } from './mpi_launch.js';
+import { heartbeatConfig, NodeLink, watchStopped, type HeartbeatConfig } from './heartbeat.js';
 
 export const RUN_USAGE = `usage: flotilla run --nproc N [options] script.ts [script args...]
 
@@ -187,8 +194,19 @@ export interface LauncherIO {
 
 type Outcome =
   | { kind: 'ok' }
-  | { kind: 'failed'; rank: number; code: number | null; signal: NodeJS.Signals | null; stalled?: { ranks: number[]; timedOut: number[] } }
-  | { kind: 'interrupted'; signal: NodeJS.Signals };
+  | { kind: 'failed'; rank: number; code: number | null; signal: NodeJS.Signals | null; stalled?: { ranks: number[]; timedOut: number[] }; hungMs?: number }
+  | { kind: 'interrupted'; signal: NodeJS.Signals }
+  /** Another node failed (fatal: false) or was lost (fatal: true); this node's ranks were stopped. */
+  | { kind: 'peer'; why: string; fatal: boolean };
+
+/** What an attempt hears from outside its ranks, and tells outside. */
+interface AttemptControl {
+  /** Set by runGroup: stops the attempt's ranks because of another node. */
+  abort?: (why: string, fatal: boolean) => void;
+  /** Called once when this node's ranks fail (so the other nodes can stop theirs now). */
+  onLocalFailure: (what: string) => void;
+  heartbeat: HeartbeatConfig;
+}
 
 function describeExit(code: number | null, signal: NodeJS.Signals | null): string {
   return signal ? `was killed by ${signal}` : `exited with code ${code}`;
@@ -200,6 +218,7 @@ function plural(n: number, word: string): string {
 
 /** What the final line says about a failure. */
 function describeFailure(f: Extract<Outcome, { kind: 'failed' }>): string {
+  if (f.hungMs !== undefined) return `rank ${f.rank} hung: stopped for ${f.hungMs} ms (SIGSTOP or a debugger; FLOTILLA_HEARTBEAT_TIMEOUT_MS)`;
   if (f.stalled) {
     const { ranks, timedOut } = f.stalled;
     return `${plural(ranks.length, 'rank')} ${ranks.join(', ')} stalled: ${plural(timedOut.length, 'rank')} ${timedOut.join(', ')} timed out waiting in a collective`;
@@ -230,11 +249,11 @@ function signalCode(signal: NodeJS.Signals): number {
 }
 
 /** Runs one attempt: every local rank, until all have exited. */
-function runGroup(o: RunOptions, attempt: number, port: number, io: Required<LauncherIO>, storeDir: string | undefined): Promise<Outcome> {
+function runGroup(o: RunOptions, attempt: number, port: number, io: Required<LauncherIO>, storeDir: string | undefined, ctl: AttemptControl): Promise<Outcome> {
   if (o.backend === 'mpi') {
     const [cmd, args] = commandFor(o.script, o.scriptArgs);
     const env = { ...process.env, FLOTILLA_RESTART_COUNT: String(attempt), FLOTILLA_MAX_RESTARTS: String(o.maxRestarts), FLOTILLA_LAUNCHER_TTY: process.stdout.isTTY ? '1' : '0' };
-    return runMpiGroup({ nproc: o.nproc, cmd, args, env }, io);
+    return runMpiGroup({ nproc: o.nproc, cmd, args, env }, io, ctl.heartbeat);
   }
   const worldSize = o.nnodes * o.nproc;
   let [cmd, baseArgs] = commandFor(o.script, o.scriptArgs);
@@ -251,7 +270,11 @@ function runGroup(o: RunOptions, attempt: number, port: number, io: Required<Lau
   const say = (msg: string): void => void io.stderr.write(`flotilla run: ${msg}\n`);
 
   const stopAll = (signal: NodeJS.Signals): void => {
-    for (const r of running) children[r - o.nodeRank * o.nproc]?.kill(signal);
+    for (const r of running) {
+      const c = children[r - o.nodeRank * o.nproc];
+      c?.kill(signal);
+      if (signal !== 'SIGKILL') c?.kill('SIGCONT'); // a stopped rank acts on SIGTERM only once continued
+    }
     if (signal !== 'SIGKILL' && killTimer === undefined) {
       killTimer = setTimeout(() => {
         if (running.size > 0) say(`rank(s) ${[...running].join(', ')} still running after ${io.graceMs} ms; killing`);
@@ -275,8 +298,30 @@ function runGroup(o: RunOptions, attempt: number, port: number, io: Required<Lau
     say(suspects.length > 0
       ? `${describeFailure(outcome)}; stopping the other ${running.size} ${plural(running.size, 'rank')}`
       : `rank ${f.rank} timed out waiting in a collective; no rank on this node is left to blame (a rank on another node may have stalled)`);
+    ctl.onLocalFailure(describeFailure(outcome));
     stopAll('SIGTERM');
   };
+
+  ctl.abort = (why, fatal) => {
+    if (stopping) return;
+    stopping = true;
+    outcome = { kind: 'peer', why, fatal };
+    say(`${why}; stopping the ${running.size} ${plural(running.size, 'rank')} on this node`);
+    stopAll('SIGTERM');
+  };
+  const stopWatch = watchStopped(
+    () => [...running].map((r) => ({ label: String(r), pid: children[r - o.nodeRank * o.nproc]?.pid ?? -1 })).filter((x) => x.pid > 0),
+    ctl.heartbeat,
+    (label, _pid, ms) => {
+      if (stopping) return;
+      stopping = true;
+      outcome = { kind: 'failed', rank: Number(label), code: null, signal: null, hungMs: ms };
+      const others = running.size - 1;
+      say(`${describeFailure(outcome)}; stopping it${others > 0 ? ` and the other ${others} ${plural(others, 'rank')}` : ''}`);
+      ctl.onLocalFailure(describeFailure(outcome));
+      stopAll('SIGTERM');
+    },
+  );
 
   const onSignal = (signal: NodeJS.Signals): void => {
     if (outcome.kind === 'interrupted') {
@@ -345,6 +390,7 @@ function runGroup(o: RunOptions, attempt: number, port: number, io: Required<Lau
           const others = running.size;
           const what = startError !== undefined ? `could not start (${startError})` : describeExit(code, signal);
           say(`rank ${rank} ${what}${others > 0 ? `; stopping the other ${others} rank${others > 1 ? 's' : ''}` : ''}`);
+          ctl.onLocalFailure(`rank ${rank} ${what}`);
           stopAll('SIGTERM');
         }
         if (stopping || running.size === 0) decideStall();
@@ -357,6 +403,8 @@ function runGroup(o: RunOptions, attempt: number, port: number, io: Required<Lau
         onExit(code, signal);
         running.delete(rank);
         if (--left === 0) {
+          stopWatch();
+          ctl.abort = undefined;
           if (killTimer) clearTimeout(killTimer);
           if (stallTimer) clearTimeout(stallTimer);
           if (io.handleSignals) {
@@ -405,6 +453,13 @@ export async function runLauncher(argv: readonly string[], ioOpts: LauncherIO = 
     return 2;
   }
   const say = (msg: string): void => void io.stderr.write(`flotilla run: ${msg}\n`);
+  let heartbeat: HeartbeatConfig;
+  try {
+    heartbeat = heartbeatConfig();
+  } catch (e) {
+    io.stderr.write(`flotilla run: ${(e as Error).message}\n`);
+    return 2;
+  }
   if (o.nnodes > 1 && !isLoopback(o.masterAddr) && !process.env.FLOTILLA_JOB_SECRET) {
     io.stderr.write(
       `flotilla run: --nnodes ${o.nnodes} with --master-addr ${o.masterAddr}: set FLOTILLA_JOB_SECRET to the same random value on every node ` +
@@ -425,16 +480,59 @@ export async function runLauncher(argv: readonly string[], ioOpts: LauncherIO = 
     : undefined;
   watchParent?.unref();
   try {
-    return await attempts(o, io, storeDir);
+    return await attempts(o, io, storeDir, heartbeat);
   } finally {
     if (watchParent) clearInterval(watchParent);
     if (storeDir !== undefined) rmSync(storeDir, { recursive: true, force: true });
   }
 }
 
-async function attempts(o: RunOptions, io: Required<LauncherIO>, storeDir: string | undefined): Promise<number> {
+/** The heartbeat port of a multi-node job: FLOTILLA_HEARTBEAT_PORT, else just above the store ports. */
+export function heartbeatPort(o: RunOptions): number {
+  const raw = process.env.FLOTILLA_HEARTBEAT_PORT?.trim();
+  if (raw) return Number(raw);
+  return (o.masterPort ?? DEFAULT_MASTER_PORT) + o.maxRestarts + 1;
+}
+
+async function attempts(o: RunOptions, io: Required<LauncherIO>, storeDir: string | undefined, heartbeat: HeartbeatConfig): Promise<number> {
+  const say = (msg: string): void => void io.stderr.write(`flotilla run: ${msg}\n`);
+  const ctl: AttemptControl = { heartbeat, onLocalFailure: () => undefined };
+  let link: NodeLink | undefined;
+  let lost: string | undefined; // a node was lost: no restart can bring it back
+  if (o.nnodes > 1) {
+    try {
+      link = await NodeLink.start({
+        nodeRank: o.nodeRank, nnodes: o.nnodes, nproc: o.nproc, host: o.masterAddr, port: heartbeatPort(o),
+        secret: process.env.FLOTILLA_JOB_SECRET ?? '', config: heartbeat,
+        joinTimeoutMs: Number(process.env.FLOTILLA_TIMEOUT_MS?.trim() || 300_000),
+        onPeerDown: (why, fatal) => {
+          if (fatal) lost = why;
+          if (ctl.abort) ctl.abort(why, fatal);
+          else if (fatal) say(why);
+        },
+      });
+    } catch (e) {
+      say((e as Error).message);
+      return 1;
+    }
+    ctl.onLocalFailure = (what) => link!.announceFailure(`node ${o.nodeRank}: ${what}`);
+  }
+  try {
+    return await attemptLoop(o, io, storeDir, ctl, () => lost, link);
+  } finally {
+    await link?.close();
+  }
+}
+
+async function attemptLoop(
+  o: RunOptions, io: Required<LauncherIO>, storeDir: string | undefined, ctl: AttemptControl, lost: () => string | undefined, link: NodeLink | undefined,
+): Promise<number> {
   const say = (msg: string): void => void io.stderr.write(`flotilla run: ${msg}\n`);
   for (let attempt = 0; ; attempt++) {
+    if (lost() !== undefined) {
+      say(`failed: ${lost()}`);
+      return 1;
+    }
     let port: number;
     if (o.nnodes > 1) port = (o.masterPort ?? DEFAULT_MASTER_PORT) + attempt;
     else if (o.masterPort !== undefined) port = o.masterPort;
@@ -446,9 +544,20 @@ async function attempts(o: RunOptions, io: Required<LauncherIO>, storeDir: strin
         return 1;
       }
     }
-    const outcome = await runGroup(o, attempt, port, io, storeDir);
-    if (outcome.kind === 'ok') return 0;
+    const outcome = await runGroup(o, attempt, port, io, storeDir, ctl);
+    if (outcome.kind === 'ok') {
+      link?.announceDone();
+      return 0;
+    }
     if (outcome.kind === 'interrupted') return signalCode(outcome.signal);
+    if (outcome.kind === 'peer') {
+      if (outcome.fatal || attempt >= o.maxRestarts) {
+        say(`failed: ${outcome.why}`);
+        return 1;
+      }
+      say(`${outcome.why}; restarting all ${o.nproc} local rank${o.nproc > 1 ? 's' : ''} (restart ${attempt + 1} of ${o.maxRestarts})`);
+      continue;
+    }
     const what = describeFailure(outcome);
     if (attempt < o.maxRestarts) {
       say(`${what}; restarting all ${o.nproc} local rank${o.nproc > 1 ? 's' : ''} (restart ${attempt + 1} of ${o.maxRestarts})`);

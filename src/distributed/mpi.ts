@@ -132,10 +132,13 @@ interface Buf {
 /** A Work of the MPI addon that releases the tensor aliases it holds once it has finished. */
 class HeldWork implements WorkHandle {
   private released = false;
-  constructor(private readonly inner: WorkHandle, private readonly held: TensorHandle[]) {}
+  constructor(private readonly inner: WorkHandle, private readonly held: TensorHandle[], private readonly open: Set<HeldWork>) {
+    open.add(this);
+  }
   release(): void {
     if (this.released) return;
     this.released = true;
+    this.open.delete(this);
     for (const h of this.held) native.release(h);
   }
   wait(timeoutMs?: number): boolean {
@@ -180,7 +183,7 @@ export class MpiGroupHandle implements GroupHandle {
     const held: TensorHandle[] = [];
     try {
       const bufs = handles.map((h) => this.buf(h, held));
-      return new HeldWork(start(bufs), held);
+      return new HeldWork(start(bufs), held, this.open);
     } catch (e) {
       for (const h of held) native.release(h);
       throw e;
@@ -243,7 +246,11 @@ export class MpiGroupHandle implements GroupHandle {
   release(): void {
     if (this.released) return;
     this.released = true;
-    this.comm.free(FREE_LIMIT_MS);
+    // With an operation still unfinished (a rank leaving in the middle of a step), do not wait for
+    // it: the communicator is left as it is, and the process is about to end anyway.
+    this.comm.free(this.open.size > 0 ? 0 : FREE_LIMIT_MS);
   }
   private released = false;
+  /** Operations issued and not yet waited for or completed. */
+  private readonly open = new Set<HeldWork>();
 }

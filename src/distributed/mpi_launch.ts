@@ -30,7 +30,8 @@
 // unshare or ip, or user namespaces disabled) the launcher says so once and runs without one.
 // MCA settings already in the environment (OMPI_MCA_btl, OMPI_MCA_oob_tcp_if_include) win.
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { accessSync, constants as fsConstants, existsSync } from 'node:fs';
+import { accessSync, constants as fsConstants, existsSync, readFileSync } from 'node:fs';
+import { processTree, watchStopped, type HeartbeatConfig } from './heartbeat.js';
 import { availableParallelism, constants as osConstants } from 'node:os';
 import { delimiter, dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -265,7 +266,7 @@ export function splitTagged(
 
 export type MpiOutcome =
   | { kind: 'ok' }
-  | { kind: 'failed'; rank: number; code: number | null; signal: NodeJS.Signals | null }
+  | { kind: 'failed'; rank: number; code: number | null; signal: NodeJS.Signals | null; hungMs?: number }
   | { kind: 'interrupted'; signal: NodeJS.Signals };
 
 export interface MpiGroupIO {
@@ -280,8 +281,24 @@ export interface MpiGroupIO {
  * SIGINT/SIGTERM forwarded, and when a rank exits non-zero or is killed the others are stopped
  * (mpirun is told to end the job: SIGTERM, then SIGKILL after graceMs) and the rank is reported.
  */
+/** The processes below mpirun that belong to a rank (their environment names it), as (rank, pid). */
+function rankProcesses(mpirunPid: number | undefined): { label: string; pid: number }[] {
+  if (mpirunPid === undefined) return [];
+  const out: { label: string; pid: number }[] = [];
+  for (const pid of processTree(mpirunPid)) {
+    if (pid === mpirunPid) continue;
+    try {
+      const m = /(?:^|\0)OMPI_COMM_WORLD_RANK=(\d+)/.exec(readFileSync(`/proc/${pid}/environ`, 'latin1'));
+      if (m) out.push({ label: m[1]!, pid });
+    } catch {
+      // gone, or not ours to read
+    }
+  }
+  return out;
+}
+
 export function runMpiGroup(
-  o: { nproc: number; cmd: string; args: string[]; env: Record<string, string | undefined> }, io: MpiGroupIO,
+  o: { nproc: number; cmd: string; args: string[]; env: Record<string, string | undefined> }, io: MpiGroupIO, heartbeat?: HeartbeatConfig,
 ): Promise<MpiOutcome> {
   const say = (msg: string): void => void io.stderr.write(`flotilla run: ${msg}\n`);
   let outcome: MpiOutcome = { kind: 'ok' };
@@ -314,6 +331,20 @@ export function runMpiGroup(
     process.on('SIGINT', onSignal);
     process.on('SIGTERM', onSignal);
   }
+  // A rank stopped (SIGSTOP, a debugger) for the heartbeat timeout is hung: end the job naming it.
+  const stopWatch = heartbeat === undefined ? () => undefined : watchStopped(() => rankProcesses(job?.pid), heartbeat, (label, pid, ms) => {
+    if (stopping) return;
+    stopping = true;
+    const rank = Number(label);
+    outcome = { kind: 'failed', rank, code: null, signal: null, hungMs: ms };
+    say(`rank ${rank} hung: stopped for ${ms} ms (SIGSTOP or a debugger; FLOTILLA_HEARTBEAT_TIMEOUT_MS); stopping the ranks`);
+    try {
+      process.kill(pid, 'SIGKILL');
+    } catch {
+      // gone meanwhile
+    }
+    stop('SIGTERM');
+  });
   return new Promise<MpiOutcome>((resolve) => {
     job = spawnMpiJob({
       nproc: o.nproc, cmd: o.cmd, args: o.args, env: o.env,
@@ -332,6 +363,7 @@ export function runMpiGroup(
         stop('SIGTERM');
       },
       onClose: (code, signal, startError) => {
+        stopWatch();
         if (killTimer) clearTimeout(killTimer);
         if (io.handleSignals) {
           process.off('SIGINT', onSignal);

@@ -13,8 +13,11 @@
 // called by every rank in the same order, members or not: the call count names the prefix.
 //
 // Gloo's network device: for a loopback MASTER_ADDR or a FileStore (all ranks on one host) Gloo binds
-// to the loopback address; otherwise to the interface its host name resolves to. FLOTILLA_GLOO_IFACE (or PyTorch's
-// GLOO_SOCKET_IFNAME) picks an interface, FLOTILLA_GLOO_HOSTNAME an address, overriding both.
+// to the loopback address; otherwise to this host's address on the interface that reaches MASTER_ADDR
+// (route.ts: the interface holding it on rank 0's host, the route to it elsewhere), never to whatever
+// the host's name resolves to (127.0.1.1 on a stock Debian host). FLOTILLA_GLOO_IFACE (or PyTorch's
+// GLOO_SOCKET_IFNAME) picks an interface, FLOTILLA_GLOO_HOSTNAME an address, overriding both. The
+// run header (describeBackend) names the choice.
 //
 // Timeout: every collective of a group fails (never hangs) once a peer has made no progress for the
 // group's timeout: initProcessGroup({ timeoutMs }), else FLOTILLA_TIMEOUT_MS, else 300 s.
@@ -33,6 +36,7 @@ import { tellLauncher } from './launcher_channel.js';
 import { Work, type ReduceOp, type GroupContext } from './collectives.js';
 import { initMpiWorld, loadMpi, mpiAvailable, startedByMpirun, MpiGroupHandle, MPI_INSTALL_HINT, type MpiComm } from './mpi.js';
 import { mpiInstalled } from './mpi_launch.js';
+import { routeTo } from './route.js';
 
 export { Work, CollectiveError, CollectiveArgumentError, type ReduceOp } from './collectives.js';
 
@@ -171,6 +175,8 @@ interface WorldState {
   store: StoreHandle | undefined;
   rendezvous: RendezvousStore | undefined;
   deviceOpts: { hostname?: string; iface?: string };
+  /** Where Gloo binds, for the run header and messages. */
+  deviceLabel: string;
   groupsCreated: number;
   groups: ProcessGroup[];
 }
@@ -179,15 +185,27 @@ let state: WorldState | undefined;
 /** Worlds this process has joined so far: each meets in a store of its own ([Note: store cycles]). */
 let cycles = 0;
 
-function glooDevice(env: LaunchEnv): { hostname?: string; iface?: string } {
+/** Where Gloo binds (see the top of this file), and a label for it. */
+function glooDevice(env: LaunchEnv): { opts: { hostname?: string; iface?: string }; label: string } {
   const e = process.env;
+  const ifaceVar = e.FLOTILLA_GLOO_IFACE?.trim() ? 'FLOTILLA_GLOO_IFACE' : 'GLOO_SOCKET_IFNAME';
   const iface = e.FLOTILLA_GLOO_IFACE?.trim() || e.GLOO_SOCKET_IFNAME?.trim();
-  if (iface) return { iface };
+  if (iface) return { opts: { iface }, label: `interface ${iface} (${ifaceVar})` };
   const hostname = e.FLOTILLA_GLOO_HOSTNAME?.trim();
-  if (hostname) return { hostname };
-  if (e.FLOTILLA_STORE_FILE?.trim()) return { hostname: '127.0.0.1' };
-  if (isLoopback(env.masterAddr)) return { hostname: env.masterAddr === 'localhost' ? '127.0.0.1' : env.masterAddr };
-  return {};
+  if (hostname) return { opts: { hostname }, label: `address ${hostname} (FLOTILLA_GLOO_HOSTNAME)` };
+  if (e.FLOTILLA_STORE_FILE?.trim()) return { opts: { hostname: '127.0.0.1' }, label: 'loopback 127.0.0.1' };
+  if (isLoopback(env.masterAddr)) {
+    const a = env.masterAddr === 'localhost' ? '127.0.0.1' : env.masterAddr;
+    return { opts: { hostname: a }, label: `loopback ${a}` };
+  }
+  const r = routeTo(env.masterAddr);
+  if (typeof r === 'string') {
+    throw new LaunchEnvError(
+      `rank ${env.rank}: cannot choose the interface Gloo binds: ${r}. Set FLOTILLA_GLOO_IFACE to the interface that reaches the other hosts ` +
+        '(or FLOTILLA_GLOO_HOSTNAME to this host\'s address on it)',
+    );
+  }
+  return { opts: { hostname: r.address }, label: `${r.iface} ${r.address} (the route to MASTER_ADDR ${env.masterAddr})` };
 }
 
 function configureThreads(env: LaunchEnv): void {
@@ -199,9 +217,6 @@ function configureThreads(env: LaunchEnv): void {
   if (env.localWorldSize > 1) setNumThreads(Math.max(1, Math.floor(availableParallelism() / env.localWorldSize)));
 }
 
-function describeDevice(d: { hostname?: string; iface?: string }): string {
-  return d.iface ? `interface ${d.iface}` : d.hostname ? `address ${d.hostname}` : 'the host name\'s interface';
-}
 
 /**
  * Joins the world described by the launch contract (env.ts) and returns it. Every rank must call it
@@ -251,7 +266,7 @@ export function fastestBackend(): Backend {
 export function describeBackend(group: ProcessGroup = getWorld()): string {
   const b = group.backend;
   if (b === 'mpi') return `backend mpi (${loadMpi().info().library.split(',')[0]}; shared memory within a host), ${group.size} ranks`;
-  if (b === 'gloo') return `backend gloo (c10d Gloo over TCP), ${group.size} ranks`;
+  if (b === 'gloo') return `backend gloo (c10d Gloo over TCP on ${state?.deviceLabel ?? 'loopback'}), ${group.size} ranks`;
   return 'backend local (one process, no collectives)';
 }
 
@@ -265,15 +280,16 @@ export function initProcessGroup(opts: { timeoutMs?: number; backend?: Backend |
   const timeoutMs = opts.timeoutMs ?? timeoutFromEnv(DEFAULT_TIMEOUT_MS);
   if (!Number.isInteger(timeoutMs) || timeoutMs <= 0) throw new Error(`initProcessGroup(): timeoutMs must be a positive integer, got ${timeoutMs}`);
   configureThreads(env);
-  const deviceOpts = glooDevice(env);
   const ranks = Array.from({ length: env.worldSize }, (_, i) => i);
 
   if (env.worldSize === 1) {
     const world = new ProcessGroup({ name: 'world', rank: 0, ranks, timeoutMs, handle: undefined });
-    state = { world, backend, env, store: undefined, rendezvous: undefined, deviceOpts, groupsCreated: 0, groups: [world] };
+    state = { world, backend, env, store: undefined, rendezvous: undefined, deviceOpts: {}, deviceLabel: 'none', groupsCreated: 0, groups: [world] };
     return world;
   }
-  if (backend === 'mpi') return initMpi(env, ranks, timeoutMs, deviceOpts);
+  if (backend === 'mpi') return initMpi(env, ranks, timeoutMs);
+  const device = glooDevice(env);
+  const deviceOpts = device.opts;
 
   const rendezvous = openStore(env, timeoutMs, cycles++);
   const store = rendezvous.handle;
@@ -294,18 +310,18 @@ export function initProcessGroup(opts: { timeoutMs?: number; backend?: Backend |
     if ((e as Error).name === 'LaunchEnvError') throw e;
     throw new Error(
       `rank ${env.rank}: could not connect the world of ${env.worldSize} ranks through ${where} within ${timeoutMs} ms ` +
-        `(Gloo on ${describeDevice(deviceOpts)}): ${(e as Error).message}.${why} Did every rank start with the same WORLD_SIZE/MASTER_PORT? ` +
+        `(Gloo on ${device.label}): ${(e as Error).message}.${why} Did every rank start with the same WORLD_SIZE/MASTER_PORT? ` +
         'Set FLOTILLA_GLOO_IFACE or FLOTILLA_GLOO_HOSTNAME if ranks cannot reach each other on that interface.',
       { cause: e },
     );
   }
   const world = new ProcessGroup({ name: 'world', rank: env.rank, ranks, timeoutMs, handle });
-  state = { world, backend, env, store, rendezvous, deviceOpts, groupsCreated: 0, groups: [world] };
+  state = { world, backend, env, store, rendezvous, deviceOpts, deviceLabel: device.label, groupsCreated: 0, groups: [world] };
   return world;
 }
 
 /** The MPI world: MPI_COMM_WORLD of the mpirun job, checked against the launch contract. */
-function initMpi(env: LaunchEnv, ranks: number[], timeoutMs: number, deviceOpts: { hostname?: string; iface?: string }): ProcessGroup {
+function initMpi(env: LaunchEnv, ranks: number[], timeoutMs: number): ProcessGroup {
   if (!startedByMpirun()) {
     throw new Error(
       `rank ${env.rank}: backend 'mpi' needs ranks started by mpirun (flotilla run --backend mpi --nproc N script.ts, ` +
@@ -326,7 +342,7 @@ function initMpi(env: LaunchEnv, ranks: number[], timeoutMs: number, deviceOpts:
     );
   }
   const world = new ProcessGroup({ name: 'world', rank: env.rank, ranks, timeoutMs, handle: new MpiGroupHandle(comm), backend: 'mpi' });
-  state = { world, backend: 'mpi', mpi: comm, env, store: undefined, rendezvous: undefined, deviceOpts, groupsCreated: 0, groups: [world] };
+  state = { world, backend: 'mpi', mpi: comm, env, store: undefined, rendezvous: undefined, deviceOpts: {}, deviceLabel: 'none', groupsCreated: 0, groups: [world] };
   return world;
 }
 

@@ -1,0 +1,364 @@
+// Liveness: a lost node or a hung rank is found in seconds, not when a collective times out.
+//
+// Between nodes (`flotilla run --nnodes M`): the launchers, which never block, keep a heartbeat.
+// Node 0's launcher listens on MASTER_ADDR (only) at the heartbeat port (FLOTILLA_HEARTBEAT_PORT,
+// default MASTER_PORT + max restarts + 1, next to the store ports of the attempts), and every other
+// node's launcher connects and proves it knows FLOTILLA_JOB_SECRET (HMAC-SHA256 of a nonce, as the
+// store does). Both sides send a beat every FLOTILLA_HEARTBEAT_MS (default 5 s). A side that hears
+// nothing from a peer for FLOTILLA_HEARTBEAT_TIMEOUT_MS (default 30 s), or whose connection breaks,
+// declares that node lost: node 0 names the node and its ranks to the others, and every launcher
+// stops its ranks and exits non-zero. When a node's ranks fail (a rank throws or dies), its launcher
+// says so on the heartbeat before it stops, so the ranks on the other nodes stop within a beat
+// instead of waiting for a collective to time out. A node whose ranks all finished says goodbye, and
+// is no longer watched.
+//
+// Within a node: a rank that is stopped (SIGSTOP, a debugger) for the heartbeat timeout is hung; the
+// launcher reads each rank's state from /proc (watchStopped) and treats it like a rank that failed.
+//
+// Messages are JSON lines of at most 4 KiB; a connection that sends more, or does not prove
+// membership within 10 s, is dropped. Policy (intervals, who is blamed) lives here, in TypeScript.
+import { createServer, connect, type Server, type Socket } from 'node:net';
+import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
+import { readdirSync, readFileSync } from 'node:fs';
+
+export const DEFAULT_HEARTBEAT_MS = 5000;
+export const DEFAULT_HEARTBEAT_TIMEOUT_MS = 30_000;
+const MAX_LINE = 4096;
+const AUTH_DEADLINE_MS = 10_000;
+
+export interface HeartbeatConfig {
+  intervalMs: number;
+  timeoutMs: number;
+}
+
+function positive(env: Record<string, string | undefined>, name: string, fallback: number): number {
+  const raw = env[name]?.trim();
+  if (!raw) return fallback;
+  const v = Number(raw);
+  if (!/^\d+$/.test(raw) || !Number.isSafeInteger(v) || v < 1) throw new Error(`${name}=${JSON.stringify(env[name])} is not a positive integer (milliseconds)`);
+  return v;
+}
+
+/** FLOTILLA_HEARTBEAT_MS and FLOTILLA_HEARTBEAT_TIMEOUT_MS (the timeout must exceed the interval). */
+export function heartbeatConfig(env: Record<string, string | undefined> = process.env): HeartbeatConfig {
+  const intervalMs = positive(env, 'FLOTILLA_HEARTBEAT_MS', DEFAULT_HEARTBEAT_MS);
+  const timeoutMs = positive(env, 'FLOTILLA_HEARTBEAT_TIMEOUT_MS', Math.max(DEFAULT_HEARTBEAT_TIMEOUT_MS, 3 * intervalMs));
+  if (timeoutMs <= intervalMs) {
+    throw new Error(`FLOTILLA_HEARTBEAT_TIMEOUT_MS=${timeoutMs} must be larger than FLOTILLA_HEARTBEAT_MS=${intervalMs} (a few beats, e.g. 6x)`);
+  }
+  return { intervalMs, timeoutMs };
+}
+
+function proof(secret: string, nonce: string, node: number): string {
+  return createHmac('sha256', secret).update(`flotilla-heartbeat-v1:${nonce}:${node}`).digest('hex');
+}
+
+type Message =
+  | { t: 'hello'; nonce: string }
+  | { t: 'join'; node: number; proof: string }
+  | { t: 'welcome' }
+  | { t: 'beat' }
+  | { t: 'bye'; node: number }
+  | { t: 'fail'; node: number; why: string }
+  | { t: 'lost'; node: number; why: string };
+
+/** JSON lines from a socket; undefined for a line that is too long or not JSON (the caller drops the peer). */
+function onLines(sock: Socket, fn: (m: Message | undefined) => void): void {
+  let buf = '';
+  sock.setEncoding('utf8');
+  sock.on('data', (d: string) => {
+    buf += d;
+    for (let nl = buf.indexOf('\n'); nl >= 0; nl = buf.indexOf('\n')) {
+      const line = buf.slice(0, nl);
+      buf = buf.slice(nl + 1);
+      let m: Message | undefined;
+      try {
+        m = JSON.parse(line) as Message;
+      } catch {
+        m = undefined;
+      }
+      fn(m);
+    }
+    if (buf.length > MAX_LINE) fn(undefined);
+  });
+}
+
+function send(sock: Socket | undefined, m: Message): void {
+  if (sock && !sock.destroyed) sock.write(`${JSON.stringify(m)}\n`);
+}
+
+export interface NodeLinkOptions {
+  nodeRank: number;
+  nnodes: number;
+  /** Ranks per node: names a node's ranks in messages. */
+  nproc: number;
+  host: string;
+  port: number;
+  secret: string;
+  config: HeartbeatConfig;
+  /** How long a node may take to connect at start (the process-group timeout). */
+  joinTimeoutMs: number;
+  /**
+   * Another node's ranks failed (fatal = false: a restart may follow) or a node was lost (fatal):
+   * stop this node's ranks. Called once for a lost node.
+   */
+  onPeerDown: (why: string, fatal: boolean) => void;
+}
+
+function ranksOf(node: number, nproc: number): string {
+  return nproc === 1 ? `rank ${node}` : `ranks ${node * nproc}-${node * nproc + nproc - 1}`;
+}
+
+/** One launcher's end of the heartbeat between nodes. */
+export class NodeLink {
+  private server: Server | undefined;
+  private upstream: Socket | undefined;
+  private readonly peers = new Map<number, { sock: Socket; last: number }>();
+  private readonly finished = new Set<number>();
+  private timer: NodeJS.Timeout | undefined;
+  private lastFromZero = Date.now();
+  private down = false;
+  private closed = false;
+
+  private constructor(private readonly o: NodeLinkOptions) {}
+
+  /** Node 0 listens; the others connect (retrying until joinTimeoutMs). Rejects naming the problem. */
+  static async start(o: NodeLinkOptions): Promise<NodeLink> {
+    const link = new NodeLink(o);
+    if (o.nodeRank === 0) await link.listen();
+    else await link.join();
+    link.timer = setInterval(() => link.tick(), o.config.intervalMs);
+    link.timer.unref();
+    return link;
+  }
+
+  private peerDown(why: string, fatal = true): void {
+    if (this.down || this.closed) return;
+    if (fatal) this.down = true;
+    this.o.onPeerDown(why, fatal);
+  }
+
+  private listen(): Promise<void> {
+    const o = this.o;
+    const srv = createServer({ noDelay: true }, (sock) => {
+      const nonce = randomBytes(32).toString('hex');
+      let node: number | undefined;
+      const authTimer = setTimeout(() => sock.destroy(), AUTH_DEADLINE_MS);
+      authTimer.unref();
+      sock.on('error', () => sock.destroy());
+      sock.on('close', () => {
+        clearTimeout(authTimer);
+        if (node === undefined || this.peers.get(node)?.sock !== sock) return;
+        this.peers.delete(node);
+        if (!this.finished.has(node)) this.lose(node, `node ${node} (${ranksOf(node, o.nproc)}) lost: its launcher's heartbeat connection closed`);
+      });
+      onLines(sock, (m) => {
+        if (m === undefined) return void sock.destroy();
+        if (node === undefined) {
+          const ok = m.t === 'join' && Number.isInteger(m.node) && m.node > 0 && m.node < o.nnodes && typeof m.proof === 'string' &&
+            m.proof.length === 64 && timingSafeEqual(Buffer.from(m.proof, 'hex'), Buffer.from(proof(o.secret, nonce, m.node), 'hex'));
+          if (!ok) return void sock.destroy();
+          node = (m as { node: number }).node;
+          clearTimeout(authTimer);
+          this.peers.get(node)?.sock.destroy(); // a restarted launcher replaces its old connection
+          this.peers.set(node, { sock, last: Date.now() });
+          send(sock, { t: 'welcome' });
+          return;
+        }
+        const p = this.peers.get(node);
+        if (p) p.last = Date.now();
+        if (m.t === 'bye') this.finished.add(node);
+        else if (m.t === 'fail') {
+          this.relay({ t: 'fail', node, why: m.why }, node);
+          this.peerDown(`node ${node} (${ranksOf(node, o.nproc)}) failed: ${m.why}`, false);
+        }
+      });
+      send(sock, { t: 'hello', nonce });
+    });
+    this.server = srv;
+    return new Promise((resolve, reject) => {
+      srv.once('error', (e: NodeJS.ErrnoException) => reject(new Error(
+        `could not serve the node heartbeat on ${o.host}:${o.port}: ${e.code === 'EADDRINUSE' ? 'the port is in use; set FLOTILLA_HEARTBEAT_PORT to a free port (the same on every node)' : e.message}`)));
+      srv.listen(o.port, o.host, () => {
+        srv.unref();
+        resolve();
+      });
+    });
+  }
+
+  private join(): Promise<void> {
+    const o = this.o;
+    const deadline = Date.now() + o.joinTimeoutMs;
+    return new Promise((resolve, reject) => {
+      const attempt = (): void => {
+        const sock = connect({ host: o.host, port: o.port, noDelay: true });
+        let welcomed = false;
+        sock.on('error', () => undefined);
+        sock.on('close', () => {
+          if (!welcomed) {
+            if (Date.now() > deadline) reject(new Error(`no node heartbeat answered at ${o.host}:${o.port} within ${o.joinTimeoutMs} ms (is node 0's launcher running, with the same FLOTILLA_JOB_SECRET?)`));
+            else setTimeout(attempt, 250).unref();
+            return;
+          }
+          if (!this.finished.has(0)) this.peerDown(`node 0 (${ranksOf(0, o.nproc)}) lost: its launcher's heartbeat connection closed`);
+        });
+        onLines(sock, (m) => {
+          if (m === undefined) return void sock.destroy();
+          this.lastFromZero = Date.now();
+          if (m.t === 'hello') send(sock, { t: 'join', node: o.nodeRank, proof: proof(o.secret, m.nonce, o.nodeRank) });
+          else if (m.t === 'welcome') {
+            welcomed = true;
+            this.upstream = sock;
+            sock.unref();
+            resolve();
+          } else if (m.t === 'bye') this.finished.add(0);
+          else if (m.t === 'fail') this.peerDown(`node ${m.node} (${ranksOf(m.node, o.nproc)}) failed: ${m.why}`, false);
+          else if (m.t === 'lost') this.peerDown(m.why);
+        });
+      };
+      attempt();
+    });
+  }
+
+  /** Node 0: tells every other node that `node` is lost, then stops here too. */
+  private lose(node: number, why: string): void {
+    if (this.down || this.closed) return;
+    this.relay({ t: 'lost', node, why }, node);
+    this.peerDown(why);
+  }
+
+  private relay(m: Message, except: number): void {
+    for (const [k, p] of this.peers) if (k !== except) send(p.sock, m);
+  }
+
+  private tick(): void {
+    const now = Date.now();
+    const { timeoutMs } = this.o.config;
+    if (this.o.nodeRank === 0) {
+      for (const [k, p] of this.peers) {
+        send(p.sock, { t: 'beat' });
+        if (!this.finished.has(k) && now - p.last > timeoutMs) {
+          p.sock.destroy();
+          this.lose(k, `node ${k} (${ranksOf(k, this.o.nproc)}) lost: no heartbeat for ${now - p.last} ms (FLOTILLA_HEARTBEAT_TIMEOUT_MS=${timeoutMs})`);
+        }
+      }
+    } else {
+      send(this.upstream, { t: 'beat' });
+      if (!this.finished.has(0) && now - this.lastFromZero > timeoutMs) {
+        this.upstream?.destroy();
+        this.peerDown(`node 0 (${ranksOf(0, this.o.nproc)}) lost: no heartbeat for ${now - this.lastFromZero} ms (FLOTILLA_HEARTBEAT_TIMEOUT_MS=${timeoutMs})`);
+      }
+    }
+  }
+
+  /** This node's ranks failed: tell the others (node 0 relays) so they stop now. */
+  announceFailure(why: string): void {
+    if (this.o.nodeRank === 0) this.relay({ t: 'fail', node: 0, why }, 0);
+    else send(this.upstream, { t: 'fail', node: this.o.nodeRank, why });
+  }
+
+  /** This node's ranks all finished: the others stop watching it. */
+  announceDone(): void {
+    if (this.o.nodeRank === 0) this.relay({ t: 'bye', node: 0 }, 0);
+    else send(this.upstream, { t: 'bye', node: this.o.nodeRank });
+  }
+
+  /** Stops beating; flushes what was said last. */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    if (this.timer) clearInterval(this.timer);
+    const socks = [...[...this.peers.values()].map((p) => p.sock), ...(this.upstream ? [this.upstream] : [])];
+    await Promise.all(socks.map((s) => new Promise<void>((res) => {
+      if (s.destroyed) return res();
+      const t = setTimeout(() => {
+        s.destroy();
+        res();
+      }, 1000);
+      t.unref();
+      s.end(() => {
+        clearTimeout(t);
+        res();
+      });
+    })));
+    await new Promise<void>((res) => (this.server ? this.server.close(() => res()) : res()));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ranks that are stopped
+
+/** The state letter of a process (R, S, D, T, t, Z, ...), or undefined when it is gone. */
+function procState(pid: number): string | undefined {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3);
+  } catch {
+    return undefined;
+  }
+}
+
+/** pid and every process below it (from /proc: parent links). */
+export function processTree(root: number): number[] {
+  const children = new Map<number, number[]>();
+  let entries: string[] = [];
+  try {
+    entries = readdirSync('/proc').filter((e) => /^\d+$/.test(e));
+  } catch {
+    return [root];
+  }
+  for (const e of entries) {
+    try {
+      const stat = readFileSync(`/proc/${e}/stat`, 'utf8');
+      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+      const list = children.get(ppid) ?? [];
+      list.push(Number(e));
+      children.set(ppid, list);
+    } catch {
+      // gone meanwhile
+    }
+  }
+  const out: number[] = [];
+  const todo = [root];
+  while (todo.length > 0 && out.length < 10_000) {
+    const p = todo.pop()!;
+    out.push(p);
+    todo.push(...(children.get(p) ?? []));
+  }
+  return out;
+}
+
+/**
+ * Watches processes for being stopped: every intervalMs, `pids()` lists (label, pid) pairs; one
+ * whose state has been T (stopped) or t (traced) for timeoutMs is reported once through onHung.
+ * Returns a function that stops the watch.
+ */
+export function watchStopped(
+  pids: () => { label: string; pid: number }[], config: HeartbeatConfig, onHung: (label: string, pid: number, ms: number) => void,
+): () => void {
+  const since = new Map<number, number>();
+  let reported = false;
+  const timer = setInterval(() => {
+    if (reported) return;
+    const now = Date.now();
+    const seen = new Set<number>();
+    for (const { label, pid } of pids()) {
+      seen.add(pid);
+      const s = procState(pid);
+      if (s !== 'T' && s !== 't') {
+        since.delete(pid);
+        continue;
+      }
+      const t0 = since.get(pid) ?? now;
+      since.set(pid, t0);
+      if (now - t0 >= config.timeoutMs) {
+        reported = true;
+        onHung(label, pid, now - t0);
+        return;
+      }
+    }
+    for (const p of since.keys()) if (!seen.has(p)) since.delete(p);
+  }, Math.min(config.intervalMs, 1000));
+  timer.unref();
+  return () => clearInterval(timer);
+}
