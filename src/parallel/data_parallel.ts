@@ -12,6 +12,11 @@
 // and the shards all-reduced across replicas. Every launch is scheduled by reducer.ts ([Note:
 // readiness]), in bucket order, while backward runs.
 //
+// Split by concern, as FSDP2's _fully_shard/ is: this file is the public wrapper and the gradient
+// reduction (launch, accumulate, finish); dp_checks.ts the wrap-time checks and the initial
+// broadcast; zero_gathers.ts ZeRO-1/2's parameter all-gathers after the step; fsdp.ts ZeRO-3's
+// units; grad_reads.ts the gradient API over the buckets; memory.ts the memory accounting.
+//
 // [Note: accumulation] With several micro-batches per step, `accumulate` picks when to reduce:
 //   'reduceLast'   no collective until the last micro-batch (earlier ones run inside noSync() and
 //                  accumulate into the full gradient buckets): least communication. The only
@@ -26,11 +31,17 @@
 import { Tensor, noGrad, tidy, zeros, tensor, empty, keep } from '../tensor/index.js';
 import type { Module } from '../nn/module.js';
 import type { ProcessGroup, Work } from '../distributed/process_group.js';
-import { GradBuffer, buildGradBuffers, gradView, shardRange, allocStorage, freeStorage, isAllocated, type Bucket, type ParamSlot } from './grad_buffer.js';
+import { GradBuffer, buildGradBuffers, shardRange, allocStorage, freeStorage, type Bucket, type ParamSlot } from './grad_buffer.js';
 import { Reducer } from './reducer.js';
 import { FsdpUnits, singleUnitWarning, type UnitPolicy } from './fsdp.js';
 import type { GradientSource, GradShard, StepPiece } from './grads.js';
-import { accumulateProblem, resolveAccumulate, type AccumulateFlavour, type ZeroStage } from './layout.js';
+import { MemoryMeter, type MemoryReport } from './memory.js';
+import { checkOptions, verifySameLayout, broadcastState } from './dp_checks.js';
+import { ParamGathers } from './zero_gathers.js';
+import { fullGradOf, localGradShardOf, normPiecesOf, pieceLayoutOf } from './grad_reads.js';
+
+export type { MemoryReport } from './memory.js';
+import { resolveAccumulate, type AccumulateFlavour, type ZeroStage } from './layout.js';
 
 export type { ZeroStage, AccumulateFlavour } from './layout.js';
 
@@ -78,20 +89,10 @@ export interface SyncRecord {
   launches: { bucket: number; inBackward: boolean }[];
 }
 
-/** Bytes this rank holds now, by kind (resident storage, not nominal sizes). */
-export interface MemoryReport {
-  paramBytes: number;
-  gradBytes: number;
-  optimizerBytes: number;
-  /** The most parameter + gradient bytes held at once since the last resetPeak, plus optimizer state. */
-  peakBytes: number;
-}
-
 interface BucketRun {
   bucket: Bucket;
   work?: Work; // reduction in flight
   recv?: Tensor; // reduce-scatter output before it is added into shardGrad
-  gather?: () => void; // waits for the parameter all-gather in flight (zero 1/2, after the step)
   nonFinite: boolean;
 }
 
@@ -116,11 +117,12 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
   private readonly slotOf = new Map<Tensor, ParamSlot>();
   private readonly reducer: Reducer;
   private readonly fsdp: FsdpUnits | undefined;
+  private gathers: ParamGathers | undefined; // zero 1/2: the parameter all-gathers after the step
   private readonly removeHooks: (() => void)[] = [];
   private lastMicroBatch = true;
   private window: Window = 'idle';
   private usedThisStep: Set<Tensor> | undefined; // parameters with a gradient on some rank (findUnusedParameters)
-  private peak = 0;
+  private readonly meter = new MemoryMeter(() => this.runs);
 
   constructor(module: M, opts: DataParallelOptions) {
     this.module = module;
@@ -132,7 +134,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     this.findUnusedParameters = opts.findUnusedParameters ?? false;
     this.nonFinite = opts.nonFinite ?? 'off';
     this.accumulate = resolveAccumulate(this.zero, opts.accumulate);
-    checkLayout(this.zero, this.accumulate, this.group, this.shardGroup, this.replicateGroup);
+    checkOptions(this.zero, this.accumulate, this.group, this.shardGroup, this.replicateGroup);
 
     const named = module.namedParameters().filter(([, p]) => p.requiresGrad);
     if (named.length === 0) throw new Error('DataParallel: the module has no trainable parameters');
@@ -154,8 +156,8 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
       }
       for (const slot of buffer.slots) this.slotOf.set(slot.param, slot);
     }
-    this.verifyLayout();
-    if (opts.broadcastFromRank0 ?? true) this.broadcastState();
+    verifySameLayout(this.group, this.buffers, `zero${this.zero}:${this.accumulate}`);
+    if (opts.broadcastFromRank0 ?? true) broadcastState(this.group, module, this.runs.map((r) => r.bucket), new Set(this.slotOf.keys()));
 
     noGrad(() => {
       for (const { bucket } of this.runs) {
@@ -190,54 +192,11 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
         prefetch: opts.prefetch ?? true,
         onMemoryChange: () => this.notePeak(),
       });
-    } else if (this.zero >= 1) {
-      this.installGatherWaits();
+    } else if (this.zero >= 1 && this.shardGroup.size > 1) {
+      this.gathers = new ParamGathers(this.shardGroup);
+      this.removeHooks.push(...this.gathers.installWaits(module, this.slotOf));
     }
     this.resetPeak();
-  }
-
-  // ---- wrap-time checks
-
-  /**
-   * Every rank must hold the same parameters in the same buckets, or the collectives would mix
-   * unrelated gradients (or fail after the timeout). Checked once, by all-gathering a digest.
-   */
-  private verifyLayout(): void {
-    if (this.group.size === 1) return;
-    let desc = `zero${this.zero}:${this.accumulate}`;
-    for (const b of this.buffers) {
-      desc += `|${b.dtype}:${b.numel}`;
-      for (const s of b.slots) desc += `;${s.name}[${s.shape.join(',')}]@${s.offset}`;
-    }
-    let hash = 0x811c9dc5; // FNV-1a, 32 bits: exact in a float64
-    for (let i = 0; i < desc.length; i++) hash = Math.imul(hash ^ desc.charCodeAt(i), 0x01000193) >>> 0;
-    const mine = tensor([this.slotOf.size, this.buffers.reduce((a, b) => a + b.numel, 0), hash], { dtype: 'float64' });
-    const all = Array.from({ length: this.group.size }, () => zeros([3], { dtype: 'float64' }));
-    try {
-      this.group.allGather(all, mine).wait();
-      const ref = all[0]!.toNumbers().join(',');
-      const bad = all.flatMap((t, r) => (t.toNumbers().join(',') === ref ? [] : [this.group.ranks[r] ?? r]));
-      if (bad.length > 0) {
-        throw new Error(
-          `DataParallel: rank(s) ${bad.join(', ')} hold different parameters or buckets than rank ${this.group.ranks[0]} ` +
-            `(parameter count, sizes, names and the sharding mode are compared). Build the same model on every rank, with the same bucketSizeMb and zero stage.`,
-        );
-      }
-    } finally {
-      mine.dispose();
-      for (const t of all) t.dispose();
-    }
-  }
-
-  /** Every rank starts from rank 0's parameters and buffers. */
-  private broadcastState(): void {
-    if (this.group.size === 1) return;
-    const works: Work[] = [];
-    for (const { bucket } of this.runs) works.push(this.group.broadcast(bucket.data, 0));
-    // Frozen parameters are not in the flat buffers but must match too.
-    for (const [, p] of this.module.namedParameters()) if (!this.slotOf.has(p)) works.push(this.group.broadcast(p, 0));
-    for (const [, buf] of this.module.namedBuffers()) works.push(this.group.broadcast(buf, 0));
-    for (const w of works) w.wait();
   }
 
   // ---- forward and micro-batches
@@ -447,7 +406,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
   pieceStepped(piece: StepPiece): void {
     if (this.zero !== 1 && this.zero !== 2) return;
     const run = this.runs[Number(piece.key.slice('bucket'.length))];
-    if (run) this.gatherParams(run);
+    if (run) this.gathers?.gather(run.bucket);
   }
 
   /** After the optimizer step: every bucket not gathered yet is, and ZeRO-3's gathered units are stale. */
@@ -457,50 +416,12 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
       this.fsdp!.afterStep();
       return;
     }
-    for (let i = this.runs.length - 1; i >= 0; i--) this.gatherParams(this.runs[i]!);
-  }
-
-  private gatherParams(run: BucketRun): void {
-    if (this.zero === 0 || this.shardGroup.size === 1 || run.gather) return;
-    const b = run.bucket;
-    const outs = Array.from({ length: this.shardGroup.size }, (_, k) => b.data.narrow(0, k * b.shardNumel, b.shardNumel));
-    const mine = outs[this.shardGroup.rank]!.clone();
-    const work = this.shardGroup.allGather(outs, mine);
-    run.gather = () => {
-      try {
-        work.wait();
-      } finally {
-        mine.dispose();
-        for (const o of outs) o.dispose();
-      }
-    };
+    for (let i = this.runs.length - 1; i >= 0; i--) this.gathers?.gather(this.runs[i]!.bucket);
   }
 
   /** Waits for every parameter all-gather still in flight (before reading parameters directly). */
   waitParams(): void {
-    for (const run of this.runs) this.waitGather(run);
-  }
-
-  private waitGather(run: BucketRun): void {
-    const wait = run.gather;
-    if (!wait) return;
-    run.gather = undefined;
-    wait();
-  }
-
-  /** Each module that owns parameters waits, just before its forward, for the buckets that hold them. */
-  private installGatherWaits(): void {
-    for (const [, m] of this.module.namedModules()) {
-      const own = new Set(m.namedParameters().map(([, p]) => p));
-      const runs = [...new Set([...own].flatMap((p) => {
-        const s = this.slotOf.get(p);
-        return s ? [this.runOf.get(s.bucket)!] : [];
-      }))];
-      if (runs.length === 0) continue;
-      this.removeHooks.push(m.registerForwardPreHook(() => {
-        for (const r of runs) this.waitGather(r);
-      }));
-    }
+    this.gathers?.waitAll();
   }
 
   // ---- GradientSource: the public gradient API reads the same buckets (see grads.ts)
@@ -516,53 +437,23 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     }
   }
 
-  /**
-   * The parameter's full, reduced gradient, shaped like it. Replicated gradients (zero 0/1) are a
-   * view into the bucket; sharded ones are all-gathered (a collective: every rank of the shard
-   * group calls it, for the same parameters in the same order) into a new tensor.
-   */
+  /** The parameter's full, reduced gradient (a collective when sharded; see grad_reads.ts). */
   fullGrad(param: Tensor): Tensor {
     const slot = this.requireSlot(param);
     this.requireWindow('fullGrad');
-    if (this.zero <= 1) return gradView(slot);
-    const b = slot.bucket;
-    const full = empty([b.numel], { dtype: b.shardGrad!.dtype });
-    const outs = Array.from({ length: this.shardGroup.size }, (_, k) => full.narrow(0, k * b.shardNumel, b.shardNumel));
-    try {
-      this.shardGroup.allGather(outs, b.shardGrad!).wait();
-      return full.narrow(0, slot.offset - b.offset, slot.numel).view(...slot.shape);
-    } finally {
-      for (const o of outs) o.dispose();
-      full.dispose();
-    }
+    return fullGradOf(this.zero, this.shardGroup, slot);
   }
 
   /** The part of the parameter's flattened gradient this rank holds (all of it when replicated). */
   localGradShard(param: Tensor): GradShard {
     const slot = this.requireSlot(param);
     this.requireWindow('localGradShard');
-    if (this.zero <= 1) {
-      return { tensor: gradView(slot).flatten(), offset: 0, numel: slot.numel, fullNumel: slot.numel };
-    }
-    const b = slot.bucket;
-    const [s, e] = shardRange(b, this.shardGroup.rank);
-    const lo = Math.max(s, slot.offset - b.offset);
-    const hi = Math.min(e, slot.offset - b.offset + slot.numel);
-    const n = Math.max(0, hi - lo);
-    return {
-      tensor: n > 0 ? b.shardGrad!.narrow(0, lo - s, n) : empty([0], { dtype: b.shardGrad!.dtype }),
-      offset: n > 0 ? lo - (slot.offset - b.offset) : 0,
-      numel: n,
-      fullNumel: slot.numel,
-    };
+    return localGradShardOf(this.zero, this.shardGroup, slot);
   }
 
   /** Flat local gradient pieces whose |g|^p sums make up the global norm, and the groups to sum over. */
   normPieces(): { tensors: Tensor[]; sumOver: ProcessGroup[] } {
-    // Replicated gradients are counted once with no collective; shards are summed over the shard
-    // group (replicas across HSDP hold the same shard and are counted once).
-    if (this.zero <= 1) return { tensors: this.runs.map((r) => r.bucket.grad), sumOver: [] };
-    return { tensors: this.runs.map((r) => r.bucket.shardGrad!), sumOver: this.shardGroup.size > 1 ? [this.shardGroup] : [] };
+    return normPiecesOf(this.zero, this.shardGroup, this.runs.map((r) => r.bucket));
   }
 
   /**
@@ -577,18 +468,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
 
   /** The same ranges at any time (optimizer state dicts name and size their entries by them). */
   pieceLayout(): StepPiece[] {
-    return this.runs.map(({ bucket: b }) => {
-      const [s, e] = this.zero === 0 ? [0, b.numel] : shardRange(b, this.shardGroup.rank);
-      const data = this.zero === 3 ? b.shardData! : this.zero === 0 ? b.data : b.data.narrow(0, s, e - s);
-      const grad = this.zero >= 2 ? b.shardGrad! : this.zero === 0 ? b.grad : b.grad.narrow(0, s, e - s);
-      const segments: StepPiece['segments'] = [];
-      for (const slot of b.slots) {
-        const lo = Math.max(s, slot.offset - b.offset);
-        const hi = Math.min(e, slot.offset - b.offset + slot.numel);
-        if (hi > lo) segments.push({ param: slot.param, name: slot.name, start: lo - s, numel: hi - lo, paramOffset: lo - (slot.offset - b.offset) });
-      }
-      return { key: `bucket${b.index}`, data, grad, segments, owned: this.zero !== 0 };
-    });
+    return pieceLayoutOf(this.zero, this.shardGroup, this.runs.map((r) => r.bucket));
   }
 
   /** Parameters the optimizer must skip this step (no gradient on any rank), or undefined for none. */
@@ -602,32 +482,20 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     return slot;
   }
 
-  // ---- memory accounting
+  // ---- memory accounting (memory.ts)
 
   /** Bytes held now for parameters and gradients (resident storage), and the peak since resetPeak. */
   memory(optimizerBytes = 0): MemoryReport {
-    const { params, grads } = this.residentBytes();
-    return { paramBytes: params, gradBytes: grads, optimizerBytes, peakBytes: Math.max(this.peak, params + grads) + optimizerBytes };
+    return this.meter.report(optimizerBytes);
   }
 
   /** Starts a new peak measurement (zeroGrad calls it: the peak is per step). */
   resetPeak(): void {
-    const { params, grads } = this.residentBytes();
-    this.peak = params + grads;
+    this.meter.reset();
   }
 
   private notePeak(): void {
-    const { params, grads } = this.residentBytes();
-    this.peak = Math.max(this.peak, params + grads);
-  }
-
-  private residentBytes(): { params: number; grads: number } {
-    let params = 0, grads = 0;
-    for (const { bucket: b, recv } of this.runs) {
-      params += b.data.storageNbytes() + (b.shardData ? b.shardData.storageNbytes() : 0);
-      grads += b.grad.storageNbytes() + (b.shardGrad ? b.shardGrad.storageNbytes() : 0) + (recv && isAllocated(recv) ? recv.storageNbytes() : 0);
-    }
-    return { params, grads };
+    this.meter.note();
   }
 
   // ---- whole-model state
@@ -656,19 +524,5 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     for (const s of this.slotOf.values()) s.param.gradAccessError = undefined;
     for (const r of this.runs) r.recv?.dispose();
     for (const b of this.buffers) b.dispose();
-  }
-}
-
-/** One clear error per layout that cannot work, at wrap time. */
-function checkLayout(zero: ZeroStage, acc: AccumulateFlavour, group: ProcessGroup, shard: ProcessGroup, replicate: ProcessGroup | undefined): void {
-  if (![0, 1, 2, 3].includes(zero)) throw new Error(`DataParallel: zero must be 0, 1, 2 or 3, got ${zero}`);
-  const problem = accumulateProblem(zero, acc, replicate !== undefined, false, 'accumulate');
-  if (problem) throw new Error(`DataParallel: ${problem}`);
-  if (zero === 0 && (shard !== group || replicate)) {
-    throw new Error('DataParallel: shardGroup / replicateGroup need zero >= 1 (plain data parallelism replicates over the whole group)');
-  }
-  const expect = shard.size * (replicate?.size ?? 1);
-  if (zero >= 1 && expect !== group.size) {
-    throw new Error(`DataParallel: shard group (${shard.size}) x replicate group (${replicate?.size ?? 1}) = ${expect} ranks, but the data-parallel group has ${group.size}`);
   }
 }

@@ -4,7 +4,7 @@ export { FsdpUnits, unitsByClass, unitsByPath, singleUnitWarning, type UnitPolic
 export type { ParallelModel } from './parallel_model.js';
 export { Reducer } from './reducer.js';
 export { parallelize, wrapDataParallel, buildMesh, type LayoutMesh, type DataParallelMesh, type ParallelPlan, type DataParallelKnobs } from './parallelize.js';
-export { resolveLayout, layoutFor, describeLayout, layoutProblems, resolveAccumulate, accumulateProblem, dataParallelDegree, LayoutError, type Layout, type LayoutRequest, type ParallelConfig } from './layout.js';
+export { resolveLayout, layoutFor, describeLayout, layoutProblems, resolveAccumulate, accumulateProblems, dataParallelDegree, LayoutError, type Layout, type LayoutRequest, type ParallelConfig } from './layout.js';
 export { DataParallelModel, meanOverRanks } from './data_parallel_model.js';
 export { LocalGrads, gradNorm, clipGradNorm, type GradientSource, type GradShard, type ClipResult, type StepPiece } from './grads.js';
 export * from './pipeline/index.js';

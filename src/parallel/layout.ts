@@ -60,22 +60,31 @@ export function resolveAccumulate(zero: ZeroStage, requested: 'auto' | Accumulat
 }
 
 /**
- * Why an accumulation flavour cannot run with this zero stage (undefined when it can). `field`
- * names the setting in messages ('parallel.accumulate' for a config, 'accumulate' for the API).
+ * Why an accumulation flavour cannot run with this zero stage (empty when it can), worded for a
+ * config ('parallel.accumulate', with the pipeline degree) or for the DataParallel options ('api').
  */
-export function accumulateProblem(zero: ZeroStage, acc: string, replicated: boolean, pipeline: boolean, field = 'parallel.accumulate'): string | undefined {
-  const flavours = ['auto', 'reduceLast', 'reduceEach', 'reduceScatterEachAllReduceLast'];
-  if (!flavours.includes(acc)) return `${field} must be one of ${flavours.join(', ')}, got ${String(acc)}`;
+export function accumulateProblems(zero: ZeroStage, acc: string, replicated: boolean, pp: number, wording: 'config' | 'api'): string[] {
+  const flavours = ['reduceLast', 'reduceEach', 'reduceScatterEachAllReduceLast'];
+  const config = wording === 'config';
+  if (!flavours.includes(acc) && !(config && acc === 'auto')) {
+    return [config ? `parallel.accumulate must be "auto" or one of ${flavours.join(', ')}, got ${String(acc)}` : `accumulate must be one of ${flavours.join(', ')}, got ${String(acc)}`];
+  }
+  const out: string[] = [];
   if (zero <= 1 && (acc === 'reduceEach' || acc === 'reduceScatterEachAllReduceLast')) {
-    return `${field} = "${acc}" reduces into gradient shards, which zero = ${zero} does not keep (its gradients are replicated); use "reduceLast" (or "auto"), or zero 2 or 3`;
+    out.push(config
+      ? `parallel.accumulate = "${acc}" reduces into gradient shards, which parallel.zero = ${zero} does not keep; use "reduceLast" (or "auto"), or set parallel.zero to 2 or 3`
+      : `accumulate '${acc}' reduces into gradient shards, which zero ${zero} does not keep (its gradients are replicated); use 'reduceLast' or zero >= 2`);
   }
   if (acc === 'reduceScatterEachAllReduceLast' && !replicated) {
-    return `${field} = "reduceScatterEachAllReduceLast" is for hybrid sharding (dpReplicate > 1); without replicas use "reduceEach" or "reduceLast"`;
+    out.push(config
+      ? 'parallel.accumulate = "reduceScatterEachAllReduceLast" is for hybrid sharding: set parallel.dpReplicate > 1, or use "reduceEach" / "reduceLast"'
+      : "accumulate 'reduceScatterEachAllReduceLast' is for hybrid sharding (a replicate group of size > 1); without replicas use 'reduceEach' or 'reduceLast'");
   }
-  if (pipeline && (acc === 'reduceEach' || acc === 'reduceScatterEachAllReduceLast')) {
-    return `${field} = "${acc}" with a pipeline: a pipeline reduces its gradients once per step; use "auto" or "reduceLast"`;
+  // A pipeline shards over dp with zero 1/2/3 (hybrid sharding included) and reduces once per step.
+  if (pp > 1 && (acc === 'reduceEach' || acc === 'reduceScatterEachAllReduceLast')) {
+    out.push(`parallel.accumulate = "${acc}" with parallel.pp = ${pp}: a pipeline reduces its gradients once per step; use "auto" or "reduceLast"`);
   }
-  return undefined;
+  return out;
 }
 
 /**
@@ -90,8 +99,7 @@ export function layoutProblems(p: ParallelConfig, worldSize?: number): string[] 
   if (p.zero === 0 && (p.dpShard > 1 || p.dpReplicate > 1)) {
     out.push('parallel.dpShard / parallel.dpReplicate split the data-parallel ranks for sharding, but parallel.zero = 0 replicates everything; set parallel.zero to 1, 2 or 3, or leave dpShard and dpReplicate unset');
   }
-  const acc = accumulateProblem(p.zero, p.accumulate, p.dpReplicate > 1, p.pp > 1);
-  if (acc) out.push(acc);
+  out.push(...accumulateProblems(p.zero, p.accumulate, p.dpReplicate > 1, p.pp, 'config'));
   if (p.ppVirtualStages > 1 && p.ppSchedule !== 'interleaved') {
     out.push(`parallel.ppVirtualStages=${p.ppVirtualStages} needs parallel.ppSchedule = "interleaved" (got "${p.ppSchedule}"); set ppVirtualStages = 1 or switch the schedule`);
   }

@@ -122,7 +122,7 @@ export interface PipelineStepOptions {
   trace?: TraceEvent[];
 }
 
-/** Tag for the tied-embedding exchange (above every activation tag of a step). */
+/** Tag base of the tied-parameter exchange (above every activation tag of a step). */
 const TIED_TAG = 0x40000000;
 
 /** A tied parameter's copies as this rank sees them. */
@@ -330,7 +330,7 @@ export class PipelineParallel implements ParallelModel {
    * This rank's parameter, gradient and optimizer bytes (pass the optimizer's stateBytes()). With a
    * dp group it is the stages' DataParallel's report (resident buckets and shards, the step peak).
    * Without one the stage parameters and their gradients are counted; the peak adds the tied
-   * embedding's received copy. Activations are not counted in either case.
+   * parameters' received copies. Activations are not counted in either case.
    */
   memory(optimizerBytes = 0): MemoryReport {
     if (this.dp) return this.dp.memory(optimizerBytes);
@@ -410,8 +410,8 @@ export class PipelineParallel implements ParallelModel {
 /**
  * The gradient API over a pipeline rank's stages (see [Note: gradient API] in grads.ts): norm
  * pieces are this rank's gradients, summed over the pipeline group; dp replicas are identical after
- * syncGrads and count once; the last stage's tied head copy is left out of the norm (the first
- * stage's copy holds the same sum) but is scaled by clipping (clipTargets).
+ * syncGrads and count once; tied copies other than the first are left out of the norm (the first
+ * copy holds the sum) but are scaled by clipping (clipTargets).
  */
 export class PipelineGrads implements GradientSource {
   constructor(private readonly pp: PipelineParallel) {}
@@ -450,7 +450,7 @@ export class PipelineGrads implements GradientSource {
  * The gradient API when the stages' gradients live in a DataParallel, any zero stage (see
  * [Note: pipeline x ZeRO]): reads, shards and the optimizer's pieces are DataParallel's; the norm
  * is summed over the pipeline group (and the shard group when gradients are sharded) and counts the
- * tied embedding once.
+ * tied parameter once.
  */
 export class ShardedPipelineGrads implements GradientSource {
   constructor(private readonly pp: PipelineParallel, private readonly dp: DataParallel) {}

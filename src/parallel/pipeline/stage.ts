@@ -17,7 +17,7 @@ export class Stage {
   readonly module: Module;
   readonly isFirst: boolean;
   readonly isLast: boolean;
-  /** Local parameters in module order (the tied head copy included). */
+  /** Local parameters in module order (tied copies included). */
   readonly params: Tensor[];
   /** Linear layers whose weight (and bias) gradients come from W when the backward is split. */
   readonly splitLinears: SplitLinear[];

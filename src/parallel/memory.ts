@@ -1,0 +1,50 @@
+// Memory accounting of the data-parallel wrappers: the bytes a rank holds for parameters,
+// gradients and optimizer state (resident storage, so freed ZeRO buckets count zero), and the
+// step's peak, sampled whenever a bucket is allocated or freed.
+import { isAllocated } from './grad_buffer.js';
+import type { Bucket } from './grad_buffer.js';
+import type { Tensor } from '../tensor/index.js';
+
+/** Bytes this rank holds now, by kind (resident storage, not nominal sizes). */
+export interface MemoryReport {
+  paramBytes: number;
+  gradBytes: number;
+  optimizerBytes: number;
+  /** The most parameter + gradient bytes held at once since the last resetPeak, plus optimizer state. */
+  peakBytes: number;
+}
+
+/** Tracks the resident bytes of a set of buckets (and their reduce-scatter outputs) and their peak. */
+export class MemoryMeter {
+  private peak = 0;
+
+  /** `held()` lists the buckets and any receive buffers in flight. */
+  constructor(private readonly held: () => { bucket: Bucket; recv?: Tensor }[]) {}
+
+  /** Bytes held now for parameters and gradients (resident storage), and the peak since reset. */
+  report(optimizerBytes = 0): MemoryReport {
+    const { params, grads } = this.resident();
+    return { paramBytes: params, gradBytes: grads, optimizerBytes, peakBytes: Math.max(this.peak, params + grads) + optimizerBytes };
+  }
+
+  /** Starts a new peak measurement (the peak is per step). */
+  reset(): void {
+    const { params, grads } = this.resident();
+    this.peak = params + grads;
+  }
+
+  /** Samples the current bytes into the peak (called whenever storage is allocated). */
+  note(): void {
+    const { params, grads } = this.resident();
+    this.peak = Math.max(this.peak, params + grads);
+  }
+
+  private resident(): { params: number; grads: number } {
+    let params = 0, grads = 0;
+    for (const { bucket: b, recv } of this.held()) {
+      params += b.data.storageNbytes() + (b.shardData ? b.shardData.storageNbytes() : 0);
+      grads += b.grad.storageNbytes() + (b.shardGrad ? b.shardGrad.storageNbytes() : 0) + (recv && isAllocated(recv) ? recv.storageNbytes() : 0);
+    }
+    return { params, grads };
+  }
+}
