@@ -94,7 +94,7 @@ test('npm pack, npm install into a new project: plain node, tsc --strict and npx
     assert.equal(r.code, 0, `tsc --strict failed:\n${r.out}`);
   });
 
-  await t.test('npx flotilla --help and a 2-step npx flotilla train', () => {
+  await t.test('npx flotilla --help and a 2-step npx flotilla train that writes its report', () => {
     const help = run('npx', ['--no-install', 'flotilla', '--help'], project);
     assert.equal(help.code, 0, help.out);
     assert.match(help.out, /flotilla train <config\.toml>/);
@@ -104,6 +104,9 @@ test('npm pack, npm install into a new project: plain node, tsc --strict and npx
     assert.equal(tr.code, 0, tr.out);
     const lines = readFileSync(join(project, 'runs', 'installed', 'metrics.jsonl'), 'utf8').trim().split('\n');
     assert.equal(lines.length, 2, tr.out);
+    // The run's report, from the compiled report code and the package's own charting dependency.
+    assert.match(tr.out, /\[report\] runs\/installed\/report\.html/, tr.out);
+    assert.match(readFileSync(join(project, 'runs', 'installed', 'report.html'), 'utf8'), /<figure class="chart" id="chart-loss"/);
   });
 });
 
