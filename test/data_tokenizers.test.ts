@@ -53,6 +53,9 @@ test('BPE training: deterministic, the asked vocabulary, and a tokenizer.json th
     assert.ok(ids.every((v) => v >= 0 && v < 600));
     assert.equal(tok.decode(ids), s);
   }
+  // The piece-by-piece encoder equals the library's own on text without special tokens.
+  const sample0 = text.slice(0, 50_000);
+  assert.deepEqual(Array.from(tok.encode(sample0)), (tok as unknown as { encodeReference(t: string): number[] }).encodeReference(sample0));
   // Merges compress: fewer ids than bytes on the text it learned from.
   const sample = text.slice(0, 20_000);
   assert.ok(tok.encode(sample).length < 0.6 * Buffer.byteLength(sample), 'a 600-id BPE should take well under 0.6 ids per byte');

@@ -8,6 +8,7 @@ import { createHash } from 'node:crypto';
 import { createRequire } from 'node:module';
 import { existsSync, readFileSync, statSync } from 'node:fs';
 import { resolve } from 'node:path';
+import { GPT2_SPLIT, bytesToUnicode } from './bpe_train.js';
 
 /** Token ids as stored by datasets and loaders. */
 export type TokenArray = Uint8Array | Uint16Array | Uint32Array | Int32Array;
@@ -105,6 +106,13 @@ export class Gpt2Tokenizer implements Tokenizer {
   }
 }
 
+interface JsonShape {
+  model?: { vocab?: unknown; type?: string };
+  added_tokens?: { id: number; content: string }[];
+  normalizer?: unknown;
+  pre_tokenizer?: unknown;
+}
+
 interface HfTokenizer {
   encode(text: string, opts?: { add_special_tokens?: boolean }): { ids: number[] };
   decode(ids: number[], opts?: { skip_special_tokens?: boolean }): string;
@@ -121,8 +129,24 @@ export class JsonTokenizer implements Tokenizer {
   readonly eot: number;
   readonly identity: string;
 
-  constructor(readonly spec: string, private readonly impl: HfTokenizer, json: { model?: { vocab?: unknown }; added_tokens?: { id: number; content: string }[] }, bytes: Buffer) {
+  /** Whether encoding may go piece by piece through a cache (a plain GPT-2-style byte-level BPE). */
+  private readonly byWord: boolean;
+  private readonly cache = new Map<string, number[]>();
+  private ranks: Map<string, number> | undefined;
+  private vocab: Map<string, number> | undefined;
+  private byteChar: string[] | undefined;
+
+  constructor(readonly spec: string, private readonly impl: HfTokenizer, json: JsonShape, bytes: Buffer) {
     this.name = spec;
+    const pre = json.pre_tokenizer as { type?: string; add_prefix_space?: boolean; use_regex?: boolean } | null | undefined;
+    const model = json.model as { type?: string; vocab?: Record<string, number>; merges?: (string | [string, string])[]; byte_fallback?: boolean; ignore_merges?: boolean } | undefined;
+    this.byWord = (json.normalizer ?? null) === null && model?.type === 'BPE' && pre?.type === 'ByteLevel' && pre.add_prefix_space === false &&
+      pre.use_regex !== false && !model.byte_fallback && !model.ignore_merges && Array.isArray(model.merges) && !Array.isArray(model.vocab);
+    if (this.byWord) {
+      this.ranks = new Map(model!.merges!.map((m, i) => [Array.isArray(m) ? `${m[0]} ${m[1]}` : m, i]));
+      this.vocab = new Map(Object.entries(model!.vocab ?? {}));
+      this.byteChar = bytesToUnicode();
+    }
     this.vocabSize = jsonVocabSize(json);
     const eot = EOT_NAMES.map((n) => impl.token_to_id(n)).find((id) => id !== undefined);
     if (eot === undefined) {
@@ -133,7 +157,61 @@ export class JsonTokenizer implements Tokenizer {
   }
 
   encode(text: string): number[] {
+    if (!this.byWord) return this.impl.encode(text, { add_special_tokens: false }).ids;
+    // GPT-2-style byte-level BPE: the library splits text with the same regex and applies the merges
+    // to every piece on its own, so applying them here, once per distinct piece, gives the same ids
+    // (special-token strings in text stay ordinary text, as with "gpt2"), many times faster.
+    const out: number[] = [];
+    for (const m of text.matchAll(GPT2_SPLIT)) {
+      const w = m[0];
+      let ids = this.cache.get(w);
+      if (ids === undefined) {
+        ids = this.bpeWord(w);
+        if (this.cache.size >= 200_000) this.cache.clear();
+        this.cache.set(w, ids);
+      }
+      for (const id of ids) out.push(id);
+    }
+    return out;
+  }
+
+  /** The library's ids of the whole text (the reference the fast path must equal). */
+  encodeReference(text: string): number[] {
     return this.impl.encode(text, { add_special_tokens: false }).ids;
+  }
+
+  /** GPT-2's bpe(): merge the lowest-ranked adjacent pair until none of the pairs is a merge. */
+  private bpeWord(w: string): number[] {
+    let parts = Array.from(Buffer.from(w, 'utf8'), (b) => this.byteChar![b]!);
+    while (parts.length > 1) {
+      let best = Infinity;
+      let at = -1;
+      for (let i = 0; i + 1 < parts.length; i++) {
+        const r = this.ranks!.get(`${parts[i]} ${parts[i + 1]}`);
+        if (r !== undefined && r < best) {
+          best = r;
+          at = i;
+        }
+      }
+      if (at < 0) break;
+      const a = parts[at]!;
+      const b = parts[at + 1]!;
+      const next: string[] = [];
+      for (let i = 0; i < parts.length; i++) {
+        if (i + 1 < parts.length && parts[i] === a && parts[i + 1] === b) {
+          next.push(a + b);
+          i++;
+        } else {
+          next.push(parts[i]!);
+        }
+      }
+      parts = next;
+    }
+    return parts.map((p) => {
+      const id = this.vocab!.get(p);
+      if (id === undefined) throw new Error(`tokenizer ${this.spec}: the merged piece ${JSON.stringify(p)} is not in its vocabulary`);
+      return id;
+    });
   }
 
   decode(ids: ArrayLike<number>): string {
@@ -223,7 +301,7 @@ export async function loadTokenizer(spec: string): Promise<Tokenizer> {
   } catch (e) {
     throw new Error(`tokenizer ${path} cannot be loaded by @huggingface/tokenizers: ${(e as Error).message}`);
   }
-  return new JsonTokenizer(path, impl, json as ConstructorParameters<typeof JsonTokenizer>[2], bytes);
+  return new JsonTokenizer(path, impl, json as JsonShape, bytes);
 }
 
 /** Synchronous loader for the built-in tokenizers only (the byte tokenizer needs no package). */
