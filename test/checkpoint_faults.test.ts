@@ -170,7 +170,7 @@ test('bad checkpoints: another model, a missing or truncated file, a checksum mi
     ['bitflip', (d) => {
       const f = join(d, 'rank-00000.safetensors');
       const b = readFileSync(f);
-      b[b.length - 5] ^= 0xff;
+      b[b.length - 5] = b[b.length - 5]! ^ 0xff;
       writeFileSync(f, b);
     }, [], /rank-00000\.safetensors: checksum mismatch .* the file is corrupt/],
     ['overlap', (d) => {

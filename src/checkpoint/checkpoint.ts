@@ -14,7 +14,7 @@
 // .tmp-step-N is removed by the next run that saves into the directory.
 import { closeSync, existsSync, fsyncSync, mkdirSync, openSync, readdirSync, readFileSync, readSync, renameSync, rmSync, statSync, unlinkSync, writeFileSync } from 'node:fs';
 import { createHash } from 'node:crypto';
-import { join, resolve } from 'node:path';
+import { basename, join, resolve } from 'node:path';
 import { Tensor, noGrad, tidy, tensor } from '../tensor/index.js';
 import { native } from '../tensor/native.js';
 import { dtypeCode, elementSize, type DType } from '../tensor/dtype.js';
@@ -335,6 +335,8 @@ export function resolveCheckpoint(arg: string): string {
   if (!existsSync(p)) throw new CheckpointError(`checkpoint ${arg} does not exist`);
   if (statSync(p).isFile()) throw new CheckpointError(`${arg} is a file; a checkpoint is a directory with ${META_FILE} (an exported .safetensors file is for train.initFrom and generate)`);
   if (existsSync(join(p, META_FILE))) return p;
+  // A step directory without its index: a save that never finished (readMeta says so).
+  if (/^step-\d+$/.test(basename(p)) || readdirSync(p).some((n) => /^rank-\d{5}\.safetensors$/.test(n))) readMeta(p);
   for (const dir of [p, join(p, 'checkpoints')]) {
     const latest = join(dir, LATEST_FILE);
     if (existsSync(latest)) {
