@@ -116,18 +116,26 @@ export interface Native {
   ): GroupHandle;
 }
 
+/** How to (re)build the addon: a checkout through scripts/ensure.sh, an installed package through its install script. */
+function buildCommand(root: string): string {
+  return existsSync(join(root, 'scripts', 'ensure.sh'))
+    ? '`bash scripts/ensure.sh` (or `npm run build:native`)'
+    : `\`node ${join(root, 'scripts', 'install-addon.cjs')} --build\``;
+}
+
 function load(): Native {
   const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
   const file = join(root, 'native', 'build', 'Release', 'flotilla.node');
   if (!existsSync(file)) {
-    // A checkout builds it with scripts/ensure.sh; an installed package on `npm install` (when npm
-    // ran its install script) or with the same script run by hand.
-    const fix = existsSync(join(root, 'scripts', 'ensure.sh'))
-      ? '`bash scripts/ensure.sh` (or `npm run build:native`)'
-      : `\`node ${join(root, 'scripts', 'install-addon.cjs')} --build\``;
-    throw new Error(`flotilla native addon not built (${file} missing): run ${fix}`);
+    throw new Error(`flotilla native addon not built (${file} missing): run ${buildCommand(root)}`);
   }
-  const addon = createRequire(import.meta.url)(file) as Native;
+  let addon: Native;
+  try {
+    addon = createRequire(import.meta.url)(file) as Native;
+  } catch (e) {
+    // e.g. a packed addon built against a libtorch this machine does not have
+    throw new Error(`flotilla native addon ${file} does not load (${(e as Error).message.split('\n')[0]}): rebuild it with ${buildCommand(root)}`);
+  }
   tuneAllocator((mmap, trim) => addon.setMallocOptions(mmap, trim)); // [Note: allocator tuning]
   return addon;
 }
