@@ -9,6 +9,7 @@ import { mkdtempSync, readFileSync, rmSync, existsSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { loadConfig, checkRunnable, ConfigError, type FlotillaConfig } from '../train/config.js';
+import { dataParallelDegree } from '../parallel/layout.js';
 
 /** Relative tolerances: float32 training under a different reduction order stays far inside them. */
 export const VERIFY_TOLERANCE = { loss: 1e-4, gradNorm: 1e-4, params: 1e-4 };
@@ -45,7 +46,7 @@ export async function verifyCommand(a: VerifyArgs, mainScript: string, print: (l
   const cfg = loadConfig(a.config, a.overrides);
   const problems = checkRunnable(cfg, a.nproc);
   if (problems.length > 0) throw new ConfigError(problems, a.config);
-  const dp = (cfg.parallel.dp === -1 ? a.nproc / cfg.parallel.pp : cfg.parallel.dp);
+  const dp = dataParallelDegree(cfg.parallel, a.nproc); // the layout's own rule (src/parallel/layout.ts)
   const dir = mkdtempSync(join(tmpdir(), 'flotilla-verify-'));
   try {
     const layoutDir = join(dir, 'layout');
