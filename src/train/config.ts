@@ -448,6 +448,7 @@ export function parseConfig(tomlText: string, overrides: readonly string[] = [],
   if (problems.length === 0) problems.push(...validateConfig(cfg as unknown as FlotillaConfig));
   if (problems.length > 0) throw new ConfigError(problems, where);
   const resolved = cfg as unknown as FlotillaConfig;
+  resolved.data.sources = resolved.data.sources.map((e) => ({ path: e.path, weight: e.weight })); // plain objects, not TOML tables
   // model.vocabSize = 0 follows data.tokenizer, so the saved config names the size the model has.
   if (resolved.model.vocabSize === 0) {
     try {
