@@ -22,6 +22,8 @@ const layouts: [string, number, string[]][] = [
   ['ZeRO-2 with 2 micro-batches', 2, ['--parallel.zero=2', '--data.microBatches=2']],
   ['ZeRO-3', 2, ['--parallel.zero=3']],
   ['HSDP 2 x 2, ZeRO-3', 4, ['--parallel.zero=3', '--parallel.dpReplicate=2']],
+  // Unequal sizes: a data-parallel rank of replicateRank * dpReplicate + shardRank would read the wrong rows.
+  ['HSDP dpShard 2 x dpReplicate 3, ZeRO-2', 6, ['--parallel.zero=2', '--parallel.dpReplicate=3', '--data.globalBatch=12']],
   ['pipeline pp=2, 1F1B', 2, ['--parallel.pp=2', '--data.microBatches=4']],
   ['pipeline pp=2 x ZeRO-2 over dp=2', 4, ['--parallel.pp=2', '--parallel.zero=2', '--data.microBatches=4']],
   ['pipeline pp=2 x ZeRO-3 over dp=2, zero bubble', 4, ['--parallel.pp=2', '--parallel.zero=3', '--parallel.ppSchedule=zb', '--data.microBatches=4']],

@@ -46,7 +46,7 @@
 // optimizer takes `grads` (ShardedPipelineGrads): DataParallel's step pieces (this rank's shards),
 // and the parameter all-gather after the step is DataParallel's (pieceStepped/afterStep). The norm
 // counts each element of the whole model once: pieces summed over the pipeline group and, when
-// gradients are sharded (zero 2, 3), the shard group; the last stage's tied copy is left out.
+// gradients are sharded (zero 2, 3), the shard group; tied copies other than the first are left out.
 // Zero 3: FSDP's module hooks (fsdp.ts) gather a unit before each forward call and again, through
 // the hook on that call's output, before its backward, so micro-batches in flight each find their
 // unit gathered; every backward pass of the schedule frees the units at its end, and W needs no
@@ -476,7 +476,7 @@ export class ShardedPipelineGrads implements GradientSource {
     return { tensors, sumOver };
   }
   clipTargets(): Tensor[] {
-    // The buckets themselves (zero 1) or the shards (zero 2/3): the tied copy is scaled too.
+    // The buckets themselves (zero 1) or the shards (zero 2/3): tied copies are scaled too.
     return this.dp.normPieces().tensors;
   }
   stepPieces(): StepPiece[] {
