@@ -48,7 +48,9 @@ function nodeGyp() {
   try {
     return [process.execPath, [require.resolve('node-gyp/bin/node-gyp.js', { paths: [root] })]];
   } catch {
-    return ['node-gyp', []];
+    // Run by hand in an installed package: the node-gyp that npm itself bundles.
+    const bundled = path.resolve(process.execPath, '..', '..', 'lib', 'node_modules', 'npm', 'node_modules', 'node-gyp', 'bin', 'node-gyp.js');
+    return fs.existsSync(bundled) ? [process.execPath, [bundled]] : ['node-gyp', []];
   }
 }
 
