@@ -197,7 +197,7 @@ export class NodeLink {
         sock.on('close', () => {
           if (!welcomed) {
             if (Date.now() > deadline) reject(new Error(`no node heartbeat answered at ${o.host}:${o.port} within ${o.joinTimeoutMs} ms (is node 0's launcher running, with the same FLOTILLA_JOB_SECRET?)`));
-            else setTimeout(attempt, 250).unref();
+            else setTimeout(attempt, 250); // keeps the launcher alive: nothing else does yet
             return;
           }
           if (!this.finished.has(0)) this.peerDown(`node 0 (${ranksOf(0, o.nproc)}) lost: its launcher's heartbeat connection closed`);
