@@ -68,6 +68,12 @@ export interface NamedMetrics {
   metrics: StepMetrics[];
 }
 
+/** The colour 40% of the way to black. */
+function darker(hex: string): string {
+  const c = [1, 3, 5].map((k) => Math.round(parseInt(hex.slice(k, k + 2), 16) * 0.6));
+  return `#${c.map((v) => v.toString(16).padStart(2, '0')).join('')}`;
+}
+
 function series(runs: readonly NamedMetrics[], pick: (m: StepMetrics) => number | undefined, suffix = ''): ChartSeries[] {
   return runs
     .map((r, i) => ({
@@ -83,7 +89,8 @@ function series(runs: readonly NamedMetrics[], pick: (m: StepMetrics) => number 
 
 /** The report's charts for one run or several overlaid (each series named by its run). */
 export function metricCharts(runs: readonly NamedMetrics[]): { id: string; spec: ChartSpec }[] {
-  const val = series(runs, (m) => m.valLoss, ' val').map((s) => ({ ...s, dots: true, dashed: true }));
+  // Validation in a darker shade of its run's colour, dashed with dots: it stands out on the train line.
+  const val = series(runs, (m) => m.valLoss, ' val').map((s) => ({ ...s, color: darker(s.color), dots: true, dashed: true }));
   const specs: { id: string; spec: ChartSpec }[] = [
     { id: 'loss', spec: { title: 'Training and validation loss', yName: 'loss', series: [...series(runs, (m) => m.loss, ' train'), ...val] } },
     { id: 'lr', spec: { title: 'Learning rate', yName: 'lr', series: series(runs, (m) => m.lr) } },
