@@ -96,3 +96,17 @@ test('a data-parallel checkpoint resumes under ZeRO-3 on 3 ranks, HSDP and a pip
     same(r, await reference(), 4, 1e-5, `data-parallel checkpoint resumed as ${slug}`);
   }
 });
+
+test('flotilla verify --resume K: PASS for the same layout (bit-identical) and into another; FAIL when the resumed run trains differently', async () => {
+  const { flotilla, CONFIG } = await import('./helpers/ckpt_runs.js');
+  const same = await flotilla(['verify', CONFIG, '--nproc', '2', '--parallel.zero=2', '--resume', '2', '--steps', '4']);
+  assert.equal(same.code, 0, same.out + same.err);
+  assert.match(same.out, /^PASS \(same layout: bit-identical expected\)$/m);
+  assert.match(same.out, /max parameter difference \|\|Δθ\|\| \/ \|\|θ\|\|: 0\.00e\+0/);
+  const other = await flotilla(['verify', CONFIG, '--nproc', '2', '--parallel.zero=2', '--resume', '2', '--steps', '4', '--then', '--nproc', '2', '--parallel.pp=2', '--parallel.zero=0', '--data.microBatches=2']);
+  assert.equal(other.code, 0, other.out + other.err);
+  assert.match(other.out, /^PASS \(tolerance: loss 0\.00001/m);
+  const wrong = await flotilla(['verify', CONFIG, '--nproc', '2', '--resume', '2', '--steps', '4', '--then', '--optim.lr=1e-2']);
+  assert.equal(wrong.code, 1, wrong.out + wrong.err);
+  assert.match(wrong.out, /^FAIL/m);
+});

@@ -16,6 +16,10 @@ usage:
       group up to K times, each from the latest checkpoint. --nproc N (N > 1) starts N local ranks through the
       launcher (data parallel; through mpirun on Open MPI when installed, see parallel.backend). Overrides win over the file, e.g. --optim.lr=3e-4 --train.steps=50.
   flotilla verify <config.toml> --nproc N [--steps K] [--section.field=value ...]
+  flotilla verify <config.toml> --nproc N --resume K [--steps S] [--then [--nproc M] [--section.field=value ...]]
+      With --resume: train S steps (default 2K) saving at step K, resume that checkpoint (under the
+      layout after --then, or the same one) and compare steps K+1..S: bit-identical for the same
+      layout, within 1e-5 (parameters 1e-4) for another; PASS or FAIL as above.
       Train K steps (default 5) under the config's layout on N ranks and the same steps in one
       process on the same global batches; print per-step loss and grad-norm differences, the largest
       parameter difference, and PASS or FAIL (exit status 0 or 1) against the stated tolerance.
@@ -272,7 +276,22 @@ export async function main(argv: readonly string[]): Promise<number> {
           process.stdout.write(`${USAGE}\n`);
           return 0;
         }
-        const a = parseTrainArgs(rest, 'verify');
+        // `--then ...`: the layout a `verify --resume K` run resumes under.
+        const cut = rest.indexOf('--then');
+        const a = parseTrainArgs(cut >= 0 ? rest.slice(0, cut) : rest, 'verify');
+        if (a.resume !== undefined) {
+          const k = Number(a.resume);
+          if (!Number.isInteger(k) || k < 1) throw new UsageError(`verify: --resume needs the step to save and resume at (a whole number >= 1), got ${JSON.stringify(a.resume)}`);
+          if (a.nproc === undefined) throw new UsageError('verify --resume: give the rank count with --nproc N');
+          let then: { nproc: number; overrides: string[] } | undefined;
+          if (cut >= 0) {
+            const t = parseTrainArgs([a.config, ...rest.slice(cut + 1)], 'verify');
+            then = { nproc: t.nproc ?? a.nproc, overrides: t.overrides };
+          }
+          const { verifyResumeCommand } = await import('./verify_resume.js');
+          return await verifyResumeCommand({ config: a.config, nproc: a.nproc, steps: a.steps ?? 2 * k, resumeAt: k, overrides: a.overrides, ...(then ? { then } : {}) }, MAIN, (l) => process.stdout.write(`${l}\n`));
+        }
+        if (cut >= 0) throw new UsageError('verify: --then goes with --resume K');
         if (a.nproc === undefined || a.nproc < 2) throw new UsageError('verify: give the layout\'s rank count with --nproc N (N >= 2), e.g. flotilla verify examples/gpt-tiny.toml --nproc 2 --parallel.zero=3');
         const { verifyCommand } = await import('./verify.js');
         return await verifyCommand({ config: a.config, nproc: a.nproc, steps: a.steps ?? 5, overrides: a.overrides }, MAIN, (l) => process.stdout.write(`${l}\n`));
