@@ -37,6 +37,10 @@ export function parseReportArgs(args: readonly string[]): ReportArgs {
 
 /** Runs the command; resolves to the exit code (2 for a directory that is not a run: nothing written). */
 export async function reportCommand(args: readonly string[], print: (line: string) => void): Promise<number> {
+  if (args.includes('--help') || args.includes('-h')) {
+    print(REPORT_USAGE);
+    return 0;
+  }
   const { writeReport, ReportError } = await import('../report/index.js');
   try {
     const a = parseReportArgs(args);
