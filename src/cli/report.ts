@@ -24,14 +24,14 @@ export function parseReportArgs(args: readonly string[]): ReportArgs {
     const a = args[i]!;
     if (a === '--out' || a.startsWith('--out=')) {
       out = a === '--out' ? args[++i] : a.slice('--out='.length);
-      if (out === undefined || out === '') throw new ReportUsageError(`report: --out needs a file name; ${REPORT_USAGE}`);
+      if (out === undefined || out === '') throw new ReportUsageError(`--out needs a file name; ${REPORT_USAGE}`);
     } else if (a.startsWith('-')) {
-      throw new ReportUsageError(`report: unknown option ${a}; ${REPORT_USAGE}`);
+      throw new ReportUsageError(`unknown option ${a}; ${REPORT_USAGE}`);
     } else {
       runs.push(a);
     }
   }
-  if (runs.length === 0) throw new ReportUsageError(`report: give the run directory; ${REPORT_USAGE}`);
+  if (runs.length === 0) throw new ReportUsageError(`give the run directory; ${REPORT_USAGE}`);
   return { runs, ...(out !== undefined ? { out } : {}) };
 }
 
