@@ -5,7 +5,8 @@
 // default MASTER_PORT + max restarts + 1, next to the store ports of the attempts), and every other
 // node's launcher connects and proves it knows FLOTILLA_JOB_SECRET (HMAC-SHA256 of a nonce, as the
 // store does). Both sides send a beat every FLOTILLA_HEARTBEAT_MS (default 5 s). A side that hears
-// nothing from a peer for FLOTILLA_HEARTBEAT_TIMEOUT_MS (default 30 s), or whose connection breaks,
+// nothing from a peer for FLOTILLA_HEARTBEAT_TIMEOUT_MS (default 25 s, checked every second, so a
+// lost node is reported within 30 s of its last beat), or whose connection breaks,
 // declares that node lost: node 0 names the node and its ranks to the others, and every launcher
 // stops its ranks and exits non-zero. When a node's ranks fail (a rank throws or dies), its launcher
 // says so on the heartbeat before it stops, so the ranks on the other nodes stop within a beat
@@ -22,7 +23,8 @@ import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import { readdirSync, readFileSync } from 'node:fs';
 
 export const DEFAULT_HEARTBEAT_MS = 5000;
-export const DEFAULT_HEARTBEAT_TIMEOUT_MS = 30_000;
+/** Silence tolerated; checked every second, so a lost node is reported within 26 s of its last beat (under 30 s). */
+export const DEFAULT_HEARTBEAT_TIMEOUT_MS = 25_000;
 const MAX_LINE = 4096;
 const AUTH_DEADLINE_MS = 10_000;
 
@@ -127,7 +129,14 @@ export class NodeLink {
     const link = new NodeLink(o);
     if (o.nodeRank === 0) await link.listen();
     else await link.join();
-    link.timer = setInterval(() => link.tick(), o.config.intervalMs);
+    let beat = 0;
+    const every = Math.min(o.config.intervalMs, 1000);
+    link.timer = setInterval(() => {
+      beat += every;
+      const send = beat >= o.config.intervalMs;
+      if (send) beat = 0;
+      link.tick(send);
+    }, every);
     link.timer.unref();
     return link;
   }
@@ -231,19 +240,19 @@ export class NodeLink {
     for (const [k, p] of this.peers) if (k !== except) send(p.sock, m);
   }
 
-  private tick(): void {
+  private tick(beat: boolean): void {
     const now = Date.now();
     const { timeoutMs } = this.o.config;
     if (this.o.nodeRank === 0) {
       for (const [k, p] of this.peers) {
-        send(p.sock, { t: 'beat' });
+        if (beat) send(p.sock, { t: 'beat' });
         if (!this.finished.has(k) && now - p.last > timeoutMs) {
           p.sock.destroy();
           this.lose(k, `node ${k} (${ranksOf(k, this.o.nproc)}) lost: no heartbeat for ${now - p.last} ms (FLOTILLA_HEARTBEAT_TIMEOUT_MS=${timeoutMs})`);
         }
       }
     } else {
-      send(this.upstream, { t: 'beat' });
+      if (beat) send(this.upstream, { t: 'beat' });
       if (!this.finished.has(0) && now - this.lastFromZero > timeoutMs) {
         this.upstream?.destroy();
         this.peerDown(`node 0 (${ranksOf(0, this.o.nproc)}) lost: no heartbeat for ${now - this.lastFromZero} ms (FLOTILLA_HEARTBEAT_TIMEOUT_MS=${timeoutMs})`);

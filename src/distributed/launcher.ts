@@ -28,7 +28,7 @@
 // out (the one everybody waited for), not the first rank that gave up.
 //
 // Liveness (heartbeat.ts): the launchers of a multi-node job keep a heartbeat, so a lost node (its
-// host or link gone, its launcher killed) is found within FLOTILLA_HEARTBEAT_TIMEOUT_MS (30 s), and
+// host or link gone, its launcher killed) is found within 30 s (FLOTILLA_HEARTBEAT_TIMEOUT_MS), and
 // a node whose ranks fail tells the others at once: every launcher then stops its ranks and exits
 // non-zero naming the node and its ranks. On every node, a rank that stays stopped (SIGSTOP, a
 // debugger) for that long is treated as hung and ends the job like a rank that failed.
