@@ -65,6 +65,7 @@ for (const [size, cfg] of Object.entries(models)) {
       }
       await ck.close();
       if (mode === 'blocking') {
+        world.barrier().wait(); // rank 0 publishes (renames into place) after the others return
         const ckpt = join(dir, `${size}-z${zero}-${mode}`, `step-${String(saves).padStart(6, '0')}`);
         r.bytes!.push(statSync(join(ckpt, `rank-${String(world.rank).padStart(5, '0')}.safetensors`)).size);
         for (let k = 0; k < 2; k++) {

@@ -286,11 +286,14 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
       progress.stop();
       stopRequest.dispose();
       metrics?.close();
+      loader.close(); // the prefetch worker
+      evalLoader.close();
+      data.close();
       // Native memory goes back now, not whenever the GC gets to the wrappers.
       model.dispose();
       optimizer.dispose();
     }
-    const tokensPerSec = (steps * tokensPerStep) / loopSeconds;
+    const tokensPerSec = ((endStep - startStep) * tokensPerStep) / loopSeconds;
     header(
       'done',
       `loss ${firstLoss.toFixed(4)} -> ${lastLoss.toFixed(4)}` + (lastVal !== undefined ? `, val loss ${lastVal.toFixed(4)}` : '') +

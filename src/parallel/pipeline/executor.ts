@@ -216,7 +216,8 @@ export class Executor {
       return v;
     };
     const recvF = new Map<string, Posted>();
-    const recvB = new Map<string, Posted | 'deferred'>();
+    // A RECV_B posted before its forward ran (m < p) waits as its action: B posts it, with RECV_B's peer.
+    const recvB = new Map<string, Posted | { deferred: Action }>();
     const sends: { work: Work; t: Tensor }[] = [];
     let lossSum = 0;
     const all = this.s.actions[this.rank]!;
@@ -272,7 +273,7 @@ export class Executor {
               break;
             }
             case 'RECV_B':
-              recvB.set(`${a.stage}:${a.micro}`, slot(a.stage, a.micro).outputs ? postGrads(a) : 'deferred');
+              recvB.set(`${a.stage}:${a.micro}`, slot(a.stage, a.micro).outputs ? postGrads(a) : { deferred: a });
               break;
             case 'SEND_F': {
               const outs = slot(a.stage, a.micro).outputs!;
@@ -294,7 +295,7 @@ export class Executor {
                 const posted = recvB.get(`${a.stage}:${a.micro}`);
                 recvB.delete(`${a.stage}:${a.micro}`);
                 if (posted) {
-                  gradOut = waitAll(posted === 'deferred' ? postGrads(a) : posted);
+                  gradOut = waitAll('deferred' in posted ? postGrads(posted.deferred) : posted);
                 } else {
                   gradOut = slot(a.stage + 1, a.micro).inputGrads;
                   if (!gradOut) throw new Error(`the input gradient of stage ${a.stage + 1} is not here (neither received nor computed on this rank)`);
