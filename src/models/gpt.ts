@@ -6,6 +6,7 @@
 // outside forward (gptLoss), applied by whoever holds the head.
 import { type Tensor, arange, manualSeed, noGrad } from '../tensor/index.js';
 import { Module, Embedding, LayerNorm, Linear, Dropout, Block, F } from '../nn/index.js';
+import { castFor } from '../nn/precision.js';
 
 export interface GPTConfig {
   vocabSize: number;
@@ -167,7 +168,8 @@ abstract class GPTParts extends Module {
 /** Mean cross-entropy of logits (B, T, vocab) against targets (B, T): the GPT's criterion. */
 export function gptLoss(logits: Tensor, targets: Tensor): Tensor {
   const [B, T, V] = logits.shape as [number, number, number];
-  return F.crossEntropy(logits.view(B * T, V), targets.reshape(B * T));
+  const [l] = castFor('loss', logits) as [Tensor]; // float32 under bf16-mixed (src/nn/precision.ts)
+  return F.crossEntropy(l.view(B * T, V), targets.reshape(B * T));
 }
 
 /** The whole model on one process. */

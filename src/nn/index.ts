@@ -3,3 +3,4 @@ export { Linear, Embedding, LayerNorm, RMSNorm, Dropout, ModuleList } from './la
 export { CausalSelfAttention, MLP, Block, type BlockConfig } from './transformer.js';
 export * as F from './functional.js';
 export { normal_, zeros_, ones_ } from './init.js';
+export { autocast, castFor, castParam, currentPrecision, opDtype, parsePrecision, BF16_MIXED_OPS, PRECISIONS, type Precision, type OpClass } from './precision.js';

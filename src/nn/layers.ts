@@ -2,6 +2,7 @@
 import { Tensor, empty, ones, zeros, noGrad } from '../tensor/index.js';
 import { Module } from './module.js';
 import * as F from './functional.js';
+import { castFor, castParam } from './precision.js';
 
 export class Linear extends Module {
   readonly weight: Tensor; // (out, in)
@@ -17,7 +18,9 @@ export class Linear extends Module {
     if (opts.bias ?? true) this.bias = this.registerParameter('bias', noGrad(() => empty([outFeatures]).uniform_(-bound, bound)));
   }
   forward(x: Tensor): Tensor {
-    return F.linear(x, this.weight, this.bias);
+    // The precision policy picks the dtype (src/nn/precision.ts); under fp32 these are no-ops.
+    const [xc] = castFor('linear', x) as [Tensor];
+    return F.linear(xc, castParam('linear', this.weight), castParam('linear', this.bias));
   }
 }
 
@@ -43,7 +46,8 @@ export class LayerNorm extends Module {
   }
   readonly eps: number;
   forward(x: Tensor): Tensor {
-    return F.layerNorm(x, [this.dim], this.weight, this.bias, this.eps);
+    const [xc] = castFor('layerNorm', x) as [Tensor];
+    return F.layerNorm(xc, [this.dim], this.weight, this.bias, this.eps);
   }
 }
 
@@ -54,7 +58,8 @@ export class RMSNorm extends Module {
     this.weight = this.registerParameter('weight', ones([dim]));
   }
   forward(x: Tensor): Tensor {
-    return F.rmsNorm(x, this.weight, this.eps);
+    const [xc] = castFor('rmsNorm', x) as [Tensor];
+    return F.rmsNorm(xc, this.weight, this.eps);
   }
 }
 

@@ -2,6 +2,7 @@
 import { Tensor, ones } from '../tensor/index.js';
 import { Module } from './module.js';
 import { Linear, LayerNorm, Dropout } from './layers.js';
+import { castFor } from './precision.js';
 
 export interface BlockConfig {
   nEmbd: number;
@@ -39,12 +40,16 @@ export class CausalSelfAttention extends Module {
     const hs = C / this.nHead;
     const [q, k, v] = this.qkv.call(x).split(C, 2) as [Tensor, Tensor, Tensor];
     const heads = (t: Tensor) => t.view(B, T, this.nHead, hs).transpose(1, 2); // (B, nh, T, hs)
-    const qh = heads(q), kh = heads(k), vh = heads(v);
+    // Dtypes per op come from the precision policy (src/nn/precision.ts): under bf16-mixed the two
+    // products run in bfloat16 and the softmax in float32.
+    const [qh, kh] = castFor('matmul', heads(q), heads(k)) as [Tensor, Tensor];
     let att = qh.matmul(kh.transpose(-2, -1)).mul(1 / Math.sqrt(hs)); // (B, nh, T, T)
     const allowed = this.mask.narrow(0, 0, T).narrow(1, 0, T);
+    [att] = castFor('softmax', att) as [Tensor];
     att = att.maskedFill(allowed.logicalNot(), -Infinity).softmax(-1);
     att = this.attnDrop.call(att);
-    const y = att.matmul(vh).transpose(1, 2).contiguous().view(B, T, C); // (B, T, C)
+    const [attc, vh] = castFor('matmul', att, heads(v)) as [Tensor, Tensor];
+    const y = attc.matmul(vh).transpose(1, 2).contiguous().view(B, T, C); // (B, T, C)
     return this.residDrop.call(this.proj.call(y));
   }
 }
@@ -60,7 +65,8 @@ export class MLP extends Module {
     this.drop = this.registerModule('drop', new Dropout(cfg.dropout));
   }
   forward(x: Tensor): Tensor {
-    return this.drop.call(this.proj.call(this.fc.call(x).gelu()));
+    const [h] = castFor('gelu', this.fc.call(x)) as [Tensor];
+    return this.drop.call(this.proj.call(h.gelu()));
   }
 }
 

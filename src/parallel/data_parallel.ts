@@ -82,6 +82,11 @@ export interface DataParallelOptions {
   reshardAfterForward?: boolean;
   /** Zero 3: gather the next unit while the current one computes (default true). */
   prefetch?: boolean;
+  /**
+   * What the gradient collectives move (default 'fp32'). 'bf16' casts each float32 bucket for the
+   * collective and adds the result back in float32: half the bytes; accumulation stays float32.
+   */
+  reduceDtype?: 'fp32' | 'bf16';
 }
 
 export interface SyncRecord {
@@ -93,6 +98,7 @@ interface BucketRun {
   bucket: Bucket;
   work?: Work; // reduction in flight
   recv?: Tensor; // reduce-scatter output before it is added into shardGrad
+  wire?: Tensor; // reduceDtype 'bf16': the bucket as sent
   nonFinite: boolean;
 }
 
@@ -100,6 +106,7 @@ type Window = 'idle' | 'ready' | 'stepped';
 
 export class DataParallel<M extends Module = Module> implements GradientSource {
   readonly module: M;
+  private readonly reduceDtype: 'fp32' | 'bf16';
   readonly group: ProcessGroup;
   readonly shardGroup: ProcessGroup;
   readonly replicateGroup: ProcessGroup | undefined;
@@ -133,6 +140,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     this.overlap = opts.overlap ?? true;
     this.findUnusedParameters = opts.findUnusedParameters ?? false;
     this.nonFinite = opts.nonFinite ?? 'off';
+    this.reduceDtype = opts.reduceDtype ?? 'fp32';
     this.accumulate = resolveAccumulate(this.zero, opts.accumulate);
     checkOptions(this.zero, this.accumulate, this.group, this.shardGroup, this.replicateGroup);
 
@@ -243,12 +251,17 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     const g = run.bucket.grad;
     if (this.nonFinite !== 'off' && !run.nonFinite) run.nonFinite = tidy(() => !g.isfinite().all().item());
     if (this.group.size > 1) noGrad(() => g.mul_(this.averagingScale(run.bucket))); // average = pre-scale, then sum
+    // reduceDtype 'bf16': the collective moves a bfloat16 copy; complete() adds it back in float32.
+    const wire = this.reduceDtype === 'bf16' && this.group.size > 1 ? (run.wire = keep(noGrad(() => g.to('bfloat16')))) : g;
     if (this.zero <= 1) {
-      if (this.group.size > 1) run.work = this.group.allReduce(g, 'sum');
+      if (this.group.size > 1) run.work = this.group.allReduce(wire, 'sum');
       return;
     }
-    if (!run.recv) run.recv = keep(empty([run.bucket.shardNumel], { dtype: g.dtype }));
-    run.work = this.shardGroup.reduceScatter(run.recv, g, 'sum');
+    if (!run.recv || run.recv.dtype !== wire.dtype) {
+      run.recv?.dispose();
+      run.recv = keep(empty([run.bucket.shardNumel], { dtype: wire.dtype }));
+    }
+    run.work = this.shardGroup.reduceScatter(run.recv, wire, 'sum');
     this.notePeak();
     this.fsdp?.onReduced(run.bucket);
   }
@@ -267,7 +280,16 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     if (!work) return;
     run.work = undefined;
     work.wait();
-    if (this.zero <= 1) return;
+    const wire = run.wire;
+    run.wire = undefined;
+    if (this.zero <= 1) {
+      if (wire) {
+        noGrad(() => run.bucket.grad.copy_(wire));
+        wire.dispose();
+      }
+      return;
+    }
+    wire?.dispose();
     const recv = run.recv!;
     // HSDP: under 'reduceEach' every micro-batch's shard is averaged across replicas now; the other
     // flavours all-reduce the accumulated shard once, in finishGradSync.

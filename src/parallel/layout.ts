@@ -31,6 +31,8 @@ export interface ParallelConfig {
   ppVirtualStages: number;
   bucketSizeMb: number;
   overlap: boolean;
+  /** What gradient collectives move: float32, or bfloat16 (cast from and back into the float32 buckets). */
+  reduceDtype: 'fp32' | 'bf16';
   /** Collective backend: "auto" (Open MPI when installed, else Gloo), "gloo" or "mpi" (src/distributed/process_group.ts). */
   backend: 'auto' | 'gloo' | 'mpi';
 }
@@ -175,6 +177,6 @@ export type LayoutRequest = Partial<Pick<ParallelConfig, 'dp' | 'zero' | 'dpShar
 export function layoutFor(req: LayoutRequest, worldSize: number): Layout {
   return resolveLayout({
     dp: -1, zero: 0, dpShard: -1, dpReplicate: 1, accumulate: 'auto', pp: 1, ppSchedule: '1f1b', ppVirtualStages: 1,
-    reshardAfterForward: true, bucketSizeMb: 25, overlap: true, backend: 'auto', ...req,
+    reshardAfterForward: true, bucketSizeMb: 25, overlap: true, reduceDtype: 'fp32', backend: 'auto', ...req,
   }, worldSize);
 }

@@ -46,6 +46,8 @@ export function buildMesh(layout: Pick<Layout, 'pp' | 'dpReplicate' | 'dpShard'>
 /** Knobs of the data-parallel wrapping that are not part of the layout. */
 export interface DataParallelKnobs {
   bucketSizeMb?: number;
+  /** What gradient collectives move: 'fp32' (default) or 'bf16' (DataParallelOptions.reduceDtype). */
+  reduceDtype?: 'fp32' | 'bf16';
   overlap?: boolean;
   findUnusedParameters?: boolean;
   nonFinite?: 'off' | 'raise' | 'skip';
@@ -83,6 +85,7 @@ export function parallelize(model: Module | PipelineModel, mesh: LayoutMesh, pla
       micro: plan.micro, zero: layout.zero,
       ...(layout.zero >= 1 ? { shardGroup: mesh.shard, replicateGroup: mesh.replicate } : {}),
       ...(plan.bucketSizeMb !== undefined ? { bucketSizeMb: plan.bucketSizeMb } : {}),
+      ...(plan.reduceDtype !== undefined ? { reduceDtype: plan.reduceDtype } : {}),
       ...(plan.reshardAfterForward !== undefined ? { reshardAfterForward: plan.reshardAfterForward } : {}),
       ...(plan.units ? { units: plan.units } : {}),
     });
@@ -102,6 +105,7 @@ export function wrapDataParallel<M extends Module>(model: M, m: LayoutMesh, layo
     ...(layout.zero >= 1 ? { shardGroup: m.shard, replicateGroup: m.replicate } : {}),
     accumulate: layout.accumulate,
     ...(opts.bucketSizeMb !== undefined ? { bucketSizeMb: opts.bucketSizeMb } : {}),
+    ...(opts.reduceDtype !== undefined ? { reduceDtype: opts.reduceDtype } : {}),
     ...(opts.overlap !== undefined ? { overlap: opts.overlap } : {}),
     ...(opts.findUnusedParameters !== undefined ? { findUnusedParameters: opts.findUnusedParameters } : {}),
     ...(opts.nonFinite !== undefined ? { nonFinite: opts.nonFinite } : {}),

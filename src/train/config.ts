@@ -49,6 +49,10 @@ export interface TrainConfig {
   evalBatches: number;
   threads: number;
   initFrom: string;
+  /** "fp32" or "bf16-mixed" (float32 master weights and gradients, bf16 matmuls: src/nn/precision.ts). */
+  precision: 'fp32' | 'bf16-mixed';
+  /** Recompute each transformer block's forward in backward: "none", "full" or "selective". */
+  activationCheckpoint: 'none' | 'full' | 'selective';
 }
 
 export interface CheckpointConfig {
@@ -155,6 +159,8 @@ export const configSchema: Schema<FlotillaConfig> = {
       evalEvery: { kind: 'int', default: 50, min: 0, doc: 'Validation loss every this many steps and after the last (0: only after the last).' },
       evalBatches: { kind: 'int', default: 4, min: 1, doc: 'Global batches of the validation split per evaluation (the same ones each time).' },
       threads: { kind: 'int', default: 1, min: 1, doc: 'Intra-op CPU threads per rank.' },
+      precision: { kind: 'string', default: 'fp32', choices: ['fp32', 'bf16-mixed'], doc: '"bf16-mixed": matmuls in bfloat16 with float32 master parameters, optimizer state and gradient buckets; softmax, norms, GELU and the loss in float32 (the op list is in src/nn/precision.ts). float16 is not supported (it would need loss scaling).' },
+      activationCheckpoint: { kind: 'string', default: 'none', choices: ['none', 'full', 'selective'], doc: 'Per transformer block: "full" keeps only the block input and recomputes its forward in backward; "selective" also keeps the matmul outputs and recomputes the rest; "none" keeps every activation.' },
       initFrom: { kind: 'string', default: '', doc: 'Start from the weights of a checkpoint directory or an exported .safetensors file (step 0, fresh optimizer state; fine-tuning); "" = random init from train.seed.' },
     },
   },
@@ -168,6 +174,7 @@ export const configSchema: Schema<FlotillaConfig> = {
       accumulate: { kind: 'string', default: 'auto', choices: ['auto', 'reduceLast', 'reduceEach', 'reduceScatterEachAllReduceLast'], doc: 'With several micro-batches: "reduceLast" reduces once per step (least communication), "reduceEach" reduces every micro-batch into the gradient shards (least memory; zero >= 2), "reduceScatterEachAllReduceLast" reduce-scatters every micro-batch and all-reduces across replicas once (HSDP); "auto" = reduceEach for zero >= 2, else reduceLast.' },
       reshardAfterForward: { kind: 'bool', default: true, doc: 'ZeRO-3: free each wrapping unit\'s gathered parameters after its forward and gather them again for its backward (false keeps them, trading memory for one all-gather per unit).' },
       bucketSizeMb: { kind: 'float', default: 25, above: 0, doc: 'Gradient bucket size in MiB for the data-parallel all-reduce.' },
+      reduceDtype: { kind: 'string', default: 'fp32', choices: ['fp32', 'bf16'], doc: 'What gradient collectives move: "fp32", or "bf16" (half the bytes; the float32 buckets are cast for the collective and back). Gradients accumulate in float32 either way.' },
       overlap: { kind: 'bool', default: true, doc: 'Start each bucket\'s all-reduce during backward, as soon as its gradients are final.' },
       backend: { kind: 'string', default: 'auto', choices: ['auto', 'gloo', 'mpi'], doc: 'Collectives: "mpi" (Open MPI, shared memory within a host; ranks start through mpirun), "gloo" (c10d Gloo over TCP), or "auto" = mpi when Open MPI is installed, else gloo.' },
       pp: { kind: 'int', default: 1, min: 1, doc: 'Pipeline-parallel degree: ranks each model replica is split over (must divide the world size); data.microBatches is the pipeline\'s m.' },

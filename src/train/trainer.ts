@@ -8,6 +8,7 @@ import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describeBlas, liveTensors, manualSeed, setNumThreads, tidy, torchVersion } from '../tensor/index.js';
 import { GPT, gptNumParams } from '../models/gpt.js';
+import { autocast } from '../nn/precision.js';
 import { gptCriterion, gptPipeline, gptUnits } from '../models/gpt_parallel.js';
 import { AdamW, warmupCosine, constant } from '../optim/index.js';
 import { initProcessGroup, destroyProcessGroup, describeBackend, getWorld, isInitialized } from '../distributed/process_group.js';
@@ -124,7 +125,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
     // ---- parallelize: pipeline, then sharding or replication (src/parallel/parallelize.ts)
     const model = parallelize(gpt, mesh, {
       layout, micro: cfg.data.microBatches, loss: gptCriterion, units: gptUnits,
-      bucketSizeMb: cfg.parallel.bucketSizeMb, overlap: cfg.parallel.overlap, reshardAfterForward: cfg.parallel.reshardAfterForward,
+      bucketSizeMb: cfg.parallel.bucketSizeMb, reduceDtype: cfg.parallel.reduceDtype, overlap: cfg.parallel.overlap, reshardAfterForward: cfg.parallel.reshardAfterForward,
     });
     const named = model.namedParameters();
     header('model', `GPT ${m.nLayer} layers, ${m.nHead} heads, width ${m.nEmbd}, context ${m.blockSize}: ${numParams.toLocaleString('en-US')} parameters; this rank holds ${named.reduce((a, [, p]) => a + p.numel(), 0).toLocaleString('en-US')}`);
@@ -205,7 +206,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
       // Forward only; each call returns the global batch's mean on every rank.
       let sum = 0;
       for (let k = 0; k < cfg.train.evalBatches; k++) {
-        sum += tidy(() => model.evaluate(Array.from({ length: M }, (_, mb) => evalLoader.batch(k, mb))));
+        sum += tidy(() => autocast(cfg.train.precision, () => model.evaluate(Array.from({ length: M }, (_, mb) => evalLoader.batch(k, mb)))));
       }
       return sum / cfg.train.evalBatches;
     };
@@ -231,7 +232,9 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
         const { loss, norm } = tidy(() => {
           optimizer.zeroGrad();
           // Forward and backward of every micro-batch, gradients finished as the layout says.
-          const { loss } = model.step(Array.from({ length: M }, () => loader.next()));
+          // One autocast scope per step: bf16 parameter copies are made once and dropped before
+          // the optimizer changes the float32 masters (src/nn/precision.ts).
+          const { loss } = autocast(cfg.train.precision, () => model.step(Array.from({ length: M }, () => loader.next())));
           const norm = o.gradClip > 0 ? clipGradNorm(model.grads, o.gradClip).norm : gradNorm(model.grads);
           // A non-finite norm is the same on every rank (grads.ts), so every rank skips alike.
           if (Number.isFinite(norm)) optimizer.step();

@@ -93,6 +93,8 @@ export interface PipelineOptions {
   replicateGroup?: ProcessGroup;
   /** With zero >= 1: bucket size in MiB (DataParallel's default when absent). */
   bucketSizeMb?: number;
+  /** What gradient collectives move (DataParallelOptions.reduceDtype). */
+  reduceDtype?: 'fp32' | 'bf16';
   /** With zero = 3: free a unit's gathered parameters after each forward (default true). */
   reshardAfterForward?: boolean;
   /** With zero = 3: the wrapping units among the stage modules (fsdp.ts; paths start with 'stage<s>.'). */
@@ -184,6 +186,7 @@ export class PipelineParallel implements ParallelModel {
         ...(opts.shardGroup ? { shardGroup: opts.shardGroup } : {}),
         ...(opts.replicateGroup ? { replicateGroup: opts.replicateGroup } : {}),
         ...(opts.bucketSizeMb !== undefined ? { bucketSizeMb: opts.bucketSizeMb } : {}),
+        ...(opts.reduceDtype !== undefined ? { reduceDtype: opts.reduceDtype } : {}),
         ...(opts.reshardAfterForward !== undefined ? { reshardAfterForward: opts.reshardAfterForward } : {}),
         ...(opts.units ? { units: opts.units } : {}),
       });

@@ -1,0 +1,121 @@
+// Mixed precision as a policy: one table says which op runs in which dtype, and the nn layers ask it
+// (castFor / castParam) instead of carrying flags. The trainer opens one autocast() scope per step.
+//
+// [Note: bf16-mixed]
+// - Master parameters, optimizer state and the flat gradient buckets stay float32 (Megatron's
+//   main_grad): the never-None gradient views, the gradient API, clipping and checkpoints do not
+//   know mixed precision exists.
+// - A parameter's bfloat16 copy is made once per autocast scope (once per training step) with
+//   autograd (`p.to('bfloat16')`, ToCopyBackward, which saves no tensors and so can be backpropagated
+//   through once per micro-batch): its backward converts the bf16 weight gradient to float32 and the
+//   engine accumulates it into the float32 .grad view, so each micro-batch's graph still reaches the
+//   float32 leaf and the data-parallel readiness hooks fire as in float32.
+// - Activations are cast at the op that needs another dtype (a matmul's bf16 output feeds softmax or
+//   GELU in float32); the residual stream stays float32 (bf16 + fp32 promotes to fp32).
+//
+// The op list, and how it compares with PyTorch 1.13's CPU autocast (checked by
+// test/precision_oracle.test.ts):
+//   op          bf16-mixed   autocast(cpu, bf16)  why
+//   linear      bfloat16     bfloat16             every Linear, the head included (autocast's lower-precision list)
+//   matmul      bfloat16     bfloat16             attention's q@k^T and att@v
+//   softmax     float32      bfloat16             autocast runs it in whatever arrives; exp/sum of scores need float32
+//   gelu        float32      bfloat16             same: the MLP's activation is computed in float32, cast for the next matmul
+//   layerNorm   float32      float32              its input is the float32 residual stream in both
+//   rmsNorm     float32      float32              (a reduction: float32)
+//   embedding   float32      float32              a gather from the float32 master weight
+//   loss        float32      float32              cross-entropy is on autocast's float32 list
+// Reductions (norms, clipping) are outside forward and stay float32/float64 as before.
+import { type Tensor, type DType, isGradEnabled, keep } from '../tensor/index.js';
+
+export type Precision = 'fp32' | 'bf16-mixed';
+export const PRECISIONS: readonly Precision[] = ['fp32', 'bf16-mixed'];
+
+export type OpClass = 'linear' | 'matmul' | 'softmax' | 'gelu' | 'layerNorm' | 'rmsNorm' | 'embedding' | 'loss';
+
+/** The table (see [Note: bf16-mixed]); fp32 has none: every op runs in its inputs' dtype. */
+export const BF16_MIXED_OPS: Readonly<Record<OpClass, DType>> = {
+  linear: 'bfloat16',
+  matmul: 'bfloat16',
+  softmax: 'float32',
+  gelu: 'float32',
+  layerNorm: 'float32',
+  rmsNorm: 'float32',
+  embedding: 'float32',
+  loss: 'float32',
+};
+
+/** Checks a precision name from a config or the API; fp16 is named as out of scope. */
+export function parsePrecision(p: string): Precision {
+  if ((PRECISIONS as readonly string[]).includes(p)) return p as Precision;
+  if (/^(fp16|float16|16|16-mixed|fp16-mixed)$/.test(p)) {
+    throw new Error(`precision "${p}": float16 is not supported (it needs loss scaling); use "bf16-mixed" or "fp32"`);
+  }
+  throw new Error(`precision "${p}" is not one of ${PRECISIONS.map((x) => `"${x}"`).join(', ')}`);
+}
+
+interface Scope {
+  ops: Readonly<Record<OpClass, DType>> | undefined;
+  /** Parameter copies made in this scope, with and without autograd history. */
+  withGrad: Map<Tensor, Tensor>;
+  noGrad: Map<Tensor, Tensor>;
+}
+
+const scopes: Scope[] = [];
+
+/**
+ * Runs fn with a precision policy: layers inside cast as the table says. Parameter copies live as
+ * long as the scope (one training step: open it around all micro-batches, close it before the
+ * optimizer step, which changes the float32 masters the copies were made from).
+ */
+export function autocast<T>(precision: Precision, fn: () => T): T {
+  const s: Scope = { ops: precision === 'bf16-mixed' ? BF16_MIXED_OPS : undefined, withGrad: new Map(), noGrad: new Map() };
+  scopes.push(s);
+  try {
+    const r = fn();
+    if (r instanceof Promise) throw new Error('autocast() takes a synchronous function');
+    return r;
+  } finally {
+    scopes.pop();
+    for (const t of s.withGrad.values()) t.dispose();
+    for (const t of s.noGrad.values()) t.dispose();
+  }
+}
+
+/** The precision in force ('fp32' outside any autocast scope). */
+export function currentPrecision(): Precision {
+  const s = scopes[scopes.length - 1];
+  return s?.ops ? 'bf16-mixed' : 'fp32';
+}
+
+/** The dtype the policy gives an op, or undefined when it leaves the inputs' dtype alone. */
+export function opDtype(op: OpClass): DType | undefined {
+  return scopes[scopes.length - 1]?.ops?.[op];
+}
+
+/** Activations cast to the op's dtype (the same tensors when nothing changes). */
+export function castFor(op: OpClass, ...xs: Tensor[]): Tensor[] {
+  const d = opDtype(op);
+  if (d === undefined) return xs;
+  return xs.map((x) => (x.dtype === d || !isFloatingDtype(x.dtype) ? x : x.to(d)));
+}
+
+/** A parameter in the op's dtype: one copy per scope, made with autograd so gradients reach the float32 leaf. */
+export function castParam(op: OpClass, p: Tensor): Tensor;
+export function castParam(op: OpClass, p: Tensor | undefined): Tensor | undefined;
+export function castParam(op: OpClass, p: Tensor | undefined): Tensor | undefined {
+  const s = scopes[scopes.length - 1];
+  const d = s?.ops?.[op];
+  if (p === undefined || d === undefined || p.dtype === d) return p;
+  // A copy made under noGrad has no path to the leaf: keep the two kinds apart.
+  const cache = isGradEnabled() ? s!.withGrad : s!.noGrad;
+  let c = cache.get(p);
+  if (c === undefined || c.isDisposed) {
+    c = keep(p.to(d));
+    cache.set(p, c);
+  }
+  return c;
+}
+
+function isFloatingDtype(d: DType): boolean {
+  return d === 'float32' || d === 'float64' || d === 'bfloat16' || d === 'float16';
+}
