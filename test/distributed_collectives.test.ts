@@ -57,7 +57,7 @@ test('FLOTILLA_GLOO_IFACE picks the network interface', async () => {
   assert.deepEqual(w.codes, [0, 0], describeWorld(w));
   const bad = await runWorld({ nproc: 2, script: 'test/helpers/ranks/launched.ts', args: ['ok'], env: { FLOTILLA_GLOO_IFACE: 'nosuch0', TEST_TIMEOUT_MS: '3000' } });
   assert.ok(bad.codes.every((c) => c !== 0));
-  assert.match(bad.outputs[0]!, /could not connect the world of 2 ranks .*\(Gloo on interface nosuch0\).*Unable to find address for: nosuch0/);
+  assert.match(bad.outputs[0]!, /could not connect the world of 2 ranks .*\(Gloo on interface nosuch0 \(FLOTILLA_GLOO_IFACE\)\).*Unable to find address for: nosuch0/);
 });
 
 test('a rank that never arrives: rendezvous fails after the timeout, naming the world and address', async () => {
