@@ -9,6 +9,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { runWorld, parseResults, describeWorld, scriptCommand, isAlive, assertMpiBuilt, REPO_ROOT } from './helpers/world.js';
 import { frame, storeProof, Op, Status } from '../src/distributed/store_server.js';
+import { loopbackNamespace } from '../src/distributed/mpi_launch.js';
 
 const RANK_SCRIPT = 'test/helpers/ranks/hardening.ts';
 const FLOTILLA = join(REPO_ROOT, 'bin', 'flotilla.js');
@@ -117,8 +118,10 @@ function ancestorNamed(pid: number, name: string): number | undefined {
   return undefined;
 }
 
-test('a single-host `flotilla run --backend mpi` is reachable on loopback only: ranks and mpirun', async () => {
+test('a single-host `flotilla run --backend mpi` is reachable on loopback only: ranks and mpirun', async (t) => {
   assertMpiBuilt();
+  const ns = loopbackNamespace();
+  if (typeof ns === 'string') t.diagnostic(`mpirun's own listener is not checked: no network namespace here (${ns}); the ranks still are`);
   const dir = mkdtempSync(join(tmpdir(), 'flotilla-test-'));
   const go = join(dir, 'go');
   const launcher = spawn(process.execPath, [FLOTILLA, 'run', '--backend', 'mpi', '--nproc', '2', join(REPO_ROOT, RANK_SCRIPT), 'listen', go], { stdio: ['ignore', 'pipe', 'pipe'] });
@@ -128,7 +131,8 @@ test('a single-host `flotilla run --backend mpi` is reachable on loopback only: 
     const pids = (await waitForOutput(launcher, /PID \d+ (\d+)/, 2, 'both ranks joining')).map((m) => Number(m[1]));
     const mpirun = ancestorNamed(pids[0]!, 'mpirun');
     assert.ok(mpirun !== undefined, 'mpirun is an ancestor of the ranks');
-    for (const [what, pid] of [['rank 0', pids[0]!], ['rank 1', pids[1]!], ['mpirun', mpirun]] as const) {
+    const checked = typeof ns === 'string' ? [['rank 0', pids[0]!], ['rank 1', pids[1]!]] as const : [['rank 0', pids[0]!], ['rank 1', pids[1]!], ['mpirun', mpirun]] as const;
+    for (const [what, pid] of checked) {
       const v = listenersInOwnNamespace(pid);
       const exposed = v.listening.filter((l) => !isLoopbackHex(l.addr));
       // Reachable from elsewhere only through a listener on a non-loopback address, or on a wildcard
