@@ -33,3 +33,4 @@ export function describeBlas(): string {
   const pinned = process.env.OPENBLAS_CORETYPE?.trim() ? ' (pinned by OPENBLAS_CORETYPE)' : '';
   return `OpenBLAS${version ? ` ${version}` : ''} ${info.core} kernels${pinned}`;
 }
+export { defineFunction, type FunctionCtx, type FunctionDef } from './function.js';
