@@ -75,7 +75,8 @@ function onLines(sock: Socket, fn: (m: Message | undefined) => void): void {
       buf = buf.slice(nl + 1);
       let m: Message | undefined;
       try {
-        m = JSON.parse(line) as Message;
+        const v: unknown = JSON.parse(line);
+        m = typeof v === 'object' && v !== null && typeof (v as { t?: unknown }).t === 'string' ? v as Message : undefined;
       } catch {
         m = undefined;
       }
@@ -165,7 +166,7 @@ export class NodeLink {
         if (m === undefined) return void sock.destroy();
         if (node === undefined) {
           const ok = m.t === 'join' && Number.isInteger(m.node) && m.node > 0 && m.node < o.nnodes && typeof m.proof === 'string' &&
-            m.proof.length === 64 && timingSafeEqual(Buffer.from(m.proof, 'hex'), Buffer.from(proof(o.secret, nonce, m.node), 'hex'));
+            /^[0-9a-f]{64}$/.test(m.proof) && timingSafeEqual(Buffer.from(m.proof, 'hex'), Buffer.from(proof(o.secret, nonce, m.node), 'hex'));
           if (!ok) return void sock.destroy();
           node = (m as { node: number }).node;
           clearTimeout(authTimer);
@@ -178,8 +179,9 @@ export class NodeLink {
         if (p) p.last = Date.now();
         if (m.t === 'bye') this.finished.add(node);
         else if (m.t === 'fail') {
-          this.relay({ t: 'fail', node, why: m.why }, node);
-          this.peerDown(`node ${node} (${ranksOf(node, o.nproc)}) failed: ${m.why}`, false);
+          const why = String(m.why).slice(0, 1000);
+          this.relay({ t: 'fail', node, why }, node);
+          this.peerDown(`node ${node} (${ranksOf(node, o.nproc)}) failed: ${why}`, false);
         }
       });
       send(sock, { t: 'hello', nonce });
@@ -214,15 +216,15 @@ export class NodeLink {
         onLines(sock, (m) => {
           if (m === undefined) return void sock.destroy();
           this.lastFromZero = Date.now();
-          if (m.t === 'hello') send(sock, { t: 'join', node: o.nodeRank, proof: proof(o.secret, m.nonce, o.nodeRank) });
+          if (m.t === 'hello') send(sock, { t: 'join', node: o.nodeRank, proof: proof(o.secret, String(m.nonce), o.nodeRank) });
           else if (m.t === 'welcome') {
             welcomed = true;
             this.upstream = sock;
             sock.unref();
             resolve();
           } else if (m.t === 'bye') this.finished.add(0);
-          else if (m.t === 'fail') this.peerDown(`node ${m.node} (${ranksOf(m.node, o.nproc)}) failed: ${m.why}`, false);
-          else if (m.t === 'lost') this.peerDown(m.why);
+          else if (m.t === 'fail') this.peerDown(`node ${Number(m.node)} (${ranksOf(Number(m.node), o.nproc)}) failed: ${String(m.why)}`, false);
+          else if (m.t === 'lost') this.peerDown(String(m.why));
         });
       };
       attempt();
