@@ -113,19 +113,28 @@ export function defineFunction<A extends unknown[]>(def: FunctionDef<A>, name = 
       c.registerHook((zero) => {
         if (answers === undefined) {
           const gs = outs.flatMap((o, j) => (diff[j] ? [gradOuts[j] ?? keep(zerosLike(o))] : []));
-          const r = def.backward(ctx, ...gs);
-          const list = r === undefined || r instanceof Tensor ? [r] : r;
-          if (list.length !== args.length) {
-            throw new Error(`${name}.backward returned ${list.length} gradient(s) for ${args.length} argument(s): return one per argument (undefined where none)`);
+          // The engine runs hooks with grad mode off (create_graph = false); backward may use autograd.
+          // Its temporaries die with this scope; the answers are own aliases, freed after backward.
+          const prev = native.setGradEnabled(true);
+          try {
+            answers = tidy(() => {
+              const r = def.backward(ctx, ...gs);
+              const list = r === undefined || r instanceof Tensor ? [r] : r;
+              if (list.length !== args.length) {
+                throw new Error(`${name}.backward returned ${list.length} gradient(s) for ${args.length} argument(s): return one per argument (undefined where none)`);
+              }
+              return list.map((g, i) => {
+                if (g === undefined || !ctx.needsInputGrad[i]) return undefined;
+                const x = args[i] as Tensor;
+                if (g.shape.join(',') !== x.shape.join(',')) {
+                  throw new Error(`${name}.backward: gradient ${i} has shape [${g.shape}], its input [${x.shape}]`);
+                }
+                return g.dtype === x.dtype ? g.detach() : g.to(x.dtype);
+              });
+            }).map((g) => (g ? keep(g) : undefined));
+          } finally {
+            native.setGradEnabled(prev);
           }
-          answers = list.map((g, i) => {
-            if (g === undefined || !ctx.needsInputGrad[i]) return undefined;
-            const x = args[i] as Tensor;
-            if (g.shape.join(',') !== x.shape.join(',')) {
-              throw new Error(`${name}.backward: gradient ${i} has shape [${g.shape}], its input [${x.shape}]`);
-            }
-            return keep(g.dtype === x.dtype ? g : g.to(x.dtype));
-          });
           for (let j = 0; j < gradOuts.length; j++) gradOuts[j]?.dispose();
           for (const t of ctx.saved) t.dispose();
           ctx.saved = [];

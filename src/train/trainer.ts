@@ -9,6 +9,7 @@ import { join } from 'node:path';
 import { describeBlas, liveTensors, manualSeed, setNumThreads, tidy, torchVersion } from '../tensor/index.js';
 import { GPT, gptNumParams } from '../models/gpt.js';
 import { autocast } from '../nn/precision.js';
+import { withActivationCheckpoint } from '../nn/checkpoint.js';
 import { gptCriterion, gptPipeline, gptUnits } from '../models/gpt_parallel.js';
 import { AdamW, warmupCosine, constant } from '../optim/index.js';
 import { initProcessGroup, destroyProcessGroup, describeBackend, getWorld, isInitialized } from '../distributed/process_group.js';
@@ -234,7 +235,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
           // Forward and backward of every micro-batch, gradients finished as the layout says.
           // One autocast scope per step: bf16 parameter copies are made once and dropped before
           // the optimizer changes the float32 masters (src/nn/precision.ts).
-          const { loss } = autocast(cfg.train.precision, () => model.step(Array.from({ length: M }, () => loader.next())));
+          const { loss } = autocast(cfg.train.precision, () => withActivationCheckpoint(cfg.train.activationCheckpoint, () => model.step(Array.from({ length: M }, () => loader.next()))));
           const norm = o.gradClip > 0 ? clipGradNorm(model.grads, o.gradClip).norm : gradNorm(model.grads);
           // A non-finite norm is the same on every rank (grads.ts), so every rank skips alike.
           if (Number.isFinite(norm)) optimizer.step();
