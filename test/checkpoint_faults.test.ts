@@ -87,25 +87,26 @@ test('kill -9 of a rank while it saves: the previous checkpoint stays complete a
   assert.deepEqual(got.map((m) => m.loss), want.map((m) => m.loss));
 });
 
-test('Ctrl-C (SIGINT) saves a checkpoint at the end of the current step and exits 0, in one process and under the launcher', async () => {
-  for (const nproc of ['1', '2']) {
-    const dir = join(work, `sigint-${nproc}`);
+test('Ctrl-C (SIGINT) saves a checkpoint at the end of the current step and exits 0, in one process and under the launcher (Gloo and Open MPI)', async () => {
+  for (const [nproc, backend] of [['1', 'gloo'], ['2', 'gloo'], ['2', 'mpi']] as const) {
+    const dir = join(work, `sigint-${nproc}-${backend}`);
     let sent = false;
-    const r = await flotilla(['train', CONFIG, `--train.runDir=${dir}`, '--nproc', nproc, '--parallel.backend=gloo', '--train.steps=100000', '--checkpoint.every=0'], {
+    const r = await flotilla(['train', CONFIG, `--train.runDir=${dir}`, '--nproc', nproc, `--parallel.backend=${backend}`, '--train.steps=100000', '--checkpoint.every=0'], {
       onStart: (child) => {
         const poll = setInterval(() => {
           const m = join(dir, 'metrics.jsonl');
           if (!existsSync(m) || readFileSync(m, 'utf8').split('\n').length < 4) return;
           clearInterval(poll);
           sent = true;
-          // As a terminal does: the whole foreground group gets it (the launcher forwards it too).
-          if (nproc === '1') child.kill('SIGINT');
+          // As a terminal does: the foreground group gets it. Gloo ranks are in the launcher's group
+          // (and get the launcher's forwarded one too); mpirun's job runs in a group of its own.
+          if (nproc === '1' || backend === 'mpi') child.kill('SIGINT');
           else for (const pid of [child.pid!, ...rankPids(dir).values()]) process.kill(pid, 'SIGINT');
         }, 20);
       },
     });
     assert.ok(sent);
-    assert.equal(r.code, 0, `--nproc ${nproc}: exit ${r.code}\n${r.out}\n${r.err}`);
+    assert.equal(r.code, 0, `--nproc ${nproc} (${backend}): exit ${r.code}\n${r.out}\n${r.err}`);
     assert.match(r.out, /\[stop\] stopped after step (\d+) of 100000; continue with --resume/);
     const stopped = Number(/stopped after step (\d+)/.exec(r.out)![1]);
     assert.equal(latestOf({ dir }), `step-${String(stopped).padStart(6, '0')}`);

@@ -266,6 +266,7 @@ function runGroup(o: RunOptions, attempt: number, port: number, io: Required<Lau
   const running = new Set<number>();
   let outcome: Outcome = { kind: 'ok' };
   let stopping = false;
+  let cleanExits = true; // every rank exited 0 (an interrupted run whose ranks stopped cleanly succeeded)
   let killTimer: NodeJS.Timeout | undefined;
   const say = (msg: string): void => void io.stderr.write(`flotilla run: ${msg}\n`);
 
@@ -331,8 +332,11 @@ function runGroup(o: RunOptions, attempt: number, port: number, io: Required<Lau
     }
     outcome = { kind: 'interrupted', signal };
     stopping = true;
-    say(`received ${signal}; forwarding it to the ranks`);
-    stopAll(signal);
+    say(`received ${signal}; forwarding it to the ranks${signal === 'SIGINT' ? ' (Ctrl-C again kills them)' : ''}`);
+    // A SIGINT asks flotilla ranks to save a checkpoint and stop after their current step: no
+    // deadline but a second Ctrl-C. Other signals get the usual grace before SIGKILL.
+    if (signal === 'SIGINT') for (const r of running) children[r - o.nodeRank * o.nproc]?.kill(signal);
+    else stopAll(signal);
   };
   if (io.handleSignals) {
     process.on('SIGINT', onSignal);
@@ -375,6 +379,7 @@ function runGroup(o: RunOptions, attempt: number, port: number, io: Required<Lau
         if (exited) return;
         exited = true;
         running.delete(rank);
+        if (code !== 0 || signal !== null) cleanExits = false;
         if ((code !== 0 || signal !== null) && !stopping) {
           if (startError === undefined && timedOut.has(rank)) {
             // It gave up waiting for a peer: the cause is the rank it waited for. Give the others
@@ -411,7 +416,7 @@ function runGroup(o: RunOptions, attempt: number, port: number, io: Required<Lau
             process.off('SIGINT', onSignal);
             process.off('SIGTERM', onSignal);
           }
-          resolve(outcome);
+          resolve(outcome.kind === 'interrupted' && outcome.signal === 'SIGINT' && cleanExits ? { kind: 'ok' } : outcome);
         }
       });
     }

@@ -177,7 +177,9 @@ export function spawnMpiJob(o: MpiJobOptions): ChildProcess {
     warnedNoNamespace = true;
     o.onLine(-1, 'stderr', `ranks share the host's network: ${c.why}; mpirun's out-of-band listener is open on every interface (see FLOTILLA_MPI_NETNS in the README)`);
   }
-  const child = spawn(c.cmd, c.args, { env: c.env, cwd: o.cwd, stdio: ['ignore', 'pipe', 'pipe'] });
+  // mpirun and its ranks in a process group of their own: a terminal's Ctrl-C reaches the launcher
+  // only, which asks the ranks to stop after their step (mpirun would end them at once).
+  const child = spawn(c.cmd, c.args, { env: c.env, cwd: o.cwd, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
   const deliver = (rank: number, stream: 'stdout' | 'stderr', line: string): void => {
     if (rank < 0) {
       if (!NOISE.test(line)) o.onLine(-1, stream, line);
@@ -324,6 +326,27 @@ export function runMpiGroup(
     }
     outcome = { kind: 'interrupted', signal };
     stopping = true;
+    // The ranks' own processes: not the shell wrapper and the `cat` that carry their output.
+    const ranks = rankProcesses(job?.pid).filter((r) => {
+      try {
+        return !['sh', 'dash', 'bash', 'cat'].includes(readFileSync(`/proc/${r.pid}/comm`, 'utf8').trim());
+      } catch {
+        return false;
+      }
+    });
+    if (signal === 'SIGINT' && ranks.length > 0) {
+      // Flotilla ranks save a checkpoint and stop after their current step: the SIGINT goes to the
+      // ranks themselves, with no deadline but a second Ctrl-C.
+      say(`received ${signal}; forwarding it to the ranks (Ctrl-C again kills them)`);
+      for (const r of ranks) {
+        try {
+          process.kill(r.pid, 'SIGINT');
+        } catch {
+          // gone meanwhile
+        }
+      }
+      return;
+    }
     say(`received ${signal}; forwarding it to the ranks`);
     stop('SIGTERM');
   };
@@ -369,6 +392,8 @@ export function runMpiGroup(
           process.off('SIGINT', onSignal);
           process.off('SIGTERM', onSignal);
         }
+        // Ctrl-C that every rank answered by stopping cleanly (exit 0) is a successful run.
+        if (outcome.kind === 'interrupted' && outcome.signal === 'SIGINT' && code === 0 && startError === undefined) outcome = { kind: 'ok' };
         if (outcome.kind === 'ok' && (startError !== undefined || code !== 0 || running.size > 0)) {
           // mpirun failed without a rank reporting (it could not start them, or was killed).
           const first = [...running][0] ?? 0;

@@ -53,7 +53,7 @@ if (mode === 'ok') {
         return;
       }
       emitResult({ ...vars, signal: sig });
-      process.exit(0);
+      process.exit(Number(process.env.EXIT_ON_SIGNAL ?? 0)); // 0: stopped cleanly (as flotilla train after a Ctrl-C)
     });
   }
   console.log('ready');
