@@ -4,10 +4,9 @@
 // this stage does not own": GPTStage holds some blocks (named by their global index), the
 // embeddings only on the first stage and the final norm + head only on the last. The loss lives
 // outside forward (gptLoss), applied by whoever holds the head.
-import { type Tensor, arange, manualSeed, noGrad, isGradEnabled } from '../tensor/index.js';
+import { type Tensor, arange, manualSeed, noGrad } from '../tensor/index.js';
 import { Module, Embedding, LayerNorm, Linear, Dropout, Block, F } from '../nn/index.js';
 import { castFor } from '../nn/precision.js';
-import { activationCheckpointMode, checkpointBlock } from '../nn/checkpoint.js';
 
 export interface GPTConfig {
   vocabSize: number;
@@ -160,11 +159,8 @@ abstract class GPTParts extends Module {
       const pos = arange(0, T);
       x = this.drop!.call(this.wte.call(input).add(this.wpe!.call(pos))); // (B, T, C)
     }
-    // Activation checkpointing per block when the trainer asks for it (src/nn/checkpoint.ts).
-    const ac = activationCheckpointMode();
-    for (const b of this.layers.items) {
-      x = ac === 'none' || !isGradEnabled() ? b.call(x) : checkpointBlock(b, x, { dropout: this.cfg.dropout > 0 });
-    }
+    // Each block checkpoints itself when activation checkpointing is on (Block.forward, src/nn/checkpoint.ts).
+    for (const b of this.layers.items) x = b.call(x);
     if (this.head) x = this.head.call(this.lnF!.call(x)); // (B, T, vocab)
     return x;
   }

@@ -7,9 +7,10 @@
 //   block's parameters, so parameter gradients come out of the node and are accumulated by the
 //   outer backward into the float32 .grad views: data-parallel readiness hooks fire as without
 //   checkpointing, and nothing reduces a gradient from inside the nested pass.
-// - Forward keeps only the input (an alias, no copy). Backward recomputes through module.call, so
-//   parallel wrappers' forward hooks run again (ZeRO-3 gathers the unit's parameters for the
-//   recompute, as it must).
+// - Forward keeps only the input (an alias, no copy). The node is built inside the block's call(),
+//   so parallel wrappers' hooks surround it: ZeRO-3 has the parameters gathered while the node
+//   takes its parameter inputs, and its backward pre-hook on the block's output regathers them
+//   before the node's backward recomputes the block (one gather for recompute and backward).
 // - Dropout replays the same mask: when the block is training with dropout, forward draws a seed
 //   from the generator and reseeds before the block and before its recompute.
 // - In float32 the recompute repeats the same kernels on the same values, so gradients are
@@ -37,38 +38,41 @@ export function activationCheckpointMode(): ActivationCheckpoint {
   return modes[modes.length - 1] ?? 'none';
 }
 
-const blockFn = defineFunction<[Module & { call(x: Tensor): Tensor }, { seed?: number }, Tensor, ...Tensor[]]>({
-  forward(ctx, block, rng, x) {
+type Body = (x: Tensor) => Tensor;
+
+const blockFn = defineFunction<[Module, Body, { seed?: number }, Tensor, ...Tensor[]]>({
+  forward(ctx, block, body, rng, x) {
+    ctx.state.args = [block, body];
     if (rng.seed !== undefined) manualSeed(rng.seed);
-    const out = block.call(x);
+    const out = body(x);
     ctx.saveForBackward(x);
-    ctx.state.block = block;
     ctx.state.seed = rng.seed;
     return out;
   },
   backward(ctx, g) {
-    const block = ctx.state.block as Module & { call(x: Tensor): Tensor };
+    const [block, body] = ctx.state.args as [Module, Body];
     const seed = ctx.state.seed as number | undefined;
-    const x = ctx.savedTensors[0]!.detach().requiresGrad_(ctx.needsInputGrad[2] ?? false);
+    const x = ctx.savedTensors[0]!.detach().requiresGrad_(ctx.needsInputGrad[3] ?? false);
     const params = block.parameters();
-    const want = params.map((_, i) => ctx.needsInputGrad[3 + i] ?? false);
+    const want = params.map((_, i) => ctx.needsInputGrad[4 + i] ?? false);
     if (seed !== undefined) manualSeed(seed);
-    const out = block.call(x);
+    const out = body(x);
     const inputs = [...(x.requiresGrad ? [x] : []), ...params.filter((_, i) => want[i])];
     const gs = grad([out], inputs, { gradOutputs: [g], allowUnused: true });
     let k = 0;
     const gx = x.requiresGrad ? gs[k++] : undefined;
     const gp = params.map((_, i) => (want[i] ? gs[k++] : undefined));
-    return [undefined, undefined, gx, ...gp];
+    return [undefined, undefined, undefined, gx, ...gp];
   },
 }, 'ActivationCheckpoint');
 
 /**
- * block(x) with its activations recomputed in backward ([Note: activation checkpoint]). The block's
- * parameters are the node's inputs, so they must be its parameters() (all of them).
+ * body(x) (a block's forward, called from inside the block's call()) with its activations
+ * recomputed in backward ([Note: activation checkpoint]). The node's inputs are x and all of the
+ * block's parameters(), which body may use.
  */
-export function checkpointBlock(block: Module & { call(x: Tensor): Tensor }, x: Tensor, opts: { dropout?: boolean } = {}): Tensor {
+export function checkpointBlock(block: Module, x: Tensor, body: Body, opts: { dropout?: boolean } = {}): Tensor {
   // A seed only when dropout draws: otherwise the generator's stream is left as without checkpointing.
   const rng = opts.dropout && block.training ? { seed: randint(0, 2 ** 31 - 1, [1]).item() } : {};
-  return blockFn(block, rng, x, ...block.parameters()) as Tensor;
+  return blockFn(block, body, rng, x, ...block.parameters()) as Tensor;
 }

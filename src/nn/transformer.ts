@@ -1,8 +1,9 @@
 // Transformer pieces for decoder-only models: causal self-attention, MLP, pre-norm block.
-import { Tensor, ones } from '../tensor/index.js';
+import { Tensor, ones, isGradEnabled } from '../tensor/index.js';
 import { Module } from './module.js';
 import { Linear, LayerNorm, Dropout } from './layers.js';
 import { castFor } from './precision.js';
+import { activationCheckpointMode, checkpointBlock } from './checkpoint.js';
 
 export interface BlockConfig {
   nEmbd: number;
@@ -82,8 +83,21 @@ export class Block extends Module {
     this.attn = this.registerModule('attn', new CausalSelfAttention(cfg));
     this.ln2 = this.registerModule('ln2', new LayerNorm(cfg.nEmbd, { bias: cfg.bias }));
     this.mlp = this.registerModule('mlp', new MLP(cfg));
+    this.dropout = cfg.dropout;
   }
+  readonly dropout: number;
+  /**
+   * Inside call(), so a parallel wrapper's hooks are around it: under ZeRO-3 the parameters are
+   * gathered while the checkpoint node is built, and its backward pre-hook regathers them before the
+   * recompute ([Note: activation checkpoint]).
+   */
   forward(x: Tensor): Tensor {
+    if (activationCheckpointMode() !== 'none' && isGradEnabled()) {
+      return checkpointBlock(this, x, (y) => this.body(y), { dropout: this.dropout > 0 });
+    }
+    return this.body(x);
+  }
+  private body(x: Tensor): Tensor {
     const h = x.add(this.attn.call(this.ln1.call(x)));
     return h.add(this.mlp.call(this.ln2.call(h)));
   }

@@ -84,6 +84,7 @@ export function defineFunction<A extends unknown[]>(def: FunctionDef<A>, name = 
       for (const t of ctx.saved) t.dispose();
       return raw;
     }
+    const inMeta = args.map((a, i) => (ctx.needsInputGrad[i] ? { shape: (a as Tensor).shape.join(','), dtype: (a as Tensor).dtype } : undefined));
     // [Note: function node]
     const carriers = needIdx.map((i) => {
       const x = args[i] as Tensor;
@@ -125,11 +126,11 @@ export function defineFunction<A extends unknown[]>(def: FunctionDef<A>, name = 
               }
               return list.map((g, i) => {
                 if (g === undefined || !ctx.needsInputGrad[i]) return undefined;
-                const x = args[i] as Tensor;
-                if (g.shape.join(',') !== x.shape.join(',')) {
-                  throw new Error(`${name}.backward: gradient ${i} has shape [${g.shape}], its input [${x.shape}]`);
+                const want = inMeta[i]!; // the input itself may be freed by now (its scope ended)
+                if (g.shape.join(',') !== want.shape) {
+                  throw new Error(`${name}.backward: gradient ${i} has shape [${g.shape}], its input [${want.shape}]`);
                 }
-                return g.dtype === x.dtype ? g.detach() : g.to(x.dtype);
+                return g.dtype === want.dtype ? g.detach() : g.to(want.dtype);
               });
             }).map((g) => (g ? keep(g) : undefined));
           } finally {
