@@ -460,6 +460,23 @@ static Napi::Value ToBuffer(const Napi::CallbackInfo& info) {
   FLOTILLA_CATCH(env, "toBuffer")
 }
 
+// copyToBuffer(t, uint8Array): copies the tensor's bytes (C order) into the start of an existing
+// Uint8Array (a reused staging buffer, e.g. over a SharedArrayBuffer), which must be large enough.
+static Napi::Value CopyToBuffer(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  FLOTILLA_TRY
+  at::Tensor t = Operand(info[0]).detach().contiguous();
+  // A Uint8Array's own data pointer: it may view a SharedArrayBuffer, which is no Napi::ArrayBuffer.
+  Napi::Uint8Array ta = info[1].As<Napi::Uint8Array>();
+  size_t bytes = t.numel() * t.element_size();
+  if (bytes > ta.ByteLength()) {
+    throw std::invalid_argument("tensor has " + std::to_string(bytes) + " bytes, the buffer holds " + std::to_string(ta.ByteLength()));
+  }
+  if (bytes) std::memcpy(ta.Data(), t.data_ptr(), bytes);
+  return Napi::Number::New(env, static_cast<double>(bytes));
+  FLOTILLA_CATCH(env, "copyToBuffer")
+}
+
 // meta(t) -> [shape, dtype, requiresGrad, isLeaf, strides, storageOffset]
 static Napi::Value Meta(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
@@ -591,6 +608,7 @@ void InitTensor(Napi::Env env, Napi::Object exports) {
   exports.Set("callOp", Napi::Function::New(env, CallOp));
   exports.Set("fromBuffer", Napi::Function::New(env, FromBuffer));
   exports.Set("toBuffer", Napi::Function::New(env, ToBuffer));
+  exports.Set("copyToBuffer", Napi::Function::New(env, CopyToBuffer));
   exports.Set("meta", Napi::Function::New(env, Meta));
   exports.Set("shape", Napi::Function::New(env, Shape));
   exports.Set("dtype", Napi::Function::New(env, Dtype));

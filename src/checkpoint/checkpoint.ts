@@ -21,7 +21,7 @@ import { dtypeCode, elementSize, type DType } from '../tensor/dtype.js';
 import type { ProcessGroup } from '../distributed/process_group.js';
 import type { Optimizer } from '../optim/optimizer.js';
 import type { ElementRange, ParamPlacement } from '../parallel/placement.js';
-import { encodeSafetensors, readSafetensorsHeader } from './safetensors.js';
+import { encodeSafetensorsHeader, readSafetensorsHeader, type SafetensorsEntry } from './safetensors.js';
 import { BackgroundWriter, writeFileHashed, type WrittenFile } from './writer.js';
 import {
   CHECKPOINT_FORMAT, CheckpointError, LATEST_FILE, META_FILE, numelOf, readMeta, stepDirName,
@@ -80,10 +80,25 @@ function writeDurably(path: string, text: string): void {
 }
 
 /**
- * Copies this rank's pieces out of the tensors: safetensors bytes (header first) and the index of
- * what they hold. After it returns, training may change the tensors.
+ * [Note: staging buffer] A save copies this rank's pieces into one buffer that lives as long as the
+ * Checkpointer, shared with the writer thread (torchtitan stages into pinned memory for the same
+ * reason). Reused, its pages are already resident, so the copy that blocks training is a memcpy;
+ * a fresh allocation per save faulted in every page first, and cost more than the copy.
  */
-function snapshot(state: RankState, rank: number): { parts: Buffer[]; sidecar: Omit<Sidecar, 'written'> } {
+class Staging {
+  private buf: SharedArrayBuffer | undefined;
+  /** A buffer of at least n bytes (grown, never shrunk). */
+  get(n: number): SharedArrayBuffer {
+    if (!this.buf || this.buf.byteLength < n) this.buf = new SharedArrayBuffer(Math.max(n, Math.ceil((this.buf?.byteLength ?? 0) * 1.25)));
+    return this.buf;
+  }
+}
+
+/**
+ * Copies this rank's pieces out of the tensors into the staging buffer, as safetensors bytes
+ * (header first), with the index of what they hold. After it returns, training may change the tensors.
+ */
+function snapshot(state: RankState, rank: number, staging: Staging): { staged: SharedArrayBuffer; length: number; sidecar: Omit<Sidecar, 'written'> } {
   const file = rankFile(rank);
   const params: Record<string, ParamInfo> = {};
   const paramSteps: Record<string, number> = {};
@@ -104,17 +119,26 @@ function snapshot(state: RankState, rank: number): { parts: Buffer[]; sidecar: O
       add('param', p.values(), p.held.offset);
       if (ps) for (const [k, t] of Object.entries(ps.state)) add(k, t, ps.offset);
     }
-    const parts = encodeSafetensors(tensors, { format: 'pt', flotilla: CHECKPOINT_FORMAT, rank: String(rank) });
-    // Byte positions: the data region starts after the header; tensors follow in insertion order.
-    let byte = parts[0]!.length;
+    // The layout: tensors end to end in insertion order after the header.
+    let at = 0;
+    const layout: [string, SafetensorsEntry][] = entries.map((e) => {
+      const bytes = e.numel * elementSize(e.dtype);
+      const entry: [string, SafetensorsEntry] = [e.key, { dtype: e.dtype, shape: [e.numel], dataOffsets: [at, at + bytes] }];
+      at += bytes;
+      return entry;
+    });
+    const header = encodeSafetensorsHeader(layout, { format: 'pt', flotilla: CHECKPOINT_FORMAT, rank: String(rank) });
+    const length = header.length + at;
+    const staged = staging.get(length);
+    header.copy(new Uint8Array(staged, 0, header.length));
     const pieces: Piece[] = entries.map((e, i) => {
-      const piece: Piece = { file, kind: e.kind, name: e.name, offset: e.offset, numel: e.numel, dtype: e.dtype, byte };
-      byte += parts[i + 1]!.length;
-      return piece;
+      const [begin, end] = layout[i]![1].dataOffsets;
+      native.copyToBuffer(tensors[e.key]!.handle, new Uint8Array(staged, header.length + begin, end - begin));
+      return { file, kind: e.kind, name: e.name, offset: e.offset, numel: e.numel, dtype: e.dtype, byte: header.length + begin };
     });
     const stepCount = state.optimizer?.stepCount;
     const optimizerName = state.optimizer ? (state.optimizerName ?? state.optimizer.constructor.name) : undefined;
-    return { parts, sidecar: { file, params, paramSteps, stepCount, optimizerName, pieces } };
+    return { staged, length, sidecar: { file, params, paramSteps, stepCount, optimizerName, pieces } };
   });
 }
 
@@ -153,6 +177,7 @@ export class Checkpointer {
   readonly dir: string;
   private readonly opts: CheckpointerOptions;
   private readonly writer = new BackgroundWriter();
+  private readonly staging = new Staging();
   private pending: PendingSave | undefined;
   /** The newest checkpoint this run published (rank 0 knows; others see it after the agreement). */
   lastSaved: string | undefined;
@@ -179,12 +204,12 @@ export class Checkpointer {
     const world = this.opts.world;
     const tmp = join(this.dir, tmpDirName(step));
     mkdirSync(tmp, { recursive: true });
-    const { parts, sidecar } = snapshot(state, world.rank);
-    const bytes = parts.reduce((a, b) => a + b.length, 0);
+    const { staged, length, sidecar } = snapshot(state, world.rank, this.staging);
+    const bytes = length;
     const path = join(tmp, sidecar.file);
     const written = this.opts.async
-      ? this.writer.write(path, parts.map((b) => b.buffer as ArrayBuffer))
-      : Promise.resolve().then(() => writeFileHashed(path, parts));
+      ? this.writer.write(path, staged, length)
+      : Promise.resolve().then(() => writeFileHashed(path, [new Uint8Array(staged, 0, length)]));
     const p: PendingSave = { step, tmp, done: false, info, settled: Promise.resolve() };
     p.settled = written.then(
       (w) => {

@@ -75,6 +75,12 @@ function encodeHeader(entries: [string, SafetensorsEntry][], metadata: Record<st
   return out;
 }
 
+/** The header bytes (length prefix, JSON, padding) for entries laid out in the given order. */
+export function encodeSafetensorsHeader(entries: [string, SafetensorsEntry][], metadata?: Record<string, string>): Buffer {
+  checkLittleEndian();
+  return encodeHeader(entries, metadata);
+}
+
 function validateInputs(tensors: Record<string, Tensor>, metadata: Record<string, string> | undefined): void {
   if (metadata !== undefined) {
     for (const [k, v] of Object.entries(metadata)) {

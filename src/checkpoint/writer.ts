@@ -37,14 +37,13 @@ const WORKER_SOURCE = `
 const { parentPort } = require('node:worker_threads');
 const { closeSync, fsyncSync, openSync, writeSync } = require('node:fs');
 const { createHash } = require('node:crypto');
-parentPort.on('message', ({ id, path, chunks }) => {
+parentPort.on('message', ({ id, path, staged, length }) => {
   try {
     const hash = createHash('sha256');
     const fd = openSync(path, 'wx');
     let bytes = 0;
     try {
-      for (const ab of chunks) {
-        const c = new Uint8Array(ab);
+      for (const c of [new Uint8Array(staged, 0, length)]) {
         let done = 0;
         while (done < c.byteLength) done += writeSync(fd, c, done, c.byteLength - done);
         hash.update(c);
@@ -93,16 +92,16 @@ export class BackgroundWriter {
   }
 
   /**
-   * Writes the chunks to path (which must not exist). The chunks' buffers are handed to the thread
-   * (transferred, not copied): the caller must not use them afterwards.
+   * Writes the first `length` bytes of a staging buffer to path (which must not exist). The buffer
+   * is shared with the thread, not copied: the caller must not change it until the promise settles.
    */
-  write(path: string, chunks: ArrayBuffer[]): Promise<WrittenFile> {
+  write(path: string, staged: SharedArrayBuffer, length: number): Promise<WrittenFile> {
     const w = this.start();
     const id = this.nextId++;
     return new Promise<WrittenFile>((resolve, reject) => {
       this.waiting.set(id, { resolve, reject });
       w.ref(); // a pending write keeps the process alive; an idle writer does not
-      w.postMessage({ id, path, chunks }, chunks);
+      w.postMessage({ id, path, staged, length });
     });
   }
 

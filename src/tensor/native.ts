@@ -59,6 +59,8 @@ export interface Native {
   callOp(id: number, args: unknown[]): NativeValue;
   fromBuffer(data: ArrayBufferView, shape: number[], scalarType: number): TensorHandle;
   toBuffer(t: TensorHandle): ArrayBuffer;
+  /** Copies the tensor's bytes into the start of `into`; returns the byte count. */
+  copyToBuffer(t: TensorHandle, into: Uint8Array): number;
   /** [shape, scalarType, requiresGrad, isLeaf, strides, storageOffset] */
   meta(t: TensorHandle): [number[], number, boolean, boolean, number[], number];
   shape(t: TensorHandle): number[];
