@@ -243,3 +243,26 @@ print(json.dumps({'names': sorted(t), 'sums': {k: float(v.double().sum()) for k,
   assert.equal(a.out, c.out, 'the exported file samples what the checkpoint does');
   assert.notEqual(a.out, d.out, 'another seed samples other text');
 });
+
+test('train.initFrom starts a new run (step 0, fresh optimizer) from an exported file or a checkpoint, under another layout', async () => {
+  const src = ref ?? (await train('faults-ref', ['--nproc', '2']));
+  const out = join(work, 'init-from.safetensors');
+  if (!existsSync(out)) assert.equal((await flotilla(['export', src.dir, out])).code, 0);
+  const fresh = await train('init-none', ['--train.steps=1', '--optim.lr=1e-12', '--optim.minLr=0', '--optim.schedule=constant', '--checkpoint.every=0']);
+  for (const [name, from, layout] of [['export', out, ['--nproc', '2', '--parallel.zero=3']], ['checkpoint', checkpointOf(src, 6), []]] as const) {
+    const r = await train(`init-${name}`, ['--train.steps=1', '--optim.lr=1e-12', '--optim.minLr=0', '--optim.schedule=constant', '--checkpoint.every=0', `--train.initFrom=${from}`, ...layout]);
+    assert.match(r.out, /\[init\] weights from .*; step 0, fresh optimizer state/);
+    assert.deepEqual(r.metrics.map((m) => m.step), [1], `${name}: a new run starts at step 1`);
+    assert.ok(r.metrics[0]!.loss < fresh.metrics[0]!.loss - 0.1, `${name}: first loss ${r.metrics[0]!.loss} is the trained model's, not a fresh one's (${fresh.metrics[0]!.loss})`);
+    // One step at lr 1e-12 leaves the weights where they started: the source run's final weights.
+    for (const [n, v] of src.params) {
+      const g = r.params.get(n)!;
+      let d = 0, t = 0;
+      for (let i = 0; i < v.length; i++) [d, t] = [d + (g[i]! - v[i]!) ** 2, t + v[i]! ** 2];
+      assert.ok(Math.sqrt(d / t) < 1e-6, `${name}: parameter ${n} moved ${Math.sqrt(d / t)} from the source's`);
+    }
+  }
+  const bad = await flotilla(['train', CONFIG, `--train.runDir=${join(work, 'init-bad')}`, `--train.initFrom=${out}`, '--model.nEmbd=32']);
+  assert.notEqual(bad.code, 0);
+  assert.match(bad.err, /it comes from a different model config/);
+});
