@@ -30,7 +30,7 @@ interface Record_ {
 function runOverrides(dir: string, steps: number): string[] {
   return [
     `--train.steps=${steps}`, '--train.evalEvery=0', '--train.evalBatches=1', '--log.progress=off', '--log.metrics=',
-    `--train.runDir=${dir}`, '--model.dropout=0',
+    `--train.runDir=${dir}`, '--model.dropout=0', '--checkpoint.every=0',
   ];
 }
 
