@@ -118,4 +118,5 @@ def main():
         print(json.dumps({'times': times}), flush=True)
 
 
-main()
+if __name__ == '__main__':
+    main()

@@ -26,6 +26,7 @@ const modes: ActivationCheckpoint[] = [];
 /** Runs fn with activation checkpointing of transformer blocks set to mode (the trainer opens it per step). */
 export function withActivationCheckpoint<T>(mode: ActivationCheckpoint, fn: () => T): T {
   if (!ACTIVATION_CHECKPOINTS.includes(mode)) throw new Error(`activationCheckpoint "${mode}" is not one of ${ACTIVATION_CHECKPOINTS.map((m) => `"${m}"`).join(', ')}`);
+  if (mode === 'selective') throw new Error('activation checkpointing "selective" is not implemented yet; use "full" (recompute each block) or "none"');
   modes.push(mode);
   try {
     return fn();

@@ -112,6 +112,7 @@ export function defineFunction<A extends unknown[]>(def: FunctionDef<A>, name = 
     carriers.forEach((c, ci) => {
       const argIdx = needIdx[ci]!;
       c.registerHook((zero) => {
+        releasePending();
         if (answers === undefined) {
           const gs = outs.flatMap((o, j) => (diff[j] ? [gradOuts[j] ?? keep(zerosLike(o))] : []));
           // The engine runs hooks with grad mode off (create_graph = false); backward may use autograd.
@@ -143,9 +144,14 @@ export function defineFunction<A extends unknown[]>(def: FunctionDef<A>, name = 
         const a = answers[argIdx];
         answers[argIdx] = undefined;
         pending -= 1;
-        // The engine takes its own reference to the replacement as the hook returns; the handle goes
-        // once backward is over.
-        if (a) native.queueBackwardCallback(() => a.dispose());
+        // The engine takes its own reference to the replacement as the hook returns, so our handle can
+        // go at the next hook of any function (or when backward ends): holding every answer until the
+        // end of backward would keep a second copy of all the parameter gradients alive.
+        releasePending();
+        if (a) {
+          pendingRelease.push(a);
+          native.queueBackwardCallback(releasePending);
+        }
         if (pending === 0) native.queueBackwardCallback(release);
         return a ?? zero;
       });
@@ -153,6 +159,11 @@ export function defineFunction<A extends unknown[]>(def: FunctionDef<A>, name = 
     for (const c of carriers) c.dispose(); // the graph holds them; the hooks live with their nodes
     return single ? results[0] : results;
   };
+}
+
+const pendingRelease: Tensor[] = [];
+function releasePending(): void {
+  for (const t of pendingRelease.splice(0)) t.dispose();
 }
 
 function isFloatingTensor(t: Tensor): boolean {
