@@ -1,0 +1,32 @@
+// `flotilla verify` with bf16-mixed: a layout against bf16-mixed in one process, on the same
+// global batches (both runs get the override). Float32 gradient buckets and reductions keep the
+// layouts at the float32 tolerance; reduceDtype "bf16" rounds the reduced gradients, so verify
+// states and applies its bf16 tolerance there.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { REPO_ROOT } from './helpers/world.js';
+
+const small = ['--model.nLayer=2', '--model.nEmbd=64', '--data.seqLen=32', '--data.globalBatch=8', '--parallel.bucketSizeMb=0.1', '--train.precision=bf16-mixed', '--parallel.backend=gloo'];
+
+function verify(overrides: string[]): { code: number | null; out: string } {
+  const r = spawnSync(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', 'verify', 'examples/gpt-tiny.toml', '--nproc', '2', '--steps', '3', ...small, ...overrides], {
+    cwd: REPO_ROOT, encoding: 'utf8', timeout: 240_000,
+  });
+  return { code: r.status, out: `${r.stdout}${r.stderr}` };
+}
+
+const layouts: [string, string[]][] = [
+  ['data parallel, 2 micro-batches', ['--data.microBatches=2']],
+  ['ZeRO-3', ['--parallel.zero=3']],
+  ['pipeline pp=2, 1F1B', ['--parallel.pp=2', '--data.microBatches=4']],
+  ['ZeRO-2 with reduceDtype bf16', ['--parallel.zero=2', '--parallel.reduceDtype=bf16']],
+];
+
+for (const [name, overrides] of layouts) {
+  test(`verify PASSes for bf16-mixed under ${name}`, () => {
+    const { code, out } = verify(overrides);
+    assert.equal(code, 0, out);
+    assert.match(out, /^PASS \(tolerance/m);
+  });
+}
