@@ -67,9 +67,10 @@ const LAYOUTS: [string, string[]][] = [
 ];
 
 const saved = new Map<string, RunResult>();
+const crossTested = new Set(['ZeRO-3 on 3', 'HSDP 2 x 2, ZeRO-3', 'pipeline 2, interleaved, tied embeddings', 'pipeline 2 x ZeRO-2 on 2']);
 
 for (const [name, args] of LAYOUTS) {
-  test(`${name}: resumes itself bit-identically, and resumes in one process with one process's numbers`, async () => {
+  test(`${name}: resumes itself bit-identically${crossTested.has(name) ? ', and resumes in one process with one process\'s numbers' : ''}`, async () => {
     const tied = args.includes(TIED[0]!);
     const base = tied ? await train('ref-tied', TIED) : await reference();
     const slug = name.replace(/\W+/g, '-');
@@ -78,6 +79,9 @@ for (const [name, args] of LAYOUTS) {
     same(full, base, 1, 1e-5, `${name} vs one process`);
     const self = await train(`${slug}-self`, [...args, '--resume', checkpointOf(full, 3)]);
     same(self, full, 4, 0, `${name} resumed under ${name}`);
+    // Sharded and split layouts into one process (data parallel's checkpoint goes into three other
+    // layouts in the next test).
+    if (!crossTested.has(name)) return;
     const one = await train(`${slug}-one`, ['--resume', checkpointOf(full, 3), ...(tied ? TIED : [])]);
     same(one, base, 4, 1e-5, `${name} resumed in one process`);
   });
