@@ -9,6 +9,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from peer_gpt import GPT, V, T  # noqa: E402
 
 opts = json.loads(sys.argv[1])
+# precision 'bf16-mixed': the forward under torch.autocast('cpu', dtype=torch.bfloat16) (bench/precision_ddp.ts).
+AMP = opts.get('precision', 'fp32') == 'bf16-mixed'
 torch.set_num_threads(1)
 dist.init_process_group('gloo')
 rank = dist.get_rank()
@@ -24,7 +26,9 @@ def synced_step():
     """[whole step, optimizer step] in ms."""
     t0 = time.perf_counter()
     opt.zero_grad()
-    ddp(x, y).backward()
+    with torch.autocast('cpu', dtype=torch.bfloat16, enabled=AMP):
+        loss = ddp(x, y)
+    loss.backward()
     t1 = time.perf_counter()
     opt.step()
     t2 = time.perf_counter()
@@ -37,7 +41,9 @@ def local_pass():
     t0 = time.perf_counter()
     opt.zero_grad()
     with ddp.no_sync():
-        ddp(x, y).backward()
+        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=AMP):
+            loss = ddp(x, y)
+        loss.backward()
     return (time.perf_counter() - t0) * 1000
 
 

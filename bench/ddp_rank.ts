@@ -11,6 +11,7 @@ import { initProcessGroup, destroyProcessGroup } from '../src/distributed/proces
 import { DataParallel } from '../src/parallel/index.js';
 import { readdirSync, readFileSync } from 'node:fs';
 import { median } from './report.js';
+import { autocast, type Precision } from '../src/nn/precision.js';
 
 /** CPU milliseconds each thread of this process has run, by thread id. */
 function threadCpu(): Map<number, number> {
@@ -25,7 +26,7 @@ function threadCpu(): Map<number, number> {
   return m;
 }
 
-const { steps, warmup, bucketMb } = JSON.parse(process.argv[2] ?? '{}') as { steps: number; warmup: number; bucketMb: number };
+const { steps, warmup, bucketMb, precision = 'fp32' } = JSON.parse(process.argv[2] ?? '{}') as { steps: number; warmup: number; bucketMb: number; precision?: Precision };
 ft.setNumThreads(1);
 const world = initProcessGroup();
 ft.manualSeed(0);
@@ -43,7 +44,7 @@ function syncedStep(): [number, number, number] {
   let t1 = 0, t2 = 0, t3 = 0;
   ft.tidy(() => {
     opt.zeroGrad();
-    model.forward(x, y).loss!.backward();
+    autocast(precision, () => model.forward(x, y).loss!.backward());
     t1 = performance.now();
     ddp.finishGradSync();
     t2 = performance.now();
@@ -62,7 +63,7 @@ function localPass(): number {
   const t0 = performance.now();
   ft.tidy(() => {
     opt.zeroGrad();
-    ddp.noSync(() => model.forward(x, y).loss!.backward());
+    ddp.noSync(() => autocast(precision, () => model.forward(x, y).loss!.backward()));
   });
   return performance.now() - t0;
 }

@@ -61,3 +61,22 @@ test('activation_checkpoint_full: dropout replays the same mask in the recompute
   assertBitIdentical(a, b);
   for (const [, g] of a.grads) assert.ok(g.every(Number.isFinite));
 });
+
+test('activation_checkpoint_selective: gradients equal to no checkpointing up to float32 rounding', () => {
+  // Selective recompute reuses each Linear's output and forms its gradients by hand ([Note:
+  // selective checkpointing]): the same math, not the same kernels, so a float32 rounding apart.
+  const before = liveTensors();
+  const ref = run('none', 'fp32');
+  const sel = run('selective', 'fp32');
+  for (let i = 0; i < ref.losses.length; i++) assert.equal(sel.losses[i], ref.losses[i], 'the forward is the same');
+  for (const [name, g] of ref.grads) {
+    const h = sel.grads.get(name)!;
+    let d = 0, m = 0;
+    for (let i = 0; i < g.length; i++) {
+      d = Math.max(d, Math.abs(g[i]! - h[i]!));
+      m = Math.max(m, Math.abs(g[i]!));
+    }
+    assert.ok(d <= 1e-5 * m, `${name}: max difference ${d} against scale ${m}`);
+  }
+  assert.equal(liveTensors(), before, 'no tensor handles leak');
+});

@@ -92,8 +92,9 @@ export class Block extends Module {
    * recompute ([Note: activation checkpoint]).
    */
   forward(x: Tensor): Tensor {
-    if (activationCheckpointMode() !== 'none' && isGradEnabled()) {
-      return checkpointBlock(this, x, (y) => this.body(y), { dropout: this.dropout > 0 });
+    const ac = activationCheckpointMode();
+    if (ac !== 'none' && isGradEnabled()) {
+      return checkpointBlock(this, x, (y) => this.body(y), { dropout: this.dropout > 0, selective: ac === 'selective' });
     }
     return this.body(x);
   }

@@ -520,9 +520,6 @@ export function checkRunnable(c: FlotillaConfig, worldSize: number): string[] {
         `${parts} equal parts; set data.globalBatch to a multiple of ${parts} (e.g. ${lower > 0 ? `${lower} or ` : ''}${lower + parts})`,
     );
   }
-  if (c.train.activationCheckpoint === 'selective') {
-    p.push('train.activationCheckpoint="selective" (keep matmul outputs, recompute the rest) is not implemented yet; use "full" (recompute each block) or "none"');
-  }
   if (c.train.activationCheckpoint !== 'none' && c.parallel.pp > 1 && c.parallel.ppSchedule === 'zb') {
     // The zero-bubble W pass forms dW from inputs captured in forward, which checkpointing does not keep.
     p.push(`train.activationCheckpoint="${c.train.activationCheckpoint}" does not combine with parallel.ppSchedule="zb" yet; use ppSchedule "1f1b" or "interleaved", or activationCheckpoint "none"`);
