@@ -13,7 +13,6 @@
 // A run killed at any point leaves the previous checkpoint and `latest` intact; a leftover
 // .tmp-step-N is removed by the next run that saves into the directory.
 import { closeSync, existsSync, fsyncSync, mkdirSync, openSync, readdirSync, readFileSync, readSync, renameSync, rmSync, statSync, unlinkSync, writeFileSync } from 'node:fs';
-import { createHash } from 'node:crypto';
 import { basename, join, resolve } from 'node:path';
 import { Tensor, noGrad, tidy, tensor } from '../tensor/index.js';
 import { native } from '../tensor/native.js';
@@ -22,7 +21,8 @@ import type { ProcessGroup } from '../distributed/process_group.js';
 import type { Optimizer } from '../optim/optimizer.js';
 import type { ElementRange, ParamPlacement } from '../parallel/placement.js';
 import { encodeSafetensorsHeader, readSafetensorsHeader, type SafetensorsEntry } from './safetensors.js';
-import { BackgroundWriter, writeFileHashed, type WrittenFile } from './writer.js';
+import { BackgroundWriter, type WrittenFile } from './writer.js';
+import { fileSha256 } from '../data/prepared.js';
 import {
   CHECKPOINT_FORMAT, CheckpointError, LATEST_FILE, META_FILE, numelOf, readMeta, stepDirName,
   type CheckpointMeta, type ParamInfo, type Piece,
@@ -207,9 +207,8 @@ export class Checkpointer {
     const { staged, length, sidecar } = snapshot(state, world.rank, this.staging);
     const bytes = length;
     const path = join(tmp, sidecar.file);
-    const written = this.opts.async
-      ? this.writer.write(path, staged, length)
-      : Promise.resolve().then(() => writeFileHashed(path, [new Uint8Array(staged, 0, length)]));
+    // The writer thread writes in both modes; a blocking save just waits for it below.
+    const written = this.writer.write(path, staged, length);
     const p: PendingSave = { step, tmp, done: false, info, settled: Promise.resolve() };
     p.settled = written.then(
       (w) => {
@@ -374,28 +373,11 @@ export function resolveCheckpoint(arg: string): string {
   throw new CheckpointError(`no complete checkpoint in ${arg} (looked for ${META_FILE}, ${LATEST_FILE} and step-N directories${existsSync(join(p, 'checkpoints')) ? ' here and in checkpoints/' : ''})`);
 }
 
-/** SHA-256 of a file, read in chunks. */
-function hashFile(path: string): string {
-  const h = createHash('sha256');
-  const fd = openSync(path, 'r');
-  try {
-    const buf = Buffer.allocUnsafe(8 * 2 ** 20);
-    for (;;) {
-      const n = readSync(fd, buf, 0, buf.length, null);
-      if (n === 0) break;
-      h.update(buf.subarray(0, n));
-    }
-  } finally {
-    closeSync(fd);
-  }
-  return h.digest('hex');
-}
-
 /** Checks the recorded checksums of the named files (of the whole checkpoint by default). */
 export function verifyFiles(dir: string, meta: CheckpointMeta, names: Iterable<string> = Object.keys(meta.files)): void {
   for (const f of names) {
     const want = meta.files[f]!.sha256;
-    const have = hashFile(join(dir, f));
+    const have = fileSha256(join(dir, f));
     if (have !== want) throw new CheckpointError(`${join(dir, f)}: checksum mismatch (sha256 ${have.slice(0, 16)}..., ${META_FILE} records ${want.slice(0, 16)}...): the file is corrupt`);
   }
 }

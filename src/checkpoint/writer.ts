@@ -1,34 +1,13 @@
 // Writes a checkpoint file from bytes already copied out of the tensors, hashing them on the way
 // (SHA-256 of exactly the bytes written: nobody re-reads the file to checksum it) and fsync-ing it
-// before it reports. In the background mode the writing happens on a worker thread, so a training
-// step runs while the disk works; the blocking mode runs the same code on the calling thread.
+// before it reports. The writing happens on a worker thread, so a training step runs while the disk
+// works; a blocking save waits for it.
 import { Worker } from 'node:worker_threads';
-import { closeSync, fsyncSync, openSync, writeSync } from 'node:fs';
-import { createHash } from 'node:crypto';
 
 export interface WrittenFile {
   path: string;
   bytes: number;
   sha256: string;
-}
-
-/** The file writing itself; the worker runs the same steps (WORKER_SOURCE mirrors it). */
-export function writeFileHashed(path: string, chunks: readonly Uint8Array[]): WrittenFile {
-  const hash = createHash('sha256');
-  const fd = openSync(path, 'wx');
-  let bytes = 0;
-  try {
-    for (const c of chunks) {
-      let done = 0;
-      while (done < c.byteLength) done += writeSync(fd, c, done, c.byteLength - done);
-      hash.update(c);
-      bytes += c.byteLength;
-    }
-    fsyncSync(fd);
-  } finally {
-    closeSync(fd);
-  }
-  return { path, bytes, sha256: hash.digest('hex') };
 }
 
 // The worker is plain JavaScript evaluated from this string, so it starts the same way under tsx,
