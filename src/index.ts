@@ -9,4 +9,7 @@ export * from './distributed/index.js';
 export * from './parallel/index.js';
 export * from './data/index.js';
 export { saveSafetensors, loadSafetensors } from './checkpoint/safetensors.js';
+export { Checkpointer, loadCheckpoint, loadWeights, checkCheckpoint, resolveCheckpoint, listCheckpoints, type RankState, type RunInfo, type SaveReport } from './checkpoint/checkpoint.js';
+export { consolidate, exportCheckpoint } from './checkpoint/export.js';
+export { CheckpointError, type CheckpointMeta } from './checkpoint/format.js';
 export { train, type TrainOptions, type TrainSummary } from './train/trainer.js';

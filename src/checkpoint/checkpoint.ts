@@ -198,8 +198,14 @@ export class Checkpointer {
    * In the background mode it returns once the state is copied; otherwise once the checkpoint is
    * published.
    */
-  async save(step: number, state: RankState, info: RunInfo): Promise<SaveReport> {
+  async save(step: number, state: RankState, runInfo: Partial<RunInfo> = {}): Promise<SaveReport> {
     const t0 = performance.now();
+    // What a script that is not the trainer does not say is recorded as unknown, not invented.
+    const info: RunInfo = {
+      layout: { worldSize: this.opts.world.size, description: 'unspecified', pp: 1, dpReplicate: 1, dpShard: this.opts.world.size, zero: 0, ppSchedule: '', ppVirtualStages: 1 },
+      config: {}, data: { step, micro: 0, seed: 0, globalBatch: 0, seqLen: 0 }, rng: { kind: 'seed-per-step', seed: 0 }, schedule: { step },
+      ...runInfo,
+    };
     await this.finishPending();
     const world = this.opts.world;
     const tmp = join(this.dir, tmpDirName(step));

@@ -8,3 +8,4 @@ export { resolveLayout, layoutFor, describeLayout, layoutProblems, resolveAccumu
 export { DataParallelModel, meanOverRanks } from './data_parallel_model.js';
 export { LocalGrads, gradNorm, clipGradNorm, type GradientSource, type GradShard, type ClipResult, type StepPiece } from './grads.js';
 export * from './pipeline/index.js';
+export { placementsOf, evenSplit, type ParamPlacement, type ElementRange, type PlacementOptions } from './placement.js';
