@@ -21,6 +21,7 @@ const layouts: [string, string[]][] = [
   ['ZeRO-3', ['--parallel.zero=3']],
   ['pipeline pp=2, 1F1B', ['--parallel.pp=2', '--data.microBatches=4']],
   ['ZeRO-2 with reduceDtype bf16', ['--parallel.zero=2', '--parallel.reduceDtype=bf16']],
+  ['ZeRO-3 with selective activation checkpointing', ['--parallel.zero=3', '--train.activationCheckpoint=selective']],
 ];
 
 for (const [name, overrides] of layouts) {
