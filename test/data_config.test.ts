@@ -4,17 +4,18 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import { ConfigError, checkRunnable, configToToml, parseConfig } from '../src/train/config.js';
 import { prepare } from '../src/data/prepare.js';
 import { writeFileSync } from 'node:fs';
 
 test('data.sources from TOML and from --data.sources, and back through the saved TOML', () => {
   const c = parseConfig('[data]\nsources = [{ path = "a", weight = 0.7 }, { path = "b", weight = 0.3 }]\n');
-  assert.deepEqual(c.data.sources, [{ path: 'a', weight: 0.7 }, { path: 'b', weight: 0.3 }]);
+  // Relative paths become absolute (text without a file: from the current directory).
+  assert.deepEqual(c.data.sources, [{ path: resolve('a'), weight: 0.7 }, { path: resolve('b'), weight: 0.3 }]);
   const o = parseConfig('', ['--data.sources=/x/web:2,/x/books:1']);
   assert.deepEqual(o.data.sources, [{ path: '/x/web', weight: 2 }, { path: '/x/books', weight: 1 }]);
-  assert.deepEqual(parseConfig('', ['--data.sources=[{"path":"p","weight":1}]']).data.sources, [{ path: 'p', weight: 1 }]);
+  assert.deepEqual(parseConfig('', ['--data.sources=[{"path":"p","weight":1}]']).data.sources, [{ path: resolve('p'), weight: 1 }]);
   assert.deepEqual(parseConfig(configToToml(o)).data.sources, o.data.sources);
   assert.deepEqual(parseConfig('').data.sources, []);
 });

@@ -98,10 +98,12 @@ test('the resolved config saves as documented TOML that loads back identically',
   assert.throws(() => loadConfig(join(dir, 'missing.toml')), /config file .*missing\.toml does not exist/);
 });
 
-test('the example config is valid', () => {
+test('the example config is valid: the demo trains on the 512-id BPE beside it', () => {
   const c = loadConfig(join(import.meta.dirname, '..', 'examples', 'gpt-tiny.toml'));
-  assert.equal(c.model.vocabSize, 256);
+  assert.equal(c.model.vocabSize, 512);
+  assert.equal(c.data.tokenizer, join(import.meta.dirname, '..', 'examples', 'moby-dick-bpe512.json'));
   assert.equal(c.data.source, 'moby-dick');
+  assert.deepEqual(checkRunnable(c, 2), []);
 });
 
 test('checkRunnable: the config against the world it will run in', () => {

@@ -2,10 +2,11 @@
 // defaulted; `--section.field=value` overrides from the command line; validation that names the
 // field and the fix. The resolved config is saved with each run (configToToml).
 import { readFileSync, existsSync, statSync, readdirSync, mkdirSync } from 'node:fs';
-import { join, resolve } from 'node:path';
+import { dirname, isAbsolute, join, resolve } from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import type { GPTConfig } from '../models/gpt.js';
 import { checkDataConfig, type SourceEntry } from '../data/sources.js';
+import { MOBY_DICK } from '../data/corpus.js';
 import { tokenizerIdentity } from '../data/tokenizer.js';
 import { layoutProblems, dataParallelDegree, type ParallelConfig } from '../parallel/layout.js';
 
@@ -116,15 +117,15 @@ export const configSchema: Schema<FlotillaConfig> = {
     },
   },
   data: {
-    doc: 'Text, tokenization and batching (src/data).',
+    doc: 'Text, tokenization and batching (src/data). A relative path in a config file is resolved against that file\'s directory, one given on the command line against the current directory; the resolved (and saved) config holds it absolute.',
     fields: {
-      source: { kind: 'string', default: 'moby-dick', doc: '"moby-dick" (the demo corpus from npm), a UTF-8 text file, a prepared directory (flotilla prepare) or a nanoGPT-style uint16 .bin.' },
+      source: { kind: 'string', default: 'moby-dick', doc: '"moby-dick" (the demo corpus from npm), a UTF-8 text file, a prepared directory (flotilla prepare) or a nanoGPT-style uint16 .bin; a relative path starts from the config file\'s directory.' },
       sources: {
         kind: 'sources', default: [],
-        doc: 'Datasets blended by weight, e.g. [{ path = "data/web", weight = 0.7 }, { path = "data/books", weight = 0.3 }] (on the command line: --data.sources=data/web:0.7,data/books:0.3); [] = data.source alone.',
+        doc: 'Datasets blended by weight, e.g. [{ path = "data/web", weight = 0.7 }, { path = "data/books", weight = 0.3 }] (on the command line: --data.sources=data/web:0.7,data/books:0.3); [] = data.source alone. Relative paths start from the config file\'s directory.',
       },
-      tokenizer: { kind: 'string', default: 'byte', doc: '"byte" (vocabulary 256), "gpt2" (GPT-2\'s BPE) or the path of a tokenizer.json (flotilla tokenizer train); prepared data must have been made with the same one.' },
-      valSource: { kind: 'string', default: '', doc: 'Validation data (a prepared directory, .bin or text file); "" = the last data.valFraction of every training source.' },
+      tokenizer: { kind: 'string', default: 'byte', doc: '"byte" (vocabulary 256), "gpt2" (GPT-2\'s BPE) or the path of a tokenizer.json (flotilla tokenizer train), relative to the config file\'s directory; prepared data must have been made with the same one.' },
+      valSource: { kind: 'string', default: '', doc: 'Validation data (a prepared directory, .bin or text file; a relative path starts from the config file\'s directory); "" = the last data.valFraction of every training source.' },
       seqLen: { kind: 'int', default: 128, min: 1, doc: 'Tokens per training sample; at most model.blockSize.' },
       globalBatch: {
         kind: 'int', default: 16, min: 1,
@@ -153,7 +154,7 @@ export const configSchema: Schema<FlotillaConfig> = {
     doc: 'The training loop (src/train/trainer.ts).',
     fields: {
       name: { kind: 'string', default: 'run', doc: 'Run name; the run directory defaults to runs/<name>.' },
-      runDir: { kind: 'string', default: '', doc: 'Where the resolved config and metrics go ("" means runs/<train.name>).' },
+      runDir: { kind: 'string', default: '', doc: 'Where the resolved config and metrics go ("" means runs/<train.name>); outputs are relative to the current directory, wherever the config file is.' },
       steps: { kind: 'int', default: 200, min: 1, doc: 'Optimizer steps to run.' },
       seed: { kind: 'int', default: 1337, min: 0, max: 0xfffffffe, doc: 'Seeds weight init, dropout and batch sampling; the same seed reproduces the run.' },
       evalEvery: { kind: 'int', default: 50, min: 0, doc: 'Validation loss every this many steps and after the last (0: only after the last).' },
@@ -161,7 +162,7 @@ export const configSchema: Schema<FlotillaConfig> = {
       threads: { kind: 'int', default: 1, min: 1, doc: 'Intra-op CPU threads per rank.' },
       precision: { kind: 'string', default: 'fp32', choices: ['fp32', 'bf16-mixed'], doc: '"bf16-mixed": matmuls in bfloat16 with float32 master parameters, optimizer state and gradient buckets; softmax, norms, GELU and the loss in float32 (the op list is in src/nn/precision.ts). float16 is not supported (it would need loss scaling).' },
       activationCheckpoint: { kind: 'string', default: 'none', choices: ['none', 'full', 'selective'], doc: 'Per transformer block: "full" keeps only the block input and recomputes its forward in backward; "selective" also keeps each Linear\'s output and recomputes LayerNorms, the attention core and GELU; "none" keeps every activation (src/nn/checkpoint.ts).' },
-      initFrom: { kind: 'string', default: '', doc: 'Start from the weights of a checkpoint directory or an exported .safetensors file (step 0, fresh optimizer state; fine-tuning); "" = random init from train.seed.' },
+      initFrom: { kind: 'string', default: '', doc: 'Start from the weights of a checkpoint directory or an exported .safetensors file (step 0, fresh optimizer state; fine-tuning); a relative path starts from the config file\'s directory (on the command line, the current directory); "" = random init from train.seed.' },
     },
   },
   parallel: {
@@ -427,11 +428,77 @@ export function validateConfig(c: FlotillaConfig): string[] {
   return p;
 }
 
+// [Note: config paths] A path a config names to read (the tokenizer, the sources, the validation
+// source, the weights to start from) is resolved against the directory of the config file that
+// wrote it, so a config and the files beside it work from any directory (an installed package's
+// example, `flotilla train /some/where/run.toml`); a path given on the command line is resolved
+// against the current directory, as a shell user expects. The resolved config holds them absolute,
+// so the run's saved config.toml and its checkpoints still find them on --resume and in
+// `flotilla generate` from anywhere. Outputs (train.runDir, checkpoint.dir) stay relative to the
+// current directory: a shared config writes its runs where it is run.
+
+/** The input path fields and the values that are names, not paths. */
+const INPUT_PATHS: readonly { section: 'data' | 'train'; field: string; names: readonly string[] }[] = [
+  { section: 'data', field: 'tokenizer', names: ['byte', 'gpt2'] },
+  { section: 'data', field: 'source', names: [MOBY_DICK] },
+  { section: 'data', field: 'valSource', names: ['', MOBY_DICK] },
+  { section: 'train', field: 'initFrom', names: [''] },
+];
+
+/** A relative input path as written, for messages about the absolute path it became. */
+interface PathOrigin {
+  written: string;
+  resolved: string;
+  /** How it was written and what it is relative to, e.g. `data.tokenizer = "bpe.json" in the config file (relative to its directory)`. */
+  how: string;
+}
+
+/** Relative input paths of each parsed config, so later checks can say where a missing path came from. */
+const pathOrigins = new WeakMap<FlotillaConfig, PathOrigin[]>();
+
+/** Makes the input paths absolute ([Note: config paths]); returns the relative ones as written. */
+function resolveInputPaths(cfg: FlotillaConfig, fromCli: RawConfig, fileBase: string | undefined): PathOrigin[] {
+  const origins: PathOrigin[] = [];
+  // `said` is how the value was written: on the command line, or in the file (or text) as TOML.
+  const one = (v: string, names: readonly string[], cli: boolean, said: { cli: string; toml: string }): string => {
+    if (names.includes(v) || isAbsolute(v)) return v;
+    const resolved = cli || fileBase === undefined ? resolve(v) : resolve(fileBase, v);
+    const how = cli ? `${said.cli} (relative to the current directory)`
+      : fileBase === undefined ? `${said.toml} (relative to the current directory)`
+        : `${said.toml} in the config file (relative to its directory)`;
+    origins.push({ written: v, resolved, how });
+    return resolved;
+  };
+  for (const { section, field, names } of INPUT_PATHS) {
+    const body = cfg[section] as unknown as Record<string, string>;
+    const v = body[field]!;
+    const key = `${section}.${field}`;
+    body[field] = one(v, names, fromCli[section]?.[field] !== undefined, { cli: `--${key}=${v}`, toml: `${key} = ${JSON.stringify(v)}` });
+  }
+  const cli = fromCli.data?.sources !== undefined;
+  cfg.data.sources = cfg.data.sources.map((e) => {
+    const said = `the data.sources path ${JSON.stringify(e.path)}`;
+    return { path: one(e.path, [MOBY_DICK], cli, { cli: said, toml: said }), weight: e.weight };
+  });
+  return origins;
+}
+
+/** Adds to each problem that names a resolved path the path as written (see [Note: config paths]). */
+function explainPaths(c: FlotillaConfig, problems: string[]): string[] {
+  const origins = pathOrigins.get(c) ?? [];
+  return problems.map((p) => {
+    const o = origins.find((x) => p.includes(x.resolved));
+    return o ? `${p} [${o.how}]` : p;
+  });
+}
+
 /**
  * Builds a config from TOML text and command-line overrides (which win), over the defaults.
- * `where` names the source in messages (the file path). Throws ConfigError listing every problem.
+ * `where` names the source in messages (the file path); `baseDir` is the directory relative paths
+ * in the text start from (the config file's; without it, the current directory). Throws
+ * ConfigError listing every problem.
  */
-export function parseConfig(tomlText: string, overrides: readonly string[] = [], where = 'config'): FlotillaConfig {
+export function parseConfig(tomlText: string, overrides: readonly string[] = [], where = 'config', baseDir?: string): FlotillaConfig {
   let table: Record<string, unknown>;
   try {
     table = parseToml(tomlText) as Record<string, unknown>;
@@ -455,13 +522,20 @@ export function parseConfig(tomlText: string, overrides: readonly string[] = [],
   if (problems.length === 0) problems.push(...validateConfig(cfg as unknown as FlotillaConfig));
   if (problems.length > 0) throw new ConfigError(problems, where);
   const resolved = cfg as unknown as FlotillaConfig;
-  resolved.data.sources = resolved.data.sources.map((e) => ({ path: e.path, weight: e.weight })); // plain objects, not TOML tables
+  // Also turns the entries of data.sources into plain objects, not TOML tables.
+  const origins = resolveInputPaths(resolved, fromCli.raw, baseDir);
+  pathOrigins.set(resolved, origins);
   // model.vocabSize = 0 follows data.tokenizer, so the saved config names the size the model has.
   if (resolved.model.vocabSize === 0) {
+    const tok = resolved.data.tokenizer;
+    const o = origins.find((x) => x.resolved === tok);
+    if (o !== undefined && !(existsSync(tok) && statSync(tok).isFile())) {
+      throw new ConfigError([`${o.how} is ${tok}, which does not exist; correct the path, or use "byte" or "gpt2"`], where);
+    }
     try {
-      resolved.model.vocabSize = tokenizerIdentity(resolved.data.tokenizer).vocabSize;
+      resolved.model.vocabSize = tokenizerIdentity(tok).vocabSize;
     } catch (e) {
-      throw new ConfigError([`data.tokenizer: ${(e as Error).message}`], where);
+      throw new ConfigError(explainPaths(resolved, [`data.tokenizer: ${(e as Error).message}`]), where);
     }
   }
   return resolved;
@@ -477,7 +551,7 @@ export function loadConfig(path: string, overrides: readonly string[] = []): Flo
   } catch (e) {
     throw new ConfigError([`config file ${path} cannot be read (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`]);
   }
-  return parseConfig(text, overrides, path);
+  return parseConfig(text, overrides, path, dirname(resolve(path)));
 }
 
 function tomlValue(v: unknown): string {
@@ -525,7 +599,7 @@ export function checkRunnable(c: FlotillaConfig, worldSize: number): string[] {
     p.push(`train.activationCheckpoint="${c.train.activationCheckpoint}" does not combine with parallel.ppSchedule="zb" yet; use ppSchedule "1f1b" or "interleaved", or activationCheckpoint "none"`);
   }
   // Sources, manifests, the tokenizer and the vocabulary (src/data/sources.ts); no tokenizing.
-  p.push(...checkDataConfig(c.data, c.model.vocabSize));
+  p.push(...explainPaths(c, checkDataConfig(c.data, c.model.vocabSize)));
   return p;
 }
 
