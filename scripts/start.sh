@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# `npm start`: set-up if needed, train the demo GPT on Moby-Dick on 2 local ranks (a new run
-# directory each time, checkpoints every 100 steps), then sample a paragraph from the model it just
-# trained and refresh the run's report with it. Extra arguments go to `flotilla train`.
+# `npm start`: set-up if needed, train the demo GPT on Moby-Dick on 2 local ranks (the 512-id BPE
+# of examples/gpt-tiny.toml; a new run directory each time, checkpoints every 100 steps), then sample
+# a paragraph from the model it just trained (decoded with the run's tokenizer) and refresh the run's
+# report with it. Extra arguments go to `flotilla train`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/ensure.sh

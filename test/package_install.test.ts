@@ -1,7 +1,8 @@
 // The installable package, as a user gets it: `npm pack` of this checkout (which builds dist/),
 // `npm install <tarball>` into a fresh project, then plain node imports it from .mjs, `tsc --strict`
-// type-checks a .ts file against its declarations, and `npx flotilla` trains a few steps. Nothing
-// in the new project runs through tsx or reads the checkout's sources.
+// type-checks a .ts file against its declarations, and `npx flotilla` trains the demo config (its BPE
+// tokenizer beside it) a few steps and samples from the run. Nothing in the new project runs through
+// tsx or reads the checkout's sources.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
@@ -94,7 +95,7 @@ test('npm pack, npm install into a new project: plain node, tsc --strict and npx
     assert.equal(r.code, 0, `tsc --strict failed:\n${r.out}`);
   });
 
-  await t.test('npx flotilla --help and a 2-step npx flotilla train that writes its report', () => {
+  await t.test('npx flotilla --help, a 2-step npx flotilla train of the demo that writes its report, and generate', () => {
     const help = run('npx', ['--no-install', 'flotilla', '--help'], project);
     assert.equal(help.code, 0, help.out);
     assert.match(help.out, /flotilla train <config\.toml>/);
@@ -102,8 +103,16 @@ test('npm pack, npm install into a new project: plain node, tsc --strict and npx
     const tr = run('npx', ['--no-install', 'flotilla', 'train', config, '--train.steps=2', '--train.evalEvery=0', '--train.evalBatches=1',
       '--train.name=installed', '--log.progress=plain', '--model.nLayer=1'], project);
     assert.equal(tr.code, 0, tr.out);
+    // The demo's tokenizer ships beside the config and is found from the project's directory.
+    assert.match(tr.out, /\[data\] moby-dick: .*node_modules\/flotilla\/examples\/moby-dick-bpe512\.json tokens \(vocabulary 512\)/, tr.out);
     const lines = readFileSync(join(project, 'runs', 'installed', 'metrics.jsonl'), 'utf8').trim().split('\n');
     assert.equal(lines.length, 2, tr.out);
+    // The run's checkpoint names that tokenizer by an absolute path: sampling works from another directory.
+    const sub = join(project, 'sub');
+    mkdirSync(sub);
+    const gen = run('npx', ['--no-install', 'flotilla', 'generate', join(project, 'runs', 'installed'), '--prompt', 'Call me Ishmael.', '--tokens', '5'], sub);
+    assert.equal(gen.code, 0, gen.out);
+    assert.match(gen.out, /^Call me Ishmael\./m, gen.out);
     // The run's report, from the compiled report code and the package's own charting dependency.
     assert.match(tr.out, /\[report\] runs\/installed\/report\.html/, tr.out);
     assert.match(readFileSync(join(project, 'runs', 'installed', 'report.html'), 'utf8'), /<figure class="chart" id="chart-loss"/);

@@ -181,6 +181,9 @@ export const configSchema: Schema<FlotillaConfig> = {
       pp: { kind: 'int', default: 1, min: 1, doc: 'Pipeline-parallel degree: ranks each model replica is split over (must divide the world size); data.microBatches is the pipeline\'s m.' },
       ppSchedule: { kind: 'string', default: '1f1b', choices: ['gpipe', '1f1b', 'interleaved', 'zb'], doc: 'Pipeline schedule: "gpipe", "1f1b", "interleaved" (ppVirtualStages stages per rank) or "zb" (zero bubble: backward split into input and weight gradients).' },
       ppVirtualStages: { kind: 'int', default: 1, min: 1, doc: 'Stages per pipeline rank; more than 1 needs ppSchedule = "interleaved".' },
+      tp: { kind: 'int', default: 1, min: 1, doc: 'Tensor-parallel degree: ranks each layer\'s weights are split over (Megatron-style column/row-parallel Linear, vocab-parallel embedding); the innermost mesh dim, so these ranks are neighbours. model.nHead, nEmbd, 4 x nEmbd and vocabSize must divide by it. Tensor-parallel ranks read the same batch.' },
+      sequenceParallel: { kind: 'bool', default: false, doc: 'With tp > 1: LayerNorm, dropout and the residual stream are sharded over tokens too (all-gather / reduce-scatter instead of all-reduce); data.seqLen must divide by tp.' },
+      lossParallel: { kind: 'bool', default: false, doc: 'With tp > 1: the logits stay sharded over the vocabulary and the loss is the vocab-parallel cross-entropy (never gathers the full logits).' },
     },
   },
   checkpoint: {
@@ -445,9 +448,8 @@ const INPUT_PATHS: readonly { section: 'data' | 'train'; field: string; names: r
   { section: 'train', field: 'initFrom', names: [''] },
 ];
 
-/** A relative input path as written, for messages about the absolute path it became. */
+/** A relative input path, for messages about the absolute path it became. */
 interface PathOrigin {
-  written: string;
   resolved: string;
   /** How it was written and what it is relative to, e.g. `data.tokenizer = "bpe.json" in the config file (relative to its directory)`. */
   how: string;
@@ -456,7 +458,7 @@ interface PathOrigin {
 /** Relative input paths of each parsed config, so later checks can say where a missing path came from. */
 const pathOrigins = new WeakMap<FlotillaConfig, PathOrigin[]>();
 
-/** Makes the input paths absolute ([Note: config paths]); returns the relative ones as written. */
+/** Makes the input paths absolute ([Note: config paths]); returns where the relative ones came from. */
 function resolveInputPaths(cfg: FlotillaConfig, fromCli: RawConfig, fileBase: string | undefined): PathOrigin[] {
   const origins: PathOrigin[] = [];
   // `said` is how the value was written: on the command line, or in the file (or text) as TOML.
@@ -466,7 +468,7 @@ function resolveInputPaths(cfg: FlotillaConfig, fromCli: RawConfig, fileBase: st
     const how = cli ? `${said.cli} (relative to the current directory)`
       : fileBase === undefined ? `${said.toml} (relative to the current directory)`
         : `${said.toml} in the config file (relative to its directory)`;
-    origins.push({ written: v, resolved, how });
+    origins.push({ resolved, how });
     return resolved;
   };
   for (const { section, field, names } of INPUT_PATHS) {
@@ -530,7 +532,8 @@ export function parseConfig(tomlText: string, overrides: readonly string[] = [],
     const tok = resolved.data.tokenizer;
     const o = origins.find((x) => x.resolved === tok);
     if (o !== undefined && !(existsSync(tok) && statSync(tok).isFile())) {
-      throw new ConfigError([`${o.how} is ${tok}, which does not exist; correct the path, or use "byte" or "gpt2"`], where);
+      const what = existsSync(tok) ? 'a directory, not a tokenizer.json' : 'does not exist';
+      throw new ConfigError([`${o.how} is ${tok}, which ${what}; correct the path, or use "byte" or "gpt2"`], where);
     }
     try {
       resolved.model.vocabSize = tokenizerIdentity(tok).vocabSize;
@@ -594,6 +597,7 @@ export function checkRunnable(c: FlotillaConfig, worldSize: number): string[] {
         `${parts} equal parts; set data.globalBatch to a multiple of ${parts} (e.g. ${lower > 0 ? `${lower} or ` : ''}${lower + parts})`,
     );
   }
+  p.push(...tensorParallelProblems(c));
   if (c.train.activationCheckpoint !== 'none' && c.parallel.pp > 1 && c.parallel.ppSchedule === 'zb') {
     // The zero-bubble W pass forms dW from inputs captured in forward, which checkpointing does not keep.
     p.push(`train.activationCheckpoint="${c.train.activationCheckpoint}" does not combine with parallel.ppSchedule="zb" yet; use ppSchedule "1f1b" or "interleaved", or activationCheckpoint "none"`);
@@ -601,6 +605,18 @@ export function checkRunnable(c: FlotillaConfig, worldSize: number): string[] {
   // Sources, manifests, the tokenizer and the vocabulary (src/data/sources.ts); no tokenizing.
   p.push(...explainPaths(c, checkDataConfig(c.data, c.model.vocabSize)));
   return p;
+}
+
+/** What parallel.tp splits must divide by it (the GPT's heads, widths and vocabulary; tokens under sequence parallelism). */
+function tensorParallelProblems(c: FlotillaConfig): string[] {
+  const tp = c.parallel.tp;
+  if (!(tp > 1)) return [];
+  const m = c.model;
+  const checks: [string, number][] = [['model.nHead', m.nHead], ['model.nEmbd', m.nEmbd], ['4 x model.nEmbd (the MLP width)', 4 * m.nEmbd], ['model.vocabSize', m.vocabSize]];
+  if (c.parallel.sequenceParallel) checks.push(['data.seqLen (sequence parallelism shards tokens)', c.data.seqLen]);
+  return checks
+    .filter(([, v]) => v % tp !== 0)
+    .map(([what, v]) => `${what} = ${v} does not divide by parallel.tp = ${tp}; choose a tp that divides it${what === 'model.vocabSize' ? ' (or pad the vocabulary: set model.vocabSize to a multiple of tp)' : ''}`);
 }
 
 /** The run directory: train.runDir, or runs/<train.name>. */
