@@ -12,7 +12,45 @@ import { type Tensor, arange, randint, tidy } from '../tensor/index.js';
 import { Block, Embedding, type Module } from '../nn/index.js';
 import { evenSplit, type PipelineModel, type StageValue } from '../parallel/pipeline/model.js';
 import { unitsByClass, type UnitPolicy } from '../parallel/fsdp.js';
+import type { TpPlan } from '../parallel/tensor_parallel/styles.js';
 import { GPTStage, gptLoss, type GPTConfig, type GPTStageSpec } from './gpt.js';
+
+/**
+ * The GPT's tensor-parallel plan ([Note: tp styles] in src/parallel/tensor_parallel/styles.ts), as
+ * Megatron cuts a transformer: attention's fused q, k, v projection and the MLP's first Linear
+ * column-parallel (each rank holds nHead / tp heads and 4 nEmbd / tp hidden units), the two output
+ * projections row-parallel, the token embedding vocab-parallel, the head column-parallel over the
+ * vocabulary. With sequence parallelism the LayerNorms and dropouts between them run on this rank's
+ * tokens: the embeddings' sum is split over tokens at `drop`, and the head gathers them back. Given
+ * a part (a pipeline stage), only the modules it holds are named.
+ */
+export function gptTensorPlan(opts: { sequenceParallel?: boolean; lossParallel?: boolean } = {}): (part: Module) => TpPlan {
+  const sp = opts.sequenceParallel ?? false;
+  const act = sp ? 'sequenceSharded' : 'replicated';
+  return (part) => {
+    const has = new Set(part.namedModules().map(([n]) => n));
+    const plan: TpPlan = {};
+    if (has.has('wte')) {
+      plan.wte = { kind: 'vocabEmbedding' };
+      if (sp) plan.drop = { kind: 'sequenceParallel', input: 'replicated' };
+    }
+    if (part.namedModules().some(([n]) => /^layers\.\d+$/.test(n))) {
+      Object.assign(plan, {
+        'layers.*.attn.qkv': { kind: 'colwise', input: act, chunks: 3 },
+        'layers.*.attn.attnDrop': 'localRng',
+        'layers.*.attn.proj': { kind: 'rowwise', output: act },
+        'layers.*.mlp.fc': { kind: 'colwise', input: act },
+        'layers.*.mlp.proj': { kind: 'rowwise', output: act },
+      } satisfies TpPlan);
+      if (sp) for (const m of ['ln1', 'ln2', 'attn.residDrop', 'mlp.drop']) plan[`layers.*.${m}`] = 'sequenceParallel';
+    }
+    if (has.has('head')) {
+      if (sp) plan.lnF = 'sequenceParallel';
+      plan.head = opts.lossParallel ? { kind: 'lossParallel', input: act } : { kind: 'colwise', input: act, output: 'replicated' };
+    }
+    return plan;
+  };
+}
 
 /** ZeRO-3 units of a GPT: each transformer block, each embedding and the output head. */
 export const gptUnits: UnitPolicy = unitsByClass([Block, Embedding], { paths: ['head', /\.head$/] });

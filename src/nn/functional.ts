@@ -29,9 +29,29 @@ export function dropout(x: Tensor, p: number, training: boolean): Tensor {
 export type Reduction = 'none' | 'mean' | 'sum';
 const REDUCTION: Record<Reduction, number> = { none: 0, mean: 1, sum: 2 };
 
+export interface CrossEntropyOptions { reduction?: Reduction; ignoreIndex?: number; labelSmoothing?: number }
+export type CrossEntropyFn = (logits: Tensor, targets: Tensor, opts: CrossEntropyOptions) => Tensor;
+let crossEntropyImpl: CrossEntropyFn | undefined;
+
 /** Cross entropy of logits (N, C) against class indices (N); ignoreIndex targets are skipped. */
-export function crossEntropy(logits: Tensor, targets: Tensor, opts: { reduction?: Reduction; ignoreIndex?: number; labelSmoothing?: number } = {}): Tensor {
+export function crossEntropy(logits: Tensor, targets: Tensor, opts: CrossEntropyOptions = {}): Tensor {
+  if (crossEntropyImpl) return crossEntropyImpl(logits, targets, opts);
   return run('crossEntropy', logits, targets, undefined, REDUCTION[opts.reduction ?? 'mean'], opts.ignoreIndex ?? -100, opts.labelSmoothing ?? 0);
+}
+
+/**
+ * Runs fn with crossEntropy computed by impl: how a criterion written for whole logits runs on
+ * logits sharded over the vocabulary (tensor parallelism's loss parallel, torchtitan's
+ * loss_parallel() context) without being rewritten.
+ */
+export function withCrossEntropy<T>(impl: CrossEntropyFn, fn: () => T): T {
+  const prev = crossEntropyImpl;
+  crossEntropyImpl = impl;
+  try {
+    return fn();
+  } finally {
+    crossEntropyImpl = prev;
+  }
 }
 
 export function mseLoss(x: Tensor, target: Tensor, reduction: Reduction = 'mean'): Tensor {

@@ -37,10 +37,13 @@ export class CausalSelfAttention extends Module {
   }
 
   forward(x: Tensor): Tensor {
-    const [B, T, C] = x.shape as [number, number, number];
-    const hs = C / this.nHead;
-    const [q, k, v] = this.qkv.call(x).split(C, 2) as [Tensor, Tensor, Tensor];
-    const heads = (t: Tensor) => t.view(B, T, this.nHead, hs).transpose(1, 2); // (B, nh, T, hs)
+    // Sizes come from the projection's output, not from x or the config: under tensor parallelism
+    // qkv holds this rank's heads only, and with sequence parallelism x holds this rank's tokens.
+    const qkv = this.qkv.call(x);
+    const [B, T, C3] = qkv.shape as [number, number, number];
+    const hs = this.nEmbd / this.nHead, C = C3 / 3, nh = C / hs;
+    const [q, k, v] = qkv.split(C, 2) as [Tensor, Tensor, Tensor];
+    const heads = (t: Tensor) => t.view(B, T, nh, hs).transpose(1, 2); // (B, nh, T, hs)
     // Dtypes per op come from the precision policy (src/nn/precision.ts): under bf16-mixed the two
     // products run in bfloat16 and the softmax in float32.
     const [qh, kh] = castFor('matmul', heads(q), heads(k)) as [Tensor, Tensor];

@@ -13,6 +13,12 @@ export interface GradShard {
   offset: number;
   numel: number;
   fullNumel: number;
+  /**
+   * Under tensor parallelism, which slice of the whole parameter the flattened "full" gradient
+   * above is: this rank's part `index` of `parts` along `dim` (per chunk when the parameter fuses
+   * `chunks` outputs). Absent when the parameter is whole on every tensor-parallel rank.
+   */
+  tp?: { dim: number; index: number; parts: number; chunks: number };
 }
 
 /**

@@ -3,10 +3,11 @@
 // here: the config (src/train/config.ts re-exports ParallelConfig), the trainer, parallelize.ts
 // and DataParallel's accumulation default.
 //
-// Mesh dims, outermost first: pp (pipeline), dpReplicate, dpShard. The data-parallel rank, which
-// decides what data a rank reads, is the flattened (dpReplicate, dpShard) mesh rank:
+// Mesh dims, outermost first: pp (pipeline), dpReplicate, dpShard, tp (tensor parallel, innermost
+// so a tensor-parallel group is neighbouring ranks). The data-parallel rank, which decides what
+// data a rank reads, is the flattened (dpReplicate, dpShard) mesh rank:
 // replicateRank * dpShard + shardRank (the Lingua lesson; DeviceMesh.flatten computes it, and no
-// one else does). Every pipeline rank of one replica reads the same data.
+// one else does). Every pipeline rank and every tensor-parallel rank of one replica reads the same data.
 import type { ScheduleName } from './pipeline/schedule.js';
 
 export type ZeroStage = 0 | 1 | 2 | 3;
@@ -33,6 +34,12 @@ export interface ParallelConfig {
   overlap: boolean;
   /** What gradient collectives move: float32, or bfloat16 (cast from and back into the float32 buckets). */
   reduceDtype: 'fp32' | 'bf16';
+  /** Tensor-parallel ranks (the innermost mesh dim); 1 = none. */
+  tp: number;
+  /** Under tp: LayerNorm, dropout and the residual stream sharded over tokens (Megatron's sequence parallelism). */
+  sequenceParallel: boolean;
+  /** Under tp: logits stay sharded over the vocabulary and the loss is the vocab-parallel cross-entropy. */
+  lossParallel: boolean;
   /** Collective backend: "auto" (Open MPI when installed, else Gloo), "gloo" or "mpi" (src/distributed/process_group.ts). */
   backend: 'auto' | 'gloo' | 'mpi';
 }
@@ -46,6 +53,10 @@ export interface Layout {
   dpShard: number;
   zero: ZeroStage;
   accumulate: AccumulateFlavour;
+  /** Tensor-parallel degree (absent or 1 = none), and its two options. */
+  tp?: number;
+  sequenceParallel?: boolean;
+  lossParallel?: boolean;
   /** Pipeline schedule and stages per rank (used when pp > 1). */
   schedule?: ScheduleName;
   virtualStages?: number;
@@ -105,17 +116,24 @@ export function layoutProblems(p: ParallelConfig, worldSize?: number): string[] 
   if (p.ppVirtualStages > 1 && p.ppSchedule !== 'interleaved') {
     out.push(`parallel.ppVirtualStages=${p.ppVirtualStages} needs parallel.ppSchedule = "interleaved" (got "${p.ppSchedule}"); set ppVirtualStages = 1 or switch the schedule`);
   }
-  if (worldSize === undefined) return out;
+  const tp = p.tp ?? 1;
+  if (!Number.isInteger(tp) || tp < 1) out.push(`parallel.tp must be a positive integer (1 = no tensor parallelism), got ${tp}`);
+  if (tp === 1 && p.sequenceParallel) out.push('parallel.sequenceParallel shards activations over the tensor-parallel ranks: set parallel.tp > 1, or sequenceParallel = false');
+  if (tp === 1 && p.lossParallel) out.push('parallel.lossParallel shards the logits over the tensor-parallel ranks: set parallel.tp > 1, or lossParallel = false');
+  if (worldSize === undefined || !(tp >= 1)) return out;
   const pp = p.pp;
-  if (worldSize % pp !== 0) {
-    out.push(`parallel.pp=${pp} does not divide the world of ${worldSize} rank(s); start a multiple of ${pp} ranks (--nproc ${pp * Math.max(1, Math.round(worldSize / pp))}) or set parallel.pp to a divisor of ${worldSize}`);
+  const model = pp * tp; // ranks one model replica spans
+  if (worldSize % model !== 0) {
+    const what = tp > 1 ? `parallel.pp=${pp} x parallel.tp=${tp} = ${model}` : `parallel.pp=${pp}`;
+    out.push(`${what} does not divide the world of ${worldSize} rank(s); start a multiple of ${model} ranks (--nproc ${model * Math.max(1, Math.round(worldSize / model))}) or choose degrees whose product divides ${worldSize}`);
   }
-  const replicas = Math.max(1, Math.floor(worldSize / pp)); // ranks left for data parallelism
+  const replicas = Math.max(1, Math.floor(worldSize / model)); // ranks left for data parallelism
   const dp = p.dp === -1 ? replicas : p.dp;
   if (dp !== replicas) {
+    const over = [pp > 1 ? `parallel.pp=${pp} pipeline ranks` : '', tp > 1 ? `parallel.tp=${tp} tensor-parallel ranks` : ''].filter(Boolean).join(' x ');
     out.push(
-      `parallel.dp=${p.dp} but the world has ${worldSize} rank(s)${pp > 1 ? ` over parallel.pp=${pp} pipeline ranks` : ''}; ` +
-        `set parallel.dp=-1 (or ${replicas}), or start ${dp * pp} ranks (--nproc ${dp * pp})`,
+      `parallel.dp=${p.dp} but the world has ${worldSize} rank(s)${over ? ` over ${over}` : ''}; ` +
+        `set parallel.dp=-1 (or ${replicas}), or start ${dp * model} ranks (--nproc ${dp * model})`,
     );
   }
   if (p.zero >= 1) {
@@ -132,8 +150,8 @@ export function layoutProblems(p: ParallelConfig, worldSize?: number): string[] 
 }
 
 /** The data-parallel degree a [parallel] section gives on a world (-1 resolved). */
-export function dataParallelDegree(p: Pick<ParallelConfig, 'dp' | 'pp'>, worldSize: number): number {
-  return p.dp === -1 ? Math.max(1, Math.floor(worldSize / p.pp)) : p.dp;
+export function dataParallelDegree(p: Pick<ParallelConfig, 'dp' | 'pp'> & { tp?: number }, worldSize: number): number {
+  return p.dp === -1 ? Math.max(1, Math.floor(worldSize / (p.pp * (p.tp ?? 1)))) : p.dp;
 }
 
 /** A [parallel] section that cannot run on this world: every problem, each naming the fix. */
@@ -153,13 +171,18 @@ export function resolveLayout(p: ParallelConfig, worldSize: number): Layout {
   const dpReplicate = zero === 0 ? 1 : p.dpReplicate;
   const dpShard = zero === 0 ? dp : p.dpShard === -1 ? dp / dpReplicate : p.dpShard;
   const accumulate = resolveAccumulate(zero, p.accumulate, { pipeline: p.pp > 1 });
-  return { pp: p.pp, dp, dpReplicate, dpShard, zero, accumulate, schedule: p.ppSchedule, virtualStages: p.ppVirtualStages };
+  const tp = p.tp ?? 1;
+  return {
+    pp: p.pp, dp, dpReplicate, dpShard, zero, accumulate, tp, sequenceParallel: tp > 1 && !!p.sequenceParallel, lossParallel: tp > 1 && !!p.lossParallel,
+    schedule: p.ppSchedule, virtualStages: p.ppVirtualStages,
+  };
 }
 
 /** One line for the run's header. */
 export function describeLayout(l: Layout): string {
   const parts: string[] = [];
   if (l.pp > 1) parts.push(`pipeline ${l.pp}`);
+  if ((l.tp ?? 1) > 1) parts.push(`tensor parallel ${l.tp}${l.sequenceParallel ? ' + sequence parallel' : ''}${l.lossParallel ? ' + loss parallel' : ''}`);
   if (l.zero === 0) parts.push(l.dp > 1 ? `data parallel ${l.dp}` : 'single replica');
   else parts.push(`ZeRO-${l.zero} sharded over ${l.dpShard}` + (l.dpReplicate > 1 ? ` x ${l.dpReplicate} replicas (HSDP)` : ''));
   parts.push(`accumulate ${l.accumulate}`);
@@ -167,7 +190,7 @@ export function describeLayout(l: Layout): string {
 }
 
 /** The layout fields a script sets; the rest take the config's defaults. */
-export type LayoutRequest = Partial<Pick<ParallelConfig, 'dp' | 'zero' | 'dpShard' | 'dpReplicate' | 'accumulate' | 'pp' | 'ppSchedule' | 'ppVirtualStages'>>;
+export type LayoutRequest = Partial<Pick<ParallelConfig, 'dp' | 'zero' | 'dpShard' | 'dpReplicate' | 'accumulate' | 'pp' | 'ppSchedule' | 'ppVirtualStages' | 'tp' | 'sequenceParallel' | 'lossParallel'>>;
 
 /**
  * A layout for a script that has no config file: `layoutFor({ pp: 2, zero: 2 }, world.size)`.
@@ -177,6 +200,6 @@ export type LayoutRequest = Partial<Pick<ParallelConfig, 'dp' | 'zero' | 'dpShar
 export function layoutFor(req: LayoutRequest, worldSize: number): Layout {
   return resolveLayout({
     dp: -1, zero: 0, dpShard: -1, dpReplicate: 1, accumulate: 'auto', pp: 1, ppSchedule: '1f1b', ppVirtualStages: 1,
-    reshardAfterForward: true, bucketSizeMb: 25, overlap: true, reduceDtype: 'fp32', backend: 'auto', ...req,
+    reshardAfterForward: true, bucketSizeMb: 25, overlap: true, reduceDtype: 'fp32', backend: 'auto', tp: 1, sequenceParallel: false, lossParallel: false, ...req,
   }, worldSize);
 }

@@ -1,14 +1,15 @@
 // The one place a layout is applied to a model, from outside it (models know nothing about ranks):
 //
 //   const layout = resolveLayout(cfg.parallel, worldSize);     // layout.ts: validated once
-//   const mesh = buildMesh(layout, world);                      // pp x dpReplicate x dpShard
-//   const model = parallelize(myModel, mesh, { layout, micro, loss, units });
+//   const mesh = buildMesh(layout, world);                      // pp x dpReplicate x dpShard x tp
+//   const model = parallelize(myModel, mesh, { layout, micro, loss, units, tensorParallel });
 //   model.step(microBatches); clipGradNorm(model.grads, 1); ...  // the same loop for every layout
 //
-// parallelize applies the pipeline first (this rank builds only its stages), then sharding or
+// parallelize applies the pipeline first (this rank builds only its stages), then tensor
+// parallelism to each part (the plan's styles, tensor_parallel/styles.ts), then sharding or
 // replication over the data-parallel ranks (plain, ZeRO-1/2/3, HSDP; inside a pipeline the stages
 // are wrapped together), and returns this rank's model parts behind one ParallelModel. The order
-// is torchtitan's: pipeline, (tensor parallel, later), then FSDP/DDP.
+// is torchtitan's: pipeline, tensor parallel, then FSDP/DDP; ZeRO then shards the tp slices.
 import type { Module } from '../nn/module.js';
 import { DeviceMesh } from '../distributed/mesh.js';
 import type { ProcessGroup } from '../distributed/process_group.js';
@@ -19,6 +20,10 @@ import type { Layout } from './layout.js';
 import type { ParallelModel } from './parallel_model.js';
 import type { LossFn, PipelineModel } from './pipeline/model.js';
 import { PipelineParallel } from './pipeline/pipeline_parallel.js';
+import { withCrossEntropy } from '../nn/functional.js';
+import { parallelizeModule, TensorParallelError, type TensorParallelApplied, type TpPlan } from './tensor_parallel/styles.js';
+import { vocabParallelCrossEntropy } from './tensor_parallel/loss.js';
+import { TensorParallelModel } from './tensor_parallel/model.js';
 
 export { resolveLayout, describeLayout, layoutProblems, resolveAccumulate, LayoutError, type Layout, type ParallelConfig } from './layout.js';
 
@@ -29,6 +34,8 @@ export interface LayoutMesh {
   shard: ProcessGroup;
   replicate: ProcessGroup;
   pp: ProcessGroup;
+  /** The tensor-parallel group (innermost dim: neighbouring ranks). */
+  tp: ProcessGroup;
   /** This rank's data-parallel rank: the flattened (dpReplicate, dpShard) mesh rank, replicateRank * dpShard + shardRank. */
   dpRank: number;
 }
@@ -36,11 +43,13 @@ export interface LayoutMesh {
 export type DataParallelMesh = LayoutMesh;
 
 /** Builds the mesh and its groups (collective: every rank calls it with the same layout). */
-export function buildMesh(layout: Pick<Layout, 'pp' | 'dpReplicate' | 'dpShard'>, world: ProcessGroup): LayoutMesh {
-  const mesh = DeviceMesh.build([['pp', layout.pp], ['dpReplicate', layout.dpReplicate], ['dpShard', layout.dpShard]], world);
+export function buildMesh(layout: Pick<Layout, 'pp' | 'dpReplicate' | 'dpShard'> & { tp?: number }, world: ProcessGroup): LayoutMesh {
+  const mesh = DeviceMesh.build([['pp', layout.pp], ['dpReplicate', layout.dpReplicate], ['dpShard', layout.dpShard], ['tp', layout.tp ?? 1]], world);
   // The data-parallel rank is the flattened mesh rank and nothing else (see layout.ts).
   const dp = mesh.flatten(['dpReplicate', 'dpShard'], 'dp');
-  return { mesh, dp: dp.group, shard: mesh.dim('dpShard').group, replicate: mesh.dim('dpReplicate').group, pp: mesh.dim('pp').group, dpRank: dp.rank };
+  return {
+    mesh, dp: dp.group, shard: mesh.dim('dpShard').group, replicate: mesh.dim('dpReplicate').group, pp: mesh.dim('pp').group, tp: mesh.dim('tp').group, dpRank: dp.rank,
+  };
 }
 
 /** Knobs of the data-parallel wrapping that are not part of the layout. */
@@ -65,6 +74,11 @@ export interface ParallelPlan extends DataParallelKnobs {
   micro: number;
   /** The criterion for a whole-module model: (its output, the micro-batch's y) -> scalar loss. A PipelineModel carries its own. */
   loss?: LossFn;
+  /**
+   * Tensor parallelism (layout.tp > 1): module path -> style for the model, or for each part (a
+   * pipeline stage holds only some modules). A GPT's is gptTensorPlan (src/models/gpt_parallel.ts).
+   */
+  tensorParallel?: TpPlan | ((part: Module) => TpPlan);
 }
 
 /** True for a PipelineModel (stage builder + loss), false for a Module. */
@@ -77,6 +91,39 @@ function isPipelineModel(m: Module | PipelineModel): m is PipelineModel {
  * sharding or replication. Takes ownership of the model: the result's dispose() frees it.
  */
 export function parallelize(model: Module | PipelineModel, mesh: LayoutMesh, plan: ParallelPlan): ParallelModel {
+  const { layout } = plan;
+  const tp = layout.tp ?? 1;
+  if (tp === 1) return parallelizeParts(model, mesh, plan);
+  if (!plan.tensorParallel) throw new TensorParallelError([`parallel.tp = ${tp} needs a tensor-parallel plan: pass plan.tensorParallel (module path -> style; a GPT's is gptTensorPlan)`]);
+  if (mesh.tp.size !== tp) throw new TensorParallelError([`the mesh's tp group has ${mesh.tp.size} rank(s), the layout says tp = ${tp}: build the mesh from the same layout`]);
+  const planFor = plan.tensorParallel;
+  const applied: TensorParallelApplied[] = [];
+  const applyTo = (part: Module): void => {
+    applied.push(parallelizeModule(part, mesh.tp, typeof planFor === 'function' ? planFor(part) : planFor));
+  };
+  // The criterion's cross-entropy becomes the vocab-parallel one when the logits stay sharded.
+  const lossParallel = (loss: LossFn): LossFn => (out, y) => (applied.some((a) => a.lossParallel) ? withCrossEntropy(vocabParallelCrossEntropy(mesh.tp), () => loss(out, y)) : loss(out, y));
+  let inner: ParallelModel;
+  if (isPipelineModel(model)) {
+    const stage = model.stage.bind(model);
+    inner = parallelizeParts({
+      ...model,
+      stage: (i, n) => {
+        const s = stage(i, n);
+        applyTo(s);
+        return s;
+      },
+      loss: lossParallel(model.loss.bind(model)),
+    }, mesh, plan);
+  } else {
+    applyTo(model);
+    inner = parallelizeParts(model, mesh, { ...plan, ...(plan.loss ? { loss: lossParallel(plan.loss) } : {}) });
+  }
+  return new TensorParallelModel(inner, applied, { sequenceParallel: layout.sequenceParallel ?? false });
+}
+
+/** Pipeline, then data parallelism, of the (tensor-parallel) parts. */
+function parallelizeParts(model: Module | PipelineModel, mesh: LayoutMesh, plan: ParallelPlan): ParallelModel {
   const { layout } = plan;
   if (isPipelineModel(model)) {
     return new PipelineParallel(model, {

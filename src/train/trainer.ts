@@ -6,11 +6,12 @@
 // buffers] in src/parallel/grad_buffer.ts) and hand it the ranges this rank updates.
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { describeBlas, liveTensors, manualSeed, setNumThreads, tidy, torchVersion } from '../tensor/index.js';
+import { type Tensor, describeBlas, liveTensors, manualSeed, setNumThreads, tidy, torchVersion } from '../tensor/index.js';
 import { GPT, gptNumParams } from '../models/gpt.js';
 import { autocast } from '../nn/precision.js';
 import { withActivationCheckpoint } from '../nn/checkpoint.js';
-import { gptCriterion, gptPipeline, gptUnits } from '../models/gpt_parallel.js';
+import { TensorParallelModel } from '../parallel/tensor_parallel/model.js';
+import { gptCriterion, gptPipeline, gptTensorPlan, gptUnits } from '../models/gpt_parallel.js';
 import { AdamW, warmupCosine, constant } from '../optim/index.js';
 import { initProcessGroup, destroyProcessGroup, describeBackend, getWorld, isInitialized } from '../distributed/process_group.js';
 import { readLaunchEnv } from '../distributed/env.js';
@@ -98,7 +99,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
     // ---- mesh: pp x dpReplicate x dpShard; the data-parallel rank decides what a rank reads
     const layout = resolveLayout(cfg.parallel, env.worldSize);
     const mesh = buildMesh(layout, world);
-    header('mesh', `${describeLayout(layout)}; mesh pp ${layout.pp} x dpReplicate ${layout.dpReplicate} x dpShard ${layout.dpShard}`);
+    header('mesh', `${describeLayout(layout)}; mesh pp ${layout.pp} x dpReplicate ${layout.dpReplicate} x dpShard ${layout.dpShard} x tp ${layout.tp ?? 1}`);
 
     // ---- data: the tokenizer and the sources of [data] (src/data/sources.ts); shards are read by
     // byte range, never whole, and a worker thread prepares the next batches (data.prefetch).
@@ -127,6 +128,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
     const model = parallelize(gpt, mesh, {
       layout, micro: cfg.data.microBatches, loss: gptCriterion, units: gptUnits,
       bucketSizeMb: cfg.parallel.bucketSizeMb, reduceDtype: cfg.parallel.reduceDtype, overlap: cfg.parallel.overlap, reshardAfterForward: cfg.parallel.reshardAfterForward,
+      ...((layout.tp ?? 1) > 1 ? { tensorParallel: gptTensorPlan(layout) } : {}),
     });
     const named = model.namedParameters();
     header('model', `GPT ${m.nLayer} layers, ${m.nHead} heads, width ${m.nEmbd}, context ${m.blockSize}: ${numParams.toLocaleString('en-US')} parameters; this rank holds ${named.reduce((a, [, p]) => a + p.numel(), 0).toLocaleString('en-US')}`);
@@ -283,7 +285,9 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
       if (opts.recordDir) {
         mkdirSync(opts.recordDir, { recursive: true });
         writeFileSync(join(opts.recordDir, `rank${env.rank}.json`), JSON.stringify({ rank: env.rank, steps: record }));
-        const save = () => saveSafetensors(join(opts.recordDir!, `rank${env.rank}.safetensors`), Object.fromEntries(named), { format: 'pt' });
+        // Whole parameters: tensor-parallel slices are gathered (every tp rank records the same tensors).
+        const whole = (p: Tensor) => (model instanceof TensorParallelModel ? model.whole(p) : p);
+        const save = () => tidy(() => saveSafetensors(join(opts.recordDir!, `rank${env.rank}.safetensors`), Object.fromEntries(named.map(([n, p]) => [n, whole(p)])), { format: 'pt' }));
         model.withFullParameters(save);
       }
     } finally {

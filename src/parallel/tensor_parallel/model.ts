@@ -1,0 +1,139 @@
+// A ParallelModel under tensor parallelism: the data-parallel or pipeline model built on the
+// tensor-parallel parts, with the gradient API extended over the tensor-parallel group
+// ([Note: gradient API] in grads.ts):
+//   - fullGrad(p) of a sharded parameter gathers its slices over tp (after the inner source
+//     gathered over dp when gradients are sharded); a replicated one is the inner source's.
+//   - localGradShard(p) names both ranges: the dp shard of the flattened tp slice, and the slice.
+//   - the norm counts every element once over tp x pp x dp: tp-sharded parameters contribute their
+//     slice on every tp rank, replicated ones (LayerNorm weights, position embeddings, row-parallel
+//     biases) only on tp rank 0; the sums run over the inner groups and the tp group, in float64.
+import { type Tensor, cat } from '../../tensor/index.js';
+import type { ProcessGroup } from '../../distributed/process_group.js';
+import type { Module } from '../../nn/module.js';
+import type { GradShard, GradientSource, StepPiece } from '../grads.js';
+import type { DataParallel, MemoryReport } from '../data_parallel.js';
+import type { ParallelModel } from '../parallel_model.js';
+import type { MicroBatch } from '../pipeline/model.js';
+import { allGatherDim } from './comm.js';
+import type { TensorParallelApplied, TpPlacement } from './styles.js';
+
+/** The whole tensor from this rank's slice of it (a collective over the placement's group). */
+export function gatherSlices(local: Tensor, pl: TpPlacement): Tensor {
+  if (pl.kind !== 'shard' || pl.group.size === 1) return local;
+  const parts = pl.chunks === 1 ? [local] : local.chunk(pl.chunks, pl.dim);
+  const whole = parts.map((c) => allGatherDim(c, pl.group, pl.dim));
+  return whole.length === 1 ? whole[0]! : cat(whole, pl.dim);
+}
+
+export class TensorParallelGrads implements GradientSource {
+  constructor(
+    private readonly inner: GradientSource,
+    private readonly params: () => Tensor[],
+    private readonly leftOut: ReadonlySet<Tensor>,
+    private readonly placements: ReadonlyMap<Tensor, TpPlacement>,
+    private readonly tp: ProcessGroup,
+  ) {
+    // The optimizer-facing hooks are the inner source's, unchanged.
+    for (const k of ['stepPieces', 'pieceLayout', 'usedParameters', 'pieceStepped', 'afterStep', 'zeroGrad'] as const) {
+      const f = inner[k] as ((...a: unknown[]) => unknown) | undefined;
+      if (f) (this as Record<string, unknown>)[k] = f.bind(inner);
+    }
+  }
+  stepPieces?(): StepPiece[];
+  pieceLayout?(): StepPiece[];
+  usedParameters?(): ReadonlySet<Tensor> | undefined;
+  pieceStepped?(piece: StepPiece): void;
+  afterStep?(): void;
+  zeroGrad?(): void;
+
+  fullGrad(param: Tensor): Tensor {
+    const g = this.inner.fullGrad(param);
+    const pl = this.placements.get(param);
+    return pl ? gatherSlices(g, pl) : g;
+  }
+
+  localGradShard(param: Tensor): GradShard {
+    const s = this.inner.localGradShard(param);
+    const pl = this.placements.get(param);
+    if (pl?.kind !== 'shard' || pl.group.size === 1) return s;
+    return { ...s, tp: { dim: pl.dim, index: pl.group.rank, parts: pl.group.size, chunks: pl.chunks } };
+  }
+
+  normPieces(): { tensors: Tensor[]; sumOver: ProcessGroup[] } {
+    const tensors: Tensor[] = [];
+    for (const p of this.params()) {
+      if (this.leftOut.has(p)) continue;
+      if (this.placements.get(p)?.kind !== 'shard' && this.tp.rank > 0) continue; // counted on tp rank 0
+      const t = this.inner.localGradShard(p).tensor;
+      if (t.numel() > 0) tensors.push(t);
+    }
+    const sumOver = [...this.inner.normPieces().sumOver];
+    if (this.tp.size > 1) sumOver.push(this.tp);
+    return { tensors, sumOver };
+  }
+
+  clipTargets(): Tensor[] {
+    return this.inner.clipTargets ? this.inner.clipTargets() : this.inner.normPieces().tensors;
+  }
+}
+
+/** The inner layout's model with tensor-parallel gradients, header line and teardown. */
+export class TensorParallelModel implements ParallelModel {
+  readonly grads: GradientSource;
+
+  constructor(private readonly inner: ParallelModel, private readonly applied: TensorParallelApplied[], private readonly opts: { sequenceParallel: boolean }) {
+    const placements = new Map<Tensor, TpPlacement>();
+    for (const a of applied) for (const [p, pl] of a.placements) placements.set(p, pl);
+    this.grads = new TensorParallelGrads(inner.grads, () => inner.namedParameters().map(([, p]) => p), inner.tiedCopiesLeftOutOfNorm, placements, applied[0]!.group);
+  }
+
+  get parts(): Module[] {
+    return this.inner.parts;
+  }
+  get optimizerGrads(): GradientSource | undefined {
+    return this.inner.optimizerGrads;
+  }
+  get dataParallel(): DataParallel | undefined {
+    return this.inner.dataParallel;
+  }
+  get tiedCopiesLeftOutOfNorm(): ReadonlySet<Tensor> {
+    return this.inner.tiedCopiesLeftOutOfNorm;
+  }
+  /** Where each local parameter lies over the tensor-parallel group. */
+  placementOf(p: Tensor): TpPlacement | undefined {
+    for (const a of this.applied) {
+      const pl = a.placements.get(p);
+      if (pl) return pl;
+    }
+    return undefined;
+  }
+  /** The whole parameter from this rank's slice (a collective over tp for a sharded one). */
+  whole(p: Tensor): Tensor {
+    const pl = this.placementOf(p);
+    return pl ? gatherSlices(p.detach(), pl) : p;
+  }
+  summary(): string {
+    const a = this.applied[0]!;
+    const sharded = [...a.placements.values()].filter((p) => p.kind === 'shard').length;
+    return `tensor parallel ${a.group.size} (${sharded} sharded parameter(s)${this.opts.sequenceParallel ? ', sequence parallel' : ''}${a.lossParallel ? ', loss parallel' : ''}); ${this.inner.summary()}`;
+  }
+  namedParameters(): [string, Tensor][] {
+    return this.inner.namedParameters();
+  }
+  step(microBatches: MicroBatch[]): { loss: number } {
+    return this.inner.step(microBatches);
+  }
+  evaluate(microBatches: MicroBatch[]): number {
+    return this.inner.evaluate(microBatches);
+  }
+  memory(optimizerBytes?: number): MemoryReport {
+    return this.inner.memory(optimizerBytes);
+  }
+  withFullParameters<T>(fn: () => T): T {
+    return this.inner.withFullParameters(fn);
+  }
+  dispose(): void {
+    for (const a of this.applied) a.dispose();
+    this.inner.dispose();
+  }
+}

@@ -1,0 +1,271 @@
+// Tensor parallelism applied to a model from outside, as torchtitan's parallelize_module: a plan
+// maps module paths to styles, and each style shards the module's parameters over the
+// tensor-parallel group and wraps its forward with the communication ops of comm.ts. Models know
+// nothing about ranks; the one thing a model must do is size its work from the tensors it is given
+// (attention takes its local head count from the width of its projection's output).
+//
+// [Note: tp styles] (g = the tensor-parallel group, n = its size, r = this rank)
+//   colwise         Linear (out, in): rows [r*out/n, (r+1)*out/n) (per chunk when the layer fuses
+//                   several outputs, e.g. q, k, v: `chunks: 3`). Input replicated (copyToRegion) or
+//                   sequence-sharded (gatherSequence); output sharded on its last dim, or gathered.
+//   rowwise         Linear (out, in): columns [r*in/n, ...); input sharded on its last dim; the
+//                   partial outputs are summed (reduceFromRegion) or, with sequence parallelism,
+//                   reduce-scattered over tokens; the bias is replicated and added after the sum.
+//   vocabEmbedding  Embedding (V, C): rows [r*V/n, ...); ids outside them give zero rows, the sum
+//                   over ranks is the lookup (all-reduce, or reduce-scatter over tokens).
+//   sequenceParallel  a module on sequence-sharded activations (LayerNorm, RMSNorm, Dropout): its
+//                   parameters are replicated and its gradients partial, so they are all-reduced
+//                   over g as they arrive; `input: 'replicated'` takes this rank's tokens first.
+//   localRng        a Dropout on sharded activations: a mask of its own on every rank.
+//   lossParallel    the output head: colwise with the logits left sharded over the vocabulary; the
+//                   criterion's cross-entropy becomes the vocab-parallel one (loss.ts).
+//
+// [Note: tp dropout] Dropout masks must be the same on every rank where activations are replicated
+// and different where they are sharded (Megatron's RNG tracker). Every rank of g draws the same
+// stream, so replicated-region dropout agrees by itself; a sharded-region dropout draws one seed
+// from that stream, reseeds with it and the rank, and reseeds the common stream afterwards from the
+// seed alone, so the ranks' streams stay equal. Activation checkpointing replays it (it reseeds the
+// common stream before the recompute).
+//
+// Weights: a style slices the tensor the model built, so a tp run starts from exactly the weights
+// of one process (GPT draws each parameter from its own seed). A parameter tensor keeps its
+// identity (set_ onto the slice), so tied uses stay tied and are sliced once.
+import { type Tensor, cat, manualSeed, noGrad, randint } from '../../tensor/index.js';
+import type { ProcessGroup } from '../../distributed/process_group.js';
+import { Module } from '../../nn/module.js';
+import { Dropout, Embedding, LayerNorm, Linear, RMSNorm } from '../../nn/layers.js';
+import * as F from '../../nn/functional.js';
+import { castFor, castParam } from '../../nn/precision.js';
+import { linearOutput } from '../../nn/checkpoint.js';
+import { allReduceSum, copyToRegion, gatherLastDim, gatherSequence, reduceFromRegion, reduceScatterSequence, scatterSequence } from './comm.js';
+
+export type Activation = 'replicated' | 'sequenceSharded';
+
+export type TpStyle =
+  | { kind: 'colwise'; input?: Activation; output?: 'sharded' | 'replicated'; chunks?: number }
+  | { kind: 'rowwise'; output?: Activation }
+  | { kind: 'vocabEmbedding'; output?: Activation }
+  | { kind: 'sequenceParallel'; input?: Activation }
+  | { kind: 'localRng' }
+  | { kind: 'lossParallel'; input?: Activation };
+
+export type TpStyleName = 'colwise' | 'rowwise' | 'vocabEmbedding' | 'sequenceParallel' | 'localRng' | 'lossParallel';
+
+/** Module path -> style. Paths are dotted module names; `*` matches one name (e.g. `layers.*.mlp.fc`). */
+export type TpPlan = Record<string, TpStyle | TpStyleName>;
+
+/** How a parameter lies over the tensor-parallel group. */
+export type TpPlacement =
+  | { kind: 'shard'; group: ProcessGroup; dim: number; chunks: number }
+  | { kind: 'replicate'; group: ProcessGroup; partialGrad: boolean };
+
+const placements = new WeakMap<Tensor, TpPlacement>();
+
+/** The parameter's tensor-parallel placement (undefined outside tensor parallelism). */
+export function tpPlacementOf(p: Tensor): TpPlacement | undefined {
+  return placements.get(p);
+}
+
+/** What applying a plan did: the group, whether the loss is vocab-parallel, the parameters it placed. */
+export interface TensorParallelApplied {
+  group: ProcessGroup;
+  lossParallel: boolean;
+  /** Every parameter of the module and its placement (unplanned parameters are replicated). */
+  placements: Map<Tensor, TpPlacement>;
+  /** Removes the gradient hooks (the module is being disposed). */
+  dispose(): void;
+}
+
+/** A plan that cannot be applied: every problem, each naming the fix. */
+export class TensorParallelError extends Error {
+  constructor(problems: string[]) {
+    super(`tensor parallelism cannot be applied:\n  - ${problems.join('\n  - ')}`);
+    this.name = 'TensorParallelError';
+  }
+}
+
+function styleOf(s: TpStyle | TpStyleName): TpStyle {
+  return typeof s === 'string' ? ({ kind: s } as TpStyle) : s;
+}
+
+function pathRegex(path: string): RegExp {
+  const esc = path.split('.').map((part) => (part === '*' ? '[^.]+' : part.replace(/[$()*+.?[\\\]^{|}]/g, '\\$&')));
+  return new RegExp(`^${esc.join('\\.')}$`);
+}
+
+/** Which modules each plan entry names (an entry that names none is an error). */
+function resolvePlan(module: Module, plan: TpPlan): [string, Module, TpStyle][] {
+  const mods = module.namedModules();
+  const out: [string, Module, TpStyle][] = [];
+  const problems: string[] = [];
+  const taken = new Map<string, string>();
+  for (const [key, s] of Object.entries(plan)) {
+    const re = pathRegex(key);
+    const hits = mods.filter(([name]) => re.test(name));
+    if (hits.length === 0) problems.push(`plan entry '${key}' names no module (module paths look like ${mods.slice(1, 4).map(([n]) => `'${n}'`).join(', ')})`);
+    for (const [name, m] of hits) {
+      if (taken.has(name)) problems.push(`module '${name}' is named by two plan entries ('${taken.get(name)}' and '${key}')`);
+      taken.set(name, key);
+      out.push([name, m, styleOf(s)]);
+    }
+  }
+  if (problems.length) throw new TensorParallelError(problems);
+  return out;
+}
+
+/**
+ * Applies a tensor-parallel plan to a module over group g (every rank of g calls it with the same
+ * plan, on the same model). Parameters the plan does not name are replicated.
+ */
+export function parallelizeModule(module: Module, g: ProcessGroup, plan: TpPlan): TensorParallelApplied {
+  const n = g.size;
+  const placed = new Map<Tensor, TpPlacement>();
+  const removers: (() => void)[] = [];
+  const sharded = new Set<Tensor>();
+  const problems: string[] = [];
+  let lossParallel = false;
+
+  // A parameter becomes its slice once, keeping its identity (tied uses share it).
+  const shard = (where: string, p: Tensor, dim: number, chunks = 1): void => {
+    if (sharded.has(p)) return;
+    const size = p.shape[dim]!;
+    if (size % (n * chunks) !== 0) {
+      problems.push(`${where}: dimension ${dim} of size ${size} does not divide by ${chunks > 1 ? `${chunks} chunks x ` : ''}the tensor-parallel degree ${n}; choose parallel.tp dividing it`);
+      return;
+    }
+    noGrad(() => {
+      const part = size / chunks / n;
+      const pieces = Array.from({ length: chunks }, (_, c) => p.narrow(dim, c * (size / chunks) + g.rank * part, part));
+      const local = pieces.length === 1 ? pieces[0]!.contiguous().clone() : catAlong(pieces, dim);
+      p.set_(local);
+      local.dispose();
+      for (const x of pieces) x.dispose();
+    });
+    sharded.add(p);
+    placed.set(p, { kind: 'shard', group: g, dim, chunks });
+  };
+  const partial = (p: Tensor | undefined): void => {
+    if (!p || placed.get(p)?.kind === 'shard') return;
+    placed.set(p, { kind: 'replicate', group: g, partialGrad: true });
+  };
+
+  for (const [name, m, style] of resolvePlan(module, plan)) {
+    const where = `'${name}' (${style.kind})`;
+    const need = (cls: Function, what: string): boolean => {
+      if (m instanceof cls) return true;
+      problems.push(`${where}: the style applies to ${what}, and '${name}' is a ${m.constructor.name}`);
+      return false;
+    };
+    switch (style.kind) {
+      case 'colwise':
+      case 'lossParallel': {
+        if (!need(Linear, 'a Linear')) break;
+        const lin = m as Linear;
+        shard(`${name}.weight`, lin.weight, 0, style.kind === 'colwise' ? style.chunks ?? 1 : 1);
+        if (lin.bias) shard(`${name}.bias`, lin.bias, 0, style.kind === 'colwise' ? style.chunks ?? 1 : 1);
+        const input = style.input ?? 'replicated';
+        const gather = style.kind === 'colwise' && style.output === 'replicated';
+        if (style.kind === 'lossParallel') lossParallel = true;
+        wrap(lin, (orig) => (x: Tensor) => {
+          const y = orig(input === 'sequenceSharded' ? gatherSequence(x, g) : copyToRegion(x, g));
+          return gather ? gatherLastDim(y, g) : y;
+        });
+        break;
+      }
+      case 'rowwise': {
+        if (!need(Linear, 'a Linear')) break;
+        const lin = m as Linear;
+        shard(`${name}.weight`, lin.weight, 1);
+        const output = style.output ?? 'replicated';
+        if (output === 'sequenceSharded') partial(lin.bias);
+        // The bias is added once, after the partial products are summed.
+        wrap(lin, () => (x: Tensor) => {
+          const [xc] = castFor('linear', x) as [Tensor];
+          const w = castParam('linear', lin.weight);
+          const y = linearOutput(xc, w, undefined, () => F.linear(xc, w));
+          const sum = output === 'sequenceSharded' ? reduceScatterSequence(y, g) : reduceFromRegion(y, g);
+          return lin.bias ? sum.add(castParam('linear', lin.bias)) : sum;
+        });
+        break;
+      }
+      case 'vocabEmbedding': {
+        if (!need(Embedding, 'an Embedding')) break;
+        const emb = m as Embedding;
+        const V = emb.numEmbeddings;
+        shard(`${name}.weight`, emb.weight, 0);
+        const rows = V / n, lo = g.rank * rows;
+        const output = style.output ?? 'replicated';
+        wrap(emb, () => (ids: Tensor) => {
+          // Ids this rank does not hold look up row 0 and are zeroed; the sum over ranks is the lookup.
+          const mine = ids.ge(lo).to(emb.weight.dtype).mul(ids.lt(lo + rows).to(emb.weight.dtype));
+          const out = F.embedding(ids.sub(lo).clamp(0, rows - 1), emb.weight).mul(mine.unsqueeze(-1));
+          return output === 'sequenceSharded' ? reduceScatterSequence(out, g) : reduceFromRegion(out, g);
+        });
+        break;
+      }
+      case 'sequenceParallel': {
+        if (!(m instanceof LayerNorm || m instanceof RMSNorm || m instanceof Dropout)) {
+          problems.push(`${where}: sequence parallelism applies to LayerNorm, RMSNorm and Dropout, and '${name}' is a ${m.constructor.name}`);
+          break;
+        }
+        for (const [, p] of m.namedParameters()) partial(p);
+        const scatter = style.input === 'replicated';
+        const local = m instanceof Dropout;
+        wrap(m, (orig) => (x: Tensor) => {
+          const xs = scatter ? scatterSequence(x, g) : x;
+          return local ? withLocalRng(m as Dropout, g, () => orig(xs)) : orig(xs);
+        });
+        break;
+      }
+      case 'localRng': {
+        if (!need(Dropout, 'a Dropout')) break;
+        wrap(m, (orig) => (x: Tensor) => withLocalRng(m as Dropout, g, () => orig(x)));
+        break;
+      }
+      default:
+        problems.push(`${where}: unknown style; use one of colwise, rowwise, vocabEmbedding, sequenceParallel, localRng, lossParallel`);
+    }
+  }
+  if (problems.length) throw new TensorParallelError(problems);
+
+  // Unplanned parameters are replicated with whole gradients; partial ones are summed over g as
+  // each use's gradient arrives (before it is accumulated, so every rank's .grad is the whole one).
+  for (const [, p] of module.namedParameters()) {
+    const pl = placed.get(p) ?? { kind: 'replicate', group: g, partialGrad: false };
+    placed.set(p, pl);
+    placements.set(p, pl);
+    if (pl.kind === 'replicate' && pl.partialGrad && n > 1) removers.push(p.registerHook((grad) => allReduceSum(grad, g)));
+  }
+  return {
+    group: g,
+    lossParallel,
+    placements: placed,
+    dispose: () => {
+      for (const r of removers.splice(0)) r();
+    },
+  };
+}
+
+/** Replaces a module instance's forward with one built from the original. */
+function wrap(m: Module, make: (orig: (x: Tensor) => Tensor) => (x: Tensor) => Tensor): void {
+  const target = m as unknown as { forward: (x: Tensor) => Tensor };
+  const orig = target.forward.bind(m);
+  target.forward = make(orig);
+}
+
+function catAlong(pieces: Tensor[], dim: number): Tensor {
+  return noGrad(() => cat(pieces, dim).contiguous());
+}
+
+const MIX = 0x9e3779b9;
+/** Runs a sharded-region dropout with a seed of this rank's own ([Note: tp dropout]). */
+function withLocalRng(d: Dropout, g: ProcessGroup, fn: () => Tensor): Tensor {
+  if (!d.training || d.p === 0 || g.size === 1) return fn();
+  const s = randint(0, 2 ** 31 - 1, [1]).item() as number;
+  manualSeed((s ^ Math.imul(g.rank + 1, MIX)) >>> 0);
+  try {
+    return fn();
+  } finally {
+    manualSeed((s ^ 0x5bd1e995) >>> 0);
+  }
+}
