@@ -19,7 +19,7 @@ import { native } from '../tensor/native.js';
 import { dtypeCode, elementSize, type DType } from '../tensor/dtype.js';
 import type { ProcessGroup } from '../distributed/process_group.js';
 import type { Optimizer } from '../optim/optimizer.js';
-import type { ElementRange, ParamPlacement } from '../parallel/placement.js';
+import { wholeRuns, type ElementRange, type ParamPlacement, type Run } from '../parallel/placement.js';
 import { encodeSafetensorsHeader, readSafetensorsHeader, type SafetensorsEntry } from './safetensors.js';
 import { BackgroundWriter, type WrittenFile } from './writer.js';
 import { fileSha256 } from '../data/prepared.js';
@@ -111,10 +111,14 @@ function snapshot(state: RankState, rank: number, staging: Staging): { staged: S
       if (ps) paramSteps[p.name] = ps.step;
       const w = p.writes;
       if (w.numel === 0) continue;
+      // Pieces are in whole-parameter offsets: a tensor-parallel slice writes one per run.
+      const runs = wholeRuns(p, w);
       const add = (kind: string, src: Tensor, srcOffset: number) => {
-        const key = `${kind}/${p.name}@${w.offset}`;
-        tensors[key] = src.narrow(0, w.offset - srcOffset, w.numel);
-        entries.push({ key, kind, name: p.name, offset: w.offset, numel: w.numel, dtype: src.dtype });
+        for (const r of runs) {
+          const key = `${kind}/${p.name}@${r.whole}`;
+          tensors[key] = src.narrow(0, r.local - srcOffset, r.numel);
+          entries.push({ key, kind, name: p.name, offset: r.whole, numel: r.numel, dtype: src.dtype });
+        }
       };
       add('param', p.values(), p.held.offset);
       if (ps) for (const [k, t] of Object.entries(ps.state)) add(k, t, ps.offset);
@@ -417,6 +421,24 @@ class RangeReader {
  * Fills `target` (a flat view of elements range.offset.. of one tensor) from the pieces on disk
  * that intersect it; every element must be covered.
  */
+/** A run's range in whole-parameter offsets. */
+function wholeRange(r: Run): ElementRange {
+  return { offset: r.whole, numel: r.numel };
+}
+
+/**
+ * Fills target, which holds `range` of the parameter's local (tensor-parallel) slice, run by run
+ * from the pieces that cover each run's whole-parameter range.
+ */
+function fillRuns(p: ParamPlacement, target: Tensor, range: ElementRange, pieces: (r: ElementRange) => Piece[], reader: RangeReader, what: string): void {
+  for (const r of wholeRuns(p, range)) {
+    tidy(() => {
+      const t = r.local === range.offset && r.numel === range.numel ? target : target.narrow(0, r.local - range.offset, r.numel);
+      fillRange(t, wholeRange(r), pieces(wholeRange(r)), reader, what);
+    });
+  }
+}
+
 function fillRange(target: Tensor, range: ElementRange, pieces: readonly Piece[], reader: RangeReader, what: string): void {
   const lo = range.offset;
   const hi = lo + range.numel;
@@ -502,14 +524,19 @@ export function loadCheckpoint(dir: string, placements: readonly ParamPlacement[
   // Which files this rank reads: verify those (in parallel with the other ranks doing theirs).
   const needed = new Set<string>();
   for (const p of placements) {
-    for (const pc of want('param', p.name, p.held)) needed.add(pc.file);
-    if (optimizer) for (const [k, l] of index) if (!k.startsWith('param\u0000') && l[0]!.name === p.name) for (const pc of want(l[0]!.kind, p.name, p.stateHeld)) needed.add(pc.file);
+    for (const r of wholeRuns(p, p.held)) for (const pc of want('param', p.name, wholeRange(r))) needed.add(pc.file);
+    if (optimizer) {
+      for (const [k, l] of index) {
+        if (k.startsWith('param\u0000') || l[0]!.name !== p.name) continue;
+        for (const r of wholeRuns(p, p.stateHeld)) for (const pc of want(l[0]!.kind, p.name, wholeRange(r))) needed.add(pc.file);
+      }
+    }
   }
   verifyFiles(dir, meta, needed);
   const reader = new RangeReader(dir);
   try {
     for (const p of placements) {
-      if (p.held.numel > 0) fillRange(p.values(), p.held, want('param', p.name, p.held), reader, `parameter '${p.name}'`);
+      if (p.held.numel > 0) fillRuns(p, p.values(), p.held, (r) => want('param', p.name, r), reader, `parameter '${p.name}'`);
     }
     if (optimizer) {
       for (const p of placements) {
@@ -518,10 +545,9 @@ export function loadCheckpoint(dir: string, placements: readonly ParamPlacement[
         const ps = optimizer.paramState(p.param, { create: true });
         if (!ps) continue; // not trained by this optimizer (frozen)
         for (const [k, t] of Object.entries(ps.state)) {
-          const pcs = want(k, p.name, p.stateHeld);
           // No state on disk for this parameter: it was saved before its first update.
-          if (pcs.length === 0 && !index.has(`${k}\u0000${p.name}`)) continue;
-          fillRange(t, { offset: ps.offset, numel: ps.numel }, pcs, reader, `optimizer state '${k}' of '${p.name}'`);
+          if (!index.has(`${k}\u0000${p.name}`)) continue;
+          fillRuns(p, t, { offset: ps.offset, numel: ps.numel }, (r) => want(k, p.name, r), reader, `optimizer state '${k}' of '${p.name}'`);
         }
       }
       optimizer.stepCount = meta.optimizer!.stepCount;
@@ -549,7 +575,7 @@ export function loadWeights(path: string, placements: readonly ParamPlacement[],
       for (const p of placements) {
         const e = header.tensors[p.name]!;
         const piece: Piece = { file, kind: 'param', name: p.name, offset: 0, numel: numelOf(e.shape), dtype: e.dtype, byte: header.dataStart + e.dataOffsets[0] };
-        if (p.held.numel > 0) fillRange(p.values(), p.held, [piece], reader, `parameter '${p.name}'`);
+        if (p.held.numel > 0) fillRuns(p, p.values(), p.held, () => [piece], reader, `parameter '${p.name}'`);
       }
     } finally {
       reader.close();

@@ -9,11 +9,17 @@
 // replicas (data-parallel copies, HSDP replicas, a tied embedding's second pipeline copy) split the
 // work or stay silent instead of writing the same bytes twice.
 //
+// Under tensor parallelism a rank holds a slice of the whole parameter (rows, columns, or a part of
+// each fused chunk): `shape` is still the whole parameter's, the ranges above are in the local
+// slice's flattened order, and `tp` maps them to runs of the whole flattened parameter
+// (wholeRuns). Replicated parameters are written by tensor-parallel rank 0 only.
+//
 // Layouts produce placements (placementsOf); readers only consume them.
 import type { Tensor, DType } from '../tensor/index.js';
 import type { ProcessGroup } from '../distributed/process_group.js';
 import type { DataParallel } from './data_parallel.js';
 import { shardRange, type ParamSlot } from './grad_buffer.js';
+import { tpPlacementOf } from './tensor_parallel/styles.js';
 
 /** A range [offset, offset + numel) of a flattened parameter. */
 export interface ElementRange {
@@ -36,6 +42,50 @@ export interface ParamPlacement {
   stateHeld: ElementRange;
   /** The elements this rank writes to a checkpoint (numel 0: none); inside held and stateHeld. */
   writes: ElementRange;
+  /** Under tensor parallelism: this rank's slice of the whole parameter (ranges above are in its local order). */
+  tp?: TpSlice;
+}
+
+/** Slice `index` of `parts` along `dim` of a parameter whose dim fuses `chunks` equal outputs (a slice of each). */
+export interface TpSlice {
+  dim: number;
+  chunks: number;
+  parts: number;
+  index: number;
+}
+
+/** A run of consecutive elements: `numel` at `local` in the local slice are at `whole` in the whole parameter. */
+export interface Run {
+  local: number;
+  whole: number;
+  numel: number;
+}
+
+/**
+ * The runs of the whole flattened parameter that a range of the local (tensor-parallel) slice
+ * covers, in order, adjacent runs merged. Without a slice the range is itself.
+ */
+export function wholeRuns(p: Pick<ParamPlacement, 'shape' | 'tp'>, r: ElementRange): Run[] {
+  if (r.numel === 0) return [];
+  if (!p.tp || p.tp.parts === 1) return [{ local: r.offset, whole: r.offset, numel: r.numel }];
+  const { dim, chunks, parts, index } = p.tp;
+  const D = p.shape[dim]!;
+  const inner = p.shape.slice(dim + 1).reduce((a, b) => a * b, 1);
+  const S = D / chunks, P = S / parts;
+  const len = P * inner; // one run: a (outer index, chunk) pair's part
+  const out: Run[] = [];
+  const end = r.offset + r.numel;
+  for (let q = Math.floor(r.offset / len); q * len < end; q++) {
+    const a = Math.floor(q / chunks), k = q % chunks;
+    const localStart = q * len;
+    const wholeStart = a * D * inner + k * S * inner + index * P * inner;
+    const lo = Math.max(r.offset, localStart), hi = Math.min(end, localStart + len);
+    const run = { local: lo, whole: wholeStart + (lo - localStart), numel: hi - lo };
+    const last = out[out.length - 1];
+    if (last && last.local + last.numel === run.local && last.whole + last.numel === run.whole) last.numel += run.numel;
+    else out.push(run);
+  }
+  return out;
 }
 
 export interface PlacementOptions {
@@ -72,7 +122,17 @@ export function placementsOf(named: readonly [string, Tensor][], opts: Placement
     const silent = opts.silent?.has(param) ?? false;
     const slot = slots.get(param);
     const p = slot && opts.dp ? inBucket(name, slot, opts.dp) : replicated(name, param, opts.replicas);
-    out.push(silent ? { ...p, writes: NONE } : p);
+    const tp = tpPlacementOf(param);
+    if (tp?.kind === 'shard' && tp.group.size > 1) {
+      // The whole parameter's shape; the ranges stay in the local slice's order.
+      const shape = [...p.shape];
+      shape[tp.dim] = shape[tp.dim]! * tp.group.size;
+      out.push({ ...p, shape, tp: { dim: tp.dim, chunks: tp.chunks, parts: tp.group.size, index: tp.group.rank }, ...(silent ? { writes: NONE } : {}) });
+      continue;
+    }
+    // Replicated over the tensor-parallel group: its rank 0 writes.
+    const tpSilent = tp?.kind === 'replicate' && tp.group.rank > 0;
+    out.push(silent || tpSilent ? { ...p, writes: NONE } : p);
   }
   return out;
 }

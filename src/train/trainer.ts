@@ -19,6 +19,7 @@ import { verifyDataPartition } from '../distributed/partition.js';
 import { clipGradNorm, gradNorm } from '../parallel/grads.js';
 import { buildMesh, describeLayout, parallelize, resolveLayout } from '../parallel/parallelize.js';
 import type { MemoryReport } from '../parallel/data_parallel.js';
+import { processMemory } from '../parallel/memory.js';
 import { saveSafetensors } from '../checkpoint/safetensors.js';
 import { placementsOf, type ParamPlacement } from '../parallel/placement.js';
 import { RunCheckpoints, StopRequest, initFrom, restore, resumeTarget, stepSeed } from './checkpointing.js';
@@ -119,10 +120,14 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
 
     // ---- model: weights are drawn per parameter from the seed and its name, so every layout (a
     // pipeline stage included) starts from the same whole-model weights. A pipeline rank builds
-    // only its stages (the GPT's split, src/models/gpt_parallel.ts), never the whole model.
+    // only its stages (the GPT's split, src/models/gpt_parallel.ts), never the whole model; under
+    // ZeRO-3 the model is built without memory and each rank makes only its shards, a unit at a
+    // time ([Note: deferred init] in src/nn/module.ts).
     const m = cfg.model;
     const numParams = gptNumParams(m);
-    const gpt = layout.pp > 1 ? gptPipeline({ ...m }, { initSeed: cfg.train.seed }) : new GPT({ ...m }, { initSeed: cfg.train.seed });
+    const gpt = layout.pp > 1
+      ? gptPipeline({ ...m }, { initSeed: cfg.train.seed })
+      : new GPT({ ...m }, { initSeed: cfg.train.seed, deferInit: layout.zero === 3 && layout.tp === 1 });
 
     // ---- parallelize: pipeline, then sharding or replication (src/parallel/parallelize.ts)
     const model = parallelize(gpt, mesh, {
@@ -176,7 +181,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
     const runInfo = (step: number) => ({
       layout: {
         worldSize: env.worldSize, description: describeLayout(layout), pp: layout.pp, dpReplicate: layout.dpReplicate, dpShard: layout.dpShard,
-        zero: layout.zero, ppSchedule: cfg.parallel.ppSchedule, ppVirtualStages: cfg.parallel.ppVirtualStages,
+        zero: layout.zero, ppSchedule: cfg.parallel.ppSchedule, ppVirtualStages: cfg.parallel.ppVirtualStages, tp: layout.tp ?? 1,
       },
       config: cfg as unknown as Record<string, Record<string, unknown>>,
       data: loader.stateDict(),
@@ -251,7 +256,13 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
         // is reduced after backward), so its peak is not the steady state.
         if (step === Math.min(1, steps - 1) && memory && isRank0 && mode !== 'off') {
           const per = (b: number) => `${(b / MiB).toFixed(2)} MiB (${(b / numParams).toFixed(2)} B/param)`;
-          progress.log(`[memory] rank 0 holds parameters ${per(memory.paramBytes)}, gradients ${per(memory.gradBytes)}, optimizer state ${per(memory.optimizerBytes)}; step peak ${per(memory.peakBytes)}`);
+          // The buffers are what a layout changes; the process also holds activations, staging, the
+          // allocator's cache and the runtime, so its own resident size is printed beside them.
+          const proc = processMemory();
+          const whole = proc
+            ? `; the process: resident ${(proc.rssBytes / MiB).toFixed(0)} MiB, peak ${(proc.peakBytes / MiB).toFixed(0)} MiB (also activations, collective staging, freed memory kept for the next step, and the runtime)`
+            : ' (activations, collective staging and the runtime not counted)';
+          progress.log(`[memory] rank 0 holds parameters ${per(memory.paramBytes)}, gradients ${per(memory.gradBytes)}, optimizer state ${per(memory.optimizerBytes)}; step peak ${per(memory.peakBytes)} of these buffers${whole}`);
         }
         lastLoss = loss;
         record.push({ step: step + 1, loss, gradNorm: norm });
