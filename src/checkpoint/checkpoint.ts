@@ -102,7 +102,7 @@ function snapshot(state: RankState, rank: number, staging: Staging): { staged: S
   const file = rankFile(rank);
   const params: Record<string, ParamInfo> = {};
   const paramSteps: Record<string, number> = {};
-  const entries: { key: string; kind: string; name: string; offset: number; numel: number; dtype: DType }[] = [];
+  const entries: { key: string; kind: string; name: string; offset: number; numel: number; dtype: DType; runs?: Piece['runs'] }[] = [];
   return tidy(() => {
     const tensors: Record<string, Tensor> = {};
     for (const p of state.placements) {
@@ -111,13 +111,13 @@ function snapshot(state: RankState, rank: number, staging: Staging): { staged: S
       if (ps) paramSteps[p.name] = ps.step;
       const w = p.writes;
       if (w.numel === 0) continue;
-      // Pieces are in whole-parameter offsets: a tensor-parallel slice writes one per run.
-      const runs = wholeRuns(p, w);
+      // Pieces are in whole-parameter offsets: a tensor-parallel slice writes its runs as strided pieces.
+      const groups = stridedGroups(wholeRuns(p, w));
       const add = (kind: string, src: Tensor, srcOffset: number) => {
-        for (const r of runs) {
-          const key = `${kind}/${p.name}@${r.whole}`;
-          tensors[key] = src.narrow(0, r.local - srcOffset, r.numel);
-          entries.push({ key, kind, name: p.name, offset: r.whole, numel: r.numel, dtype: src.dtype });
+        for (const gr of groups) {
+          const key = `${kind}/${p.name}@${gr.whole}`;
+          tensors[key] = src.narrow(0, gr.local - srcOffset, gr.numel);
+          entries.push({ key, kind, name: p.name, offset: gr.whole, numel: gr.numel, dtype: src.dtype, ...(gr.count > 1 ? { runs: { count: gr.count, stride: gr.stride } } : {}) });
         }
       };
       add('param', p.values(), p.held.offset);
@@ -138,7 +138,7 @@ function snapshot(state: RankState, rank: number, staging: Staging): { staged: S
     const pieces: Piece[] = entries.map((e, i) => {
       const [begin, end] = layout[i]![1].dataOffsets;
       native.copyToBuffer(tensors[e.key]!.handle, new Uint8Array(staged, header.length + begin, end - begin));
-      return { file, kind: e.kind, name: e.name, offset: e.offset, numel: e.numel, dtype: e.dtype, byte: header.length + begin };
+      return { file, kind: e.kind, name: e.name, offset: e.offset, numel: e.numel, dtype: e.dtype, byte: header.length + begin, ...(e.runs ? { runs: e.runs } : {}) };
     });
     const stepCount = state.optimizer?.stepCount;
     const optimizerName = state.optimizer ? (state.optimizerName ?? state.optimizer.constructor.name) : undefined;
@@ -421,6 +421,25 @@ class RangeReader {
  * Fills `target` (a flat view of elements range.offset.. of one tensor) from the pieces on disk
  * that intersect it; every element must be covered.
  */
+/**
+ * Consecutive local runs as strided groups: runs of equal length a constant stride apart in the
+ * whole tensor become one piece (a row-parallel slice is one piece, not one per row).
+ */
+function stridedGroups(runs: Run[]): { local: number; whole: number; numel: number; count: number; stride: number }[] {
+  const out: { local: number; whole: number; numel: number; count: number; stride: number; len: number }[] = [];
+  for (const r of runs) {
+    const g = out[out.length - 1];
+    if (g && r.numel === g.len && g.local + g.numel === r.local && (g.count === 1 ? r.whole > g.whole + g.len - 1 : r.whole === g.whole + g.count * g.stride)) {
+      if (g.count === 1) g.stride = r.whole - g.whole;
+      g.count += 1;
+      g.numel += r.numel;
+    } else {
+      out.push({ local: r.local, whole: r.whole, numel: r.numel, count: 1, stride: r.numel, len: r.numel });
+    }
+  }
+  return out;
+}
+
 /** A run's range in whole-parameter offsets. */
 function wholeRange(r: Run): ElementRange {
   return { offset: r.whole, numel: r.numel };

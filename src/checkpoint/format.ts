@@ -11,7 +11,10 @@
 //
 // A piece is (name, kind, offset, numel) of a flattened full tensor; pieces of one tensor never
 // overlap and together cover it (checked at load), so loading under any layout is intersecting the
-// ranges a rank needs with the ranges on disk and reading those bytes.
+// ranges a rank needs with the ranges on disk and reading those bytes. A tensor-parallel slice (the
+// columns of a row-parallel weight: one short run per row) is one strided piece: `runs.count` runs
+// of numel / count elements, `runs.stride` elements apart in the tensor and end to end in the file;
+// readMeta expands it into its runs, so every reader sees plain pieces.
 import { existsSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { type DType, elementSize } from '../tensor/dtype.js';
@@ -35,6 +38,8 @@ export interface Piece {
   dtype: DType;
   /** Absolute byte offset of the first element in the file. */
   byte: number;
+  /** A strided piece (tensor-parallel slices): count runs of numel / count elements, stride elements apart from offset. */
+  runs?: { count: number; stride: number };
 }
 
 export interface ParamInfo {
@@ -125,6 +130,7 @@ export function readMeta(dir: string): CheckpointMeta {
     }
   }
   const byTensor = new Map<string, [number, number][]>();
+  m.pieces = expandRuns(m.pieces as unknown[], bad);
   for (const p of m.pieces as unknown[]) {
     if (!isObj(p) || typeof p.file !== 'string' || typeof p.kind !== 'string' || typeof p.name !== 'string' || !isCount(p.offset) || !isCount(p.numel) || !isCount(p.byte) || !DTYPES.has(p.dtype as string)) {
       throw bad(`a piece entry is malformed: ${JSON.stringify(p).slice(0, 200)}`);
@@ -151,6 +157,27 @@ export function readMeta(dir: string): CheckpointMeta {
     }
   }
   return m as unknown as CheckpointMeta;
+}
+
+/** Strided pieces as their runs (plain pieces unchanged). */
+function expandRuns(pieces: unknown[], bad: (why: string) => CheckpointError): unknown[] {
+  const out: unknown[] = [];
+  for (const p of pieces) {
+    if (!isObj(p) || p.runs === undefined) {
+      out.push(p);
+      continue;
+    }
+    const r = p.runs;
+    if (!isObj(r) || !isCount(r.count) || r.count < 1 || !isCount(r.stride) || !isCount(p.numel) || !isCount(p.offset) || !isCount(p.byte) || !DTYPES.has(p.dtype as string) || p.numel % r.count !== 0) {
+      throw bad(`a strided piece entry is malformed: ${JSON.stringify(p).slice(0, 200)}`);
+    }
+    const len = p.numel / r.count;
+    if (r.count > 1 && r.stride < len) throw bad(`a strided piece of '${String(p.name)}' has runs of ${len} elements ${r.stride} apart: they overlap`);
+    const bytes = len * elementSize(p.dtype as DType);
+    const { runs: _, ...plain } = p;
+    for (let i = 0; i < r.count; i++) out.push({ ...plain, offset: p.offset + i * r.stride, numel: len, byte: p.byte + i * bytes });
+  }
+  return out;
 }
 
 export function numelOf(shape: readonly number[]): number {
