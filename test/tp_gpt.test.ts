@@ -1,0 +1,206 @@
+// A GPT under tensor parallelism against one process, in float64 (test/fixtures/tp_gpt_rank.ts):
+// 3 AdamW steps with clipping and 2 micro-batches per step; every rank's losses, gradient norms
+// (before clipping) and every whole parameter it holds equal the one-process run's. tp=2 alone
+// (with and without sequence parallelism and loss parallelism), tied embeddings, tp=2 x dp=2 under
+// ZeRO-3, tp=2 x pp=2 (1F1B), and tp=2 x pp=2 x dp=2 on 8 ranks. A deliberately wrong norm that
+// counts a replicated LayerNorm on every tp rank must fail the same comparison; dropout masks agree
+// across tp ranks where activations are replicated and differ where they are sharded; and a
+// config that tp cannot split is refused before any rank starts.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { existsSync, mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { maxRelDiff } from './helpers/close.js';
+import { REPO_ROOT, runWorld, describeWorld } from './helpers/world.js';
+import { readPipelineRun } from './helpers/pipeline_runs.js';
+import type { Out, Run } from './fixtures/tp_gpt_rank.js';
+
+const dir = mkdtempSync(join(tmpdir(), 'flotilla-tp-'));
+const script = 'test/fixtures/tp_gpt_rank.ts';
+/** Losses and norms: float64 rounding of a different summation order. */
+const TOL_SCALAR = 1e-12;
+/** Parameters after 3 AdamW steps (Adam divides by sqrt(v), which magnifies rounding in tiny gradients). */
+const TOL_PARAM = 1e-10;
+
+async function launch(nproc: number, runs: Run[]): Promise<void> {
+  const r = await runWorld({ nproc, script, args: [JSON.stringify({ out: dir, runs })], timeoutMs: 240_000 });
+  assert.deepEqual(r.codes, new Array(nproc).fill(0), describeWorld(r));
+}
+function once<T>(f: () => Promise<T>): () => Promise<T> {
+  let p: Promise<T> | undefined;
+  return () => (p ??= f());
+}
+
+const base = { micro: 2, steps: 3 };
+const run = (name: string, layout: Run['layout'], extra: Partial<Run> = {}): Run => ({ name, layout, ...base, ...extra });
+
+// The one-process references start at once (one process); the worlds start when a test needs them.
+const reference = launch(1, [{ name: 'ref', ...base }, { name: 'ref_tied', ...base, tie: true }]);
+reference.catch(() => {});
+const sp = { sequenceParallel: true }, lp = { lossParallel: true };
+const world2 = once(() => launch(2, [
+  run('tp2', { tp: 2 }),
+  run('tp2_sp', { tp: 2, ...sp }),
+  run('tp2_lp', { tp: 2, ...lp }),
+  run('tp2_sp_lp', { tp: 2, ...sp, ...lp }),
+  run('tp2_tied', { tp: 2 }, { tie: true }),
+  run('tp2_sp_lp_tied', { tp: 2, ...sp, ...lp }, { tie: true }),
+  run('tp2_wrong_lnF', { tp: 2 }, { mutate: 'lnFEveryTpRank' }),
+  run('tp2_wrong_all', { tp: 2, ...sp }, { mutate: 'normEveryTpRank' }),
+  run('drop_a', { tp: 2 }, { dropout: 0.2 }),
+  run('drop_b', { tp: 2 }, { dropout: 0.2 }),
+  run('drop_sp', { tp: 2, ...sp }, { dropout: 0.2 }),
+]));
+const world4 = once(() => launch(4, [
+  run('tp2_dp2_z3', { tp: 2, zero: 3 }),
+  run('tp2_dp2_z3_sp_lp', { tp: 2, zero: 3, ...sp, ...lp }),
+  run('tp2_pp2', { tp: 2, pp: 2, ppSchedule: '1f1b' }),
+  run('tp2_pp2_sp_lp_tied', { tp: 2, pp: 2, ppSchedule: '1f1b', ...sp, ...lp }, { tie: true }),
+  run('tp2_pp2_tied', { tp: 2, pp: 2, ppSchedule: '1f1b' }, { tie: true }),
+]));
+const world8 = once(() => launch(8, [run('tp2_pp2_dp2', { tp: 2, pp: 2, zero: 1, ...sp })]));
+
+const rel = (a: number, b: number): number => Math.abs(a - b) / Math.abs(b);
+
+/** Every rank's losses, norms and whole parameters against the reference; every parameter held by some rank. */
+function compare(name: string, nproc: number, refName = 'ref', opts: { split?: boolean } = {}): void {
+  const ref = readPipelineRun<Out>(dir, refName, 1)[0]!;
+  const outs = readPipelineRun<Out>(dir, name, nproc);
+  const covered = new Set<string>();
+  for (const o of outs) {
+    const who = `${name}: rank ${o.rank} (tp ${o.tpRank}, pp ${o.ppRank}, dp ${o.dpRank})`;
+    // Norms first: a wrong step-0 norm is the cause of every later difference.
+    o.norms.forEach((v, i) => assert.ok(rel(v, ref.norms[i]!) <= TOL_SCALAR, `${who}: gradient norm at step ${i} ${v} vs one process ${ref.norms[i]} (relative ${rel(v, ref.norms[i]!)})`));
+    o.losses.forEach((v, i) => assert.ok(rel(v, ref.losses[i]!) <= TOL_SCALAR, `${who}: loss at step ${i} ${v} vs one process ${ref.losses[i]} (relative ${rel(v, ref.losses[i]!)})`));
+    assert.equal(o.losses.length, ref.losses.length);
+    for (const [k, v] of Object.entries(o.params)) {
+      assert.ok(k in ref.params, `${who} holds ${k}, which the whole model does not have`);
+      assert.equal(v.length, ref.params[k]!.length, `${who}: ${k} is not whole (${v.length} of ${ref.params[k]!.length} elements)`);
+      const d = maxRelDiff(v, ref.params[k]!);
+      assert.ok(d <= TOL_PARAM, `${who}: parameter ${k} differs from one process by ${d}`);
+      covered.add(k);
+    }
+    if (opts.split) assert.ok(Object.keys(o.params).length < Object.keys(ref.params).length, `${who} holds the whole model`);
+  }
+  assert.deepEqual(Object.keys(ref.params).filter((k) => !covered.has(k)), [], `${name}: parameters no rank holds`);
+}
+
+test('GPT at tp=2, 3 steps x 2 micro-batches, AdamW + clipping, float64: every rank\'s losses, gradient norms and whole parameters equal one process (plain, sequence parallel, loss parallel, both)', async () => {
+  await Promise.all([reference, world2()]);
+  for (const name of ['tp2', 'tp2_sp', 'tp2_lp', 'tp2_sp_lp']) compare(name, 2);
+});
+
+test('tied embeddings under tp=2 (also with sequence and loss parallelism): the gradient norm, losses and parameters are one process\'s', async () => {
+  await Promise.all([reference, world2()]);
+  compare('tp2_tied', 2, 'ref_tied');
+  compare('tp2_sp_lp_tied', 2, 'ref_tied');
+});
+
+test('a norm that counts the replicated final LayerNorm on every tp rank (or every replicated parameter) fails the comparison: double counting over tp is caught', async () => {
+  await Promise.all([reference, world2()]);
+  const ref = readPipelineRun<Out>(dir, 'ref', 1)[0]!;
+  for (const name of ['tp2_wrong_lnF', 'tp2_wrong_all']) {
+    assert.throws(() => compare(name, 2), /rank 0 .*gradient norm at step 0/, `${name}: the wrong norm passed the comparison`);
+    const o = readPipelineRun<Out>(dir, name, 2)[0]!;
+    const err = rel(o.norms[0]!, ref.norms[0]!);
+    assert.ok(o.norms[0]! > ref.norms[0]!, `${name}: double counting makes the norm larger`);
+    // The final LayerNorm alone is a small error, far above float64 rounding all the same.
+    if (name === 'tp2_wrong_lnF') assert.ok(err > 1e3 * TOL_SCALAR && err < 0.1, `${name}: relative error ${err}`);
+  }
+});
+
+test('tp=2 x dp=2 under ZeRO-3 (also with sequence and loss parallelism) on 4 ranks: equal to one process on every rank', async () => {
+  await Promise.all([reference, world4()]);
+  compare('tp2_dp2_z3', 4);
+  compare('tp2_dp2_z3_sp_lp', 4);
+});
+
+test('tp=2 x pp=2 (1F1B) on 4 ranks, untied and tied (the tied copies sliced alike on both stages; with sequence and loss parallelism): equal to one process on every rank', async () => {
+  await Promise.all([reference, world4()]);
+  compare('tp2_pp2', 4, 'ref', { split: true });
+  compare('tp2_pp2_tied', 4, 'ref_tied', { split: true });
+  compare('tp2_pp2_sp_lp_tied', 4, 'ref_tied', { split: true });
+});
+
+test('tp=2 x pp=2 x dp=2 (ZeRO-1, sequence parallel) on 8 ranks: equal to one process on every rank', async () => {
+  await Promise.all([reference, world8()]);
+  compare('tp2_pp2_dp2', 8, 'ref', { split: true });
+});
+
+test('dropout under tp=2: masks in replicated regions are equal on both tp ranks, masks of sharded activations differ; the same seed gives the same run', async () => {
+  await world2();
+  const [a, b, s] = ['drop_a', 'drop_b', 'drop_sp'].map((n) => readPipelineRun<Out>(dir, n, 2));
+  const plain = readPipelineRun<Out>(dir, 'tp2', 2);
+  // Two runs of one config: bit-identical, on every rank.
+  for (let r = 0; r < 2; r++) {
+    assert.deepEqual(a![r]!.losses, b![r]!.losses, `rank ${r}: two runs with the same seed give other losses`);
+    assert.deepEqual(a![r]!.params, b![r]!.params, `rank ${r}: two runs with the same seed end with other parameters`);
+    assert.notDeepEqual(a![r]!.losses, plain[r]!.losses, 'dropout changed nothing');
+  }
+  for (const [runs, name] of [[a!, 'drop_a'], [s!, 'drop_sp']] as const) {
+    const [m0, m1] = [runs[0]!.masks!, runs[1]!.masks!];
+    assert.deepEqual(Object.keys(m0).sort(), Object.keys(m1).sort());
+    assert.ok(Object.keys(m0).length >= 7, `${name}: masks of ${Object.keys(m0).join(', ')}`);
+    for (const [k, v] of Object.entries(m0)) {
+      const kept = v.reduce((x, y) => x + y, 0) / v.length;
+      // attnDrop acts after the causal softmax: the masked upper triangle is zero whatever the draw.
+      assert.ok(kept > 0.3 && kept < (k.endsWith('attnDrop') ? 0.7 : 0.95), `${name}: ${k} keeps ${kept} of its elements (p = 0.2)`);
+      // Replicated regions (no sequence parallelism: the embeddings' dropout and the residual-branch
+      // dropouts after the row-parallel sums): the same mask. Sharded (attention heads, or this
+      // rank's tokens under sequence parallelism): a mask of its own.
+      const replicated = name === 'drop_a' && !k.endsWith('attnDrop');
+      if (replicated) assert.deepEqual(m1[k], v, `${name}: ${k} runs on replicated activations and draws another mask on tp rank 1`);
+      else assert.notDeepEqual(m1[k], v, `${name}: ${k} runs on sharded activations and draws the same mask on both tp ranks`);
+    }
+    assert.deepEqual(runs[0]!.losses, runs[1]!.losses, `${name}: tp ranks report other losses`);
+    assert.ok(runs[0]!.losses.every(Number.isFinite));
+  }
+});
+
+// ---- configs tensor parallelism cannot split: refused by the launcher, before any rank starts ----
+function train(overrides: string[]): { code: number | null; out: string; runDir: string; ms: number } {
+  const runDir = join(dir, `cfg-${Math.random().toString(36).slice(2)}`);
+  const t0 = Date.now();
+  const r = spawnSync(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', 'train', 'examples/gpt-tiny.toml', '--nproc', '2', ...overrides, `--train.runDir=${runDir}`], {
+    cwd: REPO_ROOT, encoding: 'utf8', timeout: 60_000,
+  });
+  return { code: r.status, out: `${r.stdout}${r.stderr}`, runDir, ms: Date.now() - t0 };
+}
+
+function refusedBeforeRanks(r: ReturnType<typeof train>): void {
+  assert.notEqual(r.code, 0, r.out);
+  assert.ok(!/\[(mesh|model|data)\]|rank \d/.test(r.out), `a rank started:\n${r.out}`);
+  assert.ok(!existsSync(r.runDir), 'the refused run created its run directory');
+  assert.equal(r.out.trim().split('\n').filter((l) => l.trim()).length, 1, `one message:\n${r.out}`);
+}
+
+test('a head count tp does not divide (--parallel.tp=2 --model.nHead=3 --model.nEmbd=96) is one message naming model.nHead and parallel.tp, before any rank starts', () => {
+  const r = train(['--parallel.tp=2', '--model.nHead=3', '--model.nEmbd=96']);
+  refusedBeforeRanks(r);
+  assert.match(r.out, /model\.nHead = 3 does not divide by parallel\.tp = 2/);
+});
+
+// Fails at b95d296: the model check (nEmbd 128 % nHead 3) stops the config first, and its message
+// does not say that parallel.tp = 2 must divide model.nHead as well.
+test('flotilla train examples/gpt-tiny.toml --nproc 2 --parallel.tp=2 --model.nHead=3 exits non-zero with one message naming model.nHead and parallel.tp', () => {
+  const r = train(['--parallel.tp=2', '--model.nHead=3']);
+  refusedBeforeRanks(r);
+  assert.match(r.out, /model\.nHead/);
+  assert.match(r.out, /parallel\.tp/);
+});
+
+test('a vocabulary or (under sequence parallelism) a sequence length tp does not divide is named with the fix, before any rank starts', () => {
+  const r = train(['--parallel.tp=2', '--parallel.sequenceParallel=true', '--data.seqLen=126', '--data.tokenizer=byte', '--model.vocabSize=257']);
+  assert.notEqual(r.code, 0, r.out);
+  assert.ok(!existsSync(r.runDir));
+  assert.match(r.out, /model\.vocabSize = 257 does not divide by parallel\.tp = 2; .*pad the vocabulary/);
+  assert.doesNotMatch(r.out, /data\.seqLen/, 'seqLen 126 divides by 2');
+  const s = train(['--parallel.tp=2', '--parallel.sequenceParallel=true', '--data.seqLen=127']);
+  assert.notEqual(s.code, 0, s.out);
+  assert.match(s.out, /data\.seqLen \(sequence parallelism shards tokens\) = 127 does not divide by parallel\.tp = 2/);
+  const l = train(['--parallel.lossParallel=true']);
+  assert.notEqual(l.code, 0, l.out);
+  assert.match(l.out, /parallel\.lossParallel shards the logits over the tensor-parallel ranks: set parallel\.tp > 1/);
+});
