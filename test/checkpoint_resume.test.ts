@@ -4,43 +4,13 @@
 // not divide by the world (vocabulary 259, width 30), so shards of unequal sizes round-trip.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { assertClose } from './helpers/close.js';
-import { checkpointOf, train, type RunResult } from './helpers/ckpt_runs.js';
+import { checkpointOf, same, train, type RunResult } from './helpers/ckpt_runs.js';
 
 let refRun: RunResult | undefined;
 /** The one-process run every layout is compared with (made by the first test that needs it). */
 async function reference(): Promise<RunResult> {
   refRun ??= await train('ref');
   return refRun;
-}
-
-/**
- * Losses of steps from..6 and every parameter of `got` equal `want`'s: exactly (rel 0), or within rel
- * for losses and norms, and ||Δθ|| / ||θ|| <= 1e-4 per parameter (as `flotilla verify`: elements whose
- * gradient is zero in exact arithmetic, such as the key bias, move by float32 noise that AdamW's
- * normalised update scales up).
- */
-function same(got: RunResult, want: RunResult, from: number, rel: number, what: string): void {
-  const g = got.metrics.filter((m) => m.step >= from);
-  const w = want.metrics.filter((m) => m.step >= from);
-  assert.deepEqual(g.map((m) => m.step), w.map((m) => m.step), `${what}: steps`);
-  if (rel === 0) {
-    assert.deepEqual(g.map((m) => m.loss), w.map((m) => m.loss), `${what}: losses`);
-    assert.deepEqual(g.map((m) => m.gradNorm), w.map((m) => m.gradNorm), `${what}: gradient norms`);
-  } else {
-    assertClose(g.map((m) => m.loss), w.map((m) => m.loss), rel, `${what}: losses`);
-    assertClose(g.map((m) => m.gradNorm!), w.map((m) => m.gradNorm!), rel, `${what}: gradient norms`);
-  }
-  assert.deepEqual([...got.params.keys()].sort(), [...want.params.keys()].sort(), `${what}: parameter names`);
-  for (const [n, v] of want.params) {
-    if (rel === 0) assert.deepEqual(got.params.get(n), v, `${what}: parameter ${n}`);
-    else {
-      const g = got.params.get(n)!;
-      let d = 0, t = 0;
-      for (let i = 0; i < v.length; i++) [d, t] = [d + (g[i]! - v[i]!) ** 2, t + v[i]! ** 2];
-      assert.ok(Math.sqrt(d / t) <= 1e-4, `${what}: parameter ${n}: ||Δ|| / ||θ|| = ${Math.sqrt(d / t)} > 1e-4`);
-    }
-  }
 }
 
 test('one process: a resume from step 3 continues bit-identically (losses, norms, parameters, metrics file)', async () => {

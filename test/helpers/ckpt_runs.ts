@@ -6,7 +6,9 @@ import { existsSync, mkdtempSync, readFileSync, readdirSync, writeFileSync } fro
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { loadSafetensors } from '../../src/checkpoint/safetensors.js';
+import assert from 'node:assert/strict';
 import { readMetrics, type StepMetrics } from '../../src/train/metrics.js';
+import { assertClose } from './close.js';
 
 export const ROOT = resolve(import.meta.dirname, '..', '..');
 export const BIN = join(ROOT, 'bin', 'flotilla.js');
@@ -102,4 +104,33 @@ export function checkpointOf(run: { dir: string }, step: number): string {
 
 export function latestOf(run: { dir: string }): string {
   return readFileSync(join(run.dir, 'checkpoints', 'latest'), 'utf8').trim();
+}
+
+/**
+ * Losses of steps from..6 and every parameter of `got` equal `want`'s: exactly (rel 0), or within rel
+ * for losses and norms, and ||Δθ|| / ||θ|| <= 1e-4 per parameter (as `flotilla verify`: elements whose
+ * gradient is zero in exact arithmetic, such as the key bias, move by float32 noise that AdamW's
+ * normalised update scales up).
+ */
+export function same(got: RunResult, want: RunResult, from: number, rel: number, what: string): void {
+  const g = got.metrics.filter((m) => m.step >= from);
+  const w = want.metrics.filter((m) => m.step >= from);
+  assert.deepEqual(g.map((m) => m.step), w.map((m) => m.step), `${what}: steps`);
+  if (rel === 0) {
+    assert.deepEqual(g.map((m) => m.loss), w.map((m) => m.loss), `${what}: losses`);
+    assert.deepEqual(g.map((m) => m.gradNorm), w.map((m) => m.gradNorm), `${what}: gradient norms`);
+  } else {
+    assertClose(g.map((m) => m.loss), w.map((m) => m.loss), rel, `${what}: losses`);
+    assertClose(g.map((m) => m.gradNorm!), w.map((m) => m.gradNorm!), rel, `${what}: gradient norms`);
+  }
+  assert.deepEqual([...got.params.keys()].sort(), [...want.params.keys()].sort(), `${what}: parameter names`);
+  for (const [n, v] of want.params) {
+    if (rel === 0) assert.deepEqual(got.params.get(n), v, `${what}: parameter ${n}`);
+    else {
+      const g = got.params.get(n)!;
+      let d = 0, t = 0;
+      for (let i = 0; i < v.length; i++) [d, t] = [d + (g[i]! - v[i]!) ** 2, t + v[i]! ** 2];
+      assert.ok(Math.sqrt(d / t) <= 1e-4, `${what}: parameter ${n}: ||Δ|| / ||θ|| = ${Math.sqrt(d / t)} > 1e-4`);
+    }
+  }
 }

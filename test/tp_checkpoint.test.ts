@@ -1,0 +1,42 @@
+// Checkpoints of tensor-parallel runs, with real ranks: a tp=2 run (sequence parallel) saves its
+// weight slices and optimizer state at step 3, resumes itself bit-identically, and its checkpoint
+// resumes in one process and under ZeRO-3 with one process's numbers; a one-process checkpoint
+// resumes under tp=2 x pp=2 with loss parallelism. The test model divides by 2 (vocabulary 260,
+// width 32, 2 heads), since tensor parallelism needs that.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { checkpointOf, same, train, type RunResult } from './helpers/ckpt_runs.js';
+
+const MODEL = ['--model.vocabSize=260', '--model.nEmbd=32', '--model.nHead=2'];
+const TP2 = ['--nproc', '2', '--parallel.tp=2', '--parallel.sequenceParallel=true', '--data.microBatches=2'];
+
+let ref: RunResult | undefined;
+let tp: RunResult | undefined;
+
+test('tp=2 with sequence parallelism trains like one process and resumes itself bit-identically', async () => {
+  ref = await train('tp-ref', MODEL);
+  tp = await train('tp2', [...MODEL, ...TP2]);
+  same(tp, ref, 1, 1e-5, 'tp=2 vs one process');
+  // The row-parallel weights' column slices are strided pieces, not one piece per row.
+  const meta = JSON.parse(readFileSync(join(checkpointOf(tp, 3), 'meta.json'), 'utf8')) as { pieces: { name: string; runs?: { count: number } }[] };
+  const proj = meta.pieces.filter((p) => p.name === 'layers.0.mlp.proj.weight');
+  assert.ok(proj.length <= 6 && proj.some((p) => (p.runs?.count ?? 1) === 32), `mlp.proj.weight pieces: ${JSON.stringify(proj)}`);
+  const self = await train('tp2-self', [...MODEL, ...TP2, '--resume', checkpointOf(tp, 3)]);
+  assert.match(self.out, /saved by 2 rank\(s\), tensor parallel 2 \+ sequence parallel/);
+  same(self, tp, 4, 0, 'tp=2 resumed under tp=2');
+});
+
+test('a tp=2 checkpoint resumes in one process and under ZeRO-3 on 2 ranks with one process\'s numbers', async () => {
+  for (const [slug, args] of [['one', []], ['zero3', ['--nproc', '2', '--parallel.zero=3']]] as const) {
+    const r = await train(`tp2-into-${slug}`, [...MODEL, ...args, '--resume', checkpointOf(tp!, 3)]);
+    same(r, ref!, 4, 1e-5, `tp=2 checkpoint resumed as ${slug}`);
+  }
+});
+
+test('a one-process checkpoint resumes under tp=2 x pp=2 with loss parallelism', async () => {
+  const r = await train('one-into-tp2pp2', [...MODEL, '--nproc', '4', '--parallel.tp=2', '--parallel.pp=2', '--parallel.lossParallel=true', '--data.microBatches=2', '--resume', checkpointOf(ref!, 3)]);
+  assert.match(r.out, /tensor parallel 2 \+ loss parallel/);
+  same(r, ref!, 4, 1e-5, 'one-process checkpoint resumed under tp=2 x pp=2');
+});
