@@ -52,6 +52,8 @@ const world2 = once(() => launch(2, [
   run('drop_a', { tp: 2 }, { dropout: 0.2 }),
   run('drop_b', { tp: 2 }, { dropout: 0.2 }),
   run('drop_sp', { tp: 2, ...sp }, { dropout: 0.2 }),
+  run('drop_ac', { tp: 2 }, { dropout: 0.2, ac: 'full' }),
+  run('drop_sp_sel', { tp: 2, ...sp }, { dropout: 0.2, ac: 'selective' }),
 ]));
 const world4 = once(() => launch(4, [
   run('tp2_dp2_z3', { tp: 2, zero: 3 }),
@@ -139,7 +141,8 @@ test('dropout under tp=2: masks in replicated regions are equal on both tp ranks
     assert.deepEqual(a![r]!.params, b![r]!.params, `rank ${r}: two runs with the same seed end with other parameters`);
     assert.notDeepEqual(a![r]!.losses, plain[r]!.losses, 'dropout changed nothing');
   }
-  for (const [runs, name] of [[a!, 'drop_a'], [s!, 'drop_sp']] as const) {
+  const ac = readPipelineRun<Out>(dir, 'drop_ac', 2), sel = readPipelineRun<Out>(dir, 'drop_sp_sel', 2);
+  for (const [runs, name] of [[a!, 'drop_a'], [s!, 'drop_sp'], [ac, 'drop_ac'], [sel, 'drop_sp_sel']] as const) {
     const [m0, m1] = [runs[0]!.masks!, runs[1]!.masks!];
     assert.deepEqual(Object.keys(m0).sort(), Object.keys(m1).sort());
     assert.ok(Object.keys(m0).length >= 7, `${name}: masks of ${Object.keys(m0).join(', ')}`);
@@ -150,12 +153,30 @@ test('dropout under tp=2: masks in replicated regions are equal on both tp ranks
       // Replicated regions (no sequence parallelism: the embeddings' dropout and the residual-branch
       // dropouts after the row-parallel sums): the same mask. Sharded (attention heads, or this
       // rank's tokens under sequence parallelism): a mask of its own.
-      const replicated = name === 'drop_a' && !k.endsWith('attnDrop');
+      const replicated = (name === 'drop_a' || name === 'drop_ac') && !k.endsWith('attnDrop');
       if (replicated) assert.deepEqual(m1[k], v, `${name}: ${k} runs on replicated activations and draws another mask on tp rank 1`);
       else assert.notDeepEqual(m1[k], v, `${name}: ${k} runs on sharded activations and draws the same mask on both tp ranks`);
     }
     assert.deepEqual(runs[0]!.losses, runs[1]!.losses, `${name}: tp ranks report other losses`);
     assert.ok(runs[0]!.losses.every(Number.isFinite));
+  }
+});
+
+test('dropout under tp=2 with activation checkpointing (full; selective with sequence parallelism): each block\'s recompute replays the masks of its forward on every rank', async () => {
+  await world2();
+  for (const name of ['drop_ac', 'drop_sp_sel']) {
+    for (const o of readPipelineRun<Out>(dir, name, 2)) {
+      const blocks = Object.keys(o.masks!).filter((k) => k.startsWith('layers.'));
+      assert.equal(blocks.length, 6, `${name}: ${blocks.join(', ')}`);
+      // A block's dropouts are called twice for the first micro-batch: forward, then recompute.
+      for (const k of blocks) assert.deepEqual(o.second![k], o.masks![k], `${name}: rank ${o.rank}: the recompute of ${k} drew another mask`);
+      // Outside the blocks (the embeddings' dropout is not checkpointed) the second call is the next micro-batch.
+      assert.notDeepEqual(o.second!.drop, o.masks!.drop, `${name}: rank ${o.rank}: two micro-batches drew one mask`);
+    }
+  }
+  // Without checkpointing, the second call is the next micro-batch everywhere: a fresh mask.
+  for (const o of readPipelineRun<Out>(dir, 'drop_a', 2)) {
+    for (const k of Object.keys(o.masks!)) assert.notDeepEqual(o.second![k], o.masks![k], `drop_a: rank ${o.rank}: ${k} drew one mask for two micro-batches`);
   }
 });
 
@@ -203,4 +224,17 @@ test('a vocabulary or (under sequence parallelism) a sequence length tp does not
   const l = train(['--parallel.lossParallel=true']);
   assert.notEqual(l.code, 0, l.out);
   assert.match(l.out, /parallel\.lossParallel shards the logits over the tensor-parallel ranks: set parallel\.tp > 1/);
+});
+
+test('flotilla verify: the trainer at tp=2 + sequence and loss parallelism x dp=2 under ZeRO-3 with 2 micro-batches PASSes against one process', () => {
+  const small = ['--model.nLayer=2', '--model.nEmbd=64', '--data.seqLen=32', '--data.globalBatch=8', '--parallel.bucketSizeMb=0.1'];
+  const r = spawnSync(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', 'verify', 'examples/gpt-tiny.toml', '--nproc', '4', '--steps', '3', ...small,
+    '--parallel.tp=2', '--parallel.sequenceParallel=true', '--parallel.lossParallel=true', '--parallel.zero=3', '--data.microBatches=2'], {
+    cwd: REPO_ROOT, encoding: 'utf8', timeout: 240_000,
+  });
+  const out = `${r.stdout}${r.stderr}`;
+  assert.equal(r.status, 0, out);
+  assert.match(out, /tp 2 \+ sequence parallel \+ loss parallel, zero 3/);
+  assert.match(out, /^PASS \(tolerance/m);
+  assert.equal(out.match(/^ +\d+ +[\d.]+ +[\d.e+-]+ +[\d.]+ +[\d.e+-]+$/gm)?.length, 3, `one line per step:\n${out}`);
 });
