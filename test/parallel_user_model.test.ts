@@ -1,6 +1,7 @@
 // A model flotilla does not know (the MLP-Mixer of examples/own_model/model.ts, with its own loss
 // and two tensors passed between layers) trained through parallelize() equals one process: data
-// parallel, ZeRO-3 with a unit policy by class, pp=2 with 1F1B (and zero bubble), and pp=2 x ZeRO-2.
+// parallel, ZeRO-3 with a unit policy by class, pp=2 with 1F1B (and zero bubble), pp=2 x ZeRO-2, and
+// tensor parallelism from the model's own plan (tp=2, and tp=2 x pp=2).
 // Every rank's losses and parameters against the whole model on the whole batch, in float64.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -14,7 +15,7 @@ import { readPipelineRun } from './helpers/pipeline_runs.js';
 const dir = mkdtempSync(join(tmpdir(), 'flotilla-user-'));
 const script = 'test/fixtures/user_model_rank.ts';
 
-interface Out { rank: number; losses: number[]; params: Record<string, number[]> }
+interface Out { rank: number; losses: number[]; params: Record<string, number[]>; held: number }
 interface Run { name: string; layout?: Record<string, unknown>; micro: number }
 
 async function launch(nproc: number, runs: Run[]): Promise<void> {
@@ -22,7 +23,7 @@ async function launch(nproc: number, runs: Run[]): Promise<void> {
   assert.deepEqual(r.codes, new Array(nproc).fill(0), describeWorld(r));
 }
 
-function compare(name: string, nproc: number, opts: { split?: boolean } = {}): void {
+function compare(name: string, nproc: number, opts: { split?: boolean; sliced?: number } = {}): void {
   const ref = readPipelineRun<Out>(dir, 'ref', 1)[0]!;
   const covered = new Set<string>();
   for (const o of readPipelineRun<Out>(dir, name, nproc)) {
@@ -34,6 +35,11 @@ function compare(name: string, nproc: number, opts: { split?: boolean } = {}): v
       assert.ok(d <= 1e-7, `${name}: rank ${o.rank} parameter ${k} differs from one process by ${d}`);
       covered.add(k);
     }
+    // Tensor parallelism: the rank held slices (fewer elements than its parameters' whole tensors).
+    if (opts.sliced) {
+      const wholeHeld = Object.values(o.params).reduce((a, v) => a + v.length, 0);
+      assert.equal(wholeHeld - o.held, opts.sliced, `${name}: rank ${o.rank} holds ${o.held} of its parameters' ${wholeHeld} elements`);
+    }
     if (opts.split) assert.ok(Object.keys(o.params).length < Object.keys(ref.params).length, `${name}: rank ${o.rank} holds the whole model`);
   }
   assert.deepEqual(Object.keys(ref.params).filter((k) => !covered.has(k)), [], `${name}: parameters no rank holds`);
@@ -41,20 +47,26 @@ function compare(name: string, nproc: number, opts: { split?: boolean } = {}): v
 
 const ref = launch(1, [{ name: 'ref', micro: 1 }]);
 
-test('your own model on 2 ranks: data parallel, ZeRO-3 with units by class, pp=2 with 1F1B and zero bubble: equal to one process', async () => {
+test('your own model on 2 ranks: data parallel, ZeRO-3 with units by class, pp=2 with 1F1B and zero bubble, tp=2 with its own plan: equal to one process', async () => {
   await Promise.all([ref, launch(2, [
     { name: 'dp', layout: {}, micro: 2 },
     { name: 'z3', layout: { zero: 3 }, micro: 2 },
     { name: 'pp2_1f1b', layout: { pp: 2, ppSchedule: '1f1b' }, micro: 4 },
     { name: 'pp2_zb', layout: { pp: 2, ppSchedule: 'zb' }, micro: 4 },
+    { name: 'tp2', layout: { tp: 2 }, micro: 2 },
   ])]);
   compare('dp', 2);
   compare('z3', 2);
   compare('pp2_1f1b', 2, { split: true });
   compare('pp2_zb', 2, { split: true });
+  compare('tp2', 2, { sliced: 4 * (72 + 64) }); // per block: half of fc's 16 x 8 weight and 16 biases, half of out's 8 x 16 weight
 });
 
-test('your own model on 4 ranks: pp=2 x ZeRO-2 over dp=2 (1F1B): equal to one process', async () => {
-  await Promise.all([ref, launch(4, [{ name: 'pp2_z2', layout: { pp: 2, zero: 2, ppSchedule: '1f1b' }, micro: 2 }])]);
+test('your own model on 4 ranks: pp=2 x ZeRO-2 over dp=2 (1F1B), tp=2 x pp=2: equal to one process', async () => {
+  await Promise.all([ref, launch(4, [
+    { name: 'pp2_z2', layout: { pp: 2, zero: 2, ppSchedule: '1f1b' }, micro: 2 },
+    { name: 'tp2_pp2', layout: { tp: 2, pp: 2, ppSchedule: '1f1b' }, micro: 2 },
+  ])]);
   compare('pp2_z2', 4, { split: true });
+  compare('tp2_pp2', 4, { split: true, sliced: 2 * (72 + 64) }); // two blocks per stage
 });

@@ -1,7 +1,7 @@
 // A model of your own under every layout: a small MLP-Mixer that classifies sequences of feature
 // vectors. It knows nothing about ranks. Two tensors travel between its layers (the hidden state
 // and the embedded input, which the head adds back), so a pipeline split passes both.
-import { Module, Linear, LayerNorm, F, manualSeed, type Tensor } from '../../src/index.js';
+import { Module, Linear, LayerNorm, F, manualSeed, type Tensor, type TpPlan } from '../../src/index.js';
 
 export interface MixerConfig {
   tokens: number; // T: sequence length
@@ -89,4 +89,14 @@ export class Mixer extends Module {
 /** The model's own loss: cross-entropy of logits (B, classes) against labels (B,) int64. */
 export function mixerLoss(logits: Tensor | readonly Tensor[], labels: Tensor | readonly Tensor[]): Tensor {
   return F.crossEntropy(logits as Tensor, labels as Tensor);
+}
+
+/**
+ * The model's tensor-parallel plan (parallel.tp > 1): each MixerBlock's channel MLP is cut as
+ * Megatron cuts a transformer's, fc column-parallel and out row-parallel; the rest is replicated.
+ * A function of the part, since a pipeline stage holds only some blocks.
+ */
+export function mixerTensorPlan(part: Module): TpPlan {
+  const blocks = part.namedModules().filter(([, m]) => m instanceof MixerBlock).map(([n]) => n);
+  return Object.fromEntries(blocks.flatMap((n) => [[`${n}.fc`, 'colwise'], [`${n}.out`, 'rowwise']]));
 }

@@ -6,16 +6,18 @@
 //   LAYOUT=zero3 npx flotilla run --nproc 2 examples/own_model/train.ts    # ZeRO-3, each MixerBlock a unit
 //   LAYOUT=pp npx flotilla run --nproc 2 examples/own_model/train.ts       # 2 pipeline stages, 1F1B
 //   LAYOUT=pp-zero2 npx flotilla run --nproc 4 examples/own_model/train.ts # pp=2 x ZeRO-2 over dp=2
+//   LAYOUT=tp npx flotilla run --nproc 2 examples/own_model/train.ts       # tensor parallel 2 (mixerTensorPlan)
+//   LAYOUT=tp-zero3 npx flotilla run --nproc 4 examples/own_model/train.ts # tp=2 x ZeRO-3 over dp=2
 //
 // Every layout prints the same losses as one process (test/parallel_user_model.test.ts checks it).
 import { manualSeed, randn, setNumThreads, tensor, tidy, type Tensor } from '../../src/tensor/index.js';
 import { AdamW } from '../../src/optim/index.js';
 import { initProcessGroup, destroyProcessGroup } from '../../src/distributed/process_group.js';
 import { buildMesh, clipGradNorm, layoutFor, parallelize, sequentialStages, unitsByClass, type LayoutRequest } from '../../src/parallel/index.js';
-import { Mixer, MixerBlock, mixerLayer, mixerLoss, type MixerConfig } from './model.js';
+import { Mixer, MixerBlock, mixerLayer, mixerLoss, mixerTensorPlan, type MixerConfig } from './model.js';
 
 const layouts: Record<string, LayoutRequest> = {
-  dp: {}, zero3: { zero: 3 }, pp: { pp: 2, ppSchedule: '1f1b' }, 'pp-zero2': { pp: 2, zero: 2 },
+  dp: {}, zero3: { zero: 3 }, pp: { pp: 2, ppSchedule: '1f1b' }, 'pp-zero2': { pp: 2, zero: 2 }, tp: { tp: 2 }, 'tp-zero3': { tp: 2, zero: 3 },
 };
 const name = process.env.LAYOUT ?? 'dp';
 const request = layouts[name];
@@ -30,11 +32,12 @@ const cfg: MixerConfig = { tokens: 8, features: 4, dim: 32, blocks: 4, classes: 
 const seed = 1, micro = 4, globalBatch = 32;
 
 // A pipeline rank builds only its layers (cut evenly; splitPoints moves the cuts); otherwise the
-// whole model. The loss and the ZeRO-3 units are the model's: parallelize knows nothing about it.
+// whole model. The loss, the ZeRO-3 units and the tensor-parallel plan are the model's: parallelize
+// knows nothing about it.
 const own = layout.pp > 1
   ? sequentialStages({ layers: cfg.blocks + 2, layer: (i) => mixerLayer(cfg, seed, i), loss: mixerLoss })
   : new Mixer(cfg, seed);
-const model = parallelize(own, mesh, { layout, micro, loss: mixerLoss, units: unitsByClass([MixerBlock]) });
+const model = parallelize(own, mesh, { layout, micro, loss: mixerLoss, units: unitsByClass([MixerBlock]), tensorParallel: mixerTensorPlan });
 const opt = new AdamW(model.namedParameters().map(([, p]) => p), { lr: 3e-3 }, model.optimizerGrads ? { grads: model.optimizerGrads } : {});
 
 // The task: the class says whether the first feature's mean over the tokens is low, middling or high.

@@ -8,4 +8,5 @@ export { resolveLayout, layoutFor, describeLayout, layoutProblems, resolveAccumu
 export { DataParallelModel, meanOverRanks } from './data_parallel_model.js';
 export { LocalGrads, gradNorm, clipGradNorm, type GradientSource, type GradShard, type ClipResult, type StepPiece } from './grads.js';
 export * from './pipeline/index.js';
-export { placementsOf, evenSplit, type ParamPlacement, type ElementRange, type PlacementOptions } from './placement.js';
+export { placementsOf, evenSplit, wholeRuns, type ParamPlacement, type ElementRange, type PlacementOptions, type TpSlice, type Run } from './placement.js';
+export * from './tensor_parallel/index.js';
