@@ -1,6 +1,7 @@
 // A GPT under tensor parallelism against one process, in float64 (test/fixtures/tp_gpt_rank.ts):
 // 3 AdamW steps with clipping and 2 micro-batches per step; every rank's losses, gradient norms
-// (before clipping) and every whole parameter it holds equal the one-process run's. tp=2 alone
+// (before clipping), step 0's clipped gradients read through grads.fullGrad and every whole
+// parameter it holds equal the one-process run's. tp=2 alone
 // (with and without sequence parallelism and loss parallelism), tied embeddings, tp=2 x dp=2 under
 // ZeRO-3, tp=2 x pp=2 (1F1B), and tp=2 x pp=2 x dp=2 on 8 ranks. A deliberately wrong norm that
 // counts a replicated LayerNorm on every tp rank must fail the same comparison; dropout masks agree
@@ -84,6 +85,12 @@ function compare(name: string, nproc: number, refName = 'ref', opts: { split?: b
       assert.ok(d <= TOL_PARAM, `${who}: parameter ${k} differs from one process by ${d}`);
       covered.add(k);
     }
+    // The gradient API: fullGrad(p) is the whole gradient (slices gathered over tp) after clipping.
+    for (const [k, v] of Object.entries(o.grads0)) {
+      const d = maxRelDiff(v, ref.grads0[k]!);
+      assert.ok(d <= TOL_PARAM, `${who}: grads.fullGrad(${k}) at step 0 differs from one process's gradient by ${d}`);
+    }
+    assert.deepEqual(Object.keys(o.grads0).sort(), Object.keys(o.params).sort());
     if (opts.split) assert.ok(Object.keys(o.params).length < Object.keys(ref.params).length, `${who} holds the whole model`);
   }
   assert.deepEqual(Object.keys(ref.params).filter((k) => !covered.has(k)), [], `${name}: parameters no rank holds`);
@@ -92,6 +99,22 @@ function compare(name: string, nproc: number, refName = 'ref', opts: { split?: b
 test('GPT at tp=2, 3 steps x 2 micro-batches, AdamW + clipping, float64: every rank\'s losses, gradient norms and whole parameters equal one process (plain, sequence parallel, loss parallel, both)', async () => {
   await Promise.all([reference, world2()]);
   for (const name of ['tp2', 'tp2_sp', 'tp2_lp', 'tp2_sp_lp']) compare(name, 2);
+});
+
+test('grads.localGradShard(p).tp names the slice a tp rank holds: fused q, k, v in 3 chunks along dim 0, row-parallel weights along dim 1, vocabulary rows of the embedding; none for LayerNorms, position embeddings and row-parallel biases', async () => {
+  await world2();
+  for (const o of readPipelineRun<Out>(dir, 'tp2_sp_lp', 2)) {
+    const t = o.shards!;
+    const at = (dim: number, chunks = 1) => ({ dim, index: o.tpRank, parts: 2, chunks });
+    assert.deepEqual(t['layers.0.attn.qkv.weight'], at(0, 3));
+    assert.deepEqual(t['layers.1.attn.qkv.bias'], at(0, 3));
+    assert.deepEqual(t['layers.0.attn.proj.weight'], at(1));
+    assert.deepEqual(t['layers.0.mlp.fc.weight'], at(0));
+    assert.deepEqual(t['layers.1.mlp.proj.weight'], at(1));
+    assert.deepEqual(t['wte.weight'], at(0));
+    assert.deepEqual(t['head.weight'], at(0));
+    for (const k of ['wpe.weight', 'lnF.weight', 'lnF.bias', 'layers.0.ln1.weight', 'layers.1.ln2.bias', 'layers.0.attn.proj.bias', 'layers.1.mlp.proj.bias']) assert.equal(t[k], null, `${k} is whole on every tp rank`);
+  }
 });
 
 test('tied embeddings under tp=2 (also with sequence and loss parallelism): the gradient norm, losses and parameters are one process\'s', async () => {
