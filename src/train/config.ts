@@ -419,6 +419,7 @@ export function validateConfig(c: FlotillaConfig): string[] {
   if (c.data.seqLen > c.model.blockSize) p.push(`data.seqLen (${c.data.seqLen}) must be <= model.blockSize (${c.model.blockSize}); lower data.seqLen or raise model.blockSize`);
   if (c.optim.minLr > c.optim.lr) p.push(`optim.minLr (${c.optim.minLr}) must be <= optim.lr (${c.optim.lr})`);
   p.push(...layoutProblems(c.parallel));
+  p.push(...tensorParallelProblems(c));
   const ppStages = c.parallel.pp * c.parallel.ppVirtualStages;
   if (c.parallel.pp > 1 && c.model.nLayer < ppStages) {
     p.push(`parallel.pp x parallel.ppVirtualStages = ${ppStages} pipeline stages need model.nLayer >= ${ppStages} (got ${c.model.nLayer}); lower parallel.pp or ppVirtualStages, or raise model.nLayer`);
@@ -597,6 +598,7 @@ export function checkRunnable(c: FlotillaConfig, worldSize: number): string[] {
         `${parts} equal parts; set data.globalBatch to a multiple of ${parts} (e.g. ${lower > 0 ? `${lower} or ` : ''}${lower + parts})`,
     );
   }
+  // Again with the vocabulary resolved from the tokenizer (model.vocabSize = 0 when validated).
   p.push(...tensorParallelProblems(c));
   if (c.train.activationCheckpoint !== 'none' && c.parallel.pp > 1 && c.parallel.ppSchedule === 'zb') {
     // The zero-bubble W pass forms dW from inputs captured in forward, which checkpointing does not keep.

@@ -16,7 +16,11 @@
 import { type Tensor, cat, defineFunction, empty, noGrad } from '../../tensor/index.js';
 import type { ProcessGroup } from '../../distributed/process_group.js';
 
-/** Bytes the tensor-parallel collectives moved on this rank, by kind (payload per rank, as Megatron counts). */
+/**
+ * Bytes the tensor-parallel collectives sent from this rank, by kind, as a ring sends them (bus
+ * bytes): an all-reduce of S bytes over n ranks 2(n-1)/n S, an all-gather into S bytes or a
+ * reduce-scatter of S bytes (n-1)/n S. Benchmarks compare them with Megatron's count.
+ */
 export const tpTraffic = { allReduce: 0, allGather: 0, reduceScatter: 0, calls: 0 };
 
 /** Zeroes tpTraffic (benchmarks read it per step). */
@@ -28,13 +32,18 @@ function bytesOf(t: Tensor): number {
   return t.numel() * (t.dtype === 'float64' ? 8 : t.dtype === 'float32' ? 4 : 2);
 }
 
+/** All-reduces a contiguous tensor in place over the group (counted in tpTraffic). */
+export function allReduceInPlace(t: Tensor, g: ProcessGroup, op: 'sum' | 'max' = 'sum'): void {
+  if (g.size === 1) return;
+  tpTraffic.allReduce += (2 * (g.size - 1) / g.size) * bytesOf(t);
+  tpTraffic.calls++;
+  g.allReduce(t, op).wait();
+}
+
 /** Sum over the group, returning a new tensor (the input is left alone). */
 export function allReduceSum(x: Tensor, g: ProcessGroup): Tensor {
   const out = noGrad(() => x.contiguous().clone());
-  if (g.size === 1) return out;
-  tpTraffic.allReduce += bytesOf(out);
-  tpTraffic.calls++;
-  g.allReduce(out, 'sum').wait();
+  allReduceInPlace(out, g);
   return out;
 }
 
@@ -44,7 +53,7 @@ export function allGatherDim(x: Tensor, g: ProcessGroup, dim: number): Tensor {
   return noGrad(() => {
     const xc = x.contiguous();
     const flat = empty([g.size * xc.numel()], { dtype: xc.dtype });
-    tpTraffic.allGather += bytesOf(flat);
+    tpTraffic.allGather += ((g.size - 1) / g.size) * bytesOf(flat);
     tpTraffic.calls++;
     g.allGatherInto(flat, xc.reshape(-1)).wait();
     const parts = flat.view(g.size, ...xc.shape).split(1, 0).map((p) => p.squeeze(0));
@@ -65,7 +74,7 @@ export function reduceScatterDim(x: Tensor, g: ProcessGroup, dim: number): Tenso
     const shape = x.shape.slice();
     shape[d] = n / g.size;
     const out = empty(shape, { dtype: x.dtype });
-    tpTraffic.reduceScatter += bytesOf(input);
+    tpTraffic.reduceScatter += ((g.size - 1) / g.size) * bytesOf(input);
     tpTraffic.calls++;
     g.reduceScatter(out.reshape(-1), input.reshape(-1)).wait();
     return out;

@@ -7,7 +7,7 @@
 import { type Tensor, noGrad } from '../../tensor/index.js';
 import type { ProcessGroup } from '../../distributed/process_group.js';
 import type { CrossEntropyFn } from '../../nn/functional.js';
-import { reduceFromRegion } from './comm.js';
+import { allReduceInPlace, reduceFromRegion } from './comm.js';
 
 /** Cross-entropy of logits (N, V/n) sharded over g's vocabulary rows against whole-vocabulary targets (N). */
 export function vocabParallelCrossEntropy(g: ProcessGroup): CrossEntropyFn {
@@ -19,7 +19,7 @@ export function vocabParallelCrossEntropy(g: ProcessGroup): CrossEntropyFn {
     const ignore = opts.ignoreIndex ?? -100;
     const m = noGrad(() => {
       const mx = logits.amax(-1, true).contiguous();
-      if (g.size > 1) g.allReduce(mx, 'max').wait();
+      allReduceInPlace(mx, g, 'max');
       return mx;
     });
     const z = logits.sub(m);

@@ -165,10 +165,13 @@ export function parallelizeModule(module: Module, g: ProcessGroup, plan: TpPlan)
         if (lin.bias) shard(`${name}.bias`, lin.bias, 0, style.kind === 'colwise' ? style.chunks ?? 1 : 1);
         const input = style.input ?? 'replicated';
         const gather = style.kind === 'colwise' && style.output === 'replicated';
+        const chunks = style.kind === 'colwise' ? style.chunks ?? 1 : 1;
         if (style.kind === 'lossParallel') lossParallel = true;
         wrap(lin, (orig) => (x: Tensor) => {
           const y = orig(input === 'sequenceSharded' ? gatherSequence(x, g) : copyToRegion(x, g));
-          return gather ? gatherLastDim(y, g) : y;
+          if (!gather) return y;
+          // A fused layer gathers each output separately: q, k, v, not rank 0's q k v then rank 1's.
+          return chunks === 1 ? gatherLastDim(y, g) : cat(y.chunk(chunks, -1).map((c) => gatherLastDim(c, g)), -1);
         });
         break;
       }
