@@ -3,14 +3,12 @@
 // and usage/config errors that exit 2 and write nothing.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
+import { join } from 'node:path';
 import { readMetrics } from '../src/train/metrics.js';
+import { flotilla } from './helpers/cli.js';
 
-const ROOT = resolve(import.meta.dirname, '..');
-const BIN = join(ROOT, 'bin', 'flotilla.js');
 const dir = mkdtempSync(join(tmpdir(), 'flotilla-cli-'));
 
 const config = join(dir, 'tiny.toml');
@@ -35,24 +33,6 @@ evalBatches = 2
 [log]
 every = 5
 `);
-
-function flotilla(args: string[], timeoutMs = 120_000): Promise<{ code: number | null; out: string; err: string }> {
-  return new Promise((res, rej) => {
-    const child = spawn(process.execPath, [BIN, ...args], { cwd: ROOT, env: { ...process.env, FLOTILLA_TEST_CHILD: '1' } });
-    let out = '';
-    let err = '';
-    child.stdout.on('data', (d) => (out += d));
-    child.stderr.on('data', (d) => (err += d));
-    const timer = setTimeout(() => {
-      child.kill('SIGKILL');
-      rej(new Error(`flotilla ${args.join(' ')} timed out\n${out}\n${err}`));
-    }, timeoutMs);
-    child.on('close', (code) => {
-      clearTimeout(timer);
-      res({ code, out, err });
-    });
-  });
-}
 
 test('flotilla train: 20 steps on one process write metrics, and the loss falls', async () => {
   const runDir = join(dir, 'single');

@@ -5,16 +5,16 @@
 // one drawn line per series. The page must load nothing from the network.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, spawnSync } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { PNG } from 'pngjs';
 import { RUN_COLORS } from '../src/report/charts.js';
+import { flotilla as run } from './helpers/cli.js';
 
 const ROOT = resolve(import.meta.dirname, '..');
-const BIN = join(ROOT, 'bin', 'flotilla.js');
 const dir = mkdtempSync(join(tmpdir(), 'flotilla-report-'));
 
 const config = join(dir, 'tiny.toml');
@@ -40,21 +40,10 @@ every = 1
 progress = "plain"
 `);
 
-function flotilla(args: string[], timeoutMs = 180_000): Promise<{ code: number | null; out: string }> {
-  return new Promise((res, rej) => {
-    const child = spawn(process.execPath, [BIN, ...args], { cwd: dir, env: { ...process.env, FLOTILLA_TEST_CHILD: '1' } });
-    let out = '';
-    child.stdout.on('data', (d) => (out += d));
-    child.stderr.on('data', (d) => (out += d));
-    const timer = setTimeout(() => {
-      child.kill('SIGKILL');
-      rej(new Error(`flotilla ${args.join(' ')} timed out\n${out}`));
-    }, timeoutMs);
-    child.on('close', (code) => {
-      clearTimeout(timer);
-      res({ code, out });
-    });
-  });
+/** flotilla from the test's directory, stdout and stderr together. */
+async function flotilla(args: string[]): Promise<{ code: number | null; out: string }> {
+  const r = await run(args, { cwd: dir });
+  return { code: r.code, out: r.out + r.err };
 }
 
 /** Debian's chromium; the test fails (not skips) without it: set-up installs it. */

@@ -1,17 +1,17 @@
 // Test-side runs of `flotilla train` for the checkpoint tests: a tiny GPT whose shapes do not divide
 // by the world (vocabulary 259, width 30), each run in its own directory, read back as per-step
 // losses and every parameter (merged over the ranks' records).
-import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
+import { join } from 'node:path';
 import { loadSafetensors } from '../../src/checkpoint/safetensors.js';
 import assert from 'node:assert/strict';
 import { readMetrics, type StepMetrics } from '../../src/train/metrics.js';
 import { assertClose } from './close.js';
 
-export const ROOT = resolve(import.meta.dirname, '..', '..');
-export const BIN = join(ROOT, 'bin', 'flotilla.js');
+import { flotilla } from './cli.js';
+
+export { flotilla, ROOT, BIN, type Flotilla } from './cli.js';
 
 export const work = mkdtempSync(join(tmpdir(), 'flotilla-ckpt-'));
 export const CONFIG = join(work, 'tiny.toml');
@@ -41,32 +41,6 @@ every = 3
 progress = "plain"
 every = 1
 `);
-
-export interface Flotilla {
-  code: number | null;
-  out: string;
-  err: string;
-}
-
-/** `flotilla ARGS` from the repository root; onStart gets the child (for signals). */
-export function flotilla(args: string[], o: { timeoutMs?: number; onStart?: (c: ChildProcess) => void; env?: Record<string, string> } = {}): Promise<Flotilla> {
-  return new Promise((res, rej) => {
-    const child = spawn(process.execPath, [BIN, ...args], { cwd: ROOT, env: { ...process.env, FLOTILLA_TEST_CHILD: '1', ...o.env } });
-    let out = '';
-    let err = '';
-    child.stdout.on('data', (d) => (out += d));
-    child.stderr.on('data', (d) => (err += d));
-    const timer = setTimeout(() => {
-      child.kill('SIGKILL');
-      rej(new Error(`flotilla ${args.join(' ')} timed out\n${out}\n${err}`));
-    }, o.timeoutMs ?? 180_000);
-    o.onStart?.(child);
-    child.on('close', (code) => {
-      clearTimeout(timer);
-      res({ code, out, err });
-    });
-  });
-}
 
 export interface RunResult {
   dir: string;

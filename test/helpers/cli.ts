@@ -1,0 +1,43 @@
+// `flotilla ARGS` as a child process for tests: the installed entry point (bin/flotilla.js) with a
+// timeout, its output collected. No side effects at import.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { join, resolve } from 'node:path';
+
+export const ROOT = resolve(import.meta.dirname, '..', '..');
+export const BIN = join(ROOT, 'bin', 'flotilla.js');
+
+export interface Flotilla {
+  code: number | null;
+  out: string;
+  err: string;
+}
+
+export interface FlotillaOptions {
+  /** Killed (and the promise rejected) after this long; default 180 s. */
+  timeoutMs?: number;
+  /** Working directory (default: the repository root). */
+  cwd?: string;
+  env?: Record<string, string>;
+  /** Gets the child as soon as it starts (for signals). */
+  onStart?: (c: ChildProcess) => void;
+}
+
+/** Runs `flotilla ARGS`; resolves with the exit code and output, rejects on timeout. */
+export function flotilla(args: string[], o: FlotillaOptions = {}): Promise<Flotilla> {
+  return new Promise((res, rej) => {
+    const child = spawn(process.execPath, [BIN, ...args], { cwd: o.cwd ?? ROOT, env: { ...process.env, FLOTILLA_TEST_CHILD: '1', ...o.env } });
+    let out = '';
+    let err = '';
+    child.stdout.on('data', (d) => (out += d));
+    child.stderr.on('data', (d) => (err += d));
+    const timer = setTimeout(() => {
+      child.kill('SIGKILL');
+      rej(new Error(`flotilla ${args.join(' ')} timed out\n${out}\n${err}`));
+    }, o.timeoutMs ?? 180_000);
+    o.onStart?.(child);
+    child.on('close', (code) => {
+      clearTimeout(timer);
+      res({ code, out, err });
+    });
+  });
+}
