@@ -600,10 +600,6 @@ export function checkRunnable(c: FlotillaConfig, worldSize: number): string[] {
   }
   // Again with the vocabulary resolved from the tokenizer (model.vocabSize = 0 when validated).
   p.push(...tensorParallelProblems(c));
-  if (c.train.activationCheckpoint !== 'none' && c.parallel.pp > 1 && c.parallel.ppSchedule === 'zb') {
-    // The zero-bubble W pass forms dW from inputs captured in forward, which checkpointing does not keep.
-    p.push(`train.activationCheckpoint="${c.train.activationCheckpoint}" does not combine with parallel.ppSchedule="zb" yet; use ppSchedule "1f1b" or "interleaved", or activationCheckpoint "none"`);
-  }
   // Sources, manifests, the tokenizer and the vocabulary (src/data/sources.ts); no tokenizing.
   p.push(...explainPaths(c, checkDataConfig(c.data, c.model.vocabSize)));
   return p;

@@ -22,7 +22,9 @@
 //   for those edges). During F, a forward hook on each split Linear keeps its input x and a tensor
 //   hook on its output captures dy when I computes it. W then forms dW = dy^T x and db = sum(dy) and
 //   adds them to .grad (or, under ZeRO, to the bucket view: handGrads). Backward never runs twice over
-//   the same graph.
+//   the same graph. Under activation checkpointing a block's forward records nothing and its
+//   recompute forms all of the block's gradients at once, so the Linears inside checkpointed blocks
+//   are not captured: their weights are inputs of I, and W finishes only the Linears outside them.
 // - Consecutive stages on the same rank (pp = 1) hand over locally, without comm actions.
 // - Evaluation (runForward) runs the same list with only its F, RECV_F and SEND_F actions, under
 //   noGrad: every F keeps its place relative to the other forwards, and each F depends only on
@@ -168,7 +170,9 @@ export class Executor {
 
   private capture(weight: Tensor, bias: Tensor | undefined, x: Tensor, out: Tensor): void {
     const list = this.capturing;
-    if (list === undefined) return;
+    // An output without grad comes from a checkpointed block's forward (run without recording):
+    // that Linear's weight gradient is formed in I, by the block's recompute (see backward()).
+    if (list === undefined || !out.requiresGrad) return;
     const c: Capture = { weight, bias, x: keep(x.detach()), out: keep(out) };
     list.push(c);
     out.registerHook((g) => {
@@ -404,7 +408,11 @@ export class Executor {
       } else {
         // The split Linears' outputs are inputs too: a Linear whose input needs no gradient (on the
         // first stage) would otherwise get no dy, which W needs for dW = dy^T x.
-        const inputs = [...carrying, ...st.inputPassParams, ...(sl.captures ?? []).map((c) => c.out)];
+        // Split Linears inside checkpointed blocks were not captured: their parameters join I's
+        // inputs, since the block's recompute forms every gradient of the block at once.
+        const captured = new Set((sl.captures ?? []).map((c) => c.weight));
+        const inCheckpoint = st.splitLinears.filter((l) => !captured.has(l.weight)).flatMap((l) => (l.bias ? [l.weight, l.bias] : [l.weight]));
+        const inputs = [...carrying, ...st.inputPassParams, ...inCheckpoint, ...(sl.captures ?? []).map((c) => c.out)];
         if (inputs.length === 0) throw new Error('the input-gradient pass has nothing to compute (a first stage with only split layers)');
         backward(roots, gradOut, { inputs });
       }
