@@ -62,6 +62,7 @@ const world4 = once(() => launch(4, [
   run('tp2_pp2', { tp: 2, pp: 2, ppSchedule: '1f1b' }),
   run('tp2_pp2_sp_lp_tied', { tp: 2, pp: 2, ppSchedule: '1f1b', ...sp, ...lp }, { tie: true }),
   run('tp2_pp2_tied', { tp: 2, pp: 2, ppSchedule: '1f1b' }, { tie: true }),
+  run('tp2_pp2_zb_sp', { tp: 2, pp: 2, ppSchedule: 'zb', ...sp }),
 ]));
 const world8 = once(() => launch(8, [run('tp2_pp2_dp2', { tp: 2, pp: 2, zero: 1, ...sp })]));
 
@@ -142,11 +143,13 @@ test('tp=2 x dp=2 under ZeRO-3 (also with sequence and loss parallelism) on 4 ra
   compare('tp2_dp2_z3_sp_lp', 4);
 });
 
-test('tp=2 x pp=2 (1F1B) on 4 ranks, untied and tied (the tied copies sliced alike on both stages; with sequence and loss parallelism): equal to one process on every rank', async () => {
+test('tp=2 x pp=2 (1F1B; zero bubble with sequence parallelism) on 4 ranks, untied and tied (the tied copies sliced alike on both stages; with sequence and loss parallelism): equal to one process on every rank', async () => {
   await Promise.all([reference, world4()]);
   compare('tp2_pp2', 4, 'ref', { split: true });
   compare('tp2_pp2_tied', 4, 'ref_tied', { split: true });
   compare('tp2_pp2_sp_lp_tied', 4, 'ref_tied', { split: true });
+  // Zero bubble: tensor-parallel Linears keep their weight gradients in I (communication sits around their matmul).
+  compare('tp2_pp2_zb_sp', 4, 'ref', { split: true });
 });
 
 test('tp=2 x pp=2 x dp=2 (ZeRO-1, sequence parallel) on 8 ranks: equal to one process on every rank', async () => {

@@ -4,6 +4,7 @@
 // model's (PipelineModel.stage; the GPT's split is in src/models/gpt_parallel.ts).
 import { Linear, type Module } from '../../nn/index.js';
 import type { Tensor } from '../../tensor/index.js';
+import { hasTensorParallelStyle } from '../tensor_parallel/styles.js';
 
 /** A Linear whose weight gradient the zero-bubble schedule computes in W, from captures taken in F/I. */
 export interface SplitLinear {
@@ -35,7 +36,8 @@ export class Stage {
     for (const [, m] of this.module.namedModules()) for (const p of ownParams(m)) uses.set(p, (uses.get(p) ?? 0) + 1);
     this.splitLinears = [];
     for (const [, m] of this.module.namedModules()) {
-      if (m instanceof Linear && uses.get(m.weight) === 1) this.splitLinears.push({ module: m, weight: m.weight, bias: m.bias });
+      // A tensor-parallel Linear's forward has communication around its matmul: its gradients stay in I.
+      if (m instanceof Linear && uses.get(m.weight) === 1 && !hasTensorParallelStyle(m)) this.splitLinears.push({ module: m, weight: m.weight, bias: m.bias });
     }
     const split = new Set<Tensor>(this.splitLinears.flatMap((l) => (l.bias ? [l.weight, l.bias] : [l.weight])));
     this.inputPassParams = this.params.filter((p) => !split.has(p));

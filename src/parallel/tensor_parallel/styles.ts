@@ -249,8 +249,19 @@ export function parallelizeModule(module: Module, g: ProcessGroup, plan: TpPlan)
   };
 }
 
+const styled = new WeakSet<Module>();
+
+/**
+ * True for a module whose forward a style replaced: its input and output are not its matmul's (a
+ * communication op sits between), so the zero-bubble schedule keeps its weight gradient in I.
+ */
+export function hasTensorParallelStyle(m: Module): boolean {
+  return styled.has(m);
+}
+
 /** Replaces a module instance's forward with one built from the original. */
 function wrap(m: Module, make: (orig: (x: Tensor) => Tensor) => (x: Tensor) => Tensor): void {
+  styled.add(m);
   const target = m as unknown as { forward: (x: Tensor) => Tensor };
   const orig = target.forward.bind(m);
   target.forward = make(orig);
