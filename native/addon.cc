@@ -53,6 +53,17 @@ static Napi::Value SetMallocOptions(const Napi::CallbackInfo& info) {
 #endif
 }
 
+// mallocTrim(): glibc's malloc_trim(0), which gives the free memory of every arena back to the OS.
+// Returns false where there is nothing to give back or the C library is not glibc. When to call it
+// is decided in TypeScript (src/tensor/allocator.ts).
+static Napi::Value MallocTrim(const Napi::CallbackInfo& info) {
+#ifdef __GLIBC__
+  return Napi::Boolean::New(info.Env(), malloc_trim(0) == 1);
+#else
+  return Napi::Boolean::New(info.Env(), false);
+#endif
+}
+
 Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
   main_thread = std::this_thread::get_id();
   InitTensor(env, exports);
@@ -61,6 +72,7 @@ Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
   exports.Set("setParentDeathSignal", Napi::Function::New(env, SetParentDeathSignal));
   exports.Set("blasInfo", Napi::Function::New(env, BlasInfo));
   exports.Set("setMallocOptions", Napi::Function::New(env, SetMallocOptions));
+  exports.Set("mallocTrim", Napi::Function::New(env, MallocTrim));
   return exports;
 }
 

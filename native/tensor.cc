@@ -8,6 +8,9 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <cstring>
+#include <cerrno>
+#include <sys/mman.h>
+#include <c10/util/strides.h>
 #include <sstream>
 
 namespace flotilla {
@@ -448,6 +451,58 @@ static Napi::Value FromBuffer(const Napi::CallbackInfo& info) {
   FLOTILLA_CATCH(env, "fromBuffer")
 }
 
+// [Note: mapped storage] emptyMapped(shape, dtype): an uninitialised tensor whose storage is pages
+// mapped for it alone (mmap) and unmapped when it is freed or resized (resizeStorage to 0 and back
+// goes through the same allocator). Such memory goes back to the OS the moment it is freed and
+// never fragments the malloc heap. Which tensors get it is decided in TypeScript (src/tensor/allocator.ts).
+namespace {
+struct MappedRegion {
+  void* addr;
+  size_t len;
+};
+
+void UnmapRegion(void* ctx) {
+  auto* r = static_cast<MappedRegion*>(ctx);
+  if (r == nullptr) return;
+  munmap(r->addr, r->len);
+  delete r;
+}
+
+struct MappedAllocator final : public c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) const override {
+    const c10::Device cpu(c10::DeviceType::CPU);
+    if (nbytes == 0) return {nullptr, nullptr, &UnmapRegion, cpu};
+    void* addr = mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    TORCH_CHECK(addr != MAP_FAILED, "emptyMapped: mmap of ", nbytes, " bytes failed: ", std::strerror(errno));
+    return {addr, new MappedRegion{addr, nbytes}, &UnmapRegion, cpu};
+  }
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+#endif
+};
+
+MappedAllocator g_mapped_allocator;
+}  // namespace
+
+static Napi::Value EmptyMapped(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  FLOTILLA_TRY
+  Napi::Array shapeArr = info[0].As<Napi::Array>();
+  auto dtype = static_cast<at::ScalarType>(info[1].As<Napi::Number>().Int32Value());
+  std::vector<int64_t> shape;
+  int64_t numel = 1;
+  for (uint32_t i = 0; i < shapeArr.Length(); ++i) {
+    shape.push_back(ToInt(shapeArr.Get(i)));
+    numel *= shape.back();
+  }
+  size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, &g_mapped_allocator, /*resizable=*/true);
+  at::Tensor t = at::empty({0}, at::TensorOptions().dtype(dtype));
+  t.set_(storage, 0, shape, c10::contiguous_strides(shape));
+  return TensorHandle::Wrap(env, t);
+  FLOTILLA_CATCH(env, "emptyMapped")
+}
+
 // toBuffer(t): a contiguous copy of the data as an ArrayBuffer.
 static Napi::Value ToBuffer(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
@@ -599,6 +654,7 @@ static Napi::Value VariableData(const Napi::CallbackInfo& info) {
 
 void InitTensor(Napi::Env env, Napi::Object exports) {
   exports.Set("resizeStorage", Napi::Function::New(env, ResizeStorage));
+  exports.Set("emptyMapped", Napi::Function::New(env, EmptyMapped));
   exports.Set("storageNbytes", Napi::Function::New(env, StorageNbytes));
   exports.Set("variableData", Napi::Function::New(env, VariableData));
   exports.Set("release", Napi::Function::New(env, ReleaseHandle));

@@ -21,9 +21,12 @@
 // Every temporary is kept out of the caller's tidy() scope (the collective may outlive it) and is
 // disposed when the Work completes.
 import { native, type GroupHandle, type WorkHandle, type NativeReduceOp } from '../tensor/native.js';
-import { Tensor, keep, empty, type DType, isFloating } from '../tensor/index.js';
+import { Tensor, keep, empty, emptyMapped, elementSize, type DType, isFloating } from '../tensor/index.js';
 import { dtypeCode, dtypeFromCode } from '../tensor/dtype.js';
 import { tellLauncher } from './launcher_channel.js';
+
+/** Staging at least this large is allocated on mapped pages (see reduceScatter). */
+const MAPPED_STAGING_BYTES = 2 ** 20;
 
 export type ReduceOp = 'sum' | 'avg' | 'max' | 'min' | 'product';
 export const REDUCE_OPS: readonly ReduceOp[] = ['sum', 'avg', 'max', 'min', 'product'];
@@ -463,12 +466,22 @@ export function reduceScatter(ctx: GroupContext, output: Tensor, input: Tensor, 
   const s = newStaging(ctx);
   const dtype = input.dtype;
   const inFlat = s.temps.add(wireFor(input, 'movement', 'input', s).reshape(-1));
-  const recv = s.temps.add(empty([total], { dtype: inFlat.dtype }));
+  // Bucket-sized staging that lives for one collective: on mapped pages, so it goes back to the OS
+  // when the collective completes ([Note: mapped storage] in native/tensor.cc).
+  const recv = s.temps.add(total * elementSize(inFlat.dtype) >= MAPPED_STAGING_BYTES ? emptyMapped([total], { dtype: inFlat.dtype }) : empty([total], { dtype: inFlat.dtype }));
   const finishLocal = (): void => {
     let chunks = s.temps.add(movementDtype(dtype) === dtype ? recv.view(size, n) : s.temps.add(viewAs(recv, dtype)).view(size, n));
     // Half-precision chunks are summed in float32, then rounded once.
     if (dtype === 'bfloat16' || dtype === 'float16') chunks = s.temps.add(chunks.to('float32'));
     if (op === 'avg') chunks.mul_(1 / size);
+    if (chunks.dtype === output.dtype && output.isContiguous()) {
+      const out = s.temps.add(output.view(-1));
+      // Summed into the output in place, in rank order (as sum(0) adds them): no shard-sized
+      // temporary left behind on the heap.
+      out.copy_(s.temps.add(chunks.select(0, 0)));
+      for (let k = 1; k < size; k++) out.add_(s.temps.add(chunks.select(0, k)));
+      return;
+    }
     const sum = s.temps.add(chunks.sum(0));
     output.copy_(s.temps.add(sum.view(...output.shape)));
   };

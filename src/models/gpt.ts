@@ -5,7 +5,7 @@
 // embeddings only on the first stage and the final norm + head only on the last. The loss lives
 // outside forward (gptLoss), applied by whoever holds the head.
 import { type Tensor, arange, manualSeed, noGrad } from '../tensor/index.js';
-import { Module, Embedding, LayerNorm, Linear, Dropout, Block, F } from '../nn/index.js';
+import { Module, Embedding, LayerNorm, Linear, Dropout, Block, F, deferParameters } from '../nn/index.js';
 import { castFor } from '../nn/precision.js';
 
 export interface GPTConfig {
@@ -44,6 +44,13 @@ export interface GPTBuildOptions {
    * the global generator reseeded (call manualSeed afterwards for data).
    */
   initSeed?: number;
+  /**
+   * Build without giving the parameters memory ([Note: deferred init] in src/nn/module.ts): each
+   * parameter's values come later from (initSeed, its name), when ZeRO-3 makes this rank's shards
+   * a bucket at a time, or from materialize(). The weights are bit-identical to an eager build
+   * with the same initSeed, which it needs.
+   */
+  deferInit?: boolean;
 }
 
 function checkConfig(cfg: Partial<GPTConfig>): GPTConfig {
@@ -94,7 +101,7 @@ abstract class GPTParts extends Module {
   readonly wte?: Embedding;
   readonly wpe?: Embedding;
   readonly drop?: Dropout;
-  readonly layers: BlockRange;
+  readonly layers!: BlockRange;
   readonly lnF?: LayerNorm;
   readonly head?: Linear;
 
@@ -106,21 +113,37 @@ abstract class GPTParts extends Module {
       throw new Error(`GPT stage: layers [${first}, ${end}) are not a range of the model's ${c.nLayer} blocks`);
     }
     this.spec = { layers: [first, end], embed: spec.embed, head: spec.head };
-    if (spec.embed) {
-      this.wte = this.registerModule('wte', new Embedding(c.vocabSize, c.nEmbd));
-      this.wpe = this.registerModule('wpe', new Embedding(c.blockSize, c.nEmbd));
-      this.drop = this.registerModule('drop', new Dropout(c.dropout));
+    if (opts.deferInit && opts.initSeed === undefined) {
+      throw new Error('GPT: deferInit needs initSeed (each parameter is initialised later from the seed and its name): pass { initSeed, deferInit: true }');
     }
-    this.layers = this.registerModule('layers', new BlockRange(first, Array.from({ length: end - first }, () => new Block(c))));
+    if (opts.deferInit) {
+      deferParameters(() => this.buildParts(c, spec));
+      const seed = opts.initSeed!;
+      this.deferredInit = { init: (name, out) => noGrad(() => this.initParameter(this.fullName(name), out, seed)) };
+    } else {
+      this.buildParts(c, spec);
+      this.initWeights(opts.initSeed);
+    }
+  }
+
+  private buildParts(c: GPTConfig, spec: GPTStageSpec): void {
+    const [first, end] = spec.layers;
+    // The parts are assigned once, here (the constructor's only caller): readonly from outside.
+    const self = this as { -readonly [K in 'wte' | 'wpe' | 'drop' | 'layers' | 'lnF' | 'head']: GPTParts[K] };
+    if (spec.embed) {
+      self.wte = this.registerModule('wte', new Embedding(c.vocabSize, c.nEmbd));
+      self.wpe = this.registerModule('wpe', new Embedding(c.blockSize, c.nEmbd));
+      self.drop = this.registerModule('drop', new Dropout(c.dropout));
+    }
+    self.layers = this.registerModule('layers', new BlockRange(first, Array.from({ length: end - first }, () => new Block(c))));
     if (spec.head) {
-      this.lnF = this.registerModule('lnF', new LayerNorm(c.nEmbd, { bias: c.bias }));
+      self.lnF = this.registerModule('lnF', new LayerNorm(c.nEmbd, { bias: c.bias }));
       // Tied: the head reuses the embedding matrix, one leaf tensor used twice in the graph. A
       // stage with the head but not the embedding holds its own copy (same initial values); the
       // pipeline sums the two copies' gradients (declared tied in src/models/gpt_parallel.ts).
       const shared = c.tieEmbeddings ? this.wte?.weight : undefined;
-      this.head = this.registerModule('head', new Linear(c.nEmbd, c.vocabSize, { bias: false, weight: shared }));
+      self.head = this.registerModule('head', new Linear(c.nEmbd, c.vocabSize, { bias: false, weight: shared }));
     }
-    this.initWeights(opts.initSeed);
   }
 
   /** True when this stage's head holds its own copy of a weight tied to the first stage's embedding. */
@@ -136,15 +159,17 @@ abstract class GPTParts extends Module {
   /** GPT-2 init: N(0, 0.02) weights, zero biases, residual projections scaled by 1/sqrt(2 nLayer). */
   private initWeights(initSeed: number | undefined): void {
     noGrad(() => {
-      for (const [local, p] of this.namedParameters()) {
-        const name = this.fullName(local);
-        if (initSeed !== undefined) manualSeed(((initSeed >>> 0) + fnv1a(name)) % 2 ** 32);
-        if (name.endsWith('.bias')) p.zero_();
-        else if (/ln1|ln2|lnF/.test(name)) p.fill_(1);
-        else if (name.endsWith('attn.proj.weight') || name.endsWith('mlp.proj.weight')) p.normal_(0, 0.02 / Math.sqrt(2 * this.cfg.nLayer));
-        else p.normal_(0, 0.02);
-      }
+      for (const [local, p] of this.namedParameters()) this.initParameter(this.fullName(local), p, initSeed);
     });
+  }
+
+  /** One parameter's initial values, by full-model name, into `p` (its own tensor or a view of the same shape). */
+  private initParameter(name: string, p: Tensor, initSeed: number | undefined): void {
+    if (initSeed !== undefined) manualSeed(((initSeed >>> 0) + fnv1a(name)) % 2 ** 32);
+    if (name.endsWith('.bias')) p.zero_();
+    else if (/ln1|ln2|lnF/.test(name)) p.fill_(1);
+    else if (name.endsWith('attn.proj.weight') || name.endsWith('mlp.proj.weight')) p.normal_(0, 0.02 / Math.sqrt(2 * this.cfg.nLayer));
+    else p.normal_(0, 0.02);
   }
 
   /**

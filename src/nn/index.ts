@@ -1,4 +1,4 @@
-export { Module, type Parameter } from './module.js';
+export { Module, deferParameters, type Parameter, type DeferredInit } from './module.js';
 export { Linear, Embedding, LayerNorm, RMSNorm, Dropout, ModuleList } from './layers.js';
 export { CausalSelfAttention, MLP, Block, type BlockConfig } from './transformer.js';
 export * as F from './functional.js';

@@ -1,8 +1,34 @@
 // Module: named parameters, buffers and children, train/eval, and state dicts. Models know nothing
 // about ranks; parallelism wraps them from outside (src/parallel).
-import { Tensor, keep, noGrad, isGradEnabled, tidy } from '../tensor/index.js';
+import { Tensor, keep, noGrad, isGradEnabled, tidy, elementSize } from '../tensor/index.js';
 
 export type Parameter = Tensor;
+
+// [Note: deferred init] A model can be built without giving its parameters any memory, as FSDP2
+// users build on the meta device and initialise after fully_shard: inside deferParameters(),
+// registerParameter frees each parameter's storage as soon as the layer has made it (one
+// parameter exists at full size at a time), and the model sets `deferredInit`, which writes the
+// initial values of any parameter by name. A sharding wrapper then materialises one bucket at a
+// time and keeps only its shard (ZeRO-3: grad_buffer.ts), so no rank ever holds the whole model;
+// any other user calls materialize() first. Calling a module whose parameters have no storage yet
+// is an error that names both ways out.
+/** How a model built under deferParameters() produces its initial values (see [Note: deferred init]). */
+export interface DeferredInit {
+  /** Writes the initial values of the parameter `name` (dotted, from this module) into `out`, a tensor of its shape. */
+  init(name: string, out: Tensor): void;
+}
+
+let deferring = 0;
+
+/** Runs fn (a model's construction) with parameters registered without storage ([Note: deferred init]). */
+export function deferParameters<T>(fn: () => T): T {
+  deferring++;
+  try {
+    return fn();
+  } finally {
+    deferring--;
+  }
+}
 
 /** Runs before a module's forward (e.g. to gather its sharded parameters). */
 export type ForwardPreHook = (module: Module, args: unknown[]) => void;
@@ -28,6 +54,8 @@ export class Module {
   private readonly preHooks = new Map<number, ForwardPreHook>();
   private readonly postHooks = new Map<number, ForwardHook>();
   private static nextHookId = 0;
+  /** Set while the parameters have no storage yet ([Note: deferred init]); cleared once they have it. */
+  deferredInit: DeferredInit | undefined;
 
   /**
    * Runs forward with this module's hooks around it: the one way a module is invoked. The call is a
@@ -36,6 +64,12 @@ export class Module {
    */
   call<A extends unknown[], R>(this: { forward(...a: A): R }, ...args: A): R {
     const self = this as unknown as Module;
+    if (self.deferredInit) {
+      throw new Error(
+        `${self.constructor.name}: its parameters were built without memory (deferred init); wrap it with ZeRO-3 ` +
+          '(parallelize with zero = 3, or DataParallel { zero: 3 }), which initialises each rank\'s shard, or call materialize() first',
+      );
+    }
     return tidy(() => {
       for (const h of self.preHooks.values()) h(self, args);
       const out = this.forward(...args);
@@ -85,8 +119,27 @@ export class Module {
   protected registerParameter(name: string, t: Tensor): Tensor {
     keep(t);
     if (!t.requiresGrad) t.requiresGrad = true;
+    if (deferring > 0 && t.storageNbytes() > 0) t.resizeStorage_(0); // [Note: deferred init]
     this.params.set(name, t);
     return t;
+  }
+
+  /**
+   * Gives every parameter built without memory its storage and initial values
+   * ([Note: deferred init]); a no-op for a module built the usual way.
+   */
+  materialize(): this {
+    const d = this.deferredInit;
+    if (!d) return this;
+    noGrad(() => {
+      for (const [name, p] of this.namedParameters()) {
+        if (p.storageNbytes() > 0 || p.numel() === 0) continue;
+        p.resizeStorage_(p.numel() * elementSize(p.dtype));
+        d.init(name, p);
+      }
+    });
+    this.deferredInit = undefined;
+    return this;
   }
 
   /** Registers state that is saved but not trained (e.g. a causal mask). */

@@ -31,8 +31,8 @@ export class AdamW extends Optimizer<AdamWOptions> {
     if (typeof weightDecay === 'number') {
       if (weightDecay !== 0) p.mul_(1 - o.lr * weightDecay);
     } else {
-      // Per element 1 - lr * wd, in float64 and then rounded once: the same factor a scalar gives.
-      p.mul_(weightDecay.mul(-o.lr).add_(1).to(p.dtype));
+      // A run that mixes groups: each range of uniform decay by its own factor (decay is elementwise).
+      for (const r of weightDecay) if (r.decay !== 0) p.narrow(0, r.start, r.numel).mul_(1 - o.lr * r.decay);
     }
     m.mul_(b1).add_(g, 1 - b1);
     v.mul_(b2).addcmul_(g, g, 1 - b2);

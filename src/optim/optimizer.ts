@@ -9,7 +9,7 @@
 // parameter that received no gradient on any rank this step (the source says which) is skipped:
 // no decay, no moment update, no step count. State tensors are kept per piece and saved per
 // parameter by name.
-import { Tensor, noGrad, keep, tidy, tensor, cat, full } from '../tensor/index.js';
+import { Tensor, noGrad, keep, tidy, tensor } from '../tensor/index.js';
 import type { GradientSource, StepPiece } from '../parallel/grads.js';
 
 export interface ParamGroup<O> {
@@ -34,8 +34,18 @@ export interface UpdateRun {
   state: Record<string, Tensor>;
   /** The update count of these parameters including this one (1 on their first update). */
   step: number;
-  /** Weight decay: one number for the run, or a per-element tensor (float64) where it mixes groups. */
-  weightDecay: number | Tensor;
+  /**
+   * Weight decay: one number for the run, or, where the run mixes groups, the ranges of uniform
+   * decay that make it up (relative to the run's views, in order, covering them).
+   */
+  weightDecay: number | DecayRange[];
+}
+
+/** A range [start, start + numel) of an update run's elements that shares one weight decay. */
+export interface DecayRange {
+  start: number;
+  numel: number;
+  decay: number;
 }
 
 interface Run {
@@ -65,7 +75,6 @@ export abstract class Optimizer<O extends { lr: number }> {
   private readonly pieceState = new Map<string, Record<string, Tensor>>();
   // The layout of every piece that has state (names and ranges outlive the tensors handed in).
   private readonly pieceMeta = new Map<string, Pick<StepPiece, 'segments' | 'owned'>>();
-  private readonly decayCache = new Map<string, Tensor>();
 
   constructor(params: ParamsArg<O>, defaults: O, extras: OptimizerExtras = {}) {
     const list = params.length > 0 && params[0] instanceof Tensor
@@ -117,7 +126,7 @@ export abstract class Optimizer<O extends { lr: number }> {
           const state = this.stateOf(piece);
           for (const run of this.runsOf(piece, used, fuseKeys)) {
             const uniform = run.decays.every((d) => d === run.decays[0]);
-            const decay = uniform ? run.decays[0]! : this.decayTensor(piece, run);
+            const decay = uniform ? run.decays[0]! : this.decayRanges(piece, run);
             // [Note: update chunks] An update is a chain of elementwise kernels, each one pass over
             // its tensors. Over a whole bucket (megabytes) every pass streams the parameters, the
             // gradient and the state from memory; chunks of UPDATE_CHUNK elements keep them in the
@@ -130,7 +139,7 @@ export abstract class Optimizer<O extends { lr: number }> {
                 for (const [k, t] of Object.entries(state)) stateViews[k] = view(t);
                 this.update({
                   param: view(piece.data), grad: view(piece.grad), state: stateViews, step: run.step,
-                  weightDecay: typeof decay === 'number' ? decay : decay.narrow(0, at, n),
+                  weightDecay: typeof decay === 'number' ? decay : clipRanges(decay, at, n),
                 }, this.groups[run.group]!.options);
               });
             }
@@ -193,21 +202,23 @@ export abstract class Optimizer<O extends { lr: number }> {
     return runs;
   }
 
-  /** A per-element weight-decay tensor for a run that mixes groups (cached per range). */
-  private decayTensor(piece: StepPiece, run: Run): Tensor {
-    const key = `${piece.key}:${run.start}:${run.numel}:${run.decays.join(',')}`;
-    let t = this.decayCache.get(key);
-    if (!t) {
-      if (this.decayCache.size > 4096) {
-        for (const c of this.decayCache.values()) c.dispose();
-        this.decayCache.clear();
-      }
-      const end = run.start + run.numel;
-      const segs = piece.segments.filter((seg) => seg.start >= run.start && seg.start < end && run.params.includes(seg.param));
-      t = keep(tidy(() => cat(segs.map((seg, i) => full([seg.numel], run.decays[i]!, { dtype: 'float64' })))));
-      this.decayCache.set(key, t);
-    }
-    return t;
+  /**
+   * The ranges of uniform weight decay of a run that mixes groups (relative to the run). Ranges, not
+   * a per-element tensor: a float64 factor per element cost 8 bytes per parameter, more than the
+   * AdamW state of a shard, and multiplying each range by its scalar rounds exactly as that
+   * tensor did ([Note: update chunks]).
+   */
+  private decayRanges(piece: StepPiece, run: Run): DecayRange[] {
+    const end = run.start + run.numel;
+    const segs = piece.segments.filter((seg) => seg.start >= run.start && seg.start < end && run.params.includes(seg.param));
+    const out: DecayRange[] = [];
+    segs.forEach((seg, i) => {
+      const decay = run.decays[i]!;
+      const last = out[out.length - 1];
+      if (last && last.decay === decay && last.start + last.numel === seg.start - run.start) last.numel += seg.numel;
+      else out.push({ start: seg.start - run.start, numel: seg.numel, decay });
+    });
+    return out;
   }
 
   /** The weight decay of a group's options (0 when the optimizer has none). */
@@ -331,7 +342,15 @@ export abstract class Optimizer<O extends { lr: number }> {
     for (const st of this.pieceState.values()) for (const t of Object.values(st)) t.dispose();
     this.pieceState.clear();
     this.pieceMeta.clear();
-    for (const t of this.decayCache.values()) t.dispose();
-    this.decayCache.clear();
   }
+}
+
+/** The part of `ranges` inside [at, at + n), relative to at (one update chunk of a run). */
+function clipRanges(ranges: DecayRange[], at: number, n: number): DecayRange[] {
+  const out: DecayRange[] = [];
+  for (const r of ranges) {
+    const lo = Math.max(r.start, at), hi = Math.min(r.start + r.numel, at + n);
+    if (hi > lo) out.push({ start: lo - at, numel: hi - lo, decay: r.decay });
+  }
+  return out;
 }

@@ -28,10 +28,10 @@
 // All give the same numbers: the average is taken by pre-scaling each bucket by 1/(dp size) before
 // it is summed. noSync() always means "not the last micro-batch"; what it saves depends on the
 // flavour chosen at wrap time, never silently nothing.
-import { Tensor, noGrad, tidy, zeros, tensor, empty, keep } from '../tensor/index.js';
+import { Tensor, noGrad, tidy, zeros, tensor, emptyMapped, keep } from '../tensor/index.js';
 import type { Module } from '../nn/module.js';
 import type { ProcessGroup, Work } from '../distributed/process_group.js';
-import { GradBuffer, buildGradBuffers, shardRange, allocStorage, freeStorage, type Bucket, type ParamSlot } from './grad_buffer.js';
+import { GradBuffer, buildGradBuffers, describeLayout, allocStorage, freeStorage, isAllocated, type Bucket, type ParamSlot } from './grad_buffer.js';
 import { Reducer } from './reducer.js';
 import { FsdpUnits, singleUnitWarning, type UnitPolicy } from './fsdp.js';
 import type { GradientSource, GradShard, StepPiece } from './grads.js';
@@ -89,6 +89,9 @@ export interface DataParallelOptions {
   reduceDtype?: 'fp32' | 'bf16';
 }
 
+/** Sharded reductions allowed in flight at a launch before the oldest is waited for ([Note: reduction window]). */
+const MAX_REDUCTIONS_IN_FLIGHT = 1;
+
 export interface SyncRecord {
   /** Bucket indices in launch order, with whether each was launched from inside backward. */
   launches: { bucket: number; inBackward: boolean }[];
@@ -130,6 +133,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
   private window: Window = 'idle';
   private usedThisStep: Set<Tensor> | undefined; // parameters with a gradient on some rank (findUnusedParameters)
   private readonly meter = new MemoryMeter(() => this.runs);
+  private readonly inFlight: BucketRun[] = []; // sharded reductions not yet completed, in launch order ([Note: reduction window])
 
   constructor(module: M, opts: DataParallelOptions) {
     this.module = module;
@@ -151,11 +155,35 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     if (units && units.units.length === 1 && this.group.rank === 0) {
       process.emitWarning(singleUnitWarning(module), { type: 'FlotillaWarning', code: 'FLOTILLA_SINGLE_UNIT' });
     }
-    this.buffers = buildGradBuffers(named, {
+    const layout = {
       bucketBytes: (opts.bucketSizeMb ?? 25) * 2 ** 20,
       padMultiple: sharded ? this.shardGroup.size : this.group.size,
       ...(units ? { groups: units.groups } : {}),
+    };
+    verifySameLayout(this.group, describeLayout(named, layout), `zero${this.zero}:${this.accumulate}`);
+    const broadcast = (opts.broadcastFromRank0 ?? true) && this.group.size > 1;
+    // A model built with deferred init ([Note: deferred init] in src/nn/module.ts) gets its values
+    // bucket by bucket here; parameters outside the buckets (frozen ones) are made whole first.
+    const deferred = module.deferredInit;
+    if (deferred) {
+      const inBuckets = new Set(named.map(([, p]) => p));
+      noGrad(() => {
+        for (const [n, p] of module.namedParameters()) {
+          if (inBuckets.has(p) || isAllocated(p) || p.numel() === 0) continue;
+          allocStorage(p);
+          deferred.init(n, p);
+        }
+      });
+    }
+    this.buffers = buildGradBuffers(named, {
+      ...layout,
+      // ZeRO-2/3: full gradient buckets exist only while a backward fills them.
+      lazyGrad: this.zero >= 2,
+      ...(deferred ? { init: (n: string, out: Tensor) => deferred.init(n, out) } : {}),
+      // ZeRO-3: a bucket at a time, broadcast from rank 0 and cut to this rank's shard ([Note: sharded build]).
+      ...(this.zero === 3 ? { shard: { rank: this.shardGroup.rank, ...(broadcast ? { beforeShard: (b: Bucket) => this.group.broadcast(b.data, 0).wait() } : {}) } } : {}),
     });
+    module.deferredInit = undefined;
     for (const buffer of this.buffers) {
       for (const bucket of buffer.buckets) {
         const run: BucketRun = { bucket, nonFinite: false };
@@ -164,22 +192,12 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
       }
       for (const slot of buffer.slots) this.slotOf.set(slot.param, slot);
     }
-    verifySameLayout(this.group, this.buffers, `zero${this.zero}:${this.accumulate}`);
-    if (opts.broadcastFromRank0 ?? true) broadcastState(this.group, module, this.runs.map((r) => r.bucket), new Set(this.slotOf.keys()));
+    // ZeRO-3 broadcast each bucket while it was whole, above.
+    if (broadcast) broadcastState(this.group, module, this.zero === 3 ? [] : this.runs.map((r) => r.bucket), new Set(this.slotOf.keys()));
 
-    noGrad(() => {
-      for (const { bucket } of this.runs) {
-        if (this.zero >= 2) {
-          bucket.shardGrad = keep(zeros([bucket.shardNumel], { dtype: bucket.grad.dtype }));
-          freeStorage(bucket.grad); // allocated again when a backward reaches the bucket
-        }
-        if (this.zero === 3) {
-          const [s] = shardRange(bucket, this.shardGroup.rank);
-          bucket.shardData = keep(bucket.data.narrow(0, s, bucket.shardNumel).clone());
-          freeStorage(bucket.data); // gathered around each unit's forward and backward
-        }
-      }
-    });
+    if (this.zero >= 2) {
+      for (const { bucket } of this.runs) bucket.shardGrad = keep(zeros([bucket.shardNumel], { dtype: bucket.grad.dtype }));
+    }
     if (this.zero >= 2) {
       const msg = (name: string) =>
         `parameter '${name}': its gradient is sharded under ZeRO-${this.zero} (each rank keeps only its shard), so .grad is not readable; ` +
@@ -240,7 +258,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
 
   private beforeAccumulate(bucket: Bucket): void {
     const run = this.runOf.get(bucket)!;
-    if (run.work) this.complete(run, false); // the previous micro-batch's reduction reads this bucket
+    if (run.work) this.complete(run); // the previous micro-batch's reduction reads this bucket
     if (allocStorage(bucket.grad, { zero: true })) this.notePeak();
   }
 
@@ -257,13 +275,28 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
       if (this.group.size > 1) run.work = this.group.allReduce(wire, 'sum');
       return;
     }
-    if (!run.recv || run.recv.dtype !== wire.dtype) {
-      run.recv?.dispose();
-      run.recv = keep(empty([run.bucket.shardNumel], { dtype: wire.dtype }));
-    }
+    run.recv = keep(emptyMapped([run.bucket.shardNumel], { dtype: wire.dtype })); // freed by complete() ([Note: mapped storage])
     run.work = this.shardGroup.reduceScatter(run.recv, wire, 'sum');
     this.notePeak();
     this.fsdp?.onReduced(run.bucket);
+    this.inFlight.push(run);
+    this.retireReductions();
+  }
+
+  // [Note: reduction window] A sharded bucket's reduction holds the full gradient bucket, the
+  // collective's staging (Gloo's reduce-scatter is an all-to-all into a bucket-sized buffer) and
+  // the received shard until complete() adds the shard in and frees them. Completed only in
+  // finishGradSync, every bucket's full gradient and staging stayed alive to the end of backward,
+  // and ZeRO-2 peaked above plain data parallelism. So each launch retires the reductions that
+  // have finished, oldest first, and waits for the oldest while more than MAX_REDUCTIONS_IN_FLIGHT
+  // are in flight; the backend runs them in launch order, so the wait gives up little overlap.
+  private retireReductions(): void {
+    while (this.inFlight.length > 0) {
+      const oldest = this.inFlight[0]!;
+      if (oldest.work && this.inFlight.length <= MAX_REDUCTIONS_IN_FLIGHT && !oldest.work.isCompleted()) return;
+      this.inFlight.shift();
+      this.complete(oldest);
+    }
   }
 
   /**
@@ -274,8 +307,8 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     return 1 / this.group.size;
   }
 
-  /** Waits for a bucket's reduction and folds it into the gradient shard (sharded modes). */
-  private complete(run: BucketRun, last: boolean): void {
+  /** Waits for a bucket's reduction and folds it into the gradient shard (sharded modes), freeing the full bucket. */
+  private complete(run: BucketRun): void {
     const work = run.work;
     if (!work) return;
     run.work = undefined;
@@ -296,10 +329,8 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     if (this.replicateGroup && this.accumulate === 'reduceEach') this.replicateGroup.allReduce(recv, 'sum').wait();
     noGrad(() => run.bucket.shardGrad!.add_(recv));
     freeStorage(run.bucket.grad);
-    if (last) {
-      recv.dispose();
-      run.recv = undefined;
-    }
+    recv.dispose();
+    run.recv = undefined;
   }
 
   // ---- callers that run backward passes themselves (pipeline schedules)
@@ -354,7 +385,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
             `Pass { findUnusedParameters: true } to reduce their zero gradients, or remove them from the model.`,
         );
       }
-      for (const run of this.runs) this.complete(run, true);
+      for (const run of this.runs) this.complete(run);
       if (this.zero >= 2 && this.replicateGroup && this.accumulate !== 'reduceEach') {
         const works = this.runs.map((r) => this.replicateGroup!.allReduce(r.bucket.shardGrad!, 'sum'));
         for (const w of works) w.wait();
@@ -368,12 +399,13 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
       // Whatever happened, no reduction is left in flight and the next step starts clean.
       for (const run of this.runs) {
         try {
-          this.complete(run, true);
+          this.complete(run);
         } catch {
           // already reported by the wait above (or by the hook's error)
         }
         run.nonFinite = false;
       }
+      this.inFlight.length = 0;
       this.reducer.finish();
     }
   }

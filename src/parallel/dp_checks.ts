@@ -4,7 +4,7 @@
 import { type Tensor, tensor, zeros } from '../tensor/index.js';
 import type { Module } from '../nn/module.js';
 import type { ProcessGroup, Work } from '../distributed/process_group.js';
-import type { Bucket, GradBuffer } from './grad_buffer.js';
+import type { Bucket, LayoutDescription } from './grad_buffer.js';
 import { accumulateProblems, type AccumulateFlavour, type ZeroStage } from './layout.js';
 
 /** One clear error per combination of options that cannot work, at wrap time. */
@@ -24,9 +24,10 @@ export function checkOptions(zero: ZeroStage, acc: AccumulateFlavour, group: Pro
 /**
  * Every rank must hold the same parameters in the same buckets, or the collectives would mix
  * unrelated gradients (or fail after the timeout). Checked once, by all-gathering a digest of the
- * buffers' layout and `mode` (the sharding mode).
+ * buffers' layout and `mode` (the sharding mode), before any collective that depends on it
+ * (describeLayout gives the layout before the buffers exist).
  */
-export function verifySameLayout(group: ProcessGroup, buffers: readonly GradBuffer[], mode: string): void {
+export function verifySameLayout(group: ProcessGroup, buffers: readonly LayoutDescription[], mode: string): void {
   if (group.size === 1) return;
   let desc = mode;
   let slots = 0;

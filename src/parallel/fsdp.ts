@@ -20,8 +20,9 @@
 // through the parameter, so the version counters autograd checks on saved views do not move.
 import { isGradEnabled, type Tensor } from '../tensor/index.js';
 import type { Module } from '../nn/module.js';
-import type { ProcessGroup, Work } from '../distributed/process_group.js';
+import type { ProcessGroup } from '../distributed/process_group.js';
 import { allocStorage, freeStorage, type Bucket } from './grad_buffer.js';
+import { gatherInPlace } from './zero_gathers.js';
 
 /** Whether a module (by dotted name) is a wrapping unit of its own. */
 export type UnitPolicy = (name: string, module: Module) => boolean;
@@ -82,8 +83,7 @@ interface UnitState {
   bucket: Bucket;
   isRoot: boolean;
   state: 'free' | 'gathering' | 'ready';
-  work?: Work;
-  views?: Tensor[];
+  work?: { wait(): void };
 }
 
 export class FsdpUnits {
@@ -184,14 +184,7 @@ export class FsdpUnits {
   private issueGather(u: UnitState): void {
     const b = u.bucket;
     if (allocStorage(b.data)) this.opts.onMemoryChange();
-    const views = Array.from({ length: this.group.size }, (_, k) => b.data.narrow(0, k * b.shardNumel, b.shardNumel));
-    try {
-      u.work = this.group.allGather(views, b.shardData!);
-    } catch (e) {
-      for (const v of views) v.dispose();
-      throw e;
-    }
-    u.views = views;
+    u.work = gatherInPlace(this.group, b.data, b.shardNumel, b.shardData!); // [Note: in-place gathers]
     u.state = 'gathering';
   }
 
@@ -205,16 +198,12 @@ export class FsdpUnits {
     if (u.state === 'free') this.issueGather(u);
     if (u.state === 'gathering') {
       const work = u.work!;
-      const views = u.views!;
       u.work = undefined;
-      u.views = undefined;
       try {
         work.wait();
       } catch (e) {
         this.failure = { error: e };
         throw e;
-      } finally {
-        for (const v of views) v.dispose();
       }
       u.state = 'ready';
     }

@@ -16,7 +16,7 @@
 // place, so views handed out earlier (param.grad, tensors autograd saved) see the new bytes.
 // DataParallel all-reduces `grad`; ZeRO reduce-scatters it into `shardGrad`; clipping, the gradient
 // API and the optimizer read the same memory through GradientSource (grads.ts).
-import { Tensor, zeros, noGrad, keep, elementSize, type DType } from '../tensor/index.js';
+import { Tensor, zeros, emptyMapped, noGrad, keep, elementSize, type DType } from '../tensor/index.js';
 
 export interface ParamSlot {
   readonly name: string;
@@ -57,6 +57,31 @@ export interface GradBufferOptions {
    * given; every parameter must appear in exactly one group.
    */
   groups?: [string, Tensor][][];
+  /**
+   * ZeRO-2/3: the full gradient buckets start without storage (allocated, zeroed, when a backward
+   * reaches them), instead of being zero-filled here and freed by the caller.
+   */
+  lazyGrad?: boolean;
+  /** ZeRO-3: keep only this rank's shard of the parameter values (see [Note: sharded build]). */
+  shard?: ShardBuild;
+  /**
+   * Initial values of parameters that have no storage yet ([Note: deferred init] in
+   * src/nn/module.ts): writes the parameter `name` into `out`, a view of its bucket shaped like it.
+   */
+  init?: (name: string, out: Tensor) => void;
+}
+
+// [Note: sharded build] Under ZeRO-3 no rank needs the full parameters outside a unit's forward
+// and backward, so the buffer is built a bucket at a time: the bucket's full values are made
+// (copied from the parameters, or initialised where the model deferred its init), handed to
+// `beforeShard` (rank 0's broadcast), this rank's shard is cloned into `shardData`, and the full
+// storage is freed before the next bucket is made. With deferred init no rank ever holds more
+// than one bucket (one wrapping unit) at full size.
+export interface ShardBuild {
+  /** This rank's shard index. */
+  rank: number;
+  /** Called with each bucket's full values before its shard is taken (the broadcast from rank 0). */
+  beforeShard?: (bucket: Bucket) => void;
 }
 
 /** Flat parameter and gradient buckets for the parameters of one dtype. */
@@ -69,36 +94,35 @@ export class GradBuffer {
   readonly slots: ParamSlot[] = [];
 
   constructor(params: [string, Tensor][], opts: GradBufferOptions = {}) {
-    if (params.length === 0) throw new Error('GradBuffer: no parameters');
-    const dtype = params[0]![1].dtype;
-    for (const [n, p] of params) {
-      if (p.dtype !== dtype) throw new Error(`GradBuffer: parameter ${n} is ${p.dtype}, buffer is ${dtype}; group parameters by dtype`);
-      if (!p.isLeaf) throw new Error(`GradBuffer: parameter ${n} is not a leaf tensor`);
-    }
-    this.dtype = dtype;
-    const pad = (this.shards = opts.padMultiple ?? 1);
-    const plans = opts.groups ? planGroups(params, opts.groups) : planBySize(params, Math.max(1, Math.floor((opts.bucketBytes ?? 25 * 2 ** 20) / elementSize(dtype))));
-
-    let offset = 0;
+    const plan = planLayout(params, opts);
+    const dtype = (this.dtype = plan.dtype);
+    const pad = (this.shards = plan.pad);
     noGrad(() => {
-      for (const members of plans) {
-        const used = members.reduce((a, [, p]) => a + p.numel(), 0);
-        const numel = Math.max(pad, roundUp(used, pad));
+      for (const { members, offset, numel } of plan.buckets) {
         const bucket: Bucket = {
           index: this.buckets.length,
           offset,
           numel,
           shardNumel: numel / pad,
           slots: [],
-          data: keep(zeros([numel], { dtype })),
-          grad: keep(zeros([numel], { dtype })),
+          // Storage that is freed and allocated again around every use lives on mapped pages
+          // ([Note: mapped storage] in native/tensor.cc): given back to the OS when freed, it leaves
+          // no bucket-sized holes in the malloc heap. lazyGrad's bytes are never touched here.
+          data: keep(opts.shard ? emptyMapped([numel], { dtype }).zero_() : zeros([numel], { dtype })),
+          grad: keep(opts.lazyGrad ? emptyMapped([numel], { dtype }) : zeros([numel], { dtype })),
         };
         let at = 0;
         for (const [name, p] of members) {
           const shape = p.shape;
           const n = p.numel();
           const dataView = bucket.data.narrow(0, at, n).view(...shape);
-          dataView.copy_(p);
+          if (isAllocated(p) || n === 0) {
+            dataView.copy_(p);
+          } else {
+            if (!opts.init) throw new Error(`GradBuffer: parameter ${name} has no storage (built with deferred init) and no initialiser was given`);
+            opts.init(name, dataView);
+            allocStorage(p); // set_ takes only tensors with storage; these bytes are never touched
+          }
           // The parameter object stays the same leaf (optimizers and hooks keep their references);
           // only its storage moves into the bucket.
           p.set_(dataView);
@@ -111,11 +135,18 @@ export class GradBuffer {
           this.slots.push(slot);
           at += n;
         }
+        if (opts.lazyGrad) freeStorage(bucket.grad); // allocated (zeroed) when a backward reaches the bucket
+        if (opts.shard) {
+          // [Note: sharded build]
+          opts.shard.beforeShard?.(bucket);
+          const [lo] = shardRange(bucket, opts.shard.rank);
+          bucket.shardData = keep(bucket.data.narrow(0, lo, bucket.shardNumel).clone());
+          freeStorage(bucket.data);
+        }
         this.buckets.push(bucket);
-        offset += numel;
       }
     });
-    this.numel = offset;
+    this.numel = plan.numel;
   }
 
   /** Zeroes every allocated full gradient and every gradient shard (views stay assigned). */
@@ -204,8 +235,63 @@ function planGroups(params: [string, Tensor][], groups: [string, Tensor][][]): [
   return groups.filter((g) => g.length > 0);
 }
 
+interface LayoutPlan {
+  dtype: DType;
+  pad: number;
+  numel: number;
+  buckets: { members: [string, Tensor][]; offset: number; numel: number }[];
+}
+
+// Where every parameter goes, without allocating anything (the constructor and describeLayout share it).
+function planLayout(params: [string, Tensor][], opts: GradBufferOptions): LayoutPlan {
+  if (params.length === 0) throw new Error('GradBuffer: no parameters');
+  const dtype = params[0]![1].dtype;
+  for (const [n, p] of params) {
+    if (p.dtype !== dtype) throw new Error(`GradBuffer: parameter ${n} is ${p.dtype}, buffer is ${dtype}; group parameters by dtype`);
+    if (!p.isLeaf) throw new Error(`GradBuffer: parameter ${n} is not a leaf tensor`);
+  }
+  const pad = opts.padMultiple ?? 1;
+  const plans = opts.groups ? planGroups(params, opts.groups) : planBySize(params, Math.max(1, Math.floor((opts.bucketBytes ?? 25 * 2 ** 20) / elementSize(dtype))));
+  let offset = 0;
+  const buckets = plans.map((members) => {
+    const used = members.reduce((a, [, p]) => a + p.numel(), 0);
+    const numel = Math.max(pad, roundUp(used, pad));
+    const b = { members, offset, numel };
+    offset += numel;
+    return b;
+  });
+  return { dtype, pad, numel: offset, buckets };
+}
+
+/** What the layout check compares across ranks: per buffer its dtype, size and every slot's name, shape and offset. */
+export interface LayoutDescription {
+  readonly dtype: DType;
+  readonly numel: number;
+  readonly slots: readonly { readonly name: string; readonly shape: readonly number[]; readonly offset: number }[];
+}
+
+/** The layouts buildGradBuffers(params, opts) would make, with nothing allocated or moved. */
+export function describeLayout(params: [string, Tensor][], opts: GradBufferOptions = {}): LayoutDescription[] {
+  return splitByDtype(params, opts).map(([ps, o]) => {
+    const plan = planLayout(ps, o);
+    const slots = plan.buckets.flatMap((b) => {
+      let at = b.offset;
+      return b.members.map(([name, p]) => {
+        const slot = { name, shape: p.shape, offset: at };
+        at += p.numel();
+        return slot;
+      });
+    });
+    return { dtype: plan.dtype, numel: plan.numel, slots };
+  });
+}
+
 /** Splits named parameters by dtype into one GradBuffer each (registration order kept). */
 export function buildGradBuffers(params: [string, Tensor][], opts: GradBufferOptions = {}): GradBuffer[] {
+  return splitByDtype(params, opts).map(([ps, o]) => new GradBuffer(ps, o));
+}
+
+function splitByDtype(params: [string, Tensor][], opts: GradBufferOptions): [[string, Tensor][], GradBufferOptions][] {
   const byDtype = new Map<DType, [string, Tensor][]>();
   for (const e of params) {
     const d = e[1].dtype;
@@ -214,6 +300,6 @@ export function buildGradBuffers(params: [string, Tensor][], opts: GradBufferOpt
   }
   return [...byDtype.values()].map((ps) => {
     const groups = opts.groups?.map((g) => g.filter(([, p]) => ps.some(([, q]) => q === p)));
-    return new GradBuffer(ps, { ...opts, ...(groups ? { groups } : {}) });
+    return [ps, { ...opts, ...(groups ? { groups } : {}) }];
   });
 }

@@ -1,6 +1,7 @@
 // Memory accounting of the data-parallel wrappers: the bytes a rank holds for parameters,
 // gradients and optimizer state (resident storage, so freed ZeRO buckets count zero), and the
 // step's peak, sampled whenever a bucket is allocated or freed.
+import { readFileSync } from 'node:fs';
 import { isAllocated } from './grad_buffer.js';
 import type { Bucket } from './grad_buffer.js';
 import type { Tensor } from '../tensor/index.js';
@@ -47,4 +48,23 @@ export class MemoryMeter {
     }
     return { params, grads };
   }
+}
+
+/**
+ * What the whole process holds, from the kernel (/proc/self/status): resident bytes now and the
+ * peak since the process started (VmRSS, VmHWM). A MemoryReport counts the wrapper's buffers and
+ * optimizer state only; the process also holds activations, collective staging, memory the
+ * allocator keeps for the next step ([Note: allocator tuning] in src/tensor/allocator.ts) and the
+ * runtime (Node, libtorch). Undefined where /proc is not available.
+ */
+export function processMemory(): { rssBytes: number; peakBytes: number } | undefined {
+  let status: string;
+  try {
+    status = readFileSync('/proc/self/status', 'utf8');
+  } catch {
+    return undefined;
+  }
+  const kb = (field: string) => Number(new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(status)?.[1] ?? NaN) * 1024;
+  const rssBytes = kb('VmRSS'), peakBytes = kb('VmHWM');
+  return Number.isFinite(rssBytes) && Number.isFinite(peakBytes) ? { rssBytes, peakBytes } : undefined;
 }

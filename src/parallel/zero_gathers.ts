@@ -2,10 +2,50 @@
 // after the optimizer step every bucket's shards are all-gathered. A bucket's gather starts as soon
 // as the optimizer finished it (overlapping its other buckets and then the next forward), and each
 // module waits, just before its forward, for the buckets that hold its own parameters.
-import type { Tensor } from '../tensor/index.js';
+import { noGrad, type Tensor } from '../tensor/index.js';
 import type { Module } from '../nn/module.js';
 import type { ProcessGroup, Work } from '../distributed/process_group.js';
 import type { Bucket, ParamSlot } from './grad_buffer.js';
+
+// [Note: in-place gathers] Gloo's all-gather stages its output in a flat buffer of the whole
+// bucket (allocated on its worker thread, in that thread's malloc arena) and copies it out, and its
+// input must not alias the output, so a bucket's gather used to cost the bucket again plus a copy of
+// the shard on top of the bucket itself: under ZeRO-1/2 every bucket's gather is in flight at once
+// after the step, which cost ZeRO-1 its whole saving in peak RSS. Where the bucket already holds
+// this rank's shard, the same result is one broadcast per rank, each from that rank's shard
+// straight into its place in the bucket: the same bytes on the wire and no staging. Other
+// backends keep the native all-gather.
+
+/** Starts gathering every rank's shard of `data` (this rank's, `own`, already in place); wait() on the result. */
+export function gatherInPlace(group: ProcessGroup, data: Tensor, shardNumel: number, own?: Tensor): { wait(): void } {
+  const views = Array.from({ length: group.size }, (_, k) => data.narrow(0, k * shardNumel, shardNumel));
+  const works: Work[] = [];
+  let input: Tensor | undefined;
+  try {
+    if (group.backend === 'gloo') {
+      if (own) noGrad(() => views[group.rank]!.copy_(own));
+      for (let k = 0; k < group.size; k++) works.push(group.broadcast(views[k]!, k));
+    } else {
+      // An input that does not alias the output (the shard kept apart, or a copy of this rank's part).
+      input = own ?? views[group.rank]!.clone();
+      works.push(group.allGather(views, input));
+    }
+  } catch (e) {
+    for (const v of views) v.dispose();
+    if (input !== own) input?.dispose();
+    throw e;
+  }
+  return {
+    wait: () => {
+      try {
+        for (const w of works) w.wait();
+      } finally {
+        for (const v of views) v.dispose();
+        if (input !== own) input?.dispose();
+      }
+    },
+  };
+}
 
 export class ParamGathers {
   /** Per bucket with a gather in flight: waits for it and frees its views. */
@@ -16,17 +56,8 @@ export class ParamGathers {
   /** Starts the all-gather of the bucket's shards into its full `data` (no-op when one is in flight). */
   gather(b: Bucket): void {
     if (this.inFlight.has(b)) return;
-    const outs = Array.from({ length: this.group.size }, (_, k) => b.data.narrow(0, k * b.shardNumel, b.shardNumel));
-    const mine = outs[this.group.rank]!.clone();
-    const work: Work = this.group.allGather(outs, mine);
-    this.inFlight.set(b, () => {
-      try {
-        work.wait();
-      } finally {
-        mine.dispose();
-        for (const o of outs) o.dispose();
-      }
-    });
+    const g = gatherInPlace(this.group, b.data, b.shardNumel); // the optimizer updated this rank's shard in place
+    this.inFlight.set(b, () => g.wait());
   }
 
   /** Waits for the bucket's gather, if one is in flight. */

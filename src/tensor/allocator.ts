@@ -7,7 +7,10 @@
 // 900, and a backward pass 3-5% slower. Keeping freed memory for reuse, as PyTorch's own GPU allocator
 // does, removes them: blocks up to 32 MiB (glibc's own ceiling for this threshold) come from the heap,
 // and up to 512 MiB may stay free at its top. The resident size then stays near a step's peak, which
-// the next step needs again. A user's own malloc settings (MALLOC_*_ environment variables or
+// the next step needs again (at the end of a run, releaseFreedMemory in native.ts hands it back).
+// Buffers that ZeRO allocates and frees around every use live on mapped pages instead
+// (emptyMapped, [Note: mapped storage] in native/tensor.cc), so they never leave holes here that
+// only smaller tensors could fill. A user's own malloc settings (MALLOC_*_ environment variables or
 // glibc.malloc tunables) win; FLOTILLA_MALLOC=default keeps glibc's defaults.
 
 export const MALLOC_OPTIONS = { mmapThreshold: 32 * 2 ** 20, trimThreshold: 512 * 2 ** 20 } as const;

@@ -44,6 +44,17 @@ export function ones(shape: readonly number[], opts: CreateOptions = {}): Tensor
 export function empty(shape: readonly number[], opts: CreateOptions = {}): Tensor {
   return finish(run('empty', checkShape(shape, 'empty'), code(opts)), opts);
 }
+/**
+ * An uninitialised tensor whose storage is pages mapped for it alone ([Note: mapped storage] in
+ * native/tensor.cc): freeing it, or resizing its storage to 0, gives the memory back to the OS at
+ * once, and allocating it never grows the malloc heap. For large flat buffers that are allocated
+ * and freed around each use (sharded buckets, collective staging), which would otherwise leave
+ * bucket-sized holes that the next step's smaller tensors cannot fill. Every allocation costs a
+ * page fault per 4 KiB touched, so not for small or short-lived tensors.
+ */
+export function emptyMapped(shape: readonly number[], opts: CreateOptions = {}): Tensor {
+  return finish(new Tensor(native.emptyMapped(checkShape(shape, 'emptyMapped'), code(opts))), opts);
+}
 export function full(shape: readonly number[], value: number, opts: CreateOptions = {}): Tensor {
   return finish(run('full', checkShape(shape, 'full'), value, code(opts)), opts);
 }

@@ -80,6 +80,8 @@ export interface Native {
   blasInfo(): { core: string; config: string } | undefined;
   /** glibc mallopt of M_MMAP_THRESHOLD and M_TRIM_THRESHOLD; false where not glibc or refused. */
   setMallocOptions(mmapThreshold: number, trimThreshold: number): boolean;
+  /** glibc's malloc_trim(0): free memory of every arena back to the OS; false when nothing was returned or not glibc. */
+  mallocTrim(): boolean;
   /** Linux: deliver signo to this process when its parent exits (false elsewhere). */
   setParentDeathSignal(signo: number): boolean;
 
@@ -88,6 +90,8 @@ export interface Native {
   resizeStorage(t: TensorHandle, nbytes: number): void;
   /** Bytes the tensor's storage holds now. */
   storageNbytes(t: TensorHandle): number;
+  /** An uninitialised tensor on pages mapped for it alone, unmapped when freed or resized ([Note: mapped storage]). */
+  emptyMapped(shape: number[], scalarType: number): TensorHandle;
   /** PyTorch's .data: same storage, no autograd history, its own version counter. */
   variableData(t: TensorHandle): TensorHandle;
   /** From inside a backward hook: runs fn once the current backward pass has finished. */
@@ -143,3 +147,13 @@ function load(): Native {
 }
 
 export const native: Native = load();
+
+/**
+ * Gives the memory freed so far back to the OS (malloc_trim). Training keeps freed memory for the
+ * next step by design ([Note: allocator tuning]); once the model and optimizer are disposed, that
+ * memory serves nothing, and whatever runs next (a run's report, a script's next phase) would add to
+ * it. Returns false where nothing was given back or the C library is not glibc.
+ */
+export function releaseFreedMemory(): boolean {
+  return native.mallocTrim();
+}

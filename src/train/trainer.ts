@@ -6,7 +6,7 @@
 // buffers] in src/parallel/grad_buffer.ts) and hand it the ranges this rank updates.
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { type Tensor, describeBlas, liveTensors, manualSeed, setNumThreads, tidy, torchVersion } from '../tensor/index.js';
+import { type Tensor, describeBlas, liveTensors, manualSeed, releaseFreedMemory, setNumThreads, tidy, torchVersion } from '../tensor/index.js';
 import { GPT, gptNumParams } from '../models/gpt.js';
 import { autocast } from '../nn/precision.js';
 import { withActivationCheckpoint } from '../nn/checkpoint.js';
@@ -311,6 +311,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
       // Native memory goes back now, not whenever the GC gets to the wrappers.
       model.dispose();
       optimizer.dispose();
+      releaseFreedMemory(); // the report and the caller's next phase start from a trimmed heap
     }
     const tokensPerSec = ((endStep - startStep) * tokensPerStep) / loopSeconds;
     header(

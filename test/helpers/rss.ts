@@ -1,0 +1,88 @@
+// Peak resident memory of real training ranks, measured from outside: starts a world of
+// bench/zero_rss_rank.ts (the trainer under config overrides), samples every rank's VmRSS from
+// /proc/<pid>/status while it runs, and reads its VmHWM (the kernel's high-water mark of resident
+// memory) once the run is over and before the rank exits. Used by test/memory_zero_rss.test.ts and
+// bench/zero_rss.ts. Linux only.
+import { readFileSync } from 'node:fs';
+import type { ChildProcess } from 'node:child_process';
+import { runWorld } from './world.js';
+
+export interface RankRss {
+  rank: number;
+  /** VmHWM at the end of the run, MiB. */
+  peakMiB: number;
+  /** [ms since the rank started, VmRSS MiB] samples. */
+  samples: [number, number][];
+  /** Markers the rank printed: phase or step name, ms since it started, and what followed on the line. */
+  marks: [string, number, string?][];
+  /** The wrapper's memory report after the last step (bytes), and the model's size. */
+  memory: { paramBytes: number; gradBytes: number; optimizerBytes: number; peakBytes: number } | null;
+  numParams: number;
+  /** Rank 0's `[memory]` line, if printed. */
+  memoryLine?: string;
+}
+
+const MiB = 2 ** 20;
+
+function statusField(pid: number, field: string): number | undefined {
+  try {
+    const m = new RegExp(`${field}:\\s+(\\d+) kB`).exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+    return m ? Number(m[1]) / 1024 : undefined;
+  } catch {
+    return undefined; // exited
+  }
+}
+
+/** Trains on `nproc` ranks with `overrides` (--section.field=value) and returns each rank's memory. */
+export async function measureRss(overrides: string[], opts: { nproc?: number; sampleMs?: number; timeoutMs?: number; env?: Record<string, string> } = {}): Promise<RankRss[]> {
+  const nproc = opts.nproc ?? 2;
+  const out: RankRss[] = Array.from({ length: nproc }, (_, rank) => ({ rank, peakMiB: NaN, samples: [], marks: [], memory: null, numParams: 0 }));
+  const timers: NodeJS.Timeout[] = [];
+  const onSpawn = (rank: number, child: ChildProcess): void => {
+    const r = out[rank]!;
+    const start = Date.now();
+    timers.push(setInterval(() => {
+      const rss = statusField(child.pid!, 'VmRSS');
+      if (rss !== undefined) r.samples.push([Date.now() - start, rss]);
+    }, opts.sampleMs ?? 20));
+    let buf = '';
+    child.stdout!.on('data', (d: Buffer) => {
+      buf += d.toString();
+      let nl: number;
+      while ((nl = buf.indexOf('\n')) >= 0) {
+        const line = buf.slice(0, nl);
+        buf = buf.slice(nl + 1);
+        if (line.startsWith('[memory]')) r.memoryLine = line;
+        const m = /^\[rss\] (\S+) (\d+)(?: (.*))?$/.exec(line);
+        if (!m) continue;
+        r.marks.push([m[1]!, Number(m[2]) - start, m[3]]);
+        if (m[1] === 'ready') {
+          const info = JSON.parse(m[3]!) as { memory: RankRss['memory']; numParams: number };
+          r.memory = info.memory;
+          r.numParams = info.numParams;
+          r.peakMiB = statusField(child.pid!, 'VmHWM')!;
+          child.kill('SIGUSR2');
+        }
+      }
+    });
+  };
+  try {
+    const res = await runWorld({
+      nproc, script: 'bench/zero_rss_rank.ts', args: overrides, onSpawn, timeoutMs: opts.timeoutMs ?? 300_000,
+      env: { FLOTILLA_BACKEND: 'gloo', ...opts.env },
+    });
+    if (res.codes.some((c) => c !== 0) || out.some((r) => Number.isNaN(r.peakMiB))) {
+      throw new Error(`measureRss: ranks exited ${res.codes.join(', ')}:\n${res.outputs.map((o, i) => `--- rank ${i}\n${o.slice(-3000)}`).join('\n')}`);
+    }
+  } finally {
+    for (const t of timers) clearInterval(t);
+  }
+  return out;
+}
+
+/** Bytes AdamW training holds per parameter in float32 (4 parameters + 4 gradients + 8 state), by ZeRO stage, over n shards. */
+export function theoryBytesPerParam(zero: number, n: number): number {
+  return [16, 4 + 4 + 8 / n, 4 + 4 / n + 8 / n, 16 / n][zero]!;
+}
+
+export { MiB };
