@@ -25,7 +25,7 @@ import { native } from './native.js';
 import { Tensor } from './tensor.js';
 import { noGrad, isGradEnabled } from './autograd.js';
 import { keep, tidy } from './scope.js';
-import { zerosLike } from './creation.js';
+import { zeros } from './creation.js';
 
 export interface FunctionCtx {
   /** Per argument: true when it is a tensor that requires grad (and grad mode is on). */
@@ -93,6 +93,9 @@ export function defineFunction<A extends unknown[]>(def: FunctionDef<A>, name = 
     const k = tidy(() => carriers.map((c) => c.sum().abs()).reduce((a, b) => a.add(b)).mul(0));
     const diff = outs.map((o) => !ctx.nonDiff.has(o) && isFloatingTensor(o));
     const gradOuts: (Tensor | undefined)[] = outs.map(() => undefined);
+    // Shapes only: backward must not keep the forward's outputs alive (each is returned as o - k, a
+    // new tensor; holding o too would double what a checkpointed block keeps).
+    const outMeta = outs.map((o) => ({ shape: o.shape, dtype: o.dtype }));
     const results = outs.map((o, j) => {
       if (!diff[j]) return o;
       const r = o.sub(k);
@@ -114,7 +117,7 @@ export function defineFunction<A extends unknown[]>(def: FunctionDef<A>, name = 
       c.registerHook((zero) => {
         releasePending();
         if (answers === undefined) {
-          const gs = outs.flatMap((o, j) => (diff[j] ? [gradOuts[j] ?? keep(zerosLike(o))] : []));
+          const gs = outMeta.flatMap((o, j) => (diff[j] ? [gradOuts[j] ?? keep(zeros(o.shape, { dtype: o.dtype }))] : []));
           // The engine runs hooks with grad mode off (create_graph = false); backward may use autograd.
           // Its temporaries die with this scope; the answers are own aliases, freed after backward.
           const prev = native.setGradEnabled(true);
