@@ -8,35 +8,45 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { checkpointOf, same, train, type RunResult } from './helpers/ckpt_runs.js';
+import { pool, started } from './helpers/pool.js';
 
 const MODEL = ['--model.vocabSize=260', '--model.nEmbd=32', '--model.nHead=2'];
 const TP2 = ['--nproc', '2', '--parallel.tp=2', '--parallel.sequenceParallel=true', '--data.microBatches=2'];
 
-let ref: RunResult | undefined;
-let tp: RunResult | undefined;
+// Every run is queued when the file loads, two launches at a time (test/helpers/pool.ts); a resume
+// queues when the run it resumes from has finished, and each test awaits the runs it compares.
+const launch = pool();
+const queued = (name: string, extra: string[]): Promise<RunResult> => started(launch(() => train(name, extra)));
+const resume = (from: Promise<RunResult>, name: string, extra: string[]): Promise<RunResult> =>
+  started(from.then((f) => queued(name, [...extra, '--resume', checkpointOf(f, 3)])));
+
+const reference = queued('tp-ref', MODEL);
+const tp2 = queued('tp2', [...MODEL, ...TP2]);
+const tp2Self = resume(tp2, 'tp2-self', [...MODEL, ...TP2]);
+const tp2Into = (['one', 'zero3'] as const).map((slug) => [slug, resume(tp2, `tp2-into-${slug}`, [...MODEL, ...(slug === 'one' ? [] : ['--nproc', '2', '--parallel.zero=3'])])] as const);
+const oneIntoTp2pp2 = resume(reference, 'one-into-tp2pp2', [...MODEL, '--nproc', '4', '--parallel.tp=2', '--parallel.pp=2', '--parallel.lossParallel=true', '--data.microBatches=2']);
 
 test('tp=2 with sequence parallelism trains like one process and resumes itself bit-identically', async () => {
-  ref = await train('tp-ref', MODEL);
-  tp = await train('tp2', [...MODEL, ...TP2]);
+  const ref = await reference;
+  const tp = await tp2;
   same(tp, ref, 1, 1e-5, 'tp=2 vs one process');
   // The row-parallel weights' column slices are strided pieces, not one piece per row.
   const meta = JSON.parse(readFileSync(join(checkpointOf(tp, 3), 'meta.json'), 'utf8')) as { pieces: { name: string; runs?: { count: number } }[] };
   const proj = meta.pieces.filter((p) => p.name === 'layers.0.mlp.proj.weight');
   assert.ok(proj.length <= 6 && proj.some((p) => (p.runs?.count ?? 1) === 32), `mlp.proj.weight pieces: ${JSON.stringify(proj)}`);
-  const self = await train('tp2-self', [...MODEL, ...TP2, '--resume', checkpointOf(tp, 3)]);
+  const self = await tp2Self;
   assert.match(self.out, /saved by 2 rank\(s\), tensor parallel 2 \+ sequence parallel/);
   same(self, tp, 4, 0, 'tp=2 resumed under tp=2');
 });
 
 test('a tp=2 checkpoint resumes in one process and under ZeRO-3 on 2 ranks with one process\'s numbers', async () => {
-  for (const [slug, args] of [['one', []], ['zero3', ['--nproc', '2', '--parallel.zero=3']]] as const) {
-    const r = await train(`tp2-into-${slug}`, [...MODEL, ...args, '--resume', checkpointOf(tp!, 3)]);
-    same(r, ref!, 4, 1e-5, `tp=2 checkpoint resumed as ${slug}`);
+  for (const [slug, run] of tp2Into) {
+    same(await run, await reference, 4, 1e-5, `tp=2 checkpoint resumed as ${slug}`);
   }
 });
 
 test('a one-process checkpoint resumes under tp=2 x pp=2 with loss parallelism', async () => {
-  const r = await train('one-into-tp2pp2', [...MODEL, '--nproc', '4', '--parallel.tp=2', '--parallel.pp=2', '--parallel.lossParallel=true', '--data.microBatches=2', '--resume', checkpointOf(ref!, 3)]);
+  const r = await oneIntoTp2pp2;
   assert.match(r.out, /tensor parallel 2 \+ loss parallel/);
-  same(r, ref!, 4, 1e-5, 'one-process checkpoint resumed under tp=2 x pp=2');
+  same(r, await reference, 4, 1e-5, 'one-process checkpoint resumed under tp=2 x pp=2');
 });
