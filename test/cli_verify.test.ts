@@ -1,19 +1,24 @@
 // `flotilla verify` end to end: it passes for every layout and fails for a deliberately broken one
 // (a fault injected by preloading test/fixtures/break_averaging.ts: one gradient bucket skips the
-// 1/N averaging).
+// 1/N averaging). Every verify is queued when the file loads, two at a time (test/helpers/pool.ts);
+// each test awaits its own.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
 import { REPO_ROOT } from './helpers/world.js';
+import { pool, spawnAsync, started } from './helpers/pool.js';
 
 const small = ['--model.nLayer=2', '--model.nEmbd=64', '--data.seqLen=32', '--data.globalBatch=8', '--parallel.bucketSizeMb=0.1'];
 
-function verify(nproc: number, overrides: string[], env: Record<string, string> = {}): { code: number | null; out: string } {
-  const r = spawnSync(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', 'verify', 'examples/gpt-tiny.toml', '--nproc', String(nproc), '--steps', '4', ...small, ...overrides], {
-    cwd: REPO_ROOT, encoding: 'utf8', env: { ...process.env, ...env }, timeout: 240_000,
-  });
-  return { code: r.status, out: `${r.stdout}${r.stderr}` };
+const launch = pool();
+function verify(nproc: number, overrides: string[], env: Record<string, string> = {}): Promise<{ code: number | null; out: string }> {
+  return started(launch(async () => {
+    const r = await spawnAsync(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', 'verify', 'examples/gpt-tiny.toml', '--nproc', String(nproc), '--steps', '4', ...small, ...overrides], {
+      cwd: REPO_ROOT, env: { ...process.env, ...env }, timeout: 240_000,
+    });
+    return { code: r.status, out: `${r.stdout}${r.stderr}` };
+  }));
 }
 
 const layouts: [string, number, string[]][] = [
@@ -29,18 +34,21 @@ const layouts: [string, number, string[]][] = [
   ['pipeline pp=2 x ZeRO-3 over dp=2, zero bubble', 4, ['--parallel.pp=2', '--parallel.zero=3', '--parallel.ppSchedule=zb', '--data.microBatches=4']],
 ];
 
-for (const [name, nproc, overrides] of layouts) {
-  test(`verify PASSes for ${name} on ${nproc} ranks`, () => {
-    const { code, out } = verify(nproc, overrides);
+const passes = layouts.map(([, nproc, overrides]) => verify(nproc, overrides));
+const preload = join(REPO_ROOT, 'test', 'fixtures', 'break_averaging.ts');
+const broken = verify(2, ['--parallel.zero=2'], { NODE_OPTIONS: `${process.env.NODE_OPTIONS ?? ''} --import tsx --import ${preload}`.trim() });
+
+for (const [i, [name, nproc]] of layouts.entries()) {
+  test(`verify PASSes for ${name} on ${nproc} ranks`, async () => {
+    const { code, out } = await passes[i]!;
     assert.equal(code, 0, out);
     assert.match(out, /^PASS \(tolerance/m);
     assert.equal(out.match(/^ +\d+ +[\d.]+ +[\d.e+-]+ +[\d.]+ +[\d.e+-]+$/gm)?.length, 4, `one line per step:\n${out}`);
   });
 }
 
-test('verify FAILs (exit 1) when one bucket skips the 1/N averaging', () => {
-  const preload = join(REPO_ROOT, 'test', 'fixtures', 'break_averaging.ts');
-  const { code, out } = verify(2, ['--parallel.zero=2'], { NODE_OPTIONS: `${process.env.NODE_OPTIONS ?? ''} --import tsx --import ${preload}`.trim() });
+test('verify FAILs (exit 1) when one bucket skips the 1/N averaging', async () => {
+  const { code, out } = await broken;
   assert.equal(code, 1, out);
   assert.match(out, /^FAIL \(tolerance/m);
 });

@@ -7,15 +7,18 @@
 // counts a replicated LayerNorm on every tp rank must fail the same comparison; dropout masks agree
 // across tp ranks where activations are replicated and differ where they are sharded; and a
 // config that tp cannot split is refused before any rank starts.
+//
+// Every launch (the worlds, the refused configs, the verify run) is queued when the file loads, two
+// at a time (test/helpers/pool.ts); each test awaits the ones it reads.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { maxRelDiff } from './helpers/close.js';
 import { REPO_ROOT, runWorld, describeWorld } from './helpers/world.js';
 import { readPipelineRun } from './helpers/pipeline_runs.js';
+import { pool, spawnAsync, started } from './helpers/pool.js';
 import type { Out, Run } from './fixtures/tp_gpt_rank.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'flotilla-tp-'));
@@ -25,23 +28,21 @@ const TOL_SCALAR = 1e-12;
 /** Parameters after 3 AdamW steps (Adam divides by sqrt(v), which magnifies rounding in tiny gradients). */
 const TOL_PARAM = 1e-10;
 
-async function launch(nproc: number, runs: Run[]): Promise<void> {
-  const r = await runWorld({ nproc, script, args: [JSON.stringify({ out: dir, runs })], timeoutMs: 240_000 });
-  assert.deepEqual(r.codes, new Array(nproc).fill(0), describeWorld(r));
-}
-function once<T>(f: () => Promise<T>): () => Promise<T> {
-  let p: Promise<T> | undefined;
-  return () => (p ??= f());
+const queue = pool();
+function launch(nproc: number, runs: Run[]): Promise<void> {
+  return started(queue(async () => {
+    const r = await runWorld({ nproc, script, args: [JSON.stringify({ out: dir, runs })], timeoutMs: 240_000 });
+    assert.deepEqual(r.codes, new Array(nproc).fill(0), describeWorld(r));
+  }));
 }
 
 const base = { micro: 2, steps: 3 };
 const run = (name: string, layout: Run['layout'], extra: Partial<Run> = {}): Run => ({ name, layout, ...base, ...extra });
 
-// The one-process references start at once (one process); the worlds start when a test needs them.
+// The one-process references (one process), then the worlds.
 const reference = launch(1, [{ name: 'ref', ...base }, { name: 'ref_tied', ...base, tie: true }]);
-reference.catch(() => {});
 const sp = { sequenceParallel: true }, lp = { lossParallel: true };
-const world2 = once(() => launch(2, [
+const world2 = launch(2, [
   run('tp2', { tp: 2 }),
   run('tp2_sp', { tp: 2, ...sp }),
   run('tp2_lp', { tp: 2, ...lp }),
@@ -55,16 +56,16 @@ const world2 = once(() => launch(2, [
   run('drop_sp', { tp: 2, ...sp }, { dropout: 0.2 }),
   run('drop_ac', { tp: 2 }, { dropout: 0.2, ac: 'full' }),
   run('drop_sp_sel', { tp: 2, ...sp }, { dropout: 0.2, ac: 'selective' }),
-]));
-const world4 = once(() => launch(4, [
+]);
+const world4 = launch(4, [
   run('tp2_dp2_z3', { tp: 2, zero: 3 }),
   run('tp2_dp2_z3_sp_lp', { tp: 2, zero: 3, ...sp, ...lp }),
   run('tp2_pp2', { tp: 2, pp: 2, ppSchedule: '1f1b' }),
   run('tp2_pp2_sp_lp_tied', { tp: 2, pp: 2, ppSchedule: '1f1b', ...sp, ...lp }, { tie: true }),
   run('tp2_pp2_tied', { tp: 2, pp: 2, ppSchedule: '1f1b' }, { tie: true }),
   run('tp2_pp2_zb_sp', { tp: 2, pp: 2, ppSchedule: 'zb', ...sp }),
-]));
-const world8 = once(() => launch(8, [run('tp2_pp2_dp2', { tp: 2, pp: 2, zero: 1, ...sp })]));
+]);
+const world8 = launch(8, [run('tp2_pp2_dp2', { tp: 2, pp: 2, zero: 1, ...sp })]);
 
 const rel = (a: number, b: number): number => Math.abs(a - b) / Math.abs(b);
 
@@ -98,12 +99,12 @@ function compare(name: string, nproc: number, refName = 'ref', opts: { split?: b
 }
 
 test('GPT at tp=2, 3 steps x 2 micro-batches, AdamW + clipping, float64: every rank\'s losses, gradient norms and whole parameters equal one process (plain, sequence parallel, loss parallel, both)', async () => {
-  await Promise.all([reference, world2()]);
+  await Promise.all([reference, world2]);
   for (const name of ['tp2', 'tp2_sp', 'tp2_lp', 'tp2_sp_lp']) compare(name, 2);
 });
 
 test('grads.localGradShard(p).tp names the slice a tp rank holds: fused q, k, v in 3 chunks along dim 0, row-parallel weights along dim 1, vocabulary rows of the embedding; none for LayerNorms, position embeddings and row-parallel biases', async () => {
-  await world2();
+  await world2;
   for (const o of readPipelineRun<Out>(dir, 'tp2_sp_lp', 2)) {
     const t = o.shards!;
     const at = (dim: number, chunks = 1) => ({ dim, index: o.tpRank, parts: 2, chunks });
@@ -119,13 +120,13 @@ test('grads.localGradShard(p).tp names the slice a tp rank holds: fused q, k, v 
 });
 
 test('tied embeddings under tp=2 (also with sequence and loss parallelism): the gradient norm, losses and parameters are one process\'s', async () => {
-  await Promise.all([reference, world2()]);
+  await Promise.all([reference, world2]);
   compare('tp2_tied', 2, 'ref_tied');
   compare('tp2_sp_lp_tied', 2, 'ref_tied');
 });
 
 test('a norm that counts the replicated final LayerNorm on every tp rank (or every replicated parameter) fails the comparison: double counting over tp is caught', async () => {
-  await Promise.all([reference, world2()]);
+  await Promise.all([reference, world2]);
   const ref = readPipelineRun<Out>(dir, 'ref', 1)[0]!;
   for (const name of ['tp2_wrong_lnF', 'tp2_wrong_all']) {
     assert.throws(() => compare(name, 2), /rank 0 .*gradient norm at step 0/, `${name}: the wrong norm passed the comparison`);
@@ -138,13 +139,13 @@ test('a norm that counts the replicated final LayerNorm on every tp rank (or eve
 });
 
 test('tp=2 x dp=2 under ZeRO-3 (also with sequence and loss parallelism) on 4 ranks: equal to one process on every rank', async () => {
-  await Promise.all([reference, world4()]);
+  await Promise.all([reference, world4]);
   compare('tp2_dp2_z3', 4);
   compare('tp2_dp2_z3_sp_lp', 4);
 });
 
 test('tp=2 x pp=2 (1F1B; zero bubble with sequence parallelism) on 4 ranks, untied and tied (the tied copies sliced alike on both stages; with sequence and loss parallelism): equal to one process on every rank', async () => {
-  await Promise.all([reference, world4()]);
+  await Promise.all([reference, world4]);
   compare('tp2_pp2', 4, 'ref', { split: true });
   compare('tp2_pp2_tied', 4, 'ref_tied', { split: true });
   compare('tp2_pp2_sp_lp_tied', 4, 'ref_tied', { split: true });
@@ -153,12 +154,12 @@ test('tp=2 x pp=2 (1F1B; zero bubble with sequence parallelism) on 4 ranks, unti
 });
 
 test('tp=2 x pp=2 x dp=2 (ZeRO-1, sequence parallel) on 8 ranks: equal to one process on every rank', async () => {
-  await Promise.all([reference, world8()]);
+  await Promise.all([reference, world8]);
   compare('tp2_pp2_dp2', 8, 'ref', { split: true });
 });
 
 test('dropout under tp=2: masks in replicated regions are equal on both tp ranks, masks of sharded activations differ; the same seed gives the same run', async () => {
-  await world2();
+  await world2;
   const [a, b, s] = ['drop_a', 'drop_b', 'drop_sp'].map((n) => readPipelineRun<Out>(dir, n, 2));
   const plain = readPipelineRun<Out>(dir, 'tp2', 2);
   // Two runs of one config: bit-identical, on every rank.
@@ -189,7 +190,7 @@ test('dropout under tp=2: masks in replicated regions are equal on both tp ranks
 });
 
 test('dropout under tp=2 with activation checkpointing (full; selective with sequence parallelism): each block\'s recompute replays the masks of its forward on every rank', async () => {
-  await world2();
+  await world2;
   for (const name of ['drop_ac', 'drop_sp_sel']) {
     for (const o of readPipelineRun<Out>(dir, name, 2)) {
       const blocks = Object.keys(o.masks!).filter((k) => k.startsWith('layers.'));
@@ -207,16 +208,23 @@ test('dropout under tp=2 with activation checkpointing (full; selective with seq
 });
 
 // ---- configs tensor parallelism cannot split: refused by the launcher, before any rank starts ----
-function train(overrides: string[]): { code: number | null; out: string; runDir: string; ms: number } {
+interface Refused { code: number | null; out: string; runDir: string }
+function train(overrides: string[]): Promise<Refused> {
   const runDir = join(dir, `cfg-${Math.random().toString(36).slice(2)}`);
-  const t0 = Date.now();
-  const r = spawnSync(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', 'train', 'examples/gpt-tiny.toml', '--nproc', '2', ...overrides, `--train.runDir=${runDir}`], {
-    cwd: REPO_ROOT, encoding: 'utf8', timeout: 60_000,
-  });
-  return { code: r.status, out: `${r.stdout}${r.stderr}`, runDir, ms: Date.now() - t0 };
+  return started(queue(async () => {
+    const r = await spawnAsync(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', 'train', 'examples/gpt-tiny.toml', '--nproc', '2', ...overrides, `--train.runDir=${runDir}`], {
+      cwd: REPO_ROOT, timeout: 60_000,
+    });
+    return { code: r.status, out: `${r.stdout}${r.stderr}`, runDir };
+  }));
 }
+const headCount = train(['--parallel.tp=2', '--model.nHead=3', '--model.nEmbd=96']);
+const headCountAndModel = train(['--parallel.tp=2', '--model.nHead=3']);
+const vocabulary = train(['--parallel.tp=2', '--parallel.sequenceParallel=true', '--data.seqLen=126', '--data.tokenizer=byte', '--model.vocabSize=257']);
+const seqLen = train(['--parallel.tp=2', '--parallel.sequenceParallel=true', '--data.seqLen=127']);
+const lossParallelAlone = train(['--parallel.lossParallel=true']);
 
-function refusedBeforeRanks(r: ReturnType<typeof train>): void {
+function refusedBeforeRanks(r: Refused): void {
   assert.notEqual(r.code, 0, r.out);
   assert.ok(!/\[(mesh|model|data)\]|rank \d/.test(r.out), `a rank started:\n${r.out}`);
   assert.ok(!existsSync(r.runDir), 'the refused run created its run directory');
@@ -224,40 +232,42 @@ function refusedBeforeRanks(r: ReturnType<typeof train>): void {
   assert.equal(r.out.trim().split('\n').filter((l) => l.startsWith('flotilla:')).length, 1, `one message:\n${r.out}`);
 }
 
-test('a head count tp does not divide (--parallel.tp=2 --model.nHead=3 --model.nEmbd=96) is one message naming model.nHead and parallel.tp, before any rank starts', () => {
-  const r = train(['--parallel.tp=2', '--model.nHead=3', '--model.nEmbd=96']);
+test('a head count tp does not divide (--parallel.tp=2 --model.nHead=3 --model.nEmbd=96) is one message naming model.nHead and parallel.tp, before any rank starts', async () => {
+  const r = await headCount;
   refusedBeforeRanks(r);
   assert.match(r.out, /model\.nHead = 3 does not divide by parallel\.tp = 2/);
 });
 
 // The model's own problem (nEmbd 128 % nHead 3) and tp's are listed in the same report.
-test('flotilla train examples/gpt-tiny.toml --nproc 2 --parallel.tp=2 --model.nHead=3 exits non-zero with one message naming model.nHead and parallel.tp', () => {
-  const r = train(['--parallel.tp=2', '--model.nHead=3']);
+test('flotilla train examples/gpt-tiny.toml --nproc 2 --parallel.tp=2 --model.nHead=3 exits non-zero with one message naming model.nHead and parallel.tp', async () => {
+  const r = await headCountAndModel;
   refusedBeforeRanks(r);
   assert.match(r.out, /model\.nHead/);
   assert.match(r.out, /parallel\.tp/);
 });
 
-test('a vocabulary or (under sequence parallelism) a sequence length tp does not divide is named with the fix, before any rank starts', () => {
-  const r = train(['--parallel.tp=2', '--parallel.sequenceParallel=true', '--data.seqLen=126', '--data.tokenizer=byte', '--model.vocabSize=257']);
+test('a vocabulary or (under sequence parallelism) a sequence length tp does not divide is named with the fix, before any rank starts', async () => {
+  const r = await vocabulary;
   assert.notEqual(r.code, 0, r.out);
   assert.ok(!existsSync(r.runDir));
   assert.match(r.out, /model\.vocabSize = 257 does not divide by parallel\.tp = 2; .*pad the vocabulary/);
   assert.doesNotMatch(r.out, /data\.seqLen/, 'seqLen 126 divides by 2');
-  const s = train(['--parallel.tp=2', '--parallel.sequenceParallel=true', '--data.seqLen=127']);
+  const s = await seqLen;
   assert.notEqual(s.code, 0, s.out);
   assert.match(s.out, /data\.seqLen \(sequence parallelism shards tokens\) = 127 does not divide by parallel\.tp = 2/);
-  const l = train(['--parallel.lossParallel=true']);
+  const l = await lossParallelAlone;
   assert.notEqual(l.code, 0, l.out);
   assert.match(l.out, /parallel\.lossParallel shards the logits over the tensor-parallel ranks: set parallel\.tp > 1/);
 });
 
-test('flotilla verify: the trainer at tp=2 + sequence and loss parallelism x dp=2 under ZeRO-3 with 2 micro-batches PASSes against one process', () => {
-  const small = ['--model.nLayer=2', '--model.nEmbd=64', '--data.seqLen=32', '--data.globalBatch=8', '--parallel.bucketSizeMb=0.1'];
-  const r = spawnSync(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', 'verify', 'examples/gpt-tiny.toml', '--nproc', '4', '--steps', '3', ...small,
-    '--parallel.tp=2', '--parallel.sequenceParallel=true', '--parallel.lossParallel=true', '--parallel.zero=3', '--data.microBatches=2'], {
-    cwd: REPO_ROOT, encoding: 'utf8', timeout: 240_000,
-  });
+const small = ['--model.nLayer=2', '--model.nEmbd=64', '--data.seqLen=32', '--data.globalBatch=8', '--parallel.bucketSizeMb=0.1'];
+const verifyTp = started(queue(() => spawnAsync(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', 'verify', 'examples/gpt-tiny.toml', '--nproc', '4', '--steps', '3', ...small,
+  '--parallel.tp=2', '--parallel.sequenceParallel=true', '--parallel.lossParallel=true', '--parallel.zero=3', '--data.microBatches=2'], {
+  cwd: REPO_ROOT, timeout: 240_000,
+})));
+
+test('flotilla verify: the trainer at tp=2 + sequence and loss parallelism x dp=2 under ZeRO-3 with 2 micro-batches PASSes against one process', async () => {
+  const r = await verifyTp;
   const out = `${r.stdout}${r.stderr}`;
   assert.equal(r.status, 0, out);
   assert.match(out, /tp 2 \+ sequence parallel \+ loss parallel, zero 3/);
