@@ -2,11 +2,13 @@
 // every kind of rendezvous, must keep working and leave open files, threads and listeners flat.
 // Before, a second cycle under `flotilla run` failed with "RANK=1 was given to two processes" (the
 // rank claims of every cycle met in one store file), and under MPI every cycle left a communicator
-// and its worker thread behind.
+// and its worker thread behind. The three worlds start when the file loads, two at a time
+// (test/helpers/pool.ts): each rank counts only its own files, threads and sockets.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { runLauncher } from '../src/distributed/launcher.js';
 import { runWorld, parseAllResults, describeWorld, assertMpiBuilt } from './helpers/world.js';
+import { pool, started } from './helpers/pool.js';
 
 const SCRIPT = 'test/helpers/ranks/teardown.ts';
 const CYCLES = 50;
@@ -28,12 +30,23 @@ function checkFlat(reports: Report[], what: string): void {
   }
 }
 
-test(`flotilla run (Gloo, FileStore rendezvous): ${CYCLES} init/destroy cycles work; fds, threads flat`, async () => {
+const queue = pool();
+const launched = started(queue(async () => {
   let out = '';
   let err = '';
   const code = await runLauncher(['--nproc', '2', '--backend', 'gloo', SCRIPT, 'cycles', String(CYCLES)], {
     stdout: { write: (s: string) => (out += s) }, stderr: { write: (s: string) => (err += s) }, handleSignals: false,
   });
+  return { code, out, err };
+}));
+const handStarted = started(queue(() => runWorld({ nproc: 2, script: SCRIPT, args: ['cycles', String(CYCLES)], timeoutMs: 120_000 })));
+const mpirun = started(queue(async () => {
+  assertMpiBuilt();
+  return runWorld({ nproc: 2, script: SCRIPT, args: ['cycles', String(CYCLES)], backend: 'mpi', timeoutMs: 120_000 });
+}));
+
+test(`flotilla run (Gloo, FileStore rendezvous): ${CYCLES} init/destroy cycles work; fds, threads flat`, async () => {
+  const { code, out, err } = await launched;
   assert.equal(code, 0, err);
   const perRank = ['', ''];
   for (const line of out.split('\n')) {
@@ -44,14 +57,13 @@ test(`flotilla run (Gloo, FileStore rendezvous): ${CYCLES} init/destroy cycles w
 });
 
 test(`hand-started ranks (Gloo, flotilla's store on one MASTER_PORT): ${CYCLES} cycles; fds, threads, listeners flat`, async () => {
-  const w = await runWorld({ nproc: 2, script: SCRIPT, args: ['cycles', String(CYCLES)], timeoutMs: 120_000 });
+  const w = await handStarted;
   assert.deepEqual(w.codes, [0, 0], describeWorld(w));
   checkFlat(parseAllResults<Report>(w.outputs).map((r) => r[0]!), describeWorld(w));
 });
 
 test(`mpirun (Open MPI): ${CYCLES} cycles free their communicators and worker threads`, async () => {
-  assertMpiBuilt();
-  const w = await runWorld({ nproc: 2, script: SCRIPT, args: ['cycles', String(CYCLES)], backend: 'mpi', timeoutMs: 120_000 });
+  const w = await mpirun;
   assert.deepEqual(w.codes, [0, 0], describeWorld(w));
   checkFlat(parseAllResults<Report>(w.outputs).map((r) => r[0]!), describeWorld(w));
 });
