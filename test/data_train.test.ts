@@ -4,12 +4,12 @@
 // start-up partition check and the loaders agree; mismatches are errors before any rank starts.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parquetWriteBuffer } from 'hyparquet-writer';
 import { REPO_ROOT } from './helpers/world.js';
+import { pool, spawnAsync, started } from './helpers/pool.js';
 import { loadMobyDick } from '../src/data/corpus.js';
 import { WordCounter, trainBpe } from '../src/data/bpe_train.js';
 import { prepare } from '../src/data/prepare.js';
@@ -34,9 +34,13 @@ await prepare({ sources: [parquet], tokenizer: tokPath, out: B, shardMb: 0.01, .
 const data = [`--data.sources=${A}:0.7,${B}:0.3`, `--data.tokenizer=${tokPath}`, '--model.vocabSize=0'];
 const small = ['--model.nLayer=1', '--model.nEmbd=32', '--model.nHead=2', '--model.blockSize=32', '--data.seqLen=32', '--data.globalBatch=8', '--parallel.bucketSizeMb=0.1'];
 
-function flotilla(args: string[]): { code: number | null; out: string } {
-  const r = spawnSync(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', ...args], { cwd: REPO_ROOT, encoding: 'utf8', timeout: 240_000 });
-  return { code: r.status, out: `${r.stdout}${r.stderr}` };
+// Every launch is queued as soon as the data is prepared, two at a time (test/helpers/pool.ts).
+const queue = pool();
+function flotilla(args: string[]): Promise<{ code: number | null; out: string }> {
+  return started(queue(async () => {
+    const r = await spawnAsync(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', ...args], { cwd: REPO_ROOT, timeout: 240_000 });
+    return { code: r.status, out: `${r.stdout}${r.stderr}` };
+  }));
 }
 
 // FLOTILLA_DATA_LAYOUT picks one layout (test/data_train_hsdp.test.ts runs this file for HSDP), so
@@ -47,22 +51,23 @@ const layouts = {
 } as const;
 const which = (process.env.FLOTILLA_DATA_LAYOUT ?? 'dp2') as keyof typeof layouts;
 const [name, nproc, layout] = layouts[which];
-test(`prepare, then train under ${name} on blended jsonl + parquet shards: verify PASSes against one process`, () => {
-  const r = flotilla(['verify', 'examples/gpt-tiny.toml', '--nproc', String(nproc), '--steps', '2', ...small, ...data, ...layout]);
+const verified = flotilla(['verify', 'examples/gpt-tiny.toml', '--nproc', String(nproc), '--steps', '2', ...small, ...data, ...layout]);
+test(`prepare, then train under ${name} on blended jsonl + parquet shards: verify PASSes against one process`, async () => {
+  const r = await verified;
   assert.equal(r.code, 0, r.out);
   assert.match(r.out, /^PASS \(tolerance/m);
 });
 
-test('a tokenizer or vocabulary that does not match the data is an error before any rank starts', { skip: which !== 'dp2' }, () => {
-  const runDir = join(dir, 'never');
-  const cases: [string[], RegExp][] = [
-    [[`--data.sources=${A}:1`, '--data.tokenizer=gpt2'], /A\/manifest\.json was prepared with tokenizer .*tokenizer\.json .* but this run uses gpt2/],
-    [[...data, '--model.vocabSize=300'], /model\.vocabSize = 300 is below the 400 ids of data\.tokenizer/],
-    [[`--data.source=${join(dir, 'nothing-here')}`], /data\.source: text file .*nothing-here does not exist/],
-    [[...data, `--data.valSource=${join(dir, 'a.jsonl')}x`], /data\.valSource: text file .*a\.jsonlx does not exist/],
-  ];
-  for (const [args, re] of cases) {
-    const r = flotilla(['train', 'examples/gpt-tiny.toml', '--nproc', '2', ...small, ...args, `--train.runDir=${runDir}`]);
+const runDir = join(dir, 'never');
+const refusals: [Promise<{ code: number | null; out: string }>, RegExp][] = which !== 'dp2' ? [] : ([
+  [[`--data.sources=${A}:1`, '--data.tokenizer=gpt2'], /A\/manifest\.json was prepared with tokenizer .*tokenizer\.json .* but this run uses gpt2/],
+  [[...data, '--model.vocabSize=300'], /model\.vocabSize = 300 is below the 400 ids of data\.tokenizer/],
+  [[`--data.source=${join(dir, 'nothing-here')}`], /data\.source: text file .*nothing-here does not exist/],
+  [[...data, `--data.valSource=${join(dir, 'a.jsonl')}x`], /data\.valSource: text file .*a\.jsonlx does not exist/],
+] as [string[], RegExp][]).map(([args, re]) => [flotilla(['train', 'examples/gpt-tiny.toml', '--nproc', '2', ...small, ...args, `--train.runDir=${runDir}`]), re]);
+test('a tokenizer or vocabulary that does not match the data is an error before any rank starts', { skip: which !== 'dp2' }, async () => {
+  for (const [run, re] of refusals) {
+    const r = await run;
     assert.equal(r.code, 2, r.out);
     assert.match(r.out, re);
     assert.doesNotMatch(r.out, /\[rank \d\]/, 'no rank started');

@@ -13,6 +13,7 @@ import { pathToFileURL } from 'node:url';
 import { PNG } from 'pngjs';
 import { RUN_COLORS } from '../src/report/charts.js';
 import { flotilla as run } from './helpers/cli.js';
+import { started } from './helpers/pool.js';
 
 const ROOT = resolve(import.meta.dirname, '..');
 const dir = mkdtempSync(join(tmpdir(), 'flotilla-report-'));
@@ -153,6 +154,8 @@ test('a 2-rank run writes its report; Chromium shows the charts; two runs overla
   chromiumPath(); // fail first, and clearly, where set-up has not installed it
   const runA = join(dir, 'runs', 'alpha');
   const runB = join(dir, 'runs', 'beta');
+  // The second (one-process) run trains beside the first, in a directory of its own.
+  const trainB = started(flotilla(['train', config, `--train.runDir=${runB}`, '--train.name=beta', '--optim.lr=1e-3']));
   const a = await flotilla(['train', config, '--nproc', '2', `--train.runDir=${runA}`, '--train.name=alpha']);
   assert.equal(a.code, 0, a.out);
   const reportA = join(runA, 'report.html');
@@ -174,7 +177,7 @@ test('a 2-rank run writes its report; Chromium shows the charts; two runs overla
     assert.ok(px.perColor[0]! > 50, `only ${px.perColor[0]} pixels of alpha's colour in the loss plot`);
   });
 
-  const b = await flotilla(['train', config, `--train.runDir=${runB}`, '--train.name=beta', '--optim.lr=1e-3']);
+  const b = await trainB;
   assert.equal(b.code, 0, b.out);
 
   await t.test('flotilla report A B overlays both runs; only report.html changes', async () => {
