@@ -1,4 +1,5 @@
-// Data parallel equivalence and behaviour on real ranks over loopback.
+// Data parallel equivalence and behaviour on real ranks over loopback. Every world is queued when
+// the file loads, two at a time (test/helpers/pool.ts); each test awaits the ones it compares.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync } from 'node:fs';
@@ -6,6 +7,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { assertClose } from './helpers/close.js';
 import { runWorld } from './helpers/world.js';
+import { pool, started } from './helpers/pool.js';
 
 const script = join(import.meta.dirname, 'fixtures', 'ddp_train.ts');
 const dir = mkdtempSync(join(tmpdir(), 'flotilla-ddp-'));
@@ -20,7 +22,13 @@ function results(outputs: string[]): Result[] {
   });
 }
 
-async function train(nproc: number, opts: Record<string, unknown>, tag: string, backend: 'gloo' | 'mpi' = 'gloo'): Promise<{ res: Result[]; params: Float64Array }> {
+const queue = pool();
+type Run = { res: Result[]; params: Float64Array };
+/** A world of ddp_train.ts, queued. */
+function train(nproc: number, opts: Record<string, unknown>, tag: string, backend: 'gloo' | 'mpi' = 'gloo'): Promise<Run> {
+  return started(queue(() => trainNow(nproc, opts, tag, backend)));
+}
+async function trainNow(nproc: number, opts: Record<string, unknown>, tag: string, backend: 'gloo' | 'mpi'): Promise<Run> {
   const out = join(dir, `${tag}.bin`);
   const { codes, outputs } = await runWorld({ nproc, script, args: [JSON.stringify({ ...opts, out })], timeoutMs: 240_000, backend });
   assert.deepEqual(codes, new Array(nproc).fill(0), outputs.join('\n'));
@@ -31,17 +39,18 @@ async function train(nproc: number, opts: Record<string, unknown>, tag: string, 
   return { res: results(outputs), params: each[0]! };
 }
 
+const reference = train(1, { steps: 20, globalBatch: 8, accum: 1 }, 'ref');
+const CASES = [[2, true, 1], [2, false, 1], [2, true, 2], [2, false, 2], [4, true, 1], [4, true, 2], [4, false, 2]] as const;
+const caseRuns = CASES.map(([nproc, overlap, accum]) => train(nproc, { steps: 20, globalBatch: 8, accum, overlap }, `w${nproc}-o${overlap}-a${accum}`));
+const backendOpts = { steps: 10, globalBatch: 8, accum: 1 };
+const backendRuns = [train(1, backendOpts, 'backends-ref'), train(2, backendOpts, 'backends-gloo', 'gloo'), train(2, backendOpts, 'backends-mpi', 'mpi')] as const;
+const tieRuns = [train(1, { steps: 10, globalBatch: 8, tie: true }, 'tie-ref'), train(2, { steps: 10, globalBatch: 8, tie: true }, 'tie-w2')] as const;
+const clipRuns = [train(1, { steps: 8, globalBatch: 8, clip: 0.5 }, 'clip-ref'), train(2, { steps: 8, globalBatch: 8, clip: 0.5 }, 'clip-w2')] as const;
 
-let reference: { res: Result[]; params: Float64Array } | undefined;
-async function ref(): Promise<{ res: Result[]; params: Float64Array }> {
-  reference ??= await train(1, { steps: 20, globalBatch: 8, accum: 1 }, 'ref');
-  return reference;
-}
-
-for (const [nproc, overlap, accum] of [[2, true, 1], [2, false, 1], [2, true, 2], [2, false, 2], [4, true, 1], [4, true, 2], [4, false, 2]] as const) {
+for (const [i, [nproc, overlap, accum]] of CASES.entries()) {
   test(`DDP ${nproc} ranks, overlap ${overlap}, accumulation ${accum}: 20 steps equal single-process training`, async () => {
-    const base = await ref();
-    const run = await train(nproc, { steps: 20, globalBatch: 8, accum, overlap }, `w${nproc}-o${overlap}-a${accum}`);
+    const base = await reference;
+    const run = await caseRuns[i]!;
     for (const r of run.res) assertClose(r.losses, base.res[0]!.losses, 1e-5, `losses on rank ${r.rank}`);
     assertClose(run.params, base.params, 1e-5, 'final parameters');
     assert.ok(run.res[0]!.buckets > 1, 'the test model must span several buckets');
@@ -62,10 +71,7 @@ for (const [nproc, overlap, accum] of [[2, true, 1], [2, false, 1], [2, true, 2]
 }
 
 test('a GPT trained 10 steps on 2 ranks under MPI equals Gloo and one process', async () => {
-  const opts = { steps: 10, globalBatch: 8, accum: 1 };
-  const one = await train(1, opts, 'backends-ref');
-  const gloo = await train(2, opts, 'backends-gloo', 'gloo');
-  const mpi = await train(2, opts, 'backends-mpi', 'mpi');
+  const [one, gloo, mpi] = [await backendRuns[0], await backendRuns[1], await backendRuns[2]];
   for (const r of mpi.res) {
     assertClose(r.losses, one.res[0]!.losses, 1e-5, `MPI losses on rank ${r.rank} vs one process`);
     assertClose(r.losses, gloo.res[r.rank]!.losses, 1e-5, `MPI losses on rank ${r.rank} vs Gloo`);
@@ -76,26 +82,30 @@ test('a GPT trained 10 steps on 2 ranks under MPI equals Gloo and one process', 
 });
 
 test('DDP with tied input/output embedding (one parameter used twice) equals single-process training', async () => {
-  const base = await train(1, { steps: 10, globalBatch: 8, tie: true }, 'tie-ref');
-  const run = await train(2, { steps: 10, globalBatch: 8, tie: true }, 'tie-w2');
+  const [base, run] = [await tieRuns[0], await tieRuns[1]];
   assertClose(run.res[0]!.losses, base.res[0]!.losses, 1e-5, 'losses');
   assertClose(run.params, base.params, 1e-5, 'final parameters');
   assert.ok(run.res[0]!.launchedInBackward.slice(1).every(Boolean));
 });
 
 test('DDP gradient-norm clipping matches single-process clipping', async () => {
-  const base = await train(1, { steps: 8, globalBatch: 8, clip: 0.5 }, 'clip-ref');
-  const run = await train(2, { steps: 8, globalBatch: 8, clip: 0.5 }, 'clip-w2');
+  const [base, run] = [await clipRuns[0], await clipRuns[1]];
   assertClose(run.res[0]!.norms, base.res[0]!.norms, 1e-5, 'gradient norms');
   assert.deepEqual(run.res[0]!.norms, run.res[1]!.norms, 'every rank sees the same norm');
   assertClose(run.params, base.params, 1e-5, 'final parameters');
 });
 
-async function scenario(name: string, nproc = 2): Promise<Record<string, unknown>[]> {
-  const { codes, outputs } = await runWorld({ nproc, script: join(import.meta.dirname, 'fixtures', 'ddp_cases.ts'), args: [name], timeoutMs: 120_000 });
-  assert.deepEqual(codes, new Array(nproc).fill(0), outputs.join('\n'));
-  return results(outputs) as unknown as Record<string, unknown>[];
+/** A world of ddp_cases.ts running one scenario, queued (all of them when the file loads). */
+function queueScenario(name: string, nproc = 2): Promise<Record<string, unknown>[]> {
+  return started(queue(async () => {
+    const { codes, outputs } = await runWorld({ nproc, script: join(import.meta.dirname, 'fixtures', 'ddp_cases.ts'), args: [name], timeoutMs: 120_000 });
+    assert.deepEqual(codes, new Array(nproc).fill(0), outputs.join('\n'));
+    return results(outputs) as unknown as Record<string, unknown>[];
+  }));
 }
+const SCENARIOS = ['unused-error', 'unused-ok', 'late-grad', 'nonfinite-skip', 'nonfinite-raise', 'unused-changing', 'recover', 'layout-mismatch', 'frozen-broadcast'];
+const scenarioRuns = new Map(SCENARIOS.map((n) => [n, queueScenario(n)]));
+const scenario = (name: string): Promise<Record<string, unknown>[]> => scenarioRuns.get(name)!;
 
 test('an unused parameter without findUnusedParameters is an error naming it, on every rank', async () => {
   for (const r of await scenario('unused-error')) {
