@@ -18,7 +18,7 @@
 // the same all-gathers in the same order. The root unit is gathered on first use in a step and
 // kept until the step ends. Writes into a gathered bucket go through the bucket tensor, never
 // through the parameter, so the version counters autograd checks on saved views do not move.
-import { isGradEnabled, type Tensor } from '../tensor/index.js';
+import { isGradEnabled, Tensor } from '../tensor/index.js';
 import type { Module } from '../nn/module.js';
 import type { ProcessGroup } from '../distributed/process_group.js';
 import { allocStorage, freeStorage, type Bucket } from './grad_buffer.js';
@@ -145,7 +145,7 @@ export class FsdpUnits {
     for (const u of this.units) {
       if (u.isRoot) continue;
       this.removers.push(u.module.registerForwardPreHook(() => this.preForward(u)));
-      this.removers.push(u.module.registerForwardHook(() => this.postForward(u)));
+      this.removers.push(u.module.registerForwardHook((_m, args) => this.postForward(u, args)));
       this.removers.push(u.module.registerBackwardPreHook(() => this.preBackward(u)));
     }
     // The root's parameters are gathered when the model is entered (or when a unit first runs).
@@ -163,8 +163,25 @@ export class FsdpUnits {
     if (this.opts.prefetch && this.forwardOrder) this.prefetchAfter(u, this.forwardOrder);
   }
 
-  private postForward(u: UnitState): void {
+  private postForward(u: UnitState, args: unknown[]): void {
     if (this.opts.reshardAfterForward) this.free(u);
+    if (isGradEnabled()) this.freeAfterBackward(u, args);
+  }
+
+  // [Note: post-backward free] A unit's parameters are needed by its backward until the gradient
+  // of its inputs is complete: that gradient is the end of every path through the unit. Freeing
+  // them then, and not only when the unit's gradient bucket is launched, matters on the first step,
+  // whose reductions all wait for the end of backward (readiness is learned then, reducer.ts):
+  // every unit stayed gathered through it and the step held the whole model twice over.
+  private freeAfterBackward(u: UnitState, args: unknown[]): void {
+    const inputs = args.filter((a): a is Tensor => a instanceof Tensor && a.requiresGrad);
+    let left = inputs.length;
+    for (const t of inputs) {
+      t.registerHook(() => {
+        if (--left === 0 && this.backwardSeen.has(u)) this.free(u);
+        return undefined;
+      });
+    }
   }
 
   private preBackward(u: UnitState): void {
