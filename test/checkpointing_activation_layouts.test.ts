@@ -1,15 +1,16 @@
 // Activation checkpointing under ZeRO-3 (the recompute regathers the unit's parameters) and under
 // a pipeline: 3 float32 training steps on 2 ranks with activationCheckpoint "full" give the same
-// losses, gradient norms and final parameters, bit for bit, as the same layout without it.
+// losses, gradient norms and final parameters, bit for bit, as the same layout without it. Every
+// run is queued when the file loads, two at a time (test/helpers/pool.ts); each test awaits its pair.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { REPO_ROOT } from './helpers/world.js';
 import { loadSafetensors } from '../src/checkpoint/safetensors.js';
 import { tidy } from '../src/tensor/index.js';
+import { pool, spawnAsync, started } from './helpers/pool.js';
 
 const small = [
   '--model.nLayer=2', '--model.nEmbd=64', '--data.seqLen=32', '--data.globalBatch=8', '--parallel.bucketSizeMb=0.1',
@@ -17,12 +18,15 @@ const small = [
   '--parallel.backend=gloo',
 ];
 
-function train(dir: string, overrides: string[]): void {
-  const r = spawnSync(process.execPath, [
-    '--import', 'tsx', 'test/helpers/launch_cli.ts', '--nproc', '2', '--backend', 'gloo', 'src/cli/main.ts', 'train', 'examples/gpt-tiny.toml',
-    ...small, ...overrides, `--train.runDir=${join(dir, 'run')}`, '--record', join(dir, 'rec'),
-  ], { cwd: REPO_ROOT, encoding: 'utf8', timeout: 240_000 });
-  assert.equal(r.status, 0, `${r.stdout}${r.stderr}`);
+const queue = pool();
+function train(dir: string, overrides: string[]): Promise<void> {
+  return started(queue(async () => {
+    const r = await spawnAsync(process.execPath, [
+      '--import', 'tsx', 'test/helpers/launch_cli.ts', '--nproc', '2', '--backend', 'gloo', 'src/cli/main.ts', 'train', 'examples/gpt-tiny.toml',
+      ...small, ...overrides, `--train.runDir=${join(dir, 'run')}`, '--record', join(dir, 'rec'),
+    ], { cwd: REPO_ROOT, timeout: 240_000 });
+    assert.equal(r.status, 0, `${r.stdout}${r.stderr}`);
+  }));
 }
 
 function same(a: string, b: string): void {
@@ -47,12 +51,16 @@ const layouts: [string, string[]][] = [
   ['pipeline pp=2, zero bubble', ['--parallel.pp=2', '--parallel.ppSchedule=zb', '--data.microBatches=4']],
 ];
 
-for (const [name, overrides] of layouts) {
-  test(`activation_checkpoint_full under ${name}: bit-identical to no checkpointing`, () => {
-    const root = mkdtempSync(join(tmpdir(), 'flotilla-ac-'));
+const pairs = layouts.map(([, overrides]) => {
+  const root = mkdtempSync(join(tmpdir(), 'flotilla-ac-'));
+  return { root, runs: [train(join(root, 'none'), overrides), train(join(root, 'full'), [...overrides, '--train.activationCheckpoint=full'])] };
+});
+for (const [i, [name]] of layouts.entries()) {
+  test(`activation_checkpoint_full under ${name}: bit-identical to no checkpointing`, async () => {
+    const { root, runs } = pairs[i]!;
     try {
-      train(join(root, 'none'), overrides);
-      train(join(root, 'full'), [...overrides, '--train.activationCheckpoint=full']);
+      // Both runs end before the directory is removed, also when one fails.
+      for (const r of await Promise.allSettled(runs)) if (r.status === 'rejected') throw r.reason;
       same(join(root, 'none'), join(root, 'full'));
     } finally {
       rmSync(root, { recursive: true, force: true });

@@ -1,19 +1,23 @@
 // `flotilla verify` with bf16-mixed: a layout against bf16-mixed in one process, on the same
 // global batches (both runs get the override). Float32 gradient buckets and reductions keep the
 // layouts at the float32 tolerance; reduceDtype "bf16" rounds the reduced gradients, so verify
-// states and applies its bf16 tolerance there.
+// states and applies its bf16 tolerance there. Every verify is queued when the file loads, two at
+// a time (test/helpers/pool.ts); each test awaits its own.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
 import { REPO_ROOT } from './helpers/world.js';
+import { pool, spawnAsync, started } from './helpers/pool.js';
 
 const small = ['--model.nLayer=2', '--model.nEmbd=64', '--data.seqLen=32', '--data.globalBatch=8', '--parallel.bucketSizeMb=0.1', '--train.precision=bf16-mixed', '--parallel.backend=gloo'];
 
-function verify(overrides: string[]): { code: number | null; out: string } {
-  const r = spawnSync(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', 'verify', 'examples/gpt-tiny.toml', '--nproc', '2', '--steps', '3', ...small, ...overrides], {
-    cwd: REPO_ROOT, encoding: 'utf8', timeout: 240_000,
-  });
-  return { code: r.status, out: `${r.stdout}${r.stderr}` };
+const queue = pool();
+function verify(overrides: string[]): Promise<{ code: number | null; out: string }> {
+  return started(queue(async () => {
+    const r = await spawnAsync(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', 'verify', 'examples/gpt-tiny.toml', '--nproc', '2', '--steps', '3', ...small, ...overrides], {
+      cwd: REPO_ROOT, timeout: 240_000,
+    });
+    return { code: r.status, out: `${r.stdout}${r.stderr}` };
+  }));
 }
 
 const layouts: [string, string[]][] = [
@@ -24,9 +28,10 @@ const layouts: [string, string[]][] = [
   ['ZeRO-3 with selective activation checkpointing', ['--parallel.zero=3', '--train.activationCheckpoint=selective']],
 ];
 
-for (const [name, overrides] of layouts) {
-  test(`verify PASSes for bf16-mixed under ${name}`, () => {
-    const { code, out } = verify(overrides);
+const verified = layouts.map(([, overrides]) => verify(overrides));
+for (const [i, [name]] of layouts.entries()) {
+  test(`verify PASSes for bf16-mixed under ${name}`, async () => {
+    const { code, out } = await verified[i]!;
     assert.equal(code, 0, out);
     assert.match(out, /^PASS \(tolerance/m);
   });
