@@ -9,12 +9,20 @@ import { join } from 'node:path';
 import { readMetrics } from '../src/train/metrics.js';
 import { consolidate } from '../src/checkpoint/export.js';
 import { CONFIG, checkpointOf, flotilla, latestOf, train, work, type RunResult } from './helpers/ckpt_runs.js';
+import { pool, started } from './helpers/pool.js';
 
+// Runs that no signal or kill depends on go through this queue, two at a time (test/helpers/pool.ts);
+// the tests that kill or signal a run keep it to themselves.
+const launch = pool();
+const refRun = started(launch(() => train('faults-ref', ['--nproc', '2'])));
+const asyncRun = started(launch(() => train('faults-async', ['--nproc', '2', '--checkpoint.async=true', '--checkpoint.every=1', '--checkpoint.keep=2'])));
+/** The source of the bad-checkpoint cases (one process). */
+const goodRun = started(launch(() => train('bad-source', [])));
 let ref: RunResult;
 
 test('background (async) saves publish the same checkpoints as blocking ones, and training is not changed by them', async () => {
-  ref = await train('faults-ref', ['--nproc', '2']);
-  const bg = await train('faults-async', ['--nproc', '2', '--checkpoint.async=true', '--checkpoint.every=1', '--checkpoint.keep=2']);
+  ref = await refRun;
+  const bg = await asyncRun;
   assert.deepEqual(bg.metrics.map((m) => m.loss), ref.metrics.map((m) => m.loss));
   const names = readdirSync(join(bg.dir, 'checkpoints')).sort();
   assert.deepEqual(names, ['latest', 'step-000005', 'step-000006'], 'keep = 2: older checkpoints deleted once newer ones are complete');
@@ -157,7 +165,7 @@ function snapshotTree(dir: string): string {
 }
 
 test('bad checkpoints: another model, a missing or truncated file, a checksum mismatch, overlapping pieces, --resume latest with none: one message, non-zero exit, nothing written', async () => {
-  const good = await train('bad-source', []);
+  const good = await goodRun;
   const src = checkpointOf(good, 6);
   const copy = (name: string): string => {
     const d = join(work, `bad-${name}`, 'checkpoints', 'step-000006');
@@ -188,33 +196,40 @@ test('bad checkpoints: another model, a missing or truncated file, a checksum mi
     }, [], /lies outside its \d+ elements|past the end of rank-00000\.safetensors/],
     ['no-meta', (d) => rmSync(join(d, 'meta.json')), [], /no meta\.json: it is incomplete/],
   ];
-  for (const [name, spoil, extra, re] of cases) {
+  // Every case spoils its own copy; the refused runs then go two at a time.
+  const runs = cases.map(([name, spoil, extra, re]) => {
     const d = copy(name);
     spoil(d);
     const runDir = join(work, `bad-${name}`);
     const before = snapshotTree(runDir);
-    const r = await flotilla(['train', CONFIG, `--train.runDir=${runDir}`, '--resume', d, ...extra]);
+    return { name, re, runDir, before, run: started(launch(() => flotilla(['train', CONFIG, `--train.runDir=${runDir}`, '--resume', d, ...extra]))) };
+  });
+  const empty = join(work, 'bad-none');
+  const none = started(launch(() => flotilla(['train', CONFIG, `--train.runDir=${empty}`, '--resume'])));
+  const check = started(launch(() => flotilla(['checkpoint', 'check', join(work, 'bad-bitflip')])));
+  // A run directory of an earlier run is still refused without --resume, with the way out named.
+  const earlier = started(launch(() => flotilla(['train', CONFIG, `--train.runDir=${good.dir}`])));
+  for (const { name, re, runDir, before, run } of runs) {
+    const r = await run;
     assert.notEqual(r.code, 0, `${name}: should fail\n${r.out}`);
     assert.match(r.err, re, name);
     assert.doesNotMatch(r.err, /\n\s+at /, `${name}: no stack trace`);
     assert.equal(snapshotTree(runDir), before, `${name}: nothing on disk changed`);
   }
-  const empty = join(work, 'bad-none');
-  const r = await flotilla(['train', CONFIG, `--train.runDir=${empty}`, '--resume']);
+  const r = await none;
   assert.notEqual(r.code, 0);
   assert.match(r.err, /--resume latest: no complete checkpoint in .*bad-none\/checkpoints; start the run without --resume/);
   assert.ok(!existsSync(empty), 'no run directory was created');
-  const chk = await flotilla(['checkpoint', 'check', join(work, 'bad-bitflip')]);
+  const chk = await check;
   assert.equal(chk.code, 1);
   assert.match(chk.err, /checksum mismatch/);
-  // A run directory of an earlier run is still refused without --resume, with the way out named.
-  const again = await flotilla(['train', CONFIG, `--train.runDir=${good.dir}`]);
+  const again = await earlier;
   assert.equal(again.code, 2);
   assert.match(again.err, /holds checkpoints of an earlier run: resume that run from them/);
 });
 
 test('export writes one safetensors file that PyTorch reads with the same values; generate is deterministic for a seed', async () => {
-  const run = ref ?? (await train('faults-ref', ['--nproc', '2']));
+  const run = await refRun;
   const out = join(work, 'model.safetensors');
   const e = await flotilla(['export', run.dir, out]);
   assert.equal(e.code, 0, e.err);
@@ -245,12 +260,18 @@ print(json.dumps({'names': sorted(t), 'sums': {k: float(v.double().sum()) for k,
 });
 
 test('train.initFrom starts a new run (step 0, fresh optimizer) from an exported file or a checkpoint, under another layout', async () => {
-  const src = ref ?? (await train('faults-ref', ['--nproc', '2']));
+  const src = await refRun;
   const out = join(work, 'init-from.safetensors');
+  const oneStep = ['--train.steps=1', '--optim.lr=1e-12', '--optim.minLr=0', '--optim.schedule=constant', '--checkpoint.every=0'];
+  // The fresh run and the run from the checkpoint need no export: they start beside it.
+  const freshRun = started(launch(() => train('init-none', oneStep)));
+  const fromCheckpoint = started(launch(() => train('init-checkpoint', [...oneStep, `--train.initFrom=${checkpointOf(src, 6)}`])));
   if (!existsSync(out)) assert.equal((await flotilla(['export', src.dir, out])).code, 0);
-  const fresh = await train('init-none', ['--train.steps=1', '--optim.lr=1e-12', '--optim.minLr=0', '--optim.schedule=constant', '--checkpoint.every=0']);
-  for (const [name, from, layout] of [['export', out, ['--nproc', '2', '--parallel.zero=3']], ['checkpoint', checkpointOf(src, 6), []]] as const) {
-    const r = await train(`init-${name}`, ['--train.steps=1', '--optim.lr=1e-12', '--optim.minLr=0', '--optim.schedule=constant', '--checkpoint.every=0', `--train.initFrom=${from}`, ...layout]);
+  const fromExport = started(launch(() => train('init-export', [...oneStep, `--train.initFrom=${out}`, '--nproc', '2', '--parallel.zero=3'])));
+  const badRun = started(launch(() => flotilla(['train', CONFIG, `--train.runDir=${join(work, 'init-bad')}`, `--train.initFrom=${out}`, '--model.nEmbd=32'])));
+  const fresh = await freshRun;
+  for (const [name, run] of [['export', fromExport], ['checkpoint', fromCheckpoint]] as const) {
+    const r = await run;
     assert.match(r.out, /\[init\] weights from .*; step 0, fresh optimizer state/);
     assert.deepEqual(r.metrics.map((m) => m.step), [1], `${name}: a new run starts at step 1`);
     assert.ok(r.metrics[0]!.loss < fresh.metrics[0]!.loss - 0.1, `${name}: first loss ${r.metrics[0]!.loss} is the trained model's, not a fresh one's (${fresh.metrics[0]!.loss})`);
@@ -262,7 +283,7 @@ test('train.initFrom starts a new run (step 0, fresh optimizer) from an exported
       assert.ok(Math.sqrt(d / t) < 1e-6, `${name}: parameter ${n} moved ${Math.sqrt(d / t)} from the source's`);
     }
   }
-  const bad = await flotilla(['train', CONFIG, `--train.runDir=${join(work, 'init-bad')}`, `--train.initFrom=${out}`, '--model.nEmbd=32']);
+  const bad = await badRun;
   assert.notEqual(bad.code, 0);
   assert.match(bad.err, /it comes from a different model config/);
 });

@@ -11,6 +11,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { assertClose } from './helpers/close.js';
 import { runWorld, parseAllResults } from './helpers/world.js';
+import { pool, started } from './helpers/pool.js';
 
 const script = join(import.meta.dirname, 'fixtures', 'dp_rank.ts');
 const dir = mkdtempSync(join(tmpdir(), 'flotilla-zero-'));
@@ -20,7 +21,14 @@ const common = { steps: STEPS, globalBatch: 8, seqLen: 16 };
 interface Case { tag: string; zero: number; dpReplicate?: number; accum: number; accumulate?: string; tie?: boolean; reshardAfterForward?: boolean; prefetch?: boolean; reduceAtEnd?: boolean }
 interface Result { tag: string; rank: number; dpRank?: number; losses: number[] | number[][]; norms: number[] }
 
-async function run(nproc: number, cases: Case[], name: string, globalBatch = common.globalBatch): Promise<{ res: Result[]; params: (tag: string, rank: number) => Float64Array }> {
+type World = { res: Result[]; params: (tag: string, rank: number) => Float64Array };
+// Every world (and the references it is compared with) is queued when the file loads, two at a time
+// (test/helpers/pool.ts); each test awaits its own.
+const queue = pool();
+function run(nproc: number, cases: Case[], name: string, globalBatch = common.globalBatch): Promise<World> {
+  return started(queue(() => runNow(nproc, cases, name, globalBatch)));
+}
+async function runNow(nproc: number, cases: Case[], name: string, globalBatch: number): Promise<World> {
   const out = join(dir, name);
   const { codes, outputs } = await runWorld({ nproc, script, args: [JSON.stringify({ ...common, globalBatch, cases, out })], timeoutMs: 300_000 });
   assert.deepEqual(codes, new Array(nproc).fill(0), outputs.join('\n'));
@@ -37,13 +45,20 @@ const refs = new Map<string, Promise<{ res: Result; params: Float64Array }>>();
 function reference(slices: number, accum: number, tie = false, globalBatch = common.globalBatch): Promise<{ res: Result; params: Float64Array }> {
   const key = `s${slices}a${accum}${tie ? 't' : ''}b${globalBatch}`;
   if (!refs.has(key)) {
-    refs.set(key, run(1, [{ tag: key, zero: 0, accum, tie, slices } as Case & { slices: number }], `ref-${key}`, globalBatch).then(({ res, params }) => ({ res: res[0]!, params: params(key, 0) })));
+    refs.set(key, started(run(1, [{ tag: key, zero: 0, accum, tie, slices } as Case & { slices: number }], `ref-${key}`, globalBatch).then(({ res, params }) => ({ res: res[0]!, params: params(key, 0) }))));
   }
   return refs.get(key)!;
 }
 
+const worlds = new Map<string, Promise<World>>();
+/** Queues the world `name` and the references its cases need. */
+function queueLayout(nproc: number, cases: Case[], name: string, globalBatch = common.globalBatch): void {
+  worlds.set(name, run(nproc, cases, name, globalBatch));
+  for (const c of cases) reference(nproc, c.accum, c.tie, globalBatch);
+}
+
 async function checkLayout(nproc: number, cases: Case[], name: string, globalBatch = common.globalBatch): Promise<void> {
-  const runResult = await run(nproc, cases, name, globalBatch);
+  const runResult = await worlds.get(name)!;
   for (const c of cases) {
     const ref = await reference(nproc, c.accum, c.tie, globalBatch);
     const refLosses = ref.res.losses as number[][];
@@ -76,12 +91,31 @@ function casesFor(opts: { hsdp?: boolean } = {}): Case[] {
   return cases;
 }
 
+const END: Case[] = [0, 1, 2, 3].map((zero) => ({ tag: `z${zero}-end`, zero, accum: 2, accumulate: 'reduceLast', reduceAtEnd: true }));
+const Z3_OPTS: Case[] = [
+  { tag: 'z3-tied', zero: 3, accum: 2, accumulate: 'reduceEach', tie: true },
+  { tag: 'z3-keep', zero: 3, accum: 2, accumulate: 'reduceEach', reshardAfterForward: false },
+  { tag: 'z3-noprefetch', zero: 3, accum: 1, prefetch: false },
+];
+const HSDP6: Case[] = [];
+for (const R of [3, 2]) {
+  for (const zero of [1, 2, 3]) HSDP6.push({ tag: `r${R}-z${zero}-a1`, zero, dpReplicate: R, accum: 1 });
+  HSDP6.push({ tag: `r${R}-z3-a2-rsar`, zero: 3, dpReplicate: R, accum: 2, accumulate: 'reduceScatterEachAllReduceLast' });
+  HSDP6.push({ tag: `r${R}-z2-a2-each`, zero: 2, dpReplicate: R, accum: 2, accumulate: 'reduceEach' });
+}
+queueLayout(2, casesFor(), 'w2');
+queueLayout(2, END, 'end');
+queueLayout(4, casesFor(), 'w4');
+queueLayout(4, casesFor({ hsdp: true }), 'hsdp');
+queueLayout(2, Z3_OPTS, 'z3opts');
+queueLayout(6, HSDP6, 'hsdp6', 12);
+
 test('plain data parallel, ZeRO-1, ZeRO-2, ZeRO-3 on 2 ranks, every accumulation flavour: 10 steps equal single-process training on every rank', async () => {
   await checkLayout(2, casesFor(), 'w2');
 });
 
 test('backward passes run with sync off, then one reduceAccumulated() (how a pipeline reduces), in every stage: equal to one process', async () => {
-  await checkLayout(2, [0, 1, 2, 3].map((zero) => ({ tag: `z${zero}-end`, zero, accum: 2, accumulate: 'reduceLast', reduceAtEnd: true })), 'end');
+  await checkLayout(2, END, 'end');
 });
 
 test('plain data parallel, ZeRO-1, ZeRO-2, ZeRO-3 on 4 ranks, every accumulation flavour: 10 steps equal single-process training on every rank', async () => {
@@ -93,19 +127,9 @@ test('HSDP 2 x 2 (ZeRO-1/2/3 sharded over 2, replicated over 2), every accumulat
 });
 
 test('ZeRO-3 with tied input and output embeddings (the shared weight lives in the root unit), without resharding after forward, without prefetch', async () => {
-  await checkLayout(2, [
-    { tag: 'z3-tied', zero: 3, accum: 2, accumulate: 'reduceEach', tie: true },
-    { tag: 'z3-keep', zero: 3, accum: 2, accumulate: 'reduceEach', reshardAfterForward: false },
-    { tag: 'z3-noprefetch', zero: 3, accum: 1, prefetch: false },
-  ], 'z3opts');
+  await checkLayout(2, Z3_OPTS, 'z3opts');
 });
 
 test('HSDP with unequal sizes on 6 ranks: dpShard 2 x dpReplicate 3 and dpShard 3 x dpReplicate 2, ZeRO-1/2/3 and accumulation: equal to single-process training on every rank', async () => {
-  const cases: Case[] = [];
-  for (const R of [3, 2]) {
-    for (const zero of [1, 2, 3]) cases.push({ tag: `r${R}-z${zero}-a1`, zero, dpReplicate: R, accum: 1 });
-    cases.push({ tag: `r${R}-z3-a2-rsar`, zero: 3, dpReplicate: R, accum: 2, accumulate: 'reduceScatterEachAllReduceLast' });
-    cases.push({ tag: `r${R}-z2-a2-each`, zero: 2, dpReplicate: R, accum: 2, accumulate: 'reduceEach' });
-  }
-  await checkLayout(6, cases, 'hsdp6', 12);
+  await checkLayout(6, HSDP6, 'hsdp6', 12);
 });
