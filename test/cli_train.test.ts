@@ -1,13 +1,15 @@
 // The `flotilla` command end to end: a short training run on one process and on two ranks
 // (which must train identically, data parallel and as a 2-stage pipeline with its validation loss),
-// and usage/config errors that exit 2 and write nothing.
+// and usage/config errors that exit 2 and write nothing. Every run is queued when the file loads,
+// two at a time (test/helpers/pool.ts); each test awaits its own.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { existsSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { readMetrics } from '../src/train/metrics.js';
-import { flotilla } from './helpers/cli.js';
+import { flotilla as flotillaNow } from './helpers/cli.js';
+import { pool, started } from './helpers/pool.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'flotilla-cli-'));
 
@@ -34,9 +36,40 @@ evalBatches = 2
 every = 5
 `);
 
+const queue = pool();
+const flotilla = (args: string[]): ReturnType<typeof flotillaNow> => started(queue(() => flotillaNow(args)));
+
+const single = flotilla(['train', config, `--train.runDir=${join(dir, 'single')}`]);
+const dp2 = [1, 2].map((mb) => [mb, flotilla(['train', config, '--nproc', '2', `--train.runDir=${join(dir, `dp2-mb${mb}`)}`, `--data.microBatches=${mb}`])] as const);
+const tinyArgs = ['train', 'examples/gpt-tiny.toml', '--train.steps=4', '--train.evalEvery=2'];
+const tinyOne = flotilla([...tinyArgs, `--train.runDir=${join(dir, 'tiny-one')}`]);
+const tinyPp2 = flotilla([...tinyArgs, '--nproc', '2', '--parallel.pp=2', `--train.runDir=${join(dir, 'tiny-pp2')}`]);
+const USAGE: [string[], RegExp][] = [
+  [[], /usage:/],
+  [['frobnicate'], /unknown command "frobnicate"; commands: train, verify, run, config/],
+  [['train'], /train: missing the config file/],
+  [['train', config, '--nproc', 'two'], /--nproc needs a positive integer, got "two"/],
+  [['train', config, '--verbose'], /unknown option --verbose/],
+  [['train', join(dir, 'nope.toml')], /config file .*nope\.toml does not exist/],
+];
+const usage = USAGE.map(([args, re]) => [args, re, flotilla(args)] as const);
+const help = flotilla(['--help']);
+const CONFIG_ERRORS: [string[], RegExp][] = [
+  [['--model.nlayer=2'], /unknown key --model\.nlayer \(did you mean nLayer\?\); valid keys in \[model\]/],
+  [['--optim.lr=fast'], /--optim\.lr must be a number, got "fast"/],
+  [['--data.globalBatch=7', '--nproc', '2'], /data\.globalBatch=7 does not split over 2 data-parallel rank\(s\) x 1 micro-batch\(es\) = 2 equal parts; set data\.globalBatch to a multiple of 2 \(e\.g\. 6 or 8\)/],
+  [['--parallel.dp=4', '--nproc', '2'], /parallel\.dp=4 but the world has 2 rank\(s\).*--nproc 4/],
+  [['--data.source=/no/such/file.txt'], /text file \/no\/such\/file\.txt does not exist/],
+];
+// Each refused run names a run directory of its own, so the one that wrote is the one named.
+const configErrors = CONFIG_ERRORS.map(([extra, re], i) => {
+  const runDir = join(dir, `never-${i}`);
+  return [extra, re, runDir, flotilla(['train', config, `--train.runDir=${runDir}`, ...extra])] as const;
+});
+
 test('flotilla train: 20 steps on one process write metrics, and the loss falls', async () => {
   const runDir = join(dir, 'single');
-  const r = await flotilla(['train', config, `--train.runDir=${runDir}`]);
+  const r = await single;
   assert.equal(r.code, 0, r.out + r.err);
   assert.match(r.out, /^\[world\] backend local \(one process, no collectives\), started by a single process/m);
   assert.match(r.out, /^step 20\/20 \| loss \d\.\d{4} \| val \d\.\d{4}/m, 'plain progress lines when stdout is not a terminal');
@@ -49,10 +82,11 @@ test('flotilla train: 20 steps on one process write metrics, and the loss falls'
 });
 
 test('flotilla train --nproc 2 trains exactly like one process (data parallel, with and without accumulation)', async () => {
-  const single = readMetrics(join(dir, 'single', 'metrics.jsonl'));
-  for (const mb of [1, 2]) {
+  assert.equal((await single).code, 0);
+  const one = readMetrics(join(dir, 'single', 'metrics.jsonl'));
+  for (const [mb, run] of dp2) {
     const runDir = join(dir, `dp2-mb${mb}`);
-    const r = await flotilla(['train', config, '--nproc', '2', `--train.runDir=${runDir}`, `--data.microBatches=${mb}`]);
+    const r = await run;
     assert.equal(r.code, 0, r.out + r.err);
     assert.match(r.out, /\[rank 0\] \[mesh\] data parallel 2, accumulate reduceLast/);
     assert.match(r.out, /\[rank 0\] \[parallelize\] \d+ bucket\(s\)/);
@@ -60,7 +94,7 @@ test('flotilla train --nproc 2 trains exactly like one process (data parallel, w
     const m = readMetrics(join(runDir, 'metrics.jsonl'));
     assert.equal(m.length, 20);
     m.forEach((row, i) => {
-      const ref = single[i]!;
+      const ref = one[i]!;
       assert.ok(Math.abs(row.loss - ref.loss) / ref.loss < 1e-5, `microBatches ${mb}, step ${i + 1}: loss ${row.loss} vs ${ref.loss}`);
       if (ref.valLoss !== undefined) assert.ok(Math.abs(row.valLoss! - ref.valLoss) / ref.valLoss < 1e-5, `val loss at step ${i + 1}`);
     });
@@ -68,11 +102,7 @@ test('flotilla train --nproc 2 trains exactly like one process (data parallel, w
 });
 
 test('flotilla train --nproc 2 --parallel.pp=2 reports validation losses and the memory line; they equal one process', async () => {
-  const args = ['train', 'examples/gpt-tiny.toml', '--train.steps=4', '--train.evalEvery=2'];
-  const [one, pp] = await Promise.all([
-    flotilla([...args, `--train.runDir=${join(dir, 'tiny-one')}`]),
-    flotilla([...args, '--nproc', '2', '--parallel.pp=2', `--train.runDir=${join(dir, 'tiny-pp2')}`]),
-  ]);
+  const [one, pp] = await Promise.all([tinyOne, tinyPp2]);
   assert.equal(one.code, 0, one.out + one.err);
   assert.equal(pp.code, 0, pp.out + pp.err);
   assert.match(pp.out, /\[rank 0\] \[mesh\] pipeline 2/);
@@ -92,36 +122,20 @@ test('flotilla train --nproc 2 --parallel.pp=2 reports validation losses and the
 });
 
 test('bad usage exits 2 with one message', async () => {
-  const cases: [string[], RegExp][] = [
-    [[], /usage:/],
-    [['frobnicate'], /unknown command "frobnicate"; commands: train, verify, run, config/],
-    [['train'], /train: missing the config file/],
-    [['train', config, '--nproc', 'two'], /--nproc needs a positive integer, got "two"/],
-    [['train', config, '--verbose'], /unknown option --verbose/],
-    [['train', join(dir, 'nope.toml')], /config file .*nope\.toml does not exist/],
-  ];
-  for (const [args, re] of cases) {
-    const r = await flotilla(args);
+  for (const [args, re, run] of usage) {
+    const r = await run;
     assert.equal(r.code, 2, `flotilla ${args.join(' ')}: ${r.err}`);
     assert.match(r.err, re);
     assert.doesNotMatch(r.err, /\n\s+at /, 'no stack trace');
   }
-  const help = await flotilla(['--help']);
-  assert.equal(help.code, 0);
-  assert.match(help.out, /flotilla train <config\.toml> \[--nproc N\]/);
+  const h = await help;
+  assert.equal(h.code, 0);
+  assert.match(h.out, /flotilla train <config\.toml> \[--nproc N\]/);
 });
 
 test('config errors exit 2 naming the field, and nothing is written', async () => {
-  const runDir = join(dir, 'never');
-  const cases: [string[], RegExp][] = [
-    [['--model.nlayer=2'], /unknown key --model\.nlayer \(did you mean nLayer\?\); valid keys in \[model\]/],
-    [['--optim.lr=fast'], /--optim\.lr must be a number, got "fast"/],
-    [['--data.globalBatch=7', '--nproc', '2'], /data\.globalBatch=7 does not split over 2 data-parallel rank\(s\) x 1 micro-batch\(es\) = 2 equal parts; set data\.globalBatch to a multiple of 2 \(e\.g\. 6 or 8\)/],
-    [['--parallel.dp=4', '--nproc', '2'], /parallel\.dp=4 but the world has 2 rank\(s\).*--nproc 4/],
-    [['--data.source=/no/such/file.txt'], /text file \/no\/such\/file\.txt does not exist/],
-  ];
-  for (const [extra, re] of cases) {
-    const r = await flotilla(['train', config, `--train.runDir=${runDir}`, ...extra]);
+  for (const [extra, re, runDir, run] of configErrors) {
+    const r = await run;
     assert.equal(r.code, 2, `${extra.join(' ')} should fail with exit 2:\n${r.out}${r.err}`);
     assert.doesNotMatch(r.out + r.err, /\[rank \d\]/, 'rejected before any rank starts');
     assert.match(r.out + r.err, re);
