@@ -18,6 +18,8 @@ const refRun = started(launch(() => train('faults-ref', ['--nproc', '2'])));
 const asyncRun = started(launch(() => train('faults-async', ['--nproc', '2', '--checkpoint.async=true', '--checkpoint.every=1', '--checkpoint.keep=2'])));
 /** The source of the bad-checkpoint cases (one process). */
 const goodRun = started(launch(() => train('bad-source', [])));
+/** The uninterrupted run the --max-restarts test ends like. */
+const restartedStraight = started(launch(() => train('restarted-straight', ['--nproc', '2', '--parallel.backend=gloo', '--train.steps=12', '--checkpoint.every=0'])));
 let ref: RunResult;
 
 test('background (async) saves publish the same checkpoints as blocking ones, and training is not changed by them', async () => {
@@ -96,7 +98,8 @@ test('kill -9 of a rank while it saves: the previous checkpoint stays complete a
 });
 
 test('Ctrl-C (SIGINT) saves a checkpoint at the end of the current step and exits 0, in one process and under the launcher (Gloo and Open MPI)', async () => {
-  for (const [nproc, backend] of [['1', 'gloo'], ['2', 'gloo'], ['2', 'mpi']] as const) {
+  // The three runs go side by side, each in its own directory with its own signals.
+  const runs = ([['1', 'gloo'], ['2', 'gloo'], ['2', 'mpi']] as const).map(async ([nproc, backend]) => {
     const dir = join(work, `sigint-${nproc}-${backend}`);
     let sent = false;
     const r = await flotilla(['train', CONFIG, `--train.runDir=${dir}`, '--nproc', nproc, `--parallel.backend=${backend}`, '--train.steps=100000', '--checkpoint.every=0'], {
@@ -113,6 +116,11 @@ test('Ctrl-C (SIGINT) saves a checkpoint at the end of the current step and exit
         }, 20);
       },
     });
+    return { nproc, backend, dir, sent, r };
+  });
+  for (const run of runs) started(run); // a run that fails before its turn is reported there
+  for (const run of runs) {
+    const { nproc, backend, dir, sent, r } = await run;
     assert.ok(sent);
     assert.equal(r.code, 0, `--nproc ${nproc} (${backend}): exit ${r.code}\n${r.out}\n${r.err}`);
     assert.match(r.out, /\[stop\] stopped after step (\d+) of 100000; continue with --resume/);
@@ -125,7 +133,7 @@ test('Ctrl-C (SIGINT) saves a checkpoint at the end of the current step and exit
 
 test('--max-restarts 1: a rank killed mid-run; the restarted group resumes from the latest checkpoint and ends with the uninterrupted run\'s loss', async () => {
   const dir = join(work, 'restarted');
-  const straight = await train('restarted-straight', ['--nproc', '2', '--parallel.backend=gloo', '--train.steps=12', '--checkpoint.every=0']);
+  const straight = await restartedStraight;
   let killed = false;
   const r = await flotilla(['train', CONFIG, `--train.runDir=${dir}`, '--nproc', '2', '--parallel.backend=gloo', '--train.steps=12', '--checkpoint.every=2', '--max-restarts', '1'], {
     onStart: () => {
