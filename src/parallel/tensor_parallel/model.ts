@@ -80,11 +80,12 @@ export class TensorParallelGrads implements GradientSource {
 /** The inner layout's model with tensor-parallel gradients, header line and teardown. */
 export class TensorParallelModel implements ParallelModel {
   readonly grads: GradientSource;
+  /** Every local parameter's placement, over all parts (a pipeline rank may hold several stages). */
+  private readonly placements = new Map<Tensor, TpPlacement>();
 
   constructor(private readonly inner: ParallelModel, private readonly applied: TensorParallelApplied[], private readonly opts: { sequenceParallel: boolean }) {
-    const placements = new Map<Tensor, TpPlacement>();
-    for (const a of applied) for (const [p, pl] of a.placements) placements.set(p, pl);
-    this.grads = new TensorParallelGrads(inner.grads, () => inner.namedParameters().map(([, p]) => p), inner.tiedCopiesLeftOutOfNorm, placements, applied[0]!.group);
+    for (const a of applied) for (const [p, pl] of a.placements) this.placements.set(p, pl);
+    this.grads = new TensorParallelGrads(inner.grads, () => inner.namedParameters().map(([, p]) => p), inner.tiedCopiesLeftOutOfNorm, this.placements, applied[0]!.group);
   }
 
   get parts(): Module[] {
@@ -101,11 +102,7 @@ export class TensorParallelModel implements ParallelModel {
   }
   /** Where each local parameter lies over the tensor-parallel group. */
   placementOf(p: Tensor): TpPlacement | undefined {
-    for (const a of this.applied) {
-      const pl = a.placements.get(p);
-      if (pl) return pl;
-    }
-    return undefined;
+    return this.placements.get(p);
   }
   /** The whole parameter from this rank's slice (a collective over tp for a sharded one). */
   whole(p: Tensor): Tensor {
@@ -114,7 +111,7 @@ export class TensorParallelModel implements ParallelModel {
   }
   summary(): string {
     const a = this.applied[0]!;
-    const sharded = [...a.placements.values()].filter((p) => p.kind === 'shard').length;
+    const sharded = [...this.placements.values()].filter((p) => p.kind === 'shard').length;
     return `tensor parallel ${a.group.size} (${sharded} sharded parameter(s)${this.opts.sequenceParallel ? ', sequence parallel' : ''}${a.lossParallel ? ', loss parallel' : ''}); ${this.inner.summary()}`;
   }
   namedParameters(): [string, Tensor][] {
