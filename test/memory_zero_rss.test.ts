@@ -21,10 +21,12 @@ function run(zero: number) {
     '--model.nLayer=4', '--model.nEmbd=512', '--model.nHead=8', '--model.vocabSize=256', '--model.blockSize=64',
     '--data.seqLen=64', '--data.globalBatch=4', '--train.steps=3', '--train.evalEvery=0', '--train.evalBatches=1',
     '--train.threads=1', `--train.runDir=${join(dir, `zero${zero}`)}`, '--checkpoint.every=0', '--log.progress=off',
-    // 4 MiB buckets (every stage alike): a ZeRO-2 rank holds one full gradient bucket while
-    // backward fills it, so its gradient saving needs buckets small against the model (48 MiB of
-    // gradients here; the default 25 MiB would leave room for no saving at all).
-    '--parallel.backend=gloo', '--parallel.bucketSizeMb=4', `--parallel.zero=${zero}`,
+    // 4 MiB buckets for every stage: ZeRO-2 by its default (a ZeRO-2 rank holds about three buckets
+    // of full gradients while it reduces, so its default is 4 MiB, not 25: defaultBucketSizeMb in
+    // src/parallel/data_parallel.ts; 48 MiB of gradients here, so 25 MiB would leave it no saving),
+    // the others set to the same size, so that Gloo's all-reduce staging (bucket-sized, the same
+    // under data parallel and ZeRO-1) is small against ZeRO-1's 49 MiB saving.
+    '--parallel.backend=gloo', ...(zero === 2 ? [] : ['--parallel.bucketSizeMb=4']), `--parallel.zero=${zero}`,
   ], { timeoutMs: 120_000 });
 }
 

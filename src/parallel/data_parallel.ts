@@ -56,7 +56,7 @@ export interface DataParallelOptions {
   replicateGroup?: ProcessGroup;
   /** When gradients are reduced under accumulation (see [Note: accumulation]). */
   accumulate?: AccumulateFlavour;
-  /** Bucket size in MiB (default 25, as PyTorch DDP); zero 3 uses one bucket per wrapping unit. */
+  /** Bucket size in MiB (default: defaultBucketSizeMb(zero)); zero 3 uses one bucket per wrapping unit. */
   bucketSizeMb?: number;
   /** Launch each bucket's collective during backward as soon as it is ready (default true). */
   overlap?: boolean;
@@ -91,6 +91,19 @@ export interface DataParallelOptions {
 
 /** Sharded reductions allowed in flight at a launch before the oldest is waited for ([Note: reduction window]). */
 const MAX_REDUCTIONS_IN_FLIGHT = 1;
+
+/**
+ * The bucket size when none is given: 25 MiB (PyTorch DDP's), but 4 MiB under ZeRO-2. A ZeRO-2 rank
+ * holds full gradients only for the buckets in reduction: the one backward is filling, the one
+ * being reduce-scattered and that one's staging ([Note: reduction window]), about three buckets at
+ * full size. At 25 MiB that is more than the 2 B/param the sharded gradients save on a model of
+ * 25M parameters; at 4 MiB it is 12 MiB whatever the model (measured in docs/BENCHMARKS.md, "ZeRO
+ * peak memory"). More, smaller collectives cost little here: a step's time is the same at 2 and 25
+ * MiB buckets (docs/BENCHMARKS.md, "Data parallel"). Under ZeRO-3 a bucket is a wrapping unit.
+ */
+export function defaultBucketSizeMb(zero: ZeroStage): number {
+  return zero === 2 ? 4 : 25;
+}
 
 export interface SyncRecord {
   /** Bucket indices in launch order, with whether each was launched from inside backward. */
@@ -156,7 +169,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
       process.emitWarning(singleUnitWarning(module), { type: 'FlotillaWarning', code: 'FLOTILLA_SINGLE_UNIT' });
     }
     const layout = {
-      bucketBytes: (opts.bucketSizeMb ?? 25) * 2 ** 20,
+      bucketBytes: (opts.bucketSizeMb ?? defaultBucketSizeMb(this.zero)) * 2 ** 20,
       padMultiple: sharded ? this.shardGroup.size : this.group.size,
       ...(units ? { groups: units.groups } : {}),
     };
@@ -275,25 +288,29 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
       if (this.group.size > 1) run.work = this.group.allReduce(wire, 'sum');
       return;
     }
+    // Room first: the previous bucket's full gradient, staging and shard are freed before this
+    // bucket's are allocated ([Note: reduction window]).
+    this.retireReductions(MAX_REDUCTIONS_IN_FLIGHT - 1);
     run.recv = keep(emptyMapped([run.bucket.shardNumel], { dtype: wire.dtype })); // freed by complete() ([Note: mapped storage])
     run.work = this.shardGroup.reduceScatter(run.recv, wire, 'sum');
     this.notePeak();
     this.fsdp?.onReduced(run.bucket);
     this.inFlight.push(run);
-    this.retireReductions();
+    this.retireReductions(MAX_REDUCTIONS_IN_FLIGHT);
   }
 
   // [Note: reduction window] A sharded bucket's reduction holds the full gradient bucket, the
   // collective's staging (Gloo's reduce-scatter is an all-to-all into a bucket-sized buffer) and
   // the received shard until complete() adds the shard in and frees them. Completed only in
   // finishGradSync, every bucket's full gradient and staging stayed alive to the end of backward,
-  // and ZeRO-2 peaked above plain data parallelism. So each launch retires the reductions that
-  // have finished, oldest first, and waits for the oldest while more than MAX_REDUCTIONS_IN_FLIGHT
-  // are in flight; the backend runs them in launch order, so the wait gives up little overlap.
-  private retireReductions(): void {
+  // and ZeRO-2 peaked above plain data parallelism. So a launch first waits until fewer than
+  // MAX_REDUCTIONS_IN_FLIGHT are in flight (oldest first: the previous bucket's buffers are freed
+  // before this one's staging is allocated, whatever the timing), and after it retires those that
+  // have finished; the backend runs them in launch order, so the wait gives up little overlap.
+  private retireReductions(keepAtMost: number): void {
     while (this.inFlight.length > 0) {
       const oldest = this.inFlight[0]!;
-      if (oldest.work && this.inFlight.length <= MAX_REDUCTIONS_IN_FLIGHT && !oldest.work.isCompleted()) return;
+      if (oldest.work && this.inFlight.length <= keepAtMost && !oldest.work.isCompleted()) return;
       this.inFlight.shift();
       this.complete(oldest);
     }

@@ -200,6 +200,6 @@ export type LayoutRequest = Partial<Pick<ParallelConfig, 'dp' | 'zero' | 'dpShar
 export function layoutFor(req: LayoutRequest, worldSize: number): Layout {
   return resolveLayout({
     dp: -1, zero: 0, dpShard: -1, dpReplicate: 1, accumulate: 'auto', pp: 1, ppSchedule: '1f1b', ppVirtualStages: 1,
-    reshardAfterForward: true, bucketSizeMb: 25, overlap: true, reduceDtype: 'fp32', backend: 'auto', tp: 1, sequenceParallel: false, lossParallel: false, ...req,
+    reshardAfterForward: true, bucketSizeMb: 0, overlap: true, reduceDtype: 'fp32', backend: 'auto', tp: 1, sequenceParallel: false, lossParallel: false, ...req,
   }, worldSize);
 }

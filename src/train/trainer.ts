@@ -132,7 +132,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
     // ---- parallelize: pipeline, then sharding or replication (src/parallel/parallelize.ts)
     const model = parallelize(gpt, mesh, {
       layout, micro: cfg.data.microBatches, loss: gptCriterion, units: gptUnits,
-      bucketSizeMb: cfg.parallel.bucketSizeMb, reduceDtype: cfg.parallel.reduceDtype, overlap: cfg.parallel.overlap, reshardAfterForward: cfg.parallel.reshardAfterForward,
+      ...(cfg.parallel.bucketSizeMb > 0 ? { bucketSizeMb: cfg.parallel.bucketSizeMb } : {}), reduceDtype: cfg.parallel.reduceDtype, overlap: cfg.parallel.overlap, reshardAfterForward: cfg.parallel.reshardAfterForward,
       ...((layout.tp ?? 1) > 1 ? { tensorParallel: gptTensorPlan(layout) } : {}),
     });
     const named = model.namedParameters();
