@@ -2,7 +2,7 @@
 import { Tensor, empty, ones, zeros, noGrad } from '../tensor/index.js';
 import { Module } from './module.js';
 import * as F from './functional.js';
-import { castFor, castParam } from './precision.js';
+import { castFor, castParam, readsParametersThroughPolicy } from './precision.js';
 import { linearOutput } from './checkpoint.js';
 
 export class Linear extends Module {
@@ -34,7 +34,7 @@ export class Embedding extends Module {
     this.weight = this.registerParameter('weight', noGrad(() => empty([numEmbeddings, embeddingDim]).normal_(0, 1)));
   }
   forward(indices: Tensor): Tensor {
-    return F.embedding(indices, this.weight);
+    return F.embedding(indices, castParam('embedding', this.weight));
   }
 }
 
@@ -50,7 +50,7 @@ export class LayerNorm extends Module {
   readonly eps: number;
   forward(x: Tensor): Tensor {
     const [xc] = castFor('layerNorm', x) as [Tensor];
-    return F.layerNorm(xc, [this.dim], this.weight, this.bias, this.eps);
+    return F.layerNorm(xc, [this.dim], castParam('layerNorm', this.weight), castParam('layerNorm', this.bias), this.eps);
   }
 }
 
@@ -62,9 +62,12 @@ export class RMSNorm extends Module {
   }
   forward(x: Tensor): Tensor {
     const [xc] = castFor('rmsNorm', x) as [Tensor];
-    return F.rmsNorm(xc, this.weight, this.eps);
+    return F.rmsNorm(xc, castParam('rmsNorm', this.weight), this.eps);
   }
 }
+
+// Each reads its parameters only through castParam (ZeRO-3 may hold them as bfloat16 copies, [Note: bf16-mixed]).
+for (const cls of [Linear, Embedding, LayerNorm, RMSNorm]) readsParametersThroughPolicy(cls);
 
 export class Dropout extends Module {
   constructor(readonly p: number) {

@@ -25,6 +25,13 @@
 //   embedding   float32      float32              a gather from the float32 master weight
 //   loss        float32      float32              cross-entropy is on autocast's float32 list
 // Reductions (norms, clipping) are outside forward and stay float32/float64 as before.
+// Under ZeRO-3 ([Note: bf16 gathers] in src/parallel/fsdp_bf16.ts) a unit's parameters are all
+// gathered in bfloat16, as FSDP2's MixedPrecisionPolicy(param_dtype=bf16) does: the float32 ops
+// above (layerNorm, rmsNorm, embedding) then read an upcast of the bfloat16 weight, not the float32
+// master, and their weight gradients reach the master through bfloat16. So every layer asks
+// castParam for every parameter, float32 ops included, and a module class declares that it does
+// (readsParametersThroughPolicy); a unit holding a parameter of any other module is gathered in
+// float32 and gets the per-step copies described above.
 import { type Tensor, type DType, isGradEnabled, keep } from '../tensor/index.js';
 
 export type Precision = 'fp32' | 'bf16-mixed';
@@ -51,6 +58,36 @@ export function parsePrecision(p: string): Precision {
     throw new Error(`precision "${p}": float16 is not supported (it needs loss scaling); use "bf16-mixed" or "fp32"`);
   }
   throw new Error(`precision "${p}" is not one of ${PRECISIONS.map((x) => `"${x}"`).join(', ')}`);
+}
+
+/**
+ * Where a parameter's gathered low-precision copy comes from while ZeRO-3 holds one: given the
+ * op's dtype, the copy (or its upcast) with a gradient path to the parameter; undefined when the
+ * parameter's unit is not gathered that way now.
+ */
+export type GatheredSource = (dtype: DType) => Tensor | undefined;
+const gatheredSources = new WeakMap<Tensor, GatheredSource>();
+
+/** Registers (or, with undefined, removes) the gathered-copy source of a parameter (src/parallel/fsdp.ts). */
+export function setGatheredSource(p: Tensor, source: GatheredSource | undefined): void {
+  if (source) gatheredSources.set(p, source);
+  else gatheredSources.delete(p);
+}
+
+const policyReaders: (abstract new (...args: any[]) => object)[] = [];
+
+/**
+ * Declares that instances of `cls` read every parameter they own through castParam, float32 ops
+ * included, so ZeRO-3 may hold those parameters only as a gathered bfloat16 copy. A module that
+ * reads a parameter directly must not be declared (its unit is then gathered in float32).
+ */
+export function readsParametersThroughPolicy(cls: abstract new (...args: any[]) => object): void {
+  if (!policyReaders.includes(cls)) policyReaders.push(cls);
+}
+
+/** Whether a module's class was declared with readsParametersThroughPolicy. */
+export function isPolicyReader(m: object): boolean {
+  return policyReaders.some((c) => m instanceof c);
 }
 
 interface Scope {
@@ -99,13 +136,20 @@ export function castFor(op: OpClass, ...xs: Tensor[]): Tensor[] {
   return xs.map((x) => (x.dtype === d || !isFloatingDtype(x.dtype) ? x : x.to(d)));
 }
 
-/** A parameter in the op's dtype: one copy per scope, made with autograd so gradients reach the float32 leaf. */
+/**
+ * A parameter in the op's dtype: one copy per scope, made with autograd so gradients reach the
+ * float32 leaf; under ZeRO-3 bf16-mixed, the unit's gathered bfloat16 copy (upcast for float32 ops).
+ */
 export function castParam(op: OpClass, p: Tensor): Tensor;
 export function castParam(op: OpClass, p: Tensor | undefined): Tensor | undefined;
 export function castParam(op: OpClass, p: Tensor | undefined): Tensor | undefined {
   const s = scopes[scopes.length - 1];
   const d = s?.ops?.[op];
-  if (p === undefined || d === undefined || p.dtype === d) return p;
+  if (p === undefined || d === undefined) return p;
+  // A ZeRO-3 unit gathered in bfloat16 has no float32 parameter to read: its copy (or an upcast of it).
+  const gathered = gatheredSources.get(p)?.(d);
+  if (gathered) return gathered;
+  if (p.dtype === d) return p;
   // A copy made under noGrad has no path to the leaf: keep the two kinds apart.
   const cache = isGradEnabled() ? s!.withGrad : s!.noGrad;
   let c = cache.get(p);

@@ -16,7 +16,11 @@ import type { Bucket, ParamSlot } from './grad_buffer.js';
 // straight into its place in the bucket: the same bytes on the wire and no staging. Other
 // backends keep the native all-gather.
 
-/** Starts gathering every rank's shard of `data` (this rank's, `own`, already in place); wait() on the result. */
+/**
+ * Starts gathering every rank's shard of `data` (this rank's is `own`, or already in place when
+ * `own` is not given); wait() on the result. An `own` of another dtype is cast to data's (a ZeRO-3
+ * unit's float32 shard gathered into its bfloat16 copy).
+ */
 export function gatherInPlace(group: ProcessGroup, data: Tensor, shardNumel: number, own?: Tensor): { wait(): void } {
   const views = Array.from({ length: group.size }, (_, k) => data.narrow(0, k * shardNumel, shardNumel));
   const works: Work[] = [];
@@ -27,7 +31,7 @@ export function gatherInPlace(group: ProcessGroup, data: Tensor, shardNumel: num
       for (let k = 0; k < group.size; k++) works.push(group.broadcast(views[k]!, k));
     } else {
       // An input that does not alias the output (the shard kept apart, or a copy of this rank's part).
-      input = own ?? views[group.rank]!.clone();
+      input = own === undefined ? views[group.rank]!.clone() : own.dtype === data.dtype ? own : noGrad(() => own.to(data.dtype));
       works.push(group.allGather(views, input));
     }
   } catch (e) {

@@ -201,7 +201,7 @@ export function parallelizeModule(module: Module, g: ProcessGroup, plan: TpPlan)
         wrap(emb, () => (ids: Tensor) => {
           // Ids this rank does not hold look up row 0 and are zeroed; the sum over ranks is the lookup.
           const mine = ids.ge(lo).to(emb.weight.dtype).mul(ids.lt(lo + rows).to(emb.weight.dtype));
-          const out = F.embedding(ids.sub(lo).clamp(0, rows - 1), emb.weight).mul(mine.unsqueeze(-1));
+          const out = F.embedding(ids.sub(lo).clamp(0, rows - 1), castParam('embedding', emb.weight)).mul(mine.unsqueeze(-1));
           return output === 'sequenceSharded' ? reduceScatterSequence(out, g) : reduceFromRegion(out, g);
         });
         break;
