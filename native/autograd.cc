@@ -1,5 +1,6 @@
-// Autograd: backward, .grad access, grad mode, and the two hooks that call JS during backward
-// (a tensor's gradient hook, and the post hook on a parameter's gradient accumulator).
+// Autograd: backward, .grad access, grad mode, the two hooks that call JS during backward (a
+// tensor's gradient hook, and the post hook on a parameter's gradient accumulator), and custom
+// function nodes whose backward is a JS function (src/tensor/function.ts decides what it computes).
 #include "common.h"
 
 #include <torch/csrc/autograd/engine.h>
@@ -238,7 +239,143 @@ static Napi::Value QueueBackwardCallback(const Napi::CallbackInfo& info) {
   FLOTILLA_CATCH(env, "queueBackwardCallback")
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Custom function node: a torch::autograd::Node whose apply calls a JS backward synchronously.
+//
+// [Note: native function node] functionNode(name, inputs, outputs, saved, backward) gives each
+// output a new tensor on the same storage (.data-like: no autograd history, a version counter of
+// its own) whose grad_fn is this node; its edges go to the inputs. The outputs are therefore the
+// forward's own memory, views of another buffer included: a later free or reallocation of that
+// storage is seen by every tensor autograd saved from them. The node holds the saved tensors and
+// frees them when the engine releases the graph (or with the node), never the outputs.
+// apply calls backward(grads, wanted, saved, last):
+//   grads   one per output, a handle or undefined (the output took no part in this pass);
+//   wanted  one per input, whether this pass computes that input's gradient (false for an edge the
+//           engine trimmed because backward was given `inputs`);
+//   saved   handles of the saved tensors;
+//   last    the engine frees the node's graph after this call (no retained graph);
+// and takes one handle or undefined per input in return (read, not released: they stay JS's). The
+// handles passed in are released after the call.
+
+static std::atomic<bool> env_alive{true};
+
+struct JsFunctionNode : public torch::autograd::Node {
+  JsFunctionNode(Napi::Env env, std::string name, Napi::Function fn, torch::autograd::edge_list&& edges,
+                 std::vector<at::Tensor>&& saved)
+      : Node(std::move(edges)), env_(env), name_(std::move(name)), fn_(Napi::Persistent(fn)), saved_(std::move(saved)) {}
+
+  ~JsFunctionNode() override { DropJs(); }
+
+  std::string name() const override { return name_; }
+
+  void will_release_variables() override { last_ = true; }
+
+  void release_variables() override {
+    saved_.clear();
+    DropJs();
+  }
+
+  variable_list apply(variable_list&& grads) override {
+    CheckHookThread("custom function backward");
+    TORCH_CHECK(!fn_.IsEmpty(), name_, ": backward ran through this graph a second time after its saved tensors were freed; ",
+                "run the first backward with retainGraph");
+    Napi::Env env = env_;
+    Napi::HandleScope scope(env);
+    std::vector<Napi::Value> made;
+    Napi::Array g = Napi::Array::New(env, grads.size());
+    for (size_t i = 0; i < grads.size(); ++i) {
+      Napi::Value v = grads[i].defined() ? TensorHandle::Wrap(env, grads[i]) : env.Undefined();
+      if (grads[i].defined()) made.push_back(v);
+      g.Set(static_cast<uint32_t>(i), v);
+    }
+    grads.clear();  // JS holds the gradients now; its scope decides when they go
+    Napi::Array wanted = Napi::Array::New(env, num_outputs());
+    for (size_t i = 0; i < num_outputs(); ++i) wanted.Set(static_cast<uint32_t>(i), task_should_compute_output(i));
+    Napi::Array saved = Napi::Array::New(env, saved_.size());
+    for (size_t i = 0; i < saved_.size(); ++i) {
+      Napi::Value v = TensorHandle::Wrap(env, saved_[i]);
+      made.push_back(v);
+      saved.Set(static_cast<uint32_t>(i), v);
+    }
+    bool last = last_;
+    last_ = false;
+    struct ReleaseMade {
+      Napi::Env env;
+      std::vector<Napi::Value>& made;
+      ~ReleaseMade() {
+        for (auto& v : made) TensorHandle::Release(env, v);
+      }
+    } release_made{env, made};
+    Napi::Value ret = CallJs(env, fn_, {g, wanted, saved, Napi::Boolean::New(env, last)});
+    TORCH_CHECK(ret.IsArray(), name_, ": backward must return an array of gradients");
+    Napi::Array r = ret.As<Napi::Array>();
+    TORCH_CHECK(r.Length() == num_outputs(), name_, ": backward returned ", r.Length(), " gradient(s) for ", num_outputs(),
+                " input(s)");
+    variable_list out(num_outputs());
+    for (uint32_t i = 0; i < r.Length(); ++i) {
+      Napi::Value v = r.Get(i);
+      if (TensorHandle::IsHandle(v)) out[i] = TensorHandle::Get(v);
+    }
+    return out;
+  }
+
+  // The JS function may only be dropped on the JS thread while the environment lives; anywhere
+  // else (a collective's thread holding the last reference, process exit) it is left to the GC.
+  void DropJs() {
+    if (fn_.IsEmpty()) return;
+    if (std::this_thread::get_id() == main_thread && env_alive.load()) {
+      fn_.Reset();
+    } else {
+      fn_.SuppressDestruct();
+    }
+  }
+
+  Napi::Env env_;
+  std::string name_;
+  Napi::FunctionReference fn_;
+  std::vector<at::Tensor> saved_;
+  bool last_ = false;
+};
+
+static Napi::Value FunctionNode(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  FLOTILLA_TRY
+  std::string name = info[0].As<Napi::String>().Utf8Value();
+  Napi::Array ins = info[1].As<Napi::Array>();
+  Napi::Array outs = info[2].As<Napi::Array>();
+  Napi::Array sv = info[3].As<Napi::Array>();
+  Napi::Function fn = info[4].As<Napi::Function>();
+  torch::autograd::edge_list edges;
+  for (uint32_t i = 0; i < ins.Length(); ++i) {
+    const at::Tensor& x = TensorHandle::Get(ins.Get(i));
+    TORCH_CHECK(x.requires_grad(), name, ": input ", i, " does not require grad ", DescribeTensor(x));
+    edges.push_back(torch::autograd::impl::gradient_edge(x));
+  }
+  std::vector<at::Tensor> saved;
+  for (uint32_t i = 0; i < sv.Length(); ++i) saved.push_back(TensorHandle::Get(sv.Get(i)));
+  std::shared_ptr<JsFunctionNode> node(new JsFunctionNode(env, name, fn, std::move(edges), std::move(saved)),
+                                       torch::autograd::deleteNode);
+  Napi::Array res = Napi::Array::New(env, outs.Length());
+  for (uint32_t i = 0; i < outs.Length(); ++i) {
+    const at::Tensor& o = TensorHandle::Get(outs.Get(i));
+    TORCH_CHECK(torch::autograd::isDifferentiableType(o.scalar_type()), name, ": output ", i, " cannot have a gradient ",
+                DescribeTensor(o));
+    c10::intrusive_ptr<c10::TensorImpl> impl =
+        o.unsafeGetTensorImpl()->shallow_copy_and_detach(c10::VariableVersion(0), /*allow_tensor_metadata_change=*/true);
+    impl->set_autograd_meta(nullptr);
+    at::Tensor alias(std::move(impl));
+    uint32_t nr = node->add_input_metadata(alias);
+    torch::autograd::impl::set_gradient_edge(alias, {node, nr});
+    res.Set(i, TensorHandle::Wrap(env, alias));
+  }
+  return res;
+  FLOTILLA_CATCH(env, "functionNode")
+}
+
 void InitAutograd(Napi::Env env, Napi::Object exports) {
+  napi_add_env_cleanup_hook(env, [](void*) { env_alive = false; }, nullptr);
+  exports.Set("functionNode", Napi::Function::New(env, FunctionNode));
   exports.Set("queueBackwardCallback", Napi::Function::New(env, QueueBackwardCallback));
   exports.Set("backward", Napi::Function::New(env, Backward));
   exports.Set("autogradGrad", Napi::Function::New(env, Grad));

@@ -2,26 +2,20 @@
 // saved tensors, non-differentiable outputs, needsInputGrad. Activation checkpointing is built on it
 // (src/nn/checkpoint.ts), and so will tensor parallelism's communication ops.
 //
-// [Note: function node] There is no native custom-node binding: the node is made of engine
-// primitives that exist already, tensor hooks that may replace a gradient.
-//   - forward runs with recording off; its outputs are detached results.
-//   - every input that needs a gradient gets a carrier c_i = x_i.view(shape) (identity, ViewBackward).
-//   - k = sum_i |sum(c_i)| * 0 is a scalar +0 that depends on every carrier; each output is
-//     returned as o_j - k, the same bits as o_j (x - (+0) == x for every x, -0 included), now with a
-//     path back to every input.
-//   - a hook on each returned output records its incoming gradient; the engine runs k's node only
-//     after every output it reaches has been processed, so when the first carrier's hook fires all
-//     output gradients are known: that hook calls backward once and each carrier's hook replaces
-//     its (zero) gradient with backward's answer for that input, which then flows on to x_i (to its
-//     AccumulateGrad, for a parameter: readiness hooks fire as for any other use).
-// The cost is a reduction over each input in forward and a broadcast zero in backward: small next to
-// any op worth writing a custom function for. Inputs with inf/NaN make k NaN (0 * inf), as they
-// would make the loss NaN anyway.
-//
+// [Note: function node] The node is native ([Note: native function node] in native/autograd.cc): a
+// torch::autograd::Node whose apply calls back into TypeScript synchronously, as tensor hooks do.
+//   - forward runs with recording off; each differentiable output is returned as an alias of what
+//     forward returned (the same storage, no copy, also when that is another buffer's) whose
+//     grad_fn is the node, with an edge to every input that needs a gradient.
+//   - the node holds the saved tensors (freed with the graph, also when backward never runs) and
+//     only the outputs' shapes, never the outputs.
+//   - the engine calls the node once every output's gradient is known; an output backward did not
+//     reach gets zeros here, so backward always sees one gradient per output.
 // A backward run with `inputs` (the zero-bubble pipeline's input-gradient pass, then its
-// weight-gradient pass on the retained graph) reaches some carriers in one pass and the rest in the
-// next: backward is computed once and each carrier takes its answer when it is reached.
-import { native } from './native.js';
+// weight-gradient pass on the retained graph) may reach some inputs in one pass and the rest in
+// the next: backward is computed once, each input takes its answer in the pass that asks for it,
+// and answers still unclaimed when the engine frees the graph are dropped.
+import { native, type TensorHandle } from './native.js';
 import { Tensor } from './tensor.js';
 import { noGrad, isGradEnabled } from './autograd.js';
 import { keep, tidy } from './scope.js';
@@ -80,93 +74,78 @@ export function defineFunction<A extends unknown[]>(def: FunctionDef<A>, name = 
     const single = raw instanceof Tensor;
     const outs = single ? [raw] : raw;
     const needIdx = ctx.needsInputGrad.flatMap((n, i) => (n ? [i] : []));
-    if (needIdx.length === 0) {
+    const diffIdx = outs.flatMap((o, j) => (!ctx.nonDiff.has(o) && isFloatingTensor(o) ? [j] : []));
+    if (needIdx.length === 0 || diffIdx.length === 0) {
       for (const t of ctx.saved) t.dispose();
+      ctx.saved = [];
       return raw;
     }
-    const inMeta = args.map((a, i) => (ctx.needsInputGrad[i] ? { shape: (a as Tensor).shape.join(','), dtype: (a as Tensor).dtype } : undefined));
-    // [Note: function node]
-    const carriers = needIdx.map((i) => {
-      const x = args[i] as Tensor;
-      return x.view(...x.shape);
-    });
-    const k = tidy(() => carriers.map((c) => c.sum().abs()).reduce((a, b) => a.add(b)).mul(0));
-    const diff = outs.map((o) => !ctx.nonDiff.has(o) && isFloatingTensor(o));
-    const gradOuts: (Tensor | undefined)[] = outs.map(() => undefined);
-    // Shapes only: backward must not keep the forward's outputs alive (each is returned as o - k, a
-    // new tensor; holding o too would double what a checkpointed block keeps).
-    const outMeta = outs.map((o) => ({ shape: o.shape, dtype: o.dtype }));
-    const results = outs.map((o, j) => {
-      if (!diff[j]) return o;
-      const r = o.sub(k);
-      r.registerHook((g) => {
-        gradOuts[j]?.dispose();
-        gradOuts[j] = keep(g);
-      });
-      return r;
-    });
+    // Shapes only: backward must not keep the inputs or outputs alive (a checkpointed block would
+    // hold its output twice), and an input may be freed by the time backward runs.
+    const inMeta = needIdx.map((i) => ({ shape: (args[i] as Tensor).shape, dtype: (args[i] as Tensor).dtype }));
+    const outMeta = diffIdx.map((j) => ({ shape: outs[j]!.shape, dtype: outs[j]!.dtype }));
+    // Per input edge: undefined until backward ran, then its answer until handed over.
     let answers: (Tensor | undefined)[] | undefined;
-    let pending = carriers.length;
-    const release = (): void => {
-      for (const t of ctx.saved) t.dispose();
-      for (const g of gradOuts) g?.dispose();
-      ctx.saved = [];
-    };
-    carriers.forEach((c, ci) => {
-      const argIdx = needIdx[ci]!;
-      c.registerHook((zero) => {
-        releasePending();
-        if (answers === undefined) {
-          const gs = outMeta.flatMap((o, j) => (diff[j] ? [gradOuts[j] ?? keep(zeros(o.shape, { dtype: o.dtype }))] : []));
-          // The engine runs hooks with grad mode off (create_graph = false); backward may use autograd.
-          // Its temporaries die with this scope; the answers are own aliases, freed after backward.
-          const prev = native.setGradEnabled(true);
-          try {
-            answers = tidy(() => {
-              const r = def.backward(ctx, ...gs);
-              const list = r === undefined || r instanceof Tensor ? [r] : r;
-              if (list.length !== args.length) {
-                throw new Error(`${name}.backward returned ${list.length} gradient(s) for ${args.length} argument(s): return one per argument (undefined where none)`);
-              }
-              return list.map((g, i) => {
-                if (g === undefined || !ctx.needsInputGrad[i]) return undefined;
-                const want = inMeta[i]!; // the input itself may be freed by now (its scope ended)
-                if (g.shape.join(',') !== want.shape) {
-                  throw new Error(`${name}.backward: gradient ${i} has shape [${g.shape}], its input [${want.shape}]`);
-                }
-                return g.dtype === want.dtype ? g.detach() : g.to(want.dtype);
-              });
-            }).map((g) => (g ? keep(g) : undefined));
-          } finally {
-            native.setGradEnabled(prev);
-          }
-          for (let j = 0; j < gradOuts.length; j++) gradOuts[j]?.dispose();
-          for (const t of ctx.saved) t.dispose();
+    const run = (gradHs: (TensorHandle | undefined)[], savedHs: TensorHandle[]): (Tensor | undefined)[] => {
+      // The engine runs a node with grad mode off (create_graph = false); backward may use autograd.
+      // Its temporaries die with this scope; the answers are kept until the engine has taken them.
+      const prev = native.setGradEnabled(true);
+      try {
+        return tidy(() => {
+          ctx.saved = savedHs.map((h) => new Tensor(h)); // the node's handles, released after the call
+          const gs = gradHs.map((h, k) => (h === undefined ? zeros(outMeta[k]!.shape, { dtype: outMeta[k]!.dtype }) : new Tensor(h)));
+          const r = def.backward(ctx, ...gs);
           ctx.saved = [];
+          const list = r === undefined || r instanceof Tensor ? [r] : r;
+          if (list.length !== args.length) {
+            throw new Error(`${name}.backward returned ${list.length} gradient(s) for ${args.length} argument(s): return one per argument (undefined where none)`);
+          }
+          return needIdx.map((i, e) => {
+            const g = list[i];
+            if (g === undefined) return undefined;
+            const want = inMeta[e]!;
+            if (g.shape.join(',') !== want.shape.join(',')) {
+              throw new Error(`${name}.backward: gradient ${i} has shape [${g.shape}], its input [${want.shape}]`);
+            }
+            return g.dtype === want.dtype ? g : g.to(want.dtype);
+          });
+        }).map((g) => (g ? keep(g) : undefined));
+      } finally {
+        native.setGradEnabled(prev);
+      }
+    };
+    const handles = native.functionNode(
+      name, needIdx.map((i) => (args[i] as Tensor).handle), diffIdx.map((j) => outs[j]!.handle), ctx.saved.map((t) => t.handle),
+      (gradHs, wanted, savedHs, last) => {
+        releaseHanded();
+        answers ??= run(gradHs, savedHs);
+        const given = answers.map((a, e) => {
+          if (!a || !wanted[e]) return undefined;
+          answers![e] = undefined;
+          handed.push(a);
+          return a.handle;
+        });
+        if (last) {
+          for (const a of answers) a?.dispose();
+          answers = [];
         }
-        const a = answers[argIdx];
-        answers[argIdx] = undefined;
-        pending -= 1;
-        // The engine takes its own reference to the replacement as the hook returns, so our handle can
-        // go at the next hook of any function (or when backward ends): holding every answer until the
-        // end of backward would keep a second copy of all the parameter gradients alive.
-        releasePending();
-        if (a) {
-          pendingRelease.push(a);
-          native.queueBackwardCallback(releasePending);
-        }
-        if (pending === 0) native.queueBackwardCallback(release);
-        return a ?? zero;
-      });
-    });
-    for (const c of carriers) c.dispose(); // the graph holds them; the hooks live with their nodes
+        // The engine holds its own reference to what it took once this returns; our handles go at the
+        // next function node's backward or when the pass ends, so parameter gradients are not held twice.
+        if (handed.length > 0) native.queueBackwardCallback(releaseHanded);
+        return given;
+      },
+    );
+    for (const t of ctx.saved) t.dispose(); // the node holds them now
+    ctx.saved = [];
+    const results = outs.slice();
+    diffIdx.forEach((j, k) => (results[j] = new Tensor(handles[k]!)));
     return single ? results[0] : results;
   };
 }
 
-const pendingRelease: Tensor[] = [];
-function releasePending(): void {
-  for (const t of pendingRelease.splice(0)) t.dispose();
+const handed: Tensor[] = [];
+function releaseHanded(): void {
+  for (const t of handed.splice(0)) t.dispose();
 }
 
 function isFloatingTensor(t: Tensor): boolean {

@@ -94,6 +94,17 @@ export interface Native {
   emptyMapped(shape: number[], scalarType: number): TensorHandle;
   /** PyTorch's .data: same storage, no autograd history, its own version counter. */
   variableData(t: TensorHandle): TensorHandle;
+  /**
+   * A custom autograd node whose backward is a JS function ([Note: native function node] in
+   * native/autograd.cc): returns one alias per output (same storage) with the node as grad_fn and
+   * edges to inputs. backward gets a gradient per output (undefined if unreached), per input whether
+   * this pass computes it, the saved tensors' handles (released after the call) and whether the graph
+   * is freed after it; it returns a handle or undefined per input, handles the node then owns.
+   */
+  functionNode(
+    name: string, inputs: TensorHandle[], outputs: TensorHandle[], saved: TensorHandle[],
+    backward: (grads: (TensorHandle | undefined)[], wanted: boolean[], saved: TensorHandle[], last: boolean) => (TensorHandle | undefined)[],
+  ): TensorHandle[];
   /** From inside a backward hook: runs fn once the current backward pass has finished. */
   queueBackwardCallback(fn: () => void): void;
 
