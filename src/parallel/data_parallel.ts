@@ -569,6 +569,11 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     this.meter.note();
   }
 
+  /** ZeRO-3: bytes this rank has received from parameter all-gathers so far (0 otherwise). */
+  get parameterGatherBytes(): number {
+    return this.fsdp?.gatheredBytes ?? 0;
+  }
+
   // ---- whole-model state
 
   /**

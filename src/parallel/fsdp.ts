@@ -18,11 +18,16 @@
 // the same all-gathers in the same order. The root unit is gathered on first use in a step and
 // kept until the step ends. Writes into a gathered bucket go through the bucket tensor, never
 // through the parameter, so the version counters autograd checks on saved views do not move.
-import { isGradEnabled, Tensor } from '../tensor/index.js';
+// Under bf16-mixed what is gathered, freed and regathered is the unit's bfloat16 copy instead of
+// its float32 bucket ([Note: bf16 gathers] in fsdp_bf16.ts); the step's forward decides which, and
+// the unit's backward regathers the same one.
+import { isGradEnabled, Tensor, elementSize, type DType } from '../tensor/index.js';
 import type { Module } from '../nn/module.js';
+import { currentPrecision, isPolicyReader, setGatheredSource } from '../nn/precision.js';
 import type { ProcessGroup } from '../distributed/process_group.js';
 import { allocStorage, freeStorage, type Bucket } from './grad_buffer.js';
 import { gatherInPlace } from './zero_gathers.js';
+import { Bf16UnitCopy } from './fsdp_bf16.js';
 
 /** Whether a module (by dotted name) is a wrapping unit of its own. */
 export type UnitPolicy = (name: string, module: Module) => boolean;
@@ -77,13 +82,23 @@ export interface UnitPlan {
   units: { name: string; module: Module }[];
 }
 
+/** One full-size copy of a unit's parameters: the float32 bucket, or the bfloat16 copy. */
+interface Gathered {
+  data: Tensor;
+  state: 'free' | 'gathering' | 'ready';
+  work?: { wait(): void };
+}
+
 interface UnitState {
   name: string;
   module: Module;
   bucket: Bucket;
   isRoot: boolean;
-  state: 'free' | 'gathering' | 'ready';
-  work?: { wait(): void };
+  full: Gathered;
+  /** The bfloat16 copy; undefined when a parameter of the unit is read outside the policy. */
+  bf16?: Gathered & { copy: Bf16UnitCopy };
+  /** Whether this step's forward used the bfloat16 copy (its backward regathers the same). */
+  bf16ThisStep?: boolean;
 }
 
 export class FsdpUnits {
@@ -98,6 +113,8 @@ export class FsdpUnits {
   private readonly backwardSeen = new Set<UnitState>();
   /** The first failed all-gather's error: see [Note: failed gather]. */
   private failure: { error: unknown } | undefined;
+  /** Bytes this rank received from parameter gathers (diagnostics and tests). */
+  gatheredBytes = 0;
 
   /** Chooses the units and the parameter group (bucket) of each, in bucket order. */
   static plan(model: Module, named: [string, Tensor][], policy: UnitPolicy = wholeModelUnit): UnitPlan {
@@ -136,10 +153,25 @@ export class FsdpUnits {
     plan: UnitPlan,
     buckets: Bucket[],
     private readonly group: ProcessGroup,
-    private readonly opts: { reshardAfterForward: boolean; prefetch: boolean; onMemoryChange: () => void },
+    private readonly opts: {
+      reshardAfterForward: boolean;
+      prefetch: boolean;
+      onMemoryChange: () => void;
+    },
   ) {
     if (buckets.length !== plan.units.length) throw new Error(`FSDP: ${plan.units.length} units but ${buckets.length} buckets (one dtype per unit is supported)`);
-    this.units = plan.units.map((u, i) => ({ ...u, bucket: buckets[i]!, isRoot: u.module === model, state: 'free' as const }));
+    const readers = policyReaderParams(model);
+    this.units = plan.units.map((u, i) => {
+      const bucket = buckets[i]!;
+      const unit: UnitState = { ...u, bucket, isRoot: u.module === model, full: { data: bucket.data, state: 'free' } };
+      // [Note: bf16 gathers]: only float32 units whose every parameter is read through the policy.
+      if (bucket.data.dtype === 'float32' && bucket.slots.every((s) => readers.has(s.param))) {
+        const copy = new Bf16UnitCopy(bucket);
+        unit.bf16 = { data: copy.data, state: 'free', copy };
+        for (const s of bucket.slots) setGatheredSource(s.param, (dtype) => this.gatheredCopy(unit, s.param, dtype));
+      }
+      return unit;
+    });
     for (const u of this.units) this.unitOfBucket.set(u.bucket, u);
     this.root = this.units.find((u) => u.isRoot);
     for (const u of this.units) {
@@ -152,15 +184,39 @@ export class FsdpUnits {
     this.removers.push(model.registerForwardPreHook(() => this.ensureRoot()));
   }
 
+  /** Whether a forward now gathers the unit's bfloat16 copy: under bf16-mixed, when it has one. */
+  private bf16Now(u: UnitState): boolean {
+    return u.bf16 !== undefined && currentPrecision() === 'bf16-mixed';
+  }
+
+  /** The copy a gather of the unit uses now: its forward's in backward, else the precision's. */
+  private copyFor(u: UnitState, phase: 'forward' | 'backward'): Gathered {
+    const bf16 = phase === 'backward' && u.bf16ThisStep !== undefined ? u.bf16ThisStep : this.bf16Now(u);
+    return bf16 ? u.bf16! : u.full;
+  }
+
+  /** castParam's source for a parameter of a unit with a bfloat16 copy (see setGatheredSource). */
+  private gatheredCopy(u: UnitState, param: Tensor, dtype: DType): Tensor | undefined {
+    const c = u.bf16!;
+    if (c.state === 'gathering') this.gather(u, c);
+    if (c.state !== 'ready') return undefined;
+    return c.copy.param(param, dtype);
+  }
+
   private ensureRoot(): void {
-    if (this.root) this.gather(this.root);
+    if (!this.root) return;
+    const c = this.copyFor(this.root, 'forward');
+    this.root.bf16ThisStep = c !== this.root.full;
+    this.gather(this.root, c);
   }
 
   private preForward(u: UnitState): void {
     this.ensureRoot();
-    this.gather(u);
+    const c = this.copyFor(u, 'forward');
+    u.bf16ThisStep = c !== u.full;
+    this.gather(u, c);
     if (isGradEnabled() && !this.forwardOrder) this.recordingForward.push(u);
-    if (this.opts.prefetch && this.forwardOrder) this.prefetchAfter(u, this.forwardOrder);
+    if (this.opts.prefetch && this.forwardOrder) this.prefetchAfter(u, this.forwardOrder, 'forward');
   }
 
   private postForward(u: UnitState, args: unknown[]): void {
@@ -188,21 +244,25 @@ export class FsdpUnits {
     if (this.backwardSeen.has(u)) return;
     this.backwardSeen.add(u);
     if (!this.backwardOrder) this.recordingBackward.push(u);
-    this.gather(u);
-    if (this.opts.prefetch && this.backwardOrder) this.prefetchAfter(u, this.backwardOrder);
+    this.gather(u, this.copyFor(u, 'backward'));
+    if (this.opts.prefetch && this.backwardOrder) this.prefetchAfter(u, this.backwardOrder, 'backward');
   }
 
-  private prefetchAfter(u: UnitState, order: UnitState[]): void {
+  private prefetchAfter(u: UnitState, order: UnitState[], phase: 'forward' | 'backward'): void {
     const i = order.indexOf(u);
     const next = i >= 0 ? order[i + 1] : undefined;
-    if (next && next.state === 'free') this.issueGather(next);
+    if (!next) return;
+    const c = this.copyFor(next, phase);
+    if (c.state === 'free') this.issueGather(next, c);
   }
 
-  private issueGather(u: UnitState): void {
+  private issueGather(u: UnitState, c: Gathered): void {
     const b = u.bucket;
-    if (allocStorage(b.data)) this.opts.onMemoryChange();
-    u.work = gatherInPlace(this.group, b.data, b.shardNumel, b.shardData!); // [Note: in-place gathers]
-    u.state = 'gathering';
+    if (allocStorage(c.data)) this.opts.onMemoryChange();
+    // This rank's float32 shard goes in cast to the copy's dtype ([Note: bf16 gathers]).
+    c.work = gatherInPlace(this.group, c.data, b.shardNumel, b.shardData!); // [Note: in-place gathers]
+    c.state = 'gathering';
+    this.gatheredBytes += (b.numel - b.shardNumel) * elementSize(c.data.dtype);
   }
 
   // [Note: failed gather] After a failed all-gather the group is unusable (a timed-out or broken
@@ -210,29 +270,32 @@ export class FsdpUnits {
   // same error and issues nothing, and the clean-up paths (free, afterStep, dispose) neither wait
   // on the other in-flight gathers nor free memory they may still write. No later error can then
   // replace the one the user must see.
-  private gather(u: UnitState): void {
+  private gather(u: UnitState, c: Gathered): void {
     if (this.failure) throw this.failure.error;
-    if (u.state === 'free') this.issueGather(u);
-    if (u.state === 'gathering') {
-      const work = u.work!;
-      u.work = undefined;
+    if (c.state === 'free') this.issueGather(u, c);
+    if (c.state === 'gathering') {
+      const work = c.work!;
+      c.work = undefined;
       try {
         work.wait();
       } catch (e) {
         this.failure = { error: e };
         throw e;
       }
-      u.state = 'ready';
+      c.state = 'ready';
     }
   }
 
+  /** Frees both copies of the unit. */
   private free(u: UnitState): void {
     if (this.failure) return; // see [Note: failed gather]
-    if (u.state === 'gathering') this.gather(u); // never free memory a collective is writing
-    if (u.state !== 'ready') return;
-    freeStorage(u.bucket.data);
-    u.state = 'free';
-    this.opts.onMemoryChange();
+    for (const c of u.bf16 ? [u.full, u.bf16] : [u.full]) {
+      if (c.state === 'gathering') this.gather(u, c); // never free memory a collective is writing
+      if (c.state !== 'ready') continue;
+      freeStorage(c.data);
+      c.state = 'free';
+      this.opts.onMemoryChange();
+    }
   }
 
   /** The unit's gradient bucket was launched for reduction: its backward is done. */
@@ -252,13 +315,16 @@ export class FsdpUnits {
   /** The optimizer changed the shards: every gathered copy is stale. */
   afterStep(): void {
     this.backwardSeen.clear();
-    for (const u of this.units) this.free(u);
+    for (const u of this.units) {
+      this.free(u);
+      u.bf16ThisStep = undefined;
+    }
   }
 
-  /** Runs fn with every unit gathered, then frees them again (every rank must call it). */
+  /** Runs fn with every unit's float32 parameters gathered, then frees them again (every rank must call it). */
   withFullParameters<T>(fn: () => T): T {
-    for (const u of this.units) if (u.state === 'free') this.issueGather(u);
-    for (const u of this.units) this.gather(u);
+    for (const u of this.units) if (u.full.state === 'free') this.issueGather(u, u.full);
+    for (const u of this.units) this.gather(u, u.full);
     try {
       return fn();
     } finally {
@@ -268,10 +334,35 @@ export class FsdpUnits {
 
   dispose(): void {
     try {
-      for (const u of this.units) if (u.state === 'gathering' && !this.failure) this.gather(u);
+      for (const u of this.units) {
+        for (const c of u.bf16 ? [u.full, u.bf16] : [u.full]) if (c.state === 'gathering' && !this.failure) this.gather(u, c);
+      }
     } finally {
       for (const r of this.removers) r();
+      for (const u of this.units) {
+        if (!u.bf16) continue;
+        for (const s of u.bucket.slots) setGatheredSource(s.param, undefined);
+        if (!this.failure) u.bf16.copy.dispose(); // after a failed gather a collective may still write it
+      }
     }
     this.removers.length = 0;
   }
+}
+
+/**
+ * The parameters every module that holds them reads through the precision policy
+ * (readsParametersThroughPolicy): a parameter registered by any other module, even as a second
+ * owner (a tied weight), is left out.
+ */
+function policyReaderParams(model: Module): Set<Tensor> {
+  const ok = new Set<Tensor>();
+  const not = new Set<Tensor>();
+  for (const [, m] of model.namedModules()) {
+    for (const [n, p] of m.namedParameters()) {
+      if (n.includes('.')) continue; // a child's: judged with the child
+      (isPolicyReader(m) ? ok : not).add(p);
+    }
+  }
+  for (const p of not) ok.delete(p);
+  return ok;
 }
