@@ -1,5 +1,10 @@
-// Data parallel equivalence and behaviour on real ranks over loopback. Every world is queued when
-// the file loads, two at a time (test/helpers/pool.ts); each test awaits the ones it compares.
+// Data parallel equivalence and behaviour on real ranks over loopback. Runs of the same world size
+// and backend share one world (test/fixtures/ddp_train.ts trains them one after another, each from
+// a fresh model on the same seeds): the one-process references in a world of one, every 2-rank Gloo
+// run in one world, the 4-rank runs in another, the MPI run in its own; the nine edge-case
+// scenarios run in one 2-rank world, each in a process group of its own. The worlds are queued when
+// the file loads, two at a time (test/helpers/pool.ts); each test awaits the runs it compares and
+// names them in its assertions.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync } from 'node:fs';
@@ -12,40 +17,64 @@ import { pool, started } from './helpers/pool.js';
 const script = join(import.meta.dirname, 'fixtures', 'ddp_train.ts');
 const dir = mkdtempSync(join(tmpdir(), 'flotilla-ddp-'));
 
-interface Result { rank: number; losses: number[]; norms: number[]; launchedInBackward: boolean[]; collectivesPerMicro: number[]; buckets: number }
+interface Result { tag: string; rank: number; losses: number[]; norms: number[]; launchedInBackward: boolean[]; collectivesPerMicro: number[]; buckets: number }
 
-function results(outputs: string[]): Result[] {
+/** Each rank's result line ("RESULT {json}") whose `key` field is `name`; fails naming a rank that printed none. */
+function resultsOf(outputs: string[], key: string, name: string): Record<string, unknown>[] {
   return outputs.map((out, r) => {
-    const line = out.split('\n').find((l) => l.includes('RESULT '));
-    assert.ok(line, `rank ${r} printed no result:\n${out}`);
-    return JSON.parse(line.slice(line.indexOf('RESULT ') + 7)) as Result;
+    const found = out.split('\n').filter((l) => l.includes('RESULT '))
+      .map((l) => JSON.parse(l.slice(l.indexOf('RESULT ') + 7)) as Record<string, unknown>)
+      .find((x) => x[key] === name);
+    assert.ok(found, `${name}: rank ${r} printed no result:\n${out}`);
+    return found;
   });
 }
 
 const queue = pool();
 type Run = { res: Result[]; params: Float64Array };
-/** A world of ddp_train.ts, queued. */
-function train(nproc: number, opts: Record<string, unknown>, tag: string, backend: 'gloo' | 'mpi' = 'gloo'): Promise<Run> {
-  return started(queue(() => trainNow(nproc, opts, tag, backend)));
+type RunOpts = Record<string, unknown>;
+/**
+ * One world of ddp_train.ts training `runs` (tag, options) one after another, queued now; each run's
+ * promise resolves to its results and parameters, or rejects naming the run.
+ */
+function trainWorld(nproc: number, runs: [string, RunOpts][], backend: 'gloo' | 'mpi' = 'gloo'): [string, Promise<Run>][] {
+  const world = started(queue(async () => {
+    const { codes, outputs } = await runWorld({
+      nproc, script, backend, timeoutMs: 240_000,
+      args: [JSON.stringify(runs.map(([tag, opts]) => ({ ...opts, tag, out: join(dir, `${tag}.bin`) })))],
+    });
+    assert.deepEqual(codes, new Array(nproc).fill(0), `world of ${nproc} (${runs.map(([t]) => t).join(', ')}):\n${outputs.join('\n')}`);
+    return outputs;
+  }));
+  return runs.map(([tag]) => [tag, started(world.then((outputs) => runOf(outputs, nproc, tag)))]);
 }
-async function trainNow(nproc: number, opts: Record<string, unknown>, tag: string, backend: 'gloo' | 'mpi'): Promise<Run> {
+function runOf(outputs: string[], nproc: number, tag: string): Run {
   const out = join(dir, `${tag}.bin`);
-  const { codes, outputs } = await runWorld({ nproc, script, args: [JSON.stringify({ ...opts, out })], timeoutMs: 240_000, backend });
-  assert.deepEqual(codes, new Array(nproc).fill(0), outputs.join('\n'));
   const each = Array.from({ length: nproc }, (_, r) => new Float64Array(new Uint8Array(readFileSync(`${out}.rank${r}`)).buffer));
   // params: every rank's final parameters must be equal (a drifting replica fails here), then
   // rank 0's stand for the run.
-  each.forEach((p, r) => assertClose(p, each[0]!, 0, `rank ${r}'s final parameters vs rank 0's`));
-  return { res: results(outputs), params: each[0]! };
+  each.forEach((p, r) => assertClose(p, each[0]!, 0, `${tag}: rank ${r}'s final parameters vs rank 0's`));
+  return { res: resultsOf(outputs, 'tag', tag) as unknown as Result[], params: each[0]! };
 }
 
-const reference = train(1, { steps: 20, globalBatch: 8, accum: 1 }, 'ref');
 const CASES = [[2, true, 1], [2, false, 1], [2, true, 2], [2, false, 2], [4, true, 1], [4, true, 2], [4, false, 2]] as const;
-const caseRuns = CASES.map(([nproc, overlap, accum]) => train(nproc, { steps: 20, globalBatch: 8, accum, overlap }, `w${nproc}-o${overlap}-a${accum}`));
+type Case = (typeof CASES)[number];
+const caseRun = ([nproc, overlap, accum]: Case): [string, RunOpts] => [`w${nproc}-o${overlap}-a${accum}`, { steps: 20, globalBatch: 8, accum, overlap }];
 const backendOpts = { steps: 10, globalBatch: 8, accum: 1 };
-const backendRuns = [train(1, backendOpts, 'backends-ref'), train(2, backendOpts, 'backends-gloo', 'gloo'), train(2, backendOpts, 'backends-mpi', 'mpi')] as const;
-const tieRuns = [train(1, { steps: 10, globalBatch: 8, tie: true }, 'tie-ref'), train(2, { steps: 10, globalBatch: 8, tie: true }, 'tie-w2')] as const;
-const clipRuns = [train(1, { steps: 8, globalBatch: 8, clip: 0.5 }, 'clip-ref'), train(2, { steps: 8, globalBatch: 8, clip: 0.5 }, 'clip-w2')] as const;
+const tieOpts = { steps: 10, globalBatch: 8, tie: true };
+const clipOpts = { steps: 8, globalBatch: 8, clip: 0.5 };
+const runs = new Map([
+  ...trainWorld(1, [['ref', { steps: 20, globalBatch: 8, accum: 1 }], ['backends-ref', backendOpts], ['tie-ref', tieOpts], ['clip-ref', clipOpts]]),
+  ...trainWorld(2, [...CASES.filter(([n]) => n === 2).map(caseRun), ['backends-gloo', backendOpts], ['tie-w2', tieOpts], ['clip-w2', clipOpts]]),
+  ...trainWorld(4, CASES.filter(([n]) => n === 4).map(caseRun)),
+  ...trainWorld(2, [['backends-mpi', backendOpts]], 'mpi'),
+]);
+const run = (tag: string): Promise<Run> => runs.get(tag)!;
+const reference = run('ref');
+const caseRuns = CASES.map((c) => run(caseRun(c)[0]));
+const backendRuns = [run('backends-ref'), run('backends-gloo'), run('backends-mpi')] as const;
+const tieRuns = [run('tie-ref'), run('tie-w2')] as const;
+const clipRuns = [run('clip-ref'), run('clip-w2')] as const;
 
 for (const [i, [nproc, overlap, accum]] of CASES.entries()) {
   test(`DDP ${nproc} ranks, overlap ${overlap}, accumulation ${accum}: 20 steps equal single-process training`, async () => {
@@ -95,17 +124,14 @@ test('DDP gradient-norm clipping matches single-process clipping', async () => {
   assertClose(run.params, base.params, 1e-5, 'final parameters');
 });
 
-/** A world of ddp_cases.ts running one scenario, queued (all of them when the file loads). */
-function queueScenario(name: string, nproc = 2): Promise<Record<string, unknown>[]> {
-  return started(queue(async () => {
-    const { codes, outputs } = await runWorld({ nproc, script: join(import.meta.dirname, 'fixtures', 'ddp_cases.ts'), args: [name], timeoutMs: 120_000 });
-    assert.deepEqual(codes, new Array(nproc).fill(0), outputs.join('\n'));
-    return results(outputs) as unknown as Record<string, unknown>[];
-  }));
-}
 const SCENARIOS = ['unused-error', 'unused-ok', 'late-grad', 'nonfinite-skip', 'nonfinite-raise', 'unused-changing', 'recover', 'layout-mismatch', 'frozen-broadcast'];
-const scenarioRuns = new Map(SCENARIOS.map((n) => [n, queueScenario(n)]));
-const scenario = (name: string): Promise<Record<string, unknown>[]> => scenarioRuns.get(name)!;
+/** One 2-rank world of ddp_cases.ts running every scenario (each in a group of its own), queued when the file loads. */
+const scenarioWorld = started(queue(async () => {
+  const { codes, outputs } = await runWorld({ nproc: 2, script: join(import.meta.dirname, 'fixtures', 'ddp_cases.ts'), args: [SCENARIOS.join(',')], timeoutMs: 120_000 });
+  assert.deepEqual(codes, [0, 0], outputs.join('\n'));
+  return outputs;
+}));
+const scenario = async (name: string): Promise<Record<string, unknown>[]> => resultsOf(await scenarioWorld, 'scenario', name);
 
 test('an unused parameter without findUnusedParameters is an error naming it, on every rank', async () => {
   for (const r of await scenario('unused-error')) {
