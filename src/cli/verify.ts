@@ -25,6 +25,9 @@ export const VERIFY_TOLERANCE_BF16_REDUCE = { loss: 5e-3, gradNorm: 2e-2, params
  */
 function toleranceFor(cfg: FlotillaConfig): { tol: typeof VERIFY_TOLERANCE; why?: string } {
   if (cfg.parallel.reduceDtype === 'bf16') return { tol: VERIFY_TOLERANCE_BF16_REDUCE, why: 'parallel.reduceDtype = "bf16"' };
+  // ZeRO-3 gathers every parameter in bfloat16 ([Note: bf16 gathers]): its LayerNorm and embedding
+  // weights are bfloat16 values upcast, where one process reads them in float32.
+  if (cfg.parallel.zero === 3 && cfg.train.precision === 'bf16-mixed') return { tol: VERIFY_TOLERANCE_BF16_REDUCE, why: 'ZeRO-3 gathers LayerNorm and embedding weights in bfloat16' };
   if (cfg.parallel.tp > 1 && cfg.train.precision === 'bf16-mixed') return { tol: VERIFY_TOLERANCE_BF16_REDUCE, why: 'tensor-parallel partial sums in bfloat16' };
   return { tol: VERIFY_TOLERANCE };
 }
