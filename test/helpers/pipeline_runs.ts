@@ -8,9 +8,12 @@ import type { Run } from '../fixtures/pipeline_rank.js';
 
 const script = 'test/fixtures/pipeline_rank.ts';
 
-/** Runs every run of `runs` in one world of nproc ranks; each rank writes `${dir}/${run.name}.${rank}.json`. */
-export async function launchPipelineRuns(mode: 'train' | 'eval', dir: string, nproc: number, runs: Run[]): Promise<void> {
-  const r = await runWorld({ nproc, script, args: [JSON.stringify({ mode, out: dir, runs })], timeoutMs: 120_000 });
+/**
+ * Runs every run of `runs` in one world of nproc ranks; each rank writes `${dir}/${run.name}.${rank}.json`.
+ * The world is killed after `timeoutMs` (default 120 s; worlds of many runs pass more).
+ */
+export async function launchPipelineRuns(mode: 'train' | 'eval', dir: string, nproc: number, runs: Run[], timeoutMs = 120_000): Promise<void> {
+  const r = await runWorld({ nproc, script, args: [JSON.stringify({ mode, out: dir, runs })], timeoutMs });
   assert.deepEqual(r.codes, new Array(nproc).fill(0), describeWorld(r));
 }
 
