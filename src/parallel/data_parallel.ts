@@ -145,7 +145,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
   private lastMicroBatch = true;
   private window: Window = 'idle';
   private usedThisStep: Set<Tensor> | undefined; // parameters with a gradient on some rank (findUnusedParameters)
-  private readonly meter = new MemoryMeter(() => this.runs);
+  private readonly meter = new MemoryMeter(() => this.runs.map((r) => ({ ...r, copy: this.fsdp?.bf16CopyOf(r.bucket) })));
   private readonly inFlight: BucketRun[] = []; // sharded reductions not yet completed, in launch order ([Note: reduction window])
 
   constructor(module: M, opts: DataParallelOptions) {

@@ -298,6 +298,11 @@ export class FsdpUnits {
     }
   }
 
+  /** The bucket's bfloat16 copy, if its unit has one (memory accounting). */
+  bf16CopyOf(bucket: Bucket): Tensor | undefined {
+    return this.unitOfBucket.get(bucket)?.bf16?.data;
+  }
+
   /** The unit's gradient bucket was launched for reduction: its backward is done. */
   onReduced(bucket: Bucket): void {
     const u = this.unitOfBucket.get(bucket);

@@ -19,8 +19,8 @@ export interface MemoryReport {
 export class MemoryMeter {
   private peak = 0;
 
-  /** `held()` lists the buckets and any receive buffers in flight. */
-  constructor(private readonly held: () => { bucket: Bucket; recv?: Tensor }[]) {}
+  /** `held()` lists the buckets, any receive buffers in flight and any ZeRO-3 bfloat16 copy of a bucket. */
+  constructor(private readonly held: () => { bucket: Bucket; recv?: Tensor; copy?: Tensor }[]) {}
 
   /** Bytes held now for parameters and gradients (resident storage), and the peak since reset. */
   report(optimizerBytes = 0): MemoryReport {
@@ -42,8 +42,8 @@ export class MemoryMeter {
 
   private resident(): { params: number; grads: number } {
     let params = 0, grads = 0;
-    for (const { bucket: b, recv } of this.held()) {
-      params += b.data.storageNbytes() + (b.shardData ? b.shardData.storageNbytes() : 0);
+    for (const { bucket: b, recv, copy } of this.held()) {
+      params += b.data.storageNbytes() + (b.shardData ? b.shardData.storageNbytes() : 0) + (copy ? copy.storageNbytes() : 0);
       grads += b.grad.storageNbytes() + (b.shardGrad ? b.shardGrad.storageNbytes() : 0) + (recv && isAllocated(recv) ? recv.storageNbytes() : 0);
     }
     return { params, grads };
