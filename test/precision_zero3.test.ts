@@ -9,6 +9,7 @@
 // - a unit holding a parameter read outside the policy is gathered in float32 (its bytes say so)
 //   and still trains like one process; a Linear subclass that bypasses castParam fails with the
 //   no-storage error instead of reading freed memory;
+// - the same under Open MPI (its native all-gather);
 // - `flotilla verify` with zero = 3 and bf16-mixed passes.
 // float32 ZeRO-3 is covered, unchanged, by test/parallel_zero.test.ts.
 import { test } from 'node:test';
@@ -17,7 +18,7 @@ import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { assertClose } from './helpers/close.js';
-import { runWorld, parseAllResults, REPO_ROOT } from './helpers/world.js';
+import { runWorld, parseAllResults, assertMpiBuilt, REPO_ROOT } from './helpers/world.js';
 import { pool, spawnAsync, started } from './helpers/pool.js';
 
 const script = join(import.meta.dirname, 'fixtures', 'zero3_bf16_rank.ts');
@@ -40,9 +41,9 @@ const BF16 = { loss: 1e-3, gradNorm: 1e-2, params: 2e-2 };
 interface Result { tag: string; rank: number; losses: number[] | number[][]; norms: number[]; gathered: number[]; error?: string | null }
 
 const queue = pool();
-async function world(nproc: number, cases: object[], name: string): Promise<{ res: Result[]; params: (tag: string, rank: number) => Float32Array }> {
+async function world(nproc: number, cases: object[], name: string, backend: 'gloo' | 'mpi' = 'gloo'): Promise<{ res: Result[]; params: (tag: string, rank: number) => Float32Array }> {
   const out = join(dir, name);
-  const { codes, outputs } = await runWorld({ nproc, script, args: [JSON.stringify({ ...common, cases, out })], timeoutMs: 300_000 });
+  const { codes, outputs } = await runWorld({ nproc, script, args: [JSON.stringify({ ...common, cases, out })], timeoutMs: 300_000, backend });
   assert.deepEqual(codes, new Array(nproc).fill(0), outputs.join('\n'));
   return {
     res: parseAllResults<Result>(outputs).flat(),
@@ -58,6 +59,8 @@ const ranks = started(queue(() => world(2, [
   { tag: 'direct', precision: 'bf16-mixed', directReader: true },
   { tag: 'raw', precision: 'bf16-mixed', rawLinear: true },
 ], 'ranks')));
+// Open MPI's all-gather (the native one, fed this rank's shard cast to bfloat16).
+const mpiRanks = started(queue(() => world(2, [{ tag: 'bf16', precision: 'bf16-mixed' }, { tag: 'fp32', precision: 'fp32' }], 'mpi', 'mpi')));
 const reference = started(queue(() => world(1, [
   { tag: 'bf16-rounded', precision: 'bf16-mixed', slices: 2, roundFloat32Ops: true },
   { tag: 'bf16', precision: 'bf16-mixed', slices: 2 },
@@ -83,8 +86,8 @@ function relNorm(a: Float32Array, b: Float32Array): number {
   return Math.sqrt(d / n);
 }
 
-async function checkAgainstReference(tag: string, refTag: string, tol: typeof EXACT): Promise<void> {
-  const [run, ref] = await Promise.all([ranks, reference]);
+async function checkAgainstReference(tag: string, refTag: string, tol: typeof EXACT, of = ranks): Promise<void> {
+  const [run, ref] = await Promise.all([of, reference]);
   const r0 = ref.res.find((r) => r.tag === refTag)!;
   const mine = run.res.filter((r) => r.tag === tag);
   assert.equal(mine.length, 2, `${tag}: every rank reports`);
@@ -99,6 +102,17 @@ async function checkAgainstReference(tag: string, refTag: string, tol: typeof EX
 
 test('ZeRO-3 bf16-mixed equals one process reading LayerNorm and embedding weights through bfloat16 (every rank: losses, norms, parameters)', async () => {
   await checkAgainstReference('bf16', 'bf16-rounded', EXACT);
+});
+
+test('the same under Open MPI, whose all-gather takes the bfloat16 cast of the shard; half the bytes of float32 there too', async () => {
+  assertMpiBuilt();
+  await checkAgainstReference('bf16', 'bf16-rounded', EXACT, mpiRanks);
+  const run = await mpiRanks;
+  for (const rank of [0, 1]) {
+    const bf = run.res.find((r) => r.tag === 'bf16' && r.rank === rank)!;
+    const fp = run.res.find((r) => r.tag === 'fp32' && r.rank === rank)!;
+    assert.deepEqual(bf.gathered.map((b) => b * 2), fp.gathered, `rank ${rank}: bytes per step`);
+  }
 });
 
 test('ZeRO-3 bf16-mixed trains like plain one-process bf16-mixed within the bf16 tolerance', async () => {

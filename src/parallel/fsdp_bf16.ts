@@ -27,8 +27,7 @@
 // and the engine accumulates it into the parameter's .grad view of the flat bucket, so the
 // reducer's hooks on the parameter fire as for castParam's float32-path copy (ToCopyBackward),
 // once per backward that reaches it, all uses summed first; a backward with `inputs` naming the
-// parameters (activation checkpointing's recompute, the zero-bubble pipeline's passes) reaches
-// them too. For an upcast the forward returns a float32 copy and its gradient, already float32,
+// parameters (activation checkpointing's recompute asks for them) reaches them too. For an upcast the forward returns a float32 copy and its gradient, already float32,
 // goes to the parameter without being rounded to bfloat16.
 import { type Tensor, type DType, defineFunction, emptyMapped, noGrad, keep } from '../tensor/index.js';
 import { freeStorage, type Bucket } from './grad_buffer.js';
