@@ -6,9 +6,10 @@
 //   in float32; with and without full activation checkpointing (the recompute regathers the
 //   bfloat16 copy);
 // - the bytes the unit gathers receive per step are exactly half of float32 ZeRO-3's;
-// - a unit holding a parameter read outside the policy is gathered in float32 (its bytes say so)
-//   and still trains like one process; a Linear subclass that bypasses castParam fails with the
-//   no-storage error instead of reading freed memory;
+// - a unit holding a parameter read outside the policy (a module reading its own parameter, a
+//   Linear subclass whose forward bypasses castParam) is gathered in float32 (its bytes say so)
+//   and still trains like one process; a model that reads a bfloat16-gathered parameter directly
+//   fails with the no-storage error instead of reading freed memory;
 // - the same under Open MPI (its native all-gather);
 // - `flotilla verify` with zero = 3 and bf16-mixed passes.
 // float32 ZeRO-3 is covered, unchanged, by test/parallel_zero.test.ts.
@@ -58,6 +59,7 @@ const ranks = started(queue(() => world(2, [
   { tag: 'fp32', precision: 'fp32' },
   { tag: 'direct', precision: 'bf16-mixed', directReader: true },
   { tag: 'raw', precision: 'bf16-mixed', rawLinear: true },
+  { tag: 'foreign', precision: 'bf16-mixed', foreignRead: true },
 ], 'ranks')));
 // Open MPI's all-gather (the native one, fed this rank's shard cast to bfloat16).
 const mpiRanks = started(queue(() => world(2, [{ tag: 'bf16', precision: 'bf16-mixed' }, { tag: 'fp32', precision: 'fp32' }], 'mpi', 'mpi')));
@@ -65,6 +67,7 @@ const reference = started(queue(() => world(1, [
   { tag: 'bf16-rounded', precision: 'bf16-mixed', slices: 2, roundFloat32Ops: true },
   { tag: 'bf16', precision: 'bf16-mixed', slices: 2 },
   { tag: 'direct', precision: 'bf16-mixed', directReader: true, slices: 2, roundFloat32Ops: true },
+  { tag: 'raw', precision: 'bf16-mixed', rawLinear: true, slices: 2, roundFloat32Ops: true },
 ], 'ref')));
 const verified = started(queue(async () => {
   const r = await spawnAsync(process.execPath, [
@@ -154,10 +157,23 @@ test('a unit with a parameter read outside the policy gathers float32, the other
   await checkAgainstReference('direct', 'direct', EXACT);
 });
 
-test('a layer that bypasses castParam gets the no-storage error, never freed memory', async () => {
+test('a Linear subclass whose own forward bypasses castParam is not taken for a policy reader: its unit gathers float32', async () => {
   const run = await ranks;
+  // As the direct-reader case, with unit a.0 (1056 elements) gathered four times in float32 too;
+  // the root stays bf16.
+  const expected = 4160 / 2 * 2 + 4 * (1056 / 2) * 4 + 4 * (1088 / 2) * 4;
   for (const r of run.res.filter((x) => x.tag === 'raw')) {
-    assert.match(r.error ?? '', /argument 'weight': tensor float32\[32, 32\] has no storage: it is a sharded parameter/, `rank ${r.rank}`);
+    assert.deepEqual(r.gathered, new Array(STEPS).fill(expected), `rank ${r.rank}: bytes received per step`);
+  }
+  await checkAgainstReference('raw', 'raw', EXACT);
+});
+
+test('a model that reads a bfloat16-gathered parameter directly gets the no-storage error, never freed memory', async () => {
+  const run = await ranks;
+  const rs = run.res.filter((x) => x.tag === 'foreign');
+  assert.equal(rs.length, 2);
+  for (const r of rs) {
+    assert.match(r.error ?? '', /tensor float32\[64, 32\] has no storage: it is a sharded parameter/, `rank ${r.rank}`);
   }
 });
 

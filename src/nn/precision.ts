@@ -79,15 +79,24 @@ const policyReaders: (abstract new (...args: any[]) => object)[] = [];
 /**
  * Declares that instances of `cls` read every parameter they own through castParam, float32 ops
  * included, so ZeRO-3 may hold those parameters only as a gathered bfloat16 copy. A module that
- * reads a parameter directly must not be declared (its unit is then gathered in float32).
+ * reads a parameter directly must not be declared (its unit is then gathered in float32). A
+ * subclass that defines its own forward is not covered by its parent's declaration.
  */
 export function readsParametersThroughPolicy(cls: abstract new (...args: any[]) => object): void {
   if (!policyReaders.includes(cls)) policyReaders.push(cls);
 }
 
-/** Whether a module's class was declared with readsParametersThroughPolicy. */
+/**
+ * Whether a module's class, or a parent class whose forward it inherits, was declared with
+ * readsParametersThroughPolicy. (A forward replaced on the instance, as tensor-parallel styles do,
+ * is judged with the class: those wrappers read through castParam too.)
+ */
 export function isPolicyReader(m: object): boolean {
-  return policyReaders.some((c) => m instanceof c);
+  for (let proto = Object.getPrototypeOf(m); proto && proto !== Object.prototype; proto = Object.getPrototypeOf(proto)) {
+    if (policyReaders.includes(proto.constructor)) return true;
+    if (Object.prototype.hasOwnProperty.call(proto, 'forward')) return false; // an undeclared class's own forward
+  }
+  return false;
 }
 
 interface Scope {
