@@ -9,7 +9,8 @@
 //   autograd (`p.to('bfloat16')`, ToCopyBackward, which saves no tensors and so can be backpropagated
 //   through once per micro-batch): its backward converts the bf16 weight gradient to float32 and the
 //   engine accumulates it into the float32 .grad view, so each micro-batch's graph still reaches the
-//   float32 leaf and the data-parallel readiness hooks fire as in float32.
+//   float32 leaf and the data-parallel readiness hooks fire as in float32. (ZeRO-3 makes no such
+//   copy: see the end of this note.)
 // - Activations are cast at the op that needs another dtype (a matmul's bf16 output feeds softmax or
 //   GELU in float32); the residual stream stays float32 (bf16 + fp32 promotes to fp32).
 //
@@ -26,9 +27,10 @@
 //   loss        float32      float32              cross-entropy is on autocast's float32 list
 // Reductions (norms, clipping) are outside forward and stay float32/float64 as before.
 // Under ZeRO-3 ([Note: bf16 gathers] in src/parallel/fsdp_bf16.ts) a unit's parameters are all
-// gathered in bfloat16, as FSDP2's MixedPrecisionPolicy(param_dtype=bf16) does: the float32 ops
-// above (layerNorm, rmsNorm, embedding) then read an upcast of the bfloat16 weight, not the float32
-// master, and their weight gradients reach the master through bfloat16. So every layer asks
+// gathered in bfloat16, as FSDP2's MixedPrecisionPolicy(param_dtype=bf16) does: layers read the
+// gathered copy itself (no per-step copy), and the float32 ops above (layerNorm, rmsNorm,
+// embedding) read an upcast of the bfloat16 weight, not the float32 master (their float32 weight
+// gradients go to the master unrounded). So every layer asks
 // castParam for every parameter, float32 ops included, and a module class declares that it does
 // (readsParametersThroughPolicy); a unit holding a parameter of any other module is gathered in
 // float32 and gets the per-step copies described above.
