@@ -588,6 +588,27 @@ static Napi::Value SetSeed(const Napi::CallbackInfo& info) {
   FLOTILLA_CATCH(env, "manualSeed")
 }
 
+// rngState() / setRngState(state): the default CPU generator's whole state as a uint8 tensor, and
+// back (PyTorch's get_rng_state / set_rng_state).
+static Napi::Value RngState(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  FLOTILLA_TRY
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return TensorHandle::Wrap(env, gen.get_state());
+  FLOTILLA_CATCH(env, "rngState")
+}
+
+static Napi::Value SetRngState(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  FLOTILLA_TRY
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(TensorHandle::Get(info[0]));
+  return env.Undefined();
+  FLOTILLA_CATCH(env, "setRngState")
+}
+
 static Napi::Value SetNumThreads(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   FLOTILLA_TRY
@@ -670,6 +691,8 @@ void InitTensor(Napi::Env env, Napi::Object exports) {
   exports.Set("dtype", Napi::Function::New(env, Dtype));
   exports.Set("dataPtr", Napi::Function::New(env, DataPtr));
   exports.Set("manualSeed", Napi::Function::New(env, SetSeed));
+  exports.Set("rngState", Napi::Function::New(env, RngState));
+  exports.Set("setRngState", Napi::Function::New(env, SetRngState));
   exports.Set("setNumThreads", Napi::Function::New(env, SetNumThreads));
   exports.Set("getNumThreads", Napi::Function::New(env, GetNumThreads));
   exports.Set("liveTensors", Napi::Function::New(env, LiveTensors));

@@ -1,7 +1,8 @@
-// Activation checkpointing (src/nn/checkpoint.ts) in one process: gradients with `full`
-// checkpointing are bit-identical to gradients without it (float32, and bf16-mixed too, since the
-// recompute repeats the same kernels), over two micro-batches accumulated into the same .grad,
-// and dropout replays its mask.
+// Activation checkpointing (src/nn/checkpoint.ts) in one process: gradients with `full` and
+// `selective` checkpointing are bit-identical to gradients without it (float32, and bf16-mixed too,
+// since the recompute repeats the same kernels), over two micro-batches accumulated into the same
+// .grad, whether a region backpropagates through its kept graph or recomputes, and dropout
+// replays its mask.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randint, manualSeed, setNumThreads, tidy, liveTensors, type Tensor } from '../src/tensor/index.js';
@@ -11,20 +12,24 @@ import { withActivationCheckpoint, type ActivationCheckpoint } from '../src/nn/c
 
 setNumThreads(1);
 
-function run(mode: ActivationCheckpoint, precision: Precision, dropout = 0): { losses: number[]; grads: Map<string, Float32Array> } {
+// 'sequential': each micro-batch's backward follows its forward (the last block's graph is kept
+// and used as it is, the others recompute); 'forwards first': both forwards, then both backwards
+// (as a pipeline schedule does), so the first micro-batch's last block recomputes too.
+function run(mode: ActivationCheckpoint, precision: Precision, dropout = 0, order: 'sequential' | 'forwards first' = 'sequential'): { losses: number[]; grads: Map<string, Float32Array> } {
   manualSeed(99);
   const model = new GPT({ vocabSize: 50, blockSize: 16, nLayer: 3, nHead: 2, nEmbd: 32, dropout, bias: true, tieEmbeddings: true }, { initSeed: 5 });
   manualSeed(100);
   const losses: number[] = [];
   tidy(() => autocast(precision, () => withActivationCheckpoint(mode, () => {
+    const pending: Tensor[] = [];
     for (let mb = 0; mb < 2; mb++) {
-      tidy(() => {
-        const idx = randint(0, 50, [2, 16]);
-        const { loss } = model.forward(idx, idx);
-        loss!.div(2).backward();
-        losses.push(loss!.item());
-      });
+      const idx = randint(0, 50, [2, 16]);
+      const { loss } = model.forward(idx, idx);
+      losses.push(loss!.item());
+      if (order === 'sequential') tidy(() => loss!.div(2).backward());
+      else pending.push(loss!);
     }
+    for (const l of pending) tidy(() => l.div(2).backward());
   })));
   const grads = tidy(() => new Map(model.namedParameters().map(([n, p]) => [n, p.grad!.toArray() as Float32Array])));
   model.dispose();
@@ -42,41 +47,26 @@ function assertBitIdentical(a: ReturnType<typeof run>, b: ReturnType<typeof run>
   }
 }
 
-for (const precision of ['fp32', 'bf16-mixed'] as const) {
-  test(`activation_checkpoint_full: gradients bit-identical to no checkpointing (${precision})`, () => {
-    const before = liveTensors();
-    const ref = run('none', precision);
-    const ckpt = run('full', precision);
-    assertBitIdentical(ckpt, ref);
-    assert.equal(liveTensors(), before, 'no tensor handles leak');
+for (const mode of ['full', 'selective'] as const) {
+  for (const precision of ['fp32', 'bf16-mixed'] as const) {
+    test(`activation_checkpoint_${mode}: gradients bit-identical to no checkpointing (${precision}), kept last graph and recompute alike`, () => {
+      const before = liveTensors();
+      const ref = run('none', precision);
+      assertBitIdentical(run(mode, precision), ref);
+      assertBitIdentical(run(mode, precision, 0, 'forwards first'), ref);
+      assert.equal(liveTensors(), before, 'no tensor handles leak');
+    });
+  }
+
+  test(`activation_checkpoint_${mode}: dropout replays the forward's mask in the recompute`, () => {
+    // With dropout, checkpointing draws one seed per region, so the masks differ from a run without
+    // it. Sequentially, the first micro-batch's last block backpropagates through its forward's own
+    // graph; with both forwards first, it recomputes: equal gradients mean the recompute replayed
+    // the forward's mask. Every gradient is finite.
+    const a = run(mode, 'fp32', 0.2);
+    const b = run(mode, 'fp32', 0.2, 'forwards first');
+    assertBitIdentical(a, b);
+    for (const [, g] of a.grads) assert.ok(g.every(Number.isFinite));
+    assert.notDeepEqual(a.losses, run('none', 'fp32', 0.2).losses, 'dropout is on');
   });
 }
-
-test('activation_checkpoint_full: dropout replays the same mask in the recompute', () => {
-  // With dropout, checkpointing draws one seed per block, so the masks differ from a run without
-  // it. A recompute with another mask would give gradients of a different function; the first
-  // check that it does not: two runs agree bit for bit and every gradient is finite.
-  const a = run('full', 'fp32', 0.2);
-  const b = run('full', 'fp32', 0.2);
-  assertBitIdentical(a, b);
-  for (const [, g] of a.grads) assert.ok(g.every(Number.isFinite));
-});
-
-test('activation_checkpoint_selective: gradients equal to no checkpointing up to float32 rounding', () => {
-  // Selective recompute reuses each Linear's output and forms its gradients by hand ([Note:
-  // selective checkpointing]): the same math, not the same kernels, so a float32 rounding apart.
-  const before = liveTensors();
-  const ref = run('none', 'fp32');
-  const sel = run('selective', 'fp32');
-  for (let i = 0; i < ref.losses.length; i++) assert.equal(sel.losses[i], ref.losses[i], 'the forward is the same');
-  for (const [name, g] of ref.grads) {
-    const h = sel.grads.get(name)!;
-    let d = 0, m = 0;
-    for (let i = 0; i < g.length; i++) {
-      d = Math.max(d, Math.abs(g[i]! - h[i]!));
-      m = Math.max(m, Math.abs(g[i]!));
-    }
-    assert.ok(d <= 1e-5 * m, `${name}: max difference ${d} against scale ${m}`);
-  }
-  assert.equal(liveTensors(), before, 'no tensor handles leak');
-});

@@ -1,7 +1,7 @@
 // Activation checkpointing under ZeRO-3 (the recompute regathers the unit's parameters) and under
-// a pipeline: 3 float32 training steps on 2 ranks with activationCheckpoint "full" give the same
-// losses, gradient norms and final parameters, bit for bit, as the same layout without it. Every
-// run is queued when the file loads, two at a time (test/helpers/pool.ts); each test awaits its pair.
+// a pipeline: 3 float32 training steps on 2 ranks with activationCheckpoint "full" (and "selective"
+// under zero bubble) give the same losses, gradient norms and final parameters, bit for bit, as the
+// same layout without it. Every run is queued when the file loads, two at a time (test/helpers/pool.ts); each test awaits its pair.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
@@ -43,20 +43,22 @@ function same(a: string, b: string): void {
   }
 }
 
-const layouts: [string, string[]][] = [
+const layouts: [string, string[], ('full' | 'selective')?][] = [
   ['ZeRO-3', ['--parallel.zero=3']],
   ['pipeline pp=2, 1F1B', ['--parallel.pp=2', '--data.microBatches=4']],
   ['pipeline pp=2, interleaved (2 stages per rank)', ['--parallel.pp=2', '--parallel.ppSchedule=interleaved', '--parallel.ppVirtualStages=2', '--model.nLayer=4', '--data.microBatches=4']],
   // The checkpointed blocks' Linears get their weight gradients in I (from the recompute), the head's in W.
   ['pipeline pp=2, zero bubble', ['--parallel.pp=2', '--parallel.ppSchedule=zb', '--data.microBatches=4']],
+  // Selective recomputes the attention core only: the Linears around it are captured and finish in W.
+  ['pipeline pp=2, zero bubble', ['--parallel.pp=2', '--parallel.ppSchedule=zb', '--data.microBatches=4'], 'selective'],
 ];
 
-const pairs = layouts.map(([, overrides]) => {
+const pairs = layouts.map(([, overrides, mode = 'full']) => {
   const root = mkdtempSync(join(tmpdir(), 'flotilla-ac-'));
-  return { root, runs: [train(join(root, 'none'), overrides), train(join(root, 'full'), [...overrides, '--train.activationCheckpoint=full'])] };
+  return { root, runs: [train(join(root, 'none'), overrides), train(join(root, 'full'), [...overrides, `--train.activationCheckpoint=${mode}`])] };
 });
-for (const [i, [name]] of layouts.entries()) {
-  test(`activation_checkpoint_full under ${name}: bit-identical to no checkpointing`, async () => {
+for (const [i, [name, , mode = 'full']] of layouts.entries()) {
+  test(`activation_checkpoint_${mode} under ${name}: bit-identical to no checkpointing`, async () => {
     const { root, runs } = pairs[i]!;
     try {
       // Both runs end before the directory is removed, also when one fails.

@@ -3,7 +3,7 @@ import { Tensor, ones, isGradEnabled } from '../tensor/index.js';
 import { Module } from './module.js';
 import { Linear, LayerNorm, Dropout } from './layers.js';
 import { castFor } from './precision.js';
-import { activationCheckpointMode, checkpointBlock } from './checkpoint.js';
+import { activationCheckpointMode, checkpointBlock, checkpointRegion } from './checkpoint.js';
 
 export interface BlockConfig {
   nEmbd: number;
@@ -37,9 +37,19 @@ export class CausalSelfAttention extends Module {
   }
 
   forward(x: Tensor): Tensor {
+    const qkv = this.qkv.call(x);
+    // Selective activation checkpointing recomputes this core in backward ([Note: selective
+    // checkpointing] in src/nn/checkpoint.ts); it has no parameters.
+    const y = activationCheckpointMode() === 'selective' && isGradEnabled()
+      ? checkpointRegion(this, [qkv], (t) => this.core(t), () => [], { dropout: this.attnDrop.p > 0 })
+      : this.core(qkv);
+    return this.residDrop.call(this.proj.call(y));
+  }
+
+  /** Attention from the qkv projection's output to the heads' concatenated output (B, T, C). */
+  private core(qkv: Tensor): Tensor {
     // Sizes come from the projection's output, not from x or the config: under tensor parallelism
     // qkv holds this rank's heads only, and with sequence parallelism x holds this rank's tokens.
-    const qkv = this.qkv.call(x);
     const [B, T, C3] = qkv.shape as [number, number, number];
     const hs = this.nEmbd / this.nHead, C = C3 / 3, nh = C / hs;
     const [q, k, v] = qkv.split(C, 2) as [Tensor, Tensor, Tensor];
@@ -53,8 +63,7 @@ export class CausalSelfAttention extends Module {
     att = att.maskedFill(allowed.logicalNot(), -Infinity).softmax(-1);
     att = this.attnDrop.call(att);
     const [attc, vh] = castFor('matmul', att, heads(v)) as [Tensor, Tensor];
-    const y = attc.matmul(vh).transpose(1, 2).contiguous().view(B, T, C); // (B, T, C)
-    return this.residDrop.call(this.proj.call(y));
+    return attc.matmul(vh).transpose(1, 2).contiguous().view(B, T, C); // (B, T, C)
   }
 }
 
@@ -92,12 +101,11 @@ export class Block extends Module {
   /**
    * Inside call(), so a parallel wrapper's hooks are around it: under ZeRO-3 the parameters are
    * gathered while the checkpoint node is built, and its backward pre-hook regathers them before the
-   * recompute ([Note: activation checkpoint]).
+   * recompute ([Note: activation checkpoint]). "selective" is the attention's business.
    */
   forward(x: Tensor): Tensor {
-    const ac = activationCheckpointMode();
-    if (ac !== 'none' && isGradEnabled()) {
-      return checkpointBlock(this, x, (y) => this.body(y), { dropout: this.dropout > 0, selective: ac === 'selective' });
+    if (activationCheckpointMode() === 'full' && isGradEnabled()) {
+      return checkpointBlock(this, x, (y) => this.body(y), { dropout: this.dropout > 0 });
     }
     return this.body(x);
   }

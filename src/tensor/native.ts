@@ -67,6 +67,9 @@ export interface Native {
   dtype(t: TensorHandle): number;
   dataPtr(t: TensorHandle): bigint;
   manualSeed(seed: number): void;
+  /** The default CPU generator's state (a uint8 tensor), and setting it back. */
+  rngState(): TensorHandle;
+  setRngState(state: TensorHandle): void;
   setNumThreads(n: number): void;
   getNumThreads(): number;
   liveTensors(): number;

@@ -35,6 +35,7 @@ import type { ProcessGroup, Work } from '../../distributed/process_group.js';
 import type { Action, PipelineSchedule } from './schedule.js';
 import type { Stage } from './stage.js';
 import { asList, type LossFn, type MicroBatch, type StageValue } from './model.js';
+import { insideCheckpointedRegion } from '../../nn/checkpoint.js';
 
 export type { MicroBatch } from './model.js';
 
@@ -170,9 +171,9 @@ export class Executor {
 
   private capture(weight: Tensor, bias: Tensor | undefined, x: Tensor, out: Tensor): void {
     const list = this.capturing;
-    // An output without grad comes from a checkpointed block's forward (run without recording):
-    // that Linear's weight gradient is formed in I, by the block's recompute (see backward()).
-    if (list === undefined || !out.requiresGrad) return;
+    // A Linear inside a checkpointed region gets its weight gradient from the region's node, in I
+    // (its recompute or kept graph, see backward()): not captured.
+    if (list === undefined || !out.requiresGrad || insideCheckpointedRegion()) return;
     const c: Capture = { weight, bias, x: keep(x.detach()), out: keep(out) };
     list.push(c);
     out.registerHook((g) => {
