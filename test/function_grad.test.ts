@@ -174,3 +174,15 @@ test('defineFunction: a graph dropped without backward leaves no tensor handle b
   });
   assert.equal(liveTensors(), before);
 });
+
+test('defineFunction: a gradient backward returns from elsewhere stays its owner\'s', () => {
+  const fixed = tensor([7, 8], { dtype: 'float64' });
+  const f = defineFunction<[Tensor]>({ forward: (_c, x) => x.mul(2), backward: () => [fixed] }, 'Fixed');
+  tidy(() => {
+    const x = tensor([1, 2], { dtype: 'float64' }).requiresGrad_();
+    (f(x) as Tensor).sum().backward();
+    assert.deepEqual(Array.from(x.grad!.toArray() as Float64Array), [7, 8]);
+  });
+  assert.deepEqual(Array.from(fixed.toArray() as Float64Array), [7, 8], 'still usable after backward');
+  fixed.dispose();
+});

@@ -107,7 +107,8 @@ export function defineFunction<A extends unknown[]>(def: FunctionDef<A>, name = 
             if (g.shape.join(',') !== want.shape.join(',')) {
               throw new Error(`${name}.backward: gradient ${i} has shape [${g.shape}], its input [${want.shape}]`);
             }
-            return g.dtype === want.dtype ? g : g.to(want.dtype);
+            // A handle of our own (backward may return a tensor its caller owns), freed once handed over.
+            return g.dtype === want.dtype ? g.detach() : g.to(want.dtype);
           });
         }).map((g) => (g ? keep(g) : undefined));
       } finally {
