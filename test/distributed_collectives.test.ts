@@ -4,6 +4,10 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { runWorld, parseResults, describeWorld, BACKENDS } from './helpers/world.js';
+import { suiteSlots } from './helpers/pool.js';
+
+// Worlds here time out in seconds: no other file's launch runs beside this file (test/helpers/pool.ts).
+await suiteSlots.holdAll();
 
 interface Summary { rank: number; size: number; backend: string; threads: number; passed: number; failed: { name: string; detail: string }[]; names: string[] }
 

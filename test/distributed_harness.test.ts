@@ -3,6 +3,10 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { runWorld, parseResults, WorldTimeoutError } from './helpers/world.js';
+import { suiteSlots } from './helpers/pool.js';
+
+// Worlds here time out in seconds: no other file's launch runs beside this file (test/helpers/pool.ts).
+await suiteSlots.holdAll();
 
 test('runWorld: exit codes and parsed results per rank', async () => {
   const w = await runWorld({ nproc: 2, script: 'test/helpers/ranks/launched.ts', args: ['ok'] });

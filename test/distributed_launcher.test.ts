@@ -5,6 +5,10 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { runLauncher, parseRunArgs, RunUsageError } from '../src/distributed/launcher.js';
 import { freePort, parseAllResults, REPO_ROOT, scriptCommand } from './helpers/world.js';
+import { suiteSlots } from './helpers/pool.js';
+
+// Worlds here time out in seconds: no other file's launch runs beside this file (test/helpers/pool.ts).
+await suiteSlots.holdAll();
 
 const SCRIPT = 'test/helpers/ranks/launched.ts';
 

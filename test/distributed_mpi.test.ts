@@ -7,6 +7,10 @@ import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
 import { runLauncher } from '../src/distributed/launcher.js';
 import { assertMpiBuilt, isAlive, parseAllResults, REPO_ROOT, scriptCommand } from './helpers/world.js';
+import { suiteSlots } from './helpers/pool.js';
+
+// Worlds here time out in seconds: no other file's launch runs beside this file (test/helpers/pool.ts).
+await suiteSlots.holdAll();
 
 const SCRIPT = 'test/helpers/ranks/mpi_rank.ts';
 

@@ -4,6 +4,10 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import { isAlive } from './helpers/world.js';
+import { suiteSlots } from './helpers/pool.js';
+
+// Worlds here time out in seconds: no other file's launch runs beside this file (test/helpers/pool.ts).
+await suiteSlots.holdAll();
 
 const root = join(import.meta.dirname, '..');
 

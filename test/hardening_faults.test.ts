@@ -8,6 +8,10 @@ import assert from 'node:assert/strict';
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { join } from 'node:path';
 import { assertMpiBuilt, freePort, isAlive, REPO_ROOT } from './helpers/world.js';
+import { suiteSlots } from './helpers/pool.js';
+
+// Worlds here time out in seconds: no other file's launch runs beside this file (test/helpers/pool.ts).
+await suiteSlots.holdAll();
 
 const FLOTILLA = join(REPO_ROOT, 'bin', 'flotilla.js');
 const SCRIPT = join(REPO_ROOT, 'test', 'helpers', 'ranks', 'faults.ts');

@@ -10,6 +10,10 @@ import { join } from 'node:path';
 import { runWorld, parseResults, describeWorld, scriptCommand, isAlive, assertMpiBuilt, REPO_ROOT } from './helpers/world.js';
 import { frame, storeProof, Op, Status } from '../src/distributed/store_server.js';
 import { loopbackNamespace } from '../src/distributed/mpi_launch.js';
+import { suiteSlots } from './helpers/pool.js';
+
+// Worlds here time out in seconds: no other file's launch runs beside this file (test/helpers/pool.ts).
+await suiteSlots.holdAll();
 
 const RANK_SCRIPT = 'test/helpers/ranks/hardening.ts';
 const FLOTILLA = join(REPO_ROOT, 'bin', 'flotilla.js');
