@@ -462,9 +462,27 @@ export function reduceScatter(ctx: GroupContext, output: Tensor, input: Tensor, 
     s.temps.dispose();
   }
 
+  // Two ranks, a float sum: each rank sends the chunk the other owns and receives the other's part of
+  // its own chunk straight into the output, then adds its own part: no staging, where the general
+  // path below stages the whole input (ZeRO-2/3's reduce-scatters are in flight while backward
+  // runs, so that staging was peak memory). Two addends, so the result has the same bits as the
+  // general path's sum in rank order (IEEE addition is commutative).
+  const dtype = input.dtype;
+  if (size === 2 && op === 'sum' && (dtype === 'float32' || dtype === 'float64') && output.dtype === dtype && output.isContiguous() && input.isContiguous()) {
+    const s = newStaging(ctx);
+    const flat = s.temps.add(input.reshape(-1));
+    const own = s.temps.add(flat.narrow(0, ctx.rank * n, n));
+    const theirs = s.temps.add(flat.narrow(0, (1 - ctx.rank) * n, n));
+    const out = s.temps.add(output.view(-1));
+    // alltoallv with nothing sent to or received from oneself.
+    const splits = ctx.rank === 0 ? [0, n] : [n, 0];
+    return issue(name, ctx, s, () => handle.alltoallBase(out.handle, theirs.handle, splits, splits), () => {
+      out.add_(own);
+    });
+  }
+
   // All-to-all then a local sum: chunk j of every rank's input lands on rank j.
   const s = newStaging(ctx);
-  const dtype = input.dtype;
   const inFlat = s.temps.add(wireFor(input, 'movement', 'input', s).reshape(-1));
   // Bucket-sized staging that lives for one collective: on mapped pages, so it goes back to the OS
   // when the collective completes ([Note: mapped storage] in native/tensor.cc).

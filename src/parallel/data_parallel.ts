@@ -296,24 +296,21 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     this.notePeak();
     this.fsdp?.onReduced(run.bucket);
     this.inFlight.push(run);
-    this.retireReductions(MAX_REDUCTIONS_IN_FLIGHT);
   }
 
   // [Note: reduction window] A sharded bucket's reduction holds the full gradient bucket, the
-  // collective's staging (Gloo's reduce-scatter is an all-to-all into a bucket-sized buffer) and
-  // the received shard until complete() adds the shard in and frees them. Completed only in
-  // finishGradSync, every bucket's full gradient and staging stayed alive to the end of backward,
-  // and ZeRO-2 peaked above plain data parallelism. So a launch first waits until fewer than
-  // MAX_REDUCTIONS_IN_FLIGHT are in flight (oldest first: the previous bucket's buffers are freed
-  // before this one's staging is allocated, whatever the timing), and after it retires those that
-  // have finished; the backend runs them in launch order, so the wait gives up little overlap.
+  // collective's staging and the received shard until complete() adds the shard in and frees them.
+  // Completed only in finishGradSync, every bucket's full gradient and staging stayed alive to the
+  // end of backward, and ZeRO-2 peaked above plain data parallelism. So a launch first completes
+  // the reductions in flight down to MAX_REDUCTIONS_IN_FLIGHT - 1, oldest first: the previous
+  // bucket's buffers are freed before this one's are allocated, whatever the timing; the backend
+  // runs them in launch order, so the wait gives up little overlap. Completing is never
+  // opportunistic (when a collective happens to be done): under HSDP, complete() issues the
+  // replicate group's all-reduce, and a rank that issued it earlier than its peers, then blocked
+  // on it while they waited in the shard group's next gather, closed a cycle of waits across the
+  // two groups. Completions at fixed points of the program are in the same order on every rank.
   private retireReductions(keepAtMost: number): void {
-    while (this.inFlight.length > 0) {
-      const oldest = this.inFlight[0]!;
-      if (oldest.work && this.inFlight.length <= keepAtMost && !oldest.work.isCompleted()) return;
-      this.inFlight.shift();
-      this.complete(oldest);
-    }
+    while (this.inFlight.length > keepAtMost) this.complete(this.inFlight.shift()!);
   }
 
   /**
