@@ -8,6 +8,7 @@
 //
 // Writes its section of docs/BENCHMARKS.md (between <!-- precision:begin --> and <!-- precision:end -->).
 import { spawn } from 'node:child_process';
+import os from 'node:os';
 import { createInterface } from 'node:readline';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -92,10 +93,14 @@ async function width(group: Group, nEmbd: number, steps: number, rounds: number,
     await peer.next();
     const dp = new DataParallel(model, { group });
     const opt = new AdamW(model.parameters(), ADAMW, { grads: dp });
-    const ours = async (n: number, m: Mode): Promise<number[]> => {
+    // Also this process's CPU time per step (one intra-op thread): on a loaded machine wall time
+    // includes waiting for a core, CPU time much less so; the checkpointing ratios are given in both.
+    const cpu = new Map<string, number[]>();
+    const ours = async (n: number, m: Mode, key?: string): Promise<number[]> => {
       const out: number[] = [];
       for (let i = 0; i < n; i++) {
         await new Promise((r) => setImmediate(r));
+        const c0 = process.cpuUsage();
         const t0 = performance.now();
         tidy(() => {
           opt.zeroGrad();
@@ -108,6 +113,8 @@ async function width(group: Group, nEmbd: number, steps: number, rounds: number,
           opt.step();
         });
         out.push((performance.now() - t0) / 1e3);
+        const c = process.cpuUsage(c0);
+        if (key) cpu.set(key, [...(cpu.get(key) ?? []), (c.user + c.system) / 1e6]);
       }
       return out;
     };
@@ -118,7 +125,7 @@ async function width(group: Group, nEmbd: number, steps: number, rounds: number,
     await peer.steps(warmup, 'bf16');
     for (let r = 0; r < rounds; r++) {
       const jobs: [string, () => Promise<number[]>][] = [
-        ...MODES.map(([k, m]) => [k, () => ours(steps, m)] as [string, () => Promise<number[]>]),
+        ...MODES.map(([k, m]) => [k, () => ours(steps, m, k)] as [string, () => Promise<number[]>]),
         ['PyTorch fp32', () => peer.steps(steps, 'fp32')],
         ['PyTorch autocast bf16', () => peer.steps(steps, 'bf16')],
       ];
@@ -130,13 +137,18 @@ async function width(group: Group, nEmbd: number, steps: number, rounds: number,
     const mem: Record<string, number> = {};
     const base = await peakMiB({ nLayer: 4, nEmbd, batch: 1, seq: 8, precision: 'fp32', ac: 'none', steps: 3 });
     for (const [k, m] of MODES) mem[k] = (await peakMiB({ nLayer: 4, nEmbd, batch: BATCH, seq: SEQ, ...m, steps: 3 })) - base;
+    const cmed = (k: string) => median(cpu.get(k)!);
     const rows = [...MODES.map(([k]) => k), 'PyTorch fp32', 'PyTorch autocast bf16'].map((k) =>
-      `| ${nEmbd} | ${k} | ${ms(med(k))} ms | ${(med(k) / med('PyTorch autocast bf16')).toFixed(3)} | ${(med(k) / med('PyTorch fp32')).toFixed(3)} | ${mem[k] !== undefined ? `${mem[k]!.toFixed(0)} MiB` : ''} |`);
+      `| ${nEmbd} | ${k} | ${ms(med(k))} ms | ${cpu.has(k) ? `${ms(cmed(k))} ms` : ''} | ${(med(k) / med('PyTorch autocast bf16')).toFixed(3)} | ${(med(k) / med('PyTorch fp32')).toFixed(3)} | ${mem[k] !== undefined ? `${mem[k]!.toFixed(0)} MiB` : ''} |`);
     const b = med('bf16-mixed');
+    const slow = (ac: string, p: 'fp32' | 'bf16-mixed') => {
+      const k = `${p} + ${ac} checkpointing`;
+      return `${(med(k) / med(p)).toFixed(3)}x (CPU time ${(cmed(k) / cmed(p)).toFixed(3)}x) in ${p}`;
+    };
     const summary = `width ${nEmbd}: bf16-mixed / autocast = ${(b / med('PyTorch autocast bf16')).toFixed(3)} (target <= 0.95), ` +
       `bf16-mixed / PyTorch fp32 = ${(b / med('PyTorch fp32')).toFixed(3)} (target <= 0.60); full checkpointing slowdown ` +
-      `${(med('fp32 + full checkpointing') / med('fp32')).toFixed(3)}x in fp32, ${(med('bf16-mixed + full checkpointing') / b).toFixed(3)}x in bf16-mixed (target <= 1.35); selective slowdown ` +
-      `${(med('fp32 + selective checkpointing') / med('fp32')).toFixed(3)}x in fp32, ${(med('bf16-mixed + selective checkpointing') / b).toFixed(3)}x in bf16-mixed (target <= 1.10); ` +
+      `${slow('full', 'fp32')}, ${slow('full', 'bf16-mixed')} (target <= 1.35); selective slowdown ` +
+      `${slow('selective', 'fp32')}, ${slow('selective', 'bf16-mixed')} (target <= 1.10); ` +
       `activation memory (fp32) none ${mem['fp32']!.toFixed(0)}, full ${mem['fp32 + full checkpointing']!.toFixed(0)} ` +
       `(${(mem['fp32 + full checkpointing']! / mem['fp32']!).toFixed(2)} of none; the 1/3 target is for nLayer=8, test/checkpointing_activation_memory.test.ts), ` +
       `selective ${mem['fp32 + selective checkpointing']!.toFixed(0)} MiB`;
@@ -150,6 +162,7 @@ async function width(group: Group, nEmbd: number, steps: number, rounds: number,
 async function main(): Promise<void> {
   const { values: a } = parseArgs({ options: { widths: { type: 'string', default: '256,512' }, steps: { type: 'string', default: '3' }, rounds: { type: 'string', default: '4' }, warmup: { type: 'string', default: '2' }, 'no-write': { type: 'boolean', default: false } } });
   setNumThreads(1);
+  const load0 = os.loadavg()[0]!;
   const rows: string[] = [], summaries: string[] = [];
   const group = initProcessGroup(); // a world of one: the single-process path of flotilla train
   for (const w of a.widths.split(',').map(Number)) {
@@ -158,7 +171,7 @@ async function main(): Promise<void> {
     summaries.push(r.summary);
     console.log(r.summary);
   }
-  const table = ['| width | run | step (median) | / autocast bf16 | / PyTorch fp32 | activation memory (peak RSS) |', '|---:|---|---:|---:|---:|---:|', ...rows].join('\n');
+  const table = ['| width | run | step (median) | CPU time per step (median) | / autocast bf16 | / PyTorch fp32 | activation memory (peak RSS) |', '|---:|---|---:|---:|---:|---:|---:|', ...rows].join('\n');
   console.log(table);
   if (!a['no-write']) {
     writeSection('precision', [
@@ -170,6 +183,10 @@ async function main(): Promise<void> {
         `Both alternate in ${a.rounds} rounds of ${a.steps} steps after ${a.warmup} warmup steps; medians. libtorch ${torchVersion()}.`,
       '',
       `Reproduce: \`node --import tsx bench/precision.ts --widths ${a.widths} --steps ${a.steps} --rounds ${a.rounds} --warmup ${a.warmup}\`.`,
+      '',
+      'CPU time per step is this process\'s own (user + system, one intra-op thread): the checkpointing slowdowns are also given as its ratios, which waiting for a core on a loaded machine inflates less than wall time (cache and core sharing still do).',
+      '',
+      `Load average of the machine (1 min) at the start and the end of this run: ${load0.toFixed(1)} and ${os.loadavg()[0]!.toFixed(1)} on ${os.cpus().length} cores.`,
       '',
       'Activation memory: peak resident memory (VmHWM, read from outside) of a child training 3 steps in that mode, minus the ' +
         'same model\'s peak at batch 1 x 8. The machine is shared with other work: compare ratios, not absolute numbers.',
