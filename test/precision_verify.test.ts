@@ -24,6 +24,8 @@ const layouts: [string, string[]][] = [
   ['data parallel, 2 micro-batches', ['--data.microBatches=2']],
   ['ZeRO-3', ['--parallel.zero=3']],
   ['pipeline pp=2, 1F1B', ['--parallel.pp=2', '--data.microBatches=4']],
+  // Its weight pass forms dW by hand from the captured input and output gradient: in bfloat16, as the Linear ran.
+  ['pipeline pp=2, zero bubble', ['--parallel.pp=2', '--parallel.ppSchedule=zb', '--data.microBatches=4']],
   ['ZeRO-2 with reduceDtype bf16', ['--parallel.zero=2', '--parallel.reduceDtype=bf16']],
   ['ZeRO-3 with selective activation checkpointing', ['--parallel.zero=3', '--train.activationCheckpoint=selective']],
 ];
