@@ -167,11 +167,3 @@ export function checkpointRegion(owner: Module, xs: Tensor[], body: Body, params
 export function checkpointBlock(block: Module, x: Tensor, body: (x: Tensor) => Tensor, opts: { dropout?: boolean } = {}): Tensor {
   return checkpointRegion(block, [x], (y) => body(y), () => block.parameters(), opts);
 }
-
-/**
- * A Linear's output. Selective checkpointing used to keep Linear outputs through this hook; it now
- * recomputes the attention core only ([Note: selective checkpointing]), so this is compute().
- */
-export function linearOutput(_x: Tensor, _w: Tensor, _b: Tensor | undefined, compute: () => Tensor): Tensor {
-  return compute();
-}

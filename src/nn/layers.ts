@@ -3,7 +3,6 @@ import { Tensor, empty, ones, zeros, noGrad } from '../tensor/index.js';
 import { Module } from './module.js';
 import * as F from './functional.js';
 import { castFor, castParam, readsParametersThroughPolicy } from './precision.js';
-import { linearOutput } from './checkpoint.js';
 
 export class Linear extends Module {
   readonly weight: Tensor; // (out, in)
@@ -22,8 +21,7 @@ export class Linear extends Module {
     // The precision policy picks the dtype (src/nn/precision.ts); under fp32 these are no-ops.
     const [xc] = castFor('linear', x) as [Tensor];
     const w = castParam('linear', this.weight), b = castParam('linear', this.bias);
-    // Selective activation checkpointing keeps this output instead of recomputing it (src/nn/checkpoint.ts).
-    return linearOutput(xc, w, b, () => F.linear(xc, w, b));
+    return F.linear(xc, w, b);
   }
 }
 

@@ -36,7 +36,6 @@ import { Module } from '../../nn/module.js';
 import { Dropout, Embedding, LayerNorm, Linear, RMSNorm } from '../../nn/layers.js';
 import * as F from '../../nn/functional.js';
 import { castFor, castParam } from '../../nn/precision.js';
-import { linearOutput } from '../../nn/checkpoint.js';
 import { allReduceSum, copyToRegion, gatherLastDim, gatherSequence, reduceFromRegion, reduceScatterSequence, scatterSequence } from './comm.js';
 
 export type Activation = 'replicated' | 'sequenceSharded';
@@ -185,7 +184,7 @@ export function parallelizeModule(module: Module, g: ProcessGroup, plan: TpPlan)
         wrap(lin, () => (x: Tensor) => {
           const [xc] = castFor('linear', x) as [Tensor];
           const w = castParam('linear', lin.weight);
-          const y = linearOutput(xc, w, undefined, () => F.linear(xc, w));
+          const y = F.linear(xc, w);
           const sum = output === 'sequenceSharded' ? reduceScatterSequence(y, g) : reduceFromRegion(y, g);
           return lin.bias ? sum.add(castParam('linear', lin.bias)) : sum;
         });
