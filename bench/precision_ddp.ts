@@ -4,6 +4,7 @@
 // option), 8 x 128 tokens per rank, 25 MiB buckets. Reports median synced steps and the ratios.
 //   node --import tsx bench/precision_ddp.ts [--steps 6] [--trials 2] [--no-write]
 import { join } from 'node:path';
+import os from 'node:os';
 import { runWorld } from '../test/helpers/world.js';
 import { median, writeSection, runTorchPeers, parseBench } from './report.js';
 
@@ -18,7 +19,8 @@ const root = join(import.meta.dirname, '..');
 type Side = 'flotilla-gloo' | 'flotilla-mpi' | 'pytorch';
 type Precision = 'fp32' | 'bf16-mixed';
 
-async function run(side: Side, precision: Precision): Promise<number> {
+/** Median synced step (wall, ms) and median main-thread CPU of a compute-only pass (ms) over both ranks. */
+async function run(side: Side, precision: Precision): Promise<[number, number]> {
   const opts = JSON.stringify({ steps, warmup: 2, bucketMb: 25, precision });
   let outs: string[];
   if (side === 'pytorch') outs = await runTorchPeers(join(root, 'bench', 'ddp_peer.py'), [opts]);
@@ -27,10 +29,13 @@ async function run(side: Side, precision: Precision): Promise<number> {
     if (r.codes.some((c) => c !== 0)) throw new Error(`flotilla ranks failed:\n${r.outputs.join('\n')}`);
     outs = r.outputs;
   }
-  return median(outs.flatMap((o) => parseBench<{ synced: number[] }>(o).synced));
+  const b = outs.map((o) => parseBench<{ synced: number[]; cpu: { main: number } }>(o));
+  return [median(b.flatMap((x) => x.synced)), median(b.map((x) => x.cpu.main))];
 }
 
 const runs = new Map<string, number[]>();
+const cpus = new Map<string, number[]>();
+const load0 = os.loadavg()[0]!;
 const sides: Side[] = ['flotilla-gloo', 'flotilla-mpi', 'pytorch'];
 for (let t = 0; t < trials; t++) {
   for (const precision of ['fp32', 'bf16-mixed'] as const) {
@@ -38,7 +43,9 @@ for (let t = 0; t < trials; t++) {
       process.stderr.write(`trial ${t + 1}/${trials}, ${side}, ${precision}\n`);
       const key = `${side}/${precision}`;
       try {
-        runs.set(key, [...(runs.get(key) ?? []), await run(side, precision)]);
+        const [wall, cpu] = await run(side, precision);
+        runs.set(key, [...(runs.get(key) ?? []), wall]);
+        cpus.set(key, [...(cpus.get(key) ?? []), cpu]);
       } catch (e) {
         if (side !== 'flotilla-mpi') throw e;
         process.stderr.write(`  (Open MPI run failed, left out: ${(e as Error).message.split('\n')[0]})\n`);
@@ -47,9 +54,14 @@ for (let t = 0; t < trials; t++) {
   }
 }
 const med = (k: string) => (runs.has(k) ? median(runs.get(k)!) : NaN);
-const ac = med('pytorch/bf16-mixed'), pf = med('pytorch/fp32');
-const rows = [...runs.keys()].map((k) => `| ${k} | ${med(k).toFixed(1)} ms | ${(med(k) / ac).toFixed(3)} | ${(med(k) / pf).toFixed(3)} |`);
-const table = ['| side / precision | synced step (median) | / PyTorch autocast bf16 | / PyTorch fp32 |', '|---|---:|---:|---:|', ...rows].join('\n');
+const cmed = (k: string) => (cpus.has(k) ? median(cpus.get(k)!) : NaN);
+const ac = med('pytorch/bf16-mixed'), pf = med('pytorch/fp32'), cac = cmed('pytorch/bf16-mixed');
+const rows = [...runs.keys()].map((k) => `| ${k} | ${med(k).toFixed(1)} ms | ${(med(k) / ac).toFixed(3)} | ${(med(k) / pf).toFixed(3)} | ${cmed(k).toFixed(1)} ms | ${(cmed(k) / cac).toFixed(3)} |`);
+const table = [
+  '| side / precision | synced step (median) | / PyTorch autocast bf16 | / PyTorch fp32 | compute-only pass, main-thread CPU | CPU / PyTorch autocast bf16 |',
+  '|---|---:|---:|---:|---:|---:|',
+  ...rows,
+].join('\n');
 console.log(table);
 if (!argv.includes('--no-write')) {
   writeSection('precision-ddp', [
@@ -59,6 +71,10 @@ if (!argv.includes('--no-write')) {
       'Gloo, its forward under `torch.autocast(\'cpu\', dtype=torch.bfloat16)` for bf16; flotilla DataParallel with `autocast(\'bf16-mixed\')` ' +
       `(float32 gradient buckets, float32 all-reduce). ${trials} trials of ${steps} synced steps per side after 2 warmup steps, alternating; ` +
       'medians over both ranks.',
+    '',
+    'The CPU column is the main thread\'s CPU time (schedstat) in one forward and backward without sync, where the kernels run: ' +
+      'it depends far less on other load than wall time does.',
+    `Load average of the machine (1 min) at the start and the end of this run: ${load0.toFixed(1)} and ${os.loadavg()[0]!.toFixed(1)} on ${os.cpus().length} cores.`,
     '',
     `Reproduce: \`node --import tsx bench/precision_ddp.ts --steps ${steps} --trials ${trials}\`.`,
     '',
