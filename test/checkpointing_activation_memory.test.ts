@@ -1,10 +1,11 @@
 // Activation memory with `full` checkpointing, measured from outside the process: peak resident
 // memory (VmHWM in /proc/<pid>/status) of a child that trains 3 steps of an 8-layer GPT
 // (width 256, batch 8 x 128, float32), minus the peak of the same model at batch 1 x 8 (parameters,
-// gradients, optimizer state and the runtime). The issue's target is at most 1/3 of the activation
-// memory without checkpointing, not met: with the native function node this machine measured
-// 0.42-0.54 over seven runs (tuned and glibc-default malloc alike), about twice what the kept block
-// inputs plus one block's recompute account for; the test holds the line at 0.6 and prints the ratio.
+// gradients, optimizer state and the runtime). The target is at most 1/3 of the activation memory
+// without checkpointing. All three children run with the allocator a checkpointed run uses
+// (FLOTILLA_MALLOC=lean, [Note: allocator tuning]), so both sides count the memory they hold, not
+// what the heap keeps for speed: this machine measured 0.17 (with the tuned settings on both sides,
+// 0.42-0.54: freed activations stay resident there, which is why checkpointed runs switch).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
@@ -13,7 +14,7 @@ import { REPO_ROOT } from './helpers/world.js';
 
 function peakMiB(o: object): Promise<number> {
   return new Promise((resolve, reject) => {
-    const c = spawn(process.execPath, ['--import', 'tsx', 'bench/precision_child.ts', JSON.stringify(o)], { cwd: REPO_ROOT, stdio: ['pipe', 'pipe', 'pipe'] });
+    const c = spawn(process.execPath, ['--import', 'tsx', 'bench/precision_child.ts', JSON.stringify(o)], { cwd: REPO_ROOT, stdio: ['pipe', 'pipe', 'pipe'], env: { ...process.env, FLOTILLA_MALLOC: 'lean' } });
     let err = '';
     c.stderr.on('data', (d: Buffer) => (err += d.toString()));
     c.stdout.on('data', (d: Buffer) => {
@@ -26,7 +27,7 @@ function peakMiB(o: object): Promise<number> {
   });
 }
 
-test('activation_checkpoint_full: nLayer=8 activation memory well below no checkpointing (peak RSS from outside)', { skip: process.platform !== 'linux' ? 'needs /proc' : false }, async () => {
+test('activation_checkpoint_full: nLayer=8 keeps at most 1/3 of the activation memory of no checkpointing (peak RSS from outside)', { skip: process.platform !== 'linux' ? 'needs /proc' : false }, async () => {
   const model = { nLayer: 8, nEmbd: 256, precision: 'fp32', steps: 3 };
   const base = await peakMiB({ ...model, batch: 1, seq: 8, ac: 'none' });
   const none = await peakMiB({ ...model, batch: 8, seq: 128, ac: 'none' });
@@ -34,5 +35,5 @@ test('activation_checkpoint_full: nLayer=8 activation memory well below no check
   const ratio = (full - base) / (none - base);
   console.log(`activation memory: none ${(none - base).toFixed(1)} MiB, full ${(full - base).toFixed(1)} MiB, ratio ${ratio.toFixed(3)}`);
   assert.ok(none - base > 100, `without checkpointing the activations should be large (${(none - base).toFixed(1)} MiB)`);
-  assert.ok(ratio <= 0.6, `full checkpointing keeps ${ratio.toFixed(3)} of the activation memory`);
+  assert.ok(ratio <= 1 / 3, `full checkpointing keeps ${ratio.toFixed(3)} of the activation memory (the target is at most 1/3)`);
 });

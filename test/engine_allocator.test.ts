@@ -4,7 +4,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
-import { allocatorChoice, MALLOC_OPTIONS } from '../src/tensor/allocator.js';
+import { allocatorChoice, leanAllocator, LEAN_MALLOC_OPTIONS, MALLOC_OPTIONS } from '../src/tensor/allocator.js';
 
 const ROOT = join(import.meta.dirname, '..');
 
@@ -14,7 +14,8 @@ test('allocatorChoice: tuned by default; a user\'s malloc settings or FLOTILLA_M
   assert.deepEqual(allocatorChoice({ MALLOC_TRIM_THRESHOLD_: '0' }), { tuned: false, why: 'MALLOC_TRIM_THRESHOLD_ set' });
   assert.deepEqual(allocatorChoice({ GLIBC_TUNABLES: 'glibc.malloc.mmap_threshold=4096' }), { tuned: false, why: 'glibc.malloc tunables set' });
   assert.deepEqual(allocatorChoice({ GLIBC_TUNABLES: 'glibc.cpu.hwcaps=-AVX512F' }), { tuned: true });
-  assert.throws(() => allocatorChoice({ FLOTILLA_MALLOC: 'jemalloc' }), /FLOTILLA_MALLOC must be "tuned" or "default", not "jemalloc"/);
+  assert.deepEqual(allocatorChoice({ FLOTILLA_MALLOC: 'lean' }), { tuned: true, lean: true });
+  assert.throws(() => allocatorChoice({ FLOTILLA_MALLOC: 'jemalloc' }), /FLOTILLA_MALLOC must be "tuned", "lean" or "default", not "jemalloc"/);
 });
 
 // A fresh process allocates a 16 MiB tensor, frees it, and reports where the tensor's memory was (inside
@@ -57,4 +58,16 @@ test('tuned: a 16 MiB tensor comes from the heap and its memory stays with the p
   const glibc = probe({ FLOTILLA_MALLOC: 'default' });
   assert.ok(!glibc.inHeap, 'glibc defaults: the 16 MiB tensor was inside [heap] (expected a mapping of its own)');
   assert.ok(glibc.rssDrop >= 15 * MiB, `glibc defaults: freeing returned only ${glibc.rssDrop} resident bytes`);
+});
+
+test('leanAllocator: a run with activation checkpointing switches to the lean settings unless the environment chose the allocator', () => {
+  const calls: [number, number][] = [];
+  const set = (m: number, t: number) => (calls.push([m, t]), true);
+  assert.equal(leanAllocator({}, set), true);
+  assert.deepEqual(calls, [[LEAN_MALLOC_OPTIONS.mmapThreshold, LEAN_MALLOC_OPTIONS.trimThreshold]]);
+  for (const env of [{ FLOTILLA_MALLOC: 'tuned' }, { FLOTILLA_MALLOC: 'default' }, { FLOTILLA_MALLOC: 'lean' }, { MALLOC_ARENA_MAX_: '2' }]) {
+    assert.equal(leanAllocator(env, set), false, JSON.stringify(env));
+  }
+  assert.equal(calls.length, 1);
+  assert.ok(LEAN_MALLOC_OPTIONS.mmapThreshold < MALLOC_OPTIONS.mmapThreshold && LEAN_MALLOC_OPTIONS.trimThreshold < MALLOC_OPTIONS.trimThreshold);
 });
