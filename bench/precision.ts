@@ -189,8 +189,8 @@ async function main(): Promise<void> {
       `Load average of the machine (1 min) at the start and the end of this run: ${load0.toFixed(1)} and ${os.loadavg()[0]!.toFixed(1)} on ${os.cpus().length} cores.`,
       '',
       'Activation memory: peak resident memory (VmHWM, read from outside) of a child training 3 steps in that mode, minus the ' +
-        'same model\'s peak at batch 1 x 8, every child with the allocator a checkpointed run uses (FLOTILLA_MALLOC=lean: freed memory goes ' +
-        'back to the OS, so the peak is what a mode holds, not what the heap keeps for speed). The machine is shared with other work: compare ratios, not absolute numbers.',
+        'same model\'s peak at batch 1 x 8, every child with FLOTILLA_MALLOC=lean (freed memory goes back to the OS, so the peak is what ' +
+        'a mode holds, not what the heap keeps for the next step). The machine is shared with other work: compare ratios, not absolute numbers.',
       '',
       table,
       '',

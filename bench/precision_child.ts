@@ -4,7 +4,7 @@
 //   node --import tsx bench/precision_child.ts '{"nLayer":8,"nEmbd":256,"batch":8,"seq":128,"precision":"fp32","ac":"full","steps":3}'
 //
 // Prints "done" after the steps, then waits for stdin to close so the parent can read VmHWM.
-import { randint, manualSeed, setNumThreads, tidy, useLeanAllocator } from '../src/tensor/index.js';
+import { randint, manualSeed, setNumThreads, tidy } from '../src/tensor/index.js';
 import { GPT } from '../src/models/gpt.js';
 import { AdamW } from '../src/optim/index.js';
 import { DataParallel } from '../src/parallel/data_parallel.js';
@@ -14,7 +14,6 @@ import { withActivationCheckpoint, type ActivationCheckpoint } from '../src/nn/c
 
 const o = JSON.parse(process.argv[2] ?? '{}') as { nLayer: number; nEmbd: number; batch: number; seq: number; precision: Precision; ac: ActivationCheckpoint; steps: number };
 setNumThreads(1);
-if (o.ac !== 'none') useLeanAllocator(); // as the trainer does ([Note: allocator tuning])
 manualSeed(0);
 const model = new GPT({ vocabSize: 256, blockSize: Math.max(o.seq, 8), nLayer: o.nLayer, nHead: 8, nEmbd: o.nEmbd, dropout: 0, bias: true, tieEmbeddings: false });
 const idx = randint(0, 256, [o.batch, o.seq]);

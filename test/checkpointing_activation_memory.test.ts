@@ -2,10 +2,10 @@
 // memory (VmHWM in /proc/<pid>/status) of a child that trains 3 steps of an 8-layer GPT
 // (width 256, batch 8 x 128, float32), minus the peak of the same model at batch 1 x 8 (parameters,
 // gradients, optimizer state and the runtime). The target is at most 1/3 of the activation memory
-// without checkpointing. All three children run with the allocator a checkpointed run uses
-// (FLOTILLA_MALLOC=lean, [Note: allocator tuning]), so both sides count the memory they hold, not
-// what the heap keeps for speed: this machine measured 0.17 (with the tuned settings on both sides,
-// 0.42-0.54: freed activations stay resident there, which is why checkpointed runs switch).
+// without checkpointing. All three children run with FLOTILLA_MALLOC=lean ([Note: allocator
+// tuning]), so both sides count the memory they hold, not what the heap keeps for the next step:
+// this machine measured 0.17-0.20 (with the default tuned settings on both sides, 0.42-0.54:
+// freed activations stay resident there).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';

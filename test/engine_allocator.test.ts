@@ -4,7 +4,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
-import { allocatorChoice, leanAllocator, LEAN_MALLOC_OPTIONS, MALLOC_OPTIONS } from '../src/tensor/allocator.js';
+import { allocatorChoice, MALLOC_OPTIONS } from '../src/tensor/allocator.js';
 
 const ROOT = join(import.meta.dirname, '..');
 
@@ -58,16 +58,4 @@ test('tuned: a 16 MiB tensor comes from the heap and its memory stays with the p
   const glibc = probe({ FLOTILLA_MALLOC: 'default' });
   assert.ok(!glibc.inHeap, 'glibc defaults: the 16 MiB tensor was inside [heap] (expected a mapping of its own)');
   assert.ok(glibc.rssDrop >= 15 * MiB, `glibc defaults: freeing returned only ${glibc.rssDrop} resident bytes`);
-});
-
-test('leanAllocator: a run with activation checkpointing switches to the lean settings unless the environment chose the allocator', () => {
-  const calls: [number, number][] = [];
-  const set = (m: number, t: number) => (calls.push([m, t]), true);
-  assert.equal(leanAllocator({}, set), true);
-  assert.deepEqual(calls, [[LEAN_MALLOC_OPTIONS.mmapThreshold, LEAN_MALLOC_OPTIONS.trimThreshold]]);
-  for (const env of [{ FLOTILLA_MALLOC: 'tuned' }, { FLOTILLA_MALLOC: 'default' }, { FLOTILLA_MALLOC: 'lean' }, { MALLOC_ARENA_MAX_: '2' }]) {
-    assert.equal(leanAllocator(env, set), false, JSON.stringify(env));
-  }
-  assert.equal(calls.length, 1);
-  assert.ok(LEAN_MALLOC_OPTIONS.mmapThreshold < MALLOC_OPTIONS.mmapThreshold && LEAN_MALLOC_OPTIONS.trimThreshold < MALLOC_OPTIONS.trimThreshold);
 });

@@ -13,14 +13,13 @@
 // only smaller tensors could fill. A user's own malloc settings (MALLOC_*_ environment variables or
 // glibc.malloc tunables) win; FLOTILLA_MALLOC=default keeps glibc's defaults.
 //
-// Activation checkpointing trades compute for memory, and the heap kept for speed undoes the
-// trade: freed activations stay resident and fragment, so a checkpointed 8-block GPT measured 0.46
-// of the activation memory of the same model without checkpointing under these settings, where its
-// live memory is 0.17 of it (both measured with the lean settings below). So a run with
-// checkpointing switches to LEAN_MALLOC_OPTIONS (useLeanAllocator in native.ts: blocks from 256 KiB
-// get mappings of their own, unmapped when freed, and at most 1 MiB stays free at the heap's top),
-// paying the page faults the tuned settings avoid; FLOTILLA_MALLOC=lean asks for them in any run
-// and FLOTILLA_MALLOC=tuned keeps the tuned ones.
+// FLOTILLA_MALLOC=lean sets LEAN_MALLOC_OPTIONS instead: blocks from 256 KiB get mappings of their
+// own, unmapped when freed, and at most 1 MiB stays free at the heap's top, so the resident size
+// follows what the process holds. It is for measuring memory, or for a run that must fit: with the
+// tuned settings a checkpointed 8-block GPT keeps 0.42-0.54 of the activation memory of the same
+// model without checkpointing resident (freed activations stay in the heap, fragmented), with lean
+// ones 0.17-0.20; but a checkpointed training run spent about 2.5x the CPU time under lean settings
+// (page faults and zeroing on every large allocation), so no run switches by itself.
 
 export const MALLOC_OPTIONS = { mmapThreshold: 32 * 2 ** 20, trimThreshold: 512 * 2 ** 20 } as const;
 export const LEAN_MALLOC_OPTIONS = { mmapThreshold: 256 * 2 ** 10, trimThreshold: 2 ** 20 } as const;
@@ -49,13 +48,3 @@ export function tuneAllocator(set: (mmapThreshold: number, trimThreshold: number
   return choice;
 }
 
-/**
- * Switches a process on the tuned settings to the lean ones (a run with activation checkpointing)
- * unless the environment chose: FLOTILLA_MALLOC set, or the user's own malloc settings. Returns
- * whether it switched.
- */
-export function leanAllocator(env: NodeJS.ProcessEnv, set: (mmapThreshold: number, trimThreshold: number) => boolean): boolean {
-  const choice = allocatorChoice(env);
-  if (!choice.tuned || choice.lean || env.FLOTILLA_MALLOC?.trim()) return false;
-  return set(LEAN_MALLOC_OPTIONS.mmapThreshold, LEAN_MALLOC_OPTIONS.trimThreshold);
-}

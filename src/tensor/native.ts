@@ -3,7 +3,7 @@ import { createRequire } from 'node:module';
 import { existsSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { tuneAllocator, leanAllocator } from './allocator.js';
+import { tuneAllocator } from './allocator.js';
 
 /**
  * An owned at::Tensor: a slot in the addon's handle table (index and generation packed in a
@@ -161,14 +161,6 @@ function load(): Native {
 }
 
 export const native: Native = load();
-
-/**
- * Switches malloc to the lean settings for a run with activation checkpointing, unless the
- * environment chose the allocator ([Note: allocator tuning]); returns whether it switched.
- */
-export function useLeanAllocator(): boolean {
-  return leanAllocator(process.env, (mmap, trim) => native.setMallocOptions(mmap, trim)); // [Note: allocator tuning]
-}
 
 /**
  * Gives the memory freed so far back to the OS (malloc_trim). Training keeps freed memory for the

@@ -6,7 +6,7 @@
 // buffers] in src/parallel/grad_buffer.ts) and hand it the ranges this rank updates.
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { type Tensor, describeBlas, liveTensors, manualSeed, releaseFreedMemory, setNumThreads, tidy, torchVersion, useLeanAllocator } from '../tensor/index.js';
+import { type Tensor, describeBlas, liveTensors, manualSeed, releaseFreedMemory, setNumThreads, tidy, torchVersion } from '../tensor/index.js';
 import { GPT, gptNumParams } from '../models/gpt.js';
 import { autocast } from '../nn/precision.js';
 import { withActivationCheckpoint } from '../nn/checkpoint.js';
@@ -96,10 +96,6 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
     setNumThreads(cfg.train.threads);
     const how = { torchrun: 'RANK/WORLD_SIZE (flotilla run, torchrun)', mpirun: 'mpirun', srun: 'srun', single: 'a single process' }[env.source];
     header('world', `${describeBackend(world)}, started by ${how}, ${cfg.train.threads} thread(s) per rank, libtorch ${torchVersion()}, ${describeBlas()}`);
-    // Checkpointing trades compute for memory; the heap kept for speed would undo it ([Note: allocator tuning]).
-    if (cfg.train.activationCheckpoint !== 'none' && useLeanAllocator()) {
-      header('allocator', 'lean (activation checkpointing): freed memory goes back to the OS at once, at the cost of page faults; FLOTILLA_MALLOC=tuned keeps it for the next step');
-    }
 
     // ---- mesh: pp x dpReplicate x dpShard; the data-parallel rank decides what a rank reads
     const layout = resolveLayout(cfg.parallel, env.worldSize);
