@@ -223,7 +223,9 @@ static const at::Tensor& Operand(const Napi::Value& v) {
   if (t.defined() && t.has_storage() && t.numel() > 0 && t.storage().nbytes() == 0) {
     throw std::invalid_argument(
         "tensor " + DescribeTensor(t) + " has no storage: it is a sharded parameter (or gradient) whose full copy is freed "
-        "outside its unit's forward and backward; read it inside the wrapper's withFullParameters(), or use fullGrad()");
+        "outside its unit's forward and backward (under bf16-mixed ZeRO-3 inside them too: the unit is gathered as a bfloat16 "
+        "copy that layers read through castParam); read it inside the wrapper's withFullParameters(), through castParam in a "
+        "layer's forward, or use fullGrad()");
   }
   return t;
 }
