@@ -1,5 +1,6 @@
 // Stateless neural-network functions over the op table.
 import { Tensor, run } from '../tensor/tensor.js';
+import { zerosLike } from '../tensor/creation.js';
 
 export function linear(x: Tensor, weight: Tensor, bias?: Tensor): Tensor {
   return run('linear', x, weight, bias);
@@ -56,6 +57,23 @@ export function withCrossEntropy<T>(impl: CrossEntropyFn, fn: () => T): T {
 
 export function mseLoss(x: Tensor, target: Tensor, reduction: Reduction = 'mean'): Tensor {
   return run('mseLoss', x, target, REDUCTION[reduction]);
+}
+
+/**
+ * Attention scores q k^T * scale, -inf where `allowed` (T, T) is false (a causal mask, or any other): (B, nh, T, hs) x 2 -> (B, nh, T, T).
+ * In float32 these are three ops (product, scale, mask) as PyTorch's reference GPT writes them, so
+ * float32 runs stay bit-identical to it. In bfloat16 they are one baddbmm: the scale is the GEMM's
+ * alpha, applied to the float32 accumulator before the one rounding to bfloat16, and the mask is an
+ * additive 0 / -inf bias. That is two fewer passes over the (T, T) scores forward and backward than
+ * autocast's bmm, mul and masked_fill, and one rounding fewer.
+ */
+export function attentionScores(q: Tensor, k: Tensor, allowed: Tensor, scale: number): Tensor {
+  const [B, nh, T, hs] = q.shape as [number, number, number, number];
+  if (q.dtype !== 'bfloat16') return q.matmul(k.transpose(-2, -1)).mul(scale).maskedFill(allowed.logicalNot(), -Infinity);
+  const bias = zerosLike(allowed, { dtype: 'bfloat16' }).maskedFill(allowed.logicalNot(), -Infinity);
+  return bias.expand(B * nh, T, T)
+    .baddbmm(q.reshape(B * nh, T, hs), k.reshape(B * nh, T, hs).transpose(1, 2), { alpha: scale })
+    .view(B, nh, T, T);
 }
 
 export function softmax(x: Tensor, dim: number): Tensor {

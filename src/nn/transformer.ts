@@ -1,5 +1,6 @@
 // Transformer pieces for decoder-only models: causal self-attention, MLP, pre-norm block.
 import { Tensor, ones, isGradEnabled } from '../tensor/index.js';
+import { attentionScores } from './functional.js';
 import { Module } from './module.js';
 import { Linear, LayerNorm, Dropout } from './layers.js';
 import { castFor } from './precision.js';
@@ -55,12 +56,12 @@ export class CausalSelfAttention extends Module {
     const [q, k, v] = qkv.split(C, 2) as [Tensor, Tensor, Tensor];
     const heads = (t: Tensor) => t.view(B, T, nh, hs).transpose(1, 2); // (B, nh, T, hs)
     // Dtypes per op come from the precision policy (src/nn/precision.ts): under bf16-mixed the two
-    // products run in bfloat16 and the softmax in float32.
+    // products and the softmax run in bfloat16.
     const [qh, kh] = castFor('matmul', heads(q), heads(k)) as [Tensor, Tensor];
-    let att = qh.matmul(kh.transpose(-2, -1)).mul(1 / Math.sqrt(hs)); // (B, nh, T, T)
     const allowed = this.mask.narrow(0, 0, T).narrow(1, 0, T);
+    let att = attentionScores(qh, kh, allowed, 1 / Math.sqrt(hs)); // (B, nh, T, T)
     [att] = castFor('softmax', att) as [Tensor];
-    att = att.maskedFill(allowed.logicalNot(), -Infinity).softmax(-1);
+    att = att.softmax(-1);
     att = this.attnDrop.call(att);
     const [attc, vh] = castFor('matmul', att, heads(v)) as [Tensor, Tensor];
     return attc.matmul(vh).transpose(1, 2).contiguous().view(B, T, C); // (B, T, C)

@@ -20,7 +20,7 @@ export const OPS = {
   logicalNot: ['aten::logical_not', ''], any: ['aten::any', ''], all: ['aten::all', ''],
   maskedFill: ['aten::masked_fill', 'Scalar'], maskedFill_: ['aten::masked_fill_', 'Scalar'],
   // linear algebra
-  matmul: ['aten::matmul', ''], mm: ['aten::mm', ''], bmm: ['aten::bmm', ''], linear: ['aten::linear', ''],
+  matmul: ['aten::matmul', ''], mm: ['aten::mm', ''], bmm: ['aten::bmm', ''], baddbmm: ['aten::baddbmm', ''], linear: ['aten::linear', ''],
   // reductions
   sum: ['aten::sum', ''], sumDim: ['aten::sum', 'dim_IntList'], mean: ['aten::mean', ''], meanDim: ['aten::mean', 'dim'],
   max: ['aten::max', ''], maxDim: ['aten::max', 'dim'], min: ['aten::min', ''], minDim: ['aten::min', 'dim'],

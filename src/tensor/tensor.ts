@@ -276,6 +276,8 @@ export class Tensor {
   matmul(other: Tensor): Tensor { return run('matmul', this, other); }
   mm(other: Tensor): Tensor { return run('mm', this, other); }
   bmm(other: Tensor): Tensor { return run('bmm', this, other); }
+  /** beta * this + alpha * (batch1 @ batch2), batched (torch.baddbmm); this broadcasts to the product's shape. */
+  baddbmm(batch1: Tensor, batch2: Tensor, opts: { beta?: number; alpha?: number } = {}): Tensor { return run('baddbmm', this, batch1, batch2, opts.beta ?? 1, opts.alpha ?? 1); }
 
   // ---- reductions
   sum(dim?: number | number[], keepdim = false): Tensor {
