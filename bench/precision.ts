@@ -96,9 +96,11 @@ async function width(group: Group, nEmbd: number, steps: number, rounds: number,
     // Also this process's CPU time per step (one intra-op thread): on a loaded machine wall time
     // includes waiting for a core, CPU time much less so; the checkpointing ratios are given in both.
     const cpu = new Map<string, number[]>();
+    // The first step of each round is run untimed on both sides: it follows another mode's (or the
+    // other process's) steps, and re-warms caches and the allocator rather than measuring this mode.
     const ours = async (n: number, m: Mode, key?: string): Promise<number[]> => {
       const out: number[] = [];
-      for (let i = 0; i < n; i++) {
+      for (let i = key ? -1 : 0; i < n; i++) {
         await new Promise((r) => setImmediate(r));
         const c0 = process.cpuUsage();
         const t0 = performance.now();
@@ -112,6 +114,7 @@ async function width(group: Group, nEmbd: number, steps: number, rounds: number,
           }));
           opt.step();
         });
+        if (i < 0) continue;
         out.push((performance.now() - t0) / 1e3);
         const c = process.cpuUsage(c0);
         if (key) cpu.set(key, [...(cpu.get(key) ?? []), (c.user + c.system) / 1e6]);
@@ -126,8 +129,8 @@ async function width(group: Group, nEmbd: number, steps: number, rounds: number,
     for (let r = 0; r < rounds; r++) {
       const jobs: [string, () => Promise<number[]>][] = [
         ...MODES.map(([k, m]) => [k, () => ours(steps, m, k)] as [string, () => Promise<number[]>]),
-        ['PyTorch fp32', () => peer.steps(steps, 'fp32')],
-        ['PyTorch autocast bf16', () => peer.steps(steps, 'bf16')],
+        ['PyTorch fp32', async () => (await peer.steps(steps + 1, 'fp32')).slice(1)],
+        ['PyTorch autocast bf16', async () => (await peer.steps(steps + 1, 'bf16')).slice(1)],
       ];
       if (r % 2 === 1) jobs.reverse();
       for (const [k, f] of jobs) add(k, await f());
@@ -180,7 +183,7 @@ async function main(): Promise<void> {
       `GPT, 4 layers, 8 heads, vocab 256, batch ${BATCH} x ${SEQ}, forward + backward + AdamW, one intra-op thread each, single process. ` +
         'PyTorch runs bench/step.py\'s model in float32 and under `torch.autocast(\'cpu\', dtype=torch.bfloat16)`; flotilla runs the ' +
         'single-process path of `flotilla train` (flat buckets, AdamW over them) with `precision` and `activationCheckpoint`. ' +
-        `Both alternate in ${a.rounds} rounds of ${a.steps} steps after ${a.warmup} warmup steps; medians. libtorch ${torchVersion()}.`,
+        `Both alternate in ${a.rounds} rounds of ${a.steps} timed steps per mode (each after one untimed step) after ${a.warmup} warmup steps; medians. libtorch ${torchVersion()}.`,
       '',
       `Reproduce: \`node --import tsx bench/precision.ts --widths ${a.widths} --steps ${a.steps} --rounds ${a.rounds} --warmup ${a.warmup}\`.`,
       '',
