@@ -4,6 +4,7 @@
 #   1. system packages (scripts/setup.sh) when any is missing
 #   2. npm ci (npm install without a usable lockfile) when node_modules is missing or stale
 #   3. the native addon when native/build/Release/flotilla.node is missing or older than its sources
+#   4. dist/ (src/ compiled, which bin/flotilla.js runs when it is current) when src/ changed since
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -81,4 +82,22 @@ if [[ -n "$rebuild" ]]; then
   if [[ -f "$prefix/include/node/node_api.h" ]]; then gyp_args+=("--nodedir=$prefix"); fi
   quietly npx --no-install node-gyp rebuild --directory native -j 2 "${gyp_args[@]}"
   printf '%s' "$libtorch" > "$stamp"
+fi
+
+# dist/.built carries the time the build started: bin/flotilla.js runs dist/ only while no file under
+# src/ is newer. A build that fails (a type error) leaves no stamp, and the CLI runs the sources.
+if [[ ! -f dist/.built || -n "$(find src tsconfig.json tsconfig.build.json -newer dist/.built -print -quit)" ]]; then
+  echo "ensure: compiling src/ to dist/ (tsc -p tsconfig.build.json)"
+  mkdir -p dist
+  rm -f dist/.built
+  touch dist/.building
+  log=$(mktemp)
+  if npx --no-install tsc -p tsconfig.build.json >"$log" 2>&1; then
+    mv dist/.building dist/.built
+  else
+    rm -f dist/.building
+    head -n 20 "$log" >&2
+    echo "ensure: src/ does not compile (above); bin/flotilla.js runs the sources through tsx" >&2
+  fi
+  rm -f "$log"
 fi

@@ -7,14 +7,18 @@ import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
 import { REPO_ROOT } from './helpers/world.js';
+import { BIN } from './helpers/cli.js';
 import { pool, spawnAsync, started } from './helpers/pool.js';
 
 const small = ['--model.nLayer=2', '--model.nEmbd=64', '--data.seqLen=32', '--data.globalBatch=8', '--parallel.bucketSizeMb=0.1'];
 
 const launch = pool();
-function verify(nproc: number, overrides: string[], env: Record<string, string> = {}): Promise<{ code: number | null; out: string }> {
+// The broken run starts from the TypeScript sources, which its preload patches; the others run the
+// `flotilla` command (the compiled CLI when dist/ is current, see bin/flotilla.js).
+function verify(nproc: number, overrides: string[], env: Record<string, string> = {}, fromSources = false): Promise<{ code: number | null; out: string }> {
   return started(launch(async () => {
-    const r = await spawnAsync(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', 'verify', 'examples/gpt-tiny.toml', '--nproc', String(nproc), '--steps', '4', ...small, ...overrides], {
+    const cli = fromSources ? ['--import', 'tsx', 'src/cli/main.ts'] : [BIN];
+    const r = await spawnAsync(process.execPath, [...cli, 'verify', 'examples/gpt-tiny.toml', '--nproc', String(nproc), '--steps', '4', ...small, ...overrides], {
       cwd: REPO_ROOT, env: { ...process.env, ...env }, timeout: 240_000,
     });
     return { code: r.status, out: `${r.stdout}${r.stderr}` };
@@ -36,7 +40,7 @@ const layouts: [string, number, string[]][] = [
 
 const passes = layouts.map(([, nproc, overrides]) => verify(nproc, overrides));
 const preload = join(REPO_ROOT, 'test', 'fixtures', 'break_averaging.ts');
-const broken = verify(2, ['--parallel.zero=2'], { NODE_OPTIONS: `${process.env.NODE_OPTIONS ?? ''} --import tsx --import ${preload}`.trim() });
+const broken = verify(2, ['--parallel.zero=2'], { NODE_OPTIONS: `${process.env.NODE_OPTIONS ?? ''} --import tsx --import ${preload}`.trim() }, true);
 
 for (const [i, [name, nproc]] of layouts.entries()) {
   test(`verify PASSes for ${name} on ${nproc} ranks`, async () => {
@@ -54,7 +58,7 @@ test('verify FAILs (exit 1) when one bucket skips the 1/N averaging', async () =
 });
 
 test('verify needs --nproc and names the fix', () => {
-  const r = spawnSync(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', 'verify', 'examples/gpt-tiny.toml'], { cwd: REPO_ROOT, encoding: 'utf8' });
+  const r = spawnSync(process.execPath, [BIN, 'verify', 'examples/gpt-tiny.toml'], { cwd: REPO_ROOT, encoding: 'utf8' });
   assert.equal(r.status, 2);
   assert.match(r.stderr, /--nproc N/);
 });

@@ -6,6 +6,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { REPO_ROOT } from './helpers/world.js';
+import { BIN } from './helpers/cli.js';
 import { pool, spawnAsync, started } from './helpers/pool.js';
 
 const small = ['--model.nLayer=2', '--model.nEmbd=64', '--data.seqLen=32', '--data.globalBatch=8', '--parallel.bucketSizeMb=0.1', '--train.precision=bf16-mixed', '--parallel.backend=gloo'];
@@ -13,7 +14,7 @@ const small = ['--model.nLayer=2', '--model.nEmbd=64', '--data.seqLen=32', '--da
 const queue = pool();
 function verify(overrides: string[]): Promise<{ code: number | null; out: string }> {
   return started(queue(async () => {
-    const r = await spawnAsync(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', 'verify', 'examples/gpt-tiny.toml', '--nproc', '2', '--steps', '3', ...small, ...overrides], {
+    const r = await spawnAsync(process.execPath, [BIN, 'verify', 'examples/gpt-tiny.toml', '--nproc', '2', '--steps', '3', ...small, ...overrides], {
       cwd: REPO_ROOT, timeout: 240_000,
     });
     return { code: r.status, out: `${r.stdout}${r.stderr}` };

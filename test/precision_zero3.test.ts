@@ -20,6 +20,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { assertClose } from './helpers/close.js';
 import { runWorld, parseAllResults, assertMpiBuilt, REPO_ROOT } from './helpers/world.js';
+import { BIN } from './helpers/cli.js';
 import { pool, spawnAsync, started } from './helpers/pool.js';
 
 const script = join(import.meta.dirname, 'fixtures', 'zero3_bf16_rank.ts');
@@ -71,7 +72,7 @@ const reference = started(queue(() => world(1, [
 ], 'ref')));
 const verified = started(queue(async () => {
   const r = await spawnAsync(process.execPath, [
-    '--import', 'tsx', 'src/cli/main.ts', 'verify', 'examples/gpt-tiny.toml', '--nproc', '2', '--steps', '3',
+    BIN, 'verify', 'examples/gpt-tiny.toml', '--nproc', '2', '--steps', '3',
     '--model.nLayer=2', '--model.nEmbd=64', '--data.seqLen=32', '--data.globalBatch=8', '--data.microBatches=2',
     '--train.precision=bf16-mixed', '--parallel.zero=3', '--parallel.backend=gloo',
   ], { cwd: REPO_ROOT, timeout: 240_000 });

@@ -17,6 +17,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { maxRelDiff } from './helpers/close.js';
 import { REPO_ROOT, runWorld, describeWorld } from './helpers/world.js';
+import { BIN } from './helpers/cli.js';
 import { readPipelineRun } from './helpers/pipeline_runs.js';
 import { pool, spawnAsync, started } from './helpers/pool.js';
 import type { Out, Run } from './fixtures/tp_gpt_rank.js';
@@ -220,7 +221,7 @@ interface Refused { code: number | null; out: string; runDir: string }
 function train(overrides: string[]): Promise<Refused> {
   const runDir = join(dir, `cfg-${Math.random().toString(36).slice(2)}`);
   return started(queue(async () => {
-    const r = await spawnAsync(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', 'train', 'examples/gpt-tiny.toml', '--nproc', '2', ...overrides, `--train.runDir=${runDir}`], {
+    const r = await spawnAsync(process.execPath, [BIN, 'train', 'examples/gpt-tiny.toml', '--nproc', '2', ...overrides, `--train.runDir=${runDir}`], {
       cwd: REPO_ROOT, timeout: 60_000,
     });
     return { code: r.status, out: `${r.stdout}${r.stderr}`, runDir };
@@ -269,7 +270,7 @@ test('a vocabulary or (under sequence parallelism) a sequence length tp does not
 });
 
 const small = ['--model.nLayer=2', '--model.nEmbd=64', '--data.seqLen=32', '--data.globalBatch=8', '--parallel.bucketSizeMb=0.1'];
-const verifyTp = started(queue(() => spawnAsync(process.execPath, ['--import', 'tsx', 'src/cli/main.ts', 'verify', 'examples/gpt-tiny.toml', '--nproc', '4', '--steps', '3', ...small,
+const verifyTp = started(queue(() => spawnAsync(process.execPath, [BIN, 'verify', 'examples/gpt-tiny.toml', '--nproc', '4', '--steps', '3', ...small,
   '--parallel.tp=2', '--parallel.sequenceParallel=true', '--parallel.lossParallel=true', '--parallel.zero=3', '--data.microBatches=2'], {
   cwd: REPO_ROOT, timeout: 240_000,
 })));
