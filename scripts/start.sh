@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/ensure.sh
 name="gpt-tiny-$(date +%Y%m%d-%H%M%S)"
-flotilla() { node --import tsx src/cli/main.ts "$@"; }
+flotilla() { node bin/flotilla.js "$@"; } # the compiled dist/ that ensure.sh just brought up to date
 flotilla train examples/gpt-tiny.toml --nproc 2 --train.name="$name" "$@"
 prompt='Call me Ishmael. '
 echo "[sample] flotilla generate runs/$name --prompt '$prompt' --tokens 300 --seed 1"
