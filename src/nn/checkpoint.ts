@@ -165,5 +165,5 @@ export function checkpointRegion(owner: Module, xs: Tensor[], body: Body, params
 
 /** A block's forward checkpointed as a whole ("full"): its input and all of its parameters are the node's inputs. */
 export function checkpointBlock(block: Module, x: Tensor, body: (x: Tensor) => Tensor, opts: { dropout?: boolean } = {}): Tensor {
-  return checkpointRegion(block, [x], (y) => body(y), () => block.parameters(), opts);
+  return checkpointRegion(block, [x], body, () => block.parameters(), opts);
 }

@@ -437,7 +437,7 @@ export class Executor {
           const dy = c.dy!.reshape(-1, out), x = c.x.reshape(-1, inn);
           // Under bf16-mixed the Linear ran in bfloat16 on its input cast (src/nn/precision.ts): so does
           // its weight gradient, converted to the float32 gradient as autograd's copy node does.
-          this.accumulate(c.weight, dy.t().mm(x.dtype === dy.dtype ? x : x.to(dy.dtype)));
+          this.accumulate(c.weight, dy.t().mm(x.to(dy.dtype)));
           if (c.bias) this.accumulate(c.bias, dy.sum(0));
         });
         c.x.dispose();
@@ -452,7 +452,7 @@ export class Executor {
   private accumulate(param: Tensor, g: Tensor): void {
     if (!this.handGrads) return accumulate(param, g);
     const v = this.handGrads.view(param);
-    v.add_(g.dtype === v.dtype ? g : g.to(v.dtype));
+    v.add_(g); // a bf16 g is widened by add_ itself
     v.dispose();
     this.handGrads.written(param);
   }
@@ -467,7 +467,7 @@ export class Executor {
 function accumulate(param: Tensor, g: Tensor): void {
   const cur = param.grad;
   if (cur) {
-    cur.add_(g.dtype === cur.dtype ? g : g.to(cur.dtype));
+    cur.add_(g);
     cur.dispose();
   } else {
     param.grad = g.dtype === param.dtype ? g.clone() : g.to(param.dtype);
