@@ -67,6 +67,7 @@ static Napi::Value MallocTrim(const Napi::CallbackInfo& info) {
 Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
   main_thread = std::this_thread::get_id();
   InitTensor(env, exports);
+  InitTensorCache(env, exports);
   InitAutograd(env, exports);
   InitComm(env, exports);
   exports.Set("setParentDeathSignal", Napi::Function::New(env, SetParentDeathSignal));

@@ -4,7 +4,7 @@
   "targets": [
     {
       "target_name": "flotilla",
-      "sources": ["addon.cc", "tensor.cc", "autograd.cc", "comm.cc"],
+      "sources": ["addon.cc", "tensor.cc", "tensor_cache.cc", "autograd.cc", "comm.cc"],
       "include_dirs": [
         "<!(node -p \"require('node-addon-api').include_dir\")",
         "<!@(node ../scripts/find-libtorch.cjs include)"

@@ -41,6 +41,7 @@ std::string DescribeTensor(const at::Tensor& t);
 std::string ShortMessage(const c10::Error& e);
 
 void InitTensor(Napi::Env env, Napi::Object exports);
+void InitTensorCache(Napi::Env env, Napi::Object exports);
 void InitAutograd(Napi::Env env, Napi::Object exports);
 void InitComm(Napi::Env env, Napi::Object exports);
 

@@ -2,10 +2,10 @@
 // memory (VmHWM in /proc/<pid>/status) of a child that trains 3 steps of an 8-layer GPT
 // (width 256, batch 8 x 128, float32), minus the peak of the same model at batch 1 x 8 (parameters,
 // gradients, optimizer state and the runtime). The target is at most 1/3 of the activation memory
-// without checkpointing. All three children run with FLOTILLA_MALLOC=lean ([Note: allocator
-// tuning]), so both sides count the memory they hold, not what the heap keeps for the next step:
-// this machine measured 0.17-0.20 (with the default tuned settings on both sides, 0.42-0.54:
-// freed activations stay resident there).
+// without checkpointing. All three children run with the default allocator, the tensor cache
+// ([Note: allocator tuning]): freed blocks are kept for the next step, by size class, so what stays
+// resident follows what a step holds. This machine measured 0.20-0.24 (FLOTILLA_MALLOC=lean, which keeps
+// nothing: 0.17-0.20; FLOTILLA_MALLOC=tuned, malloc's fragmented heap: 0.42-0.54).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
@@ -14,7 +14,9 @@ import { REPO_ROOT } from './helpers/world.js';
 
 function peakMiB(o: object): Promise<number> {
   return new Promise((resolve, reject) => {
-    const c = spawn(process.execPath, ['--import', 'tsx', 'bench/precision_child.ts', JSON.stringify(o)], { cwd: REPO_ROOT, stdio: ['pipe', 'pipe', 'pipe'], env: { ...process.env, FLOTILLA_MALLOC: 'lean' } });
+    // the default allocator whatever this process's environment says
+    const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !/^MALLOC_\w+_$|^GLIBC_TUNABLES$|^FLOTILLA_MALLOC$/.test(k)));
+    const c = spawn(process.execPath, ['--import', 'tsx', 'bench/precision_child.ts', JSON.stringify(o)], { cwd: REPO_ROOT, stdio: ['pipe', 'pipe', 'pipe'], env });
     let err = '';
     c.stderr.on('data', (d: Buffer) => (err += d.toString()));
     c.stdout.on('data', (d: Buffer) => {

@@ -1,21 +1,24 @@
-// The allocator settings a flotilla process runs with ([Note: allocator tuning] in src/tensor/allocator.ts):
-// freed tensor memory stays with the process for the next step instead of going back to the OS.
+// The allocator settings a flotilla process runs with ([Note: allocator tuning] in src/tensor/allocator.ts,
+// [Note: tensor cache] in native/tensor_cache.cc): freed tensor memory stays with the process for the
+// next step instead of going back to the OS, in the tensor cache by default or in malloc's heap.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
-import { allocatorChoice, MALLOC_OPTIONS } from '../src/tensor/allocator.js';
+import { allocatorChoice, MALLOC_OPTIONS, TENSOR_CACHE } from '../src/tensor/allocator.js';
 
 const ROOT = join(import.meta.dirname, '..');
+const MiB = 2 ** 20;
 
-test('allocatorChoice: tuned by default; a user\'s malloc settings or FLOTILLA_MALLOC=default leave glibc alone; a bad value is refused', () => {
-  assert.deepEqual(allocatorChoice({}), { tuned: true });
-  assert.deepEqual(allocatorChoice({ FLOTILLA_MALLOC: 'default' }), { tuned: false, why: 'FLOTILLA_MALLOC=default' });
-  assert.deepEqual(allocatorChoice({ MALLOC_TRIM_THRESHOLD_: '0' }), { tuned: false, why: 'MALLOC_TRIM_THRESHOLD_ set' });
-  assert.deepEqual(allocatorChoice({ GLIBC_TUNABLES: 'glibc.malloc.mmap_threshold=4096' }), { tuned: false, why: 'glibc.malloc tunables set' });
-  assert.deepEqual(allocatorChoice({ GLIBC_TUNABLES: 'glibc.cpu.hwcaps=-AVX512F' }), { tuned: true });
-  assert.deepEqual(allocatorChoice({ FLOTILLA_MALLOC: 'lean' }), { tuned: true, lean: true });
-  assert.throws(() => allocatorChoice({ FLOTILLA_MALLOC: 'jemalloc' }), /FLOTILLA_MALLOC must be "tuned", "lean" or "default", not "jemalloc"/);
+test('allocatorChoice: the tensor cache by default; tuned and lean on request; a user\'s malloc settings or FLOTILLA_MALLOC=default leave glibc alone; a bad value is refused', () => {
+  assert.deepEqual(allocatorChoice({}), { mode: 'cache' });
+  assert.deepEqual(allocatorChoice({ FLOTILLA_MALLOC: 'tuned' }), { mode: 'tuned' });
+  assert.deepEqual(allocatorChoice({ FLOTILLA_MALLOC: 'lean' }), { mode: 'lean' });
+  assert.deepEqual(allocatorChoice({ FLOTILLA_MALLOC: 'default' }), { mode: 'default', why: 'FLOTILLA_MALLOC=default' });
+  assert.deepEqual(allocatorChoice({ MALLOC_TRIM_THRESHOLD_: '0' }), { mode: 'default', why: 'MALLOC_TRIM_THRESHOLD_ set' });
+  assert.deepEqual(allocatorChoice({ GLIBC_TUNABLES: 'glibc.malloc.mmap_threshold=4096' }), { mode: 'default', why: 'glibc.malloc tunables set' });
+  assert.deepEqual(allocatorChoice({ GLIBC_TUNABLES: 'glibc.cpu.hwcaps=-AVX512F' }), { mode: 'cache' });
+  assert.throws(() => allocatorChoice({ FLOTILLA_MALLOC: 'jemalloc' }), /FLOTILLA_MALLOC must be "cache", "tuned", "lean" or "default", not "jemalloc"/);
 });
 
 // A fresh process allocates a 16 MiB tensor, frees it, and reports where the tensor's memory was (inside
@@ -49,13 +52,80 @@ function probe(env: Record<string, string>): { inHeap: boolean; shrank: number; 
 }
 
 test('tuned: a 16 MiB tensor comes from the heap and its memory stays with the process after it is freed; glibc\'s defaults map and unmap it', () => {
-  const MiB = 2 ** 20;
   assert.ok(16 * MiB < MALLOC_OPTIONS.mmapThreshold && 16 * MiB < MALLOC_OPTIONS.trimThreshold);
-  const tuned = probe({});
+  const tuned = probe({ FLOTILLA_MALLOC: 'tuned' });
   assert.ok(tuned.inHeap, 'tuned: the 16 MiB tensor was not inside the [heap] mapping (expected: served from the heap)');
   assert.ok(tuned.shrank < 4 * MiB, `tuned: the heap shrank by ${tuned.shrank} bytes when the tensor was freed`);
   assert.ok(tuned.rssDrop < 4 * MiB, `tuned: freeing the tensor returned ${tuned.rssDrop} resident bytes to the OS`);
   const glibc = probe({ FLOTILLA_MALLOC: 'default' });
   assert.ok(!glibc.inHeap, 'glibc defaults: the 16 MiB tensor was inside [heap] (expected a mapping of its own)');
   assert.ok(glibc.rssDrop >= 15 * MiB, `glibc defaults: freeing returned only ${glibc.rssDrop} resident bytes`);
+});
+
+// The tensor cache in a fresh process: where blocks come from, that a freed block serves the next
+// request of its size class at the same address without new resident memory, that blocks beyond the
+// cap are unmapped oldest first, and that releaseFreedMemory hands the cache back.
+const CACHE_PROBE = `
+import { readFileSync } from 'node:fs';
+import { empty, zeros, releaseFreedMemory } from './src/tensor/index.js';
+import { native, tensorCacheStats } from './src/tensor/native.js';
+const MiB = 2 ** 20;
+const rss = () => Number(readFileSync('/proc/self/statm', 'utf8').split(' ')[1]) * 4096;
+const inHeap = (p) => readFileSync('/proc/self/maps', 'utf8').split('\\n').filter((l) => l.endsWith('[heap]'))
+  .map((l) => l.split(' ')[0].split('-').map((x) => BigInt('0x' + x))).some(([a, b]) => a <= p && p < b);
+const out = {};
+const a = zeros([4 * MiB]);                       // 16 MiB, touched
+const pa = a.dataPtr();
+out.bigInHeap = inHeap(pa);
+const small = zeros([1024]);                      // 4 KiB: malloc's
+out.smallInHeap = inHeap(small.dataPtr());
+small.dispose();
+const r1 = rss();
+a.dispose();
+out.rssDropOnFree = r1 - rss();
+const s1 = tensorCacheStats();
+const b = zeros([4 * MiB - 100]);                 // the same size class
+out.sameAddress = b.dataPtr() === pa;
+out.rssGrowOnReuse = rss() - r1;
+const s2 = tensorCacheStats();
+out.hit = s2.hits - s1.hits;
+out.cachedWhileUsed = s2.cachedBytes;
+b.dispose();
+// A 40 MiB cap: freed blocks of distinct classes beyond it are unmapped oldest first.
+native.setTensorCache(256 * 1024, 40 * MiB);
+const xs = [zeros([5 * MiB]), zeros([6 * MiB]), zeros([7 * MiB])];
+const s3 = tensorCacheStats();
+for (const x of xs) x.dispose();
+const s4 = tensorCacheStats();
+out.evicted = s4.evictions - s3.evictions;
+out.cachedAtCap = s4.cachedBytes;
+const r2 = rss();
+out.released = releaseFreedMemory();
+out.rssDropOnRelease = r2 - rss();
+out.cachedAfterRelease = tensorCacheStats().cachedBytes;
+out.on = tensorCacheStats().on;
+console.log(JSON.stringify(out));
+`;
+
+test('cache: a 16 MiB tensor has a mapping of its own, kept when freed and reused by the next request of its class; the cap unmaps the oldest; releaseFreedMemory gives it all back', () => {
+  assert.ok(16 * MiB >= TENSOR_CACHE.minBytes && 3 * 28 * MiB < TENSOR_CACHE.capBytes);
+  const base = Object.fromEntries(Object.entries(process.env).filter(([k]) => !/^MALLOC_\w+_$|^GLIBC_TUNABLES$|^FLOTILLA_MALLOC$/.test(k)));
+  const r = spawnSync(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', CACHE_PROBE], { cwd: ROOT, encoding: 'utf8', env: base });
+  assert.equal(r.status, 0, r.stderr);
+  const o = JSON.parse(r.stdout.trim().split('\n').pop()!);
+  assert.equal(o.on, true, 'the cache is on by default');
+  assert.equal(o.bigInHeap, false, 'the 16 MiB tensor was inside the [heap] mapping (expected a mapping of its own)');
+  assert.equal(o.smallInHeap, true, 'a 4 KiB tensor should come from malloc\'s heap');
+  assert.ok(o.rssDropOnFree < MiB, `freeing the tensor returned ${o.rssDropOnFree} resident bytes (expected it kept)`);
+  assert.equal(o.sameAddress, true, 'the next request of the same class did not get the freed block');
+  assert.equal(o.hit, 1);
+  assert.equal(o.cachedWhileUsed, 0);
+  assert.ok(o.rssGrowOnReuse < MiB, `reusing the block added ${o.rssGrowOnReuse} resident bytes`);
+  // Under a 40 MiB cap, with b's 16 MiB block kept: freeing 20, 24 and 28 MiB in that order unmaps
+  // 16 and 20 (60 MiB held), then 24 (52): 28 stays.
+  assert.equal(o.evicted, 3);
+  assert.equal(o.cachedAtCap, 28 * MiB);
+  assert.equal(o.released, true);
+  assert.ok(o.rssDropOnRelease >= 27 * MiB, `releaseFreedMemory returned only ${o.rssDropOnRelease} resident bytes`);
+  assert.equal(o.cachedAfterRelease, 0);
 });

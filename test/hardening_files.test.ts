@@ -148,7 +148,7 @@ test('invalid FLOTILLA_* values: one line from the command, before any rank star
     [{ FLOTILLA_KILL_GRACE_MS: '5s' }, /FLOTILLA_KILL_GRACE_MS="5s" is not a non-negative integer/],
     [{ FLOTILLA_GLOO_IFACE: 'nosuch0' }, /FLOTILLA_GLOO_IFACE="nosuch0" is not a network interface of this host/],
     [{ FLOTILLA_JOB_SECRET: 'short' }, /FLOTILLA_JOB_SECRET is 5 characters long/],
-    [{ FLOTILLA_MALLOC: 'jemalloc' }, /FLOTILLA_MALLOC must be "tuned", "lean" or "default", not "jemalloc"/],
+    [{ FLOTILLA_MALLOC: 'jemalloc' }, /FLOTILLA_MALLOC must be "cache", "tuned", "lean" or "default", not "jemalloc"/],
   ];
   const script = join(ROOT, 'test', 'helpers', 'ranks', 'hardening.ts');
   for (const [env, re] of bad) {

@@ -4,47 +4,70 @@
 // A training step frees its activations in large runs (a scope's end, a backward pass), so with
 // glibc's defaults a flotilla process gave most of a step's memory back and faulted it in again, zeroed
 // page by page, in the next step: 7,400 page faults per step of the benchmark GPT against PyTorch's
-// 900, and a backward pass 3-5% slower. Keeping freed memory for reuse, as PyTorch's own GPU allocator
-// does, removes them: blocks up to 32 MiB (glibc's own ceiling for this threshold) come from the heap,
-// and up to 512 MiB may stay free at its top. The resident size then stays near a step's peak, which
-// the next step needs again (at the end of a run, releaseFreedMemory in native.ts hands it back).
-// Buffers that ZeRO allocates and frees around every use live on mapped pages instead
-// (emptyMapped, [Note: mapped storage] in native/tensor.cc), so they never leave holes here that
-// only smaller tensors could fill. A user's own malloc settings (MALLOC_*_ environment variables or
-// glibc.malloc tunables) win; FLOTILLA_MALLOC=default keeps glibc's defaults.
+// 900, and a backward pass 3-5% slower. Keeping freed memory in malloc's heap (`tuned`: blocks up to
+// 32 MiB from the heap, up to 512 MiB free at its top) removed the faults, but the heap fragments: a
+// checkpointed 8-block GPT kept 0.42-0.54 of the activation memory of the same model without
+// checkpointing resident, where it holds 0.17-0.20.
 //
-// FLOTILLA_MALLOC=lean sets LEAN_MALLOC_OPTIONS instead: blocks from 256 KiB get mappings of their
-// own, unmapped when freed, and at most 1 MiB stays free at the heap's top, so the resident size
-// follows what the process holds. It is for measuring memory, or for a run that must fit: with the
-// tuned settings a checkpointed 8-block GPT keeps 0.42-0.54 of the activation memory of the same
-// model without checkpointing resident (freed activations stay in the heap, fragmented), with lean
-// ones 0.17-0.20; but a checkpointed training run spent about 2.5x the CPU time under lean settings
-// (page faults and zeroing on every large allocation), so no run switches by itself.
+// So by default (`cache`) tensor storage from TENSOR_CACHE.minBytes up comes from the tensor cache
+// ([Note: tensor cache] in native/tensor_cache.cc): every block a mapping of its own, kept when freed
+// for the next request of its size class, as PyTorch's GPU allocator keeps its blocks. A step reuses
+// the blocks of the step before (no faults), and the resident size follows the largest set of sizes a
+// step holds at once, not the heap's history. Freed blocks beyond the cap (1/8 of physical memory, as a
+// machine runs several ranks) are unmapped oldest first, so blocks of shapes a run stopped using
+// (an evaluation batch, generation) go back to the OS. Smaller tensors stay with malloc, tuned as above.
+// At the end of a run releaseFreedMemory in native.ts empties the cache and trims the heap.
+// Buffers that ZeRO allocates and frees around every use live on mapped pages of their own
+// (emptyMapped, [Note: mapped storage] in native/tensor.cc), unmapped at once when freed.
+//
+// FLOTILLA_MALLOC picks another mode: `tuned` (malloc only, thresholds as above), `lean` (malloc
+// only, LEAN_MALLOC_OPTIONS: blocks from 256 KiB get mappings of their own, unmapped when freed, so the
+// resident size is what the process holds, at about 2.5x the CPU time of a checkpointed run in page
+// faults and zeroing), or `default` (glibc's own settings, no cache). A user's own malloc settings
+// (MALLOC_*_ environment variables or glibc.malloc tunables) win over every mode.
+import { totalmem } from 'node:os';
 
 export const MALLOC_OPTIONS = { mmapThreshold: 32 * 2 ** 20, trimThreshold: 512 * 2 ** 20 } as const;
 export const LEAN_MALLOC_OPTIONS = { mmapThreshold: 256 * 2 ** 10, trimThreshold: 2 ** 20 } as const;
+export const TENSOR_CACHE = { minBytes: 256 * 2 ** 10, capBytes: Math.floor(totalmem() / 8) } as const;
 
-/** tuned: flotilla sets MALLOC_OPTIONS, or LEAN_MALLOC_OPTIONS when lean. */
-export type AllocatorChoice = { tuned: true; lean?: true } | { tuned: false; why: string };
+export type AllocatorMode = 'cache' | 'tuned' | 'lean';
+/** What this process runs with: a flotilla mode, or glibc's own settings and why. */
+export type AllocatorChoice = { mode: AllocatorMode } | { mode: 'default'; why: string };
 
-/** Whether this process should set MALLOC_OPTIONS, given its environment; pure, for tests. */
-export function allocatorChoice(env: NodeJS.ProcessEnv): AllocatorChoice {
-  const mode = env.FLOTILLA_MALLOC?.trim() || 'tuned';
-  if (mode !== 'tuned' && mode !== 'default' && mode !== 'lean') {
-    throw new Error(`FLOTILLA_MALLOC must be "tuned", "lean" or "default", not "${mode}"`);
-  }
-  if (mode === 'default') return { tuned: false, why: 'FLOTILLA_MALLOC=default' };
-  const own = Object.keys(env).filter((k) => /^MALLOC_\w+_$/.test(k));
-  if (own.length > 0) return { tuned: false, why: `${own.join(', ')} set` };
-  if (/glibc\.malloc\./.test(env.GLIBC_TUNABLES ?? '')) return { tuned: false, why: 'glibc.malloc tunables set' };
-  return mode === 'lean' ? { tuned: true, lean: true } : { tuned: true };
+export interface TensorCacheStats {
+  on: boolean;
+  /** bytes of blocks handed out, and of freed blocks kept */
+  liveBytes: number;
+  cachedBytes: number;
+  /** requests served by a kept block, by a new mapping; blocks unmapped from the cache */
+  hits: number;
+  misses: number;
+  evictions: number;
 }
 
-/** Applies the choice through set (the addon's mallopt, once, when the addon loads). */
-export function tuneAllocator(set: (mmapThreshold: number, trimThreshold: number) => boolean): AllocatorChoice {
+/** The allocator mode for this environment; pure, for tests. */
+export function allocatorChoice(env: NodeJS.ProcessEnv): AllocatorChoice {
+  const mode = env.FLOTILLA_MALLOC?.trim() || 'cache';
+  if (mode !== 'cache' && mode !== 'tuned' && mode !== 'default' && mode !== 'lean') {
+    throw new Error(`FLOTILLA_MALLOC must be "cache", "tuned", "lean" or "default", not "${mode}"`);
+  }
+  if (mode === 'default') return { mode, why: 'FLOTILLA_MALLOC=default' };
+  const own = Object.keys(env).filter((k) => /^MALLOC_\w+_$/.test(k));
+  if (own.length > 0) return { mode: 'default', why: `${own.join(', ')} set` };
+  if (/glibc\.malloc\./.test(env.GLIBC_TUNABLES ?? '')) return { mode: 'default', why: 'glibc.malloc tunables set' };
+  return { mode };
+}
+
+/**
+ * Applies the choice once, when the addon loads: setMalloc is the addon's mallopt, setCache its tensor
+ * cache. Where the C library is not glibc, malloc keeps its settings and the cache still runs.
+ */
+export function tuneAllocator(setMalloc: (mmapThreshold: number, trimThreshold: number) => boolean, setCache: (minBytes: number, capBytes: number) => void): AllocatorChoice {
   const choice = allocatorChoice(process.env);
-  const o = choice.tuned && choice.lean ? LEAN_MALLOC_OPTIONS : MALLOC_OPTIONS;
-  if (choice.tuned && !set(o.mmapThreshold, o.trimThreshold)) return { tuned: false, why: 'not glibc' };
+  if (choice.mode === 'default') return choice;
+  const o = choice.mode === 'lean' ? LEAN_MALLOC_OPTIONS : MALLOC_OPTIONS;
+  setMalloc(o.mmapThreshold, o.trimThreshold);
+  if (choice.mode === 'cache') setCache(TENSOR_CACHE.minBytes, TENSOR_CACHE.capBytes);
   return choice;
 }
-

@@ -3,7 +3,7 @@ import { createRequire } from 'node:module';
 import { existsSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { tuneAllocator } from './allocator.js';
+import { type TensorCacheStats, tuneAllocator } from './allocator.js';
 
 /**
  * An owned at::Tensor: a slot in the addon's handle table (index and generation packed in a
@@ -85,6 +85,11 @@ export interface Native {
   setMallocOptions(mmapThreshold: number, trimThreshold: number): boolean;
   /** glibc's malloc_trim(0): free memory of every arena back to the OS; false when nothing was returned or not glibc. */
   mallocTrim(): boolean;
+  /** The tensor cache ([Note: tensor cache] in native/tensor_cache.cc): blocks from minBytes kept up to capBytes; cap 0 turns it off. */
+  setTensorCache(minBytes: number, capBytes: number): void;
+  /** Unmaps every cached block; returns the bytes given back. */
+  emptyTensorCache(): number;
+  tensorCacheStats(): TensorCacheStats;
   /** Linux: deliver signo to this process when its parent exits (false elsewhere). */
   setParentDeathSignal(signo: number): boolean;
 
@@ -156,7 +161,8 @@ function load(): Native {
     // e.g. a packed addon built against a libtorch this machine does not have
     throw new Error(`flotilla native addon ${file} does not load (${(e as Error).message.split('\n')[0]}): rebuild it with ${buildCommand(root)}`);
   }
-  tuneAllocator((mmap, trim) => addon.setMallocOptions(mmap, trim)); // [Note: allocator tuning]
+  // [Note: allocator tuning]
+  tuneAllocator((mmap, trim) => addon.setMallocOptions(mmap, trim), (min, cap) => addon.setTensorCache(min, cap));
   return addon;
 }
 
@@ -166,8 +172,15 @@ export const native: Native = load();
  * Gives the memory freed so far back to the OS (malloc_trim). Training keeps freed memory for the
  * next step by design ([Note: allocator tuning]); once the model and optimizer are disposed, that
  * memory serves nothing, and whatever runs next (a run's report, a script's next phase) would add to
- * it. Returns false where nothing was given back or the C library is not glibc.
+ * it. Returns false where nothing was given back.
  */
 export function releaseFreedMemory(): boolean {
-  return native.mallocTrim();
+  // also the tensor cache's blocks ([Note: tensor cache])
+  const cached = native.emptyTensorCache();
+  return native.mallocTrim() || cached > 0;
+}
+
+/** What the tensor cache holds and how it served requests ([Note: tensor cache]); `on` false when another allocator mode runs. */
+export function tensorCacheStats(): TensorCacheStats {
+  return native.tensorCacheStats();
 }
