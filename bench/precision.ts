@@ -64,9 +64,14 @@ class Peer {
   }
 }
 
+// The memory children run with the default allocator (the tensor cache) whatever this process runs with.
+function defaultAllocatorEnv(): NodeJS.ProcessEnv {
+  return Object.fromEntries(Object.entries(process.env).filter(([k]) => !/^MALLOC_\w+_$|^GLIBC_TUNABLES$|^FLOTILLA_MALLOC$/.test(k)));
+}
+
 function peakMiB(o: object): Promise<number> {
   return new Promise((resolve, reject) => {
-    const c = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'bench', 'precision_child.ts'), JSON.stringify(o)], { cwd: ROOT, stdio: ['pipe', 'pipe', 'inherit'], env: { ...process.env, FLOTILLA_MALLOC: 'lean' } });
+    const c = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'bench', 'precision_child.ts'), JSON.stringify(o)], { cwd: ROOT, stdio: ['pipe', 'pipe', 'inherit'], env: defaultAllocatorEnv() });
     c.stdout.on('data', (d: Buffer) => {
       if (!d.toString().includes('done')) return;
       const m = /VmHWM:\s+(\d+) kB/.exec(readFileSync(`/proc/${c.pid}/status`, 'utf8'));
@@ -192,8 +197,8 @@ async function main(): Promise<void> {
       `Load average of the machine (1 min) at the start and the end of this run: ${load0.toFixed(1)} and ${os.loadavg()[0]!.toFixed(1)} on ${os.cpus().length} cores.`,
       '',
       'Activation memory: peak resident memory (VmHWM, read from outside) of a child training 3 steps in that mode, minus the ' +
-        'same model\'s peak at batch 1 x 8, every child with FLOTILLA_MALLOC=lean (freed memory goes back to the OS, so the peak is what ' +
-        'a mode holds, not what the heap keeps for the next step). The machine is shared with other work: compare ratios, not absolute numbers.',
+        'same model\'s peak at batch 1 x 8, every child with the default allocator (the tensor cache: freed blocks are kept for the next ' +
+        'step by size class, so the peak follows what a mode holds at once, not a fragmented heap). The machine is shared with other work: compare ratios, not absolute numbers.',
       '',
       table,
       '',
