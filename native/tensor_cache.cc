@@ -11,8 +11,6 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 
-#include <cerrno>
-#include <cstring>
 #include <deque>
 #include <list>
 #include <mutex>
@@ -112,11 +110,15 @@ struct CachingCpuAllocator final : public c10::Allocator {
             while (!c.lru.empty()) c.EvictOldestLocked();  // give the cache back and try once more
             p = mmap(nullptr, cls, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
           }
-          TORCH_CHECK(p != MAP_FAILED, "CPU allocation of ", n, " bytes failed: ", std::strerror(errno));
-          ++c.misses;
+          // Still no mapping (e.g. the limit on mappings per process): malloc may have room, and
+          // fails with libtorch's own message if not.
+          if (p == MAP_FAILED) p = nullptr;
+          else ++c.misses;
         }
-        c.live.emplace(p, cls);
-        c.live_bytes += cls;
+        if (p != nullptr) {
+          c.live.emplace(p, cls);
+          c.live_bytes += cls;
+        }
       }
     }
     if (p == nullptr) p = c10::alloc_cpu(n);
