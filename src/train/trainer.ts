@@ -6,7 +6,7 @@
 // buffers] in src/parallel/grad_buffer.ts) and hand it the ranges this rank updates.
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { type Tensor, describeBlas, liveTensors, manualSeed, releaseFreedMemory, setNumThreads, tidy, torchVersion } from '../tensor/index.js';
+import { type Tensor, describeBlas, liveTensors, manualSeed, releaseFreedMemory, setNumThreads, tensorCacheStats, tidy, torchVersion } from '../tensor/index.js';
 import { GPT, gptNumParams } from '../models/gpt.js';
 import { autocast } from '../nn/precision.js';
 import { withActivationCheckpoint } from '../nn/checkpoint.js';
@@ -259,8 +259,10 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
           // The buffers are what a layout changes; the process also holds activations, staging, the
           // allocator's cache and the runtime, so its own resident size is printed beside them.
           const proc = processMemory();
+          const cache = tensorCacheStats();
+          const kept = cache.on ? `; ${(cache.cachedBytes / MiB).toFixed(0)} MiB of it is freed tensor memory the cache keeps` : '';
           const whole = proc
-            ? `; the process: resident ${(proc.rssBytes / MiB).toFixed(0)} MiB, peak ${(proc.peakBytes / MiB).toFixed(0)} MiB (also activations, collective staging, freed memory kept for the next step, and the runtime)`
+            ? `; the process: resident ${(proc.rssBytes / MiB).toFixed(0)} MiB, peak ${(proc.peakBytes / MiB).toFixed(0)} MiB (also activations, collective staging, freed memory kept for the next step, and the runtime${kept})`
             : ' (activations, collective staging and the runtime not counted)';
           progress.log(`[memory] rank 0 holds parameters ${per(memory.paramBytes)}, gradients ${per(memory.gradBytes)}, optimizer state ${per(memory.optimizerBytes)}; step peak ${per(memory.peakBytes)} of these buffers${whole}`);
         }
