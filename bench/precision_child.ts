@@ -4,7 +4,7 @@
 //   node --import tsx bench/precision_child.ts '{"nLayer":8,"nEmbd":256,"batch":8,"seq":128,"precision":"fp32","ac":"full","steps":3}'
 //
 // Prints "done" after the steps, then waits for stdin to close so the parent can read VmHWM.
-import { randint, manualSeed, setNumThreads, tidy } from '../src/tensor/index.js';
+import { randint, manualSeed, releaseIdleMemory, setNumThreads, tidy } from '../src/tensor/index.js';
 import { GPT } from '../src/models/gpt.js';
 import { AdamW } from '../src/optim/index.js';
 import { DataParallel } from '../src/parallel/data_parallel.js';
@@ -29,6 +29,7 @@ for (let s = 0; s < o.steps; s++) {
     }));
     opt.step();
   });
+  releaseIdleMemory(); // as the trainer does after every step
   await new Promise((r) => setImmediate(r));
 }
 process.stdout.write('done\n');

@@ -1,18 +1,22 @@
 // [Note: tensor cache] A caching allocator for CPU tensor storage, the mechanism PyTorch's GPU
 // allocator uses, on mapped pages. A training step allocates the same sizes in every step (each
 // block's activations, their gradients), so a freed block is kept, by its size class, and handed to
-// the next request of that class: no page faults and no zeroing in steady state, and no heap
-// fragmentation, since every block is a mapping of its own. Blocks below `minBytes` go to libtorch's
-// own CPU allocation (malloc). Freed blocks beyond `capBytes` of cache are unmapped, oldest first, so
-// memory does go back once the shapes change (evaluation, generation). Whether the cache is on, and
-// the two numbers, are decided in TypeScript (src/tensor/allocator.ts).
+// the next request of that class (or of a class up to half its size): no page faults and no zeroing
+// in steady state, and no heap fragmentation, since every block is a mapping of its own. Blocks below
+// `minBytes` go to libtorch's own CPU allocation (malloc). Kept blocks go back to the OS, oldest
+// first, beyond `capBytes` of cache; and trimTensorCache() unmaps every block that has stayed unused
+// since the call before, so memory whose shapes a run no longer uses (construction, an evaluation
+// batch) is returned at the next call. Whether the cache is on, the two numbers and when to trim are
+// decided in TypeScript (src/tensor/allocator.ts).
 #include <sys/mman.h>
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 
+#include <algorithm>
 #include <deque>
 #include <list>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 
@@ -39,23 +43,31 @@ struct Cache {
   bool on = false;
   size_t min_bytes = 0;
   size_t cap_bytes = 0;
-  // Blocks handed out (address -> class size), and freed ones: `lru` in free order (newest first),
+  // Blocks handed out (address -> class size), and kept ones: `lru` in free order (newest first),
   // `by_class` the same blocks per class (oldest first), so a request takes its class's newest
-  // block (warmest in cache) and eviction takes the overall oldest.
+  // block (warmest in cache) and eviction takes the overall oldest. `gen` counts trims: a kept
+  // block remembers the one it was freed in.
+  struct Kept {
+    void* addr;
+    size_t cls;
+    uint64_t gen;
+  };
   std::unordered_map<void*, size_t> live;
-  std::list<std::pair<void*, size_t>> lru;
-  std::unordered_map<size_t, std::deque<std::list<std::pair<void*, size_t>>::iterator>> by_class;
+  std::list<Kept> lru;
+  std::map<size_t, std::deque<std::list<Kept>::iterator>> by_class;
+  uint64_t gen = 0;
   size_t live_bytes = 0, cached_bytes = 0;
+  size_t peak_live = 0, peak_held = 0;  // high-water marks of live, and of live + cached
   uint64_t hits = 0, misses = 0, evictions = 0;
 
   void EvictOldestLocked() {
-    auto [addr, cls] = lru.back();
-    auto& q = by_class[cls];
+    const Kept k = lru.back();
+    auto& q = by_class[k.cls];
     q.pop_front();  // the class's oldest is the list's oldest
-    if (q.empty()) by_class.erase(cls);
+    if (q.empty()) by_class.erase(k.cls);
     lru.pop_back();
-    munmap(addr, cls);
-    cached_bytes -= cls;
+    munmap(k.addr, k.cls);
+    cached_bytes -= k.cls;
     ++evictions;
   }
 };
@@ -76,7 +88,7 @@ void Free(void* p) {
       size_t cls = it->second;
       c.live.erase(it);
       c.live_bytes -= cls;
-      c.lru.emplace_front(p, cls);
+      c.lru.push_front({p, cls, c.gen});
       c.by_class[cls].push_back(c.lru.begin());
       c.cached_bytes += cls;
       while (c.cached_bytes > c.cap_bytes && !c.lru.empty()) c.EvictOldestLocked();
@@ -95,12 +107,15 @@ struct CachingCpuAllocator final : public c10::Allocator {
       std::lock_guard<std::mutex> g(c.mu);
       if (c.on && n >= c.min_bytes && n > 0) {
         size_t cls = ClassOf(n);
-        auto q = c.by_class.find(cls);
-        if (q != c.by_class.end()) {
+        // The request's class, or else the smallest kept class up to twice its size: a block kept
+        // idle while a fresh one is mapped would add to the resident size.
+        auto q = c.by_class.lower_bound(cls);
+        if (q != c.by_class.end() && q->first <= 2 * cls) {
+          cls = q->first;
           auto node = q->second.back();
           q->second.pop_back();
           if (q->second.empty()) c.by_class.erase(q);
-          p = node->first;
+          p = node->addr;
           c.lru.erase(node);
           c.cached_bytes -= cls;
           ++c.hits;
@@ -118,6 +133,8 @@ struct CachingCpuAllocator final : public c10::Allocator {
         if (p != nullptr) {
           c.live.emplace(p, cls);
           c.live_bytes += cls;
+          c.peak_live = std::max(c.peak_live, c.live_bytes);
+          c.peak_held = std::max(c.peak_held, c.live_bytes + c.cached_bytes);
         }
       }
     }
@@ -154,6 +171,17 @@ Napi::Value SetTensorCache(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
+// trimTensorCache(): unmaps the kept blocks that no request has taken since the call before (they
+// were freed before it); returns the bytes given back.
+Napi::Value TrimTensorCache(const Napi::CallbackInfo& info) {
+  Cache& c = TheCache();
+  std::lock_guard<std::mutex> g(c.mu);
+  size_t before = c.cached_bytes;
+  while (!c.lru.empty() && c.lru.back().gen < c.gen) c.EvictOldestLocked();
+  ++c.gen;
+  return Napi::Number::New(info.Env(), static_cast<double>(before - c.cached_bytes));
+}
+
 // emptyTensorCache(): unmaps every cached block; returns the bytes given back.
 Napi::Value EmptyTensorCache(const Napi::CallbackInfo& info) {
   Cache& c = TheCache();
@@ -163,8 +191,9 @@ Napi::Value EmptyTensorCache(const Napi::CallbackInfo& info) {
   return Napi::Number::New(info.Env(), static_cast<double>(before));
 }
 
-// tensorCacheStats(): bytes in blocks handed out and in cached blocks, and the counts of requests
-// served from the cache (hits), by a new mapping (misses), and of blocks unmapped from it.
+// tensorCacheStats(): bytes in blocks handed out and in cached blocks, the counts of requests
+// served from the cache (hits), by a new mapping (misses), and of blocks unmapped from it, and the
+// high-water marks of blocks handed out and of those plus the kept ones.
 Napi::Value TensorCacheStats(const Napi::CallbackInfo& info) {
   Cache& c = TheCache();
   std::lock_guard<std::mutex> g(c.mu);
@@ -175,6 +204,8 @@ Napi::Value TensorCacheStats(const Napi::CallbackInfo& info) {
   o.Set("hits", static_cast<double>(c.hits));
   o.Set("misses", static_cast<double>(c.misses));
   o.Set("evictions", static_cast<double>(c.evictions));
+  o.Set("peakLiveBytes", static_cast<double>(c.peak_live));
+  o.Set("peakHeldBytes", static_cast<double>(c.peak_held));
   return o;
 }
 
@@ -183,6 +214,7 @@ Napi::Value TensorCacheStats(const Napi::CallbackInfo& info) {
 void InitTensorCache(Napi::Env env, Napi::Object exports) {
   exports.Set("setTensorCache", Napi::Function::New(env, SetTensorCache));
   exports.Set("emptyTensorCache", Napi::Function::New(env, EmptyTensorCache));
+  exports.Set("trimTensorCache", Napi::Function::New(env, TrimTensorCache));
   exports.Set("tensorCacheStats", Napi::Function::New(env, TensorCacheStats));
 }
 

@@ -64,10 +64,11 @@ test('tuned: a 16 MiB tensor comes from the heap and its memory stays with the p
 
 // The tensor cache in a fresh process: where blocks come from, that a freed block serves the next
 // request of its size class at the same address without new resident memory, that blocks beyond the
-// cap are unmapped oldest first, and that releaseFreedMemory hands the cache back.
+// cap are unmapped oldest first, that releaseIdleMemory returns the blocks nothing took since its
+// previous call, and that releaseFreedMemory hands the cache back.
 const CACHE_PROBE = `
 import { readFileSync } from 'node:fs';
-import { empty, zeros, releaseFreedMemory } from './src/tensor/index.js';
+import { zeros, releaseFreedMemory, releaseIdleMemory } from './src/tensor/index.js';
 import { native, tensorCacheStats } from './src/tensor/native.js';
 const MiB = 2 ** 20;
 const rss = () => Number(readFileSync('/proc/self/statm', 'utf8').split(' ')[1]) * 4096;
@@ -99,6 +100,22 @@ for (const x of xs) x.dispose();
 const s4 = tensorCacheStats();
 out.evicted = s4.evictions - s3.evictions;
 out.cachedAtCap = s4.cachedBytes;
+// A request with no kept block of its class takes the smallest kept block up to twice its size.
+const big = zeros([7 * MiB - 1000]);              // class 28 MiB: the 28 MiB block kept above
+out.bestFit = tensorCacheStats().cachedBytes === 0;
+big.dispose();
+// trimTensorCache: a block freed before the previous call and not taken since goes back; one taken
+// and freed again since stays.
+native.setTensorCache(256 * 1024, 1024 * MiB);
+const idle = zeros([MiB]), reused = zeros([2 * MiB]);
+idle.dispose(); reused.dispose();
+releaseIdleMemory();                              // marks: both were freed before this call
+const again = zeros([2 * MiB]);                   // takes the 8 MiB block back...
+again.dispose();                                  // ...and frees it after the mark
+const keptBefore = tensorCacheStats().cachedBytes;
+out.trimmed = releaseIdleMemory();
+out.keptAfterTrim = tensorCacheStats().cachedBytes;
+out.keptBeforeTrim = keptBefore;
 const r2 = rss();
 out.released = releaseFreedMemory();
 out.rssDropOnRelease = r2 - rss();
@@ -107,7 +124,7 @@ out.on = tensorCacheStats().on;
 console.log(JSON.stringify(out));
 `;
 
-test('cache: a 16 MiB tensor has a mapping of its own, kept when freed and reused by the next request of its class; the cap unmaps the oldest; releaseFreedMemory gives it all back', () => {
+test('cache: a 16 MiB tensor has a mapping of its own, kept when freed and reused by the next request of its class; the cap unmaps the oldest; releaseIdleMemory gives back what a step left unused, releaseFreedMemory all of it', () => {
   assert.ok(16 * MiB >= TENSOR_CACHE.minBytes && 3 * 28 * MiB < TENSOR_CACHE.capBytes);
   const base = Object.fromEntries(Object.entries(process.env).filter(([k]) => !/^MALLOC_\w+_$|^GLIBC_TUNABLES$|^FLOTILLA_MALLOC$/.test(k)));
   const r = spawnSync(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', CACHE_PROBE], { cwd: ROOT, encoding: 'utf8', env: base });
@@ -125,7 +142,12 @@ test('cache: a 16 MiB tensor has a mapping of its own, kept when freed and reuse
   // 16 and 20 (60 MiB held), then 24 (52): 28 stays.
   assert.equal(o.evicted, 3);
   assert.equal(o.cachedAtCap, 28 * MiB);
+  assert.equal(o.bestFit, true, 'a 28 MiB-class request did not take the kept 28 MiB block');
+  // Kept before the second call: 28 MiB (freed before the first call), 4 MiB (idle), 8 MiB (reused).
+  assert.equal(o.keptBeforeTrim, 40 * MiB);
+  assert.equal(o.trimmed, 32 * MiB, 'the blocks left unused since the previous call should go back, the reused one stay');
+  assert.equal(o.keptAfterTrim, 8 * MiB);
   assert.equal(o.released, true);
-  assert.ok(o.rssDropOnRelease >= 27 * MiB, `releaseFreedMemory returned only ${o.rssDropOnRelease} resident bytes`);
+  assert.ok(o.rssDropOnRelease >= 7 * MiB, `releaseFreedMemory returned only ${o.rssDropOnRelease} resident bytes`);
   assert.equal(o.cachedAfterRelease, 0);
 });

@@ -44,6 +44,9 @@ export interface TensorCacheStats {
   hits: number;
   misses: number;
   evictions: number;
+  /** high-water marks: bytes handed out, and handed out plus kept */
+  peakLiveBytes: number;
+  peakHeldBytes: number;
 }
 
 /** The allocator mode for this environment; pure, for tests. */

@@ -5,7 +5,7 @@ export { noGrad, isGradEnabled, backward, grad } from './autograd.js';
 export { tidy, keep, scopeDepth } from './scope.js';
 export { type DType, isFloating, elementSize } from './dtype.js';
 import { native } from './native.js';
-export { releaseFreedMemory, tensorCacheStats } from './native.js';
+export { releaseFreedMemory, releaseIdleMemory, tensorCacheStats } from './native.js';
 
 /** Live native tensor handles (tests use it to catch leaks). */
 export function liveTensors(): number {

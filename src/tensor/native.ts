@@ -89,6 +89,8 @@ export interface Native {
   setTensorCache(minBytes: number, capBytes: number): void;
   /** Unmaps every cached block; returns the bytes given back. */
   emptyTensorCache(): number;
+  /** Unmaps the cached blocks no request took since the previous call; returns the bytes given back. */
+  trimTensorCache(): number;
   tensorCacheStats(): TensorCacheStats;
   /** Linux: deliver signo to this process when its parent exits (false elsewhere). */
   setParentDeathSignal(signo: number): boolean;
@@ -178,6 +180,16 @@ export function releaseFreedMemory(): boolean {
   // also the tensor cache's blocks ([Note: tensor cache])
   const cached = native.emptyTensorCache();
   return native.mallocTrim() || cached > 0;
+}
+
+/**
+ * Gives back the freed tensor memory that nothing has reused since the previous call: the tensor
+ * cache's blocks of shapes the run no longer makes ([Note: tensor cache]). Call it once per training
+ * step (the trainer does, after the optimizer step): blocks a step reuses stay, while those left by
+ * construction or an evaluation pass go back at the next call. Returns the bytes given back.
+ */
+export function releaseIdleMemory(): number {
+  return native.trimTensorCache();
 }
 
 /** What the tensor cache holds and how it served requests ([Note: tensor cache]); `on` false when another allocator mode runs. */

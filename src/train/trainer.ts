@@ -6,7 +6,7 @@
 // buffers] in src/parallel/grad_buffer.ts) and hand it the ranges this rank updates.
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { type Tensor, describeBlas, liveTensors, manualSeed, releaseFreedMemory, setNumThreads, tensorCacheStats, tidy, torchVersion } from '../tensor/index.js';
+import { type Tensor, describeBlas, liveTensors, manualSeed, releaseFreedMemory, releaseIdleMemory, setNumThreads, tensorCacheStats, tidy, torchVersion } from '../tensor/index.js';
 import { GPT, gptNumParams } from '../models/gpt.js';
 import { autocast } from '../nn/precision.js';
 import { withActivationCheckpoint } from '../nn/checkpoint.js';
@@ -231,6 +231,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
     let loopSeconds = 0;
     let memory: MemoryReport | undefined;
     const loopStart = performance.now();
+    releaseIdleMemory(); // from here, freed memory the steps do not reuse goes back after each step
     try {
       for (let step = startStep; step < steps; step++) {
         manualSeed(stepSeed(cfg.train.seed, step)); // dropout draws: a function of the step, so a resume draws the same
@@ -248,6 +249,8 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
           if (Number.isFinite(norm)) optimizer.step();
           return { loss, norm };
         });
+        // Freed tensor memory this step did not reuse (construction's, an evaluation's) goes back.
+        releaseIdleMemory();
         const dt = (performance.now() - t0) / 1000;
         loopSeconds += dt;
         memory = model.memory(optimizer.stateBytes());
