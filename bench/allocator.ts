@@ -6,7 +6,7 @@
 //   node --import tsx bench/allocator.ts [--width 256] [--layers 4] [--steps 3] [--rounds 6]
 import { parseArgs } from 'node:util';
 import os from 'node:os';
-import { randint, manualSeed, setNumThreads, tidy } from '../src/tensor/index.js';
+import { randint, manualSeed, releaseIdleMemory, setNumThreads, tidy } from '../src/tensor/index.js';
 import { native, tensorCacheStats } from '../src/tensor/native.js';
 import { TENSOR_CACHE } from '../src/tensor/allocator.js';
 import { GPT } from '../src/models/gpt.js';
@@ -37,6 +37,7 @@ function step(precision: Precision, ac: ActivationCheckpoint): { ms: number; fau
     }));
     opt.step();
   });
+  releaseIdleMemory(); // as the trainer does after every step
   return { ms: performance.now() - t0, faults: process.resourceUsage().minorPageFault - f0 };
 }
 const median = (xs: number[]) => [...xs].sort((x, y) => x - y)[Math.floor(xs.length / 2)]!;
