@@ -15,6 +15,7 @@ import { DataParallel } from '../src/parallel/data_parallel.js';
 import { initProcessGroup } from '../src/distributed/process_group.js';
 import { autocast, type Precision } from '../src/nn/precision.js';
 import { withActivationCheckpoint, type ActivationCheckpoint } from '../src/nn/checkpoint.js';
+import { median } from './report.js';
 
 const { values: a } = parseArgs({ options: { width: { type: 'string', default: '256' }, layers: { type: 'string', default: '4' }, steps: { type: 'string', default: '3' }, rounds: { type: 'string', default: '6' } } });
 if (!tensorCacheStats().on) throw new Error('run without FLOTILLA_MALLOC, MALLOC_*_ or glibc.malloc tunables: the cache must be on to compare');
@@ -40,7 +41,6 @@ function step(precision: Precision, ac: ActivationCheckpoint): { ms: number; fau
   releaseIdleMemory(); // as the trainer does after every step
   return { ms: performance.now() - t0, faults: process.resourceUsage().minorPageFault - f0 };
 }
-const median = (xs: number[]) => [...xs].sort((x, y) => x - y)[Math.floor(xs.length / 2)]!;
 
 const modes: [Precision, ActivationCheckpoint][] = [['fp32', 'none'], ['bf16-mixed', 'none'], ['bf16-mixed', 'full'], ['bf16-mixed', 'selective']];
 const load0 = os.loadavg()[0]!;

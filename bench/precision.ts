@@ -23,6 +23,7 @@ import { initProcessGroup } from '../src/distributed/process_group.js';
 import { saveSafetensors } from '../src/checkpoint/safetensors.js';
 import { autocast, type Precision } from '../src/nn/precision.js';
 import { withActivationCheckpoint, type ActivationCheckpoint } from '../src/nn/checkpoint.js';
+import { withoutAllocatorSettings } from '../src/tensor/allocator.js';
 import { median, writeSection } from './report.js';
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
@@ -64,14 +65,9 @@ class Peer {
   }
 }
 
-// The memory children run with the default allocator (the tensor cache) whatever this process runs with.
-function defaultAllocatorEnv(): NodeJS.ProcessEnv {
-  return Object.fromEntries(Object.entries(process.env).filter(([k]) => !/^MALLOC_\w+_$|^GLIBC_TUNABLES$|^FLOTILLA_MALLOC$/.test(k)));
-}
-
 function peakMiB(o: object): Promise<number> {
   return new Promise((resolve, reject) => {
-    const c = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'bench', 'precision_child.ts'), JSON.stringify(o)], { cwd: ROOT, stdio: ['pipe', 'pipe', 'inherit'], env: defaultAllocatorEnv() });
+    const c = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'bench', 'precision_child.ts'), JSON.stringify(o)], { cwd: ROOT, stdio: ['pipe', 'pipe', 'inherit'], env: withoutAllocatorSettings(process.env) }); // the default allocator, whatever this process runs with
     c.stdout.on('data', (d: Buffer) => {
       if (!d.toString().includes('done')) return;
       const m = /VmHWM:\s+(\d+) kB/.exec(readFileSync(`/proc/${c.pid}/status`, 'utf8'));

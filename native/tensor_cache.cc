@@ -13,7 +13,6 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 
-#include <algorithm>
 #include <deque>
 #include <list>
 #include <map>
@@ -40,9 +39,8 @@ size_t ClassOf(size_t n) {
 
 struct Cache {
   std::mutex mu;
-  bool on = false;
   size_t min_bytes = 0;
-  size_t cap_bytes = 0;
+  size_t cap_bytes = 0;  // 0: off
   // Blocks handed out (address -> class size), and kept ones: `lru` in free order (newest first),
   // `by_class` the same blocks per class (oldest first), so a request takes its class's newest
   // block (warmest in cache) and eviction takes the overall oldest. `gen` counts trims: a kept
@@ -57,7 +55,6 @@ struct Cache {
   std::map<size_t, std::deque<std::list<Kept>::iterator>> by_class;
   uint64_t gen = 0;
   size_t live_bytes = 0, cached_bytes = 0;
-  size_t peak_live = 0, peak_held = 0;  // high-water marks of live, and of live + cached
   uint64_t hits = 0, misses = 0, evictions = 0;
 
   void EvictOldestLocked() {
@@ -105,7 +102,7 @@ struct CachingCpuAllocator final : public c10::Allocator {
     void* p = nullptr;
     {
       std::lock_guard<std::mutex> g(c.mu);
-      if (c.on && n >= c.min_bytes && n > 0) {
+      if (c.cap_bytes > 0 && n >= c.min_bytes && n > 0) {
         size_t cls = ClassOf(n);
         // The request's class, or else the smallest kept class up to twice its size: a block kept
         // idle while a fresh one is mapped would add to the resident size.
@@ -133,8 +130,6 @@ struct CachingCpuAllocator final : public c10::Allocator {
         if (p != nullptr) {
           c.live.emplace(p, cls);
           c.live_bytes += cls;
-          c.peak_live = std::max(c.peak_live, c.live_bytes);
-          c.peak_held = std::max(c.peak_held, c.live_bytes + c.cached_bytes);
         }
       }
     }
@@ -159,7 +154,6 @@ Napi::Value SetTensorCache(const Napi::CallbackInfo& info) {
   static bool installed = false;
   {
     std::lock_guard<std::mutex> g(c.mu);
-    c.on = cap_bytes > 0;
     c.min_bytes = min_bytes;
     c.cap_bytes = cap_bytes;
     while (c.cached_bytes > c.cap_bytes && !c.lru.empty()) c.EvictOldestLocked();
@@ -191,21 +185,18 @@ Napi::Value EmptyTensorCache(const Napi::CallbackInfo& info) {
   return Napi::Number::New(info.Env(), static_cast<double>(before));
 }
 
-// tensorCacheStats(): bytes in blocks handed out and in cached blocks, the counts of requests
-// served from the cache (hits), by a new mapping (misses), and of blocks unmapped from it, and the
-// high-water marks of blocks handed out and of those plus the kept ones.
+// tensorCacheStats(): bytes in blocks handed out and in cached blocks, and the counts of requests
+// served from the cache (hits), by a new mapping (misses), and of blocks unmapped from it.
 Napi::Value TensorCacheStats(const Napi::CallbackInfo& info) {
   Cache& c = TheCache();
   std::lock_guard<std::mutex> g(c.mu);
   Napi::Object o = Napi::Object::New(info.Env());
-  o.Set("on", c.on);
+  o.Set("on", c.cap_bytes > 0);
   o.Set("liveBytes", static_cast<double>(c.live_bytes));
   o.Set("cachedBytes", static_cast<double>(c.cached_bytes));
   o.Set("hits", static_cast<double>(c.hits));
   o.Set("misses", static_cast<double>(c.misses));
   o.Set("evictions", static_cast<double>(c.evictions));
-  o.Set("peakLiveBytes", static_cast<double>(c.peak_live));
-  o.Set("peakHeldBytes", static_cast<double>(c.peak_held));
   return o;
 }
 

@@ -11,11 +11,11 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { REPO_ROOT } from './helpers/world.js';
+import { withoutAllocatorSettings } from '../src/tensor/allocator.js';
 
 function peakMiB(o: object): Promise<number> {
   return new Promise((resolve, reject) => {
-    // the default allocator whatever this process's environment says
-    const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !/^MALLOC_\w+_$|^GLIBC_TUNABLES$|^FLOTILLA_MALLOC$/.test(k)));
+    const env = withoutAllocatorSettings(process.env); // the default allocator whatever this process's environment says
     const c = spawn(process.execPath, ['--import', 'tsx', 'bench/precision_child.ts', JSON.stringify(o)], { cwd: REPO_ROOT, stdio: ['pipe', 'pipe', 'pipe'], env });
     let err = '';
     c.stderr.on('data', (d: Buffer) => (err += d.toString()));

@@ -5,7 +5,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
-import { allocatorChoice, MALLOC_OPTIONS, TENSOR_CACHE } from '../src/tensor/allocator.js';
+import { allocatorChoice, MALLOC_OPTIONS, TENSOR_CACHE, withoutAllocatorSettings } from '../src/tensor/allocator.js';
 
 const ROOT = join(import.meta.dirname, '..');
 const MiB = 2 ** 20;
@@ -43,7 +43,7 @@ console.log(JSON.stringify({ inHeap, shrank: h1 - h2, rssDrop: r1 - r2 }));
 
 function probe(env: Record<string, string>): { inHeap: boolean; shrank: number; rssDrop: number } {
   // The probe starts from an environment without malloc settings of its own, whatever this one has.
-  const base = Object.fromEntries(Object.entries(process.env).filter(([k]) => !/^MALLOC_\w+_$|^GLIBC_TUNABLES$|^FLOTILLA_MALLOC$/.test(k)));
+  const base = withoutAllocatorSettings(process.env);
   const r = spawnSync(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', PROBE], {
     cwd: ROOT, encoding: 'utf8', env: { ...base, ...env },
   });
@@ -126,7 +126,7 @@ console.log(JSON.stringify(out));
 
 test('cache: a 16 MiB tensor has a mapping of its own, kept when freed and reused by the next request of its class; the cap unmaps the oldest; releaseIdleMemory gives back what a step left unused, releaseFreedMemory all of it', () => {
   assert.ok(16 * MiB >= TENSOR_CACHE.minBytes && 3 * 28 * MiB < TENSOR_CACHE.capBytes);
-  const base = Object.fromEntries(Object.entries(process.env).filter(([k]) => !/^MALLOC_\w+_$|^GLIBC_TUNABLES$|^FLOTILLA_MALLOC$/.test(k)));
+  const base = withoutAllocatorSettings(process.env);
   const r = spawnSync(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', CACHE_PROBE], { cwd: ROOT, encoding: 'utf8', env: base });
   assert.equal(r.status, 0, r.stderr);
   const o = JSON.parse(r.stdout.trim().split('\n').pop()!);

@@ -48,9 +48,6 @@ export interface TensorCacheStats {
   hits: number;
   misses: number;
   evictions: number;
-  /** high-water marks: bytes handed out, and handed out plus kept */
-  peakLiveBytes: number;
-  peakHeldBytes: number;
 }
 
 /** The allocator mode for this environment; pure, for tests. */
@@ -66,11 +63,16 @@ export function allocatorChoice(env: NodeJS.ProcessEnv): AllocatorChoice {
   return { mode };
 }
 
+/** env without the variables allocatorChoice reads: a child started with it runs the default mode. */
+export function withoutAllocatorSettings(env: NodeJS.ProcessEnv): NodeJS.ProcessEnv {
+  return Object.fromEntries(Object.entries(env).filter(([k]) => !/^MALLOC_\w+_$|^GLIBC_TUNABLES$|^FLOTILLA_MALLOC$/.test(k)));
+}
+
 /**
  * Applies the choice once, when the addon loads: setMalloc is the addon's mallopt, setCache its tensor
  * cache. Where the C library is not glibc, malloc keeps its settings and the cache still runs.
  */
-export function tuneAllocator(setMalloc: (mmapThreshold: number, trimThreshold: number) => boolean, setCache: (minBytes: number, capBytes: number) => void): AllocatorChoice {
+export function tuneAllocator(setMalloc: (mmapThreshold: number, trimThreshold: number) => void, setCache: (minBytes: number, capBytes: number) => void): AllocatorChoice {
   const choice = allocatorChoice(process.env);
   if (choice.mode === 'default') return choice;
   const o = choice.mode === 'lean' ? LEAN_MALLOC_OPTIONS : MALLOC_OPTIONS;
