@@ -107,6 +107,8 @@ test('flotilla train --nproc 2 --parallel.pp=2 reports validation losses and the
   assert.equal(pp.code, 0, pp.out + pp.err);
   assert.match(pp.out, /\[rank 0\] \[mesh\] pipeline 2/);
   assert.match(pp.out, /\[rank 0\] \[memory\] rank 0 holds parameters \d+\.\d+ MiB .*optimizer state \d+\.\d+ MiB .*step peak \d+\.\d+ MiB/);
+  // the ranks run the tensor cache (the default allocator) and say what it keeps
+  assert.match(pp.out, /\[rank 0\] \[memory\] .*the process: resident \d+ MiB, peak \d+ MiB \(.*; \d+ MiB of it is freed tensor memory the cache keeps\)/);
   assert.match(pp.out, /\[rank 0\] step 2\/4 \| loss \d\.\d{4} \| val \d\.\d{4}/);
   assert.match(pp.out, /\[rank 0\] \[done\] loss \d\.\d{4} -> \d\.\d{4}, val loss \d\.\d{4}/);
   const ref = readMetrics(join(dir, 'tiny-one', 'metrics.jsonl'));

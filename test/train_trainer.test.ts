@@ -7,6 +7,7 @@ import { join } from 'node:path';
 import { train } from '../src/train/trainer.js';
 import { loadConfig, parseConfig } from '../src/train/config.js';
 import { readMetrics } from '../src/train/metrics.js';
+import { tensorCacheStats, zeros } from '../src/tensor/index.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'flotilla-trainer-'));
 
@@ -62,6 +63,18 @@ test('each step frees its temporaries (live tensor count is flat)', async () => 
   const live = r.steps.map((s) => s.live);
   // From step 2 on (optimizer state exists), the count never moves, eval steps included.
   assert.ok(live.slice(1).every((n) => n === live[1]), `live tensors per step: ${live.join(' ')}`);
+});
+
+test('freed tensor memory no step reuses goes back after a step ([Note: tensor cache]), not only at the end of the run', async () => {
+  // A 68 MiB block freed before the run: nothing this model makes takes a block that size.
+  const MiB = 2 ** 20;
+  zeros([17 * MiB]).dispose();
+  const before = tensorCacheStats();
+  assert.ok(before.on && before.cachedBytes >= 68 * MiB, `the cache should keep the freed block (${JSON.stringify(before)})`);
+  const kept: number[] = [];
+  const cfg = parseConfig('', [...TINY, `--train.runDir=${join(dir, 'trim')}`, '--train.steps=3']);
+  await train(cfg, { print: () => {}, onStep: () => kept.push(tensorCacheStats().cachedBytes) });
+  assert.ok(kept.every((b) => b < 68 * MiB), `cached bytes after each step: ${kept.join(', ')} (the 68 MiB block should be gone after the first)`);
 });
 
 test('micro-batches accumulate to the same training as one big batch', async () => {
