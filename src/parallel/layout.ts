@@ -1,6 +1,6 @@
 // The layout: the one description of how a model is spread over ranks ([parallel] in a config),
 // its validation and the choices derived from it. Everything that needs the layout reads it from
-// here: the config (src/train/config.ts re-exports ParallelConfig), the trainer, parallelize.ts
+// here: the config (src/config/schema.ts takes its defaults and choices), the trainer, parallelize.ts
 // and DataParallel's accumulation default.
 //
 // Mesh dims, outermost first: pp (pipeline), dpReplicate, dpShard, tp (tensor parallel, innermost
@@ -8,12 +8,22 @@
 // data a rank reads, is the flattened (dpReplicate, dpShard) mesh rank:
 // replicateRank * dpShard + shardRank (the Lingua lesson; DeviceMesh.flatten computes it, and no
 // one else does). Every pipeline rank and every tensor-parallel rank of one replica reads the same data.
-import type { ScheduleName } from './pipeline/schedule.js';
+import { SCHEDULE_NAMES, type ScheduleName } from './pipeline/schedule.js';
 
 export type ZeroStage = 0 | 1 | 2 | 3;
 export type AccumulateFlavour = 'reduceLast' | 'reduceEach' | 'reduceScatterEachAllReduceLast';
 
-/** The [parallel] config section (every field is documented in src/train/config.ts's schema). */
+/** The accumulation flavours ([Note: accumulation] in data_parallel.ts). */
+export const ACCUMULATE_FLAVOURS: readonly AccumulateFlavour[] = ['reduceLast', 'reduceEach', 'reduceScatterEachAllReduceLast'];
+/** What [parallel] accumulate, reduceDtype, backend and ppSchedule accept. */
+export const PARALLEL_CHOICES = {
+  accumulate: ['auto', ...ACCUMULATE_FLAVOURS] as const,
+  ppSchedule: SCHEDULE_NAMES,
+  reduceDtype: ['fp32', 'bf16'] as const,
+  backend: ['auto', 'gloo', 'mpi'] as const,
+};
+
+/** The [parallel] config section (every field is documented in src/config/schema.ts). */
 export interface ParallelConfig {
   dp: number;
   /** 0 = plain data parallel; 1, 2, 3 = ZeRO stage (optimizer state; + gradients; + parameters sharded). */
@@ -43,6 +53,15 @@ export interface ParallelConfig {
   /** Collective backend: "auto" (Open MPI when installed, else Gloo), "gloo" or "mpi" (src/distributed/process_group.ts). */
   backend: 'auto' | 'gloo' | 'mpi';
 }
+
+/**
+ * The [parallel] defaults: the config schema (src/config/schema.ts) documents each field and takes
+ * its default from here, and layoutFor fills a script's unset fields from here, so both agree.
+ */
+export const PARALLEL_DEFAULTS: Readonly<ParallelConfig> = {
+  dp: -1, zero: 0, dpShard: -1, dpReplicate: 1, accumulate: 'auto', reshardAfterForward: true, bucketSizeMb: 0, reduceDtype: 'fp32',
+  overlap: true, backend: 'auto', pp: 1, ppSchedule: '1f1b', ppVirtualStages: 1, tp: 1, sequenceParallel: false, lossParallel: false,
+};
 
 /** A layout resolved for a world: every degree known. */
 export interface Layout {
@@ -77,7 +96,7 @@ export function resolveAccumulate(zero: ZeroStage, requested: 'auto' | Accumulat
  * config ('parallel.accumulate', with the pipeline degree) or for the DataParallel options ('api').
  */
 export function accumulateProblems(zero: ZeroStage, acc: string, replicated: boolean, pp: number, wording: 'config' | 'api'): string[] {
-  const flavours = ['reduceLast', 'reduceEach', 'reduceScatterEachAllReduceLast'];
+  const flavours: readonly string[] = ACCUMULATE_FLAVOURS;
   const config = wording === 'config';
   if (!flavours.includes(acc) && !(config && acc === 'auto')) {
     return [config ? `parallel.accumulate must be "auto" or one of ${flavours.join(', ')}, got ${String(acc)}` : `accumulate must be one of ${flavours.join(', ')}, got ${String(acc)}`];
@@ -198,8 +217,5 @@ export type LayoutRequest = Partial<Pick<ParallelConfig, 'dp' | 'zero' | 'dpShar
  * like a config.
  */
 export function layoutFor(req: LayoutRequest, worldSize: number): Layout {
-  return resolveLayout({
-    dp: -1, zero: 0, dpShard: -1, dpReplicate: 1, accumulate: 'auto', pp: 1, ppSchedule: '1f1b', ppVirtualStages: 1,
-    reshardAfterForward: true, bucketSizeMb: 0, overlap: true, reduceDtype: 'fp32', backend: 'auto', tp: 1, sequenceParallel: false, lossParallel: false, ...req,
-  }, worldSize);
+  return resolveLayout({ ...PARALLEL_DEFAULTS, ...req }, worldSize);
 }
