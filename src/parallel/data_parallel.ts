@@ -78,6 +78,11 @@ export interface DataParallelOptions {
    * whole model is one unit, gathered for the whole step, and a warning says how to split it.
    */
   units?: UnitPolicy;
+  /**
+   * Zero 3: the modules a forward enters through when the wrapped module itself is never called (a
+   * pipeline's stages under one container): entering any gathers the root unit. Default: the module.
+   */
+  entries?: readonly Module[];
   /** Zero 3: free a unit's gathered parameters after its forward (default true; false keeps them until backward). */
   reshardAfterForward?: boolean;
   /** Zero 3: gather the next unit while the current one computes (default true). */
@@ -230,6 +235,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
         reshardAfterForward: opts.reshardAfterForward ?? true,
         prefetch: opts.prefetch ?? true,
         onMemoryChange: () => this.notePeak(),
+        ...(opts.entries ? { entries: opts.entries } : {}),
       });
     } else if (this.zero >= 1 && this.shardGroup.size > 1) {
       this.gathers = new ParamGathers(this.shardGroup);

@@ -157,6 +157,8 @@ export class FsdpUnits {
       reshardAfterForward: boolean;
       prefetch: boolean;
       onMemoryChange: () => void;
+      /** Modules a forward enters through instead of the model itself (a pipeline's stages). */
+      entries?: readonly Module[];
     },
   ) {
     if (buckets.length !== plan.units.length) throw new Error(`FSDP: ${plan.units.length} units but ${buckets.length} buckets (one dtype per unit is supported)`);
@@ -180,8 +182,10 @@ export class FsdpUnits {
       this.removers.push(u.module.registerForwardHook((_m, args) => this.postForward(u, args)));
       this.removers.push(u.module.registerBackwardPreHook(() => this.preBackward(u)));
     }
-    // The root's parameters are gathered when the model is entered (or when a unit first runs).
-    this.removers.push(model.registerForwardPreHook(() => this.ensureRoot()));
+    // The root's parameters are gathered when the model is entered (or when a unit first runs). A
+    // pipeline never calls the container of its stages: each stage is an entry of its own, and the
+    // root holds whatever of them lies outside the units (an embedding, a head).
+    for (const m of opts.entries ?? [model]) this.removers.push(m.registerForwardPreHook(() => this.ensureRoot()));
   }
 
   /** Whether a forward now gathers the unit's bfloat16 copy: under bf16-mixed, when it has one. */

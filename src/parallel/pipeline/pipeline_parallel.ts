@@ -50,7 +50,9 @@
 // Zero 3: FSDP's module hooks (fsdp.ts) gather a unit before each forward call and again, through
 // the hook on that call's output, before its backward, so micro-batches in flight each find their
 // unit gathered; every backward pass of the schedule frees the units at its end, and W needs no
-// parameters (dW = dy^T x). Every dp replica of a pipeline rank runs the same action list, so the
+// parameters (dW = dy^T x). Parameters outside every unit (a user's embedding and head when the
+// policy names only the blocks) form the root unit, gathered when any stage is entered and kept to
+// the end of the step. Every dp replica of a pipeline rank runs the same action list, so the
 // shard group issues the same gathers in the same order. Read parameters inside withFullParameters.
 // Hybrid sharding (replicateGroup, HSDP): the dp group is replicate x shard ranks; DataParallel
 // reduce-scatters in the shard group (scaled by 1/dp) and all-reduces the shards across replicas,
@@ -189,6 +191,7 @@ export class PipelineParallel implements ParallelModel {
         ...(opts.reduceDtype !== undefined ? { reduceDtype: opts.reduceDtype } : {}),
         ...(opts.reshardAfterForward !== undefined ? { reshardAfterForward: opts.reshardAfterForward } : {}),
         ...(opts.units ? { units: opts.units } : {}),
+        entries: this.stages.map((st) => st.module), // the executor calls the stages, never LocalStages
       });
       for (const s of this.dp.parametersWithSlots()) this.slotOf.set(s.param, s);
     }
