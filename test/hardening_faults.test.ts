@@ -89,6 +89,28 @@ for (const backend of ['gloo', 'mpi'] as const) {
   });
 }
 
+for (const backend of ['gloo', 'mpi'] as const) {
+  test(`${backend}: a rank stopped with SIGSTOP past the collective timeout is named as stalled, not the rank that timed out waiting for it`, async () => {
+    if (backend === 'mpi') assertMpiBuilt();
+    // The collective timeout (10 s) comes long before the hung-rank watch (120 s): only the rank
+    // that timed out can tell the launcher whom it waited for.
+    const env = { ...FAST, FLOTILLA_TIMEOUT_MS: '10000', FLOTILLA_HEARTBEAT_TIMEOUT_MS: '120000' };
+    const job = start(process.execPath, [FLOTILLA, 'run', '--backend', backend, '--nproc', '2', SCRIPT, 'train', '1000'], env);
+    try {
+      const pids = (await job.seen(/PID \d+ (\d+)/, 2)).map((m) => Number(m[1]));
+      const victim = Number(/\[rank 0\] PID 0 (\d+)/.exec(job.out)![1]);
+      await job.seen(/STEP 1 3/);
+      process.kill(victim, 'SIGSTOP');
+      const code = await job.done;
+      assert.notEqual(code, 0, job.out);
+      assert.match(job.out, /flotilla run: failed: rank 0 stalled: rank 1 timed out waiting in a collective/, job.out);
+      assert.deepEqual(await gone(pids), [], 'ranks outlived the job');
+    } finally {
+      job.child.kill('SIGKILL');
+    }
+  });
+}
+
 test('two nodes (loopback): a rank that throws mid-step on node 1 ends node 0\'s ranks within seconds, not at the collective timeout', async () => {
   const port = await freePort();
   const common = ['run', '--nnodes', '2', '--nproc', '1', '--master-addr', '127.0.0.1', '--master-port', String(port)];
