@@ -2,7 +2,8 @@
 // and two tensors passed between layers) trained through parallelize() equals one process: data
 // parallel, ZeRO-3 with a unit policy by class, pp=2 with 1F1B (and zero bubble), pp=2 x ZeRO-2,
 // pp=2 x ZeRO-3 (the unit policy leaves the embedding and the head outside the units, so each stage
-// has a root unit of its own), and tensor parallelism from the model's own plan (tp=2, and tp=2 x pp=2).
+// has a root unit of its own), pp=2 over HSDP with the layout's non-default accumulation flavour
+// (reduceScatterEachAllReduceLast, under zero bubble), and tensor parallelism from the model's own plan (tp=2, and tp=2 x pp=2).
 // Every rank's losses and parameters against the whole model on the whole batch, in float64.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -63,13 +64,15 @@ test('your own model on 2 ranks: data parallel, ZeRO-3 with units by class, pp=2
   compare('tp2', 2, { sliced: 4 * (72 + 64) }); // per block: half of fc's 16 x 8 weight and 16 biases, half of out's 8 x 16 weight
 });
 
-test('your own model on 4 ranks: pp=2 x ZeRO-2 over dp=2 (1F1B), pp=2 x ZeRO-3 with parameters outside the units, tp=2 x pp=2: equal to one process', async () => {
+test('your own model on 4 ranks: pp=2 x ZeRO-2 over dp=2 (1F1B), pp=2 x ZeRO-3 with parameters outside the units, pp=2 x HSDP accumulating reduceScatterEachAllReduceLast, tp=2 x pp=2: equal to one process', async () => {
   await Promise.all([ref, launch(4, [
     { name: 'pp2_z2', layout: { pp: 2, zero: 2, ppSchedule: '1f1b' }, micro: 2 },
     { name: 'pp2_z3', layout: { pp: 2, zero: 3, ppSchedule: '1f1b' }, micro: 2 },
+    { name: 'pp2_hsdp_rs', layout: { pp: 2, zero: 2, dpReplicate: 2, accumulate: 'reduceScatterEachAllReduceLast', ppSchedule: 'zb' }, micro: 2 },
     { name: 'tp2_pp2', layout: { tp: 2, pp: 2, ppSchedule: '1f1b' }, micro: 2 },
   ])]);
   compare('pp2_z2', 4, { split: true });
   compare('pp2_z3', 4, { split: true });
+  compare('pp2_hsdp_rs', 4, { split: true });
   compare('tp2_pp2', 4, { split: true, sliced: 2 * (72 + 64) }); // two blocks per stage
 });

@@ -4,7 +4,8 @@
 // coordinates (c0, ..., ck) is ((c0 * s1 + c1) * s2 + c2) ... The group along a dim is every rank
 // that differs from this one only in that dim's coordinate; a group's rank is that coordinate.
 // Flattening adjacent dims [a, b] gives one group whose rank is the row-major index (ca * sb + cb),
-// e.g. dp_rank = replicate_rank * shard_size + shard_rank (see partition.ts).
+// e.g. dp_rank = replicate_rank * shard_size + shard_rank: rowMajorIndex is that formula, the only
+// copy of it (partition.ts's dpRank calls it).
 //
 // MeshLayout is the rank arithmetic alone, with no processes, so layouts of any size can be checked
 // in tests. DeviceMesh adds the process groups: build() creates the group of every dim (and
@@ -12,6 +13,14 @@
 import { getWorld, newGroup, type ProcessGroup } from './process_group.js';
 
 export type MeshSpec = Record<string, number> | readonly (readonly [string, number])[];
+
+/**
+ * The row-major index of coordinates (c0, c1, ..., ck), the last innermost: ((c0 * s1 + c1) * s2 +
+ * c2) ..., given the sizes of every dim but the outermost (s1..sk), which does not enter it.
+ */
+export function rowMajorIndex(coords: readonly number[], innerSizes: readonly number[]): number {
+  return coords.reduce((acc, c, i) => (i === 0 ? c : acc * innerSizes[i - 1]! + c), 0);
+}
 
 /** A mesh that does not fit the world, an unknown dim name, or an invalid flatten. */
 export class MeshError extends Error {
@@ -167,7 +176,7 @@ export class MeshLayout {
   rankIn(rank: number, names: string | readonly string[]): number {
     const idx = this.contiguousDims(typeof names === 'string' ? [names] : names);
     const c = this.coords(rank);
-    return idx.reduce((acc, i) => acc * this.sizes[i]! + c[i]!, 0);
+    return rowMajorIndex(idx.map((i) => c[i]!), idx.slice(1).map((i) => this.sizes[i]!));
   }
 
   /**

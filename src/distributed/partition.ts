@@ -2,12 +2,14 @@
 //
 // Under replicate × shard data parallelism the DP rank is
 //     dp_rank = replicate_rank * shard_size + shard_rank
-// (the row-major index over the two mesh dims; DeviceMesh.flatten computes the same). A trainer once
+// (the row-major index over the two mesh dims: mesh.ts's rowMajorIndex, which DeviceMesh.flatten
+// uses too). A trainer once
 // used replicate_rank * replicate_size + shard_rank: whenever the two sizes differ, some ranks read
 // the same samples and others read samples nobody should, silently. So the assignment is checked at
 // start-up instead of trusted: every DP rank contributes the sample ids it will read, and together
 // they must cover [0, globalBatchSize) exactly once.
 import type { ProcessGroup } from './process_group.js';
+import { rowMajorIndex } from './mesh.js';
 import { tensor, zeros, full, tidy } from '../tensor/index.js';
 
 /** The data-parallel rank of (replicate_rank, shard_rank): replicate_rank * shard_size + shard_rank. */
@@ -17,7 +19,7 @@ export function dpRank(replicateRank: number, shardRank: number, shardSize: numb
   }
   if (!Number.isInteger(shardSize) || shardSize < 1) throw new RangeError(`dpRank: shardSize = ${shardSize} must be a positive integer`);
   if (shardRank >= shardSize) throw new RangeError(`dpRank: shardRank ${shardRank} must be below shardSize ${shardSize}`);
-  return replicateRank * shardSize + shardRank;
+  return rowMajorIndex([replicateRank, shardRank], [shardSize]);
 }
 
 export interface PartitionReport {

@@ -148,6 +148,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
   private gathers: ParamGathers | undefined; // zero 1/2: the parameter all-gathers after the step
   private readonly removeHooks: (() => void)[] = [];
   private lastMicroBatch = true;
+  private holding = false; // holdReductions() until reduceAccumulated()
   private window: Window = 'idle';
   private usedThisStep: Set<Tensor> | undefined; // parameters with a gradient on some rank (findUnusedParameters)
   private readonly meter = new MemoryMeter(() => this.runs.map((r) => ({ ...r, copy: this.fsdp?.bf16CopyOf(r.bucket) })));
@@ -270,7 +271,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
   }
 
   private reducesNow(): boolean {
-    return this.lastMicroBatch || this.accumulate !== 'reduceLast';
+    return !this.holding && (this.lastMicroBatch || this.accumulate !== 'reduceLast');
   }
 
   // ---- reduction (called by the reducer)
@@ -363,6 +364,16 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     for (const run of this.runs) this.beforeAccumulate(run.bucket);
   }
 
+  /**
+   * Until reduceAccumulated(), backward passes only accumulate into the full buckets, whatever the
+   * flavour: for a pipeline schedule, whose passes interleave and whose weight pass and tied
+   * sums write into the buckets after autograd's. Implies requireGradientSync(false).
+   */
+  holdReductions(): void {
+    this.holding = true;
+    this.requireGradientSync(false);
+  }
+
   /** Tells the reducer that `param` received a gradient written by hand this step (see allocateGradients). */
   markGradient(param: Tensor): void {
     this.reducer.markUsed(this.requireSlot(param));
@@ -374,6 +385,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
    * pipeline, whose schedule interleaves many backward passes, reduces once per step.
    */
   reduceAccumulated(): void {
+    this.holding = false;
     this.requireGradientSync(true);
     this.reducer.launchAll();
   }

@@ -82,12 +82,12 @@ export interface Layout {
 }
 
 /**
- * The accumulation flavour, decided here only: a pipeline reduces once per step ('reduceLast');
- * otherwise 'auto' (or nothing) means reduceEach where gradients are sharded (zero 2/3), else reduceLast.
+ * The accumulation flavour, decided here only: 'auto' (or nothing) means reduceLast in a pipeline
+ * (it reduces once per step), else reduceEach where gradients are sharded (zero 2/3), else
+ * reduceLast. A flavour asked for is kept (accumulateProblems refuses what cannot run).
  */
 export function resolveAccumulate(zero: ZeroStage, requested: 'auto' | AccumulateFlavour | undefined, opts: { pipeline?: boolean } = {}): AccumulateFlavour {
-  if (opts.pipeline) return 'reduceLast';
-  if (requested === undefined || requested === 'auto') return zero >= 2 ? 'reduceEach' : 'reduceLast';
+  if (requested === undefined || requested === 'auto') return !opts.pipeline && zero >= 2 ? 'reduceEach' : 'reduceLast';
   return requested;
 }
 
@@ -112,9 +112,14 @@ export function accumulateProblems(zero: ZeroStage, acc: string, replicated: boo
       ? 'parallel.accumulate = "reduceScatterEachAllReduceLast" is for hybrid sharding: set parallel.dpReplicate > 1, or use "reduceEach" / "reduceLast"'
       : "accumulate 'reduceScatterEachAllReduceLast' is for hybrid sharding (a replicate group of size > 1); without replicas use 'reduceEach' or 'reduceLast'");
   }
-  // A pipeline shards over dp with zero 1/2/3 (hybrid sharding included) and reduces once per step.
-  if (pp > 1 && (acc === 'reduceEach' || acc === 'reduceScatterEachAllReduceLast')) {
-    out.push(`parallel.accumulate = "${acc}" with parallel.pp = ${pp}: a pipeline reduces its gradients once per step; use "auto" or "reduceLast"`);
+  // A pipeline's schedule accumulates every micro-batch into the full gradient buckets (the
+  // zero-bubble weight pass writes into them by hand) and reduces once per step, so a flavour that
+  // reduces every micro-batch cannot run. Under HSDP, reduceScatterEachAllReduceLast reduces there
+  // as reduceLast does: reduce-scatter, then one all-reduce across replicas.
+  if (pp > 1 && acc === 'reduceEach') {
+    out.push(config
+      ? `parallel.accumulate = "${acc}" with parallel.pp = ${pp}: a pipeline reduces its gradients once per step; use "auto" or "reduceLast" (or, with parallel.dpReplicate > 1, "reduceScatterEachAllReduceLast")`
+      : `accumulate '${acc}' in a pipeline: the schedule reduces its gradients once per step; use 'reduceLast' (or, under hybrid sharding, 'reduceScatterEachAllReduceLast')`);
   }
   return out;
 }

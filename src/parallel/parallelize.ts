@@ -129,7 +129,7 @@ function parallelizeParts(model: Module | PipelineModel, mesh: LayoutMesh, plan:
     return new PipelineParallel(model, {
       pp: mesh.pp, ...(layout.dp > 1 ? { dp: mesh.dp } : {}),
       schedule: layout.schedule ?? '1f1b', ...(layout.virtualStages !== undefined ? { virtualStages: layout.virtualStages } : {}),
-      micro: plan.micro, zero: layout.zero,
+      micro: plan.micro, zero: layout.zero, accumulate: layout.accumulate,
       ...(layout.zero >= 1 ? { shardGroup: mesh.shard, replicateGroup: mesh.replicate } : {}),
       ...(plan.bucketSizeMb !== undefined ? { bucketSizeMb: plan.bucketSizeMb } : {}),
       ...(plan.reduceDtype !== undefined ? { reduceDtype: plan.reduceDtype } : {}),

@@ -37,8 +37,8 @@
 //
 // [Note: pipeline x ZeRO] With a dp group (any zero stage, 0 included), this rank's stage modules are registered
 // in one container module (virtual stages share it) wrapped in a DataParallel over the dp group with
-// that zero stage and accumulate 'reduceLast'. Every backward of the schedule runs with gradient
-// sync off and accumulates into the full gradient buckets (allocated at the start of the step); the
+// that zero stage and the layout's accumulation flavour. Every backward of the schedule runs with
+// reductions held (DataParallel.holdReductions, whatever the flavour) and accumulates into the full gradient buckets (allocated at the start of the step); the
 // zero-bubble W pass writes its hand-made weight gradients into the same buckets (Executor
 // handGrads) and marks them. After the schedule the tied copies are summed in the buckets (a sum
 // before the dp average equals one after it), then reduceAccumulated() + finishGradSync() reduce
@@ -70,8 +70,9 @@ import { Module } from '../../nn/module.js';
 import type { UnitPolicy } from '../fsdp.js';
 import type { ParallelModel } from '../parallel_model.js';
 import type { GradShard, GradientSource, StepPiece } from '../grads.js';
-import { DataParallel, type MemoryReport, type ZeroStage } from '../data_parallel.js';
+import { DataParallel, type AccumulateFlavour, type MemoryReport, type ZeroStage } from '../data_parallel.js';
 import { gradView, type ParamSlot } from '../grad_buffer.js';
+import { accumulateProblems } from '../layout.js';
 import { buildSchedule, validateSchedule, type PipelineSchedule, type ScheduleName } from './schedule.js';
 import { Stage } from './stage.js';
 import { Executor, type TraceEvent } from './executor.js';
@@ -89,6 +90,12 @@ export interface PipelineOptions {
   micro: number;
   /** ZeRO stage over the dp group: 0 (default) replicates, 1, 2 and 3 shard (see [Note: pipeline x ZeRO]). */
   zero?: ZeroStage;
+  /**
+   * The layout's accumulation flavour (default 'reduceLast'). The schedule always accumulates the
+   * step's micro-batches before reducing, so 'reduceEach' is refused; under HSDP
+   * 'reduceScatterEachAllReduceLast' reduces as 'reduceLast' does.
+   */
+  accumulate?: AccumulateFlavour;
   /** With zero >= 1: the ranks that split the state (default: dp); see DataParallelOptions. */
   shardGroup?: ProcessGroup;
   /** With zero >= 1: hybrid sharding's replicas of a shard (HSDP; dp = shard x replicate ranks). */
@@ -183,8 +190,10 @@ export class PipelineParallel implements ParallelModel {
     this.tiedCopiesLeftOutOfNorm = leftOut;
     const zero = opts.zero ?? 0;
     if (this.dpGroup) {
+      const [problem] = accumulateProblems(zero, opts.accumulate ?? 'reduceLast', (opts.replicateGroup?.size ?? 1) > 1, Math.max(2, opts.pp.size) /* a pipeline, even on one rank */, 'api');
+      if (problem) throw new Error(`PipelineParallel: ${problem}`);
       this.dp = new DataParallel(new LocalStages(this.stages), {
-        group: this.dpGroup, zero, accumulate: 'reduceLast',
+        group: this.dpGroup, zero, accumulate: opts.accumulate ?? 'reduceLast',
         ...(opts.shardGroup ? { shardGroup: opts.shardGroup } : {}),
         ...(opts.replicateGroup ? { replicateGroup: opts.replicateGroup } : {}),
         ...(opts.bucketSizeMb !== undefined ? { bucketSizeMb: opts.bucketSizeMb } : {}),
@@ -291,7 +300,7 @@ export class PipelineParallel implements ParallelModel {
     const lossScale = opts.lossScale ?? 1 / m;
     if (this.dp) {
       // Backward passes accumulate into the full buckets; they are reduced once, in syncGrads.
-      this.dp.requireGradientSync(false);
+      this.dp.holdReductions();
       this.dp.allocateGradients();
     }
     const lossSum = this.executor.run(microBatches, lossScale, opts.trace);
