@@ -12,7 +12,7 @@ import { WordCounter, trainBpe } from '../src/data/bpe_train.js';
 import { loadTrainData } from '../src/data/sources.js';
 import { DataLoader } from '../src/data/loader.js';
 import { tidy } from '../src/tensor/index.js';
-import { parseConfig } from '../src/train/config.js';
+import { parseConfig } from '../src/config/index.js';
 import { train } from '../src/train/trainer.js';
 import { makeDataset, measure } from '../test/fixtures/data_rss.js';
 import { writeSection } from './report.js';

@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { loadMobyDick } from '../src/data/corpus.js';
 import { WordCounter, trainBpe } from '../src/data/bpe_train.js';
 import { loadTokenizer } from '../src/data/tokenizer.js';
-import { loadConfig } from '../src/train/config.js';
+import { loadConfig } from '../src/config/index.js';
 import { train } from '../src/train/trainer.js';
 import { readMetrics } from '../src/train/metrics.js';
 import { writeSection } from './report.js';

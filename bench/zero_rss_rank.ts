@@ -4,7 +4,7 @@
 // is over prints `[rss] ready <memory report as JSON>` and waits for SIGUSR2, so the parent reads
 // VmHWM from /proc/<pid>/status while the process still exists.
 //   node --import tsx bench/zero_rss_rank.ts --model.nLayer=8 --parallel.zero=3 ...
-import { parseConfig } from '../src/train/config.js';
+import { parseConfig } from '../src/config/index.js';
 import { train } from '../src/train/trainer.js';
 
 // Wall-clock milliseconds, so the parent can line markers up with its samples.

@@ -9,7 +9,7 @@ import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync,
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { parse as parseToml } from 'smol-toml';
-import { ConfigError, checkRunnable, loadConfig } from '../src/train/config.js';
+import { ConfigError, checkRunnable, loadConfig } from '../src/config/index.js';
 import { loadMobyDick } from '../src/data/corpus.js';
 
 const ROOT = resolve(import.meta.dirname, '..');

@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
-import { ConfigError, checkRunnable, configToToml, parseConfig } from '../src/train/config.js';
+import { ConfigError, checkRunnable, configToToml, parseConfig } from '../src/config/index.js';
 import { prepare } from '../src/data/prepare.js';
 import { writeFileSync } from 'node:fs';
 

@@ -10,7 +10,8 @@ import { join, resolve } from 'node:path';
 import {
   MAX_TENSORS, decodeSafetensors, encodeSafetensors, loadSafetensorsWithMetadata, readSafetensorsHeader, saveSafetensors, saveSafetensorsAsync,
 } from '../src/checkpoint/safetensors.js';
-import { ConfigError, parseConfig, prepareRunDir, runDirProblem } from '../src/train/config.js';
+import { ConfigError, parseConfig } from '../src/config/index.js';
+import { prepareRunDir, runDirProblem } from '../src/train/run_record.js';
 import { train } from '../src/train/trainer.js';
 import * as T from '../src/tensor/index.js';
 

@@ -108,7 +108,7 @@ test('zero-bubble split of a Linear: I (inputs = [x]) then W = dy^T x equals one
 });
 
 test('config: [parallel] pp, ppSchedule, ppVirtualStages parse and are validated with messages that name the fix', async () => {
-  const { parseConfig, checkRunnable, ConfigError } = await import('../src/train/config.js');
+  const { parseConfig, checkRunnable, ConfigError } = await import('../src/config/index.js');
   const c = parseConfig('[parallel]\npp = 2\nppSchedule = "interleaved"\nppVirtualStages = 2\n[model]\nnLayer = 4\n');
   assert.equal(c.parallel.pp, 2);
   assert.equal(c.parallel.ppSchedule, 'interleaved');

@@ -6,8 +6,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import {
-  ConfigError, checkRunnable, configSchema, configToToml, defaultConfig, loadConfig, parseConfig, parseOverrides, runDirOf,
-} from '../src/train/config.js';
+  ConfigError, checkRunnable, configSchema, configToToml, defaultConfig, loadConfig, parseConfig, parseOverrides,
+} from '../src/config/index.js';
+import { runDirOf } from '../src/train/run_record.js';
 
 test('every field has a doc line and a default, and the defaults validate', () => {
   for (const [section, spec] of Object.entries(configSchema)) {

@@ -5,7 +5,7 @@ import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { train } from '../src/train/trainer.js';
-import { loadConfig, parseConfig } from '../src/train/config.js';
+import { loadConfig, parseConfig } from '../src/config/index.js';
 import { readMetrics } from '../src/train/metrics.js';
 import { tensorCacheStats, zeros } from '../src/tensor/index.js';
 

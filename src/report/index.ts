@@ -4,7 +4,7 @@
 // that is exiting can still write it.
 import { writeFileSync } from 'node:fs';
 import { join, relative, resolve } from 'node:path';
-import { parseConfig } from '../train/config.js';
+import { parseConfig } from '../config/index.js';
 import { describeLayout, resolveLayout } from '../parallel/layout.js';
 import { renderReport, type RunExtras } from './html.js';
 import { readRun, ReportError, type RunData } from './run.js';

@@ -8,7 +8,8 @@ import type { ProcessGroup } from '../distributed/process_group.js';
 import type { ParamPlacement } from '../parallel/placement.js';
 import { Checkpointer, listCheckpoints, removeInterruptedSaves, loadCheckpoint, loadWeights, resolveCheckpoint, type RankState, type RunInfo, type SaveReport } from '../checkpoint/checkpoint.js';
 import { CheckpointError, type CheckpointMeta } from '../checkpoint/format.js';
-import { runDirOf, type FlotillaConfig } from './config.js';
+import type { FlotillaConfig } from '../config/schema.js';
+import { runDirOf } from './run_record.js';
 
 /** The checkpoints directory of a run's config. */
 export function checkpointDirOf(cfg: FlotillaConfig): string {

@@ -9,24 +9,32 @@ export type ProgressMode = 'bar' | 'plain' | 'off';
 
 /**
  * "auto" becomes a bar on a terminal and plain lines elsewhere. A rank under `flotilla run` writes
- * into the launcher's pipe, so the launcher says whether its own stdout is a terminal
- * (FLOTILLA_LAUNCHER_TTY=1); rank 0 then draws the bar straight on that terminal (see barStream).
+ * into the launcher's pipe, so the launcher names its own terminal, if its stdout is one
+ * (FLOTILLA_LAUNCHER_TTY=/dev/pts/N, '0' when not); rank 0 then draws the bar straight on that
+ * terminal (see barStream), also under mpirun, whose ranks have no controlling terminal.
  */
 export function resolveProgressMode(
   mode: ProgressMode | 'auto',
-  isTTY = Boolean(process.stdout.isTTY) || (process.env.FLOTILLA_LAUNCHER_TTY === '1' && barStream() !== undefined),
+  isTTY = Boolean(process.stdout.isTTY) || (launcherTerminal() !== undefined && barStream() !== undefined),
 ): ProgressMode {
   return mode === 'auto' ? (isTTY ? 'bar' : 'plain') : mode;
 }
 
 let ttyStream: NodeJS.WriteStream | undefined | null = null;
 
-/** Where the bar is drawn: stdout when it is a terminal, else the controlling terminal if any. */
+/** The launcher's terminal: a device path, or '1' for this process's controlling terminal. */
+function launcherTerminal(): string | undefined {
+  const t = process.env.FLOTILLA_LAUNCHER_TTY?.trim();
+  if (t === '1') return '/dev/tty';
+  return t !== undefined && /^\/dev\/(pts\/\d+|tty\w*)$/.test(t) ? t : undefined;
+}
+
+/** Where the bar is drawn: stdout when it is a terminal, else the launcher's terminal if any. */
 export function barStream(): NodeJS.WriteStream | undefined {
   if (process.stdout.isTTY) return process.stdout;
   if (ttyStream === null) {
     try {
-      ttyStream = new WriteStream(openSync('/dev/tty', 'w'));
+      ttyStream = new WriteStream(openSync(launcherTerminal() ?? '/dev/tty', 'w'));
     } catch {
       ttyStream = undefined;
     }

@@ -1,0 +1,230 @@
+// The training job's config schema: one section per component, every field typed, documented and
+// defaulted (torchtitan's job config). Everything else reads it: parsing and overrides (parse.ts),
+// the saved config.toml, `flotilla config`. The [parallel] defaults and choices come from the layouts
+// (src/parallel/layout.ts), the [model] architectures from the model registry.
+import { PARALLEL_CHOICES, PARALLEL_DEFAULTS, type ParallelConfig } from '../parallel/layout.js';
+import type { GPTConfig } from '../models/gpt.js';
+import type { SourceEntry } from '../data/sources.js';
+import { tokenizerIdentity } from '../data/tokenizer.js';
+
+export type { ParallelConfig } from '../parallel/layout.js';
+
+/** The [model] section: the architecture and its sizes (the GPT's, src/models/gpt.ts). */
+export type ModelConfig = { arch: string } & GPTConfig;
+
+export interface DataConfig {
+  source: string;
+  /** Weighted sources (blended); when non-empty, data.source is not used. */
+  sources: SourceEntry[];
+  tokenizer: string;
+  valSource: string;
+  seqLen: number;
+  globalBatch: number;
+  microBatches: number;
+  valFraction: number;
+  prefetch: number;
+}
+
+export interface OptimConfig {
+  lr: number;
+  minLr: number;
+  schedule: 'cosine' | 'constant';
+  warmupSteps: number;
+  beta1: number;
+  beta2: number;
+  eps: number;
+  weightDecay: number;
+  gradClip: number;
+}
+
+export interface TrainConfig {
+  name: string;
+  runDir: string;
+  steps: number;
+  seed: number;
+  evalEvery: number;
+  evalBatches: number;
+  threads: number;
+  initFrom: string;
+  /** "fp32" or "bf16-mixed" (float32 master weights and gradients, bf16 matmuls: src/nn/precision.ts). */
+  precision: 'fp32' | 'bf16-mixed';
+  /** Recompute each transformer block's forward in backward: "none", "full" or "selective". */
+  activationCheckpoint: 'none' | 'full' | 'selective';
+}
+
+export interface CheckpointConfig {
+  /** Save every this many steps (0 = never; the run still saves on Ctrl-C). */
+  every: number;
+  /** Checkpoints kept (the oldest are deleted once a newer one is complete). */
+  keep: number;
+  /** Where checkpoints go ("" = <run dir>/checkpoints). */
+  dir: string;
+  /** Write in the background while training continues. */
+  async: boolean;
+}
+
+export interface LogConfig {
+  every: number;
+  progress: 'auto' | 'bar' | 'plain' | 'off';
+  metrics: string;
+}
+
+export interface FlotillaConfig {
+  model: ModelConfig;
+  data: DataConfig;
+  optim: OptimConfig;
+  train: TrainConfig;
+  parallel: ParallelConfig;
+  checkpoint: CheckpointConfig;
+  log: LogConfig;
+}
+
+type KindOf<T> = T extends boolean ? 'bool' : T extends number ? 'int' | 'float' : T extends readonly unknown[] ? 'sources' : 'string';
+
+export interface Field<T> {
+  doc: string;
+  kind: KindOf<T>;
+  default: T;
+  /** Allowed values (strings). */
+  choices?: readonly T[];
+  /** Inclusive bounds (numbers). */
+  min?: number;
+  max?: number;
+  /** Exclusive bounds (numbers). */
+  above?: number;
+  below?: number;
+}
+
+export type Schema<C> = { [S in keyof C]: { doc: string; fields: { [F in keyof C[S]]: Field<C[S][F]> } } };
+
+/** Every section and field, with its documentation and default. */
+export const configSchema: Schema<FlotillaConfig> = {
+  model: {
+    doc: 'The model: its architecture (src/models/registry.ts) and that architecture\'s sizes.',
+    fields: {
+      arch: { kind: 'string', default: 'gpt', doc: 'The architecture: "gpt" (GPT-2 style, src/models/gpt.ts), or one a script registered with registerModel.' },
+      vocabSize: { kind: 'int', default: 0, min: 0, doc: 'Token ids the model embeds; 0 = the vocabulary of data.tokenizer (256 for bytes). Resolved when the config is read.' },
+      blockSize: { kind: 'int', default: 128, min: 1, doc: 'Longest context in tokens (learned positions).' },
+      nLayer: { kind: 'int', default: 4, min: 1, doc: 'Transformer blocks.' },
+      nHead: { kind: 'int', default: 4, min: 1, doc: 'Attention heads per block; must divide model.nEmbd.' },
+      nEmbd: { kind: 'int', default: 128, min: 1, doc: 'Width of the residual stream.' },
+      dropout: { kind: 'float', default: 0, min: 0, below: 1, doc: 'Dropout probability in training (0 turns it off).' },
+      bias: { kind: 'bool', default: true, doc: 'Biases in Linear and LayerNorm layers.' },
+      tieEmbeddings: { kind: 'bool', default: false, doc: 'Share the token embedding with the output head.' },
+    },
+  },
+  data: {
+    doc: 'Text, tokenization and batching (src/data). A relative path in a config file is resolved against that file\'s directory, one given on the command line against the current directory; the resolved (and saved) config holds it absolute.',
+    fields: {
+      source: { kind: 'string', default: 'moby-dick', doc: '"moby-dick" (the demo corpus from npm), a UTF-8 text file, a prepared directory (flotilla prepare) or a nanoGPT-style uint16 .bin; a relative path starts from the config file\'s directory.' },
+      sources: {
+        kind: 'sources', default: [],
+        doc: 'Datasets blended by weight, e.g. [{ path = "data/web", weight = 0.7 }, { path = "data/books", weight = 0.3 }] (on the command line: --data.sources=data/web:0.7,data/books:0.3); [] = data.source alone. Relative paths start from the config file\'s directory.',
+      },
+      tokenizer: { kind: 'string', default: 'byte', doc: '"byte" (vocabulary 256), "gpt2" (GPT-2\'s BPE) or the path of a tokenizer.json (flotilla tokenizer train), relative to the config file\'s directory; prepared data must have been made with the same one.' },
+      valSource: { kind: 'string', default: '', doc: 'Validation data (a prepared directory, .bin or text file; a relative path starts from the config file\'s directory); "" = the last data.valFraction of every training source.' },
+      seqLen: { kind: 'int', default: 128, min: 1, doc: 'Tokens per training sample; at most model.blockSize.' },
+      globalBatch: {
+        kind: 'int', default: 16, min: 1,
+        doc: 'Samples per optimizer step over all data-parallel ranks and micro-batches; a multiple of dp x data.microBatches.',
+      },
+      microBatches: { kind: 'int', default: 1, min: 1, doc: 'Gradient-accumulation micro-batches per step (per rank).' },
+      valFraction: { kind: 'float', default: 0.1, above: 0, below: 1, doc: 'Share of each source, taken from its end, held out for validation (when data.valSource is "").' },
+      prefetch: { kind: 'int', default: 2, min: 0, doc: 'Batches a worker thread prepares ahead of the training step (0: read inline).' },
+    },
+  },
+  optim: {
+    doc: 'AdamW and the learning-rate schedule (src/optim).',
+    fields: {
+      lr: { kind: 'float', default: 1e-3, above: 0, doc: 'Peak learning rate (reached after the warmup).' },
+      minLr: { kind: 'float', default: 1e-4, min: 0, doc: 'Learning rate at the end of the cosine decay; at most optim.lr.' },
+      schedule: { kind: 'string', default: 'cosine', choices: ['cosine', 'constant'], doc: '"cosine": linear warmup then cosine decay to optim.minLr; "constant": optim.lr throughout.' },
+      warmupSteps: { kind: 'int', default: 20, min: 0, doc: 'Steps of linear warmup from 0 to optim.lr (cosine schedule).' },
+      beta1: { kind: 'float', default: 0.9, min: 0, below: 1, doc: 'AdamW first-moment decay.' },
+      beta2: { kind: 'float', default: 0.95, min: 0, below: 1, doc: 'AdamW second-moment decay.' },
+      eps: { kind: 'float', default: 1e-8, above: 0, doc: 'AdamW denominator epsilon.' },
+      weightDecay: { kind: 'float', default: 0.1, min: 0, doc: 'Decoupled weight decay, applied to matrices only (not biases, norms).' },
+      gradClip: { kind: 'float', default: 1, min: 0, doc: 'Clip the global gradient norm to this value (0 turns clipping off).' },
+    },
+  },
+  train: {
+    doc: 'The training loop (src/train/trainer.ts).',
+    fields: {
+      name: { kind: 'string', default: 'run', doc: 'Run name; the run directory defaults to runs/<name>.' },
+      runDir: { kind: 'string', default: '', doc: 'Where the resolved config and metrics go ("" means runs/<train.name>); outputs are relative to the current directory, wherever the config file is.' },
+      steps: { kind: 'int', default: 200, min: 1, doc: 'Optimizer steps to run.' },
+      seed: { kind: 'int', default: 1337, min: 0, max: 0xfffffffe, doc: 'Seeds weight init, dropout and batch sampling; the same seed reproduces the run.' },
+      evalEvery: { kind: 'int', default: 50, min: 0, doc: 'Validation loss every this many steps and after the last (0: only after the last).' },
+      evalBatches: { kind: 'int', default: 4, min: 1, doc: 'Global batches of the validation split per evaluation (the same ones each time).' },
+      threads: { kind: 'int', default: 1, min: 1, doc: 'Intra-op CPU threads per rank.' },
+      precision: { kind: 'string', default: 'fp32', choices: ['fp32', 'bf16-mixed'], doc: '"bf16-mixed": matmuls in bfloat16 with float32 master parameters, optimizer state and gradient buckets; softmax, norms, GELU and the loss in float32 (the op list is in src/nn/precision.ts). float16 is not supported (it would need loss scaling).' },
+      activationCheckpoint: { kind: 'string', default: 'none', choices: ['none', 'full', 'selective'], doc: 'Per transformer block: "full" keeps only the block input and recomputes its forward in backward; "selective" also keeps each Linear\'s output and recomputes LayerNorms, the attention core and GELU; "none" keeps every activation (src/nn/checkpoint.ts).' },
+      initFrom: { kind: 'string', default: '', doc: 'Start from the weights of a checkpoint directory or an exported .safetensors file (step 0, fresh optimizer state; fine-tuning); a relative path starts from the config file\'s directory (on the command line, the current directory); "" = random init from train.seed.' },
+    },
+  },
+  parallel: {
+    doc: 'How the model is spread over ranks (src/parallel).',
+    fields: {
+      dp: { kind: 'int', default: PARALLEL_DEFAULTS.dp, min: -1, doc: 'Data-parallel degree; -1 means the world size divided by parallel.pp.' },
+      zero: { kind: 'int', default: PARALLEL_DEFAULTS.zero, min: 0, max: 3, doc: 'Sharding: 0 = plain data parallel; 1 = optimizer state sharded (ZeRO-1); 2 = and gradients (ZeRO-2); 3 = and parameters (ZeRO-3 / FSDP).' },
+      dpShard: { kind: 'int', default: PARALLEL_DEFAULTS.dpShard, min: -1, doc: 'Ranks the model state is sharded over when zero >= 1; -1 means dp / dpReplicate.' },
+      dpReplicate: { kind: 'int', default: PARALLEL_DEFAULTS.dpReplicate, min: 1, doc: 'Replicas of the sharded state when zero >= 1 (hybrid sharding, HSDP, when > 1): the data-parallel rank is replicateRank x dpShard + shardRank.' },
+      accumulate: { kind: 'string', default: PARALLEL_DEFAULTS.accumulate, choices: PARALLEL_CHOICES.accumulate, doc: 'With several micro-batches: "reduceLast" reduces once per step (least communication), "reduceEach" reduces every micro-batch into the gradient shards (least memory; zero >= 2), "reduceScatterEachAllReduceLast" reduce-scatters every micro-batch and all-reduces across replicas once (HSDP); "auto" = reduceEach for zero >= 2, else reduceLast.' },
+      reshardAfterForward: { kind: 'bool', default: PARALLEL_DEFAULTS.reshardAfterForward, doc: 'ZeRO-3: free each wrapping unit\'s gathered parameters after its forward and gather them again for its backward (false keeps them, trading memory for one all-gather per unit).' },
+      bucketSizeMb: { kind: 'float', default: PARALLEL_DEFAULTS.bucketSizeMb, min: 0, doc: 'Gradient bucket size in MiB for the gradient collectives; 0 = the default: 25, or 4 under zero = 2 (a ZeRO-2 rank holds about three buckets of full gradients while it reduces; src/parallel/data_parallel.ts, defaultBucketSizeMb).' },
+      reduceDtype: { kind: 'string', default: PARALLEL_DEFAULTS.reduceDtype, choices: PARALLEL_CHOICES.reduceDtype, doc: 'What gradient collectives move: "fp32", or "bf16" (half the bytes; the float32 buckets are cast for the collective and back). Gradients accumulate in float32 either way.' },
+      overlap: { kind: 'bool', default: PARALLEL_DEFAULTS.overlap, doc: 'Start each bucket\'s all-reduce during backward, as soon as its gradients are final.' },
+      backend: { kind: 'string', default: PARALLEL_DEFAULTS.backend, choices: PARALLEL_CHOICES.backend, doc: 'Collectives: "mpi" (Open MPI, shared memory within a host; ranks start through mpirun), "gloo" (c10d Gloo over TCP), or "auto" = mpi when Open MPI is installed, else gloo.' },
+      pp: { kind: 'int', default: PARALLEL_DEFAULTS.pp, min: 1, doc: 'Pipeline-parallel degree: ranks each model replica is split over (must divide the world size); data.microBatches is the pipeline\'s m.' },
+      ppSchedule: { kind: 'string', default: PARALLEL_DEFAULTS.ppSchedule, choices: PARALLEL_CHOICES.ppSchedule, doc: 'Pipeline schedule: "gpipe", "1f1b", "interleaved" (ppVirtualStages stages per rank) or "zb" (zero bubble: backward split into input and weight gradients).' },
+      ppVirtualStages: { kind: 'int', default: PARALLEL_DEFAULTS.ppVirtualStages, min: 1, doc: 'Stages per pipeline rank; more than 1 needs ppSchedule = "interleaved".' },
+      tp: { kind: 'int', default: PARALLEL_DEFAULTS.tp, min: 1, doc: 'Tensor-parallel degree: ranks each layer\'s weights are split over (Megatron-style column/row-parallel Linear, vocab-parallel embedding); the innermost mesh dim, so these ranks are neighbours. model.nHead, nEmbd, 4 x nEmbd and vocabSize must divide by it. Tensor-parallel ranks read the same batch.' },
+      sequenceParallel: { kind: 'bool', default: PARALLEL_DEFAULTS.sequenceParallel, doc: 'With tp > 1: LayerNorm, dropout and the residual stream are sharded over tokens too (all-gather / reduce-scatter instead of all-reduce); data.seqLen must divide by tp.' },
+      lossParallel: { kind: 'bool', default: PARALLEL_DEFAULTS.lossParallel, doc: 'With tp > 1: the logits stay sharded over the vocabulary and the loss is the vocab-parallel cross-entropy (never gathers the full logits).' },
+    },
+  },
+  checkpoint: {
+    doc: 'Saving and resuming (src/checkpoint): every rank writes what it owns; a checkpoint loads under any layout.',
+    fields: {
+      every: { kind: 'int', default: 0, min: 0, doc: 'Save a checkpoint every this many steps and after the last (0: only on Ctrl-C).' },
+      keep: { kind: 'int', default: 3, min: 1, doc: 'Complete checkpoints kept; older ones are deleted once a newer one is durable.' },
+      dir: { kind: 'string', default: '', doc: 'Checkpoint directory ("" means <run dir>/checkpoints).' },
+      async: { kind: 'bool', default: false, doc: 'Copy the state in memory and write it on a background thread while training continues (the next save and the end of the run wait for it).' },
+    },
+  },
+  log: {
+    doc: 'Console progress and the metrics file (rank 0 only).',
+    fields: {
+      every: { kind: 'int', default: 10, min: 1, doc: 'Console update every this many steps (the metrics file gets every step).' },
+      progress: { kind: 'string', default: 'auto', choices: ['auto', 'bar', 'plain', 'off'], doc: '"bar": a progress bar; "plain": log lines; "auto": bar on a terminal, lines otherwise.' },
+      metrics: { kind: 'string', default: 'metrics.jsonl', doc: 'JSON-lines metrics file in the run directory, one line per step ("" turns it off).' },
+    },
+  },
+};
+
+export type AnyField = Omit<Field<unknown>, 'kind'> & { kind: 'int' | 'float' | 'bool' | 'string' | 'sources' };
+export type RawConfig = Record<string, Record<string, unknown>>;
+
+export const sections = Object.keys(configSchema) as (keyof FlotillaConfig)[];
+
+export function fieldsOf(section: string): Record<string, AnyField> | undefined {
+  const s = (configSchema as unknown as Record<string, { fields: Record<string, AnyField> }>)[section];
+  return s?.fields;
+}
+
+export function defaultConfig(): FlotillaConfig {
+  const c = schemaDefaults();
+  c.model.vocabSize = tokenizerIdentity(c.data.tokenizer).vocabSize; // resolved as parseConfig does
+  return c;
+}
+
+/** Every field's schema default (model.vocabSize still 0, unresolved). */
+export function schemaDefaults(): FlotillaConfig {
+  const out: Record<string, Record<string, unknown>> = {};
+  for (const s of sections) {
+    out[s] = {};
+    for (const [k, f] of Object.entries(fieldsOf(s)!)) out[s]![k] = Array.isArray(f.default) ? [...f.default] : f.default;
+  }
+  return out as unknown as FlotillaConfig;
+}
+

@@ -1,0 +1,54 @@
+// Rules across fields and sections: the layout's (src/parallel/layout.ts), the model's shapes under
+// that layout (its spec, src/models/registry.ts), the batch split; checkRunnable adds the world size
+// and the data files.
+import { checkDataConfig } from '../data/sources.js';
+import { layoutProblems, dataParallelDegree } from '../parallel/layout.js';
+import { modelArchs, modelSpec } from '../models/registry.js';
+import type { FlotillaConfig } from './schema.js';
+import { explainPaths } from './paths.js';
+
+/** The model's shape problems under the config's layout (none for an unknown arch: validateConfig names that). */
+function shapeProblems(c: FlotillaConfig): string[] {
+  if (!modelArchs().includes(c.model.arch)) return [];
+  const p = c.parallel;
+  return modelSpec(c.model.arch).shapeProblems(c.model, { seqLen: c.data.seqLen, pp: p.pp, ppVirtualStages: p.ppVirtualStages, tp: p.tp, sequenceParallel: p.sequenceParallel });
+}
+
+/** Cross-field rules. */
+export function validateConfig(c: FlotillaConfig): string[] {
+  const p: string[] = [];
+  if (!modelArchs().includes(c.model.arch)) p.push(`model.arch = ${JSON.stringify(c.model.arch)} is not a known architecture; choose one of ${modelArchs().map((a) => JSON.stringify(a)).join(', ')}`);
+  if (c.optim.minLr > c.optim.lr) p.push(`optim.minLr (${c.optim.minLr}) must be <= optim.lr (${c.optim.lr})`);
+  p.push(...layoutProblems(c.parallel));
+  p.push(...shapeProblems(c));
+  const parts = c.data.microBatches * (c.parallel.dp > 0 ? c.parallel.dp : 1);
+  if (c.data.globalBatch % parts !== 0) {
+    const by = c.parallel.dp > 0 ? `parallel.dp x data.microBatches (${c.parallel.dp} x ${c.data.microBatches} = ${parts})` : `data.microBatches (${parts})`;
+    p.push(`data.globalBatch (${c.data.globalBatch}) must be a multiple of ${by}`);
+  }
+  return p;
+}
+
+/**
+ * Checks that a valid config can run on `worldSize` ranks: the data-parallel degree, the split of
+ * the global batch, and that a data.source file exists. The launcher runs it before starting ranks
+ * and every rank runs it before touching anything, so these mistakes cost no process and no file.
+ */
+export function checkRunnable(c: FlotillaConfig, worldSize: number): string[] {
+  const p = layoutProblems(c.parallel, worldSize);
+  const dp = dataParallelDegree(c.parallel, worldSize);
+  const parts = dp * c.data.microBatches;
+  if (c.data.globalBatch % parts !== 0) {
+    const lower = Math.floor(c.data.globalBatch / parts) * parts;
+    p.push(
+      `data.globalBatch=${c.data.globalBatch} does not split over ${dp} data-parallel rank(s) x ${c.data.microBatches} micro-batch(es) = ` +
+        `${parts} equal parts; set data.globalBatch to a multiple of ${parts} (e.g. ${lower > 0 ? `${lower} or ` : ''}${lower + parts})`,
+    );
+  }
+  // Again with the vocabulary resolved from the tokenizer (model.vocabSize = 0 when validated).
+  p.push(...shapeProblems(c).filter((x) => x.includes('model.vocabSize')));
+  // Sources, manifests, the tokenizer and the vocabulary (src/data/sources.ts); no tokenizing.
+  p.push(...explainPaths(c, checkDataConfig(c.data, c.model.vocabSize)));
+  return p;
+}
+

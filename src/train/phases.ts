@@ -1,0 +1,187 @@
+// The trainer's phases before the loop, in torchtitan's order, each announced by a one-line header
+// on rank 0: world -> mesh -> data -> model -> parallelize -> optimizer -> checkpoint state. The
+// model comes from the registry by `[model] arch` ([Note: model registry]); parallelism is applied
+// from outside it (src/parallel/parallelize.ts); the optimizer is built after parallelisms because
+// they re-point parameters into flat buffers ([Note: flat buffers] in src/parallel/grad_buffer.ts)
+// and hand it the ranges this rank updates.
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { type Tensor, describeBlas, setNumThreads, tidy, torchVersion } from '../tensor/index.js';
+import { autocast } from '../nn/precision.js';
+import { AdamW, warmupCosine, constant } from '../optim/index.js';
+import { initProcessGroup, destroyProcessGroup, describeBackend, getWorld, isInitialized, type ProcessGroup } from '../distributed/process_group.js';
+import type { LaunchEnv } from '../distributed/env.js';
+import { verifyDataPartition } from '../distributed/partition.js';
+import { buildMesh, describeLayout, parallelize, resolveLayout, type Layout, type LayoutMesh } from '../parallel/parallelize.js';
+import type { ParallelModel } from '../parallel/parallel_model.js';
+import type { ParamPlacement } from '../parallel/placement.js';
+import { saveSafetensors } from '../checkpoint/safetensors.js';
+import type { RunInfo } from '../checkpoint/checkpoint.js';
+import { DataLoader, loadTrainData } from '../data/index.js';
+import { modelSpec } from '../models/registry.js';
+import { ConfigError } from '../config/error.js';
+import { checkRunnable } from '../config/validate.js';
+import type { FlotillaConfig } from '../config/schema.js';
+import { RunCheckpoints, initFrom, restore, resumeTarget } from './checkpointing.js';
+
+/** Rank 0's console: a phase header, and a line that goes around the progress bar. */
+export interface RunConsole {
+  header(phase: string, text: string): void;
+  log(line: string): void;
+}
+
+/** Everything the loop needs, built by openRun; close() frees it in reverse order. */
+export interface RunParts {
+  world: ProcessGroup;
+  layout: Layout;
+  mesh: LayoutMesh;
+  loader: DataLoader;
+  tokensPerStep: number;
+  numParams: number;
+  model: ParallelModel;
+  named: [string, Tensor][];
+  optimizer: AdamW;
+  schedule: (step: number) => number;
+  ckpts: RunCheckpoints;
+  /** The step the run starts from (0, or the resumed checkpoint's), and that checkpoint. */
+  startStep: number;
+  resumedFrom: string | undefined;
+  /** The validation loss over train.evalBatches fixed batches (every rank gets the same). */
+  evaluate(): number;
+  saveCheckpoint(step: number): Promise<void>;
+  close(): void;
+}
+
+/** Builds the run's parts phase by phase; on a failure, what was built is freed before rethrowing. */
+export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resume?: string; configPath?: string }, out: RunConsole): Promise<RunParts> {
+  const header = out.header;
+  const closers: (() => void)[] = [];
+  const close = (): void => {
+    for (const c of closers.splice(0).reverse()) c();
+  };
+  try {
+    // ---- world: a caller that already joined the world keeps it; otherwise the trainer joins and leaves it
+    const problems = checkRunnable(cfg, env.worldSize);
+    if (problems.length > 0) throw new ConfigError(problems, opts.configPath);
+    const ownsWorld = !isInitialized();
+    const world = ownsWorld ? initProcessGroup({ backend: cfg.parallel.backend }) : getWorld();
+    if (ownsWorld) closers.push(() => destroyProcessGroup());
+    setNumThreads(cfg.train.threads);
+    const how = { torchrun: 'RANK/WORLD_SIZE (flotilla run, torchrun)', mpirun: 'mpirun', srun: 'srun', single: 'a single process' }[env.source];
+    header('world', `${describeBackend(world)}, started by ${how}, ${cfg.train.threads} thread(s) per rank, libtorch ${torchVersion()}, ${describeBlas()}`);
+
+    // ---- mesh: pp x dpReplicate x dpShard x tp; the data-parallel rank decides what a rank reads
+    const layout = resolveLayout(cfg.parallel, env.worldSize);
+    const mesh = buildMesh(layout, world);
+    header('mesh', `${describeLayout(layout)}; mesh pp ${layout.pp} x dpReplicate ${layout.dpReplicate} x dpShard ${layout.dpShard} x tp ${layout.tp ?? 1}`);
+
+    // ---- data: shards are read by byte range, never whole; a worker thread prepares the next batches
+    const data = await loadTrainData(cfg.data, { modelVocab: cfg.model.vocabSize, rank: env.rank, worldSize: env.worldSize });
+    closers.push(() => data.close());
+    const geometry = { seqLen: cfg.data.seqLen, globalBatch: cfg.data.globalBatch, dpRank: mesh.dpRank, dpSize: layout.dp, microBatches: cfg.data.microBatches };
+    const loader = new DataLoader({ sources: data.train, seed: cfg.train.seed, prefetch: cfg.data.prefetch, ...geometry });
+    closers.push(() => loader.close());
+    // Validation reads fixed batches (steps 0..evalBatches-1 of its own stream) so evaluations compare.
+    const evalLoader = new DataLoader({ sources: data.val, seed: (cfg.train.seed + 1) >>> 0, ...geometry });
+    closers.push(() => evalLoader.close());
+    // Lingua's lesson: check that the data-parallel ranks' samples partition the global batch.
+    verifyDataPartition(mesh.dp, loader.localSampleIds(0), cfg.data.globalBatch);
+    const tokensPerStep = cfg.data.globalBatch * cfg.data.seqLen;
+    header('data', `${data.describe}; global batch ${cfg.data.globalBatch} x ${cfg.data.seqLen} = ${tokensPerStep.toLocaleString('en-US')} tokens/step = ` +
+      `${layout.dp} data-parallel rank(s) x ${cfg.data.microBatches} micro-batch(es) x ${loader.microBatchSize} samples`);
+
+    // ---- model: weights are drawn per parameter from the seed and its name, so every layout starts
+    // from the same whole-model weights. A pipeline rank builds only its stages; under ZeRO-3 the
+    // model is built without memory and each rank makes only its shards ([Note: deferred init]).
+    const spec = modelSpec(cfg.model.arch);
+    const numParams = spec.numParams(cfg.model);
+    const initSeed = cfg.train.seed;
+    const built = layout.pp > 1 ? spec.pipeline(cfg.model, { initSeed }) : spec.build(cfg.model, { initSeed, deferInit: layout.zero === 3 && layout.tp === 1 });
+
+    // ---- parallelize: pipeline, tensor parallel, then sharding or replication
+    const model = parallelize(built, mesh, {
+      layout, micro: cfg.data.microBatches, loss: spec.loss, units: spec.units,
+      ...(cfg.parallel.bucketSizeMb > 0 ? { bucketSizeMb: cfg.parallel.bucketSizeMb } : {}), reduceDtype: cfg.parallel.reduceDtype, overlap: cfg.parallel.overlap, reshardAfterForward: cfg.parallel.reshardAfterForward,
+      ...((layout.tp ?? 1) > 1 ? { tensorParallel: spec.tensorPlan(layout) } : {}),
+    });
+    closers.push(() => model.dispose()); // native memory goes back now, not whenever the GC gets to it
+    const named = model.namedParameters();
+    header('model', `${spec.describe(cfg.model)}: ${numParams.toLocaleString('en-US')} parameters; this rank holds ${named.reduce((a, [, p]) => a + p.numel(), 0).toLocaleString('en-US')}`);
+    header('parallelize', model.summary());
+
+    // ---- optimizer + schedule (weight decay on matrices only, as nanoGPT/GPT-2)
+    const o = cfg.optim;
+    const decay = named.filter(([, p]) => p.ndim >= 2).map(([, p]) => p);
+    const noDecay = named.filter(([, p]) => p.ndim < 2).map(([, p]) => p);
+    const optimizer = new AdamW(
+      [{ params: decay, options: { weightDecay: o.weightDecay } }, { params: noDecay, options: { weightDecay: 0 } }].filter((g) => g.params.length > 0),
+      { lr: o.lr, betas: [o.beta1, o.beta2], eps: o.eps, weightDecay: o.weightDecay },
+      model.optimizerGrads ? { grads: model.optimizerGrads } : {},
+    );
+    closers.push(() => optimizer.dispose());
+    const schedule = o.schedule === 'cosine' ? warmupCosine({ warmupSteps: o.warmupSteps, maxSteps: cfg.train.steps, maxLr: o.lr, minLr: o.minLr }) : constant(o.lr);
+    header('optimizer', `AdamW betas (${o.beta1}, ${o.beta2}), weight decay ${o.weightDecay} on ${decay.length} matrices; lr ${o.lr} ` +
+      (o.schedule === 'cosine' ? `warmup ${o.warmupSteps} steps, cosine to ${o.minLr}` : 'constant') +
+      (o.gradClip > 0 ? `; clip grad norm at ${o.gradClip}` : '') + (layout.zero >= 1 ? `; state sharded over ${layout.dpShard} rank(s)` : ''));
+
+    // ---- checkpoint state: where each parameter lives ([Note: placement]), then resume or initFrom
+    const placements = (): ParamPlacement[] => model.placements();
+    const ckpts = new RunCheckpoints(cfg, { world, log: out.log });
+    const resumedFrom = resumeTarget(cfg, opts.resume);
+    let startStep = 0;
+    if (resumedFrom !== undefined) {
+      const meta = restore(resumedFrom, { placements: placements(), optimizer }, numParams);
+      startStep = meta.step;
+      if (startStep >= cfg.train.steps) throw new ConfigError([`the checkpoint ${resumedFrom} is at step ${startStep}, and train.steps is ${cfg.train.steps}: nothing is left to train; raise --train.steps`]);
+      loader.loadStateDict(meta.data);
+      // Lingua's lesson again, at the resumed position and under this run's data-parallel layout.
+      verifyDataPartition(mesh.dp, loader.localSampleIds(startStep), cfg.data.globalBatch);
+      header('resume', `resumed from step ${startStep} (${resumedFrom}; saved by ${meta.layout.worldSize} rank(s), ${meta.layout.description})`);
+    } else if (cfg.train.initFrom !== '') {
+      initFrom(cfg.train.initFrom, placements(), numParams);
+      header('init', `weights from ${cfg.train.initFrom}; step 0, fresh optimizer state`);
+    }
+    const runInfo = (step: number): RunInfo => ({
+      layout: {
+        worldSize: env.worldSize, description: describeLayout(layout), pp: layout.pp, dpReplicate: layout.dpReplicate, dpShard: layout.dpShard,
+        zero: layout.zero, ppSchedule: cfg.parallel.ppSchedule, ppVirtualStages: cfg.parallel.ppVirtualStages, tp: layout.tp ?? 1,
+      },
+      config: cfg as unknown as Record<string, Record<string, unknown>>,
+      data: loader.stateDict(),
+      rng: { kind: 'seed-per-step' as const, seed: cfg.train.seed },
+      schedule: { step },
+    });
+    const M = cfg.data.microBatches;
+    return {
+      world, layout, mesh, loader, tokensPerStep, numParams, model, named, optimizer, schedule, ckpts, startStep, resumedFrom, close,
+      evaluate() {
+        // Forward only; each call returns the global batch's mean on every rank.
+        let sum = 0;
+        for (let k = 0; k < cfg.train.evalBatches; k++) {
+          sum += tidy(() => autocast(cfg.train.precision, () => model.evaluate(Array.from({ length: M }, (_, mb) => evalLoader.batch(k, mb)))));
+        }
+        return sum / cfg.train.evalBatches;
+      },
+      async saveCheckpoint(step) {
+        model.finishParameterGathers(); // ZeRO-1/2: the last step's parameter gathers land first
+        await ckpts.save(step, { placements: placements(), optimizer, optimizerName: 'AdamW' }, runInfo(step));
+      },
+    };
+  } catch (e) {
+    close();
+    throw e;
+  }
+}
+
+/**
+ * `flotilla verify`'s record: every rank writes its per-step loss and gradient norm (rank<r>.json)
+ * and its whole parameters by model name (rank<r>.safetensors; tensor-parallel slices gathered).
+ */
+export function writeRankRecord(dir: string, rank: number, steps: { step: number; loss: number; gradNorm: number }[], parts: Pick<RunParts, 'model' | 'named'>): void {
+  mkdirSync(dir, { recursive: true });
+  writeFileSync(join(dir, `rank${rank}.json`), JSON.stringify({ rank, steps }));
+  const { model, named } = parts;
+  const whole = (p: Tensor) => model.whole(p); // tensor-parallel slices gathered
+  const save = () => tidy(() => saveSafetensors(join(dir, `rank${rank}.safetensors`), Object.fromEntries(named.map(([n, p]) => [n, whole(p)])), { format: 'pt' }));
+  model.withFullParameters(save);
+}
