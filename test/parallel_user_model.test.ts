@@ -17,7 +17,7 @@ import { readPipelineRun } from './helpers/pipeline_runs.js';
 const dir = mkdtempSync(join(tmpdir(), 'flotilla-user-'));
 const script = 'test/fixtures/user_model_rank.ts';
 
-interface Out { rank: number; losses: number[]; params: Record<string, number[]>; held: number }
+interface Out { rank: number; losses: number[]; params: Record<string, number[]>; held: number; written: Record<string, number> }
 interface Run { name: string; layout?: Record<string, unknown>; micro: number }
 
 async function launch(nproc: number, runs: Run[]): Promise<void> {
@@ -28,7 +28,9 @@ async function launch(nproc: number, runs: Run[]): Promise<void> {
 function compare(name: string, nproc: number, opts: { split?: boolean; sliced?: number } = {}): void {
   const ref = readPipelineRun<Out>(dir, 'ref', 1)[0]!;
   const covered = new Set<string>();
+  const written = new Map<string, number>();
   for (const o of readPipelineRun<Out>(dir, name, nproc)) {
+    for (const [k, n] of Object.entries(o.written)) written.set(k, (written.get(k) ?? 0) + n);
     const dl = maxRelDiff(o.losses, ref.losses);
     assert.ok(dl <= 1e-7, `${name}: rank ${o.rank} losses differ from one process by ${dl} (${o.losses} vs ${ref.losses})`);
     for (const [k, v] of Object.entries(o.params)) {
@@ -45,6 +47,8 @@ function compare(name: string, nproc: number, opts: { split?: boolean; sliced?: 
     if (opts.split) assert.ok(Object.keys(o.params).length < Object.keys(ref.params).length, `${name}: rank ${o.rank} holds the whole model`);
   }
   assert.deepEqual(Object.keys(ref.params).filter((k) => !covered.has(k)), [], `${name}: parameters no rank holds`);
+  // The model's placements(): over the world every element of every parameter is written once.
+  for (const [k, v] of Object.entries(ref.params)) assert.equal(written.get(k), v.length, `${name}: placements() write ${written.get(k)} of ${k}'s ${v.length} elements`);
 }
 
 const ref = launch(1, [{ name: 'ref', micro: 1 }]);

@@ -5,9 +5,9 @@ import { type Tensor, noGrad, tensor, tidy } from '../tensor/index.js';
 import type { Module } from '../nn/module.js';
 import type { ProcessGroup } from '../distributed/process_group.js';
 import type { DataParallel, MemoryReport } from './data_parallel.js';
+import { placementsOf, type ParamPlacement } from './placement.js';
 import type { GradientSource } from './grads.js';
-import type { ParallelModel } from './parallel_model.js';
-import { asList, type LossFn, type MicroBatch, type StageValue } from './pipeline/model.js';
+import { asList, type LossFn, type MicroBatch, type ParallelModel, type StageValue } from './parallel_model.js';
 
 /** The mean of a per-rank scalar over the group (no collective for one rank). */
 export function meanOverRanks(group: ProcessGroup, v: number): number {
@@ -33,9 +33,6 @@ export class DataParallelModel implements ParallelModel {
     this.optimizerGrads = dp;
   }
 
-  get dataParallel(): DataParallel {
-    return this.dp;
-  }
 
   summary(): string {
     const buckets = this.dp.buffers.reduce((a, b) => a + b.buckets.length, 0);
@@ -44,6 +41,18 @@ export class DataParallelModel implements ParallelModel {
 
   namedParameters(): [string, Tensor][] {
     return this.module.namedParameters().filter(([, p]) => p.requiresGrad);
+  }
+
+  placements(): ParamPlacement[] {
+    return placementsOf(this.namedParameters(), { dp: this.dp });
+  }
+
+  whole(param: Tensor): Tensor {
+    return param;
+  }
+
+  finishParameterGathers(): void {
+    this.dp.waitParams();
   }
 
   private lossOf(mb: MicroBatch): Tensor {

@@ -1,12 +1,12 @@
 export { GradBuffer, buildGradBuffers, gradView, shardRange, type Bucket, type ParamSlot, type GradBufferOptions } from './grad_buffer.js';
 export { DataParallel, type DataParallelOptions, type SyncRecord, type MemoryReport, type ZeroStage, type AccumulateFlavour } from './data_parallel.js';
 export { FsdpUnits, unitsByClass, unitsByPath, singleUnitWarning, type UnitPolicy, type ModuleClass, type PathPattern } from './fsdp.js';
-export type { ParallelModel } from './parallel_model.js';
+export { asList, type ParallelModel, type MicroBatch, type StageValue, type LossFn } from './parallel_model.js';
 export { Reducer } from './reducer.js';
 export { parallelize, wrapDataParallel, buildMesh, type LayoutMesh, type DataParallelMesh, type ParallelPlan, type DataParallelKnobs } from './parallelize.js';
 export { resolveLayout, layoutFor, describeLayout, layoutProblems, resolveAccumulate, accumulateProblems, dataParallelDegree, LayoutError, type Layout, type LayoutRequest, type ParallelConfig } from './layout.js';
 export { DataParallelModel, meanOverRanks } from './data_parallel_model.js';
 export { LocalGrads, gradNorm, clipGradNorm, type GradientSource, type GradShard, type ClipResult, type StepPiece } from './grads.js';
 export * from './pipeline/index.js';
-export { placementsOf, evenSplit, wholeRuns, type ParamPlacement, type ElementRange, type PlacementOptions, type TpSlice, type Run } from './placement.js';
+export { placementsOf, wholeRuns, type ParamPlacement, type ElementRange, type PlacementOptions, type TpSlice, type Run } from './placement.js';
 export * from './tensor_parallel/index.js';

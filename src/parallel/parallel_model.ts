@@ -1,10 +1,31 @@
 // What parallelize() returns for every layout: this rank's model parts and one way to train and
-// evaluate them, so a training loop has no branch per layout (the trainer runs one loop).
+// evaluate them, so a training loop has no branch per layout (the trainer runs one loop); and the
+// types every layout shares: a micro-batch, the values that flow through a model, the criterion.
 import type { Tensor } from '../tensor/index.js';
 import type { Module } from '../nn/module.js';
 import type { GradientSource } from './grads.js';
-import type { DataParallel, MemoryReport } from './data_parallel.js';
-import type { MicroBatch } from './pipeline/model.js';
+import type { MemoryReport } from './memory.js';
+import type { ParamPlacement } from './placement.js';
+
+/**
+ * What a model (or a pipeline stage) takes and returns, and what a micro-batch holds: one tensor or
+ * several ([Note: stage values] in pipeline/model.ts).
+ */
+export type StageValue = Tensor | readonly Tensor[];
+
+/** One micro-batch: `x` is the model's (the first stage's) input, `y` the target the loss reads. */
+export interface MicroBatch {
+  x: StageValue;
+  y: StageValue;
+}
+
+/** The criterion applied to the model's output and the micro-batch's target (a mean over the micro-batch). */
+export type LossFn = (output: StageValue, target: StageValue) => Tensor;
+
+/** A StageValue as a list (a model may return one tensor or several). */
+export function asList(v: StageValue): Tensor[] {
+  return Array.isArray(v) ? [...(v as readonly Tensor[])] : [v as Tensor];
+}
 
 export interface ParallelModel {
   /** This rank's model parts: its pipeline stages, or the whole model. */
@@ -13,14 +34,28 @@ export interface ParallelModel {
   readonly grads: GradientSource;
   /** What the optimizer takes as `grads` (the sharded ranges it updates), when the layout has them. */
   readonly optimizerGrads: GradientSource | undefined;
-  /** The data-parallel wrapper holding this rank's flat buffers, when the layout has one. */
-  readonly dataParallel: DataParallel | undefined;
   /** Tied copies left out of the norm (and of checkpoints' writes): the first copy stands for them. */
   readonly tiedCopiesLeftOutOfNorm: ReadonlySet<Tensor>;
   /** One line for the run's header: how the parts are wrapped. */
   summary(): string;
   /** This rank's trainable parameters by whole-model name (a tied copy under its declared name). */
   namedParameters(): [string, Tensor][];
+  /**
+   * Where each of namedParameters() lives ([Note: placement] in placement.ts): what this rank
+   * holds, keeps optimizer state for and writes to a checkpoint. Computed from the layout as it was
+   * applied (its buckets and shards, tensor-parallel slices, tied copies).
+   */
+  placements(): ParamPlacement[];
+  /**
+   * The whole parameter from this rank's part of it: a tensor-parallel slice gathered over tp (a
+   * collective: every tp rank calls it), else the parameter itself. Read it inside withFullParameters.
+   */
+  whole(param: Tensor): Tensor;
+  /**
+   * Lets parameter gathers still in flight land (ZeRO-1/2 start them after each optimizer step),
+   * so that parameters can be read directly, e.g. through placements() by a checkpoint save.
+   */
+  finishParameterGathers(): void;
   /**
    * Forward and backward over this rank's micro-batches of one step, then the gradients finished
    * (reduced, tied copies summed) so that they equal one process's on the whole global batch.

@@ -17,8 +17,8 @@ import { DataParallel } from './data_parallel.js';
 import { DataParallelModel } from './data_parallel_model.js';
 import type { UnitPolicy } from './fsdp.js';
 import type { Layout } from './layout.js';
-import type { ParallelModel } from './parallel_model.js';
-import type { LossFn, PipelineModel } from './pipeline/model.js';
+import type { LossFn, ParallelModel } from './parallel_model.js';
+import type { PipelineModel } from './pipeline/model.js';
 import { PipelineParallel } from './pipeline/pipeline_parallel.js';
 import { withCrossEntropy } from '../nn/functional.js';
 import { parallelizeModule, TensorParallelError, type TensorParallelApplied, type TpPlan } from './tensor_parallel/styles.js';
@@ -114,7 +114,7 @@ export function parallelize(model: Module | PipelineModel, mesh: LayoutMesh, pla
         return s;
       },
       loss: lossParallel(model.loss.bind(model)),
-    }, mesh, plan);
+    }, mesh, plan, (m) => applied.some((a) => a.styled.has(m)));
   } else {
     applyTo(model);
     inner = parallelizeParts(model, mesh, { ...plan, ...(plan.loss ? { loss: lossParallel(plan.loss) } : {}) });
@@ -122,8 +122,8 @@ export function parallelize(model: Module | PipelineModel, mesh: LayoutMesh, pla
   return new TensorParallelModel(inner, applied, { sequenceParallel: layout.sequenceParallel ?? false });
 }
 
-/** Pipeline, then data parallelism, of the (tensor-parallel) parts. */
-function parallelizeParts(model: Module | PipelineModel, mesh: LayoutMesh, plan: ParallelPlan): ParallelModel {
+/** Pipeline, then data parallelism, of the (tensor-parallel) parts; `restyled`: the modules tp styles rewrote. */
+function parallelizeParts(model: Module | PipelineModel, mesh: LayoutMesh, plan: ParallelPlan, restyled?: (m: Module) => boolean): ParallelModel {
   const { layout } = plan;
   if (isPipelineModel(model)) {
     return new PipelineParallel(model, {
@@ -135,6 +135,7 @@ function parallelizeParts(model: Module | PipelineModel, mesh: LayoutMesh, plan:
       ...(plan.reduceDtype !== undefined ? { reduceDtype: plan.reduceDtype } : {}),
       ...(plan.reshardAfterForward !== undefined ? { reshardAfterForward: plan.reshardAfterForward } : {}),
       ...(plan.units ? { units: plan.units } : {}),
+      ...(restyled ? { restyled } : {}),
     });
   }
   if (layout.pp > 1) {

@@ -14,12 +14,14 @@
 // slice's flattened order, and `tp` maps them to runs of the whole flattened parameter
 // (wholeRuns). Replicated parameters are written by tensor-parallel rank 0 only.
 //
-// Layouts produce placements (placementsOf); readers only consume them.
+// Layouts produce placements where they are applied (ParallelModel.placements(): placementsOf over
+// the layout's own data-parallel wrapper, then slicedOverTp with the placements its tensor-parallel
+// plan made); readers only consume them.
 import type { Tensor, DType } from '../tensor/index.js';
 import type { ProcessGroup } from '../distributed/process_group.js';
 import type { DataParallel } from './data_parallel.js';
 import { shardRange, type ParamSlot } from './grad_buffer.js';
-import { tpPlacementOf } from './tensor_parallel/styles.js';
+import type { TpPlacement } from './tensor_parallel/styles.js';
 
 /** A range [offset, offset + numel) of a flattened parameter. */
 export interface ElementRange {
@@ -101,7 +103,7 @@ export interface PlacementOptions {
 }
 
 /** Splits n elements into `parts` near-equal contiguous ranges; returns range k. */
-export function evenSplit(n: number, parts: number, k: number): ElementRange {
+function evenRange(n: number, parts: number, k: number): ElementRange {
   const base = Math.floor(n / parts);
   const extra = n % parts;
   const offset = k * base + Math.min(k, extra);
@@ -122,19 +124,27 @@ export function placementsOf(named: readonly [string, Tensor][], opts: Placement
     const silent = opts.silent?.has(param) ?? false;
     const slot = slots.get(param);
     const p = slot && opts.dp ? inBucket(name, slot, opts.dp) : replicated(name, param, opts.replicas);
-    const tp = tpPlacementOf(param);
-    if (tp?.kind === 'shard' && tp.group.size > 1) {
-      // The whole parameter's shape; the ranges stay in the local slice's order.
-      const shape = [...p.shape];
-      shape[tp.dim] = shape[tp.dim]! * tp.group.size;
-      out.push({ ...p, shape, tp: { dim: tp.dim, chunks: tp.chunks, parts: tp.group.size, index: tp.group.rank }, ...(silent ? { writes: NONE } : {}) });
-      continue;
-    }
-    // Replicated over the tensor-parallel group: its rank 0 writes.
-    const tpSilent = tp?.kind === 'replicate' && tp.group.rank > 0;
-    out.push(silent || tpSilent ? { ...p, writes: NONE } : p);
+    out.push(silent ? { ...p, writes: NONE } : p);
   }
   return out;
+}
+
+/**
+ * The same placements under tensor parallelism, given where each parameter lies over the tp group
+ * (TensorParallelApplied.placements): a sharded one gets its whole shape and its slice, a
+ * replicated one is written by tp rank 0 only.
+ */
+export function slicedOverTp(placements: readonly ParamPlacement[], tp: ReadonlyMap<Tensor, TpPlacement>): ParamPlacement[] {
+  return placements.map((p) => {
+    const t = tp.get(p.param);
+    if (t?.kind === 'shard' && t.group.size > 1) {
+      // The whole parameter's shape; the ranges stay in the local slice's order.
+      const shape = [...p.shape];
+      shape[t.dim] = shape[t.dim]! * t.group.size;
+      return { ...p, shape, tp: { dim: t.dim, chunks: t.chunks, parts: t.group.size, index: t.group.rank } };
+    }
+    return t?.kind === 'replicate' && t.group.rank > 0 ? { ...p, writes: NONE } : p;
+  });
 }
 
 /** A parameter held whole on every rank of `replicas`: each writes an even share of it. */
@@ -144,7 +154,7 @@ function replicated(name: string, param: Tensor, replicas: ProcessGroup | undefi
   return {
     name, param, shape: param.shape, dtype: param.dtype, held: all, stateHeld: all,
     values: () => param.view(-1),
-    writes: replicas && replicas.size > 1 ? evenSplit(n, replicas.size, replicas.rank) : all,
+    writes: replicas && replicas.size > 1 ? evenRange(n, replicas.size, replicas.rank) : all,
   };
 }
 
@@ -157,7 +167,7 @@ function inBucket(name: string, slot: ParamSlot, dp: DataParallel): ParamPlaceme
   if (dp.zero === 0) {
     // Replicated over the whole data-parallel group: ranks write even shares.
     const g = dp.group;
-    return { ...base, held: all, stateHeld: all, values: () => slot.param.view(-1), writes: g.size > 1 ? evenSplit(slot.numel, g.size, g.rank) : all };
+    return { ...base, held: all, stateHeld: all, values: () => slot.param.view(-1), writes: g.size > 1 ? evenRange(slot.numel, g.size, g.rank) : all };
   }
   const [s, e] = shardRange(b, dp.shardGroup.rank);
   const lo = Math.max(s, at);

@@ -34,10 +34,9 @@ import { Tensor, backward, empty, keep, noGrad, tidy, tensor, zerosLike, isFloat
 import type { ProcessGroup, Work } from '../../distributed/process_group.js';
 import type { Action, PipelineSchedule } from './schedule.js';
 import type { Stage } from './stage.js';
-import { asList, type LossFn, type MicroBatch, type StageValue } from './model.js';
+import { asList, type LossFn, type MicroBatch, type StageValue } from '../parallel_model.js';
 import { insideCheckpointedRegion } from '../../nn/checkpoint.js';
 
-export type { MicroBatch } from './model.js';
 
 /** Tensors per activation message, and dimensions per tensor, that the header can describe. */
 const MAX_TENSORS = 8, MAX_DIMS = 8;

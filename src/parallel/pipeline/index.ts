@@ -2,6 +2,6 @@
 // (executor.ts) and the entry point a trainer calls (pipeline_parallel.ts).
 export * from './schedule.js';
 export { Stage, type SplitLinear } from './stage.js';
-export { sequentialStages, evenSplit, LayerRange, asList, type PipelineModel, type TiedParameter, type MicroBatch, type StageValue, type LossFn, type SequentialOptions } from './model.js';
+export { sequentialStages, evenSplitPoints, LayerRange, type PipelineModel, type TiedParameter, type SequentialOptions } from './model.js';
 export { Executor, type TraceEvent } from './executor.js';
 export { PipelineParallel, PipelineGrads, type PipelineOptions, type PipelineStepOptions } from './pipeline_parallel.js';

@@ -8,20 +8,11 @@
 // rank and dtype. Shapes and dtypes travel with the activations (executor.ts), so nothing about
 // them is assumed. A floating-point output that requires grad gets its gradient sent back; other
 // outputs (masks, ids) travel forward only.
+//
+// The values, micro-batches and criterion are the types every layout shares (parallel_model.ts).
 import { Module } from '../../nn/module.js';
 import type { Tensor } from '../../tensor/index.js';
-
-/** What flows between stages and what a micro-batch holds: one tensor or several. */
-export type StageValue = Tensor | readonly Tensor[];
-
-/** One micro-batch: `x` is the first stage's input, `y` the target the loss reads. */
-export interface MicroBatch {
-  x: StageValue;
-  y: StageValue;
-}
-
-/** The criterion the last stage applies to its output and the micro-batch's target (a mean over the micro-batch). */
-export type LossFn = (output: StageValue, target: StageValue) => Tensor;
+import { asList, type LossFn, type StageValue } from '../parallel_model.js';
 
 /** A parameter used by several stages, each holding its own copy (a tied input embedding and output head). */
 export interface TiedParameter {
@@ -40,11 +31,6 @@ export interface PipelineModel {
    * each step every copy holds the sum of their gradients, and the norm counts the first copy only.
    */
   tied?(numStages: number): TiedParameter[];
-}
-
-/** Stage modules' outputs as a list (a stage may return one tensor or several). */
-export function asList(v: StageValue): Tensor[] {
-  return Array.isArray(v) ? [...(v as readonly Tensor[])] : [v as Tensor];
 }
 
 /** Layers [first, end) of a sequence, registered under their global indices, called in order. */
@@ -87,7 +73,7 @@ export interface SequentialOptions {
  */
 export function sequentialStages(o: SequentialOptions): PipelineModel {
   const bounds = (n: number): number[] => {
-    const pts = typeof o.splitPoints === 'function' ? o.splitPoints(n) : o.splitPoints ?? evenSplit(o.layers, n);
+    const pts = typeof o.splitPoints === 'function' ? o.splitPoints(n) : o.splitPoints ?? evenSplitPoints(o.layers, n);
     const b = [0, ...pts, o.layers];
     const ok = pts.length === n - 1 && b.every((x, i) => Number.isInteger(x) && (i === 0 || x > b[i - 1]!));
     if (!ok) {
@@ -108,8 +94,8 @@ export function sequentialStages(o: SequentialOptions): PipelineModel {
   };
 }
 
-/** numStages - 1 split points of an even split (earlier stages take the remainder). */
-export function evenSplit(layers: number, numStages: number): number[] {
+/** numStages - 1 split points of an even split of layers (earlier stages take the remainder). */
+export function evenSplitPoints(layers: number, numStages: number): number[] {
   if (layers < numStages) {
     throw new Error(`pipeline: ${numStages} stages need at least ${numStages} layers, the model has ${layers}; lower parallel.pp (or parallel.ppVirtualStages), or give the model more layers`);
   }

@@ -68,15 +68,16 @@ import type { ProcessGroup } from '../../distributed/process_group.js';
 import type { DeviceMesh } from '../../distributed/mesh.js';
 import { Module } from '../../nn/module.js';
 import type { UnitPolicy } from '../fsdp.js';
-import type { ParallelModel } from '../parallel_model.js';
+import type { MicroBatch, ParallelModel } from '../parallel_model.js';
 import type { GradShard, GradientSource, StepPiece } from '../grads.js';
 import { DataParallel, type AccumulateFlavour, type MemoryReport, type ZeroStage } from '../data_parallel.js';
 import { gradView, type ParamSlot } from '../grad_buffer.js';
 import { accumulateProblems } from '../layout.js';
+import { placementsOf, type ParamPlacement } from '../placement.js';
 import { buildSchedule, validateSchedule, type PipelineSchedule, type ScheduleName } from './schedule.js';
 import { Stage } from './stage.js';
 import { Executor, type TraceEvent } from './executor.js';
-import type { MicroBatch, PipelineModel, TiedParameter } from './model.js';
+import type { PipelineModel, TiedParameter } from './model.js';
 
 export interface PipelineOptions {
   /** The pipeline group; a rank's group rank is its pipeline rank. */
@@ -108,6 +109,8 @@ export interface PipelineOptions {
   reshardAfterForward?: boolean;
   /** With zero = 3: the wrapping units among the stage modules (fsdp.ts; paths start with 'stage<s>.'). */
   units?: UnitPolicy;
+  /** Modules whose forward a tensor-parallel style replaced (see Stage): parallelize passes them. */
+  restyled?: (m: Module) => boolean;
 }
 
 /** This rank's stage modules under one parent, so one DataParallel holds all of them. */
@@ -177,7 +180,7 @@ export class PipelineParallel implements ParallelModel {
     validateSchedule(this.schedule);
     const n = this.schedule.numStages;
     const rank = opts.pp.rank;
-    this.stages = this.schedule.stagesOf(rank).sort((a, b) => a - b).map((s) => new Stage(s, n, model.stage(s, n)));
+    this.stages = this.schedule.stagesOf(rank).sort((a, b) => a - b).map((s) => new Stage(s, n, model.stage(s, n), opts.restyled));
     this.tied = this.resolveTied(model.tied?.(n) ?? []);
     const leftOut = new Set<Tensor>();
     for (const t of this.tied) {
@@ -262,9 +265,6 @@ export class PipelineParallel implements ParallelModel {
     return this.stages.map((s) => s.module);
   }
 
-  get dataParallel(): DataParallel | undefined {
-    return this.dp;
-  }
 
   summary(): string {
     const v = this.schedule.numStages / this.ppGroup.size;
@@ -289,6 +289,19 @@ export class PipelineParallel implements ParallelModel {
 
   namedParameters(): [string, Tensor][] {
     return this.stageNamedParameters();
+  }
+
+  /** Placements of this rank's stages' parameters: in the stages' DataParallel when there is one; tied copies after the first write nothing. */
+  placements(): ParamPlacement[] {
+    return placementsOf(this.namedParameters(), { ...(this.dp ? { dp: this.dp } : {}), silent: this.tiedCopiesLeftOutOfNorm });
+  }
+
+  whole(param: Tensor): Tensor {
+    return param;
+  }
+
+  finishParameterGathers(): void {
+    this.dp?.waitParams();
   }
 
   /**

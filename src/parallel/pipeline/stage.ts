@@ -4,7 +4,6 @@
 // model's (PipelineModel.stage; the GPT's split is in src/models/gpt_parallel.ts).
 import { Linear, type Module } from '../../nn/index.js';
 import type { Tensor } from '../../tensor/index.js';
-import { hasTensorParallelStyle } from '../tensor_parallel/styles.js';
 
 /** A Linear whose weight gradient the zero-bubble schedule computes in W, from captures taken in F/I. */
 export interface SplitLinear {
@@ -25,7 +24,11 @@ export class Stage {
   /** Parameters that get their gradient in I (everything not in splitLinears). */
   readonly inputPassParams: Tensor[];
 
-  constructor(readonly index: number, readonly numStages: number, module: Module) {
+  /**
+   * `restyled`: modules whose forward a tensor-parallel style replaced (communication around the
+   * matmul), whose gradients stay in I (TensorParallelApplied.styled).
+   */
+  constructor(readonly index: number, readonly numStages: number, module: Module, restyled: (m: Module) => boolean = () => false) {
     this.module = module;
     this.isFirst = index === 0;
     this.isLast = index === numStages - 1;
@@ -36,8 +39,7 @@ export class Stage {
     for (const [, m] of this.module.namedModules()) for (const p of ownParams(m)) uses.set(p, (uses.get(p) ?? 0) + 1);
     this.splitLinears = [];
     for (const [, m] of this.module.namedModules()) {
-      // A tensor-parallel Linear's forward has communication around its matmul: its gradients stay in I.
-      if (m instanceof Linear && uses.get(m.weight) === 1 && !hasTensorParallelStyle(m)) this.splitLinears.push({ module: m, weight: m.weight, bias: m.bias });
+      if (m instanceof Linear && uses.get(m.weight) === 1 && !restyled(m)) this.splitLinears.push({ module: m, weight: m.weight, bias: m.bias });
     }
     const split = new Set<Tensor>(this.splitLinears.flatMap((l) => (l.bias ? [l.weight, l.bias] : [l.weight])));
     this.inputPassParams = this.params.filter((p) => !split.has(p));

@@ -1,4 +1,4 @@
-export { parallelizeModule, tpPlacementOf, TensorParallelError, type TpPlan, type TpStyle, type TpStyleName, type TpPlacement, type Activation, type TensorParallelApplied } from './styles.js';
+export { parallelizeModule, TensorParallelError, type TpPlan, type TpStyle, type TpStyleName, type TpPlacement, type Activation, type TensorParallelApplied } from './styles.js';
 export {
   copyToRegion, reduceFromRegion, gatherLastDim, scatterLastDim, gatherSequence, reduceScatterSequence, scatterSequence,
   allReduceSum, allReduceInPlace, allGatherDim, reduceScatterDim, localSlice, tpTraffic, resetTpTraffic,

@@ -11,9 +11,9 @@ import { type Tensor, cat } from '../../tensor/index.js';
 import type { ProcessGroup } from '../../distributed/process_group.js';
 import type { Module } from '../../nn/module.js';
 import type { GradShard, GradientSource, StepPiece } from '../grads.js';
-import type { DataParallel, MemoryReport } from '../data_parallel.js';
-import type { ParallelModel } from '../parallel_model.js';
-import type { MicroBatch } from '../pipeline/model.js';
+import type { MemoryReport } from '../data_parallel.js';
+import type { MicroBatch, ParallelModel } from '../parallel_model.js';
+import { slicedOverTp, type ParamPlacement } from '../placement.js';
 import { allGatherDim } from './comm.js';
 import type { TensorParallelApplied, TpPlacement } from './styles.js';
 
@@ -81,11 +81,11 @@ export class TensorParallelGrads implements GradientSource {
 export class TensorParallelModel implements ParallelModel {
   readonly grads: GradientSource;
   /** Every local parameter's placement, over all parts (a pipeline rank may hold several stages). */
-  private readonly placements = new Map<Tensor, TpPlacement>();
+  private readonly tpPlacements = new Map<Tensor, TpPlacement>();
 
   constructor(private readonly inner: ParallelModel, private readonly applied: TensorParallelApplied[], private readonly opts: { sequenceParallel: boolean }) {
-    for (const a of applied) for (const [p, pl] of a.placements) this.placements.set(p, pl);
-    this.grads = new TensorParallelGrads(inner.grads, () => inner.namedParameters().map(([, p]) => p), inner.tiedCopiesLeftOutOfNorm, this.placements, applied[0]!.group);
+    for (const a of applied) for (const [p, pl] of a.placements) this.tpPlacements.set(p, pl);
+    this.grads = new TensorParallelGrads(inner.grads, () => inner.namedParameters().map(([, p]) => p), inner.tiedCopiesLeftOutOfNorm, this.tpPlacements, applied[0]!.group);
   }
 
   get parts(): Module[] {
@@ -94,24 +94,24 @@ export class TensorParallelModel implements ParallelModel {
   get optimizerGrads(): GradientSource | undefined {
     return this.inner.optimizerGrads;
   }
-  get dataParallel(): DataParallel | undefined {
-    return this.inner.dataParallel;
-  }
   get tiedCopiesLeftOutOfNorm(): ReadonlySet<Tensor> {
     return this.inner.tiedCopiesLeftOutOfNorm;
   }
-  /** Where each local parameter lies over the tensor-parallel group. */
-  placementOf(p: Tensor): TpPlacement | undefined {
-    return this.placements.get(p);
+  /** The inner layout's placements with each parameter's tensor-parallel slice (or tp rank 0 writing a replicated one). */
+  placements(): ParamPlacement[] {
+    return slicedOverTp(this.inner.placements(), this.tpPlacements);
   }
   /** The whole parameter from this rank's slice (a collective over tp for a sharded one). */
   whole(p: Tensor): Tensor {
-    const pl = this.placementOf(p);
+    const pl = this.tpPlacements.get(p);
     return pl ? gatherSlices(p.detach(), pl) : p;
+  }
+  finishParameterGathers(): void {
+    this.inner.finishParameterGathers();
   }
   summary(): string {
     const a = this.applied[0]!;
-    const sharded = [...this.placements.values()].filter((p) => p.kind === 'shard').length;
+    const sharded = [...this.tpPlacements.values()].filter((p) => p.kind === 'shard').length;
     return `tensor parallel ${a.group.size} (${sharded} sharded parameter(s)${this.opts.sequenceParallel ? ', sequence parallel' : ''}${a.lossParallel ? ', loss parallel' : ''}); ${this.inner.summary()}`;
   }
   namedParameters(): [string, Tensor][] {

@@ -58,19 +58,21 @@ export type TpPlacement =
   | { kind: 'shard'; group: ProcessGroup; dim: number; chunks: number }
   | { kind: 'replicate'; group: ProcessGroup; partialGrad: boolean };
 
-const placements = new WeakMap<Tensor, TpPlacement>();
-
-/** The parameter's tensor-parallel placement (undefined outside tensor parallelism). */
-export function tpPlacementOf(p: Tensor): TpPlacement | undefined {
-  return placements.get(p);
-}
-
-/** What applying a plan did: the group, whether the loss is vocab-parallel, the parameters it placed. */
+/**
+ * What applying a plan did: the group, whether the loss is vocab-parallel, the parameters it placed
+ * and the modules it restyled. The only record of them: readers get it from the ParallelModel
+ * (placements()) or from whoever applied the plan, never from a registry.
+ */
 export interface TensorParallelApplied {
   group: ProcessGroup;
   lossParallel: boolean;
   /** Every parameter of the module and its placement (unplanned parameters are replicated). */
-  placements: Map<Tensor, TpPlacement>;
+  placements: ReadonlyMap<Tensor, TpPlacement>;
+  /**
+   * Modules whose forward a style replaced: their input and output are not their matmul's (a
+   * communication op sits between), so the zero-bubble schedule keeps their weight gradients in I.
+   */
+  styled: ReadonlySet<Module>;
   /** Removes the gradient hooks (the module is being disposed). */
   dispose(): void;
 }
@@ -119,6 +121,11 @@ function resolvePlan(module: Module, plan: TpPlan): [string, Module, TpStyle][] 
 export function parallelizeModule(module: Module, g: ProcessGroup, plan: TpPlan): TensorParallelApplied {
   const n = g.size;
   const placed = new Map<Tensor, TpPlacement>();
+  const styled = new Set<Module>();
+  const wrap = (m: Module, make: (orig: (x: Tensor) => Tensor) => (x: Tensor) => Tensor): void => {
+    styled.add(m);
+    restyle(m, make);
+  };
   const removers: (() => void)[] = [];
   const sharded = new Set<Tensor>();
   const problems: string[] = [];
@@ -235,32 +242,21 @@ export function parallelizeModule(module: Module, g: ProcessGroup, plan: TpPlan)
   for (const [, p] of module.namedParameters()) {
     const pl = placed.get(p) ?? { kind: 'replicate', group: g, partialGrad: false };
     placed.set(p, pl);
-    placements.set(p, pl);
     if (pl.kind === 'replicate' && pl.partialGrad && n > 1) removers.push(p.registerHook((grad) => allReduceSum(grad, g)));
   }
   return {
     group: g,
     lossParallel,
     placements: placed,
+    styled,
     dispose: () => {
       for (const r of removers.splice(0)) r();
     },
   };
 }
 
-const styled = new WeakSet<Module>();
-
-/**
- * True for a module whose forward a style replaced: its input and output are not its matmul's (a
- * communication op sits between), so the zero-bubble schedule keeps its weight gradient in I.
- */
-export function hasTensorParallelStyle(m: Module): boolean {
-  return styled.has(m);
-}
-
 /** Replaces a module instance's forward with one built from the original. */
-function wrap(m: Module, make: (orig: (x: Tensor) => Tensor) => (x: Tensor) => Tensor): void {
-  styled.add(m);
+function restyle(m: Module, make: (orig: (x: Tensor) => Tensor) => (x: Tensor) => Tensor): void {
   const target = m as unknown as { forward: (x: Tensor) => Tensor };
   const orig = target.forward.bind(m);
   target.forward = make(orig);
