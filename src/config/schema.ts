@@ -9,8 +9,24 @@ import { tokenizerIdentity } from '../data/tokenizer.js';
 
 export type { ParallelConfig } from '../parallel/layout.js';
 
-/** The [model] section: the architecture and its sizes (the GPT's, src/models/gpt.ts). */
-export type ModelConfig = { arch: string } & GPTConfig;
+/**
+ * The [model] section: the architecture and the sizes of every built-in one (each spec reads the
+ * fields it knows; src/models/registry.ts).
+ */
+export interface ModelConfig extends GPTConfig {
+  arch: string;
+  gelu: 'exact' | 'tanh';
+  nKvHead: number;
+  headDim: number;
+  intermediateSize: number;
+  rmsNormEps: number;
+  ropeTheta: number;
+  ropeScaling: 'none' | 'llama3';
+  ropeFactor: number;
+  ropeLowFreqFactor: number;
+  ropeHighFreqFactor: number;
+  ropeOriginalMaxPositions: number;
+}
 
 export interface DataConfig {
   source: string;
@@ -102,15 +118,26 @@ export const configSchema: Schema<FlotillaConfig> = {
   model: {
     doc: 'The model: its architecture (src/models/registry.ts) and that architecture\'s sizes.',
     fields: {
-      arch: { kind: 'string', default: 'gpt', doc: 'The architecture: "gpt" (GPT-2 style, src/models/gpt.ts), or one a script registered with registerModel.' },
+      arch: { kind: 'string', default: 'gpt', doc: 'The architecture: "gpt" (GPT-2 style: learned positions, LayerNorm, GELU MLP; src/models/gpt.ts), "llama" (RMSNorm, rotary positions, grouped-query attention, SwiGLU, no biases; src/models/llama.ts), or one a script registered with registerModel. Fields marked (gpt) or (llama) apply to that architecture only.' },
       vocabSize: { kind: 'int', default: 0, min: 0, doc: 'Token ids the model embeds; 0 = the vocabulary of data.tokenizer (256 for bytes). Resolved when the config is read.' },
-      blockSize: { kind: 'int', default: 128, min: 1, doc: 'Longest context in tokens (learned positions).' },
+      blockSize: { kind: 'int', default: 128, min: 1, doc: 'Longest context in tokens (the GPT\'s learned positions; the Llama\'s max_position_embeddings).' },
       nLayer: { kind: 'int', default: 4, min: 1, doc: 'Transformer blocks.' },
       nHead: { kind: 'int', default: 4, min: 1, doc: 'Attention heads per block; must divide model.nEmbd.' },
       nEmbd: { kind: 'int', default: 128, min: 1, doc: 'Width of the residual stream.' },
       dropout: { kind: 'float', default: 0, min: 0, below: 1, doc: 'Dropout probability in training (0 turns it off).' },
-      bias: { kind: 'bool', default: true, doc: 'Biases in Linear and LayerNorm layers.' },
+      bias: { kind: 'bool', default: true, doc: '(gpt) Biases in Linear and LayerNorm layers (the Llama has none).' },
       tieEmbeddings: { kind: 'bool', default: false, doc: 'Share the token embedding with the output head.' },
+      gelu: { kind: 'string', default: 'exact', choices: ['exact', 'tanh'], doc: '(gpt) The MLP\'s GELU: "exact" (erf), or "tanh" (the approximation GPT-2 was trained with, transformers\' gelu_new).' },
+      nKvHead: { kind: 'int', default: 0, min: 0, doc: '(llama) Key/value heads (grouped-query attention): 1 = multi-query, model.nHead = multi-head; must divide model.nHead; 0 = model.nHead.' },
+      headDim: { kind: 'int', default: 0, min: 0, doc: '(llama) Width of one attention head; 0 = model.nEmbd / model.nHead.' },
+      intermediateSize: { kind: 'int', default: 0, min: 0, doc: '(llama) Hidden width of the SwiGLU MLP; 0 = 8/3 x model.nEmbd rounded up to a multiple of 64 (Llama\'s rule).' },
+      rmsNormEps: { kind: 'float', default: 1e-5, above: 0, doc: '(llama) RMSNorm epsilon.' },
+      ropeTheta: { kind: 'float', default: 10000, above: 0, doc: '(llama) Rotary embedding base (Llama 2: 10000, Llama 3: 500000).' },
+      ropeScaling: { kind: 'string', default: 'none', choices: ['none', 'llama3'], doc: '(llama) Rotary frequency scaling: "none", or "llama3" (Llama 3.1\'s long-context rule, with the four rope* fields below).' },
+      ropeFactor: { kind: 'float', default: 8, above: 0, doc: '(llama, ropeScaling = "llama3") Scaling factor of low frequencies (rope_scaling.factor).' },
+      ropeLowFreqFactor: { kind: 'float', default: 1, above: 0, doc: '(llama, ropeScaling = "llama3") rope_scaling.low_freq_factor.' },
+      ropeHighFreqFactor: { kind: 'float', default: 4, above: 0, doc: '(llama, ropeScaling = "llama3") rope_scaling.high_freq_factor; above model.ropeLowFreqFactor.' },
+      ropeOriginalMaxPositions: { kind: 'int', default: 8192, min: 1, doc: '(llama, ropeScaling = "llama3") rope_scaling.original_max_position_embeddings.' },
     },
   },
   data: {
