@@ -268,6 +268,7 @@ export class Tensor {
   isnan(): Tensor { return run('isnan', this); }
   isfinite(): Tensor { return run('isfinite', this); }
   logicalNot(): Tensor { return run('logicalNot', this); }
+  logicalAnd(o: Tensor): Tensor { return run('logicalAnd', this, o); }
   any(): Tensor { return run('any', this); }
   all(): Tensor { return run('all', this); }
   maskedFill(mask: Tensor, value: number): Tensor { return run('maskedFill', this, mask, value); }
