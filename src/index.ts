@@ -6,6 +6,7 @@ export { GPT, defaultGPTConfig, type GPTConfig } from './models/gpt.js';
 export { gptPipeline, gptTensorPlan, gptUnits, gptCriterion, planStages, measureGPTPartCosts, type GPTPipelineOptions, type PartCosts } from './models/gpt_parallel.js';
 export * from './optim/index.js';
 export * from './distributed/index.js';
+export { runLauncher, parseRunArgs, RunUsageError, RUN_USAGE, type RunOptions, type LauncherIO } from './cli/run.js';
 export * from './parallel/index.js';
 export * from './data/index.js';
 export { saveSafetensors, loadSafetensors } from './checkpoint/safetensors.js';

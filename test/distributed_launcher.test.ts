@@ -3,7 +3,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { runLauncher, parseRunArgs, RunUsageError } from '../src/distributed/launcher.js';
+import { runLauncher, parseRunArgs, RunUsageError } from '../src/cli/run.js';
 import { freePort, parseAllResults, REPO_ROOT, scriptCommand } from './helpers/world.js';
 import { suiteSlots } from './helpers/pool.js';
 

@@ -5,7 +5,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
-import { runLauncher } from '../src/distributed/launcher.js';
+import { runLauncher } from '../src/cli/run.js';
 import { assertMpiBuilt, isAlive, parseAllResults, REPO_ROOT, scriptCommand } from './helpers/world.js';
 import { suiteSlots } from './helpers/pool.js';
 

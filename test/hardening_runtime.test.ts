@@ -9,7 +9,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { runWorld, parseResults, describeWorld, scriptCommand, isAlive, assertMpiBuilt, REPO_ROOT } from './helpers/world.js';
 import { frame, storeProof, Op, Status } from '../src/distributed/store_server.js';
-import { loopbackNamespace } from '../src/distributed/mpi_launch.js';
+import { loopbackNamespace } from '../src/launch/mpirun.js';
 import { suiteSlots } from './helpers/pool.js';
 
 // Worlds here time out in seconds: no other file's launch runs beside this file (test/helpers/pool.ts).

@@ -6,7 +6,7 @@
 // (test/helpers/pool.ts): each rank counts only its own files, threads and sockets.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { runLauncher } from '../src/distributed/launcher.js';
+import { runLauncher } from '../src/cli/run.js';
 import { runWorld, parseAllResults, describeWorld, assertMpiBuilt } from './helpers/world.js';
 import { pool, started } from './helpers/pool.js';
 

@@ -159,7 +159,7 @@ async function trainCommand(args: readonly string[]): Promise<number> {
   if (a.nproc !== undefined && a.nproc > 1 && !inWorld) {
     const problems = checkRunnable(cfg, a.nproc);
     if (problems.length > 0) throw new ConfigError(problems, a.config);
-    const { runLauncher } = await import('../distributed/launcher.js');
+    const { runLauncher } = await import('./run.js');
     // [parallel] backend: "auto" picks Open MPI where it is installed (ranks start through mpirun).
     const backend = cfg.parallel.backend;
     return runLauncher([
@@ -266,7 +266,7 @@ export async function main(argv: readonly string[]): Promise<number> {
         }
         return await trainCommand(rest);
       case 'run': {
-        const { runLauncher } = await import('../distributed/launcher.js');
+        const { runLauncher } = await import('./run.js');
         return await runLauncher([...rest]);
       }
       case 'config':

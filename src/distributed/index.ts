@@ -1,5 +1,5 @@
 // Public distributed API: the launch contract, process groups and collectives, DeviceMesh, the
-// data-partition check and the launcher.
+// data-partition check. (The launcher is src/launch; `flotilla run` is src/cli/run.ts.)
 export { readLaunchEnv, LaunchEnvError, type LaunchEnv, type LaunchSource } from './env.js';
 export {
   ProcessGroup, Work, CollectiveError, CollectiveArgumentError, type ReduceOp, type CollectiveStats,
@@ -9,4 +9,3 @@ export {
 export { mpiAvailable } from './mpi.js';
 export { DeviceMesh, MeshDim, MeshLayout, MeshError, type MeshSpec } from './mesh.js';
 export { verifyDataPartition, checkPartition, dpRank, DataPartitionError, type PartitionReport } from './partition.js';
-export { runLauncher, parseRunArgs, RunUsageError, RUN_USAGE, type RunOptions, type LauncherIO } from './launcher.js';

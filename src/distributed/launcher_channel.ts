@@ -1,23 +1,20 @@
-// A rank's line to its launcher. `flotilla run` opens one extra pipe per rank (fd 3) and names it in
-// FLOTILLA_STATUS_FD; a rank writes one JSON line per event there. Today the only event is a
-// collective that timed out: the launcher uses it to tell the ranks that gave up waiting from the
-// rank they waited for, and to name that one (a stalled rank never fails by itself).
+// A rank's line to its launcher. `flotilla run` names a file in FLOTILLA_STATUS_FILE (a new one per
+// attempt, in a directory only the launcher's user can enter); a rank appends one JSON line per event
+// there, with its rank. Today the only event is a collective that timed out: the launcher uses it to
+// tell the ranks that gave up waiting from the rank they waited for, and to name that one (a stalled
+// rank never fails by itself). A file, not a pipe, because mpirun passes no extra descriptors to its
+// ranks, and because the line is on disk before the rank exits: the launcher, which acts on the
+// exit, never misses it.
 //
 // The variable is read and removed once, when this module loads, so processes a rank starts do not
-// write to whatever their own fd 3 is.
-import { fstatSync, writeSync } from 'node:fs';
+// write there.
+import { appendFileSync, readFileSync } from 'node:fs';
 
-let statusFd: number | undefined = (() => {
-  const raw = process.env.FLOTILLA_STATUS_FD;
-  delete process.env.FLOTILLA_STATUS_FD;
-  if (raw === undefined || !/^\d+$/.test(raw)) return undefined;
-  const fd = Number(raw);
-  try {
-    const st = fstatSync(fd);
-    return st.isFIFO() || st.isSocket() ? fd : undefined; // Node's spawn pipes are socket pairs
-  } catch {
-    return undefined;
-  }
+let target: { file: string; rank: number } | undefined = (() => {
+  const file = process.env.FLOTILLA_STATUS_FILE;
+  delete process.env.FLOTILLA_STATUS_FILE;
+  const rank = Number(process.env.RANK ?? process.env.OMPI_COMM_WORLD_RANK);
+  return file && Number.isInteger(rank) && rank >= 0 ? { file, rank } : undefined;
 })();
 
 export interface RankEvent {
@@ -29,10 +26,30 @@ export interface RankEvent {
 
 /** Tells the launcher (if any) about an event; never throws. */
 export function tellLauncher(e: RankEvent): void {
-  if (statusFd === undefined) return;
+  if (target === undefined) return;
   try {
-    writeSync(statusFd, `${JSON.stringify(e)}\n`);
+    appendFileSync(target.file, `${JSON.stringify({ rank: target.rank, ...e })}\n`);
   } catch {
-    statusFd = undefined; // the launcher is gone or closed its end
+    target = undefined; // the launcher is gone and took its directory along
   }
+}
+
+/** The launcher's side: the ranks that reported a timed-out collective in `file`. */
+export function timedOutRanks(file: string): Set<number> {
+  const out = new Set<number>();
+  let text = '';
+  try {
+    text = readFileSync(file, 'utf8');
+  } catch {
+    return out; // no rank wrote anything
+  }
+  for (const line of text.split('\n')) {
+    try {
+      const v = JSON.parse(line) as { rank?: unknown; event?: unknown };
+      if (v.event === 'timeout' && Number.isInteger(v.rank)) out.add(v.rank as number);
+    } catch {
+      // a line cut short or not ours
+    }
+  }
+  return out;
 }

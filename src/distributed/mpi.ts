@@ -17,7 +17,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { native, type GroupHandle, type NativeReduceOp, type TensorHandle, type WorkHandle } from '../tensor/native.js';
 import { dtypeFromCode, elementSize } from '../tensor/dtype.js';
-import { MPI_INSTALL_HINT } from './mpi_launch.js';
+import { MPI_INSTALL_HINT } from './mpi_install.js';
 
 /** A communicator of the MPI addon; buffers are addresses (BigInt), sizes are counts or bytes. */
 export interface MpiComm {

@@ -35,7 +35,7 @@ import { openStore, type RendezvousStore } from './store.js';
 import { tellLauncher } from './launcher_channel.js';
 import { Work, type ReduceOp, type GroupContext } from './collectives.js';
 import { initMpiWorld, loadMpi, mpiAvailable, startedByMpirun, MpiGroupHandle, MPI_INSTALL_HINT, type MpiComm } from './mpi.js';
-import { mpiInstalled } from './mpi_launch.js';
+import { mpiInstalled } from './mpi_install.js';
 import { routeTo } from './route.js';
 
 export { Work, CollectiveError, CollectiveArgumentError, type ReduceOp } from './collectives.js';

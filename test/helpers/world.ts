@@ -9,8 +9,8 @@
 // end of their output. Set FLOTILLA_TEST_VERBOSE=1 to stream rank output while the test runs.
 // This module does not load the native addon; rank scripts import emitResult from ./rank.js.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { freePort } from '../../src/distributed/launcher.js';
-import { spawnMpiJob } from '../../src/distributed/mpi_launch.js';
+import { freePort } from '../../src/launch/launcher.js';
+import { spawnMpiJob } from '../../src/launch/mpirun.js';
 import { existsSync } from 'node:fs';
 import { isAbsolute, resolve } from 'node:path';
 
@@ -29,7 +29,7 @@ export interface WorldOptions {
   onSpawn?: (rank: number, child: ChildProcess) => void;
   /**
    * 'gloo' (default): every rank is its own child process with the launch contract set. 'mpi': the
-   * ranks run under one mpirun (src/distributed/mpi_launch.ts) with FLOTILLA_BACKEND=mpi; rankEnv
+   * ranks run under one mpirun (src/launch/mpirun.ts) with FLOTILLA_BACKEND=mpi; rankEnv
    * and onSpawn are not available there.
    */
   backend?: 'gloo' | 'mpi';

@@ -30,20 +30,18 @@
 // unshare or ip, or user namespaces disabled) the launcher says so once and runs without one.
 // MCA settings already in the environment (OMPI_MCA_btl, OMPI_MCA_oob_tcp_if_include) win.
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { accessSync, constants as fsConstants, existsSync, readFileSync } from 'node:fs';
-import { processTree, watchStopped, type HeartbeatConfig } from './heartbeat.js';
+import { existsSync, readFileSync } from 'node:fs';
 import { availableParallelism, constants as osConstants } from 'node:os';
-import { delimiter, dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { join } from 'node:path';
 import type { Readable } from 'node:stream';
-
-/** The fix for a machine without Open MPI. */
-export const MPI_INSTALL_HINT = 'apt-get install libopenmpi-dev openmpi-bin, then rebuild the addon (bash scripts/ensure.sh)';
+import { MPI_INSTALL_HINT, onPath } from '../distributed/mpi_install.js';
+import { processTree } from './heartbeat.js';
+import type { Supervisor, SupervisorIO } from './supervisor.js';
 
 export const RANK_EXIT = 'FLOTILLA_RANK_EXIT';
 
 /** The variables a launcher must not pass down: under mpirun the rank comes from OMPI_COMM_WORLD_*. */
-const CONTRACT_VARS = ['RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'FLOTILLA_LAUNCHER_PID', 'FLOTILLA_STATUS_FD', 'FLOTILLA_STORE_FILE'];
+const CONTRACT_VARS = ['RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'FLOTILLA_LAUNCHER_PID', 'FLOTILLA_STORE_FILE'];
 
 /** mpirun's own noise when a rank leaves early under --enable-recovery (nothing is wrong). */
 const NOISE = /PMIX ERROR: BAD-PARAM in file .*pmix_event_notification\.c/;
@@ -77,7 +75,7 @@ export function mpirunArgs(nproc: number, cmd: string, args: string[], env: Reco
   if (env.OMPI_MCA_oob_tcp_if_include === undefined && env.OMPI_MCA_oob_tcp_if_exclude === undefined) out.push('--mca', 'oob_tcp_if_include', 'lo');
   // The rank's stdout goes through a pipe (`| cat`): mpirun would give it a pseudo-terminal, and a
   // rank that believes it writes to a terminal colours its output and draws its progress bar into
-  // mpirun's stream instead of on the launcher's terminal (as it does under Gloo).
+  // mpirun's stream. Rank 0 draws it on the launcher's terminal instead (FLOTILLA_LAUNCHER_TTY).
   out.push('sh', '-c', `{ "$@"; echo "${RANK_EXIT} $?"; } | cat`, 'sh', cmd, ...args);
   return out;
 }
@@ -91,27 +89,6 @@ export function mpirunEnv(base: Record<string, string | undefined>): NodeJS.Proc
     env.OMPI_ALLOW_RUN_AS_ROOT_CONFIRM = '1';
   }
   return env;
-}
-
-/** An executable's path on PATH, or undefined. */
-export function onPath(name: string): string | undefined {
-  for (const dir of (process.env.PATH ?? '/usr/bin:/bin').split(delimiter)) {
-    if (!dir) continue;
-    const p = join(dir, name);
-    try {
-      accessSync(p, fsConstants.X_OK);
-      return p;
-    } catch {
-      // not here
-    }
-  }
-  return undefined;
-}
-
-/** True when the MPI backend can run here: the MPI addon is built and mpirun is on PATH. */
-export function mpiInstalled(): boolean {
-  const addon = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'native', 'build', 'Release', 'flotilla_mpi.node');
-  return existsSync(addon) && onPath('mpirun') !== undefined;
 }
 
 /** An executable on PATH or in the system directories (ip lives in /usr/sbin). */
@@ -266,32 +243,16 @@ export function splitTagged(
 // ---------------------------------------------------------------------------------------------
 // `flotilla run --backend mpi`: one attempt of the group
 
-export type MpiOutcome =
-  | { kind: 'ok' }
-  | { kind: 'failed'; rank: number; code: number | null; signal: NodeJS.Signals | null; hungMs?: number }
-  | { kind: 'interrupted'; signal: NodeJS.Signals };
-
-export interface MpiGroupIO {
-  stdout: { write(s: string): unknown };
-  stderr: { write(s: string): unknown };
-  handleSignals: boolean;
-  graceMs: number;
-}
-
-/**
- * Runs nproc ranks of cmd under mpirun with the launcher's contract: output prefixed `[rank k]`,
- * SIGINT/SIGTERM forwarded, and when a rank exits non-zero or is killed the others are stopped
- * (mpirun is told to end the job: SIGTERM, then SIGKILL after graceMs) and the rank is reported.
- */
 /** The processes below mpirun that belong to a rank (their environment names it), as (rank, pid). */
-function rankProcesses(mpirunPid: number | undefined): { label: string; pid: number }[] {
+function rankProcesses(mpirunPid: number | undefined): { rank: number; pid: number }[] {
   if (mpirunPid === undefined) return [];
-  const out: { label: string; pid: number }[] = [];
+  const out: { rank: number; pid: number }[] = [];
   for (const pid of processTree(mpirunPid)) {
     if (pid === mpirunPid) continue;
     try {
       const m = /(?:^|\0)OMPI_COMM_WORLD_RANK=(\d+)/.exec(readFileSync(`/proc/${pid}/environ`, 'latin1'));
-      if (m) out.push({ label: m[1]!, pid });
+      // The ranks' own processes: not the shell wrapper and the `cat` that carry their output.
+      if (m && !['sh', 'dash', 'bash', 'cat'].includes(readFileSync(`/proc/${pid}/comm`, 'utf8').trim())) out.push({ rank: Number(m[1]), pid });
     } catch {
       // gone, or not ours to read
     }
@@ -299,108 +260,41 @@ function rankProcesses(mpirunPid: number | undefined): { label: string; pid: num
   return out;
 }
 
-export function runMpiGroup(
-  o: { nproc: number; cmd: string; args: string[]; env: Record<string, string | undefined> }, io: MpiGroupIO, heartbeat?: HeartbeatConfig,
-): Promise<MpiOutcome> {
-  const say = (msg: string): void => void io.stderr.write(`flotilla run: ${msg}\n`);
-  let outcome: MpiOutcome = { kind: 'ok' };
-  let stopping = false;
-  let killTimer: NodeJS.Timeout | undefined;
-  const running = new Set(Array.from({ length: o.nproc }, (_, r) => r));
+/**
+ * Runs nproc ranks of cmd under mpirun, output prefixed `[rank k]`, and reports each rank's exit to
+ * the supervisor (a SIGTERM goes to mpirun, which passes it on; SIGKILL to every process below it).
+ * Resolves once mpirun has ended.
+ */
+export function runMpirun(o: { nproc: number; cmd: string; args: string[]; env: Record<string, string | undefined> }, io: SupervisorIO, sup: Supervisor): Promise<void> {
   let job: ChildProcess | undefined;
-  const stop = (signal: NodeJS.Signals): void => {
-    job?.kill(signal);
-    if (signal !== 'SIGKILL' && killTimer === undefined) {
-      killTimer = setTimeout(() => {
-        if (running.size > 0) say(`rank(s) ${[...running].join(', ')} still running after ${io.graceMs} ms; killing`);
-        job?.kill('SIGKILL');
-      }, io.graceMs);
-      killTimer.unref();
-    }
-  };
-  const onSignal = (signal: NodeJS.Signals): void => {
-    if (outcome.kind === 'interrupted') {
-      say(`second ${signal}: killing the ranks`);
-      stop('SIGKILL');
-      return;
-    }
-    outcome = { kind: 'interrupted', signal };
-    stopping = true;
-    // The ranks' own processes: not the shell wrapper and the `cat` that carry their output.
-    const ranks = rankProcesses(job?.pid).filter((r) => {
-      try {
-        return !['sh', 'dash', 'bash', 'cat'].includes(readFileSync(`/proc/${r.pid}/comm`, 'utf8').trim());
-      } catch {
-        return false;
-      }
-    });
-    if (signal === 'SIGINT' && ranks.length > 0) {
-      // Flotilla ranks save a checkpoint and stop after their current step: the SIGINT goes to the
-      // ranks themselves, with no deadline but a second Ctrl-C.
-      say(`received ${signal}; forwarding it to the ranks (Ctrl-C again kills them)`);
-      for (const r of ranks) {
-        try {
-          process.kill(r.pid, 'SIGINT');
-        } catch {
-          // gone meanwhile
+  sup.attach({
+    signal: (signal) => {
+      if (signal === 'SIGKILL' && job?.pid !== undefined) {
+        for (const pid of processTree(job.pid).reverse()) {
+          try {
+            process.kill(pid, signal);
+          } catch {
+            // gone meanwhile
+          }
         }
-      }
-      return;
-    }
-    say(`received ${signal}; forwarding it to the ranks`);
-    stop('SIGTERM');
-  };
-  if (io.handleSignals) {
-    process.on('SIGINT', onSignal);
-    process.on('SIGTERM', onSignal);
-  }
-  // A rank stopped (SIGSTOP, a debugger) for the heartbeat timeout is hung: end the job naming it.
-  const stopWatch = heartbeat === undefined ? () => undefined : watchStopped(() => rankProcesses(job?.pid), heartbeat, (label, pid, ms) => {
-    if (stopping) return;
-    stopping = true;
-    const rank = Number(label);
-    outcome = { kind: 'failed', rank, code: null, signal: null, hungMs: ms };
-    say(`rank ${rank} hung: stopped for ${ms} ms (SIGSTOP or a debugger; FLOTILLA_HEARTBEAT_TIMEOUT_MS); stopping the ranks`);
-    try {
-      process.kill(pid, 'SIGKILL');
-    } catch {
-      // gone meanwhile
-    }
-    stop('SIGTERM');
+      } else job?.kill(signal);
+    },
+    pids: () => rankProcesses(job?.pid),
   });
-  return new Promise<MpiOutcome>((resolve) => {
+  return new Promise<void>((resolve) => {
     job = spawnMpiJob({
       nproc: o.nproc, cmd: o.cmd, args: o.args, env: o.env,
       onLine: (rank, stream, line) => {
         const out = stream === 'stdout' ? io.stdout : io.stderr;
         out.write(rank < 0 ? `flotilla run: mpirun: ${line}\n` : `[rank ${rank}] ${line}\n`);
       },
-      onRankExit: (rank, code, signal) => {
-        running.delete(rank);
-        if ((code === 0 && signal === null) || stopping) return;
-        stopping = true;
-        outcome = { kind: 'failed', rank, code, signal };
-        const others = running.size;
-        const what = signal ? `was killed by ${signal}` : `exited with code ${code}`;
-        say(`rank ${rank} ${what}${others > 0 ? `; stopping the other ${others} rank${others > 1 ? 's' : ''}` : ''}`);
-        stop('SIGTERM');
-      },
+      onRankExit: (rank, code, signal) => sup.rankExited(rank, code, signal),
       onClose: (code, signal, startError) => {
-        stopWatch();
-        if (killTimer) clearTimeout(killTimer);
-        if (io.handleSignals) {
-          process.off('SIGINT', onSignal);
-          process.off('SIGTERM', onSignal);
+        if (startError !== undefined) sup.backendFailed(`could not start mpirun: ${startError}`, 127);
+        else if (code !== 0 || sup.running.size > 0) {
+          sup.backendFailed(`mpirun ended (${signal ?? `exit ${code}`}) before rank(s) ${[...sup.running].join(', ')} reported an exit`, code ?? 1);
         }
-        // Ctrl-C that every rank answered by stopping cleanly (exit 0) is a successful run.
-        if (outcome.kind === 'interrupted' && outcome.signal === 'SIGINT' && code === 0 && startError === undefined) outcome = { kind: 'ok' };
-        if (outcome.kind === 'ok' && (startError !== undefined || code !== 0 || running.size > 0)) {
-          // mpirun failed without a rank reporting (it could not start them, or was killed).
-          const first = [...running][0] ?? 0;
-          say(startError !== undefined ? `could not start mpirun: ${startError}` : `mpirun ended (${signal ?? `exit ${code}`}) before rank(s) ${[...running].join(', ')} reported an exit`);
-          outcome = { kind: 'failed', rank: first, code: startError !== undefined ? 127 : code ?? 1, signal: null };
-        }
-        resolve(outcome);
+        resolve();
       },
     });
   });

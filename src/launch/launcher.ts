@@ -1,0 +1,285 @@
+// `flotilla run`: start N ranks of a script on this host with the launch contract set
+// (src/distributed/env.ts). The command line is parsed in src/cli/run.ts; this file runs the
+// attempts: ports, rendezvous files, the heartbeat between nodes, restarts and the exit code. Ranks
+// start directly (direct.ts, Gloo) or through mpirun (mpirun.ts); either way one supervisor
+// (supervisor.ts) watches them.
+//
+// Every rank gets RANK = node_rank * N + local_rank, WORLD_SIZE = M * N, LOCAL_RANK,
+// LOCAL_WORLD_SIZE = N, GROUP_RANK = node_rank, MASTER_ADDR, MASTER_PORT, and
+// FLOTILLA_RESTART_COUNT / FLOTILLA_MAX_RESTARTS. .ts scripts run under tsx, .js under node, and
+// anything else is executed as it is (so `flotilla run --nproc 2 python3 peer.py` works too).
+// Each output line is prefixed with `[rank k]`. SIGINT/SIGTERM are forwarded to the ranks (a second
+// one kills them). When a rank exits non-zero or is killed, the others are stopped (SIGTERM, then
+// SIGKILL after a grace period) and the launcher reports the rank and its exit code or signal.
+//
+// Rendezvous: on one node every rank meets through a FileStore in a fresh directory only this user
+// can enter (FLOTILLA_STORE_FILE, a new file per attempt; the directory is removed when the launcher
+// ends), and Gloo binds to loopback: the job listens on no interface but loopback. With several
+// nodes, rank 0 serves flotilla's store on --master-addr only, and every rank must prove it knows
+// FLOTILLA_JOB_SECRET, which the launcher passes on from its own environment (set the same value on
+// every node; it is required unless --master-addr is a loopback address). See src/distributed/store.ts.
+//
+// Ranks end with their launcher: each is started under `setpriv --pdeathsig TERM` where setpriv
+// exists (so even a rank that never reaches initProcessGroup gets SIGTERM when the launcher dies),
+// and the launcher ends its ranks when its own parent goes away (e.g. a killed `npx flotilla` wrapper).
+//
+// Stalls: a rank whose collective times out tells the launcher so in a status file
+// (FLOTILLA_STATUS_FILE; see src/distributed/launcher_channel.ts). When the failures are all such
+// timeouts, the launcher waits a moment for the others to time out too and names the rank(s) still
+// running that never timed out (the one everybody waited for), not the first rank that gave up.
+//
+// The terminal: a rank's stdout is the launcher's pipe, so when the launcher's stdout is a terminal
+// it names that terminal in FLOTILLA_LAUNCHER_TTY and rank 0 draws its progress bar there
+// (src/train/progress.ts), under both backends (mpirun's ranks have no controlling terminal).
+//
+// Liveness (heartbeat.ts): the launchers of a multi-node job keep a heartbeat, so a lost node (its
+// host or link gone, its launcher killed) is found within 30 s (FLOTILLA_HEARTBEAT_TIMEOUT_MS), and
+// a node whose ranks fail tells the others at once: every launcher then stops its ranks and exits
+// non-zero naming the node and its ranks. On every node, a rank that stays stopped (SIGSTOP, a
+// debugger) for that long is treated as hung and ends the job like a rank that failed.
+//
+// --backend mpi: the ranks start through Open MPI's mpirun instead (mpirun.ts),
+// which sets OMPI_COMM_WORLD_* in place of RANK/WORLD_SIZE; output prefixes, signal forwarding,
+// stopping the others when one fails, restarts and exit codes are the same. One node only.
+//
+// Ports: on one node without --master-port each attempt picks a free port (so a restarted group
+// never meets a store left over from the one it replaces). With --master-port on one node every
+// attempt reuses it (the old ranks are all gone by then). With several nodes, which cannot agree on a
+// free port, attempt k uses --master-port + k (default 29500 + k) on every node; each node's launcher
+// restarts its ranks when they fail, and a failure on one node makes the ranks on the others fail
+// within the process-group timeout, so all nodes restart together.
+import { mkdtempSync, readlinkSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { createServer } from 'node:net';
+import { join } from 'node:path';
+import { DEFAULT_MASTER_PORT, isLoopback } from '../distributed/env.js';
+import { runDirect } from './direct.js';
+import { runMpirun } from './mpirun.js';
+import { heartbeatConfig, NodeLink, type HeartbeatConfig } from './heartbeat.js';
+import { Supervisor, describeFailure, signalCode, type Outcome, type SupervisorIO } from './supervisor.js';
+
+export interface RunOptions {
+  nproc: number;
+  nnodes: number;
+  nodeRank: number;
+  masterAddr: string;
+  /** Undefined: pick a free port (one node) or use the default (several). */
+  masterPort: number | undefined;
+  maxRestarts: number;
+  /** 'mpi': the ranks start through mpirun (mpirun.ts) and use the MPI backend. */
+  backend: 'gloo' | 'mpi';
+  script: string;
+  scriptArgs: string[];
+}
+
+export interface LauncherIO {
+  /** Where rank stdout lines go (default process.stdout). */
+  stdout?: { write(s: string): unknown };
+  /** Where rank stderr lines and the launcher's own messages go (default process.stderr). */
+  stderr?: { write(s: string): unknown };
+  /** Forward SIGINT/SIGTERM received by this process to the ranks (default true). */
+  handleSignals?: boolean;
+  /** How long stopped ranks get between SIGTERM and SIGKILL (default 5000 ms, env FLOTILLA_KILL_GRACE_MS). */
+  graceMs?: number;
+}
+
+/** The launcher's defaults filled in. */
+export function launcherIO(ioOpts: LauncherIO = {}): SupervisorIO {
+  const envGrace = Number(process.env.FLOTILLA_KILL_GRACE_MS || NaN);
+  return {
+    stdout: ioOpts.stdout ?? process.stdout,
+    stderr: ioOpts.stderr ?? process.stderr,
+    handleSignals: ioOpts.handleSignals ?? true,
+    graceMs: ioOpts.graceMs ?? (Number.isFinite(envGrace) && envGrace >= 0 ? envGrace : 5000),
+  };
+}
+
+/** A TCP port that was free on `host` a moment ago. */
+export function freePort(host = '127.0.0.1'): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.unref();
+    srv.on('error', reject);
+    srv.listen(0, host, () => {
+      const addr = srv.address();
+      const port = typeof addr === 'object' && addr ? addr.port : 0;
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+/** How to run a script: .ts under tsx, .js under node, anything else as an executable. */
+export function commandFor(script: string, args: readonly string[]): [string, string[]] {
+  if (/\.[mc]?ts$/.test(script)) return [process.execPath, ['--import', import.meta.resolve('tsx'), script, ...args]];
+  if (/\.[mc]?js$/.test(script)) return [process.execPath, [script, ...args]];
+  return [script, [...args]];
+}
+
+/** The terminal this launcher's stdout is (its device path), or '0': what FLOTILLA_LAUNCHER_TTY says. */
+export function launcherTerminal(): string {
+  if (!process.stdout.isTTY) return '0';
+  try {
+    const dev = readlinkSync('/proc/self/fd/1');
+    return dev.startsWith('/dev/') ? dev : '0';
+  } catch {
+    return '0';
+  }
+}
+
+/** What an attempt hears from outside its ranks, and tells outside. */
+interface AttemptControl {
+  /** Set while an attempt runs: stops its ranks because of another node. */
+  abort?: (why: string, fatal: boolean) => void;
+  /** Called once when this node's ranks fail (so the other nodes can stop theirs now). */
+  onLocalFailure: (what: string) => void;
+  heartbeat: HeartbeatConfig;
+}
+
+/** Runs one attempt: every local rank, until all have exited. */
+async function runAttempt(o: RunOptions, attempt: number, port: number, io: SupervisorIO, dir: string, ctl: AttemptControl): Promise<Outcome> {
+  const statusFile = join(dir, `status.${attempt}`);
+  const [cmd, args] = commandFor(o.script, o.scriptArgs);
+  const env: NodeJS.ProcessEnv = {
+    ...process.env,
+    FLOTILLA_RESTART_COUNT: String(attempt), FLOTILLA_MAX_RESTARTS: String(o.maxRestarts),
+    FLOTILLA_STATUS_FILE: statusFile,
+    FLOTILLA_LAUNCHER_TTY: launcherTerminal(), // rank 0 may draw a progress bar on it
+  };
+  const ranks = Array.from({ length: o.nproc }, (_, local) => o.nodeRank * o.nproc + local);
+  const sup = new Supervisor({ io, ranks, heartbeat: ctl.heartbeat, statusFile, onLocalFailure: ctl.onLocalFailure });
+  ctl.abort = (why, fatal) => sup.abort(why, fatal);
+  try {
+    if (o.backend === 'mpi') await runMpirun({ nproc: o.nproc, cmd, args, env }, io, sup);
+    else {
+      if (o.nnodes === 1) env.FLOTILLA_STORE_FILE = join(dir, `store.${attempt}`);
+      await runDirect({ nproc: o.nproc, nodeRank: o.nodeRank, worldSize: o.nnodes * o.nproc, cmd, args, env, masterAddr: o.masterAddr, masterPort: port }, io, sup);
+    }
+  } finally {
+    ctl.abort = undefined;
+  }
+  return sup.finish();
+}
+
+/**
+ * Runs the ranks, restarts the group up to --max-restarts times after a failure, and resolves to
+ * the exit code: 0 when every rank exited 0; the failing rank's exit code (128 + signal number if it
+ * was killed); 128 + the signal when the launcher was interrupted; 2 for a bad environment.
+ */
+export async function launch(o: RunOptions, ioOpts: LauncherIO = {}): Promise<number> {
+  const io = launcherIO(ioOpts);
+  const say = (msg: string): void => void io.stderr.write(`flotilla run: ${msg}\n`);
+  let heartbeat: HeartbeatConfig;
+  try {
+    heartbeat = heartbeatConfig();
+  } catch (e) {
+    say((e as Error).message);
+    return 2;
+  }
+  if (o.nnodes > 1 && !isLoopback(o.masterAddr) && !process.env.FLOTILLA_JOB_SECRET) {
+    say(
+      `--nnodes ${o.nnodes} with --master-addr ${o.masterAddr}: set FLOTILLA_JOB_SECRET to the same random value on every node ` +
+        '(e.g. `export FLOTILLA_JOB_SECRET=$(openssl rand -hex 32)`, then copy it); the rendezvous store admits only ranks that know it',
+    );
+    return 2;
+  }
+  // Rendezvous files (one node) and status files in a directory only this user can enter (mkdtemp makes it 0700).
+  const dir = mkdtempSync(join(tmpdir(), 'flotilla-'));
+  const parent = process.ppid;
+  const watchParent = io.handleSignals
+    ? setInterval(() => {
+      if (process.ppid === parent) return;
+      say(`the launcher's parent (pid ${parent}) is gone; stopping the ranks`);
+      clearInterval(watchParent);
+      process.kill(process.pid, 'SIGTERM'); // handled like a SIGTERM from the user
+    }, 500)
+    : undefined;
+  watchParent?.unref();
+  try {
+    return await attempts(o, io, dir, heartbeat);
+  } finally {
+    if (watchParent) clearInterval(watchParent);
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+/** The heartbeat port of a multi-node job: FLOTILLA_HEARTBEAT_PORT, else just above the store ports. */
+export function heartbeatPort(o: RunOptions): number {
+  const raw = process.env.FLOTILLA_HEARTBEAT_PORT?.trim();
+  if (raw) return Number(raw);
+  return (o.masterPort ?? DEFAULT_MASTER_PORT) + o.maxRestarts + 1;
+}
+
+async function attempts(o: RunOptions, io: SupervisorIO, dir: string, heartbeat: HeartbeatConfig): Promise<number> {
+  const say = (msg: string): void => void io.stderr.write(`flotilla run: ${msg}\n`);
+  const ctl: AttemptControl = { heartbeat, onLocalFailure: () => undefined };
+  let link: NodeLink | undefined;
+  let lost: string | undefined; // a node was lost: no restart can bring it back
+  if (o.nnodes > 1) {
+    try {
+      link = await NodeLink.start({
+        nodeRank: o.nodeRank, nnodes: o.nnodes, nproc: o.nproc, host: o.masterAddr, port: heartbeatPort(o),
+        secret: process.env.FLOTILLA_JOB_SECRET ?? '', config: heartbeat,
+        joinTimeoutMs: Number(process.env.FLOTILLA_TIMEOUT_MS?.trim() || 300_000),
+        onPeerDown: (why, fatal) => {
+          if (fatal) lost = why;
+          if (ctl.abort) ctl.abort(why, fatal);
+          else if (fatal) say(why);
+        },
+      });
+    } catch (e) {
+      say((e as Error).message);
+      return 1;
+    }
+    ctl.onLocalFailure = (what) => link!.announceFailure(`node ${o.nodeRank}: ${what}`);
+  }
+  try {
+    return await attemptLoop(o, io, dir, ctl, () => lost, link);
+  } finally {
+    await link?.close();
+  }
+}
+
+async function attemptLoop(
+  o: RunOptions, io: SupervisorIO, dir: string, ctl: AttemptControl, lost: () => string | undefined, link: NodeLink | undefined,
+): Promise<number> {
+  const say = (msg: string): void => void io.stderr.write(`flotilla run: ${msg}\n`);
+  for (let attempt = 0; ; attempt++) {
+    if (lost() !== undefined) {
+      say(`failed: ${lost()}`);
+      return 1;
+    }
+    let port: number;
+    if (o.nnodes > 1) port = (o.masterPort ?? DEFAULT_MASTER_PORT) + attempt;
+    else if (o.masterPort !== undefined) port = o.masterPort;
+    else {
+      try {
+        port = await freePort(o.masterAddr);
+      } catch (e) {
+        say(`could not find a free port on --master-addr ${o.masterAddr} (${(e as Error).message}); is it an address of this host? Pass --master-port`);
+        return 1;
+      }
+    }
+    const outcome = await runAttempt(o, attempt, port, io, dir, ctl);
+    if (outcome.kind === 'ok') {
+      link?.announceDone();
+      return 0;
+    }
+    if (outcome.kind === 'interrupted') return signalCode(outcome.signal);
+    if (outcome.kind === 'peer') {
+      if (outcome.fatal || attempt >= o.maxRestarts) {
+        say(`failed: ${outcome.why}`);
+        return 1;
+      }
+      say(`${outcome.why}; restarting all ${o.nproc} local rank${o.nproc > 1 ? 's' : ''} (restart ${attempt + 1} of ${o.maxRestarts})`);
+      continue;
+    }
+    const what = describeFailure(outcome);
+    if (attempt < o.maxRestarts) {
+      say(`${what}; restarting all ${o.nproc} local rank${o.nproc > 1 ? 's' : ''} (restart ${attempt + 1} of ${o.maxRestarts})`);
+      continue;
+    }
+    say(`failed: ${what}${o.maxRestarts > 0 ? ` (after ${o.maxRestarts} restart${o.maxRestarts > 1 ? 's' : ''})` : ''}`);
+    if (outcome.signal) return signalCode(outcome.signal);
+    return outcome.code !== null && outcome.code > 0 && outcome.code < 256 ? outcome.code : 1;
+  }
+}
