@@ -7,6 +7,7 @@
 import { type Tensor, arange, manualSeed, noGrad } from '../tensor/index.js';
 import { Module, Embedding, LayerNorm, Linear, Dropout, Block, F, deferParameters } from '../nn/index.js';
 import { castFor } from '../nn/precision.js';
+import { KVCache } from '../nn/kv_cache.js';
 
 export interface GPTConfig {
   vocabSize: number;
@@ -20,10 +21,12 @@ export interface GPTConfig {
   bias: boolean;
   /** Share the token embedding with the output head (one parameter used twice per step). */
   tieEmbeddings: boolean;
+  /** The MLP's GELU: 'exact' (erf, the default) or 'tanh' (the approximation GPT-2 was trained with). */
+  gelu?: 'exact' | 'tanh';
 }
 
 export const defaultGPTConfig: GPTConfig = {
-  vocabSize: 256, blockSize: 128, nLayer: 4, nHead: 4, nEmbd: 128, dropout: 0, bias: true, tieEmbeddings: false,
+  vocabSize: 256, blockSize: 128, nLayer: 4, nHead: 4, nEmbd: 128, dropout: 0, bias: true, tieEmbeddings: false, gelu: 'exact',
 };
 
 /** Which parts of the GPT one pipeline stage holds. */
@@ -58,6 +61,7 @@ function checkConfig(cfg: Partial<GPTConfig>): GPTConfig {
   for (const k of ['vocabSize', 'blockSize', 'nLayer', 'nHead', 'nEmbd'] as const) {
     if (!Number.isInteger(c[k]) || c[k] <= 0) throw new Error(`GPT: ${k} must be a positive integer, got ${c[k]}`);
   }
+  if (c.gelu !== 'exact' && c.gelu !== 'tanh') throw new Error(`GPT: gelu must be "exact" or "tanh", got ${JSON.stringify(c.gelu)}`);
   return c;
 }
 
@@ -209,6 +213,30 @@ export class GPT extends GPTParts {
   constructor(cfg: Partial<GPTConfig> = {}, opts: GPTBuildOptions = {}) {
     const c = checkConfig(cfg);
     super(c, { layers: [0, c.nLayer], embed: true, head: true }, opts);
+  }
+
+  /** Generation's cache for this model: one layer per block, at most blockSize positions. */
+  newCache(batch: number, maxLen = this.cfg.blockSize, pad?: readonly number[]): KVCache {
+    return new KVCache(this.cfg.nLayer, batch, Math.min(maxLen, this.cfg.blockSize), pad);
+  }
+
+  /** Longest context the model takes (its learned positions). */
+  get contextLength(): number {
+    return this.cfg.blockSize;
+  }
+
+  /**
+   * Generation: the logits (B, T, vocab) of the new tokens idx (B, T), earlier ones' keys and values
+   * from the cache, which then holds these too ([Note: kv cache] in src/nn/kv_cache.ts).
+   */
+  decode(idx: Tensor, cache: KVCache): Tensor {
+    const T = idx.shape[1]!;
+    if (cache.length + T > this.cfg.blockSize) throw new Error(`GPT: ${cache.length + T} positions exceed blockSize ${this.cfg.blockSize}`);
+    let x = this.drop.call(this.wte.call(idx).add(this.wpe.call(cache.positions(T)))); // (B, T, C)
+    const allowed = cache.allowed(T);
+    this.layers.items.forEach((b, i) => (x = b.decode(x, cache, i, allowed)));
+    cache.advance(T);
+    return this.head.call(this.lnF.call(x));
   }
 
   /** idx: (B, T) int64 token ids. With targets (B, T) also returns the mean cross-entropy loss. */

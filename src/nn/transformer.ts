@@ -5,6 +5,7 @@ import { Module } from './module.js';
 import { Linear, LayerNorm, Dropout } from './layers.js';
 import { castFor } from './precision.js';
 import { activationCheckpointMode, checkpointBlock, checkpointRegion } from './checkpoint.js';
+import type { KVCache } from './kv_cache.js';
 
 export interface BlockConfig {
   nEmbd: number;
@@ -12,6 +13,8 @@ export interface BlockConfig {
   blockSize: number;
   dropout: number;
   bias: boolean;
+  /** The MLP's GELU: 'exact' (erf; the default) or 'tanh' (GPT-2's approximation). */
+  gelu?: 'exact' | 'tanh';
 }
 
 export class CausalSelfAttention extends Module {
@@ -47,6 +50,26 @@ export class CausalSelfAttention extends Module {
     return this.residDrop.call(this.proj.call(y));
   }
 
+  /**
+   * Generation: x (B, T, C) holds the new tokens only; the earlier ones' keys and values come from
+   * the cache, which keeps these ([Note: kv cache] in kv_cache.ts). `allowed` (B, 1, T, Tk) is
+   * the cache's mask for this step, shared by every layer.
+   */
+  decode(x: Tensor, cache: KVCache, layer: number, allowed: Tensor): Tensor {
+    const qkv = this.qkv.call(x);
+    const [B, T, C3] = qkv.shape as [number, number, number];
+    const hs = this.nEmbd / this.nHead, C = C3 / 3, nh = C / hs;
+    const [q, k, v] = qkv.split(C, 2) as [Tensor, Tensor, Tensor];
+    const heads = (t: Tensor) => t.view(B, T, nh, hs).transpose(1, 2); // (B, nh, T, hs)
+    const [K, V] = cache.append(layer, heads(k), heads(v)); // (B, nh, Tk, hs)
+    const [qh, kh] = castFor('matmul', heads(q), K) as [Tensor, Tensor];
+    let att = qh.matmul(kh.transpose(-2, -1)).mul(1 / Math.sqrt(hs)).maskedFill(allowed.logicalNot(), -Infinity); // (B, nh, T, Tk)
+    [att] = castFor('softmax', att) as [Tensor];
+    const [attc, vh] = castFor('matmul', att.softmax(-1), V) as [Tensor, Tensor];
+    const y = attc.matmul(vh).transpose(1, 2).contiguous().view(B, T, C);
+    return this.residDrop.call(this.proj.call(y));
+  }
+
   /** Attention from the qkv projection's output to the heads' concatenated output (B, T, C). */
   private core(qkv: Tensor): Tensor {
     // Sizes come from the projection's output, not from x or the config: under tensor parallelism
@@ -72,15 +95,17 @@ export class MLP extends Module {
   readonly fc: Linear;
   readonly proj: Linear;
   readonly drop: Dropout;
+  readonly approximate: 'none' | 'tanh';
   constructor(cfg: BlockConfig) {
     super();
+    this.approximate = cfg.gelu === 'tanh' ? 'tanh' : 'none';
     this.fc = this.registerModule('fc', new Linear(cfg.nEmbd, 4 * cfg.nEmbd, { bias: cfg.bias }));
     this.proj = this.registerModule('proj', new Linear(4 * cfg.nEmbd, cfg.nEmbd, { bias: cfg.bias }));
     this.drop = this.registerModule('drop', new Dropout(cfg.dropout));
   }
   forward(x: Tensor): Tensor {
     const [h] = castFor('gelu', this.fc.call(x)) as [Tensor];
-    return this.drop.call(this.proj.call(h.gelu()));
+    return this.drop.call(this.proj.call(h.gelu(this.approximate)));
   }
 }
 
@@ -112,6 +137,11 @@ export class Block extends Module {
   }
   private body(x: Tensor): Tensor {
     const h = x.add(this.attn.call(this.ln1.call(x)));
+    return h.add(this.mlp.call(this.ln2.call(h)));
+  }
+  /** The block on new tokens, with earlier keys and values from the cache (CausalSelfAttention.decode). */
+  decode(x: Tensor, cache: KVCache, layer: number, allowed: Tensor): Tensor {
+    const h = x.add(this.attn.decode(this.ln1.call(x), cache, layer, allowed));
     return h.add(this.mlp.call(this.ln2.call(h)));
   }
 }

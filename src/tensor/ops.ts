@@ -17,7 +17,7 @@ export const OPS = {
   lt: ['aten::lt', 'Tensor'], ltScalar: ['aten::lt', 'Scalar'], le: ['aten::le', 'Tensor'], leScalar: ['aten::le', 'Scalar'],
   gt: ['aten::gt', 'Tensor'], gtScalar: ['aten::gt', 'Scalar'], ge: ['aten::ge', 'Tensor'], geScalar: ['aten::ge', 'Scalar'],
   where: ['aten::where', 'self'], clamp: ['aten::clamp', ''], isnan: ['aten::isnan', ''], isfinite: ['aten::isfinite', ''],
-  logicalNot: ['aten::logical_not', ''], logicalAnd: ['aten::logical_and', ''], any: ['aten::any', ''], all: ['aten::all', ''],
+  logicalNot: ['aten::logical_not', ''], logicalAnd: ['aten::logical_and', ''], logicalOr: ['aten::logical_or', ''], any: ['aten::any', ''], all: ['aten::all', ''],
   maskedFill: ['aten::masked_fill', 'Scalar'], maskedFill_: ['aten::masked_fill_', 'Scalar'],
   // linear algebra
   matmul: ['aten::matmul', ''], mm: ['aten::mm', ''], bmm: ['aten::bmm', ''], baddbmm: ['aten::baddbmm', ''], linear: ['aten::linear', ''],

@@ -269,6 +269,7 @@ export class Tensor {
   isfinite(): Tensor { return run('isfinite', this); }
   logicalNot(): Tensor { return run('logicalNot', this); }
   logicalAnd(o: Tensor): Tensor { return run('logicalAnd', this, o); }
+  logicalOr(o: Tensor): Tensor { return run('logicalOr', this, o); }
   any(): Tensor { return run('any', this); }
   all(): Tensor { return run('all', this); }
   maskedFill(mask: Tensor, value: number): Tensor { return run('maskedFill', this, mask, value); }

@@ -1,0 +1,70 @@
+// [Note: kv cache] Generation keeps each attention layer's keys and values so the prompt is run once
+// (prefill) and every new token costs one position (decode). Buffers are allocated once per layer
+// at the longest length the run can reach, (B, nKv, maxLen, hs), and written in place; a layer
+// reads a view of the filled part, so a step allocates nothing that grows with the context.
+//
+// Several prompts of different lengths share one batch left-padded: row b starts with pad[b]
+// padding tokens that no query may attend to, and its positions count from its first real token,
+// so every row computes what it would alone (the same positions, the same keys).
+import { type Tensor, arange, empty, keep, tensor } from '../tensor/index.js';
+
+export class KVCache {
+  /** Tokens held per row (padding included). */
+  length = 0;
+  private readonly keys: (Tensor | undefined)[];
+  private readonly values: (Tensor | undefined)[];
+  private readonly padIds: Tensor; // (B, 1) int64
+
+  constructor(readonly layers: number, readonly batch: number, readonly maxLen: number, readonly pad: readonly number[] = Array<number>(batch).fill(0)) {
+    if (pad.length !== batch) throw new Error(`KVCache: ${pad.length} pad counts for a batch of ${batch}`);
+    this.keys = Array<Tensor | undefined>(layers).fill(undefined);
+    this.values = Array<Tensor | undefined>(layers).fill(undefined);
+    this.padIds = keep(tensor(Float64Array.from(pad), { shape: [batch, 1], dtype: 'int64' }));
+  }
+
+  /** Positions of the next T tokens, (B, T) int64: each row counts from its first real token (padding at 0). */
+  positions(T: number): Tensor {
+    return arange(this.length, this.length + T, 1, { dtype: 'int64' }).view(1, T).sub(this.padIds).clamp(0);
+  }
+
+  /**
+   * Whether the next T queries may see each key, (B, 1, T, length + T) bool: causal, and never a
+   * padding key, except a padding query's own (its row would otherwise be all -inf, and the NaN of
+   * its softmax would reach real rows through 0 x NaN in the next layer's products).
+   */
+  allowed(T: number): Tensor {
+    const Tk = this.length + T;
+    const key = arange(0, Tk, 1, { dtype: 'int64' }).view(1, Tk);
+    const query = arange(this.length, Tk, 1, { dtype: 'int64' }).view(T, 1);
+    const causal = key.le(query).view(1, 1, T, Tk);
+    const self = key.eq(query).view(1, 1, T, Tk);
+    const real = key.ge(this.padIds).view(this.batch, 1, 1, Tk); // (B, Tk): not padding
+    return causal.logicalAnd(real.logicalOr(self));
+  }
+
+  /**
+   * Stores a layer's keys and values of the new tokens, (B, nKv, T, hs), after those held; returns
+   * views of all of them, (B, nKv, length + T, hs). Call advance(T) once every layer has appended.
+   */
+  append(layer: number, k: Tensor, v: Tensor): [Tensor, Tensor] {
+    const [B, h, T, hs] = k.shape as [number, number, number, number];
+    if (this.length + T > this.maxLen) throw new Error(`KVCache: ${this.length + T} tokens exceed the cache's ${this.maxLen}`);
+    if (this.keys[layer] === undefined) {
+      this.keys[layer] = keep(empty([B, h, this.maxLen, hs], { dtype: k.dtype }));
+      this.values[layer] = keep(empty([B, h, this.maxLen, hs], { dtype: v.dtype }));
+    }
+    const K = this.keys[layer]!, V = this.values[layer]!;
+    K.narrow(2, this.length, T).copy_(k);
+    V.narrow(2, this.length, T).copy_(v);
+    return [K.narrow(2, 0, this.length + T), V.narrow(2, 0, this.length + T)];
+  }
+
+  advance(T: number): void {
+    this.length += T;
+  }
+
+  dispose(): void {
+    for (const t of [...this.keys, ...this.values]) t?.dispose();
+    this.padIds.dispose();
+  }
+}
