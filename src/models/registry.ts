@@ -5,10 +5,11 @@
 // file holding its spec and one line in BUILT_IN; a user's own is registerModel(spec).
 import type { ModelSpec } from './spec.js';
 import { gptSpec } from './gpt_parallel.js';
+import { llamaSpec } from './llama_parallel.js';
 
 export type { ModelSpec, ShapeContext } from './spec.js';
 
-const BUILT_IN: ModelSpec[] = [gptSpec];
+const BUILT_IN: ModelSpec[] = [gptSpec, llamaSpec];
 
 const specs = new Map<string, ModelSpec>(BUILT_IN.map((s) => [s.arch, s]));
 

@@ -1,0 +1,433 @@
+// A Llama-family decoder (Llama 2/3, Mistral-style shapes): RMSNorm pre-norm blocks, rotary
+// positions (transformers' rotate-half convention, so Hugging Face weights load without any
+// permutation), grouped-query attention and a SwiGLU MLP, no biases, optionally tied head. Built
+// from flotilla's own layers, with the GPT's conventions (src/models/gpt.ts): every parameter drawn
+// from (initSeed, its whole-model name), deferInit for ZeRO-3, and a pipeline stage is "the model
+// minus what it does not own" (LlamaStage). Its layouts' plans are in llama_parallel.ts.
+//
+// Module names (the Hugging Face name map depends on them):
+//   wte                            model.embed_tokens
+//   layers.{i}.attnNorm            model.layers.{i}.input_layernorm
+//   layers.{i}.attn.{q,k,v,o}      model.layers.{i}.self_attn.{q,k,v,o}_proj
+//   layers.{i}.mlpNorm             model.layers.{i}.post_attention_layernorm
+//   layers.{i}.mlp.{gate,up,down}  model.layers.{i}.mlp.{gate,up,down}_proj
+//   norm                           model.norm
+//   head                           lm_head (absent when tied: it reuses wte.weight)
+import { type Tensor, type DType, cat, keep, manualSeed, noGrad, ones, tensor, isGradEnabled, zerosLike } from '../tensor/index.js';
+import { Module, Embedding, Linear, RMSNorm, Dropout, deferParameters } from '../nn/index.js';
+import { castFor } from '../nn/precision.js';
+import { activationCheckpointMode, checkpointBlock, checkpointRegion } from '../nn/checkpoint.js';
+import { gptLoss, type GPTBuildOptions, type GPTStageSpec } from './gpt.js';
+
+export interface LlamaConfig {
+  vocabSize: number;
+  /** Longest context (max_position_embeddings). */
+  blockSize: number;
+  nLayer: number;
+  nHead: number;
+  /** Key/value heads (grouped-query attention); 0 = nHead. */
+  nKvHead: number;
+  nEmbd: number;
+  /** Width of one head; 0 = nEmbd / nHead. */
+  headDim: number;
+  /** SwiGLU hidden width; 0 = Llama's rule from nEmbd. */
+  intermediateSize: number;
+  rmsNormEps: number;
+  ropeTheta: number;
+  ropeScaling: 'none' | 'llama3';
+  ropeFactor: number;
+  ropeLowFreqFactor: number;
+  ropeHighFreqFactor: number;
+  ropeOriginalMaxPositions: number;
+  /** On the attention probabilities only (transformers' attention_dropout). */
+  dropout: number;
+  tieEmbeddings: boolean;
+}
+
+export const defaultLlamaConfig: LlamaConfig = {
+  vocabSize: 256, blockSize: 128, nLayer: 4, nHead: 4, nKvHead: 0, nEmbd: 128, headDim: 0, intermediateSize: 0,
+  rmsNormEps: 1e-5, ropeTheta: 10000, ropeScaling: 'none', ropeFactor: 8, ropeLowFreqFactor: 1, ropeHighFreqFactor: 4,
+  ropeOriginalMaxPositions: 8192, dropout: 0, tieEmbeddings: false,
+};
+
+/** Llama's MLP width for a model width: int(8/3 nEmbd) rounded up to a multiple of 64. */
+export function llamaIntermediateSize(nEmbd: number): number {
+  return Math.ceil(Math.floor((8 * nEmbd) / 3) / 64) * 64;
+}
+
+/** The config with its 0 = derived fields resolved; throws naming a field that cannot work. */
+export function resolveLlamaConfig(cfg: Partial<LlamaConfig>): LlamaConfig {
+  const given = Object.fromEntries(Object.entries(cfg).filter(([, v]) => v !== undefined)) as Partial<LlamaConfig>;
+  const c = { ...defaultLlamaConfig, ...given };
+  for (const k of ['vocabSize', 'blockSize', 'nLayer', 'nHead', 'nEmbd'] as const) {
+    if (!Number.isInteger(c[k]) || c[k] <= 0) throw new Error(`Llama: ${k} must be a positive integer, got ${c[k]}`);
+  }
+  if (c.nKvHead === 0) c.nKvHead = c.nHead;
+  if (c.headDim === 0) {
+    if (c.nEmbd % c.nHead !== 0) throw new Error(`Llama: nEmbd (${c.nEmbd}) must be divisible by nHead (${c.nHead}), or set headDim`);
+    c.headDim = c.nEmbd / c.nHead;
+  }
+  if (c.intermediateSize === 0) c.intermediateSize = llamaIntermediateSize(c.nEmbd);
+  if (c.nHead % c.nKvHead !== 0) throw new Error(`Llama: nKvHead (${c.nKvHead}) must divide nHead (${c.nHead})`);
+  if (c.headDim % 2 !== 0) throw new Error(`Llama: headDim (${c.headDim}) must be even (rotary embeddings rotate pairs)`);
+  return c;
+}
+
+/** Parameters of the whole Llama a config describes (a tied head counts once). */
+export function llamaNumParams(cfg: Partial<LlamaConfig>): number {
+  const c = resolveLlamaConfig(cfg);
+  const C = c.nEmbd, A = c.nHead * c.headDim, KV = c.nKvHead * c.headDim;
+  const block = 2 * C + C * A + 2 * C * KV + A * C + 3 * C * c.intermediateSize;
+  return c.vocabSize * C + c.nLayer * block + C + (c.tieEmbeddings ? 0 : c.vocabSize * C);
+}
+
+/**
+ * Rotary inverse frequencies, 1 / theta^(2i / headDim), with Llama 3.1's scaling when asked
+ * (transformers' _compute_llama3_parameters: long wavelengths divided by factor, short ones kept,
+ * a smooth blend between).
+ */
+export function ropeInverseFrequencies(c: Pick<LlamaConfig, 'headDim' | 'ropeTheta' | 'ropeScaling' | 'ropeFactor' | 'ropeLowFreqFactor' | 'ropeHighFreqFactor' | 'ropeOriginalMaxPositions'>): number[] {
+  const half = c.headDim / 2;
+  // As transformers computes it: the exponent in float32, the power in float32.
+  const f32 = (x: number) => Math.fround(x);
+  const inv = Array.from({ length: half }, (_, i) => f32(1 / f32(c.ropeTheta ** f32((2 * i) / c.headDim))));
+  if (c.ropeScaling !== 'llama3') return inv;
+  const old = c.ropeOriginalMaxPositions, lo = c.ropeLowFreqFactor, hi = c.ropeHighFreqFactor, factor = c.ropeFactor;
+  const lowWavelen = old / lo, highWavelen = old / hi;
+  return inv.map((f) => {
+    const wavelen = (2 * Math.PI) / f;
+    if (wavelen < highWavelen) return f;
+    if (wavelen > lowWavelen) return f / factor;
+    const smooth = (old / wavelen - lo) / (hi - lo);
+    return (1 - smooth) * (f / factor) + smooth * f;
+  });
+}
+
+/**
+ * The rotary tables of one model (or stage), shared by its attention layers: cos and sin of
+ * position x frequency for every position up to blockSize, (blockSize, headDim) in float32 (float64
+ * for a float64 model), made on first use. Under bf16-mixed the rotation runs on float32 q and k,
+ * as autocast-era Llama code does. The sin table holds -sin on its first half, so that
+ * x * cos + rotateHalf(x) * sin is x * cos + swapHalves(x) * sinSigned (no negation pass).
+ */
+export class RotaryTables {
+  private readonly invFreq: number[];
+  private readonly tables = new Map<DType, { cos: Tensor; sinSigned: Tensor }>();
+  constructor(readonly cfg: LlamaConfig) {
+    this.invFreq = ropeInverseFrequencies(cfg);
+  }
+
+  /** cos and signed sin for positions [offset, offset + T), (T, headDim), in `dtype`. */
+  slice(dtype: DType, offset: number, T: number): { cos: Tensor; sinSigned: Tensor } {
+    if (offset + T > this.cfg.blockSize) throw new Error(`Llama: positions up to ${offset + T} exceed blockSize ${this.cfg.blockSize}`);
+    let t = this.tables.get(dtype);
+    if (!t) {
+      t = noGrad(() => this.build(dtype));
+      this.tables.set(dtype, t);
+    }
+    return { cos: t.cos.narrow(0, offset, T), sinSigned: t.sinSigned.narrow(0, offset, T) };
+  }
+
+  private build(dtype: DType): { cos: Tensor; sinSigned: Tensor } {
+    const P = this.cfg.blockSize, half = this.invFreq.length, D = 2 * half;
+    const cos = new Float64Array(P * D), sin = new Float64Array(P * D);
+    // The angle is rounded as the table's dtype would compute position x frequency (float32 in transformers).
+    const round = dtype === 'float64' ? (x: number) => x : Math.fround;
+    const inv = this.invFreq.map(round);
+    for (let p = 0; p < P; p++) {
+      for (let i = 0; i < half; i++) {
+        const a = round(p * inv[i]!);
+        const c = Math.cos(a), s = Math.sin(a);
+        cos[p * D + i] = c;
+        cos[p * D + half + i] = c;
+        sin[p * D + i] = -s;
+        sin[p * D + half + i] = s;
+      }
+    }
+    const make = (a: Float64Array) => {
+      const t = tensor(a, { shape: [P, D] });
+      const r = t.to(dtype);
+      if (r !== t) t.dispose();
+      return keep(r);
+    };
+    return { cos: make(cos), sinSigned: make(sin) };
+  }
+
+  dispose(): void {
+    for (const t of this.tables.values()) {
+      t.cos.dispose();
+      t.sinSigned.dispose();
+    }
+    this.tables.clear();
+  }
+}
+
+/**
+ * x (..., T, nh, hd) rotated by its positions: x * cos + rotateHalf(x) * sin, with rotateHalf(x) =
+ * (-x2, x1) for halves x1, x2 (transformers' apply_rotary_pos_emb). cos, sinSigned: (T, hd).
+ */
+export function applyRotary(x: Tensor, cos: Tensor, sinSigned: Tensor): Tensor {
+  const hd = x.shape[x.ndim - 1]!, half = hd / 2;
+  const swapped = cat([x.narrow(-1, half, half), x.narrow(-1, 0, half)], -1);
+  const c = cos.unsqueeze(1), s = sinSigned.unsqueeze(1); // (T, 1, hd): broadcast over heads
+  return x.mul(c).add(swapped.mul(s));
+}
+
+export interface LlamaLayerConfig {
+  nEmbd: number;
+  nHead: number;
+  nKvHead: number;
+  headDim: number;
+  intermediateSize: number;
+  rmsNormEps: number;
+  dropout: number;
+}
+
+/**
+ * Causal grouped-query self-attention with rotary positions. It sizes its work from its
+ * projections' outputs (tensor parallelism leaves this rank nHead / tp query heads and
+ * nKvHead / tp key/value heads; the group size is unchanged), and its core takes q, k, v and the
+ * position offset, so that a key/value cache can feed it later.
+ */
+export class LlamaAttention extends Module {
+  readonly q: Linear;
+  readonly k: Linear;
+  readonly v: Linear;
+  readonly o: Linear;
+  readonly attnDrop: Dropout;
+  readonly headDim: number;
+
+  constructor(cfg: LlamaLayerConfig, readonly rope: RotaryTables) {
+    super();
+    const C = cfg.nEmbd, hd = (this.headDim = cfg.headDim);
+    this.q = this.registerModule('q', new Linear(C, cfg.nHead * hd, { bias: false }));
+    this.k = this.registerModule('k', new Linear(C, cfg.nKvHead * hd, { bias: false }));
+    this.v = this.registerModule('v', new Linear(C, cfg.nKvHead * hd, { bias: false }));
+    this.o = this.registerModule('o', new Linear(cfg.nHead * hd, C, { bias: false }));
+    this.attnDrop = this.registerModule('attnDrop', new Dropout(cfg.dropout));
+  }
+
+  /** x: (B, T, C) at positions offset .. offset + T - 1. */
+  forward(x: Tensor, offset = 0): Tensor {
+    // Each projection casts its own input (as autocast does), so under bf16-mixed the input's
+    // gradient is the float32 sum of three float32 casts back, not a bfloat16 sum.
+    const q = this.q.call(x), k = this.k.call(x), v = this.v.call(x);
+    // Selective checkpointing recomputes the core (rotary, scores, softmax) in backward; it has no parameters.
+    const y = activationCheckpointMode() === 'selective' && isGradEnabled()
+      ? checkpointRegion(this, [q, k, v], (a, b, c) => this.core(a, b, c, offset), () => [], { dropout: this.attnDrop.p > 0 })
+      : this.core(q, k, v, offset);
+    return this.o.call(y);
+  }
+
+  /**
+   * q (B, T, nh hd), k and v (B, T, nkv hd), the projections' outputs for positions offset ..
+   * offset + T - 1, to the heads' concatenated output (B, T, nh hd).
+   */
+  core(q: Tensor, k: Tensor, v: Tensor, offset = 0): Tensor {
+    const [B, T, Cq] = q.shape as [number, number, number];
+    const hd = this.headDim, nh = Cq / hd, nkv = k.shape[2]! / hd, group = nh / nkv;
+    // Rotary in float32 at least (float64 for a float64 model), whatever dtype the projections ran in.
+    const rd: DType = q.dtype === 'float64' ? 'float64' : 'float32';
+    const { cos, sinSigned } = this.rope.slice(rd, offset, T);
+    const rot = (t: Tensor, n: number) => applyRotary((t.dtype === rd ? t : t.to(rd)).view(B, T, n, hd), cos, sinSigned);
+    // Heads: (B, nh, T, hd) and (B, nkv, T, hd). Query head h uses key/value head h / group (repeat_kv's order).
+    let qh = rot(q, nh).transpose(1, 2), kh = rot(k, nkv).transpose(1, 2);
+    let vh = v.view(B, T, nkv, hd).transpose(1, 2);
+    [qh, kh] = castFor('matmul', qh, kh) as [Tensor, Tensor];
+    // The group's query heads are stacked along the rows, so k and v are never repeated: (B, nkv, group T, hd).
+    const qg = qh.reshape(B, nkv, group * T, hd);
+    const scale = 1 / Math.sqrt(hd);
+    let att: Tensor;
+    const allowed = ones([T, T], { dtype: 'bool' }).tril();
+    if (qg.dtype !== 'bfloat16') {
+      att = qg.matmul(kh.transpose(-2, -1)).view(B, nh, T, T).mul(scale).maskedFill(allowed.logicalNot(), -Infinity);
+    } else {
+      // One baddbmm: the scale is the GEMM's alpha, the mask an additive bias (nn/functional.ts, attentionScores).
+      const bias = zerosLike(allowed, { dtype: 'bfloat16' }).maskedFill(allowed.logicalNot(), -Infinity).repeat(group, 1);
+      att = bias.expand(B * nkv, group * T, T)
+        .baddbmm(qg.reshape(B * nkv, group * T, hd), kh.reshape(B * nkv, T, hd).transpose(1, 2), { alpha: scale })
+        .view(B, nh, T, T);
+    }
+    [att] = castFor('softmax', att) as [Tensor];
+    att = this.attnDrop.call(att.softmax(-1));
+    [att, vh] = castFor('matmul', att, vh) as [Tensor, Tensor];
+    const y = att.view(B, nkv, group * T, T).matmul(vh); // (B, nkv, group T, hd)
+    return y.view(B, nh, T, hd).transpose(1, 2).reshape(B, T, nh * hd);
+  }
+}
+
+/** The SwiGLU MLP: down(silu(gate(x)) * up(x)). */
+export class LlamaMLP extends Module {
+  readonly gate: Linear;
+  readonly up: Linear;
+  readonly down: Linear;
+  constructor(cfg: LlamaLayerConfig) {
+    super();
+    this.gate = this.registerModule('gate', new Linear(cfg.nEmbd, cfg.intermediateSize, { bias: false }));
+    this.up = this.registerModule('up', new Linear(cfg.nEmbd, cfg.intermediateSize, { bias: false }));
+    this.down = this.registerModule('down', new Linear(cfg.intermediateSize, cfg.nEmbd, { bias: false }));
+  }
+  forward(x: Tensor): Tensor {
+    // silu and the product run in the projections' dtype (bfloat16 under bf16-mixed, as under autocast).
+    return this.down.call(this.gate.call(x).silu().mul(this.up.call(x)));
+  }
+}
+
+/** Pre-norm Llama block: x + attn(attnNorm(x)), then x + mlp(mlpNorm(x)). */
+export class LlamaBlock extends Module {
+  readonly attnNorm: RMSNorm;
+  readonly attn: LlamaAttention;
+  readonly mlpNorm: RMSNorm;
+  readonly mlp: LlamaMLP;
+  readonly dropout: number;
+  constructor(cfg: LlamaLayerConfig, rope: RotaryTables) {
+    super();
+    this.attnNorm = this.registerModule('attnNorm', new RMSNorm(cfg.nEmbd, cfg.rmsNormEps));
+    this.attn = this.registerModule('attn', new LlamaAttention(cfg, rope));
+    this.mlpNorm = this.registerModule('mlpNorm', new RMSNorm(cfg.nEmbd, cfg.rmsNormEps));
+    this.mlp = this.registerModule('mlp', new LlamaMLP(cfg));
+    this.dropout = cfg.dropout;
+  }
+  /** Full activation checkpointing wraps the whole block inside call() (see Block in src/nn/transformer.ts). */
+  forward(x: Tensor, offset = 0): Tensor {
+    if (activationCheckpointMode() === 'full' && isGradEnabled()) {
+      return checkpointBlock(this, x, (y) => this.body(y, offset), { dropout: this.dropout > 0 });
+    }
+    return this.body(x, offset);
+  }
+  private body(x: Tensor, offset: number): Tensor {
+    const h = x.add(this.attn.call(this.attnNorm.call(x), offset));
+    return h.add(this.mlp.call(this.mlpNorm.call(h)));
+  }
+}
+
+/** A run of blocks registered under their global indices ("2", "3", ...). */
+export class LlamaLayers extends Module {
+  constructor(readonly first: number, readonly items: LlamaBlock[]) {
+    super();
+    items.forEach((b, i) => this.registerModule(String(first + i), b));
+  }
+}
+
+/** 32-bit FNV-1a of a string, for per-parameter seeds (the GPT's rule, so seeds mean the same). */
+function fnv1a(s: string): number {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < s.length; i++) {
+    h ^= s.charCodeAt(i);
+    h = Math.imul(h, 0x01000193) >>> 0;
+  }
+  return h;
+}
+
+/** What a whole Llama or one stage of it is made of; forward lives in the subclasses. */
+abstract class LlamaParts extends Module {
+  readonly cfg: LlamaConfig;
+  readonly spec: GPTStageSpec;
+  readonly rope: RotaryTables;
+  readonly wte?: Embedding;
+  readonly layers!: LlamaLayers;
+  readonly norm?: RMSNorm;
+  readonly head?: Linear;
+
+  protected constructor(cfg: Partial<LlamaConfig>, spec: GPTStageSpec, opts: GPTBuildOptions) {
+    super();
+    const c = (this.cfg = resolveLlamaConfig(cfg));
+    const [first, end] = spec.layers;
+    if (!Number.isInteger(first) || !Number.isInteger(end) || first < 0 || end > c.nLayer || first > end) {
+      throw new Error(`Llama stage: layers [${first}, ${end}) are not a range of the model's ${c.nLayer} blocks`);
+    }
+    this.spec = { layers: [first, end], embed: spec.embed, head: spec.head };
+    this.rope = new RotaryTables(c);
+    if (opts.deferInit && opts.initSeed === undefined) {
+      throw new Error('Llama: deferInit needs initSeed (each parameter is initialised later from the seed and its name): pass { initSeed, deferInit: true }');
+    }
+    if (opts.deferInit) {
+      deferParameters(() => this.buildParts(c));
+      const seed = opts.initSeed!;
+      this.deferredInit = { init: (name, out) => noGrad(() => this.initParameter(this.fullName(name), out, seed)) };
+    } else {
+      this.buildParts(c);
+      noGrad(() => {
+        for (const [local, p] of this.namedParameters()) this.initParameter(this.fullName(local), p, opts.initSeed);
+      });
+    }
+  }
+
+  private buildParts(c: LlamaConfig): void {
+    const [first, end] = this.spec.layers;
+    const self = this as { -readonly [K in 'wte' | 'layers' | 'norm' | 'head']: LlamaParts[K] };
+    if (this.spec.embed) self.wte = this.registerModule('wte', new Embedding(c.vocabSize, c.nEmbd));
+    self.layers = this.registerModule('layers', new LlamaLayers(first, Array.from({ length: end - first }, () => new LlamaBlock(c, this.rope))));
+    if (this.spec.head) {
+      self.norm = this.registerModule('norm', new RMSNorm(c.nEmbd, c.rmsNormEps));
+      // Tied: the head reuses the embedding matrix; a last stage without the embedding holds a copy
+      // the pipeline keeps equal (declared tied in llama_parallel.ts).
+      const shared = c.tieEmbeddings ? this.wte?.weight : undefined;
+      self.head = this.registerModule('head', new Linear(c.nEmbd, c.vocabSize, { bias: false, weight: shared }));
+    }
+  }
+
+  /** True when this stage's head holds its own copy of a weight tied to the first stage's embedding. */
+  get hasTiedHeadCopy(): boolean {
+    return this.cfg.tieEmbeddings && this.spec.head && !this.spec.embed;
+  }
+
+  /** The parameter's name in the whole model (the tied head copy is 'wte.weight'). */
+  fullName(localName: string): string {
+    return this.hasTiedHeadCopy && localName === 'head.weight' ? 'wte.weight' : localName;
+  }
+
+  /** transformers' Llama init: N(0, 0.02) matrices, RMSNorm weights 1; seeded by name when initSeed is given. */
+  private initParameter(name: string, p: Tensor, initSeed: number | undefined): void {
+    if (initSeed !== undefined) manualSeed(((initSeed >>> 0) + fnv1a(name)) % 2 ** 32);
+    if (/(^|\.)(attnNorm|mlpNorm|norm)\.weight$/.test(name)) p.fill_(1);
+    else p.normal_(0, 0.02);
+  }
+
+  /** Token ids (B, T) where this part embeds, else hidden states (B, T, C); logits where it holds the head. */
+  protected runParts(input: Tensor): Tensor {
+    let x = input;
+    if (this.wte) {
+      const T = input.shape[1]!;
+      if (T > this.cfg.blockSize) throw new Error(`Llama: sequence length ${T} exceeds blockSize ${this.cfg.blockSize}`);
+      x = this.wte.call(input);
+    }
+    for (const b of this.layers.items) x = b.call(x);
+    if (this.head) x = this.head.call(this.norm!.call(x));
+    return x;
+  }
+
+  dispose(): void {
+    super.dispose();
+    this.rope.dispose();
+  }
+}
+
+/** The whole Llama on one process. */
+export class Llama extends LlamaParts {
+  declare readonly wte: Embedding;
+  declare readonly norm: RMSNorm;
+  declare readonly head: Linear;
+
+  constructor(cfg: Partial<LlamaConfig> = {}, opts: GPTBuildOptions = {}) {
+    const c = resolveLlamaConfig(cfg);
+    super(c, { layers: [0, c.nLayer], embed: true, head: true }, opts);
+  }
+
+  /** idx: (B, T) int64 token ids. With targets (B, T) also returns the mean cross-entropy loss. */
+  forward(idx: Tensor, targets?: Tensor): { logits: Tensor; loss?: Tensor } {
+    const logits = this.runParts(idx);
+    if (!targets) return { logits };
+    return { logits, loss: gptLoss(logits, targets) };
+  }
+}
+
+/** One pipeline stage of a Llama: only the parts `spec` names are built. */
+export class LlamaStage extends LlamaParts {
+  constructor(cfg: Partial<LlamaConfig>, spec: GPTStageSpec, opts: GPTBuildOptions = {}) {
+    super(cfg, spec, opts);
+  }
+  forward(input: Tensor): Tensor {
+    return this.runParts(input);
+  }
+}
