@@ -9,22 +9,17 @@ import { exportCheckpoint } from '../checkpoint/export.js';
 import { CheckpointError, readMeta } from '../checkpoint/format.js';
 import { readSafetensorsHeader } from '../checkpoint/safetensors.js';
 import { sampleStream } from '../data/loader.js';
+import { UsageError } from './usage.js';
 
-export class CheckpointUsageError extends Error {
-  constructor(message: string) {
-    super(message);
-    this.name = 'UsageError';
-  }
-}
 
 /** `flotilla export CKPT OUT.safetensors` */
 export function exportCommand(args: readonly string[], print: (l: string) => void): number {
   const [src, out, ...extra] = args;
   if (src === undefined || out === undefined || extra.length > 0) {
-    throw new CheckpointUsageError('export: usage: flotilla export <checkpoint|run dir> <out.safetensors>');
+    throw new UsageError('export: usage: flotilla export <checkpoint|run dir> <out.safetensors>');
   }
-  if (!out.endsWith('.safetensors')) throw new CheckpointUsageError(`export: the output ${out} should end in .safetensors`);
-  if (existsSync(out)) throw new CheckpointUsageError(`export: ${out} exists; choose another name or delete it first (nothing was written)`);
+  if (!out.endsWith('.safetensors')) throw new UsageError(`export: the output ${out} should end in .safetensors`);
+  if (existsSync(out)) throw new UsageError(`export: ${out} exists; choose another name or delete it first (nothing was written)`);
   const r = exportCheckpoint(src, out);
   print(`exported step ${r.step}: ${r.params} parameters (${r.elements.toLocaleString('en-US')} elements) to ${r.out}`);
   return 0;
@@ -33,7 +28,7 @@ export function exportCommand(args: readonly string[], print: (l: string) => voi
 /** `flotilla checkpoint check PATH` */
 export function checkpointCommand(args: readonly string[], print: (l: string) => void): number {
   const [sub, path, ...extra] = args;
-  if (sub !== 'check' || path === undefined || extra.length > 0) throw new CheckpointUsageError('checkpoint: usage: flotilla checkpoint check <checkpoint|checkpoints dir|run dir>');
+  if (sub !== 'check' || path === undefined || extra.length > 0) throw new UsageError('checkpoint: usage: flotilla checkpoint check <checkpoint|checkpoints dir|run dir>');
   const r = checkCheckpoint(path);
   print(`OK ${r.dir}: step ${r.step}, ${r.files} file(s), ${r.bytes.toLocaleString('en-US')} bytes, ${r.params} parameters (${r.elements.toLocaleString('en-US')} elements); sizes and SHA-256 checksums match, every tensor complete`);
   return 0;
@@ -106,7 +101,7 @@ export async function generate(path: string, o: GenerateOptions): Promise<{ prom
     loadWeights(weights, placementsOf(model.namedParameters()), model.numParams());
     model.eval();
     const ids = Array.from(codec.encode(o.prompt));
-    if (ids.length === 0) throw new CheckpointUsageError('generate: --prompt needs some text');
+    if (ids.length === 0) throw new UsageError('generate: --prompt needs some text');
     const block = model.cfg.blockSize;
     const draws = sampleStream(o.seed >>> 0, 0, o.tokens, 2 ** 30);
     const out: number[] = [];
@@ -129,7 +124,7 @@ export async function generate(path: string, o: GenerateOptions): Promise<{ prom
 
 function num(v: string | undefined, flag: string, ok: (n: number) => boolean, what: string): number {
   const n = Number(v);
-  if (v === undefined || v.trim() === '' || !Number.isFinite(n) || !ok(n)) throw new CheckpointUsageError(`generate: ${flag} needs ${what}, got ${v === undefined ? 'nothing' : JSON.stringify(v)}`);
+  if (v === undefined || v.trim() === '' || !Number.isFinite(n) || !ok(n)) throw new UsageError(`generate: ${flag} needs ${what}, got ${v === undefined ? 'nothing' : JSON.stringify(v)}`);
   return n;
 }
 
@@ -145,7 +140,7 @@ export async function generateCommand(args: readonly string[], print: (l: string
     const value = (): string | undefined => inline ?? args[++i];
     if (flag === '--prompt') {
       const v = value();
-      if (v === undefined) throw new CheckpointUsageError('generate: --prompt needs text');
+      if (v === undefined) throw new UsageError('generate: --prompt needs text');
       o.prompt = v;
       havePrompt = true;
     } else if (flag === '--tokens') o.tokens = num(value(), '--tokens', (n) => Number.isInteger(n) && n >= 1 && n <= 100_000, 'a whole number from 1 to 100000');
@@ -153,11 +148,11 @@ export async function generateCommand(args: readonly string[], print: (l: string
     else if (flag === '--top-k') o.topK = num(value(), '--top-k', (n) => Number.isInteger(n) && n >= 0, 'a whole number >= 0 (0 = no limit)');
     else if (flag === '--seed') o.seed = num(value(), '--seed', (n) => Number.isInteger(n) && n >= 0 && n < 2 ** 32, 'a whole number from 0 to 2^32-1');
     else if (flag === '--out') out = value();
-    else if (a.startsWith('-')) throw new CheckpointUsageError(`generate: unknown option ${a}; options are --prompt, --tokens, --temperature, --top-k, --seed, --out`);
+    else if (a.startsWith('-')) throw new UsageError(`generate: unknown option ${a}; options are --prompt, --tokens, --temperature, --top-k, --seed, --out`);
     else if (path === undefined) path = a;
-    else throw new CheckpointUsageError(`generate: one checkpoint expected, got ${JSON.stringify(path)} and ${JSON.stringify(a)}`);
+    else throw new UsageError(`generate: one checkpoint expected, got ${JSON.stringify(path)} and ${JSON.stringify(a)}`);
   }
-  if (path === undefined || !havePrompt) throw new CheckpointUsageError('generate: usage: flotilla generate <checkpoint|run dir|exported.safetensors> --prompt TEXT [--tokens N --temperature T --top-k K --seed S --out FILE]');
+  if (path === undefined || !havePrompt) throw new UsageError('generate: usage: flotilla generate <checkpoint|run dir|exported.safetensors> --prompt TEXT [--tokens N --temperature T --top-k K --seed S --out FILE]');
   const r = await generate(path, o);
   const text = `${r.prompt}${r.text}`;
   print(text);

@@ -1,5 +1,5 @@
 // `flotilla prepare SOURCES... --tokenizer T --out DIR [--field F] [--workers N] [--skip-bad] [--shard-mb M]`
-import { UsageError } from './main.js';
+import { UsageError } from './usage.js';
 
 export const PREPARE_USAGE = 'flotilla prepare SOURCES... --tokenizer byte|gpt2|tokenizer.json --out DIR [--field text] [--workers N] [--skip-bad] [--shard-mb 64] [--no-progress]';
 

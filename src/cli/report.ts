@@ -1,6 +1,7 @@
 // `flotilla report RUN [RUN...] [--out FILE]`: writes the runs' report page (RUN/report.html of the
 // first run unless --out says otherwise) and prints its path.
 import { relative } from 'node:path';
+import { UsageError } from './usage.js';
 
 export const REPORT_USAGE = 'usage: flotilla report RUN [RUN...] [--out FILE]  (e.g. flotilla report runs/gpt-tiny)';
 
@@ -9,13 +10,6 @@ export interface ReportArgs {
   out?: string;
 }
 
-/** Bad arguments: one message, exit code 2, like the other commands' usage errors. */
-export class ReportUsageError extends Error {
-  constructor(message: string) {
-    super(message);
-    this.name = 'ReportUsageError';
-  }
-}
 
 export function parseReportArgs(args: readonly string[]): ReportArgs {
   const runs: string[] = [];
@@ -24,14 +18,14 @@ export function parseReportArgs(args: readonly string[]): ReportArgs {
     const a = args[i]!;
     if (a === '--out' || a.startsWith('--out=')) {
       out = a === '--out' ? args[++i] : a.slice('--out='.length);
-      if (out === undefined || out === '') throw new ReportUsageError(`--out needs a file name; ${REPORT_USAGE}`);
+      if (out === undefined || out === '') throw new UsageError(`--out needs a file name; ${REPORT_USAGE}`);
     } else if (a.startsWith('-')) {
-      throw new ReportUsageError(`unknown option ${a}; ${REPORT_USAGE}`);
+      throw new UsageError(`unknown option ${a}; ${REPORT_USAGE}`);
     } else {
       runs.push(a);
     }
   }
-  if (runs.length === 0) throw new ReportUsageError(`give the run directory; ${REPORT_USAGE}`);
+  if (runs.length === 0) throw new UsageError(`give the run directory; ${REPORT_USAGE}`);
   return { runs, ...(out !== undefined ? { out } : {}) };
 }
 
@@ -49,7 +43,7 @@ export async function reportCommand(args: readonly string[], print: (line: strin
     print(`report: ${rel.startsWith('..') || rel === '' ? path : rel}`);
     return 0;
   } catch (e) {
-    if (e instanceof ReportError || e instanceof ReportUsageError) {
+    if (e instanceof ReportError || e instanceof UsageError) {
       process.stderr.write(`flotilla report: ${e.message}\n`);
       return 2;
     }

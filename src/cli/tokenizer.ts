@@ -2,7 +2,7 @@
 // text files, directories of them, .jsonl files (--field) or "moby-dick" (src/data/bpe_train.ts).
 import { existsSync, readFileSync, statSync } from 'node:fs';
 import { dirname, resolve } from 'node:path';
-import { UsageError } from './main.js';
+import { UsageError } from './usage.js';
 
 export const TOKENIZER_USAGE = 'flotilla tokenizer train --vocab N FILES... --out tokenizer.json [--field text]';
 
