@@ -4,6 +4,8 @@ import { existsSync, readFileSync } from 'node:fs';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { resolve } from 'node:path';
 import { ConfigError, checkRunnable, configToToml, defaultConfig, loadConfig, parseConfig, runDirOf, runDirProblem } from '../train/config.js';
+import { LaunchEnvError } from '../distributed/env.js';
+import { UsageError } from './usage.js';
 
 const MAIN = fileURLToPath(import.meta.url);
 
@@ -53,13 +55,6 @@ usage:
 example:
   flotilla train examples/gpt-tiny.toml --nproc 2`;
 
-/** Bad command-line usage: one message, exit code 2. */
-export class UsageError extends Error {
-  constructor(message: string) {
-    super(message);
-    this.name = 'UsageError';
-  }
-}
 
 function version(): string {
   const pkg = JSON.parse(readFileSync(resolve(MAIN, '..', '..', '..', 'package.json'), 'utf8')) as { version: string };
@@ -320,7 +315,7 @@ export async function main(argv: readonly string[]): Promise<number> {
     }
   } catch (e) {
     const err = e as Error;
-    if (err instanceof UsageError || err instanceof ConfigError || err?.name === 'LaunchEnvError' || err?.name === 'UsageError') {
+    if (err instanceof UsageError || err instanceof ConfigError || err instanceof LaunchEnvError) {
       process.stderr.write(`flotilla: ${err.message}\n`);
       return 2;
     }
