@@ -18,6 +18,8 @@ export interface CausalLM extends Module {
   decode(ids: Tensor, cache: KVCache): Tensor;
   /** Longest context the model takes. */
   readonly contextLength: number;
+  /** The whole-context forward (the uncached path): logits (B, T, V), or { logits }. */
+  forward(ids: Tensor): Tensor | { logits: Tensor };
 }
 
 export interface GenerateOptions extends Partial<SampleOptions> {

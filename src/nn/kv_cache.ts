@@ -14,11 +14,13 @@ export class KVCache {
   private readonly keys: (Tensor | undefined)[];
   private readonly values: (Tensor | undefined)[];
   private readonly padIds: Tensor; // (B, 1) int64
+  private readonly padded: boolean;
 
   constructor(readonly layers: number, readonly batch: number, readonly maxLen: number, readonly pad: readonly number[] = Array<number>(batch).fill(0)) {
     if (pad.length !== batch) throw new Error(`KVCache: ${pad.length} pad counts for a batch of ${batch}`);
     this.keys = Array<Tensor | undefined>(layers).fill(undefined);
     this.values = Array<Tensor | undefined>(layers).fill(undefined);
+    this.padded = pad.some((p) => p > 0);
     this.padIds = keep(tensor(Float64Array.from(pad), { shape: [batch, 1], dtype: 'int64' }));
   }
 
@@ -28,11 +30,13 @@ export class KVCache {
   }
 
   /**
-   * Whether the next T queries may see each key, (B, 1, T, length + T) bool: causal, and never a
+   * Whether the next T queries may see each key, (B, 1, T, length + T) bool (undefined: all): causal, and never a
    * padding key, except a padding query's own (its row would otherwise be all -inf, and the NaN of
    * its softmax would reach real rows through 0 x NaN in the next layer's products).
    */
-  allowed(T: number): Tensor {
+  allowed(T: number): Tensor | undefined {
+    // One new token with no padding sees every key: no mask at all (the common decoding step).
+    if (T === 1 && !this.padded) return undefined;
     const Tk = this.length + T;
     const key = arange(0, Tk, 1, { dtype: 'int64' }).view(1, Tk);
     const query = arange(this.length, Tk, 1, { dtype: 'int64' }).view(T, 1);

@@ -55,7 +55,7 @@ export class CausalSelfAttention extends Module {
    * the cache, which keeps these ([Note: kv cache] in kv_cache.ts). `allowed` (B, 1, T, Tk) is
    * the cache's mask for this step, shared by every layer.
    */
-  decode(x: Tensor, cache: KVCache, layer: number, allowed: Tensor): Tensor {
+  decode(x: Tensor, cache: KVCache, layer: number, allowed: Tensor | undefined): Tensor {
     const qkv = this.qkv.call(x);
     const [B, T, C3] = qkv.shape as [number, number, number];
     const hs = this.nEmbd / this.nHead, C = C3 / 3, nh = C / hs;
@@ -63,7 +63,8 @@ export class CausalSelfAttention extends Module {
     const heads = (t: Tensor) => t.view(B, T, nh, hs).transpose(1, 2); // (B, nh, T, hs)
     const [K, V] = cache.append(layer, heads(k), heads(v)); // (B, nh, Tk, hs)
     const [qh, kh] = castFor('matmul', heads(q), K) as [Tensor, Tensor];
-    let att = qh.matmul(kh.transpose(-2, -1)).mul(1 / Math.sqrt(hs)).maskedFill(allowed.logicalNot(), -Infinity); // (B, nh, T, Tk)
+    let att = qh.matmul(kh.transpose(-2, -1)).mul(1 / Math.sqrt(hs)); // (B, nh, T, Tk)
+    if (allowed) att = att.maskedFill(allowed.logicalNot(), -Infinity);
     [att] = castFor('softmax', att) as [Tensor];
     const [attc, vh] = castFor('matmul', att.softmax(-1), V) as [Tensor, Tensor];
     const y = attc.matmul(vh).transpose(1, 2).contiguous().view(B, T, C);
@@ -140,7 +141,7 @@ export class Block extends Module {
     return h.add(this.mlp.call(this.ln2.call(h)));
   }
   /** The block on new tokens, with earlier keys and values from the cache (CausalSelfAttention.decode). */
-  decode(x: Tensor, cache: KVCache, layer: number, allowed: Tensor): Tensor {
+  decode(x: Tensor, cache: KVCache, layer: number, allowed: Tensor | undefined): Tensor {
     const h = x.add(this.attn.decode(this.ln1.call(x), cache, layer, allowed));
     return h.add(this.mlp.call(this.ln2.call(h)));
   }
