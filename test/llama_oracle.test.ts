@@ -5,7 +5,7 @@
 // tables themselves against transformers' formulas, and the attention core's position offset.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { randint, manualSeed, setNumThreads, setDefaultDtype, tidy, noGrad, randn, type Tensor } from '../src/tensor/index.js';
+import { arange, randint, manualSeed, setNumThreads, setDefaultDtype, tidy, noGrad, randn, type Tensor } from '../src/tensor/index.js';
 import { autocast } from '../src/nn/precision.js';
 import { Llama, ropeInverseFrequencies, resolveLlamaConfig, llamaNumParams, type LlamaConfig } from '../src/models/llama.js';
 import { llamaSpec } from '../src/models/llama_parallel.js';
@@ -135,6 +135,8 @@ test('the attention core rotates by absolute position: a shifted offset keeps re
       const t0 = model.rope.slice('float64', 0, 6).cos, t9 = model.rope.slice('float64', 9, 6).cos;
       assert.ok(scaledErr(t9, t0) > 0.1, 'offset 9 reads other rows of the rotary table');
       assert.throws(() => attn.core(q, k, v, 27), /exceed blockSize 32/);
+      // Positions given per token read the same rows.
+      assertClose(attn.core(q, k, v, arange(9, 15).view(1, 6)), at9, { rtol: 1e-14 }, 'core at positions 9..14 vs offset 9');
     });
     model.dispose();
   } finally {

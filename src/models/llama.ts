@@ -128,6 +128,14 @@ export class RotaryTables {
     return { cos: t.cos.narrow(0, offset, T), sinSigned: t.sinSigned.narrow(0, offset, T) };
   }
 
+  /** cos and signed sin at any positions (B, T) int64 (rows of a batch at different offsets): (B, T, headDim). */
+  at(dtype: DType, positions: Tensor): { cos: Tensor; sinSigned: Tensor } {
+    const [B, T] = positions.shape as [number, number];
+    const { cos, sinSigned } = this.slice(dtype, 0, this.cfg.blockSize);
+    const flat = positions.reshape(B * T);
+    return { cos: cos.indexSelect(0, flat).view(B, T, -1), sinSigned: sinSigned.indexSelect(0, flat).view(B, T, -1) };
+  }
+
   private build(dtype: DType): { cos: Tensor; sinSigned: Tensor } {
     const P = this.cfg.blockSize, half = this.invFreq.length, D = 2 * half;
     const cos = new Float64Array(P * D), sin = new Float64Array(P * D);
@@ -169,7 +177,7 @@ export class RotaryTables {
 export function applyRotary(x: Tensor, cos: Tensor, sinSigned: Tensor): Tensor {
   const hd = x.shape[x.ndim - 1]!, half = hd / 2;
   const swapped = cat([x.narrow(-1, half, half), x.narrow(-1, 0, half)], -1);
-  const c = cos.unsqueeze(1), s = sinSigned.unsqueeze(1); // (T, 1, hd): broadcast over heads
+  const c = cos.unsqueeze(-2), s = sinSigned.unsqueeze(-2); // (T, 1, hd) or (B, T, 1, hd): broadcast over heads
   return x.mul(c).add(swapped.mul(s));
 }
 
@@ -220,15 +228,16 @@ export class LlamaAttention extends Module {
   }
 
   /**
-   * q (B, T, nh hd), k and v (B, T, nkv hd), the projections' outputs for positions offset ..
-   * offset + T - 1, to the heads' concatenated output (B, T, nh hd).
+   * q (B, T, nh hd), k and v (B, T, nkv hd), the projections' outputs, to the heads' concatenated
+   * output (B, T, nh hd). `positions`: an offset (the tokens are at offset .. offset + T - 1), or
+   * each token's position (B, T) int64.
    */
-  core(q: Tensor, k: Tensor, v: Tensor, offset = 0): Tensor {
+  core(q: Tensor, k: Tensor, v: Tensor, positions: number | Tensor = 0): Tensor {
     const [B, T, Cq] = q.shape as [number, number, number];
     const hd = this.headDim, nh = Cq / hd, nkv = k.shape[2]! / hd, group = nh / nkv;
     // Rotary in float32 at least (float64 for a float64 model), whatever dtype the projections ran in.
     const rd: DType = q.dtype === 'float64' ? 'float64' : 'float32';
-    const { cos, sinSigned } = this.rope.slice(rd, offset, T);
+    const { cos, sinSigned } = typeof positions === 'number' ? this.rope.slice(rd, positions, T) : this.rope.at(rd, positions);
     const rot = (t: Tensor, n: number) => applyRotary((t.dtype === rd ? t : t.to(rd)).view(B, T, n, hd), cos, sinSigned);
     // Heads: (B, nh, T, hd) and (B, nkv, T, hd). Query head h uses key/value head h / group (repeat_kv's order).
     let qh = rot(q, nh).transpose(1, 2), kh = rot(k, nkv).transpose(1, 2);
