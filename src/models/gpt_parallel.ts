@@ -16,6 +16,7 @@ import { unitsByClass, type UnitPolicy } from '../parallel/fsdp.js';
 import type { TpPlan } from '../parallel/tensor_parallel/styles.js';
 import { GPT, GPTStage, gptLoss, gptNumParams, type GPTConfig, type GPTStageSpec } from './gpt.js';
 import type { ModelSpec } from './spec.js';
+import { gpt2Hf } from './gpt_hf.js';
 
 /**
  * The GPT's tensor-parallel plan ([Note: tp styles] in src/parallel/tensor_parallel/styles.ts), as
@@ -200,6 +201,7 @@ export const gptSpec: ModelSpec<GPTConfig> = {
   loss: gptCriterion,
   units: gptUnits,
   tensorPlan: (opts) => gptTensorPlan(opts),
+  hf: gpt2Hf,
   shapeProblems(m, ctx) {
     const p: string[] = [];
     if (m.nEmbd % m.nHead !== 0) p.push(`model.nEmbd (${m.nEmbd}) must be divisible by model.nHead (${m.nHead})`);

@@ -36,4 +36,43 @@ export interface ModelSpec<C = any> {
   tensorPlan(opts: { sequenceParallel?: boolean; lossParallel?: boolean }): TpPlan | ((part: Module) => TpPlan);
   /** Every problem of the model section with this layout, each naming the config field and the fix. */
   shapeProblems(cfg: C, ctx: ShapeContext): string[];
+  /** How the model reads and writes Hugging Face directories (src/checkpoint/hf.ts), when it can. */
+  readonly hf?: HfFormat<C>;
+}
+
+/** One parameter as transformers stores it. */
+export interface HfTensor {
+  /** The parameter's whole-model name in flotilla. */
+  name: string;
+  /** Its name in transformers' state dict. */
+  hf: string;
+  /** Its shape there. */
+  shape: number[];
+  /** Stored as the transpose of flotilla's 2-D tensor (GPT-2's Conv1D keeps weights [in, out]). */
+  transpose?: boolean;
+  /** Not a parameter of this config: written as zeros (a bias-free GPT's biases), not read. */
+  zeros?: boolean;
+}
+
+/** An architecture's map to a transformers model class: the config fields and the tensor names. */
+export interface HfFormat<C = any> {
+  /** config.json's `architectures[0]` (e.g. "LlamaForCausalLM"). */
+  readonly architecture: string;
+  /** config.json's `model_type` (e.g. "llama"). */
+  readonly modelType: string;
+  /**
+   * The [model] fields a config.json describes (arch included); a field this model cannot honour is
+   * an error naming it and what is supported.
+   */
+  fromConfig(hf: Record<string, unknown>): Record<string, unknown>;
+  /** config.json for a model of this config, with transformers' field names. */
+  toConfig(cfg: C): Record<string, unknown>;
+  /** Every stored tensor, in the order transformers writes them (a tied head is not stored). */
+  tensors(cfg: C): HfTensor[];
+  /** Stored tensors that are not parameters (buffers older transformers saved), skipped on read. */
+  readonly ignored?: RegExp;
+  /** Names older saves used, mapped to today's (GPT-2 checkpoints without the "transformer." prefix). */
+  canonicalName?(stored: string): string;
+  /** This architecture's whole-model config, when `model` is one of its models (savePretrained). */
+  configOf(model: Module): C | undefined;
 }
