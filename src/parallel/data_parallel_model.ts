@@ -10,7 +10,7 @@ import type { GradientSource } from './grads.js';
 import { asList, type LossFn, type MicroBatch, type ParallelModel, type StageValue } from './parallel_model.js';
 
 /** The mean of a per-rank scalar over the group (no collective for one rank). */
-export function meanOverRanks(group: ProcessGroup, v: number): number {
+function meanOverRanks(group: ProcessGroup, v: number): number {
   if (group.size === 1) return v;
   const t = tensor(new Float64Array([v]));
   try {

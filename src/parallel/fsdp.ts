@@ -60,7 +60,7 @@ export function unitsByPath(paths: readonly PathPattern[]): UnitPolicy {
 }
 
 /** Without a policy the whole model is one unit: gathered for the whole step (see unitWarning). */
-export const wholeModelUnit: UnitPolicy = () => false;
+const wholeModelUnit: UnitPolicy = () => false;
 
 /**
  * The warning for a plan with a single unit: its parameters are all gathered for the whole step,

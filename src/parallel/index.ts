@@ -3,9 +3,9 @@ export { DataParallel, type DataParallelOptions, type SyncRecord, type MemoryRep
 export { FsdpUnits, unitsByClass, unitsByPath, singleUnitWarning, type UnitPolicy, type ModuleClass, type PathPattern } from './fsdp.js';
 export { asList, type ParallelModel, type MicroBatch, type StageValue, type LossFn } from './parallel_model.js';
 export { Reducer } from './reducer.js';
-export { parallelize, wrapDataParallel, buildMesh, type LayoutMesh, type DataParallelMesh, type ParallelPlan, type DataParallelKnobs } from './parallelize.js';
+export { parallelize, wrapDataParallel, buildMesh, type LayoutMesh, type ParallelPlan, type DataParallelKnobs } from './parallelize.js';
 export { resolveLayout, layoutFor, describeLayout, layoutProblems, resolveAccumulate, accumulateProblems, dataParallelDegree, LayoutError, type Layout, type LayoutRequest, type ParallelConfig } from './layout.js';
-export { DataParallelModel, meanOverRanks } from './data_parallel_model.js';
+export { DataParallelModel } from './data_parallel_model.js';
 export { LocalGrads, gradNorm, clipGradNorm, type GradientSource, type GradShard, type ClipResult, type StepPiece } from './grads.js';
 export * from './pipeline/index.js';
 export { placementsOf, wholeRuns, type ParamPlacement, type ElementRange, type PlacementOptions, type TpSlice, type Run } from './placement.js';

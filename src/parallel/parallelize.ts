@@ -25,7 +25,7 @@ import { parallelizeModule, TensorParallelError, type TensorParallelApplied, typ
 import { vocabParallelCrossEntropy } from './tensor_parallel/loss.js';
 import { TensorParallelModel } from './tensor_parallel/model.js';
 
-export { resolveLayout, describeLayout, layoutProblems, resolveAccumulate, LayoutError, type Layout, type ParallelConfig } from './layout.js';
+export { resolveLayout, describeLayout, type Layout } from './layout.js';
 
 export interface LayoutMesh {
   mesh: DeviceMesh;
@@ -39,8 +39,6 @@ export interface LayoutMesh {
   /** This rank's data-parallel rank: the flattened (dpReplicate, dpShard) mesh rank, replicateRank * dpShard + shardRank. */
   dpRank: number;
 }
-/** The former name of LayoutMesh. */
-export type DataParallelMesh = LayoutMesh;
 
 /** Builds the mesh and its groups (collective: every rank calls it with the same layout). */
 export function buildMesh(layout: Pick<Layout, 'pp' | 'dpReplicate' | 'dpShard'> & { tp?: number }, world: ProcessGroup): LayoutMesh {

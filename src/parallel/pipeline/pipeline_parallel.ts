@@ -480,7 +480,7 @@ export class PipelineGrads implements GradientSource {
  * is summed over the pipeline group (and the shard group when gradients are sharded) and counts the
  * tied parameter once.
  */
-export class ShardedPipelineGrads implements GradientSource {
+class ShardedPipelineGrads implements GradientSource {
   constructor(private readonly pp: PipelineParallel, private readonly dp: DataParallel) {}
 
   fullGrad(param: Tensor): Tensor {
