@@ -34,6 +34,16 @@ export function run(name: OpName, ...args: unknown[]): any {
 }
 
 /** Runs an in-place table op; the addon hands back self's own handle, so nothing new is wrapped. */
+/** Sizes or dims given as separate numbers or as one list: PyTorch takes both (x.reshape(-1, V), x.reshape([-1, V])). */
+type DimsArgs = [readonly number[]] | number[];
+
+function dimsOf(args: DimsArgs, op: string): number[] {
+  const [first] = args;
+  if (args.length === 1 && Array.isArray(first)) return [...(first as readonly number[])];
+  if (args.some((a) => Array.isArray(a))) throw new Error(`${op}: give the sizes as separate numbers or as one list, not both`);
+  return args as number[];
+}
+
 function runInPlace(self: Tensor, name: OpName, ...args: unknown[]): Tensor {
   const h = self.handle;
   const out = callOp(name, [h, ...args.map(unwrapArg)]) as TensorHandle;
@@ -312,7 +322,9 @@ export class Tensor {
   prod(): Tensor { return run('prod', this); }
 
   // ---- shape (views share storage with this tensor)
-  view(...shape: number[]): Tensor { return run('view', this, shape); }
+  view(shape: readonly number[]): Tensor;
+  view(...shape: number[]): Tensor;
+  view(...shape: DimsArgs): Tensor { return run('view', this, dimsOf(shape, 'view')); }
   /** A view of the same bytes as another dtype of equal element size (e.g. bfloat16 bits as float16). */
   viewAsDtype(dtype: DType): Tensor { return run('viewDtype', this, dtypeCode(dtype)); }
   /** True when the elements are dense and row-major. */
@@ -325,8 +337,12 @@ export class Tensor {
     }
     return true;
   }
-  reshape(...shape: number[]): Tensor { return run('reshape', this, shape); }
-  permute(...dims: number[]): Tensor { return run('permute', this, dims); }
+  reshape(shape: readonly number[]): Tensor;
+  reshape(...shape: number[]): Tensor;
+  reshape(...shape: DimsArgs): Tensor { return run('reshape', this, dimsOf(shape, 'reshape')); }
+  permute(dims: readonly number[]): Tensor;
+  permute(...dims: number[]): Tensor;
+  permute(...dims: DimsArgs): Tensor { return run('permute', this, dimsOf(dims, 'permute')); }
   transpose(dim0: number, dim1: number): Tensor { return run('transpose', this, dim0, dim1); }
   /** Transpose of a 2-D tensor. */
   t(): Tensor { return this.transpose(0, 1); }
@@ -342,13 +358,19 @@ export class Tensor {
   flatten(startDim = 0, endDim = -1): Tensor { return run('flatten', this, startDim, endDim); }
   squeeze(dim?: number): Tensor { return dim === undefined ? run('squeeze', this) : run('squeezeDim', this, dim); }
   unsqueeze(dim: number): Tensor { return run('unsqueeze', this, dim); }
-  expand(...shape: number[]): Tensor { return run('expand', this, shape); }
+  expand(shape: readonly number[]): Tensor;
+  expand(...shape: number[]): Tensor;
+  expand(...shape: DimsArgs): Tensor { return run('expand', this, dimsOf(shape, 'expand')); }
   indexSelect(dim: number, index: Tensor): Tensor { return run('indexSelect', this, dim, index); }
   gather(dim: number, index: Tensor): Tensor { return run('gather', this, dim, index); }
-  repeat(...repeats: number[]): Tensor { return run('repeat', this, repeats); }
+  repeat(repeats: readonly number[]): Tensor;
+  repeat(...repeats: number[]): Tensor;
+  repeat(...repeats: DimsArgs): Tensor { return run('repeat', this, dimsOf(repeats, 'repeat')); }
   tril(diagonal = 0): Tensor { return run('tril', this, diagonal); }
   triu(diagonal = 0): Tensor { return run('triu', this, diagonal); }
-  flip(...dims: number[]): Tensor { return run('flip', this, dims); }
+  flip(dims: readonly number[]): Tensor;
+  flip(...dims: number[]): Tensor;
+  flip(...dims: DimsArgs): Tensor { return run('flip', this, dimsOf(dims, 'flip')); }
 
   // ---- in-place (named with a trailing underscore; they return this)
   add_(other: TensorOrScalar, alpha = 1): this {
