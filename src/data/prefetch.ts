@@ -7,7 +7,7 @@
 // starts a new worker rather than racing an old one's writes.
 import { MessageChannel, receiveMessageOnPort, type MessagePort, type Worker } from 'node:worker_threads';
 import type { SamplerSpec } from './sampler.js';
-import { siblingUrl, startWorker } from './workers.js';
+import { siblingUrl, startWorker, type StartedWorker } from './workers.js';
 
 /** What the worker is started with. */
 export interface PrefetchInit {
@@ -28,6 +28,7 @@ export function ringLayout(spec: SamplerSpec, depth: number): { tagsBytes: numbe
 const WAIT_LIMIT_MS = 120_000;
 
 export class Prefetcher {
+  private readonly started: StartedWorker;
   private readonly worker: Worker;
   private readonly tags: Int32Array;
   private readonly data: Int32Array;
@@ -45,7 +46,8 @@ export class Prefetcher {
     const { port1, port2 } = new MessageChannel();
     this.errors = port1;
     const init: PrefetchInit = { spec, seed, depth, shared, port: port2 };
-    this.worker = startWorker(siblingUrl('prefetch_worker'), { workerData: init, transferList: [port2] });
+    this.started = startWorker(siblingUrl('prefetch_worker'), { workerData: init, transferList: [port2] });
+    this.worker = this.started.worker;
     this.worker.unref();
     this.next = start;
     for (let i = 0; i < depth; i++) this.request(start + i);
@@ -73,6 +75,12 @@ export class Prefetcher {
         const msg = receiveMessageOnPort(this.errors)?.message as string | undefined;
         this.close();
         throw new Error(msg ?? 'the data prefetch worker failed');
+      }
+      // Blocked here, this thread sees no worker events: the start state is read from shared memory.
+      const problem = this.started.problem();
+      if (problem !== undefined) {
+        this.close();
+        throw new Error(`data prefetch: ${problem}; set data.prefetch = 0 to read inline`);
       }
       if (Date.now() - waitStart > WAIT_LIMIT_MS) {
         this.close();

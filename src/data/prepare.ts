@@ -361,15 +361,23 @@ export async function prepare(o: PrepareOptions): Promise<PrepareResult> {
 function runPool(n: number, jobs: UnitJob[], ctx: UnitContext, onBytes: (b: number) => void, onDone: (index: number, rec: ShardRecord) => void): Promise<void> {
   return new Promise((resolvePool, rejectPool) => {
     const workers: Worker[] = [];
+    const finished = new Set<Worker>(); // terminated by us: their exit is expected
     let next = 0;
     let running = 0;
     let failed = false;
     const stopAll = (): void => {
       for (const w of workers) void w.terminate();
     };
+    const fail = (e: Error): void => {
+      if (failed) return;
+      failed = true;
+      stopAll();
+      rejectPool(e);
+    };
     const feed = (w: Worker): void => {
       if (failed) return;
       if (next >= jobs.length) {
+        finished.add(w);
         void w.terminate();
         if (running === 0) resolvePool();
         return;
@@ -378,8 +386,17 @@ function runPool(n: number, jobs: UnitJob[], ctx: UnitContext, onBytes: (b: numb
       w.postMessage(jobs[next++]!);
     };
     for (let i = 0; i < n; i++) {
-      const w = startWorker(siblingUrl('prepare_worker'), { workerData: ctx });
+      const started = startWorker(siblingUrl('prepare_worker'), { workerData: ctx });
+      const w = started.worker;
       workers.push(w);
+      // A worker that cannot start, or that dies mid-shard, fails the command instead of leaving it waiting.
+      w.on('exit', (code) => {
+        if (!finished.has(w)) fail(new Error(`prepare: ${started.problem() ?? `a worker thread exited with code ${code} before finishing its shards`}`));
+      });
+      w.on('error', (e) => {
+        const why = started.problem();
+        fail(why !== undefined ? new Error(`prepare: ${why}`) : e);
+      });
       w.on('message', (m: { type: string; bytes?: number; index?: number; record?: ShardRecord; message?: string; bad?: boolean }) => {
         if (m.type === 'progress') onBytes(m.bytes!);
         else if (m.type === 'done') {
@@ -397,12 +414,6 @@ function runPool(n: number, jobs: UnitJob[], ctx: UnitContext, onBytes: (b: numb
           // Let terminated workers settle so their temp files are not written after the cleanup.
           void Promise.all(workers.map((x) => x.terminate())).then(() => rejectPool(e));
         }
-      });
-      w.on('error', (e) => {
-        if (failed) return;
-        failed = true;
-        stopAll();
-        rejectPool(e);
       });
       feed(w);
     }
