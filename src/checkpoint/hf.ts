@@ -272,9 +272,13 @@ export function loadHfWeights(h: HfDir, placements: readonly ParamPlacement[]): 
 /** The [model] fields where a run's config and a directory's disagree (dropout is the run's). */
 export function configDifferences(run: Record<string, unknown>, h: HfDir): string[] {
   const out: string[] = [];
-  for (const [k, v] of Object.entries(h.determined)) {
+  if (run.arch !== h.spec.arch) return [`model.arch is ${JSON.stringify(run.arch)} here, the directory holds a ${h.format.architecture} (arch "${h.spec.arch}")`];
+  // Derived fields (0 = from the others) compare by their resolved values.
+  const mine = (h.format.resolve?.(run) ?? run) as Record<string, unknown>;
+  const theirs = (h.format.resolve?.(h.model) ?? h.model) as Record<string, unknown>;
+  for (const k of Object.keys(h.determined)) {
     if (k === 'dropout') continue;
-    if (run[k] !== v) out.push(`model.${k} is ${JSON.stringify(run[k])} here and ${JSON.stringify(v)} in ${HF_CONFIG}`);
+    if (mine[k] !== theirs[k]) out.push(`model.${k} is ${JSON.stringify(run[k])} here and ${JSON.stringify(theirs[k])} in ${HF_CONFIG}`);
   }
   return out;
 }

@@ -11,6 +11,7 @@ import { gptLoss } from './gpt.js';
 import { planStages, type PartCosts } from './gpt_parallel.js';
 import { Llama, LlamaBlock, LlamaStage, llamaIntermediateSize, llamaNumParams, resolveLlamaConfig, type LlamaConfig } from './llama.js';
 import type { ModelSpec } from './spec.js';
+import { llamaHf } from './llama_hf.js';
 
 /**
  * The Llama's tensor-parallel plan ([Note: tp styles]): q, k, v, gate and up column-parallel (each
@@ -118,4 +119,5 @@ export const llamaSpec: ModelSpec<LlamaConfig> = {
   units: llamaUnits,
   tensorPlan: (opts) => llamaTensorPlan(opts),
   shapeProblems: llamaShapeProblems,
+  hf: llamaHf,
 };

@@ -75,4 +75,6 @@ export interface HfFormat<C = any> {
   canonicalName?(stored: string): string;
   /** This architecture's whole-model config, when `model` is one of its models (savePretrained). */
   configOf(model: Module): C | undefined;
+  /** The config with its derived fields (0 = from the others) filled in, to compare two configs. */
+  resolve?(cfg: C): C;
 }

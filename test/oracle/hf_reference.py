@@ -121,7 +121,10 @@ def gpt2_forward(P, c, idx):
 
 def rope_inv_freq(c):
     hd = c['head_dim']
-    inv = 1.0 / (c['rope_theta'] ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    # transformers computes the inverse frequencies in float32: each step here is rounded to float32 once.
+    exponent = torch.arange(0, hd, 2, dtype=torch.int64).float() / hd
+    power = (c['rope_theta'] ** exponent.double()).float()
+    inv = (1.0 / power.double()).float().double()
     rs = c['rope_scaling']
     if rs is None:
         return inv
