@@ -1,7 +1,7 @@
 // Oversubscribed MPI ranks must not spin: 4 ranks on this machine's cores, rank 0 computes while
 // ranks 1..3 wait for it in an all-reduce. Compares the waiters' CPU use and rank 0's compute time
 // with Open MPI's default progress (busy polling) and with mpi_yield_when_idle=1, which
-// `flotilla run --backend mpi` sets (src/distributed/mpi_launch.ts). Writes its section of
+// `flotilla run --backend mpi` sets (src/launch/mpirun.ts). Writes its section of
 // docs/BENCHMARKS.md.
 //   node --import tsx bench/oversubscribe.ts [--nproc 4] [--trials 3]
 import { availableParallelism } from 'node:os';
