@@ -5,16 +5,21 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { getDefaultDtype, noGrad, setDefaultDtype, tensor, tidy } from '../src/tensor/index.js';
 import { GPT } from '../src/models/gpt.js';
+import { Llama } from '../src/models/llama.js';
 import { generate } from '../src/inference/generate.js';
 import { sampleIndex } from '../src/inference/sample.js';
 
 const cfg = { vocabSize: 61, blockSize: 40, nLayer: 2, nHead: 2, nEmbd: 32, dropout: 0, bias: true, tieEmbeddings: false };
 const prompts = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [4]];
 
-test('decode over the cache gives the logits of a full forward, in float64, for left-padded rows of different lengths', () => {
+// A Llama with grouped-query attention (4 query heads over 2 key/value heads) and Llama 3.1's rope scaling.
+const llamaCfg = { vocabSize: 61, blockSize: 40, nLayer: 2, nHead: 4, nKvHead: 2, nEmbd: 32, intermediateSize: 64, ropeTheta: 500000, ropeScaling: 'llama3' as const, ropeFactor: 8, ropeLowFreqFactor: 1, ropeHighFreqFactor: 4, ropeOriginalMaxPositions: 16, tieEmbeddings: false, dropout: 0 };
+const models = [['gpt', () => new GPT(cfg, { initSeed: 5 })], ['llama', () => new Llama(llamaCfg, { initSeed: 5 })]] as const;
+
+for (const [arch, build] of models) test(`${arch}: decode over the cache gives the logits of a full forward, in float64, for left-padded rows of different lengths`, () => {
   const before = getDefaultDtype();
   setDefaultDtype('float64');
-  const model = new GPT(cfg, { initSeed: 5 });
+  const model = build();
   try {
     model.eval();
     noGrad(() => tidy(() => {
@@ -44,8 +49,8 @@ test('decode over the cache gives the logits of a full forward, in float64, for 
   }
 });
 
-test('cached generation equals the uncached path: greedy and sampled, batched and alone, past the context', () => {
-  const model = new GPT(cfg, { initSeed: 11 });
+for (const [arch, build] of models) test(`${arch}: cached generation equals the uncached path: greedy and sampled, batched and alone, past the context`, () => {
+  const model = build();
   try {
     for (const o of [{ temperature: 0 }, { temperature: 0.9, topK: 12, topP: 0.9, seed: 3 }]) {
       const cached = generate(model, prompts, { maxNewTokens: 20, ...o });

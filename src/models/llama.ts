@@ -18,6 +18,7 @@ import { Module, Embedding, Linear, RMSNorm, Dropout, deferParameters } from '..
 import { castFor } from '../nn/precision.js';
 import { activationCheckpointMode, checkpointBlock, checkpointRegion } from '../nn/checkpoint.js';
 import { gptLoss, type GPTBuildOptions, type GPTStageSpec } from './gpt.js';
+import { KVCache } from '../nn/kv_cache.js';
 
 export interface LlamaConfig {
   vocabSize: number;
@@ -265,6 +266,29 @@ export class LlamaAttention extends Module {
   }
 }
 
+/**
+ * Generation: the attention of new tokens x (B, T, C) over the cache's keys and values and their
+ * own ([Note: kv cache] in src/nn/kv_cache.ts); keys are stored rotated, at each row's positions.
+ */
+export function llamaAttentionDecode(a: LlamaAttention, x: Tensor, cache: KVCache, layer: number, allowed: Tensor | undefined): Tensor {
+  const q = a.q.call(x), k = a.k.call(x), v = a.v.call(x);
+  const [B, T, Cq] = q.shape as [number, number, number];
+  const hd = a.headDim, nh = Cq / hd, nkv = k.shape[2]! / hd, group = nh / nkv;
+  const rd: DType = q.dtype === 'float64' ? 'float64' : 'float32';
+  const { cos, sinSigned } = a.rope.at(rd, cache.positions(T));
+  const rot = (t: Tensor, n: number) => applyRotary((t.dtype === rd ? t : t.to(rd)).view(B, T, n, hd), cos, sinSigned).to(q.dtype);
+  const qh = rot(q, nh).transpose(1, 2); // (B, nh, T, hd)
+  const [K, V] = cache.append(layer, rot(k, nkv).transpose(1, 2), v.view(B, T, nkv, hd).transpose(1, 2)); // (B, nkv, Tk, hd)
+  const Tk = K.shape[2]!;
+  const [qg, kc] = castFor('matmul', qh.reshape(B, nkv, group * T, hd), K) as [Tensor, Tensor];
+  let att = qg.matmul(kc.transpose(-2, -1)).view(B, nh, T, Tk).mul(1 / Math.sqrt(hd));
+  if (allowed) att = att.maskedFill(allowed.logicalNot(), -Infinity);
+  [att] = castFor('softmax', att) as [Tensor];
+  const [p, vc] = castFor('matmul', att.softmax(-1), V) as [Tensor, Tensor];
+  const y = p.view(B, nkv, group * T, Tk).matmul(vc); // (B, nkv, group T, hd)
+  return a.o.call(y.view(B, nh, T, hd).transpose(1, 2).reshape(B, T, nh * hd));
+}
+
 /** The SwiGLU MLP: down(silu(gate(x)) * up(x)). */
 export class LlamaMLP extends Module {
   readonly gate: Linear;
@@ -421,6 +445,30 @@ export class Llama extends LlamaParts {
   constructor(cfg: Partial<LlamaConfig> = {}, opts: GPTBuildOptions = {}) {
     const c = resolveLlamaConfig(cfg);
     super(c, { layers: [0, c.nLayer], embed: true, head: true }, opts);
+  }
+
+  /** Generation's cache for this model: one layer per block, at most blockSize positions. */
+  newCache(batch: number, maxLen = this.cfg.blockSize, pad?: readonly number[]): KVCache {
+    return new KVCache(this.cfg.nLayer, batch, Math.min(maxLen, this.cfg.blockSize), pad);
+  }
+
+  /** Longest context the model takes (its rotary tables). */
+  get contextLength(): number {
+    return this.cfg.blockSize;
+  }
+
+  /** Generation: logits (B, T, vocab) of the new tokens, earlier ones' keys and values from the cache, which then holds these too. */
+  decode(idx: Tensor, cache: KVCache): Tensor {
+    const T = idx.shape[1]!;
+    if (cache.length + T > this.cfg.blockSize) throw new Error(`Llama: ${cache.length + T} positions exceed blockSize ${this.cfg.blockSize}`);
+    let x = this.wte.call(idx);
+    const allowed = cache.allowed(T);
+    this.layers.items.forEach((b, i) => {
+      const h = x.add(llamaAttentionDecode(b.attn, b.attnNorm.call(x), cache, i, allowed));
+      x = h.add(b.mlp.call(b.mlpNorm.call(h)));
+    });
+    cache.advance(T);
+    return this.head.call(this.norm.call(x));
   }
 
   /** idx: (B, T) int64 token ids. With targets (B, T) also returns the mean cross-entropy loss. */
