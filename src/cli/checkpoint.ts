@@ -1,8 +1,9 @@
 // `flotilla export`, `flotilla generate` and `flotilla checkpoint check`: using what a run saved,
 // in one process, without the layout it was trained under.
-import { existsSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, readdirSync, statSync, writeFileSync } from 'node:fs';
 import { noGrad, tensor, tidy } from '../tensor/index.js';
 import { GPT, type GPTConfig } from '../models/gpt.js';
+import { modelSpec } from '../models/registry.js';
 import { placementsOf } from '../parallel/placement.js';
 import { checkCheckpoint, loadWeights, resolveCheckpoint } from '../checkpoint/checkpoint.js';
 import { exportCheckpoint } from '../checkpoint/export.js';
@@ -10,15 +11,50 @@ import { CheckpointError, readMeta } from '../checkpoint/format.js';
 import { readSafetensorsHeader } from '../checkpoint/safetensors.js';
 import { sampleStream } from '../data/loader.js';
 import { UsageError } from './usage.js';
+import { exportCheckpointHf, hfTokenizerSpec, isHfDir, loadHfInto, parseSize, readHfDir } from '../checkpoint/hf.js';
 
 
-/** `flotilla export CKPT OUT.safetensors` */
+const EXPORT_USAGE = 'export: usage: flotilla export <checkpoint|run dir> <out.safetensors>, or flotilla export <checkpoint|run dir> <out dir> --format hf [--dtype bf16|fp32] [--max-shard-size 5GB]';
+const HF_DTYPES: Record<string, 'bfloat16' | 'float32' | 'float16'> = { bf16: 'bfloat16', fp32: 'float32', fp16: 'float16' };
+
+/** `flotilla export CKPT OUT.safetensors` or `flotilla export CKPT DIR --format hf [--dtype bf16|fp32] [--max-shard-size SIZE]` */
 export function exportCommand(args: readonly string[], print: (l: string) => void): number {
-  const [src, out, ...extra] = args;
-  if (src === undefined || out === undefined || extra.length > 0) {
-    throw new UsageError('export: usage: flotilla export <checkpoint|run dir> <out.safetensors>');
+  const pos: string[] = [];
+  const flags: Record<string, string> = {};
+  for (let i = 0; i < args.length; i++) {
+    const a = args[i]!;
+    if (!a.startsWith('--')) {
+      pos.push(a);
+      continue;
+    }
+    const [flag, inline] = a.includes('=') ? [a.slice(0, a.indexOf('=')), a.slice(a.indexOf('=') + 1)] : [a, undefined];
+    if (!['--format', '--dtype', '--max-shard-size'].includes(flag)) throw new UsageError(`export: unknown option ${a}; options are --format, --dtype, --max-shard-size`);
+    const v = inline ?? args[++i];
+    if (v === undefined) throw new UsageError(`export: ${flag} needs a value`);
+    flags[flag] = v;
   }
-  if (!out.endsWith('.safetensors')) throw new UsageError(`export: the output ${out} should end in .safetensors`);
+  const [src, out, ...extra] = pos;
+  if (src === undefined || out === undefined || extra.length > 0) throw new UsageError(EXPORT_USAGE);
+  const format = flags['--format'] ?? 'safetensors';
+  if (format === 'hf') {
+    const dtype = flags['--dtype'] === undefined ? 'float32' : HF_DTYPES[flags['--dtype']];
+    if (!dtype) throw new UsageError(`export: --dtype ${JSON.stringify(flags['--dtype'])} is not bf16, fp32 or fp16`);
+    let maxShardSize: number | undefined;
+    try {
+      if (flags['--max-shard-size'] !== undefined) maxShardSize = parseSize(flags['--max-shard-size'], '--max-shard-size');
+    } catch (e) {
+      throw new UsageError(`export: ${(e as Error).message}`);
+    }
+    if (existsSync(out) && (!statSync(out).isDirectory() || readdirSync(out).length > 0)) {
+      throw new UsageError(`export: ${out} exists${statSync(out).isDirectory() ? ' and is not empty' : ''}; choose a new directory (nothing was written)`);
+    }
+    const r = exportCheckpointHf(src, out, { dtype, ...(maxShardSize !== undefined ? { maxShardSize } : {}) });
+    print(`exported step ${r.step} as a Hugging Face ${r.architecture}: ${r.tensors} tensors (${r.bytes.toLocaleString('en-US')} bytes, ${dtype}) in ${r.files.length} file(s) to ${r.dir}`);
+    return 0;
+  }
+  if (format !== 'safetensors') throw new UsageError(`export: --format ${JSON.stringify(format)} is not "safetensors" (one file, the default) or "hf" (a Hugging Face directory)`);
+  if (flags['--dtype'] !== undefined || flags['--max-shard-size'] !== undefined) throw new UsageError('export: --dtype and --max-shard-size go with --format hf');
+  if (!out.endsWith('.safetensors')) throw new UsageError(`export: the output ${out} should end in .safetensors (or add --format hf to write a Hugging Face directory)`);
   if (existsSync(out)) throw new UsageError(`export: ${out} exists; choose another name or delete it first (nothing was written)`);
   const r = exportCheckpoint(src, out);
   print(`exported step ${r.step}: ${r.params} parameters (${r.elements.toLocaleString('en-US')} elements) to ${r.out}`);
@@ -44,6 +80,10 @@ export interface GenerateOptions {
 
 /** The model config and tokenizer spec a checkpoint or an exported file records. */
 function modelOf(path: string): { weights: string; model: Partial<GPTConfig>; tokenizer: string } {
+  if (isHfDir(path)) {
+    const h = readHfDir(path);
+    return { weights: path, model: h.model, tokenizer: hfTokenizerSpec({ config: h.model, ...(h.tokenizer ? { tokenizer: h.tokenizer } : {}) }, path) };
+  }
   if (existsSync(path) && statSync(path).isFile()) {
     const h = readSafetensorsHeader(path);
     const model = h.metadata['flotilla.model'];
@@ -92,13 +132,15 @@ export function sampleIndex(logits: ArrayLike<number>, o: { temperature: number;
   return ids[ids.length - 1]!;
 }
 
-/** Samples a continuation of the prompt from a checkpoint or an exported file; deterministic for a seed. */
+/** Samples a continuation of the prompt from a checkpoint, an exported file or a Hugging Face directory; deterministic for a seed. */
 export async function generate(path: string, o: GenerateOptions): Promise<{ prompt: string; text: string }> {
   const { weights, model: cfg, tokenizer } = modelOf(path);
   const codec = await codecFor(tokenizer);
-  const model = new GPT(cfg);
+  // Any registered architecture (the run's [model] arch): only cfg.blockSize and call() -> { logits } are read.
+  const model = modelSpec((cfg as { arch?: string }).arch ?? 'gpt').build(cfg, { initSeed: 0 }) as GPT;
   try {
-    loadWeights(weights, placementsOf(model.namedParameters()), model.numParams());
+    if (isHfDir(weights)) loadHfInto(weights, placementsOf(model.namedParameters()), model.numParams());
+    else loadWeights(weights, placementsOf(model.namedParameters()), model.numParams());
     model.eval();
     const ids = Array.from(codec.encode(o.prompt));
     if (ids.length === 0) throw new UsageError('generate: --prompt needs some text');
@@ -152,7 +194,7 @@ export async function generateCommand(args: readonly string[], print: (l: string
     else if (path === undefined) path = a;
     else throw new UsageError(`generate: one checkpoint expected, got ${JSON.stringify(path)} and ${JSON.stringify(a)}`);
   }
-  if (path === undefined || !havePrompt) throw new UsageError('generate: usage: flotilla generate <checkpoint|run dir|exported.safetensors> --prompt TEXT [--tokens N --temperature T --top-k K --seed S --out FILE]');
+  if (path === undefined || !havePrompt) throw new UsageError('generate: usage: flotilla generate <checkpoint|run dir|exported.safetensors|Hugging Face dir> --prompt TEXT [--tokens N --temperature T --top-k K --seed S --out FILE]');
   const r = await generate(path, o);
   const text = `${r.prompt}${r.text}`;
   print(text);

@@ -1,0 +1,155 @@
+// Benchmark: the Llama's training step (forward + backward + AdamW) against the PyTorch reference
+// Llama (bench/llama_peer.py, transformers' eager computation) on the same shapes, weights and batch,
+// one intra-op thread each, single process: float32 against float32, bf16-mixed against
+// torch.autocast('cpu', bfloat16). Both sides alternate in rounds; numbers are medians.
+//
+//   node --import tsx bench/llama.ts [--width 256] [--steps 3] [--rounds 4] [--warmup 2] [--no-write]
+//
+// Writes its section of docs/BENCHMARKS.md (between <!-- llama:begin --> and <!-- llama:end -->).
+import { spawn } from 'node:child_process';
+import os from 'node:os';
+import { createInterface } from 'node:readline';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
+import { randint, manualSeed, setNumThreads, tidy, torchVersion } from '../src/tensor/index.js';
+import { Llama, type LlamaConfig } from '../src/models/llama.js';
+import { llamaCriterion } from '../src/models/llama_parallel.js';
+import { AdamW, type AdamWOptions } from '../src/optim/index.js';
+import { DataParallel } from '../src/parallel/data_parallel.js';
+import { initProcessGroup } from '../src/distributed/process_group.js';
+import { saveSafetensors } from '../src/checkpoint/safetensors.js';
+import { autocast, type Precision } from '../src/nn/precision.js';
+import { median, writeSection } from './report.js';
+
+const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
+const PYTHON = process.env.FLOTILLA_PYTHON ?? '/usr/bin/python3';
+const BATCH = 8, SEQ = 128;
+const ADAMW: AdamWOptions = { lr: 3e-4, betas: [0.9, 0.95], eps: 1e-8, weightDecay: 0.1 };
+
+class Peer {
+  private readonly child;
+  private readonly lines: AsyncIterator<string>;
+  private stderr = '';
+  constructor(init: string, cfg: LlamaConfig) {
+    this.child = spawn(PYTHON, [join(ROOT, 'bench', 'llama_peer.py'), init, JSON.stringify({ ...cfg, adamw: ADAMW })], {
+      env: { ...process.env, OMP_NUM_THREADS: '1', MKL_NUM_THREADS: '1' }, stdio: ['pipe', 'pipe', 'pipe'],
+    });
+    this.child.stderr.on('data', (d: Buffer) => (this.stderr += d.toString()));
+    this.lines = createInterface({ input: this.child.stdout })[Symbol.asyncIterator]();
+  }
+  async next(): Promise<any> {
+    const r = await this.lines.next();
+    if (r.done) throw new Error(`PyTorch peer exited early:\n${this.stderr}`);
+    return JSON.parse(r.value);
+  }
+  async steps(n: number, mode: 'fp32' | 'bf16'): Promise<number[]> {
+    this.child.stdin.write(`${JSON.stringify({ steps: n, mode })}\n`);
+    return (await this.next()).times as number[];
+  }
+  close(): void {
+    this.child.stdin.end('\n');
+  }
+}
+
+async function main(): Promise<void> {
+  const { values: a } = parseArgs({ options: { width: { type: 'string', default: '256' }, steps: { type: 'string', default: '3' }, rounds: { type: 'string', default: '4' }, warmup: { type: 'string', default: '2' }, 'no-write': { type: 'boolean', default: false } } });
+  setNumThreads(1);
+  const load0 = os.loadavg()[0]!;
+  const nEmbd = Number(a.width), steps = Number(a.steps), rounds = Number(a.rounds), warmup = Number(a.warmup);
+  manualSeed(0);
+  const model = new Llama({ vocabSize: 256, blockSize: SEQ, nLayer: 4, nHead: 8, nKvHead: 2, nEmbd }, { initSeed: 0 });
+  const cfg = model.cfg;
+  const idx = randint(0, 256, [BATCH, SEQ]);
+  const targets = randint(0, 256, [BATCH, SEQ]);
+  const dir = mkdtempSync(join(tmpdir(), 'flotilla-bench-llama-'));
+  const init = join(dir, 'init.safetensors');
+  saveSafetensors(init, { ...Object.fromEntries(model.namedParameters()), idx, targets });
+  const peer = new Peer(init, cfg);
+  try {
+    const ready = await peer.next();
+    // The single-process path of `flotilla train`: flat buckets, AdamW over them.
+    const group = initProcessGroup();
+    const dp = new DataParallel(model, { group });
+    const opt = new AdamW(model.parameters(), ADAMW, { grads: dp });
+    const loss0 = tidy(() => llamaCriterion(model.call(idx), targets).item());
+    if (Math.abs(loss0 - ready.loss0) > 1e-4 * Math.abs(ready.loss0)) throw new Error(`the two models differ: loss ${loss0} against PyTorch's ${ready.loss0}`);
+    const ours = async (n: number, precision: Precision, untimedFirst: boolean): Promise<number[]> => {
+      const out: number[] = [];
+      for (let i = untimedFirst ? -1 : 0; i < n; i++) {
+        await new Promise((r) => setImmediate(r));
+        const t0 = performance.now();
+        tidy(() => {
+          opt.zeroGrad();
+          autocast(precision, () => {
+            const loss = llamaCriterion(dp.forward(idx), targets);
+            loss.backward();
+            dp.finishGradSync();
+            loss.item();
+          });
+          opt.step();
+        });
+        if (i >= 0) out.push((performance.now() - t0) / 1e3);
+      }
+      return out;
+    };
+    const times = new Map<string, number[]>();
+    const add = (k: string, xs: number[]) => times.set(k, [...(times.get(k) ?? []), ...xs]);
+    await ours(warmup, 'fp32', false);
+    await ours(warmup, 'bf16-mixed', false);
+    await peer.steps(warmup, 'fp32');
+    await peer.steps(warmup, 'bf16');
+    for (let r = 0; r < rounds; r++) {
+      // The first step of each mode in a round is untimed on both sides: it follows the other mode's steps.
+      const jobs: [string, () => Promise<number[]>][] = [
+        ['flotilla fp32', () => ours(steps, 'fp32', true)],
+        ['flotilla bf16-mixed', () => ours(steps, 'bf16-mixed', true)],
+        ['PyTorch fp32', async () => (await peer.steps(steps + 1, 'fp32')).slice(1)],
+        ['PyTorch autocast bf16', async () => (await peer.steps(steps + 1, 'bf16')).slice(1)],
+      ];
+      if (r % 2 === 1) jobs.reverse();
+      for (const [k, f] of jobs) add(k, await f());
+    }
+    const med = (k: string) => median(times.get(k)!);
+    const ms = (s: number) => (s * 1e3).toFixed(1);
+    const fp32 = med('flotilla fp32') / med('PyTorch fp32'), bf16 = med('flotilla bf16-mixed') / med('PyTorch autocast bf16');
+    const rows = [
+      `| float32 | ${ms(med('flotilla fp32'))} ms | ${ms(med('PyTorch fp32'))} ms | ${fp32.toFixed(3)} | <= 1.0 |`,
+      `| bf16-mixed / autocast bf16 | ${ms(med('flotilla bf16-mixed'))} ms | ${ms(med('PyTorch autocast bf16'))} ms | ${bf16.toFixed(3)} | <= 0.95 |`,
+    ];
+    const table = ['| precision | flotilla step (median) | PyTorch step (median) | flotilla / PyTorch | target |', '|---|---:|---:|---:|---:|', ...rows].join('\n');
+    const summary = `Llama width ${nEmbd}: float32 ${fp32.toFixed(3)}x PyTorch (target <= 1.0), bf16-mixed ${bf16.toFixed(3)}x autocast (target <= 0.95)`;
+    console.log(summary);
+    console.log(table);
+    if (!a['no-write']) {
+      writeSection('llama', [
+        '## Llama step time vs the PyTorch reference Llama',
+        '',
+        `Llama, ${cfg.nLayer} layers, ${cfg.nHead} query heads sharing ${cfg.nKvHead} key/value heads of ${cfg.headDim}, width ${cfg.nEmbd}, SwiGLU ${cfg.intermediateSize}, ` +
+          `vocab ${cfg.vocabSize}, untied, batch ${BATCH} x ${SEQ}; forward + backward + AdamW, one intra-op thread each, single process. ` +
+          'PyTorch runs bench/llama_peer.py (the computation of transformers\' LlamaForCausalLM with eager attention: float32 RMSNorm and rotary tables, ' +
+          'rotate_half, repeat_kv, an additive causal mask, softmax in float32) in float32 and under `torch.autocast(\'cpu\', dtype=torch.bfloat16)`; ' +
+          'flotilla runs src/models/llama.ts on the single-process path of `flotilla train` (flat buckets, AdamW over them) with `precision` fp32 and bf16-mixed. ' +
+          `Same weights and batch (the first losses agree); both alternate in ${rounds} rounds of ${steps} timed steps per mode (each after one untimed step) ` +
+          `after ${warmup} warmup steps; medians. libtorch ${torchVersion()}, PyTorch ${ready.torch}.`,
+        '',
+        `Reproduce: \`node --import tsx bench/llama.ts --width ${nEmbd} --steps ${steps} --rounds ${rounds} --warmup ${warmup}\`.`,
+        '',
+        `Load average of the machine (1 min) at the start and the end of this run: ${load0.toFixed(1)} and ${os.loadavg()[0]!.toFixed(1)} on ${os.cpus().length} cores.`,
+        '',
+        table,
+        '',
+        summary,
+      ].join('\n'));
+    }
+    opt.dispose();
+    dp.dispose();
+  } finally {
+    peer.close();
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+await main();
