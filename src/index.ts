@@ -13,4 +13,5 @@ export { saveSafetensors, loadSafetensors } from './checkpoint/safetensors.js';
 export { Checkpointer, loadCheckpoint, loadWeights, checkCheckpoint, resolveCheckpoint, listCheckpoints, type RankState, type RunInfo, type SaveReport } from './checkpoint/checkpoint.js';
 export { consolidate, exportCheckpoint } from './checkpoint/export.js';
 export { CheckpointError, type CheckpointMeta } from './checkpoint/format.js';
+export { loadPretrained, savePretrained, readHfDir, exportCheckpointHf, type Pretrained, type SaveHfOptions } from './checkpoint/hf.js';
 export { train, type TrainOptions, type TrainSummary } from './train/trainer.js';

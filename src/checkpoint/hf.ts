@@ -22,6 +22,7 @@ import type { HfFormat, HfTensor } from '../models/spec.js';
 import { configSchema, type ModelConfig } from '../config/schema.js';
 import { readSafetensorsHeader, saveSafetensors } from './safetensors.js';
 import { CheckpointError } from './format.js';
+import { consolidate } from './export.js';
 
 export const HF_CONFIG = 'config.json';
 export const HF_SINGLE = 'model.safetensors';
@@ -307,6 +308,11 @@ export function initFromHf(dir: string, placements: readonly ParamPlacement[], r
   return h;
 }
 
+/** Loads a Hugging Face directory's weights into placements of a model built from its own config (generate). */
+export function loadHfInto(dir: string, placements: readonly ParamPlacement[], numParams?: number): void {
+  initFromHf(dir, placements, undefined, numParams);
+}
+
 /** A model read from a Hugging Face directory: `model.call(ids)` gives `{ logits }` (B, T, vocab). */
 export interface Pretrained {
   model: Module & { forward(idx: Tensor): { logits: Tensor } };
@@ -460,4 +466,34 @@ export function savePretrained(model: Module, dir: string, opts: SaveHfOptions =
     if (cfg !== undefined) return writeHfDir(dir, spec, cfg as Record<string, unknown>, Object.fromEntries(model.namedParameters()), opts);
   }
   throw new CheckpointError(`savePretrained: ${model.constructor.name} is not a model flotilla writes in Hugging Face form; it writes ${supported()}`);
+}
+
+/**
+ * `flotilla export CKPT DIR --format hf`: a checkpoint's parameters (any layout, read in one
+ * process) as a Hugging Face directory, with the run's tokenizer.json when it trained with one.
+ */
+export function exportCheckpointHf(arg: string, out: string, opts: Omit<SaveHfOptions, 'tokenizer'> = {}): HfWriteReport & { step: number } {
+  checkOutDir(resolve(out));
+  const { meta, tensors } = consolidate(arg);
+  try {
+    const model = { ...modelDefaults(), ...(meta.config.model ?? {}) } as ModelConfig;
+    const spec = modelSpec(model.arch);
+    const tok = (meta.config.data as { tokenizer?: unknown } | undefined)?.tokenizer;
+    const tokenizer = typeof tok === 'string' && tok.endsWith('.json') && existsSync(tok) ? tok : undefined;
+    const r = writeHfDir(out, spec, model as unknown as Record<string, unknown>, tensors, { ...opts, ...(tokenizer ? { tokenizer } : {}) });
+    return { ...r, step: meta.step };
+  } finally {
+    for (const t of Object.values(tensors)) t.dispose();
+  }
+}
+
+/**
+ * The tokenizer to sample from a directory with: its tokenizer.json, else GPT-2's BPE for a
+ * GPT-2-sized vocabulary, else bytes for a vocabulary of at most 256 ids (a byte-level flotilla run).
+ */
+export function hfTokenizerSpec(p: { tokenizer?: string; config: ModelConfig }, dir: string): string {
+  if (p.tokenizer) return p.tokenizer;
+  if (p.config.arch === 'gpt' && p.config.vocabSize === 50257) return 'gpt2';
+  if (p.config.vocabSize <= 256) return 'byte';
+  throw new CheckpointError(`${dir} has no ${HF_TOKENIZER}, and its ${p.config.vocabSize}-id vocabulary is not bytes or GPT-2's; put the model's ${HF_TOKENIZER} in the directory`);
 }

@@ -36,7 +36,10 @@ usage:
   flotilla export <checkpoint|run dir> <out.safetensors>
       Write the model's parameters as one safetensors file (PyTorch and Hugging Face read it), the
       model config in its metadata.
-  flotilla generate <checkpoint|run dir|exported.safetensors> --prompt TEXT [--tokens N]
+  flotilla export <checkpoint|run dir> <out dir> --format hf [--dtype bf16|fp32] [--max-shard-size 5GB]
+      Write a Hugging Face directory transformers loads (GPT2LMHeadModel, LlamaForCausalLM):
+      config.json, safetensors (sharded with an index above the size), the run's tokenizer.json.
+  flotilla generate <checkpoint|run dir|exported.safetensors|hf dir> --prompt TEXT [--tokens N]
                     [--temperature T] [--top-k K] [--seed S] [--out FILE]
       Sample text from a trained model in one process (deterministic for a seed).
   flotilla checkpoint check <checkpoint|run dir>

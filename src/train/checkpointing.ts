@@ -8,6 +8,7 @@ import type { ProcessGroup } from '../distributed/process_group.js';
 import type { ParamPlacement } from '../parallel/placement.js';
 import { Checkpointer, listCheckpoints, removeInterruptedSaves, loadCheckpoint, loadWeights, resolveCheckpoint, type RankState, type RunInfo, type SaveReport } from '../checkpoint/checkpoint.js';
 import { CheckpointError, type CheckpointMeta } from '../checkpoint/format.js';
+import { initFromHf, isHfDir } from '../checkpoint/hf.js';
 import type { FlotillaConfig } from '../config/schema.js';
 import { runDirOf } from './run_record.js';
 
@@ -112,10 +113,14 @@ export function restore(target: string, state: RankState, numParams: number): Ch
   return loadCheckpoint(target, state.placements, { ...(state.optimizer ? { optimizer: state.optimizer } : {}), numParams });
 }
 
-/** Loads train.initFrom's weights (a checkpoint directory or an exported .safetensors file). */
-export function initFrom(path: string, placements: readonly ParamPlacement[], numParams: number): void {
-  if (!existsSync(path)) throw new CheckpointError(`train.initFrom: ${path} does not exist; name a checkpoint directory or an exported .safetensors file`);
-  loadWeights(path, placements, numParams);
+/**
+ * Loads train.initFrom's weights (a checkpoint directory, an exported .safetensors file, or a
+ * Hugging Face directory, whose config must be the run's [model]); each rank reads its own ranges.
+ */
+export function initFrom(path: string, placements: readonly ParamPlacement[], numParams: number, model?: Record<string, unknown>): void {
+  if (!existsSync(path)) throw new CheckpointError(`train.initFrom: ${path} does not exist; name a checkpoint directory, an exported .safetensors file or a Hugging Face model directory`);
+  if (isHfDir(path)) initFromHf(path, placements, model, numParams);
+  else loadWeights(path, placements, numParams);
 }
 
 /**

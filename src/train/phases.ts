@@ -138,7 +138,7 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
       verifyDataPartition(mesh.dp, loader.localSampleIds(startStep), cfg.data.globalBatch);
       header('resume', `resumed from step ${startStep} (${resumedFrom}; saved by ${meta.layout.worldSize} rank(s), ${meta.layout.description})`);
     } else if (cfg.train.initFrom !== '') {
-      initFrom(cfg.train.initFrom, placements(), numParams);
+      initFrom(cfg.train.initFrom, placements(), numParams, cfg.model as unknown as Record<string, unknown>);
       header('init', `weights from ${cfg.train.initFrom}; step 0, fresh optimizer state`);
     }
     const runInfo = (step: number): RunInfo => ({
