@@ -3,7 +3,8 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { resolve } from 'node:path';
-import { ConfigError, checkRunnable, configToToml, defaultConfig, loadConfig, parseConfig, runDirOf, runDirProblem } from '../train/config.js';
+import { ConfigError, checkRunnable, configToToml, defaultConfig, loadConfig, parseConfig } from '../config/index.js';
+import { runDirOf, runDirProblem } from '../train/run_record.js';
 import { LaunchEnvError } from '../distributed/env.js';
 import { UsageError } from './usage.js';
 
@@ -169,7 +170,18 @@ async function trainCommand(args: readonly string[]): Promise<number> {
     throw new UsageError(`train: --nproc ${a.nproc} given inside a world of ${env.worldSize} ranks already started by ${env.source}; drop --nproc`);
   }
   const { train } = await import('../train/trainer.js');
-  await train(cfg, { configPath: a.config, overrides: a.overrides, ...(a.record ? { recordDir: a.record } : {}), ...(a.resume !== undefined ? { resume: a.resume } : {}) });
+  // Rank 0 draws RUN/report.html from metrics.jsonl when the run ends, however it ends, once the run
+  // holds its directory (a refused directory is left as it was).
+  let report: { finish(): Promise<void> } | undefined;
+  const onRunDir = async (dir: string): Promise<void> => {
+    const { watchRun } = await import('../report/watch.js');
+    report = watchRun(dir, (l) => { if (cfg.log.progress !== 'off') process.stdout.write(`[report] ${l}\n`); });
+  };
+  try {
+    await train(cfg, { configPath: a.config, overrides: a.overrides, onRunDir, ...(a.record ? { recordDir: a.record } : {}), ...(a.resume !== undefined ? { resume: a.resume } : {}) });
+  } finally {
+    await report?.finish(); // never throws: a report that cannot be written is one printed line
+  }
   return 0;
 }
 

@@ -8,7 +8,7 @@
 import { mkdtempSync, readFileSync, rmSync, existsSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { loadConfig, checkRunnable, ConfigError, type FlotillaConfig } from '../train/config.js';
+import { loadConfig, checkRunnable, ConfigError, type FlotillaConfig } from '../config/index.js';
 import { dataParallelDegree } from '../parallel/layout.js';
 
 /** Relative tolerances: float32 training under a different reduction order stays far inside them. */

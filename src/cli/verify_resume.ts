@@ -6,7 +6,7 @@
 import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { loadConfig, checkRunnable, ConfigError } from '../train/config.js';
+import { loadConfig, checkRunnable, ConfigError } from '../config/index.js';
 
 /** Relative tolerances when the layout changes (float32 sums in another order). */
 export const RESUME_TOLERANCE = { loss: 1e-5, gradNorm: 1e-5, params: 1e-4 };
