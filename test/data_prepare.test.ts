@@ -9,7 +9,8 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { parquetWriteBuffer } from 'hyparquet-writer';
 import { prepare, type PrepareOptions } from '../src/data/prepare.js';
-import { openPrepared, readManifest, fileSha256 } from '../src/data/prepared.js';
+import { openPrepared, readManifest } from '../src/data/prepared.js';
+import { fileSha256 } from '../src/io/durable.js';
 import { loadTokenizer, tokenizerIdentity } from '../src/data/tokenizer.js';
 
 const ROOT = resolve(import.meta.dirname, '..');

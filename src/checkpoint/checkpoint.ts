@@ -12,7 +12,7 @@
 //      the parent), and only then moves `latest` and deletes checkpoints beyond `keep`.
 // A run killed at any point leaves the previous checkpoint and `latest` intact; a leftover
 // .tmp-step-N is removed by the next run that saves into the directory.
-import { closeSync, existsSync, fsyncSync, mkdirSync, openSync, readdirSync, readFileSync, readSync, renameSync, rmSync, statSync, unlinkSync, writeFileSync } from 'node:fs';
+import { closeSync, existsSync, mkdirSync, openSync, readdirSync, readFileSync, readSync, renameSync, rmSync, statSync, unlinkSync } from 'node:fs';
 import { basename, join, resolve } from 'node:path';
 import { Tensor, noGrad, tidy, tensor } from '../tensor/index.js';
 import { native } from '../tensor/native.js';
@@ -22,7 +22,7 @@ import type { Optimizer } from '../optim/optimizer.js';
 import { wholeRuns, type ElementRange, type ParamPlacement, type Run } from '../parallel/placement.js';
 import { encodeSafetensorsHeader, readSafetensorsHeader, type SafetensorsEntry } from './safetensors.js';
 import { BackgroundWriter, type WrittenFile } from './writer.js';
-import { fileSha256 } from '../data/prepared.js';
+import { fileSha256, fsyncDir, writeDurable } from '../io/durable.js';
 import {
   CHECKPOINT_FORMAT, CheckpointError, LATEST_FILE, META_FILE, numelOf, readMeta, stepDirName,
   type CheckpointMeta, type ParamInfo, type Piece,
@@ -55,29 +55,6 @@ interface Sidecar {
 const rankFile = (rank: number): string => `rank-${String(rank).padStart(5, '0')}.safetensors`;
 const sidecarFile = (rank: number): string => `rank-${String(rank).padStart(5, '0')}.json`;
 const tmpDirName = (step: number): string => `.tmp-${stepDirName(step)}`;
-
-/** fsync a directory, so a rename inside it survives a crash. */
-function fsyncDir(dir: string): void {
-  const fd = openSync(dir, 'r');
-  try {
-    fsyncSync(fd);
-  } finally {
-    closeSync(fd);
-  }
-}
-
-/** Writes a small file durably and atomically (temp file, fsync, rename). */
-function writeDurably(path: string, text: string): void {
-  const tmp = `${path}.${process.pid}.tmp`;
-  writeFileSync(tmp, text);
-  const fd = openSync(tmp, 'r+');
-  try {
-    fsyncSync(fd);
-  } finally {
-    closeSync(fd);
-  }
-  renameSync(tmp, path);
-}
 
 /**
  * [Note: staging buffer] A save copies this rank's pieces into one buffer that lives as long as the
@@ -222,7 +199,7 @@ export class Checkpointer {
     const p: PendingSave = { step, tmp, done: false, info, settled: Promise.resolve() };
     p.settled = written.then(
       (w) => {
-        writeDurably(join(tmp, sidecarFile(world.rank)), JSON.stringify({ ...sidecar, written: { ...w, path: sidecar.file } }));
+        writeDurable(join(tmp, sidecarFile(world.rank)), JSON.stringify({ ...sidecar, written: { ...w, path: sidecar.file } }));
         p.done = true;
       },
       (e: Error) => {
@@ -318,7 +295,7 @@ export class Checkpointer {
       optimizer: optimizerName !== undefined ? { name: optimizerName, stepCount: stepCount ?? 0, paramSteps } : undefined,
       files, pieces,
     };
-    writeDurably(join(p.tmp, META_FILE), `${JSON.stringify(meta)}\n`);
+    writeDurable(join(p.tmp, META_FILE), `${JSON.stringify(meta)}\n`);
     for (let r = 0; r < worldSize; r++) unlinkSync(join(p.tmp, sidecarFile(r)));
     fsyncDir(p.tmp);
     const final = join(this.dir, stepDirName(p.step));
@@ -329,7 +306,7 @@ export class Checkpointer {
     }
     renameSync(p.tmp, final);
     fsyncDir(this.dir);
-    writeDurably(join(this.dir, LATEST_FILE), `${stepDirName(p.step)}\n`);
+    writeDurable(join(this.dir, LATEST_FILE), `${stepDirName(p.step)}\n`);
     fsyncDir(this.dir);
     if (old) rmSync(old, { recursive: true, force: true });
     // Only now, with the new checkpoint durable, do old ones go.

@@ -4,7 +4,7 @@ import { existsSync, readFileSync, statSync } from 'node:fs';
 import { dirname, resolve } from 'node:path';
 import { UsageError } from './usage.js';
 
-export const TOKENIZER_USAGE = 'flotilla tokenizer train --vocab N FILES... --out tokenizer.json [--field text]';
+const TOKENIZER_USAGE = 'flotilla tokenizer train --vocab N FILES... --out tokenizer.json [--field text]';
 
 export async function tokenizerCommand(args: readonly string[]): Promise<number> {
   const [sub, ...rest] = args;
@@ -31,7 +31,7 @@ export async function tokenizerCommand(args: readonly string[]): Promise<number>
   const { WordCounter, trainBpe } = await import('../data/bpe_train.js');
   const { listInputs, PrepareError } = await import('../data/prepare.js');
   const { loadMobyDick } = await import('../data/corpus.js');
-  const { writeDurable } = await import('../data/prepare_unit.js');
+  const { writeDurable } = await import('../io/durable.js');
   const field = vals.field ?? 'text';
   const counter = new WordCounter();
   let bytes = 0;

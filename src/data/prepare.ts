@@ -16,7 +16,8 @@ import type { Worker } from 'node:worker_threads';
 import { loadTokenizer, type Tokenizer } from './tokenizer.js';
 import type { TokenDtype } from './corpus_files.js';
 import { FORMAT, FORMAT_VERSION, MANIFEST, readManifest, shardName, type Manifest, type ShardRecord } from './prepared.js';
-import { fsyncDir, processUnit, removeTemps, writeDurable, type Unit, type UnitContext, type UnitJob } from './prepare_unit.js';
+import { processUnit, removeTemps, type Unit, type UnitContext, type UnitJob } from './prepare_unit.js';
+import { fsyncDir, writeDurable } from '../io/durable.js';
 import { siblingUrl, startWorker } from './workers.js';
 
 export interface PrepareOptions {
@@ -172,7 +173,7 @@ async function parquetUnits(f: InputFile, field: string, target: number): Promis
 }
 
 /** Units in input order: runs of text files up to `target` bytes, jsonl line ranges, parquet row groups. */
-export async function planUnits(files: InputFile[], field: string, target: number): Promise<Unit[]> {
+async function planUnits(files: InputFile[], field: string, target: number): Promise<Unit[]> {
   const units: Unit[] = [];
   let text: Extract<Unit, { kind: 'text' }> | undefined;
   for (const f of files) {

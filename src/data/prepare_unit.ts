@@ -7,6 +7,7 @@
 import { createHash } from 'node:crypto';
 import { closeSync, fsyncSync, openSync, readFileSync, readSync, renameSync, writeSync, unlinkSync, existsSync } from 'node:fs';
 import { basename, dirname } from 'node:path';
+import { fsyncDir, writeDurable, writeSynced } from '../io/durable.js';
 import { loadTokenizer, type Tokenizer } from './tokenizer.js';
 import type { TokenDtype } from './corpus_files.js';
 import type { ShardRecord } from './prepared.js';
@@ -72,37 +73,6 @@ class ShardWriter {
     fsyncSync(this.fd);
     closeSync(this.fd);
     return this.hash.digest('hex');
-  }
-}
-
-/** Writes a file and fsyncs it. */
-function writeSynced(path: string, data: string | Buffer): void {
-  const fd = openSync(path, 'w');
-  try {
-    if (typeof data === 'string') writeSync(fd, data);
-    else writeSync(fd, data);
-    fsyncSync(fd);
-  } finally {
-    closeSync(fd);
-  }
-}
-
-/** Writes a file through a fsync'd temp file and a rename, so it is either whole or absent. */
-export function writeDurable(path: string, data: string | Buffer): void {
-  writeSynced(`${path}.tmp`, data);
-  renameSync(`${path}.tmp`, path);
-}
-
-export function fsyncDir(dir: string): void {
-  try {
-    const fd = openSync(dir, 'r');
-    try {
-      fsyncSync(fd);
-    } finally {
-      closeSync(fd);
-    }
-  } catch {
-    // some filesystems refuse a directory fsync; the renames are still atomic
   }
 }
 

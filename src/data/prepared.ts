@@ -9,9 +9,9 @@
 //                            a re-run skips a shard whose done file matches its inputs
 //
 // A nanoGPT-style flat `.bin` (uint16 ids, no header) is read directly as one segment.
-import { createHash } from 'node:crypto';
-import { closeSync, existsSync, openSync, readFileSync, readSync, statSync } from 'node:fs';
+import { existsSync, readFileSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
+import { fileSha256 } from '../io/durable.js';
 import { DTYPE_BYTES, type SegmentSpec, type TokenDtype } from './corpus_files.js';
 
 export const MANIFEST = 'manifest.json';
@@ -63,22 +63,6 @@ export function shardName(i: number): string {
   return `shard_${String(i).padStart(5, '0')}`;
 }
 
-/** sha256 of a file, streamed in 4 MiB reads. */
-export function fileSha256(path: string): string {
-  const h = createHash('sha256');
-  const fd = openSync(path, 'r');
-  try {
-    const buf = Buffer.allocUnsafe(4 << 20);
-    for (;;) {
-      const n = readSync(fd, buf, 0, buf.length, null);
-      if (n === 0) break;
-      h.update(buf.subarray(0, n));
-    }
-  } finally {
-    closeSync(fd);
-  }
-  return h.digest('hex');
-}
 
 /** Reads and checks DIR/manifest.json; errors name the file and the fix. */
 export function readManifest(dir: string): Manifest {
