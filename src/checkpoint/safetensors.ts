@@ -169,7 +169,7 @@ function processAlive(pid: number): boolean {
  * Removes temporary files of earlier saves to `path` that were interrupted (their writer is gone, or
  * it is this process and the save is no longer running). Saves by other live processes are left alone.
  */
-export function removeStaleTemps(path: string): string[] {
+function removeStaleTemps(path: string): string[] {
   const dir = dirname(path);
   const base = basename(path).replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
   const re = new RegExp(`^\\.${base}\\.(\\d+)\\.[0-9a-f]{8}\\.tmp$`);

@@ -1,9 +1,9 @@
 // `flotilla prepare SOURCES... --tokenizer T --out DIR [--field F] [--workers N] [--skip-bad] [--shard-mb M]`
 import { UsageError } from './usage.js';
 
-export const PREPARE_USAGE = 'flotilla prepare SOURCES... --tokenizer byte|gpt2|tokenizer.json --out DIR [--field text] [--workers N] [--skip-bad] [--shard-mb 64] [--no-progress]';
+const PREPARE_USAGE = 'flotilla prepare SOURCES... --tokenizer byte|gpt2|tokenizer.json --out DIR [--field text] [--workers N] [--skip-bad] [--shard-mb 64] [--no-progress]';
 
-export interface PrepareArgs {
+interface PrepareArgs {
   sources: string[];
   tokenizer: string;
   out: string;
@@ -14,7 +14,7 @@ export interface PrepareArgs {
   progress: boolean;
 }
 
-export function parsePrepareArgs(args: readonly string[]): PrepareArgs {
+function parsePrepareArgs(args: readonly string[]): PrepareArgs {
   const sources: string[] = [];
   const vals: Record<string, string> = {};
   let skipBad = false;

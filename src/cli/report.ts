@@ -3,15 +3,15 @@
 import { relative } from 'node:path';
 import { UsageError } from './usage.js';
 
-export const REPORT_USAGE = 'usage: flotilla report RUN [RUN...] [--out FILE]  (e.g. flotilla report runs/gpt-tiny)';
+const REPORT_USAGE = 'usage: flotilla report RUN [RUN...] [--out FILE]  (e.g. flotilla report runs/gpt-tiny)';
 
-export interface ReportArgs {
+interface ReportArgs {
   runs: string[];
   out?: string;
 }
 
 
-export function parseReportArgs(args: readonly string[]): ReportArgs {
+function parseReportArgs(args: readonly string[]): ReportArgs {
   const runs: string[] = [];
   let out: string | undefined;
   for (let i = 0; i < args.length; i++) {

@@ -11,7 +11,7 @@
 /** GPT-2's pre-tokenizer: contractions, letters, digits, other symbols, whitespace runs. */
 export const GPT2_SPLIT = /'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+/gu;
 
-export const EOT_TOKEN = '<|endoftext|>';
+const EOT_TOKEN = '<|endoftext|>';
 
 /** GPT-2's printable stand-in for each byte (so merges are strings without spaces or controls). */
 export function bytesToUnicode(): string[] {

@@ -39,12 +39,12 @@ export function sourceKind(path: string): SourceKind {
 }
 
 /** The training sources: data.sources when given, else data.source with weight 1. */
-export function trainEntries(d: DataSpec): SourceEntry[] {
+function trainEntries(d: DataSpec): SourceEntry[] {
   return d.sources.length > 0 ? d.sources : [{ path: d.source, weight: 1 }];
 }
 
 /** The model's vocabulary: model.vocabSize, or the tokenizer's when it is 0. */
-export function resolveVocabSize(modelVocab: number, tok: TokenizerIdentity): number {
+function resolveVocabSize(modelVocab: number, tok: TokenizerIdentity): number {
   return modelVocab > 0 ? modelVocab : tok.vocabSize;
 }
 

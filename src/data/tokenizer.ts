@@ -221,7 +221,7 @@ export class JsonTokenizer implements Tokenizer {
 }
 
 /** Ids a tokenizer.json can produce: its model's vocabulary and its added tokens. */
-export function jsonVocabSize(json: { model?: { vocab?: unknown }; added_tokens?: { id: number }[] }): number {
+function jsonVocabSize(json: { model?: { vocab?: unknown }; added_tokens?: { id: number }[] }): number {
   let maxId = -1;
   const vocab = json.model?.vocab;
   if (Array.isArray(vocab)) maxId = vocab.length - 1; // Unigram: [token, score] pairs
@@ -260,11 +260,6 @@ export function tokenizerIdentity(spec: string): TokenizerIdentity {
 
 const require = createRequire(import.meta.url);
 
-/** A short label for a tokenizer spec in messages. */
-export function describeTokenizerSpec(spec: string): string {
-  return spec === 'byte' || spec === 'gpt2' ? spec : resolve(spec);
-}
-
 /**
  * The tokenizer a `data.tokenizer` / `--tokenizer` value names: "byte", "gpt2", or a path to a
  * tokenizer.json. Errors name the value and the fix.
@@ -302,9 +297,4 @@ export async function loadTokenizer(spec: string): Promise<Tokenizer> {
     throw new Error(`tokenizer ${path} cannot be loaded by @huggingface/tokenizers: ${(e as Error).message}`);
   }
   return new JsonTokenizer(path, impl, json as JsonShape, bytes);
-}
-
-/** Synchronous loader for the built-in tokenizers only (the byte tokenizer needs no package). */
-export function byteTokenizer(): ByteTokenizer {
-  return new ByteTokenizer();
 }

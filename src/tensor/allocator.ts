@@ -32,7 +32,7 @@
 import { totalmem } from 'node:os';
 
 export const MALLOC_OPTIONS = { mmapThreshold: 32 * 2 ** 20, trimThreshold: 512 * 2 ** 20 } as const;
-export const LEAN_MALLOC_OPTIONS = { mmapThreshold: 256 * 2 ** 10, trimThreshold: 2 ** 20 } as const;
+const LEAN_MALLOC_OPTIONS = { mmapThreshold: 256 * 2 ** 10, trimThreshold: 2 ** 20 } as const;
 export const TENSOR_CACHE = { minBytes: 256 * 2 ** 10, capBytes: Math.floor(totalmem() / 8) } as const;
 
 export type AllocatorMode = 'cache' | 'tuned' | 'lean';

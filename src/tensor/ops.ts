@@ -2,7 +2,7 @@
 // arguments by the operator's own schema, so adding an op is one line here plus its TS method.
 import { native, type NativeValue } from './native.js';
 
-export const OPS = {
+const OPS = {
   // elementwise
   add: ['aten::add', 'Tensor'], addScalar: ['aten::add', 'Scalar'], sub: ['aten::sub', 'Tensor'], subScalar: ['aten::sub', 'Scalar'],
   mul: ['aten::mul', 'Tensor'], mulScalar: ['aten::mul', 'Scalar'], div: ['aten::div', 'Tensor'], divScalar: ['aten::div', 'Scalar'],
