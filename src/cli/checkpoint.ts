@@ -1,15 +1,15 @@
 // `flotilla export`, `flotilla generate` and `flotilla checkpoint check`: using what a run saved,
 // in one process, without the layout it was trained under.
 import { existsSync, readdirSync, statSync, writeFileSync } from 'node:fs';
-import { noGrad, tensor, tidy } from '../tensor/index.js';
-import { GPT, type GPTConfig } from '../models/gpt.js';
+import type { Tensor } from '../tensor/index.js';
+import type { GPTConfig } from '../models/gpt.js';
+import { generate as generateTokens, type CausalLM } from '../inference/generate.js';
 import { modelSpec } from '../models/registry.js';
 import { placementsOf } from '../parallel/placement.js';
 import { checkCheckpoint, loadWeights, resolveCheckpoint } from '../checkpoint/checkpoint.js';
 import { exportCheckpoint } from '../checkpoint/export.js';
 import { CheckpointError, readMeta } from '../checkpoint/format.js';
 import { readSafetensorsHeader } from '../checkpoint/safetensors.js';
-import { sampleStream } from '../data/loader.js';
 import { UsageError } from './usage.js';
 import { exportCheckpointHf, hfTokenizerSpec, isHfDir, loadHfInto, parseSize, readHfDir } from '../checkpoint/hf.js';
 
@@ -71,11 +71,15 @@ export function checkpointCommand(args: readonly string[], print: (l: string) =>
 }
 
 export interface GenerateOptions {
-  prompt: string;
+  /** One or more prompts, continued together in one batch. */
+  prompts: string[];
   tokens: number;
   temperature: number;
   topK: number;
+  topP: number;
   seed: number;
+  /** Go on past the end-of-text token. */
+  ignoreEos: boolean;
 }
 
 /** The model config and tokenizer spec a checkpoint or an exported file records. */
@@ -113,52 +117,27 @@ async function codecFor(spec: string): Promise<TextCodec> {
   };
 }
 
-/** Index drawn from softmax(logits / temperature) restricted to the top k (argmax at temperature 0). */
-export function sampleIndex(logits: ArrayLike<number>, o: { temperature: number; topK: number }, u: number): number {
-  const n = logits.length;
-  let best = 0;
-  for (let i = 1; i < n; i++) if (logits[i]! > logits[best]!) best = i;
-  if (o.temperature === 0) return best;
-  let ids = Array.from({ length: n }, (_, i) => i);
-  if (o.topK > 0 && o.topK < n) ids = ids.sort((a, b) => logits[b]! - logits[a]! || a - b).slice(0, o.topK);
-  const m = logits[best]!;
-  const w = ids.map((i) => Math.exp((logits[i]! - m) / o.temperature));
-  const total = w.reduce((a, b) => a + b, 0);
-  let acc = 0;
-  for (let j = 0; j < ids.length; j++) {
-    acc += w[j]! / total;
-    if (u < acc) return ids[j]!;
-  }
-  return ids[ids.length - 1]!;
-}
-
-/** Samples a continuation of the prompt from a checkpoint, an exported file or a Hugging Face directory; deterministic for a seed. */
-export async function generate(path: string, o: GenerateOptions): Promise<{ prompt: string; text: string }> {
+/**
+ * Samples a continuation of each prompt from a checkpoint, an exported file or a Hugging Face
+ * directory, all prompts in one batch with the key/value cache (src/inference/generate.ts); a
+ * continuation ends at the tokenizer's end-of-text id unless ignoreEos. Deterministic for a seed.
+ */
+export async function generate(path: string, o: GenerateOptions): Promise<{ prompt: string; text: string }[]> {
   const { weights, model: cfg, tokenizer } = modelOf(path);
   const codec = await codecFor(tokenizer);
-  // Any registered architecture (the run's [model] arch): only cfg.blockSize and call() -> { logits } are read.
-  const model = modelSpec((cfg as { arch?: string }).arch ?? 'gpt').build(cfg, { initSeed: 0 }) as GPT;
+  // Any registered architecture (the run's [model] arch) that decodes with a cache.
+  const model = modelSpec((cfg as { arch?: string }).arch ?? 'gpt').build(cfg, { initSeed: 0 }) as unknown as CausalLM & { namedParameters(): [string, Tensor][]; numParams(): number };
   try {
     if (isHfDir(weights)) loadHfInto(weights, placementsOf(model.namedParameters()), model.numParams());
     else loadWeights(weights, placementsOf(model.namedParameters()), model.numParams());
-    model.eval();
-    const ids = Array.from(codec.encode(o.prompt));
-    if (ids.length === 0) throw new UsageError('generate: --prompt needs some text');
-    const block = model.cfg.blockSize;
-    const draws = sampleStream(o.seed >>> 0, 0, o.tokens, 2 ** 30);
-    const out: number[] = [];
-    noGrad(() => {
-      for (let i = 0; i < o.tokens; i++) {
-        const ctx = [...ids, ...out].slice(-block);
-        const row = tidy(() => {
-          const x = tensor(Int32Array.from(ctx), { shape: [1, ctx.length], dtype: 'int64' });
-          const { logits } = model.call(x) as { logits: ReturnType<typeof tensor> };
-          return logits.narrow(1, ctx.length - 1, 1).reshape(-1).toNumbers();
-        });
-        out.push(sampleIndex(row, o, draws[i]! / 2 ** 30));
-      }
+    const prompts = o.prompts.map((p) => Array.from(codec.encode(p)));
+    if (prompts.some((p) => p.length === 0)) throw new UsageError('generate: --prompt needs some text');
+    const eot = (codec as { eot?: number }).eot;
+    const out = generateTokens(model, prompts, {
+      maxNewTokens: o.tokens, temperature: o.temperature, topK: o.topK, topP: o.topP, seed: o.seed >>> 0,
+      ...(eot !== undefined && !o.ignoreEos ? { eosId: eot } : {}),
     });
-    return { prompt: o.prompt, text: codec.decode(out) };
+    return out.map((ids, r) => ({ prompt: o.prompts[r]!, text: codec.decode(ids[ids.length - 1] === eot && !o.ignoreEos ? ids.slice(0, -1) : ids) }));
   } finally {
     model.dispose();
   }
@@ -170,12 +149,13 @@ function num(v: string | undefined, flag: string, ok: (n: number) => boolean, wh
   return n;
 }
 
-/** `flotilla generate CKPT --prompt TEXT [--tokens N --temperature T --top-k K --seed S --out FILE]` */
+const GENERATE_USAGE = 'generate: usage: flotilla generate <checkpoint|run dir|exported.safetensors|Hugging Face dir> --prompt TEXT [--prompt TEXT ...] [--tokens N --temperature T --top-k K --top-p P --seed S --ignore-eos --out FILE]';
+
+/** `flotilla generate CKPT --prompt TEXT [--prompt TEXT ...] [--tokens N --temperature T --top-k K --top-p P --seed S --ignore-eos --out FILE]` */
 export async function generateCommand(args: readonly string[], print: (l: string) => void): Promise<number> {
   let path: string | undefined;
   let out: string | undefined;
-  const o: GenerateOptions = { prompt: '', tokens: 200, temperature: 0.8, topK: 40, seed: 1 };
-  let havePrompt = false;
+  const o: GenerateOptions = { prompts: [], tokens: 200, temperature: 0.8, topK: 40, topP: 1, seed: 1, ignoreEos: false };
   for (let i = 0; i < args.length; i++) {
     const a = args[i]!;
     const [flag, inline] = a.startsWith('--') && a.includes('=') ? [a.slice(0, a.indexOf('=')), a.slice(a.indexOf('=') + 1)] : [a, undefined];
@@ -183,21 +163,24 @@ export async function generateCommand(args: readonly string[], print: (l: string
     if (flag === '--prompt') {
       const v = value();
       if (v === undefined) throw new UsageError('generate: --prompt needs text');
-      o.prompt = v;
-      havePrompt = true;
+      o.prompts.push(v);
+    } else if (flag === '--ignore-eos') {
+      if (inline !== undefined) throw new UsageError('generate: --ignore-eos takes no value');
+      o.ignoreEos = true;
+    } else if (flag === '--top-p') {
+      o.topP = num(value(), '--top-p', (n) => n > 0 && n <= 1, 'a number in (0, 1] (1 = no limit)');
     } else if (flag === '--tokens') o.tokens = num(value(), '--tokens', (n) => Number.isInteger(n) && n >= 1 && n <= 100_000, 'a whole number from 1 to 100000');
     else if (flag === '--temperature') o.temperature = num(value(), '--temperature', (n) => n >= 0, 'a number >= 0 (0 = always the most likely token)');
     else if (flag === '--top-k') o.topK = num(value(), '--top-k', (n) => Number.isInteger(n) && n >= 0, 'a whole number >= 0 (0 = no limit)');
     else if (flag === '--seed') o.seed = num(value(), '--seed', (n) => Number.isInteger(n) && n >= 0 && n < 2 ** 32, 'a whole number from 0 to 2^32-1');
     else if (flag === '--out') out = value();
-    else if (a.startsWith('-')) throw new UsageError(`generate: unknown option ${a}; options are --prompt, --tokens, --temperature, --top-k, --seed, --out`);
+    else if (a.startsWith('-')) throw new UsageError(`generate: unknown option ${a}; options are --prompt, --tokens, --temperature, --top-k, --top-p, --seed, --ignore-eos, --out`);
     else if (path === undefined) path = a;
     else throw new UsageError(`generate: one checkpoint expected, got ${JSON.stringify(path)} and ${JSON.stringify(a)}`);
   }
-  if (path === undefined || !havePrompt) throw new UsageError('generate: usage: flotilla generate <checkpoint|run dir|exported.safetensors|Hugging Face dir> --prompt TEXT [--tokens N --temperature T --top-k K --seed S --out FILE]');
-  const r = await generate(path, o);
-  const text = `${r.prompt}${r.text}`;
-  print(text);
-  if (out !== undefined) writeFileSync(out, `${text}\n`);
+  if (path === undefined || o.prompts.length === 0) throw new UsageError(GENERATE_USAGE);
+  const texts = (await generate(path, o)).map((r) => `${r.prompt}${r.text}`);
+  print(texts.join('\n\n'));
+  if (out !== undefined) writeFileSync(out, `${texts.join('\n\n')}\n`);
   return 0;
 }

@@ -40,9 +40,11 @@ usage:
   flotilla export <checkpoint|run dir> <out dir> --format hf [--dtype bf16|fp32] [--max-shard-size 5GB]
       Write a Hugging Face directory transformers loads (GPT2LMHeadModel, LlamaForCausalLM):
       config.json, safetensors (sharded with an index above the size), the run's tokenizer.json.
-  flotilla generate <checkpoint|run dir|exported.safetensors|hf dir> --prompt TEXT [--tokens N]
-                    [--temperature T] [--top-k K] [--seed S] [--out FILE]
-      Sample text from a trained model in one process (deterministic for a seed).
+  flotilla generate <checkpoint|run dir|exported.safetensors|hf dir> --prompt TEXT [--prompt TEXT ...]
+                    [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ignore-eos] [--out FILE]
+      Sample text from a trained model in one process, every prompt in one batch with a key/value
+      cache; a continuation stops at the tokenizer's end-of-text unless --ignore-eos (deterministic
+      for a seed).
   flotilla checkpoint check <checkpoint|run dir>
       Verify a checkpoint's files, sizes, checksums and completeness without building a model.
   flotilla report RUN [RUN...] [--out FILE]
