@@ -3,8 +3,9 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { resolve } from 'node:path';
-import { ConfigError, checkRunnable, configToToml, defaultConfig, loadConfig, parseConfig } from '../config/index.js';
-import { runDirOf, runDirProblem } from '../train/run_record.js';
+// Only the error class at load time: the config reads the model registry, which loads the addon,
+// whose FLOTILLA_* settings main() checks first (the commands import the config when they run).
+import { ConfigError } from '../config/error.js';
 import { LaunchEnvError } from '../distributed/env.js';
 import { UsageError } from './usage.js';
 
@@ -140,14 +141,17 @@ export function parseTrainArgs(args: readonly string[], command = 'train'): Trai
 
 async function trainCommand(args: readonly string[]): Promise<number> {
   const a = parseTrainArgs(args);
-  const cfg = loadConfig(a.config, a.overrides); // every rank and the launching process validate first
   const { readLaunchEnv, checkFlotillaEnv } = await import('../distributed/env.js');
-  checkFlotillaEnv();
+  checkFlotillaEnv(); // before the config, which loads the addon those settings tune
+  const { checkRunnable, loadConfig } = await import('../config/index.js');
+  const cfg = loadConfig(a.config, a.overrides); // every rank and the launching process validate first
   const env = readLaunchEnv();
   const inWorld = env.source !== 'single';
   if (!inWorld) {
     // Before any rank starts: an earlier run's directory is refused once, here (rank 0 checks again).
     // Resuming continues an existing run directory; a checkpoint PATH may also start a new one.
+    // Loaded here, not at the top: the run record loads the addon, whose settings main() checks first.
+    const { runDirOf, runDirProblem } = await import('../train/run_record.js');
     const problem = runDirProblem(cfg, { resume: a.resume !== undefined && existsSync(runDirOf(cfg)) });
     if (problem !== undefined) throw new ConfigError([problem], a.config);
     if (a.resume !== undefined) {
@@ -173,9 +177,15 @@ async function trainCommand(args: readonly string[]): Promise<number> {
   }
   const { train } = await import('../train/trainer.js');
   // Rank 0 draws RUN/report.html from metrics.jsonl when the run ends, however it ends, once the run
-  // holds its directory (a refused directory is left as it was).
+  // holds its directory (a refused directory is left as it was). FLOTILLA_REPORT=0 skips it (and
+  // the charting code's second or so of start-up): the tests do, except those of the report.
+  const reportEnv = process.env.FLOTILLA_REPORT?.trim();
+  if (reportEnv && reportEnv !== '0' && reportEnv !== '1') {
+    throw new LaunchEnvError(`FLOTILLA_REPORT=${JSON.stringify(process.env.FLOTILLA_REPORT)} must be 1 (write RUN/report.html when the run ends, the default) or 0 (do not)`);
+  }
   let report: { finish(): Promise<void> } | undefined;
   const onRunDir = async (dir: string): Promise<void> => {
+    if (reportEnv === '0') return;
     const { watchRun } = await import('../report/watch.js');
     report = watchRun(dir, (l) => { if (cfg.log.progress !== 'off') process.stdout.write(`[report] ${l}\n`); });
   };
@@ -187,7 +197,8 @@ async function trainCommand(args: readonly string[]): Promise<number> {
   return 0;
 }
 
-function configCommand(args: readonly string[]): number {
+async function configCommand(args: readonly string[]): Promise<number> {
+  const { configToToml, defaultConfig, loadConfig, parseConfig } = await import('../config/index.js');
   const file = args[0] !== undefined && !args[0].startsWith('--') ? args[0] : undefined;
   const overrides = file === undefined ? args : args.slice(1);
   const cfg = file !== undefined ? loadConfig(file, overrides) : overrides.length > 0 ? parseConfig('', overrides, 'overrides') : defaultConfig();
@@ -282,7 +293,7 @@ export async function main(argv: readonly string[]): Promise<number> {
         return await runLauncher([...rest]);
       }
       case 'config':
-        return configCommand(rest);
+        return await configCommand(rest);
       case 'verify': {
         if (rest.includes('--help') || rest.includes('-h')) {
           process.stdout.write(`${USAGE}\n`);
