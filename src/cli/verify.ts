@@ -72,6 +72,7 @@ export async function verifyCommand(a: VerifyArgs, mainScript: string, print: (l
     print(`verify: ${a.steps} step(s) of ${a.config} on ${a.nproc} ranks (backend ${cfg.parallel.backend}; parallel: pp ${cfg.parallel.pp}, tp ${cfg.parallel.tp}${cfg.parallel.sequenceParallel ? " + sequence parallel" : ""}${cfg.parallel.lossParallel ? " + loss parallel" : ""}, zero ${cfg.parallel.zero}, dpShard ${cfg.parallel.dpShard}, dpReplicate ${cfg.parallel.dpReplicate}) against one process`);
     if (cfg.model.dropout > 0) print(`verify: model.dropout=${cfg.model.dropout} set to 0 for both runs (dropout draws differ between layouts)`);
     const { runLauncher } = await import('./run.js');
+    process.env.FLOTILLA_REPORT = '0'; // the ranks' run directory is compared, then deleted: no report.html
     const code = await runLauncher(['--nproc', String(a.nproc), '--backend', cfg.parallel.backend, mainScript, 'train', a.config, ...a.overrides, ...runOverrides(join(dir, 'run-layout'), a.steps), '--record', layoutDir]);
     if (code !== 0) {
       print(`FAIL: the ${a.nproc}-rank run exited with status ${code}`);

@@ -44,6 +44,7 @@ export async function verifyResumeCommand(a: VerifyResumeArgs, mainScript: strin
   const dir = mkdtempSync(join(tmpdir(), 'flotilla-verify-resume-'));
   try {
     const { runLauncher } = await import('./run.js');
+    process.env.FLOTILLA_REPORT = '0'; // the runs' directories are compared, then deleted: no report.html
     const straight = join(dir, 'straight');
     const resumed = join(dir, 'resumed');
     print(`verify: ${a.steps} step(s) of ${a.config} on ${a.nproc} rank(s), saving at step ${a.resumeAt}; then steps ${a.resumeAt + 1}..${a.steps} again from that checkpoint ` +
