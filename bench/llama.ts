@@ -45,9 +45,11 @@ class Peer {
     if (r.done) throw new Error(`PyTorch peer exited early:\n${this.stderr}`);
     return JSON.parse(r.value);
   }
-  async steps(n: number, mode: 'fp32' | 'bf16'): Promise<number[]> {
+  /** Wall and CPU seconds of each of n steps. */
+  async steps(n: number, mode: 'fp32' | 'bf16'): Promise<{ wall: number[]; cpu: number[] }> {
     this.child.stdin.write(`${JSON.stringify({ steps: n, mode })}\n`);
-    return (await this.next()).times as number[];
+    const r = await this.next();
+    return { wall: r.times as number[], cpu: r.cpu as number[] };
   }
   close(): void {
     this.child.stdin.end('\n');
@@ -76,10 +78,11 @@ async function main(): Promise<void> {
     const opt = new AdamW(model.parameters(), ADAMW, { grads: dp });
     const loss0 = tidy(() => llamaCriterion(model.call(idx), targets).item());
     if (Math.abs(loss0 - ready.loss0) > 1e-4 * Math.abs(ready.loss0)) throw new Error(`the two models differ: loss ${loss0} against PyTorch's ${ready.loss0}`);
-    const ours = async (n: number, precision: Precision, untimedFirst: boolean): Promise<number[]> => {
-      const out: number[] = [];
+    const ours = async (n: number, precision: Precision, untimedFirst: boolean): Promise<{ wall: number[]; cpu: number[] }> => {
+      const out = { wall: [] as number[], cpu: [] as number[] };
       for (let i = untimedFirst ? -1 : 0; i < n; i++) {
         await new Promise((r) => setImmediate(r));
+        const c0 = process.cpuUsage();
         const t0 = performance.now();
         tidy(() => {
           opt.zeroGrad();
@@ -91,36 +94,43 @@ async function main(): Promise<void> {
           });
           opt.step();
         });
-        if (i >= 0) out.push((performance.now() - t0) / 1e3);
+        if (i < 0) continue;
+        out.wall.push((performance.now() - t0) / 1e3);
+        const c = process.cpuUsage(c0);
+        out.cpu.push((c.user + c.system) / 1e6);
       }
       return out;
     };
-    const times = new Map<string, number[]>();
-    const add = (k: string, xs: number[]) => times.set(k, [...(times.get(k) ?? []), ...xs]);
+    const times = new Map<string, { wall: number[]; cpu: number[] }>();
+    const add = (k: string, xs: { wall: number[]; cpu: number[] }) => {
+      const t = times.get(k) ?? { wall: [], cpu: [] };
+      times.set(k, { wall: [...t.wall, ...xs.wall], cpu: [...t.cpu, ...xs.cpu] });
+    };
     await ours(warmup, 'fp32', false);
     await ours(warmup, 'bf16-mixed', false);
     await peer.steps(warmup, 'fp32');
     await peer.steps(warmup, 'bf16');
     for (let r = 0; r < rounds; r++) {
       // The first step of each mode in a round is untimed on both sides: it follows the other mode's steps.
-      const jobs: [string, () => Promise<number[]>][] = [
+      const rest = (t: { wall: number[]; cpu: number[] }) => ({ wall: t.wall.slice(1), cpu: t.cpu.slice(1) });
+      const jobs: [string, () => Promise<{ wall: number[]; cpu: number[] }>][] = [
         ['flotilla fp32', () => ours(steps, 'fp32', true)],
         ['flotilla bf16-mixed', () => ours(steps, 'bf16-mixed', true)],
-        ['PyTorch fp32', async () => (await peer.steps(steps + 1, 'fp32')).slice(1)],
-        ['PyTorch autocast bf16', async () => (await peer.steps(steps + 1, 'bf16')).slice(1)],
+        ['PyTorch fp32', async () => rest(await peer.steps(steps + 1, 'fp32'))],
+        ['PyTorch autocast bf16', async () => rest(await peer.steps(steps + 1, 'bf16'))],
       ];
       if (r % 2 === 1) jobs.reverse();
       for (const [k, f] of jobs) add(k, await f());
     }
-    const med = (k: string) => median(times.get(k)!);
+    const med = (k: string) => median(times.get(k)!.wall);
+    const cmed = (k: string) => median(times.get(k)!.cpu);
     const ms = (s: number) => (s * 1e3).toFixed(1);
-    const fp32 = med('flotilla fp32') / med('PyTorch fp32'), bf16 = med('flotilla bf16-mixed') / med('PyTorch autocast bf16');
-    const rows = [
-      `| float32 | ${ms(med('flotilla fp32'))} ms | ${ms(med('PyTorch fp32'))} ms | ${fp32.toFixed(3)} | <= 1.0 |`,
-      `| bf16-mixed / autocast bf16 | ${ms(med('flotilla bf16-mixed'))} ms | ${ms(med('PyTorch autocast bf16'))} ms | ${bf16.toFixed(3)} | <= 0.95 |`,
-    ];
-    const table = ['| precision | flotilla step (median) | PyTorch step (median) | flotilla / PyTorch | target |', '|---|---:|---:|---:|---:|', ...rows].join('\n');
-    const summary = `Llama width ${nEmbd}: float32 ${fp32.toFixed(3)}x PyTorch (target <= 1.0), bf16-mixed ${bf16.toFixed(3)}x autocast (target <= 0.95)`;
+    const pairs = [['float32', 'flotilla fp32', 'PyTorch fp32', '<= 1.0'], ['bf16-mixed / autocast bf16', 'flotilla bf16-mixed', 'PyTorch autocast bf16', '<= 0.95']] as const;
+    const rows = pairs.map(([what, f, p, target]) =>
+      `| ${what} | ${ms(med(f))} ms | ${ms(med(p))} ms | ${(med(f) / med(p)).toFixed(3)} | ${ms(cmed(f))} ms | ${ms(cmed(p))} ms | ${(cmed(f) / cmed(p)).toFixed(3)} | ${target} |`);
+    const table = ['| precision | flotilla step | PyTorch step | ratio | flotilla CPU time | PyTorch CPU time | CPU ratio | target |', '|---|---:|---:|---:|---:|---:|---:|---:|', ...rows].join('\n');
+    const ratio = (f: string, p: string) => `${(med(f) / med(p)).toFixed(3)}x (CPU time ${(cmed(f) / cmed(p)).toFixed(3)}x)`;
+    const summary = `Llama width ${nEmbd}: float32 ${ratio('flotilla fp32', 'PyTorch fp32')} PyTorch (target <= 1.0), bf16-mixed ${ratio('flotilla bf16-mixed', 'PyTorch autocast bf16')} autocast (target <= 0.95)`;
     console.log(summary);
     console.log(table);
     if (!a['no-write']) {
@@ -136,6 +146,8 @@ async function main(): Promise<void> {
           `after ${warmup} warmup steps; medians. libtorch ${torchVersion()}, PyTorch ${ready.torch}.`,
         '',
         `Reproduce: \`node --import tsx bench/llama.ts --width ${nEmbd} --steps ${steps} --rounds ${rounds} --warmup ${warmup}\`.`,
+        '',
+        'Step times are medians of wall time; CPU time is each process\'s own (user + system) per step, which waiting for a core on a loaded machine inflates much less.',
         '',
         `Load average of the machine (1 min) at the start and the end of this run: ${load0.toFixed(1)} and ${os.loadavg()[0]!.toFixed(1)} on ${os.cpus().length} cores.`,
         '',

@@ -6,7 +6,7 @@ tests (test/fixtures/llama_torch.py).
 
 As the benchmark peer: argv init.safetensors '<json config>' (resolved LlamaConfig fields, 'adamw').
 Prints {"ready", "loss0"}, then answers each stdin line {"steps": n, "mode": "fp32" | "bf16"} with
-{"times": [seconds per step]}; an empty line ends it."""
+{"times": [seconds per step], "cpu": [CPU seconds per step]}; an empty line ends it."""
 import json
 import math
 import os
@@ -153,14 +153,14 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=o['lr'], betas=tuple(o['betas']), eps=o['eps'], weight_decay=o['weightDecay'])
 
     def step(mode):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad()
         with torch.autocast('cpu', dtype=torch.bfloat16, enabled=(mode == 'bf16')):
             _, loss = model(idx, targets)
         loss.backward()
         opt.step()
         loss.item()
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
 
     with torch.no_grad():
         loss0 = model(idx, targets)[1].item()
@@ -169,7 +169,8 @@ def main():
         if not line.strip():
             break
         req = json.loads(line)
-        print(json.dumps({'times': [step(req['mode']) for _ in range(req['steps'])]}), flush=True)
+        ts = [step(req['mode']) for _ in range(req['steps'])]
+        print(json.dumps({'times': [t for t, _ in ts], 'cpu': [c for _, c in ts]}), flush=True)
 
 
 if __name__ == '__main__':

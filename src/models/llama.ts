@@ -105,7 +105,7 @@ export function ropeInverseFrequencies(c: Pick<LlamaConfig, 'headDim' | 'ropeThe
 }
 
 /**
- * The rotary tables of one model (or stage), shared by its attention layers: cos and sin of
+ * The tables of one model (or stage), shared by its attention layers: the causal mask bias, and cos and sin of
  * position x frequency for every position up to blockSize, (blockSize, headDim) in float32 (float64
  * for a float64 model), made on first use. Under bf16-mixed the rotation runs on float32 q and k,
  * as autocast-era Llama code does. The sin table holds -sin on its first half, so that
@@ -114,6 +114,7 @@ export function ropeInverseFrequencies(c: Pick<LlamaConfig, 'headDim' | 'ropeThe
 export class RotaryTables {
   private readonly invFreq: number[];
   private readonly tables = new Map<DType, { cos: Tensor; sinSigned: Tensor }>();
+  private readonly biases = new Map<string, Tensor>();
   constructor(readonly cfg: LlamaConfig) {
     this.invFreq = ropeInverseFrequencies(cfg);
   }
@@ -162,12 +163,31 @@ export class RotaryTables {
     return { cos: make(cos), sinSigned: make(sin) };
   }
 
+  /**
+   * The causal mask as an additive bias for `group` query heads stacked along the rows: (group T, T),
+   * 0 where a query may see a key and -inf where not. Kept per (dtype, T, group).
+   */
+  causalBias(dtype: DType, T: number, group: number): Tensor {
+    const key = `${dtype}:${T}:${group}`;
+    let b = this.biases.get(key);
+    if (!b) {
+      b = noGrad(() => {
+        const allowed = ones([T, T], { dtype: 'bool' }).tril();
+        return keep(zerosLike(allowed, { dtype }).maskedFill(allowed.logicalNot(), -Infinity).repeat(group, 1));
+      });
+      this.biases.set(key, b);
+    }
+    return b;
+  }
+
   dispose(): void {
     for (const t of this.tables.values()) {
       t.cos.dispose();
       t.sinSigned.dispose();
     }
+    for (const b of this.biases.values()) b.dispose();
     this.tables.clear();
+    this.biases.clear();
   }
 }
 
@@ -218,9 +238,12 @@ export class LlamaAttention extends Module {
 
   /** x: (B, T, C) at positions offset .. offset + T - 1. */
   forward(x: Tensor, offset = 0): Tensor {
-    // Each projection casts its own input (as autocast does), so under bf16-mixed the input's
-    // gradient is the float32 sum of three float32 casts back, not a bfloat16 sum.
-    const q = this.q.call(x), k = this.k.call(x), v = this.v.call(x);
+    // One cast of the normed input for q, k and v (their own casts are then no-ops): under
+    // bf16-mixed that is two casts fewer each way than autocast's cast per op, for one more
+    // bfloat16 rounding of the input's gradient (summed in bfloat16; autocast sums in float32).
+    // Under tp the communication of the input then moves bfloat16 too.
+    const [xc] = castFor('linear', x) as [Tensor];
+    const q = this.q.call(xc), k = this.k.call(xc), v = this.v.call(xc);
     // Selective checkpointing recomputes the core (rotary, scores, softmax) in backward; it has no parameters.
     const y = activationCheckpointMode() === 'selective' && isGradEnabled()
       ? checkpointRegion(this, [q, k, v], (a, b, c) => this.core(a, b, c, offset), () => [], { dropout: this.attnDrop.p > 0 })
@@ -239,25 +262,20 @@ export class LlamaAttention extends Module {
     // Rotary in float32 at least (float64 for a float64 model), whatever dtype the projections ran in.
     const rd: DType = q.dtype === 'float64' ? 'float64' : 'float32';
     const { cos, sinSigned } = typeof positions === 'number' ? this.rope.slice(rd, positions, T) : this.rope.at(rd, positions);
-    const rot = (t: Tensor, n: number) => applyRotary((t.dtype === rd ? t : t.to(rd)).view(B, T, n, hd), cos, sinSigned);
-    // Heads: (B, nh, T, hd) and (B, nkv, T, hd). Query head h uses key/value head h / group (repeat_kv's order).
-    let qh = rot(q, nh).transpose(1, 2), kh = rot(k, nkv).transpose(1, 2);
+    // bfloat16 q, k times float32 tables promote to float32 in the same kernels (no separate cast).
+    const rot = (t: Tensor, n: number) => applyRotary(t.view(B, T, n, hd), cos, sinSigned);
+    // Cast before the heads are made contiguous, so that copy moves bfloat16 under bf16-mixed.
+    const [qr, kr] = castFor('matmul', rot(q, nh), rot(k, nkv)) as [Tensor, Tensor];
+    // Query head h uses key/value head h / group (repeat_kv's order): the group's query heads are
+    // stacked along the rows, so k and v are never repeated. q: (B nkv, group T, hd), k^T: (B nkv, hd, T).
+    const qg = qr.view(B, T, nkv, group, hd).permute(0, 2, 3, 1, 4).reshape(B * nkv, group * T, hd);
+    const kt = kr.transpose(1, 2).reshape(B * nkv, T, hd).transpose(1, 2);
+    // One baddbmm: the scale is the GEMM's alpha (applied to the accumulated product, as matmul then
+    // mul would), the causal mask an additive 0 / -inf bias: no separate passes over the (T, T) scores.
+    let att = this.rope.causalBias(qg.dtype, T, group).expand(B * nkv, group * T, T)
+      .baddbmm(qg, kt, { alpha: 1 / Math.sqrt(hd) })
+      .view(B, nh, T, T);
     let vh = v.view(B, T, nkv, hd).transpose(1, 2);
-    [qh, kh] = castFor('matmul', qh, kh) as [Tensor, Tensor];
-    // The group's query heads are stacked along the rows, so k and v are never repeated: (B, nkv, group T, hd).
-    const qg = qh.reshape(B, nkv, group * T, hd);
-    const scale = 1 / Math.sqrt(hd);
-    let att: Tensor;
-    const allowed = ones([T, T], { dtype: 'bool' }).tril();
-    if (qg.dtype !== 'bfloat16') {
-      att = qg.matmul(kh.transpose(-2, -1)).view(B, nh, T, T).mul(scale).maskedFill(allowed.logicalNot(), -Infinity);
-    } else {
-      // One baddbmm: the scale is the GEMM's alpha, the mask an additive bias (nn/functional.ts, attentionScores).
-      const bias = zerosLike(allowed, { dtype: 'bfloat16' }).maskedFill(allowed.logicalNot(), -Infinity).repeat(group, 1);
-      att = bias.expand(B * nkv, group * T, T)
-        .baddbmm(qg.reshape(B * nkv, group * T, hd), kh.reshape(B * nkv, T, hd).transpose(1, 2), { alpha: scale })
-        .view(B, nh, T, T);
-    }
     [att] = castFor('softmax', att) as [Tensor];
     att = this.attnDrop.call(att.softmax(-1));
     [att, vh] = castFor('matmul', att, vh) as [Tensor, Tensor];
@@ -301,8 +319,10 @@ export class LlamaMLP extends Module {
     this.down = this.registerModule('down', new Linear(cfg.intermediateSize, cfg.nEmbd, { bias: false }));
   }
   forward(x: Tensor): Tensor {
-    // silu and the product run in the projections' dtype (bfloat16 under bf16-mixed, as under autocast).
-    return this.down.call(this.gate.call(x).silu().mul(this.up.call(x)));
+    // One cast for gate and up (as in LlamaAttention.forward); silu and the product run in the
+    // projections' dtype (bfloat16 under bf16-mixed, as under autocast).
+    const [xc] = castFor('linear', x) as [Tensor];
+    return this.down.call(this.gate.call(xc).silu().mul(this.up.call(xc)));
   }
 }
 
