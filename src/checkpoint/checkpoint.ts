@@ -12,7 +12,7 @@
 //      the parent), and only then moves `latest` and deletes checkpoints beyond `keep`.
 // A run killed at any point leaves the previous checkpoint and `latest` intact; a leftover
 // .tmp-step-N is removed by the next run that saves into the directory.
-import { closeSync, existsSync, mkdirSync, openSync, readdirSync, readFileSync, readSync, renameSync, rmSync, statSync, unlinkSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, unlinkSync } from 'node:fs';
 import { basename, join, resolve } from 'node:path';
 import { Tensor, noGrad, tidy, tensor } from '../tensor/index.js';
 import { native } from '../tensor/native.js';
@@ -23,6 +23,7 @@ import { wholeRuns, type ElementRange, type ParamPlacement, type Run } from '../
 import { encodeSafetensorsHeader, readSafetensorsHeader, type SafetensorsEntry } from './safetensors.js';
 import { BackgroundWriter, type WrittenFile } from './writer.js';
 import { fileSha256, fsyncDir, writeDurable } from '../io/durable.js';
+import { RangeReader } from './range_reader.js';
 import {
   CHECKPOINT_FORMAT, CheckpointError, LATEST_FILE, META_FILE, numelOf, readMeta, stepDirName,
   type CheckpointMeta, type ParamInfo, type Piece,
@@ -369,30 +370,6 @@ export function verifyFiles(dir: string, meta: CheckpointMeta, names: Iterable<s
   }
 }
 
-/** Reads byte ranges of files, keeping each file open once. */
-class RangeReader {
-  private readonly fds = new Map<string, number>();
-  constructor(private readonly dir: string) {}
-  read(file: string, byte: number, len: number): Buffer {
-    let fd = this.fds.get(file);
-    if (fd === undefined) {
-      fd = openSync(join(this.dir, file), 'r');
-      this.fds.set(file, fd);
-    }
-    const buf = Buffer.allocUnsafe(len);
-    let got = 0;
-    while (got < len) {
-      const n = readSync(fd, buf, got, len - got, byte + got);
-      if (n === 0) throw new CheckpointError(`${join(this.dir, file)}: unexpected end of file at byte ${byte + got} (truncated)`);
-      got += n;
-    }
-    return buf;
-  }
-  close(): void {
-    for (const fd of this.fds.values()) closeSync(fd);
-    this.fds.clear();
-  }
-}
 
 /**
  * Fills `target` (a flat view of elements range.offset.. of one tensor) from the pieces on disk

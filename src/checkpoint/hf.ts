@@ -9,7 +9,7 @@
 // model under ZeRO-3 or tensor parallelism never materialises it whole. A transposed tensor (GPT-2's
 // Conv1D) is read as the columns its rows need. Writing goes to a temporary directory renamed into
 // place, so a failed export leaves nothing behind.
-import { closeSync, copyFileSync, existsSync, mkdirSync, openSync, readdirSync, readFileSync, readSync, renameSync, rmdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { basename, dirname, join, resolve } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { Tensor, getDefaultDtype, noGrad, setDefaultDtype, tidy, zeros } from '../tensor/index.js';
@@ -23,6 +23,7 @@ import { configSchema, type ModelConfig } from '../config/schema.js';
 import { readSafetensorsHeader, saveSafetensors } from './safetensors.js';
 import { CheckpointError } from './format.js';
 import { consolidate } from './export.js';
+import { RangeReader } from './range_reader.js';
 
 export const HF_CONFIG = 'config.json';
 export const HF_SINGLE = 'model.safetensors';
@@ -196,36 +197,12 @@ export function readHfDir(path: string): HfDir {
   return { dir, config, spec, format, model, determined, stored, tensors, ...(existsSync(tok) ? { tokenizer: tok } : {}) };
 }
 
-/** Reads byte ranges, keeping each file open once. */
-class Reader {
-  private readonly fds = new Map<string, number>();
-  constructor(private readonly dir: string) {}
-  read(file: string, byte: number, len: number, into?: Buffer, at = 0): Buffer {
-    let fd = this.fds.get(file);
-    if (fd === undefined) {
-      fd = openSync(join(this.dir, file), 'r');
-      this.fds.set(file, fd);
-    }
-    const buf = into ?? Buffer.allocUnsafe(len);
-    let got = 0;
-    while (got < len) {
-      const n = readSync(fd, buf, at + got, len - got, byte + got);
-      if (n === 0) throw new CheckpointError(`${join(this.dir, file)}: unexpected end of file at byte ${byte + got} (truncated)`);
-      got += n;
-    }
-    return buf;
-  }
-  close(): void {
-    for (const fd of this.fds.values()) closeSync(fd);
-    this.fds.clear();
-  }
-}
 
 /**
  * Elements [a, a + n) of flotilla's flattened tensor, read from its stored form: a plain byte range,
  * or, for a transposed [I, O] tensor, the columns of the rows [O, I] these elements lie in.
  */
-function readElements(reader: Reader, s: Stored, t: HfTensor, a: number, n: number): Tensor {
+function readElements(reader: RangeReader, s: Stored, t: HfTensor, a: number, n: number): Tensor {
   const es = elementSize(s.dtype);
   const code = dtypeCode(s.dtype);
   if (!t.transpose) return new Tensor(native.fromBuffer(reader.read(s.file, s.byte + a * es, n * es), [n], code));
@@ -246,7 +223,7 @@ function readElements(reader: Reader, s: Stored, t: HfTensor, a: number, n: numb
  * tensor it holds, each read by byte range. Placements name parameters by whole-model name.
  */
 export function loadHfWeights(h: HfDir, placements: readonly ParamPlacement[]): void {
-  const reader = new Reader(h.dir);
+  const reader = new RangeReader(h.dir);
   try {
     for (const p of placements) {
       const t = h.tensors.get(p.name);

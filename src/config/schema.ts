@@ -4,6 +4,7 @@
 // (src/parallel/layout.ts), the [model] architectures from the model registry.
 import { PARALLEL_CHOICES, PARALLEL_DEFAULTS, type ParallelConfig } from '../parallel/layout.js';
 import type { GPTConfig } from '../models/gpt.js';
+import type { LlamaConfig } from '../models/llama.js';
 import type { SourceEntry } from '../data/sources.js';
 import { tokenizerIdentity } from '../data/tokenizer.js';
 
@@ -13,19 +14,9 @@ export type { ParallelConfig } from '../parallel/layout.js';
  * The [model] section: the architecture and the sizes of every built-in one (each spec reads the
  * fields it knows; src/models/registry.ts).
  */
-export interface ModelConfig extends GPTConfig {
+export interface ModelConfig extends GPTConfig, LlamaConfig {
   arch: string;
   gelu: 'exact' | 'tanh';
-  nKvHead: number;
-  headDim: number;
-  intermediateSize: number;
-  rmsNormEps: number;
-  ropeTheta: number;
-  ropeScaling: 'none' | 'llama3';
-  ropeFactor: number;
-  ropeLowFreqFactor: number;
-  ropeHighFreqFactor: number;
-  ropeOriginalMaxPositions: number;
 }
 
 export interface DataConfig {
