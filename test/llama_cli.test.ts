@@ -1,8 +1,9 @@
 // The Llama through the `flotilla` command, the way a user reaches it (`[model] arch = "llama"`):
-// `flotilla verify` passes under tp with sequence and loss parallelism and under ZeRO-3; a
-// checkpoint saved under tp resumes under a pipeline, and one saved under ZeRO-3 resumes under tp,
-// with the straight run's numbers (`verify --resume --then`); a tp that does not divide nKvHead is
-// refused before any rank starts; `flotilla generate` samples from a Llama checkpoint.
+// `flotilla verify` passes under tp with sequence and loss parallelism (ZeRO-3 and the rest against
+// one process: test/llama_layouts.test.ts); a checkpoint saved under tp resumes under a pipeline,
+// and one saved under ZeRO-3 resumes under tp, with the straight run's numbers (`verify --resume
+// --then`); a tp that does not divide nKvHead is refused before any rank starts; `flotilla
+// generate` samples from a Llama checkpoint.
 //
 // Every launch is queued when the file loads, two at a time (test/helpers/pool.ts).
 import { test } from 'node:test';
@@ -45,19 +46,17 @@ const cli = (args: string[]) => started(launch(() => flotilla(args, { timeoutMs:
 const verify = (args: string[]) => cli(['verify', CONFIG, '--steps', '4', ...args]);
 
 const tpSpLp = verify(['--nproc', '2', '--parallel.tp=2', '--parallel.sequenceParallel=true', '--parallel.lossParallel=true']);
-const zero3 = verify(['--nproc', '2', '--parallel.zero=3']);
 const tpIntoPp = verify(['--nproc', '2', '--parallel.tp=2', '--parallel.sequenceParallel=true', '--resume', '2', '--then', '--nproc', '2', '--parallel.tp=1', '--parallel.sequenceParallel=false', '--parallel.pp=2', '--data.microBatches=2']);
 const zero3IntoTp = verify(['--nproc', '2', '--parallel.zero=3', '--resume', '2', '--then', '--nproc', '2', '--parallel.zero=0', '--parallel.tp=2']);
 const runDir = join(work, 'run');
 const trained = cli(['train', CONFIG, `--train.runDir=${runDir}`, '--train.steps=2', '--checkpoint.every=2']);
 
-test('flotilla verify PASSes for the Llama under tp = 2 with sequence and loss parallelism, and under ZeRO-3', async () => {
-  for (const r of [await tpSpLp, await zero3]) {
-    assert.equal(r.code, 0, r.out + r.err);
-    assert.match(r.out, /^PASS \(tolerance/m);
-  }
-  // Under tp the worst tensor is named, and it is one of the Llama's (the GPT has no such names).
-  assert.match((await tpSpLp).out, /worst tensor .*(attn\.[qkvo]|mlp\.(gate|up|down)|Norm|wte|norm|head)\.weight\)/);
+test('flotilla verify PASSes for the Llama under tp = 2 with sequence and loss parallelism', async () => {
+  const r = await tpSpLp;
+  assert.equal(r.code, 0, r.out + r.err);
+  assert.match(r.out, /^PASS \(tolerance/m);
+  // The worst tensor is one of the Llama's (the GPT has no such names).
+  assert.match(r.out, /worst tensor .*(attn\.[qkvo]|mlp\.(gate|up|down)|Norm|wte|norm|head)\.weight\)/);
 });
 
 test('a Llama checkpoint saved under tp resumes under a pipeline, and one saved under ZeRO-3 under tp, with the straight run\'s numbers', async () => {
