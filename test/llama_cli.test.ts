@@ -8,7 +8,7 @@
 // Every launch is queued when the file loads, two at a time (test/helpers/pool.ts).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { existsSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { flotilla } from './helpers/cli.js';
@@ -49,7 +49,7 @@ const tpSpLp = verify(['--nproc', '2', '--parallel.tp=2', '--parallel.sequencePa
 const tpIntoPp = verify(['--nproc', '2', '--parallel.tp=2', '--parallel.sequenceParallel=true', '--resume', '2', '--then', '--nproc', '2', '--parallel.tp=1', '--parallel.sequenceParallel=false', '--parallel.pp=2', '--data.microBatches=2']);
 const zero3IntoTp = verify(['--nproc', '2', '--parallel.zero=3', '--resume', '2', '--then', '--nproc', '2', '--parallel.zero=0', '--parallel.tp=2']);
 const runDir = join(work, 'run');
-const trained = cli(['train', CONFIG, `--train.runDir=${runDir}`, '--train.steps=2', '--checkpoint.every=2']);
+const trained = cli(['train', CONFIG, `--train.runDir=${runDir}`, '--train.steps=2', '--checkpoint.every=2', '--log.sampleTokens=6', '--log.samplePrompt=Call me']);
 
 test('flotilla verify PASSes for the Llama under tp = 2 with sequence and loss parallelism', async () => {
   const r = await tpSpLp;
@@ -75,9 +75,11 @@ test('a tp that does not divide nKvHead is refused before any rank starts, namin
   assert.ok(!existsSync(dir), 'the refused run wrote its directory');
 });
 
-test('flotilla generate samples from a Llama checkpoint', async () => {
+test('flotilla train ends with a sample ([log] sampleTokens) and flotilla generate samples from a Llama checkpoint', async () => {
   const t = await trained;
   assert.equal(t.code, 0, t.out + t.err);
+  assert.match(t.out, /\[sample\] 6 tokens from .*step-000002/);
+  assert.ok(readFileSync(join(runDir, 'sample.txt'), 'utf8').startsWith('Call me'), 'the run wrote no sample.txt');
   const out = join(work, 'sample.txt');
   const g = await flotilla(['generate', runDir, '--prompt', 'Call me', '--tokens', '8', '--seed', '3', '--out', out]);
   assert.equal(g.code, 0, g.out + g.err);

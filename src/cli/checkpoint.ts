@@ -130,9 +130,10 @@ export async function generate(path: string, o: GenerateOptions): Promise<{ prom
   try {
     if (isHfDir(weights)) loadHfInto(weights, placementsOf(model.namedParameters()), model.numParams());
     else loadWeights(weights, placementsOf(model.namedParameters()), model.numParams());
-    const prompts = o.prompts.map((p) => Array.from(codec.encode(p)));
-    if (prompts.some((p) => p.length === 0)) throw new UsageError('generate: --prompt needs some text');
     const eot = (codec as { eot?: number }).eot;
+    // An empty prompt starts from the end-of-text token alone (an unconditional sample).
+    const prompts = o.prompts.map((p) => (p === '' && eot !== undefined ? [eot] : Array.from(codec.encode(p))));
+    if (prompts.some((p) => p.length === 0)) throw new UsageError('generate: --prompt needs some text');
     const out = generateTokens(model, prompts, {
       maxNewTokens: o.tokens, temperature: o.temperature, topK: o.topK, topP: o.topP, seed: o.seed >>> 0,
       ...(eot !== undefined && !o.ignoreEos ? { eosId: eot } : {}),

@@ -1,6 +1,6 @@
 // The `flotilla` command: train from a TOML config (on one process or, with --nproc, through the
 // launcher), run any script on N ranks, and print the documented config.
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { resolve } from 'node:path';
 // Only the error class at load time: the config reads the model registry, which loads the addon,
@@ -190,7 +190,15 @@ async function trainCommand(args: readonly string[]): Promise<number> {
     report = watchRun(dir, (l) => { if (cfg.log.progress !== 'off') process.stdout.write(`[report] ${l}\n`); });
   };
   try {
-    await train(cfg, { configPath: a.config, overrides: a.overrides, onRunDir, ...(a.record ? { recordDir: a.record } : {}), ...(a.resume !== undefined ? { resume: a.resume } : {}) });
+    const summary = await train(cfg, { configPath: a.config, overrides: a.overrides, onRunDir, ...(a.record ? { recordDir: a.record } : {}), ...(a.resume !== undefined ? { resume: a.resume } : {}) });
+    // [log] sampleTokens: rank 0 samples from the last checkpoint, before the report is drawn.
+    if (env.rank === 0 && cfg.log.sampleTokens > 0 && summary.checkpoint !== undefined && summary.runDir !== '') {
+      const { generate } = await import('./checkpoint.js');
+      const [s] = await generate(summary.checkpoint, { prompts: [cfg.log.samplePrompt], tokens: cfg.log.sampleTokens, temperature: 0.8, topK: 40, topP: 1, seed: cfg.train.seed, ignoreEos: false });
+      const text = `${s!.prompt}${s!.text}`;
+      writeFileSync(resolve(summary.runDir, 'sample.txt'), `${text}\n`);
+      if (cfg.log.progress !== 'off') process.stdout.write(`[sample] ${cfg.log.sampleTokens} tokens from ${summary.checkpoint} (${resolve(summary.runDir, 'sample.txt')}):\n${text}\n`);
+    }
   } finally {
     await report?.finish(); // never throws: a report that cannot be written is one printed line
   }

@@ -74,6 +74,8 @@ export interface LogConfig {
   every: number;
   progress: 'auto' | 'bar' | 'plain' | 'off';
   metrics: string;
+  sampleTokens: number;
+  samplePrompt: string;
 }
 
 export interface FlotillaConfig {
@@ -216,6 +218,8 @@ export const configSchema: Schema<FlotillaConfig> = {
       every: { kind: 'int', default: 10, min: 1, doc: 'Console update every this many steps (the metrics file gets every step).' },
       progress: { kind: 'string', default: 'auto', choices: ['auto', 'bar', 'plain', 'off'], doc: '"bar": a progress bar; "plain": log lines; "auto": bar on a terminal, lines otherwise.' },
       metrics: { kind: 'string', default: 'metrics.jsonl', doc: 'JSON-lines metrics file in the run directory, one line per step ("" turns it off).' },
+      sampleTokens: { kind: 'int', default: 0, min: 0, doc: 'After the run (flotilla train), sample this many tokens from its last checkpoint into RUN/sample.txt, shown in the report (0: no sample).' },
+      samplePrompt: { kind: 'string', default: '', doc: 'The text the end-of-run sample continues ("": from the end-of-text token alone).' },
     },
   },
 };
