@@ -111,7 +111,6 @@ export const configSchema: Schema<FlotillaConfig> = {
   model: {
     doc: 'The model: its architecture (src/models/registry.ts) and that architecture\'s sizes.',
     fields: {
-      arch: { kind: 'string', default: 'gpt', doc: 'The architecture: "gpt" (GPT-2 style: learned positions, LayerNorm, GELU MLP; src/models/gpt.ts), "llama" (RMSNorm, rotary positions, grouped-query attention, SwiGLU, no biases; src/models/llama.ts), or one a script registered with registerModel. Fields marked (gpt) or (llama) apply to that architecture only.' },
       vocabSize: { kind: 'int', default: 0, min: 0, doc: 'Token ids the model embeds; 0 = the vocabulary of data.tokenizer (256 for bytes). Resolved when the config is read.' },
       blockSize: { kind: 'int', default: 128, min: 1, doc: 'Longest context in tokens (the GPT\'s learned positions; the Llama\'s max_position_embeddings).' },
       nLayer: { kind: 'int', default: 4, min: 1, doc: 'Transformer blocks.' },
@@ -120,6 +119,7 @@ export const configSchema: Schema<FlotillaConfig> = {
       dropout: { kind: 'float', default: 0, min: 0, below: 1, doc: 'Dropout probability in training (0 turns it off).' },
       bias: { kind: 'bool', default: true, doc: '(gpt) Biases in Linear and LayerNorm layers (the Llama has none).' },
       tieEmbeddings: { kind: 'bool', default: false, doc: 'Share the token embedding with the output head.' },
+      arch: { kind: 'string', default: 'gpt', doc: 'The architecture: "gpt" (GPT-2 style: learned positions, LayerNorm, GELU MLP; src/models/gpt.ts), "llama" (RMSNorm, rotary positions, grouped-query attention, SwiGLU, no biases; src/models/llama.ts), or one a script registered with registerModel. Fields marked (gpt) or (llama) apply to that architecture only.' },
       gelu: { kind: 'string', default: 'exact', choices: ['exact', 'tanh'], doc: '(gpt) The MLP\'s GELU: "exact" (erf), or "tanh" (the approximation GPT-2 was trained with, transformers\' gelu_new).' },
       nKvHead: { kind: 'int', default: 0, min: 0, doc: '(llama) Key/value heads (grouped-query attention): 1 = multi-query, model.nHead = multi-head; must divide model.nHead; 0 = model.nHead.' },
       headDim: { kind: 'int', default: 0, min: 0, doc: '(llama) Width of one attention head; 0 = model.nEmbd / model.nHead.' },
