@@ -177,8 +177,8 @@ async function trainCommand(args: readonly string[]): Promise<number> {
   }
   const { train } = await import('../train/trainer.js');
   // Rank 0 draws RUN/report.html from metrics.jsonl when the run ends, however it ends, once the run
-  // holds its directory (a refused directory is left as it was). FLOTILLA_REPORT=0 skips it (and
-  // the charting code's second or so of start-up): the tests do, except those of the report.
+  // holds its directory (a refused directory is left as it was). FLOTILLA_REPORT=0 skips it (about
+  // half a second of CPU): the tests do, except those of the report.
   const reportEnv = process.env.FLOTILLA_REPORT?.trim();
   if (reportEnv && reportEnv !== '0' && reportEnv !== '1') {
     throw new LaunchEnvError(`FLOTILLA_REPORT=${JSON.stringify(process.env.FLOTILLA_REPORT)} must be 1 (write RUN/report.html when the run ends, the default) or 0 (do not)`);
