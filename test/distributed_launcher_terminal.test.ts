@@ -6,9 +6,11 @@ import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import { assertMpiBuilt, REPO_ROOT } from './helpers/world.js';
 import { suiteSlots } from './helpers/pool.js';
+import { runnableScript } from './helpers/compiled.js';
 
 const FLOTILLA = join(REPO_ROOT, 'bin', 'flotilla.js');
-const SCRIPT = join(REPO_ROOT, 'test', 'helpers', 'ranks', 'terminal.ts');
+// Ranks start from the compiled script while dist/ is current (test/helpers/compiled.ts).
+const SCRIPT = runnableScript(join(REPO_ROOT, 'test', 'helpers', 'ranks', 'terminal.ts'));
 
 /** Runs a command on a fresh pseudo-terminal (util-linux `script`); resolves to what the terminal showed. */
 function onTerminal(argv: string[]): Promise<{ code: number | null; screen: string }> {

@@ -5,14 +5,17 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
+import { resolve } from 'node:path';
 import { runLauncher } from '../src/cli/run.js';
 import { assertMpiBuilt, isAlive, parseAllResults, REPO_ROOT, scriptCommand } from './helpers/world.js';
 import { suiteSlots } from './helpers/pool.js';
+import { runnableScript } from './helpers/compiled.js';
 
 // Worlds here time out in seconds: no other file's launch runs beside this file (test/helpers/pool.ts).
 await suiteSlots.holdAll();
 
-const SCRIPT = 'test/helpers/ranks/mpi_rank.ts';
+// Ranks start from the compiled script while dist/ is current (test/helpers/compiled.ts).
+const SCRIPT = runnableScript('test/helpers/ranks/mpi_rank.ts');
 
 async function launch(argv: string[]): Promise<{ code: number; out: string; err: string; perRank: string[] }> {
   assertMpiBuilt();
@@ -85,7 +88,7 @@ test('backend errors a user can cause name the fix', async () => {
   assert.equal(await runLauncher(['--backend', 'mpi', '--nnodes', '2', '--nproc', '1', SCRIPT], { stdout: { write: () => true }, stderr: { write: (s: string) => (nodes += s) }, handleSignals: false }), 2);
   assert.match(nodes, /--backend mpi starts ranks on one node/);
   // backend 'mpi' in a process mpirun did not start (a world of two by torchrun-style variables).
-  const [cmd, args] = scriptCommand(`${REPO_ROOT}/${SCRIPT}`, ['ok']);
+  const [cmd, args] = scriptCommand(resolve(REPO_ROOT, SCRIPT), ['ok']);
   const p = spawnSync(cmd, args, {
     cwd: REPO_ROOT, encoding: 'utf8', timeout: 30_000,
     env: { ...process.env, RANK: '0', WORLD_SIZE: '2', MASTER_ADDR: '127.0.0.1', MASTER_PORT: '1', FLOTILLA_BACKEND: 'mpi' },

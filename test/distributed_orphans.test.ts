@@ -5,6 +5,7 @@ import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import { isAlive } from './helpers/world.js';
 import { suiteSlots } from './helpers/pool.js';
+import { runnableScript } from './helpers/compiled.js';
 
 // Worlds here time out in seconds: no other file's launch runs beside this file (test/helpers/pool.ts).
 await suiteSlots.holdAll();
@@ -13,7 +14,7 @@ const root = join(import.meta.dirname, '..');
 
 
 test('ranks exit when their launcher is killed with SIGKILL', async () => {
-  const launcher = spawn(process.execPath, [join(root, 'bin', 'flotilla.js'), 'run', '--nproc', '2', join(root, 'test', 'helpers', 'ranks', 'linger.ts')], {
+  const launcher = spawn(process.execPath, [join(root, 'bin', 'flotilla.js'), 'run', '--nproc', '2', runnableScript(join(root, 'test', 'helpers', 'ranks', 'linger.ts'))], {
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   const pids = await new Promise<number[]>((resolve, reject) => {

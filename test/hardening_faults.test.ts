@@ -9,12 +9,14 @@ import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { join } from 'node:path';
 import { assertMpiBuilt, freePort, isAlive, REPO_ROOT } from './helpers/world.js';
 import { suiteSlots } from './helpers/pool.js';
+import { runnableScript } from './helpers/compiled.js';
 
 // Worlds here time out in seconds: no other file's launch runs beside this file (test/helpers/pool.ts).
 await suiteSlots.holdAll();
 
 const FLOTILLA = join(REPO_ROOT, 'bin', 'flotilla.js');
-const SCRIPT = join(REPO_ROOT, 'test', 'helpers', 'ranks', 'faults.ts');
+// Ranks start from the compiled script while dist/ is current (test/helpers/compiled.ts).
+const SCRIPT = runnableScript(join(REPO_ROOT, 'test', 'helpers', 'ranks', 'faults.ts'));
 /** Short beats so a fault test ends in seconds; the collective timeout stays long. */
 const FAST = { FLOTILLA_HEARTBEAT_MS: '300', FLOTILLA_HEARTBEAT_TIMEOUT_MS: '2000', FLOTILLA_TIMEOUT_MS: '120000', FLOTILLA_KILL_GRACE_MS: '2000' };
 /** Generous bounds (far below the 120 s collective timeout). */

@@ -14,6 +14,7 @@ import { ConfigError, parseConfig } from '../src/config/index.js';
 import { prepareRunDir, runDirProblem } from '../src/train/run_record.js';
 import { train } from '../src/train/trainer.js';
 import * as T from '../src/tensor/index.js';
+import { runnableScript } from './helpers/compiled.js';
 
 const ROOT = resolve(import.meta.dirname, '..');
 const BIN = join(ROOT, 'bin', 'flotilla.js');
@@ -151,7 +152,7 @@ test('invalid FLOTILLA_* values: one line from the command, before any rank star
     [{ FLOTILLA_JOB_SECRET: 'short' }, /FLOTILLA_JOB_SECRET is 5 characters long/],
     [{ FLOTILLA_MALLOC: 'jemalloc' }, /FLOTILLA_MALLOC must be "cache", "tuned", "lean" or "default", not "jemalloc"/],
   ];
-  const script = join(ROOT, 'test', 'helpers', 'ranks', 'hardening.ts');
+  const script = runnableScript(join(ROOT, 'test', 'helpers', 'ranks', 'hardening.ts'));
   for (const [env, re] of bad) {
     assertOneLine(await flotilla(['run', '--nproc', '2', script, 'join'], { env }), re);
     assertOneLine(await flotilla(['train', join(ROOT, 'examples', 'gpt-tiny.toml'), '--nproc', '2', `--train.runDir=${join(dir, 'never')}`], { env }), re);

@@ -11,11 +11,14 @@ import { runWorld, parseResults, describeWorld, scriptCommand, isAlive, assertMp
 import { frame, storeProof, Op, Status } from '../src/distributed/store_server.js';
 import { loopbackNamespace } from '../src/launch/mpirun.js';
 import { suiteSlots } from './helpers/pool.js';
+import { runnableScript } from './helpers/compiled.js';
 
 // Worlds here time out in seconds: no other file's launch runs beside this file (test/helpers/pool.ts).
 await suiteSlots.holdAll();
 
 const RANK_SCRIPT = 'test/helpers/ranks/hardening.ts';
+/** The rank script `flotilla run` starts: compiled while dist/ is current (test/helpers/compiled.ts). */
+const RUN_SCRIPT = runnableScript(join(REPO_ROOT, RANK_SCRIPT));
 const FLOTILLA = join(REPO_ROOT, 'bin', 'flotilla.js');
 
 
@@ -69,7 +72,7 @@ function isLoopbackHex(addr: string): boolean {
 test('a single-host `flotilla run` exposes nothing beyond loopback: no store listener, Gloo on 127.0.0.1', async () => {
   const dir = mkdtempSync(join(tmpdir(), 'flotilla-test-'));
   const go = join(dir, 'go');
-  const launcher = spawn(process.execPath, [FLOTILLA, 'run', '--nproc', '2', join(REPO_ROOT, RANK_SCRIPT), 'listen', go], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const launcher = spawn(process.execPath, [FLOTILLA, 'run', '--nproc', '2', RUN_SCRIPT, 'listen', go], { stdio: ['ignore', 'pipe', 'pipe'] });
   try {
     const pids = (await waitForOutput(launcher, /PID \d+ (\d+)/, 2, 'both ranks joining')).map((m) => Number(m[1]));
     const socks = pids.map((p) => tcpSockets(p));
@@ -128,7 +131,7 @@ test('a single-host `flotilla run --backend mpi` is reachable on loopback only: 
   if (typeof ns === 'string') t.diagnostic(`mpirun's own listener is not checked: no network namespace here (${ns}); the ranks still are`);
   const dir = mkdtempSync(join(tmpdir(), 'flotilla-test-'));
   const go = join(dir, 'go');
-  const launcher = spawn(process.execPath, [FLOTILLA, 'run', '--backend', 'mpi', '--nproc', '2', join(REPO_ROOT, RANK_SCRIPT), 'listen', go], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const launcher = spawn(process.execPath, [FLOTILLA, 'run', '--backend', 'mpi', '--nproc', '2', RUN_SCRIPT, 'listen', go], { stdio: ['ignore', 'pipe', 'pipe'] });
   let err = '';
   launcher.stderr!.on('data', (d) => (err += d));
   try {
@@ -348,7 +351,7 @@ test('destroyProcessGroup releases sockets, threads and the listening port at on
 });
 
 test('a stalled rank: the launcher names it, not a rank that timed out waiting for it', async () => {
-  const launcher = spawn(process.execPath, [FLOTILLA, 'run', '--nproc', '3', join(REPO_ROOT, RANK_SCRIPT), 'stall', '1'], {
+  const launcher = spawn(process.execPath, [FLOTILLA, 'run', '--nproc', '3', RUN_SCRIPT, 'stall', '1'], {
     stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, TEST_TIMEOUT_MS: '3000' },
   });
   let err = '';
@@ -360,7 +363,7 @@ test('a stalled rank: the launcher names it, not a rank that timed out waiting f
 });
 
 test('ranks end when the launcher dies before they join a process group', async () => {
-  const launcher = spawn(process.execPath, [FLOTILLA, 'run', '--nproc', '2', join(REPO_ROOT, RANK_SCRIPT), 'prejoin'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const launcher = spawn(process.execPath, [FLOTILLA, 'run', '--nproc', '2', RUN_SCRIPT, 'prejoin'], { stdio: ['ignore', 'pipe', 'pipe'] });
   const pids = (await waitForOutput(launcher, /PID \d+ (\d+)/, 2, 'both ranks starting')).map((m) => Number(m[1]));
   launcher.kill('SIGKILL');
   for (let i = 0; i < 100 && pids.some(isAlive); i++) await new Promise((r) => setTimeout(r, 100));
@@ -371,7 +374,7 @@ test('ranks end when the launcher dies before they join a process group', async 
 
 test('killing a wrapper around the launcher (as npx is) stops the launcher and its ranks', async () => {
   // `sh -c 'cmd; exit'` keeps the shell as the launcher's parent, like npm exec's shell.
-  const cmd = `${JSON.stringify(process.execPath)} ${JSON.stringify(FLOTILLA)} run --nproc 2 ${JSON.stringify(join(REPO_ROOT, RANK_SCRIPT))} prejoin; exit $?`;
+  const cmd = `${JSON.stringify(process.execPath)} ${JSON.stringify(FLOTILLA)} run --nproc 2 ${JSON.stringify(RUN_SCRIPT)} prejoin; exit $?`;
   const wrapper = spawn('sh', ['-c', cmd], { stdio: ['ignore', 'pipe', 'pipe'] });
   const pids = (await waitForOutput(wrapper, /PID \d+ (\d+)/, 2, 'both ranks starting')).map((m) => Number(m[1]));
   const launcherPid = Number(readFileSync(`/proc/${pids[0]}/stat`, 'utf8').split(') ')[1]!.split(' ')[1]);

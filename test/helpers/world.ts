@@ -13,6 +13,7 @@ import { freePort } from '../../src/launch/launcher.js';
 import { spawnMpiJob } from '../../src/launch/mpirun.js';
 import { existsSync } from 'node:fs';
 import { isAbsolute, resolve } from 'node:path';
+import { runnableScript } from './compiled.js';
 
 export interface WorldOptions {
   nproc: number;
@@ -72,8 +73,12 @@ export function isAlive(pid: number): boolean {
   }
 }
 
-/** Command and arguments that run a script: .ts/.mts/.cts under tsx, .js under node. */
+/**
+ * Command and arguments that run a script: .ts/.mts/.cts compiled against dist/ while it is current
+ * (test/helpers/compiled.ts), else under tsx; .js under node.
+ */
 export function scriptCommand(script: string, args: string[] = []): [string, string[]] {
+  script = runnableScript(script);
   if (/\.[mc]?ts$/.test(script)) return [process.execPath, ['--import', import.meta.resolve('tsx'), script, ...args]];
   return [process.execPath, [script, ...args]];
 }
