@@ -8,7 +8,7 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { REPO_ROOT } from './helpers/world.js';
-import { BIN } from './helpers/cli.js';
+import { BIN, NO_REPORT } from './helpers/cli.js';
 import { loadSafetensors } from '../src/checkpoint/safetensors.js';
 import { tidy } from '../src/tensor/index.js';
 import { pool, spawnAsync, started } from './helpers/pool.js';
@@ -22,10 +22,11 @@ const small = [
 const queue = pool();
 function train(dir: string, overrides: string[]): Promise<void> {
   return started(queue(async () => {
+    // `flotilla run` starts the two ranks of `flotilla train` (the compiled CLI when dist/ is current).
     const r = await spawnAsync(process.execPath, [
-      '--import', 'tsx', 'test/helpers/launch_cli.ts', '--nproc', '2', '--backend', 'gloo', BIN, 'train', 'examples/gpt-tiny.toml',
+      BIN, 'run', '--nproc', '2', '--backend', 'gloo', BIN, 'train', 'examples/gpt-tiny.toml',
       ...small, ...overrides, `--train.runDir=${join(dir, 'run')}`, '--record', join(dir, 'rec'),
-    ], { cwd: REPO_ROOT, timeout: 240_000 });
+    ], { cwd: REPO_ROOT, env: { ...process.env, ...NO_REPORT }, timeout: 240_000 });
     assert.equal(r.status, 0, `${r.stdout}${r.stderr}`);
   }));
 }

@@ -11,6 +11,7 @@ import { join, resolve } from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import { ConfigError, checkRunnable, loadConfig } from '../src/config/index.js';
 import { loadMobyDick } from '../src/data/corpus.js';
+import { NO_REPORT } from './helpers/cli.js';
 
 const ROOT = resolve(import.meta.dirname, '..');
 const BIN = join(ROOT, 'bin', 'flotilla.js');
@@ -55,7 +56,7 @@ function inDir<T>(cwd: string, fn: () => T): T {
 }
 
 function flotilla(args: string[], cwd: string): { code: number | null; out: string; err: string } {
-  const r = spawnSync(process.execPath, [BIN, ...args], { cwd, encoding: 'utf8', timeout: 240_000, env: { ...process.env, FLOTILLA_TEST_CHILD: '1' } });
+  const r = spawnSync(process.execPath, [BIN, ...args], { cwd, encoding: 'utf8', timeout: 240_000, env: { ...process.env, FLOTILLA_TEST_CHILD: '1', ...NO_REPORT } });
   return { code: r.status, out: r.stdout ?? '', err: r.stderr ?? '' };
 }
 

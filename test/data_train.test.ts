@@ -9,7 +9,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parquetWriteBuffer } from 'hyparquet-writer';
 import { REPO_ROOT } from './helpers/world.js';
-import { BIN } from './helpers/cli.js';
+import { BIN, NO_REPORT } from './helpers/cli.js';
 import { pool, spawnAsync, started } from './helpers/pool.js';
 import { loadMobyDick } from '../src/data/corpus.js';
 import { WordCounter, trainBpe } from '../src/data/bpe_train.js';
@@ -39,7 +39,7 @@ const small = ['--model.nLayer=1', '--model.nEmbd=32', '--model.nHead=2', '--mod
 const queue = pool();
 function flotilla(args: string[]): Promise<{ code: number | null; out: string }> {
   return started(queue(async () => {
-    const r = await spawnAsync(process.execPath, [BIN, ...args], { cwd: REPO_ROOT, timeout: 240_000 });
+    const r = await spawnAsync(process.execPath, [BIN, ...args], { cwd: REPO_ROOT, env: { ...process.env, ...NO_REPORT }, timeout: 240_000 });
     return { code: r.status, out: `${r.stdout}${r.stderr}` };
   }));
 }
