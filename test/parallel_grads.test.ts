@@ -1,16 +1,35 @@
 // The gradient API under every data-parallel mode, per-rank memory against theory, and parameters
-// that some steps (or some ranks) do not use, on real ranks.
+// that some steps (or some ranks) do not use, on real ranks. The parts of one world size run one
+// after another in one world (test/fixtures/grad_api_rank.ts): the API, memory and unused-parameter
+// parts on 2 ranks, memory on 4, the unused-parameter reference in one process. The worlds are
+// queued when the file loads, two at a time (test/helpers/pool.ts); each test awaits its parts.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
-import { runWorld, parseResults } from './helpers/world.js';
+import { runWorld, parseAllResults } from './helpers/world.js';
+import { pool, started } from './helpers/pool.js';
 
 const script = join(import.meta.dirname, 'fixtures', 'grad_api_rank.ts');
 
-async function run<T>(nproc: number, part: string): Promise<T[]> {
-  const { codes, outputs } = await runWorld({ nproc, script, args: [JSON.stringify({ part })], timeoutMs: 240_000 });
-  assert.deepEqual(codes, new Array(nproc).fill(0), outputs.join('\n'));
-  return parseResults<T>(outputs);
+type Part = 'api' | 'memory' | 'unused';
+const queue = pool();
+/** One world of nproc ranks running `parts` in turn; per part, the result of every rank. */
+function world(nproc: number, parts: Part[]): Map<Part, Promise<unknown[]>> {
+  const outputs = started(queue(async () => {
+    const w = await runWorld({ nproc, script, args: [JSON.stringify({ parts })], timeoutMs: 240_000 + 120_000 * (parts.length - 1) });
+    assert.deepEqual(w.codes, new Array(nproc).fill(0), w.outputs.join('\n'));
+    return parseAllResults<{ part: Part }>(w.outputs);
+  }));
+  return new Map(parts.map((part) => [part, started(outputs.then((ranks) => ranks.map((rs, r) => {
+    const res = rs.find((x) => x.part === part);
+    assert.ok(res, `rank ${r} of ${nproc} printed no result for ${part}`);
+    return res;
+  })))]));
+}
+const worlds = new Map([[2, world(2, ['api', 'memory', 'unused'])], [4, world(4, ['memory'])], [1, world(1, ['unused'])]]);
+
+async function run<T>(nproc: number, part: Part): Promise<T[]> {
+  return (await worlds.get(nproc)!.get(part)!) as T[];
 }
 
 interface Mode {
