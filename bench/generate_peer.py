@@ -2,7 +2,7 @@
 PyTorch user would (each layer's keys and values grow by torch.cat), on flotilla's weights.
 
 argv: weights.safetensors '<json config>' '<json prompt ids>' new_tokens rounds. Prints one JSON line
-{"tokens": [...], "seconds": [per round]}."""
+{"tokens": [...], "seconds": [wall per round], "cpu": [CPU time per round]}."""
 import json
 import math
 import os
@@ -79,10 +79,11 @@ def main():
         renamed[k2] = v
     model.load_state_dict(renamed, strict=True)
     del names
-    seconds, tokens = [], []
+    seconds, cpu, tokens = [], [], []
     with torch.no_grad():
         for _ in range(rounds):
             t0 = time.perf_counter()
+            c0 = time.process_time()
             ids = torch.tensor([prompt])
             logits, caches = model(ids, 0, None)
             out = []
@@ -93,8 +94,9 @@ def main():
                 logits, caches = model(torch.tensor([[t]]), pos, caches)
                 pos += 1
             seconds.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
             tokens = out
-    print(json.dumps({'tokens': tokens, 'seconds': seconds, 'torch': torch.__version__}), flush=True)
+    print(json.dumps({'tokens': tokens, 'seconds': seconds, 'cpu': cpu, 'torch': torch.__version__}), flush=True)
 
 
 main()
