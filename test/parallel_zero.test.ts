@@ -22,15 +22,18 @@ interface Case { tag: string; zero: number; dpReplicate?: number; accum: number;
 interface Result { tag: string; rank: number; dpRank?: number; losses: number[] | number[][]; norms: number[] }
 
 type World = { res: Result[]; params: (tag: string, rank: number) => Float64Array };
-// Every world (and the references it is compared with) is queued when the file loads, two at a time
-// (test/helpers/pool.ts); each test awaits its own.
+// Layouts of one world size and global batch share a world, which trains their cases one after
+// another (each a fresh model on the same seeds): on 2 ranks plain data parallel and ZeRO, the
+// reduce-at-end cases and the ZeRO-3 options; on 4 ranks plain and ZeRO, and HSDP 2 x 2; HSDP on 6
+// ranks; and every one-process reference of one global batch in one world of one. The worlds are
+// queued when the file loads, two at a time (test/helpers/pool.ts); each test awaits its layout's.
 const queue = pool();
 function run(nproc: number, cases: Case[], name: string, globalBatch = common.globalBatch): Promise<World> {
   return started(queue(() => runNow(nproc, cases, name, globalBatch)));
 }
 async function runNow(nproc: number, cases: Case[], name: string, globalBatch: number): Promise<World> {
   const out = join(dir, name);
-  const { codes, outputs } = await runWorld({ nproc, script, args: [JSON.stringify({ ...common, globalBatch, cases, out })], timeoutMs: 300_000 });
+  const { codes, outputs } = await runWorld({ nproc, script, args: [JSON.stringify({ ...common, globalBatch, cases, out })], timeoutMs: Math.max(300_000, 30_000 * cases.length) });
   assert.deepEqual(codes, new Array(nproc).fill(0), outputs.join('\n'));
   return {
     res: parseAllResults<Result>(outputs).flat(),
@@ -41,20 +44,39 @@ async function runNow(nproc: number, cases: Case[], name: string, globalBatch: n
 
 // The single-process reference for N data-parallel slices and a micro-batch count: the losses of
 // each slice, the norms and the parameters.
-const refs = new Map<string, Promise<{ res: Result; params: Float64Array }>>();
+const refKey = (slices: number, accum: number, tie = false, globalBatch = common.globalBatch): string => `s${slices}a${accum}${tie ? 't' : ''}b${globalBatch}`;
+const refWorlds = new Map<number, Promise<World>>();
 function reference(slices: number, accum: number, tie = false, globalBatch = common.globalBatch): Promise<{ res: Result; params: Float64Array }> {
-  const key = `s${slices}a${accum}${tie ? 't' : ''}b${globalBatch}`;
-  if (!refs.has(key)) {
-    refs.set(key, started(run(1, [{ tag: key, zero: 0, accum, tie, slices } as Case & { slices: number }], `ref-${key}`, globalBatch).then(({ res, params }) => ({ res: res[0]!, params: params(key, 0) }))));
-  }
-  return refs.get(key)!;
+  const key = refKey(slices, accum, tie, globalBatch);
+  return refWorlds.get(globalBatch)!.then(({ res, params }) => {
+    const r = res.find((x) => x.tag === key);
+    assert.ok(r, `no reference ${key}`);
+    return { res: r, params: params(key, 0) };
+  });
 }
 
 const worlds = new Map<string, Promise<World>>();
-/** Queues the world `name` and the references its cases need. */
-function queueLayout(nproc: number, cases: Case[], name: string, globalBatch = common.globalBatch): void {
-  worlds.set(name, run(nproc, cases, name, globalBatch));
-  for (const c of cases) reference(nproc, c.accum, c.tie, globalBatch);
+/** Queues the shared worlds of `layouts` ([name, nproc, cases, globalBatch?]), the references first. */
+function queueLayouts(layouts: [string, number, Case[], number?][]): void {
+  const refCases = new Map<number, Map<string, Case>>();
+  const shared = new Map<string, { nproc: number; globalBatch: number; names: string[]; cases: Case[] }>();
+  for (const [name, nproc, cases, globalBatch = common.globalBatch] of layouts) {
+    const w = shared.get(`${nproc}b${globalBatch}`) ?? { nproc, globalBatch, names: [], cases: [] };
+    shared.set(`${nproc}b${globalBatch}`, w);
+    w.names.push(name);
+    w.cases.push(...cases);
+    const refs = refCases.get(globalBatch) ?? new Map<string, Case>();
+    refCases.set(globalBatch, refs);
+    for (const c of cases) {
+      const tag = refKey(nproc, c.accum, c.tie, globalBatch);
+      refs.set(tag, { tag, zero: 0, accum: c.accum, tie: c.tie, slices: nproc } as Case & { slices: number });
+    }
+  }
+  for (const [globalBatch, refs] of refCases) refWorlds.set(globalBatch, run(1, [...refs.values()], `ref-b${globalBatch}`, globalBatch));
+  for (const [key, w] of shared) {
+    const world = run(w.nproc, w.cases, `w${key}`, w.globalBatch);
+    for (const name of w.names) worlds.set(name, world);
+  }
 }
 
 async function checkLayout(nproc: number, cases: Case[], name: string, globalBatch = common.globalBatch): Promise<void> {
@@ -76,8 +98,9 @@ async function checkLayout(nproc: number, cases: Case[], name: string, globalBat
 function casesFor(opts: { hsdp?: boolean } = {}): Case[] {
   const R = opts.hsdp ? 2 : undefined;
   const cases: Case[] = [];
+  // HSDP's tags name its replicas (its cases share a world with the plain layouts').
   const add = (zero: number, accum: number, accumulate?: string) =>
-    cases.push({ tag: `z${zero}-a${accum}${accumulate ? `-${accumulate}` : ''}`, zero, accum, ...(R ? { dpReplicate: R } : {}), ...(accumulate ? { accumulate } : {}) });
+    cases.push({ tag: `${R ? `r${R}-` : ''}z${zero}-a${accum}${accumulate ? `-${accumulate}` : ''}`, zero, accum, ...(R ? { dpReplicate: R } : {}), ...(accumulate ? { accumulate } : {}) });
   if (!opts.hsdp) {
     add(0, 1);
     add(0, 2, 'reduceLast');
@@ -103,12 +126,14 @@ for (const R of [3, 2]) {
   HSDP6.push({ tag: `r${R}-z3-a2-rsar`, zero: 3, dpReplicate: R, accum: 2, accumulate: 'reduceScatterEachAllReduceLast' });
   HSDP6.push({ tag: `r${R}-z2-a2-each`, zero: 2, dpReplicate: R, accum: 2, accumulate: 'reduceEach' });
 }
-queueLayout(2, casesFor(), 'w2');
-queueLayout(2, END, 'end');
-queueLayout(4, casesFor(), 'w4');
-queueLayout(4, casesFor({ hsdp: true }), 'hsdp');
-queueLayout(2, Z3_OPTS, 'z3opts');
-queueLayout(6, HSDP6, 'hsdp6', 12);
+queueLayouts([
+  ['w2', 2, casesFor()],
+  ['end', 2, END],
+  ['w4', 4, casesFor()],
+  ['hsdp', 4, casesFor({ hsdp: true })],
+  ['z3opts', 2, Z3_OPTS],
+  ['hsdp6', 6, HSDP6, 12],
+]);
 
 test('plain data parallel, ZeRO-1, ZeRO-2, ZeRO-3 on 2 ranks, every accumulation flavour: 10 steps equal single-process training on every rank', async () => {
   await checkLayout(2, casesFor(), 'w2');
