@@ -3,7 +3,7 @@
 //   const { codes, outputs } = await runWorld({ nproc: 2, script: 'test/helpers/ranks/x.ts' });
 //   const results = parseResults<MyResult>(outputs);   // what each rank passed to emitResult()
 //
-// Each rank is `node --import tsx script args` with the launch contract (RANK, WORLD_SIZE,
+// Each rank is `node script args` (see scriptCommand) with the launch contract (RANK, WORLD_SIZE,
 // LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT=<free port>). A world that runs
 // past timeoutMs is killed and runWorld rejects naming the ranks that were still running, with the
 // end of their output. Set FLOTILLA_TEST_VERBOSE=1 to stream rank output while the test runs.
@@ -17,7 +17,7 @@ import { runnableScript } from './compiled.js';
 
 export interface WorldOptions {
   nproc: number;
-  /** The rank script (.ts runs under tsx); relative paths resolve from the repository root. */
+  /** The rank script (.ts compiled or under tsx, see scriptCommand); relative paths resolve from the repository root. */
   script: string;
   args?: string[];
   /** Extra environment for every rank (values override the launch contract's). */
