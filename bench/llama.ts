@@ -6,9 +6,7 @@
 //   node --import tsx bench/llama.ts [--width 256] [--steps 3] [--rounds 4] [--warmup 2] [--no-write]
 //
 // Writes its section of docs/BENCHMARKS.md (between <!-- llama:begin --> and <!-- llama:end -->).
-import { spawn } from 'node:child_process';
 import os from 'node:os';
-import { createInterface } from 'node:readline';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -22,37 +20,21 @@ import { DataParallel } from '../src/parallel/data_parallel.js';
 import { initProcessGroup } from '../src/distributed/process_group.js';
 import { saveSafetensors } from '../src/checkpoint/safetensors.js';
 import { autocast, type Precision } from '../src/nn/precision.js';
-import { median, writeSection } from './report.js';
+import { PythonPeer, median, writeSection } from './report.js';
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
-const PYTHON = process.env.FLOTILLA_PYTHON ?? '/usr/bin/python3';
 const BATCH = 8, SEQ = 128;
 const ADAMW: AdamWOptions = { lr: 3e-4, betas: [0.9, 0.95], eps: 1e-8, weightDecay: 0.1 };
 
-class Peer {
-  private readonly child;
-  private readonly lines: AsyncIterator<string>;
-  private stderr = '';
+/** The PyTorch reference Llama (bench/llama_peer.py) on flotilla's initial weights. */
+class Peer extends PythonPeer {
   constructor(init: string, cfg: LlamaConfig) {
-    this.child = spawn(PYTHON, [join(ROOT, 'bench', 'llama_peer.py'), init, JSON.stringify({ ...cfg, adamw: ADAMW })], {
-      env: { ...process.env, OMP_NUM_THREADS: '1', MKL_NUM_THREADS: '1' }, stdio: ['pipe', 'pipe', 'pipe'],
-    });
-    this.child.stderr.on('data', (d: Buffer) => (this.stderr += d.toString()));
-    this.lines = createInterface({ input: this.child.stdout })[Symbol.asyncIterator]();
-  }
-  async next(): Promise<any> {
-    const r = await this.lines.next();
-    if (r.done) throw new Error(`PyTorch peer exited early:\n${this.stderr}`);
-    return JSON.parse(r.value);
+    super(join(ROOT, 'bench', 'llama_peer.py'), [init, JSON.stringify({ ...cfg, adamw: ADAMW })]);
   }
   /** Wall and CPU seconds of each of n steps. */
   async steps(n: number, mode: 'fp32' | 'bf16'): Promise<{ wall: number[]; cpu: number[] }> {
-    this.child.stdin.write(`${JSON.stringify({ steps: n, mode })}\n`);
-    const r = await this.next();
+    const r = await this.ask({ steps: n, mode });
     return { wall: r.times as number[], cpu: r.cpu as number[] };
-  }
-  close(): void {
-    this.child.stdin.end('\n');
   }
 }
 

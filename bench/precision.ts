@@ -9,7 +9,6 @@
 // Writes its section of docs/BENCHMARKS.md (between <!-- precision:begin --> and <!-- precision:end -->).
 import { spawn } from 'node:child_process';
 import os from 'node:os';
-import { createInterface } from 'node:readline';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -24,10 +23,9 @@ import { saveSafetensors } from '../src/checkpoint/safetensors.js';
 import { autocast, type Precision } from '../src/nn/precision.js';
 import { withActivationCheckpoint, type ActivationCheckpoint } from '../src/nn/checkpoint.js';
 import { withoutAllocatorSettings } from '../src/tensor/allocator.js';
-import { median, writeSection } from './report.js';
+import { PythonPeer, median, writeSection } from './report.js';
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
-const PYTHON = process.env.FLOTILLA_PYTHON ?? '/usr/bin/python3';
 const BATCH = 8, SEQ = 128;
 const ADAMW: AdamWOptions = { lr: 3e-4, betas: [0.9, 0.95], eps: 1e-8, weightDecay: 0.1 };
 type Mode = { precision: Precision; ac: ActivationCheckpoint };
@@ -40,28 +38,13 @@ const MODES: [string, Mode][] = [
   ['bf16-mixed + selective checkpointing', { precision: 'bf16-mixed', ac: 'selective' }],
 ];
 
-class Peer {
-  private readonly child;
-  private readonly lines: AsyncIterator<string>;
-  private stderr = '';
+/** The PyTorch side (bench/precision_peer.py) on flotilla's initial weights. */
+class Peer extends PythonPeer {
   constructor(init: string, cfg: GPTConfig) {
-    this.child = spawn(PYTHON, [join(ROOT, 'bench', 'precision_peer.py'), init, JSON.stringify({ ...cfg, adamw: ADAMW })], {
-      env: { ...process.env, OMP_NUM_THREADS: '1', MKL_NUM_THREADS: '1' }, stdio: ['pipe', 'pipe', 'pipe'],
-    });
-    this.child.stderr.on('data', (d: Buffer) => (this.stderr += d.toString()));
-    this.lines = createInterface({ input: this.child.stdout })[Symbol.asyncIterator]();
-  }
-  async next(): Promise<any> {
-    const r = await this.lines.next();
-    if (r.done) throw new Error(`PyTorch peer exited early:\n${this.stderr}`);
-    return JSON.parse(r.value);
+    super(join(ROOT, 'bench', 'precision_peer.py'), [init, JSON.stringify({ ...cfg, adamw: ADAMW })]);
   }
   async steps(n: number, mode: 'fp32' | 'bf16'): Promise<number[]> {
-    this.child.stdin.write(`${JSON.stringify({ steps: n, mode })}\n`);
-    return (await this.next()).times as number[];
-  }
-  close(): void {
-    this.child.stdin.end('\n');
+    return (await this.ask({ steps: n, mode })).times as number[];
   }
 }
 

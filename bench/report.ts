@@ -1,5 +1,6 @@
 // Shared benchmark helpers: statistics and the docs/BENCHMARKS.md section writer.
-import { spawn } from 'node:child_process';
+import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
+import { createInterface } from 'node:readline';
 import { existsSync, readFileSync, writeFileSync, mkdirSync } from 'node:fs';
 import { freePort } from '../test/helpers/world.js';
 import { cpus } from 'node:os';
@@ -49,4 +50,35 @@ export function parseBench<T>(out: string): T {
   const line = out.split('\n').find((l) => l.includes('BENCH '));
   if (!line) throw new Error(`a benchmark rank printed no result:\n${out}`);
   return JSON.parse(line.slice(line.indexOf('BENCH ') + 6)) as T;
+}
+
+/**
+ * A PyTorch peer script alive for a whole benchmark run, one OpenMP thread: the benchmark writes a
+ * JSON line to its stdin and reads its JSON line answers (next()); close() ends it.
+ */
+export class PythonPeer {
+  protected readonly child: ChildProcessWithoutNullStreams;
+  private readonly lines: AsyncIterator<string>;
+  private stderr = '';
+  constructor(script: string, args: string[]) {
+    this.child = spawn(process.env.FLOTILLA_PYTHON ?? '/usr/bin/python3', [script, ...args], {
+      env: { ...process.env, OMP_NUM_THREADS: '1', MKL_NUM_THREADS: '1' }, stdio: ['pipe', 'pipe', 'pipe'],
+    });
+    this.child.stderr.on('data', (d: Buffer) => (this.stderr += d.toString()));
+    this.lines = createInterface({ input: this.child.stdout })[Symbol.asyncIterator]();
+  }
+  /** The peer's next JSON line. */
+  async next(): Promise<any> {
+    const r = await this.lines.next();
+    if (r.done) throw new Error(`PyTorch peer exited early:\n${this.stderr}`);
+    return JSON.parse(r.value);
+  }
+  /** Sends one request line and returns the answer. */
+  async ask(request: object): Promise<any> {
+    this.child.stdin.write(`${JSON.stringify(request)}\n`);
+    return this.next();
+  }
+  close(): void {
+    this.child.stdin.end('\n');
+  }
 }
