@@ -43,7 +43,7 @@ progress = "plain"
 
 /** flotilla from the test's directory, stdout and stderr together. */
 async function flotilla(args: string[]): Promise<{ code: number | null; out: string }> {
-  const r = await run(args, { cwd: dir });
+  const r = await run(args, { cwd: dir, env: { FLOTILLA_REPORT: '1' } }); // this file tests the report
   return { code: r.code, out: r.out + r.err };
 }
 
