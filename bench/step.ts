@@ -6,8 +6,6 @@
 //   node --import tsx bench/step.ts [--steps 5] [--rounds 6] [--warmup 3] [--no-write]
 //
 // Writes its section of docs/BENCHMARKS.md (between <!-- step:begin --> and <!-- step:end -->).
-import { spawn } from 'node:child_process';
-import { createInterface } from 'node:readline';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir, cpus } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -20,10 +18,9 @@ import { AdamW, type AdamWOptions } from '../src/optim/index.js';
 import { DataParallel } from '../src/parallel/data_parallel.js';
 import { initProcessGroup } from '../src/distributed/process_group.js';
 import { saveSafetensors } from '../src/checkpoint/safetensors.js';
-import { median, writeSection } from './report.js';
+import { PythonPeer, median, writeSection } from './report.js';
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
-const PYTHON = process.env.FLOTILLA_PYTHON ?? '/usr/bin/python3';
 
 export const STEP_CONFIG: GPTConfig = {
   vocabSize: 256, blockSize: 128, nLayer: 4, nHead: 8, nEmbd: 256, dropout: 0, bias: true, tieEmbeddings: false,
@@ -37,29 +34,13 @@ const ADAMW: AdamWOptions = { lr: 3e-4, betas: [0.9, 0.95], eps: 1e-8, weightDec
  */
 type Phases = [number, number, number, number];
 
-/** The PyTorch side, alive for the whole run: asks for n steps, gets their phase times back. */
-class TorchPeer {
-  private readonly child;
-  private readonly lines: AsyncIterator<string>;
-  private stderr = '';
+/** The PyTorch side (bench/step.py), alive for the whole run: asks for n steps, gets their phase times back. */
+class TorchPeer extends PythonPeer {
   constructor(initPath: string) {
-    this.child = spawn(PYTHON, [join(ROOT, 'bench', 'step.py'), initPath, JSON.stringify({ ...STEP_CONFIG, adamw: ADAMW })], {
-      env: { ...process.env, OMP_NUM_THREADS: '1', MKL_NUM_THREADS: '1' }, stdio: ['pipe', 'pipe', 'pipe'],
-    });
-    this.child.stderr.on('data', (d: Buffer) => (this.stderr += d.toString()));
-    this.lines = createInterface({ input: this.child.stdout })[Symbol.asyncIterator]();
-  }
-  async next(): Promise<any> {
-    const r = await this.lines.next();
-    if (r.done) throw new Error(`PyTorch peer exited early:\n${this.stderr}`);
-    return JSON.parse(r.value);
+    super(join(ROOT, 'bench', 'step.py'), [initPath, JSON.stringify({ ...STEP_CONFIG, adamw: ADAMW })]);
   }
   async steps(n: number): Promise<Phases[]> {
-    this.child.stdin.write(`${JSON.stringify({ steps: n })}\n`);
-    return (await this.next()).times as Phases[];
-  }
-  close(): void {
-    this.child.stdin.end('\n');
+    return (await this.ask({ steps: n })).times as Phases[];
   }
 }
 

@@ -37,7 +37,6 @@ import type { Stage } from './stage.js';
 import { asList, type LossFn, type MicroBatch, type StageValue } from '../parallel_model.js';
 import { insideCheckpointedRegion } from '../../nn/checkpoint.js';
 
-
 /** Tensors per activation message, and dimensions per tensor, that the header can describe. */
 const MAX_TENSORS = 8, MAX_DIMS = 8;
 const PER_TENSOR = 3 + MAX_DIMS;
