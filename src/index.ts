@@ -10,7 +10,8 @@ export { runLauncher, parseRunArgs, RunUsageError, RUN_USAGE, type RunOptions, t
 export * from './parallel/index.js';
 export * from './data/index.js';
 export { saveSafetensors, loadSafetensors } from './checkpoint/safetensors.js';
-export { Checkpointer, loadCheckpoint, loadWeights, checkCheckpoint, resolveCheckpoint, listCheckpoints, type RankState, type RunInfo, type SaveReport } from './checkpoint/checkpoint.js';
+export { Checkpointer, loadCheckpoint, loadWeights, checkCheckpoint, type RankState, type RunInfo, type SaveReport } from './checkpoint/checkpoint.js';
+export { resolveCheckpoint, listCheckpoints } from './checkpoint/format.js';
 export { consolidate, exportCheckpoint } from './checkpoint/export.js';
 export { CheckpointError, type CheckpointMeta } from './checkpoint/format.js';
 export { loadPretrained, savePretrained, readHfDir, exportCheckpointHf, type Pretrained, type SaveHfOptions } from './checkpoint/hf.js';

@@ -25,7 +25,7 @@ import { BackgroundWriter, type WrittenFile } from './writer.js';
 import { fileSha256, fsyncDir, writeDurable } from '../io/durable.js';
 import { RangeReader } from './range_reader.js';
 import {
-  CHECKPOINT_FORMAT, CheckpointError, LATEST_FILE, META_FILE, numelOf, readMeta, stepDirName,
+  CHECKPOINT_FORMAT, CheckpointError, LATEST_FILE, META_FILE, listCheckpoints, numelOf, readMeta, resolveCheckpoint, stepDirName,
   type CheckpointMeta, type ParamInfo, type Piece,
 } from './format.js';
 
@@ -325,40 +325,6 @@ export function removeInterruptedSaves(dir: string): string[] {
   const gone = readdirSync(dir).filter((n) => n.startsWith('.tmp-step-') || n.startsWith('.old-step-'));
   for (const name of gone) rmSync(join(dir, name), { recursive: true, force: true });
   return gone;
-}
-
-/** Complete checkpoints in a directory (those with meta.json), oldest first. */
-export function listCheckpoints(dir: string): { name: string; step: number; path: string }[] {
-  if (!existsSync(dir)) return [];
-  return readdirSync(dir)
-    .flatMap((name) => {
-      const m = /^step-(\d+)$/.exec(name);
-      return m && existsSync(join(dir, name, META_FILE)) ? [{ name, step: Number(m[1]), path: join(dir, name) }] : [];
-    })
-    .sort((a, b) => a.step - b.step);
-}
-
-/**
- * The checkpoint directory an argument names: a step-N directory itself, or a checkpoints
- * directory (or a run directory holding checkpoints/) for its newest complete checkpoint.
- */
-export function resolveCheckpoint(arg: string): string {
-  const p = resolve(arg);
-  if (!existsSync(p)) throw new CheckpointError(`checkpoint ${arg} does not exist`);
-  if (statSync(p).isFile()) throw new CheckpointError(`${arg} is a file; a checkpoint is a directory with ${META_FILE} (an exported .safetensors file is for train.initFrom and generate)`);
-  if (existsSync(join(p, META_FILE))) return p;
-  // A step directory without its index: a save that never finished (readMeta says so).
-  if (/^step-\d+$/.test(basename(p)) || readdirSync(p).some((n) => /^rank-\d{5}\.safetensors$/.test(n))) readMeta(p);
-  for (const dir of [p, join(p, 'checkpoints')]) {
-    const latest = join(dir, LATEST_FILE);
-    if (existsSync(latest)) {
-      const name = readFileSync(latest, 'utf8').trim();
-      if (/^step-\d+$/.test(name) && existsSync(join(dir, name, META_FILE))) return join(dir, name);
-    }
-    const all = listCheckpoints(dir);
-    if (all.length > 0) return all[all.length - 1]!.path;
-  }
-  throw new CheckpointError(`no complete checkpoint in ${arg} (looked for ${META_FILE}, ${LATEST_FILE} and step-N directories${existsSync(join(p, 'checkpoints')) ? ' here and in checkpoints/' : ''})`);
 }
 
 /** Checks the recorded checksums of the named files (of the whole checkpoint by default). */

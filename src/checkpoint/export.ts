@@ -3,7 +3,8 @@
 import { tidy, zeros, type Tensor } from '../tensor/index.js';
 import { saveSafetensors } from './safetensors.js';
 import { readMeta, numelOf, type CheckpointMeta } from './format.js';
-import { loadCheckpoint, resolveCheckpoint } from './checkpoint.js';
+import { loadCheckpoint } from './checkpoint.js';
+import { resolveCheckpoint } from './format.js';
 import type { ParamPlacement } from '../parallel/placement.js';
 
 /** Every parameter of a checkpoint as one full tensor, in one process (reads only parameter pieces). */

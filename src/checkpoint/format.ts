@@ -15,10 +15,9 @@
 // columns of a row-parallel weight: one short run per row) is one strided piece: `runs.count` runs
 // of numel / count elements, `runs.stride` elements apart in the tensor and end to end in the file;
 // readMeta expands it into its runs, so every reader sees plain pieces.
-import { existsSync, readFileSync, statSync } from 'node:fs';
-import { join } from 'node:path';
-import { type DType, elementSize } from '../tensor/dtype.js';
-import { SAFETENSORS_DTYPE } from './safetensors.js';
+import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
+import { basename, join, resolve } from 'node:path';
+import { DTYPES as DTYPE_NAMES, type DType, elementSize } from '../tensor/dtype.js';
 
 export const CHECKPOINT_FORMAT = 'flotilla.checkpoint.v1';
 export const META_FILE = 'meta.json';
@@ -84,7 +83,7 @@ export function stepDirName(step: number): string {
 
 const isObj = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
 const isCount = (v: unknown): v is number => typeof v === 'number' && Number.isSafeInteger(v) && v >= 0;
-const DTYPES = new Set(Object.keys(SAFETENSORS_DTYPE));
+const DTYPES = new Set<string>(DTYPE_NAMES);
 
 /**
  * Reads and checks meta.json of a checkpoint directory: the structure, that every piece lies inside
@@ -182,4 +181,38 @@ function expandRuns(pieces: unknown[], bad: (why: string) => CheckpointError): u
 
 export function numelOf(shape: readonly number[]): number {
   return shape.reduce((a, b) => a * b, 1);
+}
+
+/** Complete checkpoints in a directory (those with meta.json), oldest first. */
+export function listCheckpoints(dir: string): { name: string; step: number; path: string }[] {
+  if (!existsSync(dir)) return [];
+  return readdirSync(dir)
+    .flatMap((name) => {
+      const m = /^step-(\d+)$/.exec(name);
+      return m && existsSync(join(dir, name, META_FILE)) ? [{ name, step: Number(m[1]), path: join(dir, name) }] : [];
+    })
+    .sort((a, b) => a.step - b.step);
+}
+
+/**
+ * The checkpoint directory an argument names: a step-N directory itself, or a checkpoints
+ * directory (or a run directory holding checkpoints/) for its newest complete checkpoint.
+ */
+export function resolveCheckpoint(arg: string): string {
+  const p = resolve(arg);
+  if (!existsSync(p)) throw new CheckpointError(`checkpoint ${arg} does not exist`);
+  if (statSync(p).isFile()) throw new CheckpointError(`${arg} is a file; a checkpoint is a directory with ${META_FILE} (an exported .safetensors file is for train.initFrom and generate)`);
+  if (existsSync(join(p, META_FILE))) return p;
+  // A step directory without its index: a save that never finished (readMeta says so).
+  if (/^step-\d+$/.test(basename(p)) || readdirSync(p).some((n) => /^rank-\d{5}\.safetensors$/.test(n))) readMeta(p);
+  for (const dir of [p, join(p, 'checkpoints')]) {
+    const latest = join(dir, LATEST_FILE);
+    if (existsSync(latest)) {
+      const name = readFileSync(latest, 'utf8').trim();
+      if (/^step-\d+$/.test(name) && existsSync(join(dir, name, META_FILE))) return join(dir, name);
+    }
+    const all = listCheckpoints(dir);
+    if (all.length > 0) return all[all.length - 1]!.path;
+  }
+  throw new CheckpointError(`no complete checkpoint in ${arg} (looked for ${META_FILE}, ${LATEST_FILE} and step-N directories${existsSync(join(p, 'checkpoints')) ? ' here and in checkpoints/' : ''})`);
 }

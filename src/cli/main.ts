@@ -142,7 +142,7 @@ export function parseTrainArgs(args: readonly string[], command = 'train'): Trai
 async function trainCommand(args: readonly string[]): Promise<number> {
   const a = parseTrainArgs(args);
   const { readLaunchEnv, checkFlotillaEnv } = await import('../distributed/env.js');
-  checkFlotillaEnv(); // before the config, which loads the addon those settings tune
+  checkFlotillaEnv(); // first: the ranks' addon reads these settings when it loads
   const { checkRunnable, loadConfig } = await import('../config/index.js');
   const cfg = loadConfig(a.config, a.overrides); // every rank and the launching process validate first
   const env = readLaunchEnv();
@@ -150,13 +150,12 @@ async function trainCommand(args: readonly string[]): Promise<number> {
   if (!inWorld) {
     // Before any rank starts: an earlier run's directory is refused once, here (rank 0 checks again).
     // Resuming continues an existing run directory; a checkpoint PATH may also start a new one.
-    // Loaded here, not at the top: the run record loads the addon, whose settings main() checks first.
-    const { runDirOf, runDirProblem } = await import('../train/run_record.js');
+    // The run record and the checkpoint format load no tensor code: the launcher never loads the addon.
+    const { resumeTarget, runDirOf, runDirProblem } = await import('../train/run_record.js');
     const problem = runDirProblem(cfg, { resume: a.resume !== undefined && existsSync(runDirOf(cfg)) });
     if (problem !== undefined) throw new ConfigError([problem], a.config);
     if (a.resume !== undefined) {
       // A missing or broken checkpoint is one message here, before any rank starts.
-      const { resumeTarget } = await import('../train/checkpointing.js');
       const { readMeta } = await import('../checkpoint/format.js');
       readMeta(resumeTarget(cfg, a.resume)!);
     }

@@ -1,9 +1,9 @@
 // Rules across fields and sections: the layout's (src/parallel/layout.ts), the model's shapes under
-// that layout (its spec, src/models/registry.ts), the batch split; checkRunnable adds the world size
+// that layout (its rules, src/models/rules.ts), the batch split; checkRunnable adds the world size
 // and the data files.
 import { checkDataConfig } from '../data/sources.js';
 import { layoutProblems, dataParallelDegree } from '../parallel/layout.js';
-import { modelArchs, modelSpec } from '../models/registry.js';
+import { modelArchs, modelRules, unknownArch } from '../models/rules.js';
 import type { FlotillaConfig } from './schema.js';
 import { explainPaths } from './paths.js';
 
@@ -11,13 +11,13 @@ import { explainPaths } from './paths.js';
 function shapeProblems(c: FlotillaConfig): string[] {
   if (!modelArchs().includes(c.model.arch)) return [];
   const p = c.parallel;
-  return modelSpec(c.model.arch).shapeProblems(c.model, { seqLen: c.data.seqLen, pp: p.pp, ppVirtualStages: p.ppVirtualStages, tp: p.tp, sequenceParallel: p.sequenceParallel });
+  return modelRules(c.model.arch).shapeProblems(c.model, { seqLen: c.data.seqLen, pp: p.pp, ppVirtualStages: p.ppVirtualStages, tp: p.tp, sequenceParallel: p.sequenceParallel });
 }
 
 /** Cross-field rules. */
 export function validateConfig(c: FlotillaConfig): string[] {
   const p: string[] = [];
-  if (!modelArchs().includes(c.model.arch)) p.push(`model.arch = ${JSON.stringify(c.model.arch)} is not a known architecture; choose one of ${modelArchs().map((a) => JSON.stringify(a)).join(', ')}`);
+  if (!modelArchs().includes(c.model.arch)) p.push(unknownArch(c.model.arch));
   if (c.optim.minLr > c.optim.lr) p.push(`optim.minLr (${c.optim.minLr}) must be <= optim.lr (${c.optim.lr})`);
   p.push(...layoutProblems(c.parallel));
   p.push(...shapeProblems(c));

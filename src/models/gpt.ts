@@ -8,26 +8,9 @@ import { type Tensor, arange, manualSeed, noGrad } from '../tensor/index.js';
 import { Module, Embedding, LayerNorm, Linear, Dropout, Block, F, deferParameters } from '../nn/index.js';
 import { castFor } from '../nn/precision.js';
 import { KVCache } from '../nn/kv_cache.js';
+import { checkGPTConfig as checkConfig, type GPTConfig } from './gpt_config.js';
 
-export interface GPTConfig {
-  vocabSize: number;
-  /** Longest context (positions). */
-  blockSize: number;
-  nLayer: number;
-  nHead: number;
-  nEmbd: number;
-  dropout: number;
-  /** Biases in Linear and LayerNorm layers. */
-  bias: boolean;
-  /** Share the token embedding with the output head (one parameter used twice per step). */
-  tieEmbeddings: boolean;
-  /** The MLP's GELU: 'exact' (erf, the default) or 'tanh' (the approximation GPT-2 was trained with). */
-  gelu?: 'exact' | 'tanh';
-}
-
-export const defaultGPTConfig: GPTConfig = {
-  vocabSize: 256, blockSize: 128, nLayer: 4, nHead: 4, nEmbd: 128, dropout: 0, bias: true, tieEmbeddings: false, gelu: 'exact',
-};
+export { defaultGPTConfig, gptNumParams, type GPTConfig } from './gpt_config.js';
 
 /** Which parts of the GPT one pipeline stage holds. */
 export interface GPTStageSpec {
@@ -54,28 +37,6 @@ export interface GPTBuildOptions {
    * with the same initSeed, which it needs.
    */
   deferInit?: boolean;
-}
-
-function checkConfig(cfg: Partial<GPTConfig>): GPTConfig {
-  const c = { ...defaultGPTConfig, ...cfg };
-  for (const k of ['vocabSize', 'blockSize', 'nLayer', 'nHead', 'nEmbd'] as const) {
-    if (!Number.isInteger(c[k]) || c[k] <= 0) throw new Error(`GPT: ${k} must be a positive integer, got ${c[k]}`);
-  }
-  if (c.gelu !== 'exact' && c.gelu !== 'tanh') throw new Error(`GPT: gelu must be "exact" or "tanh", got ${JSON.stringify(c.gelu)}`);
-  return c;
-}
-
-/**
- * Parameters of the whole GPT a config describes, counted from its shapes, so a pipeline rank that
- * builds only its stages can still name the model's size (a tied head counts once).
- */
-export function gptNumParams(cfg: Partial<GPTConfig>): number {
-  const c = checkConfig(cfg);
-  const C = c.nEmbd, b = c.bias ? 1 : 0;
-  const norm = C + b * C;
-  const linear = (inF: number, outF: number) => inF * outF + b * outF;
-  const block = 2 * norm + linear(C, 3 * C) + linear(C, C) + linear(C, 4 * C) + linear(4 * C, C);
-  return c.vocabSize * C + c.blockSize * C + c.nLayer * block + norm + (c.tieEmbeddings ? 0 : c.vocabSize * C);
 }
 
 /** A run of blocks registered under their global indices ("2", "3", ...). */

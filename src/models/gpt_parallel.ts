@@ -14,7 +14,8 @@ import { evenSplitPoints, type PipelineModel } from '../parallel/pipeline/model.
 import type { StageValue } from '../parallel/parallel_model.js';
 import { unitsByClass, type UnitPolicy } from '../parallel/fsdp.js';
 import type { TpPlan } from '../parallel/tensor_parallel/styles.js';
-import { GPT, GPTStage, gptLoss, gptNumParams, type GPTConfig, type GPTStageSpec } from './gpt.js';
+import { GPT, GPTStage, gptLoss, type GPTConfig, type GPTStageSpec } from './gpt.js';
+import { gptRules } from './gpt_config.js';
 import type { ModelSpec } from './spec.js';
 import { gpt2Hf } from './gpt_hf.js';
 
@@ -190,35 +191,13 @@ function partitionBlocks(costs: PartCosts, L: number, k: number): number[] {
   return bounds;
 }
 
-
 /** The GPT as `[model] arch = "gpt"` ([Note: model registry] in src/models/registry.ts). */
 export const gptSpec: ModelSpec<GPTConfig> = {
-  arch: 'gpt',
-  describe: (m) => `GPT ${m.nLayer} layers, ${m.nHead} heads, width ${m.nEmbd}, context ${m.blockSize}`,
-  numParams: (m) => gptNumParams(m),
+  ...gptRules,
   build: (m, opts) => new GPT({ ...m }, opts),
   pipeline: (m, opts) => gptPipeline({ ...m }, opts),
   loss: gptCriterion,
   units: gptUnits,
   tensorPlan: (opts) => gptTensorPlan(opts),
   hf: gpt2Hf,
-  shapeProblems(m, ctx) {
-    const p: string[] = [];
-    if (m.nEmbd % m.nHead !== 0) p.push(`model.nEmbd (${m.nEmbd}) must be divisible by model.nHead (${m.nHead})`);
-    if (ctx.seqLen > m.blockSize) p.push(`data.seqLen (${ctx.seqLen}) must be <= model.blockSize (${m.blockSize}); lower data.seqLen or raise model.blockSize`);
-    const stages = ctx.pp * ctx.ppVirtualStages;
-    if (ctx.pp > 1 && m.nLayer < stages) {
-      p.push(`parallel.pp x parallel.ppVirtualStages = ${stages} pipeline stages need model.nLayer >= ${stages} (got ${m.nLayer}); lower parallel.pp or ppVirtualStages, or raise model.nLayer`);
-    }
-    if (ctx.tp > 1) {
-      // What the tensor-parallel plan splits: heads, the widths of the split Linears, the vocabulary
-      // (model.vocabSize = 0 until the tokenizer resolves it), and tokens under sequence parallelism.
-      const checks: [string, number][] = [['model.nHead', m.nHead], ['model.nEmbd', m.nEmbd], ['4 x model.nEmbd (the MLP width)', 4 * m.nEmbd], ['model.vocabSize', m.vocabSize]];
-      if (ctx.sequenceParallel) checks.push(['data.seqLen (sequence parallelism shards tokens)', ctx.seqLen]);
-      for (const [what, v] of checks) {
-        if (v % ctx.tp !== 0) p.push(`${what} = ${v} does not divide by parallel.tp = ${ctx.tp}; choose a tp that divides it${what === 'model.vocabSize' ? ' (or pad the vocabulary: set model.vocabSize to a multiple of tp)' : ''}`);
-      }
-    }
-    return p;
-  },
 };

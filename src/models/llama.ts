@@ -19,68 +19,9 @@ import { castFor } from '../nn/precision.js';
 import { activationCheckpointMode, checkpointBlock, checkpointRegion } from '../nn/checkpoint.js';
 import { gptLoss, type GPTBuildOptions, type GPTStageSpec } from './gpt.js';
 import { KVCache } from '../nn/kv_cache.js';
+import { resolveLlamaConfig, type LlamaConfig } from './llama_config.js';
 
-export interface LlamaConfig {
-  vocabSize: number;
-  /** Longest context (max_position_embeddings). */
-  blockSize: number;
-  nLayer: number;
-  nHead: number;
-  /** Key/value heads (grouped-query attention); 0 = nHead. */
-  nKvHead: number;
-  nEmbd: number;
-  /** Width of one head; 0 = nEmbd / nHead. */
-  headDim: number;
-  /** SwiGLU hidden width; 0 = Llama's rule from nEmbd. */
-  intermediateSize: number;
-  rmsNormEps: number;
-  ropeTheta: number;
-  ropeScaling: 'none' | 'llama3';
-  ropeFactor: number;
-  ropeLowFreqFactor: number;
-  ropeHighFreqFactor: number;
-  ropeOriginalMaxPositions: number;
-  /** On the attention probabilities only (transformers' attention_dropout). */
-  dropout: number;
-  tieEmbeddings: boolean;
-}
-
-export const defaultLlamaConfig: LlamaConfig = {
-  vocabSize: 256, blockSize: 128, nLayer: 4, nHead: 4, nKvHead: 0, nEmbd: 128, headDim: 0, intermediateSize: 0,
-  rmsNormEps: 1e-5, ropeTheta: 10000, ropeScaling: 'none', ropeFactor: 8, ropeLowFreqFactor: 1, ropeHighFreqFactor: 4,
-  ropeOriginalMaxPositions: 8192, dropout: 0, tieEmbeddings: false,
-};
-
-/** Llama's MLP width for a model width: int(8/3 nEmbd) rounded up to a multiple of 64. */
-export function llamaIntermediateSize(nEmbd: number): number {
-  return Math.ceil(Math.floor((8 * nEmbd) / 3) / 64) * 64;
-}
-
-/** The config with its 0 = derived fields resolved; throws naming a field that cannot work. */
-export function resolveLlamaConfig(cfg: Partial<LlamaConfig>): LlamaConfig {
-  const given = Object.fromEntries(Object.entries(cfg).filter(([, v]) => v !== undefined)) as Partial<LlamaConfig>;
-  const c = { ...defaultLlamaConfig, ...given };
-  for (const k of ['vocabSize', 'blockSize', 'nLayer', 'nHead', 'nEmbd'] as const) {
-    if (!Number.isInteger(c[k]) || c[k] <= 0) throw new Error(`Llama: ${k} must be a positive integer, got ${c[k]}`);
-  }
-  if (c.nKvHead === 0) c.nKvHead = c.nHead;
-  if (c.headDim === 0) {
-    if (c.nEmbd % c.nHead !== 0) throw new Error(`Llama: nEmbd (${c.nEmbd}) must be divisible by nHead (${c.nHead}), or set headDim`);
-    c.headDim = c.nEmbd / c.nHead;
-  }
-  if (c.intermediateSize === 0) c.intermediateSize = llamaIntermediateSize(c.nEmbd);
-  if (c.nHead % c.nKvHead !== 0) throw new Error(`Llama: nKvHead (${c.nKvHead}) must divide nHead (${c.nHead})`);
-  if (c.headDim % 2 !== 0) throw new Error(`Llama: headDim (${c.headDim}) must be even (rotary embeddings rotate pairs)`);
-  return c;
-}
-
-/** Parameters of the whole Llama a config describes (a tied head counts once). */
-export function llamaNumParams(cfg: Partial<LlamaConfig>): number {
-  const c = resolveLlamaConfig(cfg);
-  const C = c.nEmbd, A = c.nHead * c.headDim, KV = c.nKvHead * c.headDim;
-  const block = 2 * C + C * A + 2 * C * KV + A * C + 3 * C * c.intermediateSize;
-  return c.vocabSize * C + c.nLayer * block + C + (c.tieEmbeddings ? 0 : c.vocabSize * C);
-}
+export { defaultLlamaConfig, llamaIntermediateSize, llamaNumParams, resolveLlamaConfig, type LlamaConfig } from './llama_config.js';
 
 /**
  * Rotary inverse frequencies, 1 / theta^(2i / headDim), with Llama 3.1's scaling when asked

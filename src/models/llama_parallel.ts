@@ -9,7 +9,8 @@ import { unitsByClass, type UnitPolicy } from '../parallel/fsdp.js';
 import type { TpPlan } from '../parallel/tensor_parallel/styles.js';
 import { gptLoss } from './gpt.js';
 import { planStages, type PartCosts } from './gpt_parallel.js';
-import { Llama, LlamaBlock, LlamaStage, llamaIntermediateSize, llamaNumParams, resolveLlamaConfig, type LlamaConfig } from './llama.js';
+import { Llama, LlamaBlock, LlamaStage, resolveLlamaConfig, type LlamaConfig } from './llama.js';
+import { llamaRules } from './llama_config.js';
 import type { ModelSpec } from './spec.js';
 import { llamaHf } from './llama_hf.js';
 
@@ -72,52 +73,13 @@ export function llamaPipeline(cfg: Partial<LlamaConfig>, opts: { initSeed: numbe
   };
 }
 
-/** Every problem of a Llama config under a layout, each naming the field and the fix. */
-function llamaShapeProblems(m: LlamaConfig, ctx: Parameters<ModelSpec['shapeProblems']>[1]): string[] {
-  const p: string[] = [];
-  if (m.headDim === 0 && m.nEmbd % m.nHead !== 0) p.push(`model.nEmbd (${m.nEmbd}) must be divisible by model.nHead (${m.nHead}), or set model.headDim`);
-  const nKv = m.nKvHead === 0 ? m.nHead : m.nKvHead;
-  if (m.nHead % nKv !== 0) p.push(`model.nKvHead (${nKv}) must divide model.nHead (${m.nHead}) (grouped-query attention: 1 = multi-query, model.nHead = multi-head)`);
-  const hd = m.headDim || (m.nEmbd % m.nHead === 0 ? m.nEmbd / m.nHead : 0);
-  if (hd % 2 !== 0) p.push(`the head width (model.headDim, or model.nEmbd / model.nHead) = ${hd} must be even: rotary embeddings rotate pairs`);
-  if (m.ropeScaling === 'llama3' && !(m.ropeHighFreqFactor > m.ropeLowFreqFactor)) {
-    p.push(`model.ropeHighFreqFactor (${m.ropeHighFreqFactor}) must be above model.ropeLowFreqFactor (${m.ropeLowFreqFactor}) with model.ropeScaling = "llama3"`);
-  }
-  if (ctx.seqLen > m.blockSize) p.push(`data.seqLen (${ctx.seqLen}) must be <= model.blockSize (${m.blockSize}); lower data.seqLen or raise model.blockSize`);
-  const stages = ctx.pp * ctx.ppVirtualStages;
-  if (ctx.pp > 1 && m.nLayer < stages) {
-    p.push(`parallel.pp x parallel.ppVirtualStages = ${stages} pipeline stages need model.nLayer >= ${stages} (got ${m.nLayer}); lower parallel.pp or ppVirtualStages, or raise model.nLayer`);
-  }
-  if (ctx.tp > 1) {
-    // What the plan splits: query and key/value heads, the MLP width, the vocabulary (0 until the
-    // tokenizer resolves it), and tokens under sequence parallelism.
-    const I = m.intermediateSize || llamaIntermediateSize(m.nEmbd);
-    const checks: [string, number][] = [
-      ['model.nHead', m.nHead], ['model.nKvHead (key/value heads are split over tp)', nKv],
-      [`model.intermediateSize (the MLP width${m.intermediateSize ? '' : ', derived from model.nEmbd'})`, I], ['model.vocabSize', m.vocabSize],
-    ];
-    if (ctx.sequenceParallel) checks.push(['data.seqLen (sequence parallelism shards tokens)', ctx.seqLen]);
-    for (const [what, v] of checks) {
-      if (v % ctx.tp !== 0) p.push(`${what} = ${v} does not divide by parallel.tp = ${ctx.tp}; choose a tp that divides it${what === 'model.vocabSize' ? ' (or pad the vocabulary: set model.vocabSize to a multiple of tp)' : ''}`);
-    }
-  }
-  return p;
-}
-
 /** The Llama as `[model] arch = "llama"` ([Note: model registry] in src/models/registry.ts). */
 export const llamaSpec: ModelSpec<LlamaConfig> = {
-  arch: 'llama',
-  describe: (m) => {
-    const c = resolveLlamaConfig(m);
-    return `Llama ${c.nLayer} layers, ${c.nHead} heads (${c.nKvHead} key/value) of ${c.headDim}, width ${c.nEmbd}, MLP ${c.intermediateSize}, context ${c.blockSize}` +
-      (c.ropeScaling === 'llama3' ? `, rope theta ${c.ropeTheta} scaled (llama3, factor ${c.ropeFactor})` : `, rope theta ${c.ropeTheta}`) + (c.tieEmbeddings ? ', tied head' : '');
-  },
-  numParams: (m) => llamaNumParams(m),
+  ...llamaRules,
   build: (m, opts) => new Llama(m, opts),
   pipeline: (m, opts) => llamaPipeline(m, opts),
   loss: llamaCriterion,
   units: llamaUnits,
   tensorPlan: (opts) => llamaTensorPlan(opts),
-  shapeProblems: llamaShapeProblems,
   hf: llamaHf,
 };

@@ -15,12 +15,21 @@ export interface ShapeContext {
   sequenceParallel: boolean;
 }
 
-export interface ModelSpec<C = any> {
+/**
+ * The light part of a spec: what the config's validation and the launcher ask of an architecture,
+ * kept in files that do not load the tensor library (src/models/rules.ts).
+ */
+export interface ModelRules<C = any> {
   /** The `[model] arch` name. */
   readonly arch: string;
   /** One line for the run's header (layers, widths, context). */
   describe(cfg: C): string;
   numParams(cfg: C): number;
+  /** Every problem of the model section with this layout, each naming the config field and the fix. */
+  shapeProblems(cfg: C, ctx: ShapeContext): string[];
+}
+
+export interface ModelSpec<C = any> extends ModelRules<C> {
   /**
    * The whole model, every parameter drawn from (initSeed, its name); deferInit builds it without
    * memory for ZeRO-3 ([Note: deferred init] in src/nn/module.ts).
@@ -34,8 +43,6 @@ export interface ModelSpec<C = any> {
   readonly units: UnitPolicy;
   /** The tensor-parallel plan (module path -> style), per part when the model is split into stages. */
   tensorPlan(opts: { sequenceParallel?: boolean; lossParallel?: boolean }): TpPlan | ((part: Module) => TpPlan);
-  /** Every problem of the model section with this layout, each naming the config field and the fix. */
-  shapeProblems(cfg: C, ctx: ShapeContext): string[];
   /** How the model reads and writes Hugging Face directories (src/checkpoint/hf.ts), when it can. */
   readonly hf?: HfFormat<C>;
 }

@@ -5,6 +5,8 @@ export type DType = 'float32' | 'float64' | 'bfloat16' | 'float16' | 'int64' | '
 const CODES: Record<DType, number> = {
   uint8: 0, int8: 1, int16: 2, int32: 3, int64: 4, float16: 5, float32: 6, float64: 7, bool: 11, bfloat16: 15,
 };
+/** Every dtype flotilla has. */
+export const DTYPES: readonly DType[] = Object.keys(CODES) as DType[];
 const NAMES = new Map<number, DType>(Object.entries(CODES).map(([k, v]) => [v, k as DType]));
 
 export function dtypeCode(d: DType): number {

@@ -6,34 +6,11 @@ import { existsSync } from 'node:fs';
 import { tensor } from '../tensor/index.js';
 import type { ProcessGroup } from '../distributed/process_group.js';
 import type { ParamPlacement } from '../parallel/placement.js';
-import { Checkpointer, listCheckpoints, removeInterruptedSaves, loadCheckpoint, loadWeights, resolveCheckpoint, type RankState, type RunInfo, type SaveReport } from '../checkpoint/checkpoint.js';
-import { CheckpointError, type CheckpointMeta } from '../checkpoint/format.js';
+import { Checkpointer, removeInterruptedSaves, loadCheckpoint, loadWeights, type RankState, type RunInfo, type SaveReport } from '../checkpoint/checkpoint.js';
+import { CheckpointError, listCheckpoints, type CheckpointMeta } from '../checkpoint/format.js';
 import { initFromHf, isHfDir } from '../checkpoint/hf.js';
 import type { FlotillaConfig } from '../config/schema.js';
-import { runDirOf } from './run_record.js';
-
-/** The checkpoints directory of a run's config. */
-export function checkpointDirOf(cfg: FlotillaConfig): string {
-  return cfg.checkpoint.dir !== '' ? resolve(cfg.checkpoint.dir) : join(runDirOf(cfg), 'checkpoints');
-}
-
-/**
- * Which checkpoint a run resumes from: `--resume latest` (or no path) means the newest complete one
- * in the run's checkpoint directory; a path names a checkpoint, a checkpoints directory or a run
- * directory. A group restarted by `--max-restarts` resumes from the latest one when there is one.
- */
-export function resumeTarget(cfg: FlotillaConfig, resume: string | undefined): string | undefined {
-  const restarted = Number(process.env.FLOTILLA_RESTART_COUNT ?? 0) > 0;
-  const dir = checkpointDirOf(cfg);
-  if (resume === undefined) return restarted && listCheckpoints(dir).length > 0 ? resolveCheckpoint(dir) : undefined;
-  if (resume === '' || resume === 'latest') {
-    if (listCheckpoints(dir).length === 0) {
-      throw new CheckpointError(`--resume latest: no complete checkpoint in ${dir}; start the run without --resume, or name a checkpoint: --resume PATH`);
-    }
-    return resolveCheckpoint(dir);
-  }
-  return resolveCheckpoint(resume);
-}
+import { checkpointDirOf } from './run_record.js';
 
 /** A seed for step `step`'s random draws (dropout), so a resumed run draws what the straight run drew. */
 export function stepSeed(seed: number, step: number): number {

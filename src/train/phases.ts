@@ -22,7 +22,8 @@ import { modelSpec } from '../models/registry.js';
 import { ConfigError } from '../config/error.js';
 import { checkRunnable } from '../config/validate.js';
 import type { FlotillaConfig } from '../config/schema.js';
-import { RunCheckpoints, initFrom, restore, resumeTarget } from './checkpointing.js';
+import { RunCheckpoints, initFrom, restore } from './checkpointing.js';
+import { resumeTarget } from './run_record.js';
 
 /** Rank 0's console: a phase header, and a line that goes around the progress bar. */
 export interface RunConsole {

@@ -10,13 +10,13 @@
 // cannot be checked from here: it is refused and the message says how to remove it.
 import { closeSync, existsSync, mkdirSync, openSync, readdirSync, readFileSync, statSync, unlinkSync, writeFileSync, writeSync } from 'node:fs';
 import { hostname } from 'node:os';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
+import { CheckpointError, listCheckpoints, resolveCheckpoint } from '../checkpoint/format.js';
 import { ConfigError } from '../config/error.js';
 import { configToToml } from '../config/parse.js';
 import type { FlotillaConfig } from '../config/schema.js';
 import type { MemoryReport } from '../parallel/memory.js';
-import { processMemory } from '../parallel/memory.js';
-import { tensorCacheStats } from '../tensor/index.js';
+import type { TensorCacheStats } from '../tensor/allocator.js';
 import { MetricsWriter, type StepMetrics } from './metrics.js';
 
 /** The run directory: train.runDir, or runs/<train.name>. */
@@ -160,13 +160,14 @@ export function lockRunDir(dir: string): () => void {
 
 const MiB = 2 ** 20;
 
-/** The [memory] line: what the layout's buffers hold per parameter, beside the process's own resident size. */
-export function memoryLine(memory: MemoryReport, numParams: number): string {
+/**
+ * The [memory] line: what the layout's buffers hold per parameter, beside the process's own
+ * resident size (`proc`, processMemory()) and the freed tensor memory its cache keeps (`cache`).
+ */
+export function memoryLine(memory: MemoryReport, numParams: number, proc: { rssBytes: number; peakBytes: number } | undefined, cache: TensorCacheStats): string {
   const per = (b: number) => `${(b / MiB).toFixed(2)} MiB (${(b / numParams).toFixed(2)} B/param)`;
   // The buffers are what a layout changes; the process also holds activations, staging, the
   // allocator's cache and the runtime, so its own resident size is printed beside them.
-  const proc = processMemory();
-  const cache = tensorCacheStats();
   const kept = cache.on ? `; ${(cache.cachedBytes / MiB).toFixed(0)} MiB of it is freed tensor memory the cache keeps` : '';
   const whole = proc
     ? `; the process: resident ${(proc.rssBytes / MiB).toFixed(0)} MiB, peak ${(proc.peakBytes / MiB).toFixed(0)} MiB (also activations, collective staging, freed memory kept for the next step, and the runtime${kept})`
@@ -223,4 +224,27 @@ export class RunRecord {
     this.metrics?.close();
     this.unlock();
   }
+}
+
+/** The checkpoints directory of a run's config. */
+export function checkpointDirOf(cfg: FlotillaConfig): string {
+  return cfg.checkpoint.dir !== '' ? resolve(cfg.checkpoint.dir) : join(runDirOf(cfg), 'checkpoints');
+}
+
+/**
+ * Which checkpoint a run resumes from: `--resume latest` (or no path) means the newest complete one
+ * in the run's checkpoint directory; a path names a checkpoint, a checkpoints directory or a run
+ * directory. A group restarted by `--max-restarts` resumes from the latest one when there is one.
+ */
+export function resumeTarget(cfg: FlotillaConfig, resume: string | undefined): string | undefined {
+  const restarted = Number(process.env.FLOTILLA_RESTART_COUNT ?? 0) > 0;
+  const dir = checkpointDirOf(cfg);
+  if (resume === undefined) return restarted && listCheckpoints(dir).length > 0 ? resolveCheckpoint(dir) : undefined;
+  if (resume === '' || resume === 'latest') {
+    if (listCheckpoints(dir).length === 0) {
+      throw new CheckpointError(`--resume latest: no complete checkpoint in ${dir}; start the run without --resume, or name a checkpoint: --resume PATH`);
+    }
+    return resolveCheckpoint(dir);
+  }
+  return resolveCheckpoint(resume);
 }

@@ -1,12 +1,12 @@
 // The trainer: one loop for every layout. The phases before it (world, mesh, data, model,
 // parallelize, optimizer, checkpoint state) are phases.ts; what the run leaves in its directory
 // (config, metrics, the lock) is the run record (run_record.ts); the report is drawn by the CLI.
-import { liveTensors, manualSeed, releaseFreedMemory, releaseIdleMemory, tidy } from '../tensor/index.js';
+import { liveTensors, manualSeed, releaseFreedMemory, releaseIdleMemory, tensorCacheStats, tidy } from '../tensor/index.js';
 import { autocast } from '../nn/precision.js';
 import { withActivationCheckpoint } from '../nn/checkpoint.js';
 import { readLaunchEnv } from '../distributed/env.js';
 import { clipGradNorm, gradNorm } from '../parallel/grads.js';
-import type { MemoryReport } from '../parallel/memory.js';
+import { processMemory, type MemoryReport } from '../parallel/memory.js';
 import type { FlotillaConfig } from '../config/schema.js';
 import { StopRequest, stepSeed } from './checkpointing.js';
 import type { StepMetrics } from './metrics.js';
@@ -115,7 +115,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
       memory = model.memory(optimizer.stateBytes());
       if (step === startStep) firstLoss = loss;
       // After the second step: the first also learns gradient readiness, so its peak is not the steady state.
-      if (step === Math.min(1, steps - 1) && isRank0 && mode !== 'off') progress.log(memoryLine(memory, run.numParams));
+      if (step === Math.min(1, steps - 1) && isRank0 && mode !== 'off') progress.log(memoryLine(memory, run.numParams, processMemory(), tensorCacheStats()));
       lastLoss = loss;
       stepsSeen.push({ step: step + 1, loss, gradNorm: norm });
       const evalNow = step === steps - 1 || (cfg.train.evalEvery > 0 && (step + 1) % cfg.train.evalEvery === 0);

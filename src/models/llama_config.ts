@@ -1,0 +1,109 @@
+// The Llama's config, its derived fields and the rules on its shapes, apart from the model's code:
+// the config's validation (src/config) and the launcher read them without loading the tensor library.
+import type { ModelRules, ShapeContext } from './spec.js';
+
+export interface LlamaConfig {
+  vocabSize: number;
+  /** Longest context (max_position_embeddings). */
+  blockSize: number;
+  nLayer: number;
+  nHead: number;
+  /** Key/value heads (grouped-query attention); 0 = nHead. */
+  nKvHead: number;
+  nEmbd: number;
+  /** Width of one head; 0 = nEmbd / nHead. */
+  headDim: number;
+  /** SwiGLU hidden width; 0 = Llama's rule from nEmbd. */
+  intermediateSize: number;
+  rmsNormEps: number;
+  ropeTheta: number;
+  ropeScaling: 'none' | 'llama3';
+  ropeFactor: number;
+  ropeLowFreqFactor: number;
+  ropeHighFreqFactor: number;
+  ropeOriginalMaxPositions: number;
+  /** On the attention probabilities only (transformers' attention_dropout). */
+  dropout: number;
+  tieEmbeddings: boolean;
+}
+
+export const defaultLlamaConfig: LlamaConfig = {
+  vocabSize: 256, blockSize: 128, nLayer: 4, nHead: 4, nKvHead: 0, nEmbd: 128, headDim: 0, intermediateSize: 0,
+  rmsNormEps: 1e-5, ropeTheta: 10000, ropeScaling: 'none', ropeFactor: 8, ropeLowFreqFactor: 1, ropeHighFreqFactor: 4,
+  ropeOriginalMaxPositions: 8192, dropout: 0, tieEmbeddings: false,
+};
+
+/** Llama's MLP width for a model width: int(8/3 nEmbd) rounded up to a multiple of 64. */
+export function llamaIntermediateSize(nEmbd: number): number {
+  return Math.ceil(Math.floor((8 * nEmbd) / 3) / 64) * 64;
+}
+
+/** The config with its 0 = derived fields resolved; throws naming a field that cannot work. */
+export function resolveLlamaConfig(cfg: Partial<LlamaConfig>): LlamaConfig {
+  const given = Object.fromEntries(Object.entries(cfg).filter(([, v]) => v !== undefined)) as Partial<LlamaConfig>;
+  const c = { ...defaultLlamaConfig, ...given };
+  for (const k of ['vocabSize', 'blockSize', 'nLayer', 'nHead', 'nEmbd'] as const) {
+    if (!Number.isInteger(c[k]) || c[k] <= 0) throw new Error(`Llama: ${k} must be a positive integer, got ${c[k]}`);
+  }
+  if (c.nKvHead === 0) c.nKvHead = c.nHead;
+  if (c.headDim === 0) {
+    if (c.nEmbd % c.nHead !== 0) throw new Error(`Llama: nEmbd (${c.nEmbd}) must be divisible by nHead (${c.nHead}), or set headDim`);
+    c.headDim = c.nEmbd / c.nHead;
+  }
+  if (c.intermediateSize === 0) c.intermediateSize = llamaIntermediateSize(c.nEmbd);
+  if (c.nHead % c.nKvHead !== 0) throw new Error(`Llama: nKvHead (${c.nKvHead}) must divide nHead (${c.nHead})`);
+  if (c.headDim % 2 !== 0) throw new Error(`Llama: headDim (${c.headDim}) must be even (rotary embeddings rotate pairs)`);
+  return c;
+}
+
+/** Parameters of the whole Llama a config describes (a tied head counts once). */
+export function llamaNumParams(cfg: Partial<LlamaConfig>): number {
+  const c = resolveLlamaConfig(cfg);
+  const C = c.nEmbd, A = c.nHead * c.headDim, KV = c.nKvHead * c.headDim;
+  const block = 2 * C + C * A + 2 * C * KV + A * C + 3 * C * c.intermediateSize;
+  return c.vocabSize * C + c.nLayer * block + C + (c.tieEmbeddings ? 0 : c.vocabSize * C);
+}
+
+/** Every problem of a Llama config under a layout, each naming the field and the fix. */
+function llamaShapeProblems(m: LlamaConfig, ctx: ShapeContext): string[] {
+  const p: string[] = [];
+  if (m.headDim === 0 && m.nEmbd % m.nHead !== 0) p.push(`model.nEmbd (${m.nEmbd}) must be divisible by model.nHead (${m.nHead}), or set model.headDim`);
+  const nKv = m.nKvHead === 0 ? m.nHead : m.nKvHead;
+  if (m.nHead % nKv !== 0) p.push(`model.nKvHead (${nKv}) must divide model.nHead (${m.nHead}) (grouped-query attention: 1 = multi-query, model.nHead = multi-head)`);
+  const hd = m.headDim || (m.nEmbd % m.nHead === 0 ? m.nEmbd / m.nHead : 0);
+  if (hd % 2 !== 0) p.push(`the head width (model.headDim, or model.nEmbd / model.nHead) = ${hd} must be even: rotary embeddings rotate pairs`);
+  if (m.ropeScaling === 'llama3' && !(m.ropeHighFreqFactor > m.ropeLowFreqFactor)) {
+    p.push(`model.ropeHighFreqFactor (${m.ropeHighFreqFactor}) must be above model.ropeLowFreqFactor (${m.ropeLowFreqFactor}) with model.ropeScaling = "llama3"`);
+  }
+  if (ctx.seqLen > m.blockSize) p.push(`data.seqLen (${ctx.seqLen}) must be <= model.blockSize (${m.blockSize}); lower data.seqLen or raise model.blockSize`);
+  const stages = ctx.pp * ctx.ppVirtualStages;
+  if (ctx.pp > 1 && m.nLayer < stages) {
+    p.push(`parallel.pp x parallel.ppVirtualStages = ${stages} pipeline stages need model.nLayer >= ${stages} (got ${m.nLayer}); lower parallel.pp or ppVirtualStages, or raise model.nLayer`);
+  }
+  if (ctx.tp > 1) {
+    // What the plan splits: query and key/value heads, the MLP width, the vocabulary (0 until the
+    // tokenizer resolves it), and tokens under sequence parallelism.
+    const I = m.intermediateSize || llamaIntermediateSize(m.nEmbd);
+    const checks: [string, number][] = [
+      ['model.nHead', m.nHead], ['model.nKvHead (key/value heads are split over tp)', nKv],
+      [`model.intermediateSize (the MLP width${m.intermediateSize ? '' : ', derived from model.nEmbd'})`, I], ['model.vocabSize', m.vocabSize],
+    ];
+    if (ctx.sequenceParallel) checks.push(['data.seqLen (sequence parallelism shards tokens)', ctx.seqLen]);
+    for (const [what, v] of checks) {
+      if (v % ctx.tp !== 0) p.push(`${what} = ${v} does not divide by parallel.tp = ${ctx.tp}; choose a tp that divides it${what === 'model.vocabSize' ? ' (or pad the vocabulary: set model.vocabSize to a multiple of tp)' : ''}`);
+    }
+  }
+  return p;
+}
+
+/** The Llama's shape rules (the light part of its spec; [Note: model registry] in registry.ts). */
+export const llamaRules: ModelRules<LlamaConfig> = {
+  arch: 'llama',
+  describe: (m) => {
+    const c = resolveLlamaConfig(m);
+    return `Llama ${c.nLayer} layers, ${c.nHead} heads (${c.nKvHead} key/value) of ${c.headDim}, width ${c.nEmbd}, MLP ${c.intermediateSize}, context ${c.blockSize}` +
+      (c.ropeScaling === 'llama3' ? `, rope theta ${c.ropeTheta} scaled (llama3, factor ${c.ropeFactor})` : `, rope theta ${c.ropeTheta}`) + (c.tieEmbeddings ? ', tied head' : '');
+  },
+  numParams: (m) => llamaNumParams(m),
+  shapeProblems: llamaShapeProblems,
+};
