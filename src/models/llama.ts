@@ -234,7 +234,8 @@ export function llamaAttentionDecode(a: LlamaAttention, x: Tensor, cache: KVCach
   const [B, T, Cq] = q.shape as [number, number, number];
   const hd = a.headDim, nh = Cq / hd, nkv = k.shape[2]! / hd, group = nh / nkv;
   const rd: DType = q.dtype === 'float64' ? 'float64' : 'float32';
-  const { cos, sinSigned } = a.rope.at(rd, cache.positions(T));
+  // Without padding every row is at the same positions: two views of the tables, no gather.
+  const { cos, sinSigned } = cache.isPadded ? a.rope.at(rd, cache.positions(T)) : a.rope.slice(rd, cache.length, T);
   const rot = (t: Tensor, n: number) => applyRotary((t.dtype === rd ? t : t.to(rd)).view(B, T, n, hd), cos, sinSigned).to(q.dtype);
   const qh = rot(q, nh).transpose(1, 2); // (B, nh, T, hd)
   const [K, V] = cache.append(layer, rot(k, nkv).transpose(1, 2), v.view(B, T, nkv, hd).transpose(1, 2)); // (B, nkv, Tk, hd)

@@ -24,9 +24,18 @@ export class KVCache {
     this.padIds = keep(tensor(Float64Array.from(pad), { shape: [batch, 1], dtype: 'int64' }));
   }
 
-  /** Positions of the next T tokens, (B, T) int64: each row counts from its first real token (padding at 0). */
+  /**
+   * Positions of the next T tokens, int64: each row counts from its first real token (padding at 0),
+   * (B, T); without padding every row's are the same, (T), which broadcasts over the batch.
+   */
   positions(T: number): Tensor {
-    return arange(this.length, this.length + T, 1, { dtype: 'int64' }).view(1, T).sub(this.padIds).clamp(0);
+    const p = arange(this.length, this.length + T, 1, { dtype: 'int64' });
+    return this.padded ? p.view(1, T).sub(this.padIds).clamp(0) : p;
+  }
+
+  /** Whether rows start at different positions (left-padded prompts of different lengths). */
+  get isPadded(): boolean {
+    return this.padded;
   }
 
   /**

@@ -56,18 +56,21 @@ export class CausalSelfAttention extends Module {
    * the cache's mask for this step, shared by every layer.
    */
   decode(x: Tensor, cache: KVCache, layer: number, allowed: Tensor | undefined): Tensor {
+    // A token costs a few dozen small ops, so decoding spends as few as it can: q, k and v become
+    // heads with one view, one permute and one unbind, not a split and a view and transpose each.
     const qkv = this.qkv.call(x);
     const [B, T, C3] = qkv.shape as [number, number, number];
     const hs = this.nEmbd / this.nHead, C = C3 / 3, nh = C / hs;
-    const [q, k, v] = qkv.split(C, 2) as [Tensor, Tensor, Tensor];
-    const heads = (t: Tensor) => t.view(B, T, nh, hs).transpose(1, 2); // (B, nh, T, hs)
-    const [K, V] = cache.append(layer, heads(k), heads(v)); // (B, nh, Tk, hs)
-    const [qh, kh] = castFor('matmul', heads(q), K) as [Tensor, Tensor];
+    const [q, k, v] = qkv.view(B, T, 3, nh, hs).permute(2, 0, 3, 1, 4).unbind(0) as [Tensor, Tensor, Tensor]; // (B, nh, T, hs) each
+    const [K, V] = cache.append(layer, k, v); // (B, nh, Tk, hs)
+    const [qh, kh] = castFor('matmul', q, K) as [Tensor, Tensor];
     let att = qh.matmul(kh.transpose(-2, -1)).mul(1 / Math.sqrt(hs)); // (B, nh, T, Tk)
     if (allowed) att = att.maskedFill(allowed.logicalNot(), -Infinity);
     [att] = castFor('softmax', att) as [Tensor];
     const [attc, vh] = castFor('matmul', att.softmax(-1), V) as [Tensor, Tensor];
-    const y = attc.matmul(vh).transpose(1, 2).contiguous().view(B, T, C);
+    const o = attc.matmul(vh); // (B, nh, T, hs), contiguous
+    // One token's heads (B, nh, 1, hs) are already laid out as (B, 1, C).
+    const y = T === 1 ? o.view(B, 1, C) : o.transpose(1, 2).reshape(B, T, C);
     return this.residDrop.call(this.proj.call(y));
   }
 

@@ -31,7 +31,7 @@ const OPS = {
   view: ['aten::view', ''], viewDtype: ['aten::view', 'dtype'], reshape: ['aten::reshape', ''], permute: ['aten::permute', ''], transpose: ['aten::transpose', 'int'],
   contiguous: ['aten::contiguous', ''], narrow: ['aten::narrow', ''], slice: ['aten::slice', 'Tensor'], select: ['aten::select', 'int'],
   cat: ['aten::cat', ''], stack: ['aten::stack', ''], split: ['aten::split', 'Tensor'], splitSizes: ['aten::split_with_sizes', ''],
-  chunk: ['aten::chunk', ''], flatten: ['aten::flatten', 'using_ints'], squeeze: ['aten::squeeze', ''], squeezeDim: ['aten::squeeze', 'dim'],
+  chunk: ['aten::chunk', ''], unbind: ['aten::unbind', 'int'], flatten: ['aten::flatten', 'using_ints'], squeeze: ['aten::squeeze', ''], squeezeDim: ['aten::squeeze', 'dim'],
   unsqueeze: ['aten::unsqueeze', ''], expand: ['aten::expand', ''], indexSelect: ['aten::index_select', ''], gather: ['aten::gather', ''],
   repeat: ['aten::repeat', ''], tril: ['aten::tril', ''], triu: ['aten::triu', ''], flip: ['aten::flip', ''],
   // conversion and copies

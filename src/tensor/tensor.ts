@@ -355,6 +355,8 @@ export class Tensor {
     return Array.isArray(splitSize) ? run('splitSizes', this, splitSize, dim) : run('split', this, splitSize, dim);
   }
   chunk(chunks: number, dim = 0): Tensor[] { return run('chunk', this, chunks, dim); }
+  /** The slices along dim, as views (x.unbind(0) = [x[0], x[1], ...]). */
+  unbind(dim = 0): Tensor[] { return run('unbind', this, dim); }
   flatten(startDim = 0, endDim = -1): Tensor { return run('flatten', this, startDim, endDim); }
   squeeze(dim?: number): Tensor { return dim === undefined ? run('squeeze', this) : run('squeezeDim', this, dim); }
   unsqueeze(dim: number): Tensor { return run('unsqueeze', this, dim); }
