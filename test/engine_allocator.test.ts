@@ -25,9 +25,11 @@ test('allocatorChoice: the tensor cache by default; tuned and lean on request; a
 // the [heap] mapping of /proc/self/maps, or in a mapping of its own) and how the heap and the resident
 // size moved when it was freed. Where the block lies is asked of the tensor itself: how much the heap
 // grows depends on how much free room its top already had, which differs from machine to machine.
+// The probes import the sources by a path relative to the repository (they run there through tsx).
+const SRC = './src';
 const PROBE = `
 import { readFileSync } from 'node:fs';
-import { zeros } from './src/tensor/index.js';
+import { zeros } from '${SRC}/tensor/index.js';
 const heapRanges = () => readFileSync('/proc/self/maps', 'utf8').split('\\n').filter((l) => l.endsWith('[heap]'))
   .map((l) => l.split(' ')[0].split('-').map((x) => BigInt('0x' + x)));
 const heap = () => heapRanges().reduce((n, [a, b]) => n + Number(b - a), 0);
@@ -68,8 +70,8 @@ test('tuned: a 16 MiB tensor comes from the heap and its memory stays with the p
 // previous call, and that releaseFreedMemory hands the cache back.
 const CACHE_PROBE = `
 import { readFileSync } from 'node:fs';
-import { zeros, releaseFreedMemory, releaseIdleMemory } from './src/tensor/index.js';
-import { native, tensorCacheStats } from './src/tensor/native.js';
+import { zeros, releaseFreedMemory, releaseIdleMemory } from '${SRC}/tensor/index.js';
+import { native, tensorCacheStats } from '${SRC}/tensor/native.js';
 const MiB = 2 ** 20;
 const rss = () => Number(readFileSync('/proc/self/statm', 'utf8').split(' ')[1]) * 4096;
 const inHeap = (p) => readFileSync('/proc/self/maps', 'utf8').split('\\n').filter((l) => l.endsWith('[heap]'))

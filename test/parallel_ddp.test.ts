@@ -59,12 +59,13 @@ function runOf(outputs: string[], nproc: number, tag: string): Run {
 
 const CASES = [[2, true, 1], [2, false, 1], [2, true, 2], [2, false, 2], [4, true, 1], [4, true, 2], [4, false, 2]] as const;
 type Case = (typeof CASES)[number];
-const caseRun = ([nproc, overlap, accum]: Case): [string, RunOpts] => [`w${nproc}-o${overlap}-a${accum}`, { steps: 20, globalBatch: 8, accum, overlap }];
-const backendOpts = { steps: 10, globalBatch: 8, accum: 1 };
-const tieOpts = { steps: 10, globalBatch: 8, tie: true };
+const STEPS = 8;
+const caseRun = ([nproc, overlap, accum]: Case): [string, RunOpts] => [`w${nproc}-o${overlap}-a${accum}`, { steps: STEPS, globalBatch: 8, accum, overlap }];
+const backendOpts = { steps: 5, globalBatch: 8, accum: 1 };
+const tieOpts = { steps: 5, globalBatch: 8, tie: true };
 const clipOpts = { steps: 8, globalBatch: 8, clip: 0.5 };
 const runs = new Map([
-  ...trainWorld(1, [['ref', { steps: 20, globalBatch: 8, accum: 1 }], ['backends-ref', backendOpts], ['tie-ref', tieOpts], ['clip-ref', clipOpts]]),
+  ...trainWorld(1, [['ref', { steps: STEPS, globalBatch: 8, accum: 1 }], ['backends-ref', backendOpts], ['tie-ref', tieOpts], ['clip-ref', clipOpts]]),
   ...trainWorld(2, [...CASES.filter(([n]) => n === 2).map(caseRun), ['backends-gloo', backendOpts], ['tie-w2', tieOpts], ['clip-w2', clipOpts]]),
   ...trainWorld(4, CASES.filter(([n]) => n === 4).map(caseRun)),
   ...trainWorld(2, [['backends-mpi', backendOpts]], 'mpi'),
@@ -77,7 +78,7 @@ const tieRuns = [run('tie-ref'), run('tie-w2')] as const;
 const clipRuns = [run('clip-ref'), run('clip-w2')] as const;
 
 for (const [i, [nproc, overlap, accum]] of CASES.entries()) {
-  test(`DDP ${nproc} ranks, overlap ${overlap}, accumulation ${accum}: 20 steps equal single-process training`, async () => {
+  test(`DDP ${nproc} ranks, overlap ${overlap}, accumulation ${accum}: ${STEPS} steps equal single-process training`, async () => {
     const base = await reference;
     const run = await caseRuns[i]!;
     for (const r of run.res) assertClose(r.losses, base.res[0]!.losses, 1e-5, `losses on rank ${r.rank}`);
@@ -92,14 +93,14 @@ for (const [i, [nproc, overlap, accum]] of CASES.entries()) {
     if (accum > 1) {
       // Non-final micro-batches issue no collective at all.
       for (const r of run.res) {
-        assert.equal(r.collectivesPerMicro.length, 20 * (accum - 1));
+        assert.equal(r.collectivesPerMicro.length, STEPS * (accum - 1));
         assert.ok(r.collectivesPerMicro.every((c) => c === 0), `rank ${r.rank}: ${r.collectivesPerMicro}`);
       }
     }
   });
 }
 
-test('a GPT trained 10 steps on 2 ranks under MPI equals Gloo and one process', async () => {
+test('a GPT trained 5 steps on 2 ranks under MPI equals Gloo and one process', async () => {
   const [one, gloo, mpi] = [await backendRuns[0], await backendRuns[1], await backendRuns[2]];
   for (const r of mpi.res) {
     assertClose(r.losses, one.res[0]!.losses, 1e-5, `MPI losses on rank ${r.rank} vs one process`);

@@ -1,6 +1,6 @@
 // Every data-parallel layout (plain, ZeRO-1/2/3, HSDP) and accumulation flavour against
 // single-process training: each rank's own loss, every rank's gradient norm and every rank's final
-// parameters, in float64 over 10 GPT steps on real ranks. HSDP runs both square (2 x 2) and with
+// parameters, in float64 over 5 GPT steps on real ranks. HSDP runs both square (2 x 2) and with
 // unequal sizes (2 x 3, 3 x 2 on 6 ranks), where a data-parallel rank computed as
 // replicateRank * dpReplicate + shardRank instead of replicateRank * dpShard + shardRank would read
 // the wrong rows (on a square mesh the two agree).
@@ -15,7 +15,7 @@ import { pool, started } from './helpers/pool.js';
 
 const script = join(import.meta.dirname, 'fixtures', 'dp_rank.ts');
 const dir = mkdtempSync(join(tmpdir(), 'flotilla-zero-'));
-const STEPS = 10;
+const STEPS = 5;
 const common = { steps: STEPS, globalBatch: 8, seqLen: 16 };
 
 interface Case { tag: string; zero: number; dpReplicate?: number; accum: number; accumulate?: string; tie?: boolean; reshardAfterForward?: boolean; prefetch?: boolean; reduceAtEnd?: boolean }
@@ -135,7 +135,7 @@ queueLayouts([
   ['hsdp6', 6, HSDP6, 12],
 ]);
 
-test('plain data parallel, ZeRO-1, ZeRO-2, ZeRO-3 on 2 ranks, every accumulation flavour: 10 steps equal single-process training on every rank', async () => {
+test('plain data parallel, ZeRO-1, ZeRO-2, ZeRO-3 on 2 ranks, every accumulation flavour: 5 steps equal single-process training on every rank', async () => {
   await checkLayout(2, casesFor(), 'w2');
 });
 
@@ -143,7 +143,7 @@ test('backward passes run with sync off, then one reduceAccumulated() (how a pip
   await checkLayout(2, END, 'end');
 });
 
-test('plain data parallel, ZeRO-1, ZeRO-2, ZeRO-3 on 4 ranks, every accumulation flavour: 10 steps equal single-process training on every rank', async () => {
+test('plain data parallel, ZeRO-1, ZeRO-2, ZeRO-3 on 4 ranks, every accumulation flavour: 5 steps equal single-process training on every rank', async () => {
   await checkLayout(4, casesFor(), 'w4');
 });
 

@@ -21,7 +21,7 @@ const dir = mkdtempSync(join(tmpdir(), 'flotilla-pp-'));
 const SCHEDULES = [['gpipe', 1], ['1f1b', 1], ['interleaved', 2], ['zb', 1]] as const;
 
 function run(name: string, pp: number, dp: number, schedule: Run['schedule'], v: number, tie: boolean, accum = 1, zero: Run['zero'] = 0, dpReplicate = 1): Run {
-  return { name, pp, dp, schedule, v, tie, steps: 10, micro: 4, b: 2, nLayer: 8, accum, zero, dpReplicate };
+  return { name, pp, dp, schedule, v, tie, steps: 5, micro: 4, b: 2, nLayer: 8, accum, zero, dpReplicate };
 }
 
 interface Out { rank: number; losses: number[]; params: Record<string, number[]>; stateBytes: number }
@@ -91,7 +91,7 @@ const world4 = launch(4, [...runs4, ...zeroRuns]);
 const runs12 = [run('pp2_hsdp_s2r3_z2', 2, 6, '1f1b', 1, false, 1, 2, 3), run('pp2_hsdp_s2r3_z3_tied', 2, 6, 'zb', 1, true, 1, 3, 3)];
 const world12 = launch(12, runs12);
 
-test('2 stages on 2 ranks, every schedule, untied and tied embeddings, accumulation across steps, and pp=1: 10 steps equal single-process training', async () => {
+test('2 stages on 2 ranks, every schedule, untied and tied embeddings, accumulation across steps, and pp=1: 5 steps equal single-process training', async () => {
   await Promise.all([refs, world2]);
   for (const [s] of SCHEDULES) {
     compare(`pp2_${s}`, 2, 'ref');
@@ -102,7 +102,7 @@ test('2 stages on 2 ranks, every schedule, untied and tied embeddings, accumulat
   compare('pp1_zb', 1, 'ref', { wholeOnOneRank: true });
 });
 
-test('4 stages on 4 ranks and pp=2 x dp=2, every schedule, accumulation across steps: 10 steps equal single-process training', async () => {
+test('4 stages on 4 ranks and pp=2 x dp=2, every schedule, accumulation across steps: 5 steps equal single-process training', async () => {
   await Promise.all([refs, world4]);
   for (const [s] of SCHEDULES) {
     compare(`pp4_${s}`, 4, 'ref');
@@ -111,7 +111,7 @@ test('4 stages on 4 ranks and pp=2 x dp=2, every schedule, accumulation across s
   compare('pp2dp2_accum_1f1b', 4, 'ref_dp2');
 });
 
-test('pp=2 x dp=2 with ZeRO-1, ZeRO-2 and ZeRO-3 over dp, every schedule, tied embeddings and accumulation across steps: 10 steps equal single-process training', async () => {
+test('pp=2 x dp=2 with ZeRO-1, ZeRO-2 and ZeRO-3 over dp, every schedule, tied embeddings and accumulation across steps: 5 steps equal single-process training', async () => {
   const runs = zeroRuns;
   await Promise.all([refs, world4]);
   for (const r of runs) compare(r.name, 4, r.tie ? 'ref_dp2_tied' : 'ref_dp2');
@@ -125,7 +125,7 @@ test('pp=2 x dp=2 with ZeRO-1, ZeRO-2 and ZeRO-3 over dp, every schedule, tied e
   }
 });
 
-test('pp=2 over HSDP with unequal sizes (dpShard 2 x dpReplicate 3, ZeRO-2 and ZeRO-3, 12 ranks): 10 steps equal single-process training', async () => {
+test('pp=2 over HSDP with unequal sizes (dpShard 2 x dpReplicate 3, ZeRO-2 and ZeRO-3, 12 ranks): 5 steps equal single-process training', async () => {
   await Promise.all([refs, world12]);
   compare('pp2_hsdp_s2r3_z2', 12, 'ref_dp6');
   compare('pp2_hsdp_s2r3_z3_tied', 12, 'ref_dp6_tied');
