@@ -20,5 +20,6 @@ if (named.length === 0) {
 }
 const files = named.map((f) => runnableScript(relative(ROOT, resolve(f))));
 const loader = files.some((f) => f.endsWith('.ts')) ? ['--import', 'tsx'] : [];
-const r = spawnSync(process.execPath, [...loader, '--test', '--test-concurrency=2', ...options, ...files.map((f) => relative(ROOT, f))], { cwd: ROOT, stdio: 'inherit' });
+const concurrency = options.some((o) => o.startsWith('--test-concurrency')) ? [] : ['--test-concurrency=2'];
+const r = spawnSync(process.execPath, [...loader, '--test', ...concurrency, ...options, ...files.map((f) => relative(ROOT, f))], { cwd: ROOT, stdio: 'inherit' });
 process.exit(r.status ?? 1);
