@@ -17,7 +17,10 @@ export function wrap(v: NativeValue): any {
 }
 
 // The GC backstop: a Tensor that is collected without dispose() releases its handle here. Tensors
-// are meant to be freed by dispose()/tidy(); this only catches what slips through.
+// are meant to be freed by dispose()/tidy(); this only catches what slips through. Only a tensor
+// that may outlive every scope is registered (escaped(), [Note: external memory] in scope.ts): a
+// scope frees each of its tensors itself, and registering costs about a microsecond, as much as
+// the native call of a small op.
 const backstop = new FinalizationRegistry<TensorHandle>((h) => {
   native.release(h);
 });
@@ -57,10 +60,10 @@ function normDim(dim: number, ndim: number): number {
 
 export class Tensor {
   private h: TensorHandle | undefined;
+  private backstopped = false;
 
   constructor(handle: TensorHandle) {
     this.h = handle;
-    backstop.register(this, handle, this);
     track(this);
   }
 
@@ -73,7 +76,7 @@ export class Tensor {
   /** Frees the native tensor now (idempotent). Views of it stay valid: they hold the storage. */
   dispose(): void {
     if (this.h !== undefined) {
-      backstop.unregister(this);
+      if (this.backstopped) backstop.unregister(this);
       native.release(this.h);
       this.h = undefined;
     }
@@ -81,7 +84,12 @@ export class Tensor {
 
   /** Called when the tensor may outlive every scope: V8 learns its native bytes ([Note: external memory]). */
   escaped(): void {
-    if (this.h !== undefined) native.reportExternal(this.h);
+    if (this.h === undefined) return;
+    if (!this.backstopped) {
+      backstop.register(this, this.h, this);
+      this.backstopped = true;
+    }
+    native.reportExternal(this.h);
   }
 
   get isDisposed(): boolean {
