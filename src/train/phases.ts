@@ -21,7 +21,7 @@ import { DataLoader, loadTrainData } from '../data/index.js';
 import { modelSpec } from '../models/registry.js';
 import { ConfigError } from '../config/error.js';
 import { checkRunnable } from '../config/validate.js';
-import type { FlotillaConfig } from '../config/schema.js';
+import { modelConfigOf, type FlotillaConfig } from '../config/schema.js';
 import { RunCheckpoints, initFrom, restore } from './checkpointing.js';
 import { resumeTarget } from './run_record.js';
 
@@ -95,9 +95,10 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     // from the same whole-model weights. A pipeline rank builds only its stages; under ZeRO-3 the
     // model is built without memory and each rank makes only its shards ([Note: deferred init]).
     const spec = modelSpec(cfg.model.arch);
-    const numParams = spec.numParams(cfg.model);
+    const modelCfg = modelConfigOf(cfg);
+    const numParams = spec.numParams(modelCfg);
     const initSeed = cfg.train.seed;
-    const built = layout.pp > 1 ? spec.pipeline(cfg.model, { initSeed }) : spec.build(cfg.model, { initSeed, deferInit: layout.zero === 3 && layout.tp === 1 });
+    const built = layout.pp > 1 ? spec.pipeline(modelCfg, { initSeed }) : spec.build(modelCfg, { initSeed, deferInit: layout.zero === 3 && layout.tp === 1 });
 
     // ---- parallelize: pipeline, tensor parallel, then sharding or replication
     const model = parallelize(built, mesh, {
@@ -107,7 +108,7 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     });
     closers.push(() => model.dispose()); // native memory goes back now, not whenever the GC gets to it
     const named = model.namedParameters();
-    header('model', `${spec.describe(cfg.model)}: ${numParams.toLocaleString('en-US')} parameters; this rank holds ${named.reduce((a, [, p]) => a + p.numel(), 0).toLocaleString('en-US')}`);
+    header('model', `${spec.describe(modelCfg)}${modelCfg.moe ? `, ${modelCfg.moe.experts} experts (top ${modelCfg.moe.topK}) every ${modelCfg.moe.every} block(s)` : ''}: ${numParams.toLocaleString('en-US')} parameters; this rank holds ${named.reduce((a, [, p]) => a + p.numel(), 0).toLocaleString('en-US')}`);
     header('parallelize', model.summary());
 
     // ---- optimizer + schedule (weight decay on matrices only, as nanoGPT/GPT-2)
