@@ -70,18 +70,20 @@ export class GroupedExperts extends Module {
   readonly w2: Tensor; // (G, H, C): the projection back
   readonly b1?: Tensor; // (G, H)
   readonly b2?: Tensor; // (G, C)
-  constructor(readonly groups: number, readonly nEmbd: number, readonly hidden: number, readonly kind: ExpertKind, bias: boolean) {
+  /** `opts.from`: take experts [first, first + groups) of another stack's values instead of drawing them. */
+  constructor(readonly groups: number, readonly nEmbd: number, readonly hidden: number, readonly kind: ExpertKind, bias: boolean, opts: { from?: GroupedExperts; first?: number } = {}) {
     super();
-    const G = groups, C = nEmbd, H = hidden;
+    const G = groups, C = nEmbd, H = hidden, src = opts.from, first = opts.first ?? 0;
     // PyTorch Linear's default init per expert; the models re-initialise by name.
-    const u = (shape: number[], fanIn: number) => noGrad(() => zeros(shape).uniform_(-1 / Math.sqrt(fanIn), 1 / Math.sqrt(fanIn)));
+    const u = (shape: number[], fanIn: number, of: Tensor | undefined) => noGrad(() =>
+      of ? of.narrow(0, first, G).clone() : zeros(shape).uniform_(-1 / Math.sqrt(fanIn), 1 / Math.sqrt(fanIn)));
     const swiglu = kind === 'swiglu';
-    this.w1 = this.registerParameter(swiglu ? 'gate' : 'fc', u([G, C, H], C));
-    if (swiglu) this.w3 = this.registerParameter('up', u([G, C, H], C));
-    this.w2 = this.registerParameter(swiglu ? 'down' : 'proj', u([G, H, C], H));
+    this.w1 = this.registerParameter(swiglu ? 'gate' : 'fc', u([G, C, H], C, src?.w1));
+    if (swiglu) this.w3 = this.registerParameter('up', u([G, C, H], C, src?.w3));
+    this.w2 = this.registerParameter(swiglu ? 'down' : 'proj', u([G, H, C], H, src?.w2));
     if (bias && !swiglu) {
-      this.b1 = this.registerParameter('fcBias', u([G, H], C));
-      this.b2 = this.registerParameter('projBias', u([G, C], H));
+      this.b1 = this.registerParameter('fcBias', u([G, H], C, src?.b1));
+      this.b2 = this.registerParameter('projBias', u([G, C], H, src?.b2));
     }
   }
 
@@ -98,6 +100,33 @@ export class GroupedExperts extends Module {
     const [hc] = castFor('linear', h) as [Tensor];
     return addBias(hc.bmm(w(this.w2)), this.b2); // (G, L, C)
   }
+}
+
+/**
+ * Rows through the experts of their groups, as one batched computation: row i goes to group
+ * groupOf[i]; the rows are stacked (G, L, C) with L the largest group (padding rows are computed and
+ * never read back, [Note: moe routing]). Returns each row's output, in the rows' order.
+ */
+export function applyGrouped(experts: GroupedExperts, rows: Tensor, groupOf: readonly number[]): Tensor {
+  const G = experts.groups, C = rows.shape[1]!;
+  const counts = new Array<number>(G).fill(0);
+  const slot = new BigInt64Array(groupOf.length);
+  let L = 0;
+  groupOf.forEach((g) => (L = Math.max(L, ++counts[g]!)));
+  counts.fill(0);
+  groupOf.forEach((g, i) => (slot[i] = BigInt(g * L + counts[g]!++)));
+  const at = tensor(slot);
+  const stack = zeros([G * L, C], { dtype: rows.dtype }).indexAdd(0, at, rows).view(G, L, C);
+  return experts.call(stack).reshape(G * L, C).indexSelect(0, at);
+}
+
+/**
+ * How an MoE layer reaches experts it does not hold all of: expert parallelism
+ * (src/parallel/expert_parallel.ts) sets one. Without it, the layer runs its own experts.
+ */
+export interface ExpertDispatch {
+  /** rows (kept, C), sorted by expert, `perExpert[e]` rows for global expert e -> their experts' outputs, in the same order. */
+  run(layer: MoE, rows: Tensor, perExpert: readonly number[]): Tensor;
 }
 
 /** What one MoE layer saw since its statistics were last taken (training forwards only). */
@@ -117,6 +146,10 @@ export class MoE extends Module {
   readonly shared?: GroupedExperts;
   /** Added to the scores for selection only (balance = "bias"); moved outside the gradient by updateBias. */
   readonly expertBias?: Tensor;
+  /** Set by expert parallelism: where the routed rows go. */
+  dispatch: ExpertDispatch | undefined;
+  /** The global index of the first expert this layer holds (keepExperts), and how many it holds. */
+  firstExpert = 0;
   private stats: MoEStats;
 
   constructor(readonly cfg: MoEConfig, readonly nEmbd: number, hidden: number, kind: ExpertKind, bias: boolean) {
@@ -127,6 +160,18 @@ export class MoE extends Module {
     if (cfg.sharedExperts > 0) this.shared = this.registerModule('shared', new GroupedExperts(cfg.sharedExperts, nEmbd, H, kind, bias));
     if (cfg.balance === 'bias') this.expertBias = this.registerBuffer('expertBias', zeros([E]));
     this.stats = emptyStats(E);
+  }
+
+  /**
+   * Keeps only experts [first, first + count) of the routed ones (their parameters become slices;
+   * shared experts and the router stay whole): what an expert-parallel rank holds.
+   */
+  keepExperts(first: number, count: number): void {
+    const all = this.experts;
+    const kept = new GroupedExperts(count, all.nEmbd, all.hidden, all.kind, all.b1 !== undefined, { from: all, first });
+    (this as { experts: GroupedExperts }).experts = this.registerModule('experts', kept);
+    this.firstExpert = first;
+    all.dispose();
   }
 
   /** x (B, T, C) -> (B, T, C). */
@@ -147,19 +192,13 @@ export class MoE extends Module {
     const route = this.route(top.toArray() as BigInt64Array, N);
     const gates = scores.gather(1, top.t()).t().reshape(k * N); // (k N), k-major as `top`
 
-    // The grouped computation: tokens sorted by expert into an (E, L, C) stack, L = the largest group.
-    const { L } = route;
-    let out: Tensor;
-    if (route.kept > 0) {
-      const tok = tensor(route.token), slot = tensor(route.slot), which = tensor(route.assignment);
-      const stack = zeros([E * L, C], { dtype: xf.dtype }).indexAdd(0, slot, xf.indexSelect(0, tok)).view(E, L, C);
-      const y = this.experts.call(stack).reshape(E * L, C).indexSelect(0, slot); // (kept, C)
-      const g = gates.indexSelect(0, which).unsqueeze(1);
-      const yw = y.mul(y.dtype === g.dtype ? g : g.to(y.dtype));
-      out = zeros([N, C], { dtype: yw.dtype }).indexAdd(0, tok, yw);
-    } else {
-      out = zeros([N, C], { dtype: xf.dtype });
-    }
+    // The grouped computation: the kept assignments' rows, sorted by expert, through their experts.
+    const tok = tensor(route.token), which = tensor(route.assignment);
+    const rows = xf.indexSelect(0, tok); // (kept, C)
+    const y = this.dispatch ? this.dispatch.run(this, rows, route.keptPer) : applyGrouped(this.experts, rows, route.expertOfRow);
+    const g = gates.indexSelect(0, which).unsqueeze(1);
+    const yw = y.mul(y.dtype === g.dtype ? g : g.to(y.dtype));
+    let out = zeros([N, C], { dtype: yw.dtype }).indexAdd(0, tok, yw);
     if (this.shared) out = out.add(this.shared.call(xf.unsqueeze(0).expand(this.cfg.sharedExperts, N, C)).sum(0));
 
     const training = this.training && isGradEnabled();
@@ -182,19 +221,19 @@ export class MoE extends Module {
 
   /**
    * The routing's integer side ([Note: moe routing]): for each kept assignment (in expert order),
-   * its token, its row in the (E L) stack and its index in the k-major assignment list.
+   * its token, its expert and its index in the k-major assignment list; the counts per expert
+   * before and after capacity.
    */
-  private route(top: BigInt64Array, N: number): { counts: number[]; kept: number; L: number; token: BigInt64Array; slot: BigInt64Array; assignment: BigInt64Array } {
+  private route(top: BigInt64Array, N: number): { counts: number[]; keptPer: number[]; kept: number; token: BigInt64Array; expertOfRow: number[]; assignment: BigInt64Array } {
     const E = this.cfg.experts, k = this.cfg.topK, A = k * N;
     const counts = new Array<number>(E).fill(0);
     for (let a = 0; a < A; a++) counts[Number(top[a])]!++;
     const cap = this.cfg.capacityFactor > 0 ? Math.ceil((this.cfg.capacityFactor * A) / E) : Infinity;
     const keptPer = counts.map((c) => Math.min(c, cap));
-    const L = Math.max(0, ...keptPer);
     const start: number[] = [];
     let kept = 0;
     for (const c of keptPer) { start.push(kept); kept += c; }
-    const token = new BigInt64Array(kept), slot = new BigInt64Array(kept), assignment = new BigInt64Array(kept);
+    const token = new BigInt64Array(kept), assignment = new BigInt64Array(kept), expertOfRow = new Array<number>(kept);
     const pos = new Array<number>(E).fill(0);
     for (let a = 0; a < A; a++) {
       const e = Number(top[a]);
@@ -202,10 +241,10 @@ export class MoE extends Module {
       if (p >= cap) continue;
       const i = start[e]! + p;
       token[i] = BigInt(a % N);
-      slot[i] = BigInt(e * L + p);
+      expertOfRow[i] = e;
       assignment[i] = BigInt(a);
     }
-    return { counts, kept, L, token, slot, assignment };
+    return { counts, keptPer, kept, token, expertOfRow, assignment };
   }
 
   /** What this layer saw since the last call, and a fresh start. */

@@ -10,11 +10,13 @@
 // replication over the data-parallel ranks (plain, ZeRO-1/2/3, HSDP; inside a pipeline the stages
 // are wrapped together), and returns this rank's model parts behind one ParallelModel. The order
 // is torchtitan's: pipeline, tensor parallel, then FSDP/DDP; ZeRO then shards the tp slices.
+import type { Tensor } from '../tensor/index.js';
 import type { Module } from '../nn/module.js';
 import { DeviceMesh } from '../distributed/mesh.js';
 import type { ProcessGroup } from '../distributed/process_group.js';
 import { DataParallel } from './data_parallel.js';
 import { DataParallelModel } from './data_parallel_model.js';
+import { ExpertParallelModel, applyExpertParallel } from './expert_parallel.js';
 import type { UnitPolicy } from './fsdp.js';
 import type { Layout } from './layout.js';
 import type { LossFn, ParallelModel } from './parallel_model.js';
@@ -38,10 +40,27 @@ export interface LayoutMesh {
   tp: ProcessGroup;
   /** This rank's data-parallel rank: the flattened (dpReplicate, dpShard) mesh rank, replicateRank * dpShard + shardRank. */
   dpRank: number;
+  /**
+   * Expert parallelism (layout.ep > 1): `ep`, the neighbouring data-parallel ranks that split the
+   * experts; `edp`, the data-parallel ranks holding the same experts (over which their gradients are reduced).
+   */
+  ep?: ProcessGroup;
+  edp?: ProcessGroup;
 }
 
 /** Builds the mesh and its groups (collective: every rank calls it with the same layout). */
-export function buildMesh(layout: Pick<Layout, 'pp' | 'dpReplicate' | 'dpShard'> & { tp?: number }, world: ProcessGroup): LayoutMesh {
+export function buildMesh(layout: Pick<Layout, 'pp' | 'dpReplicate' | 'dpShard'> & { tp?: number; ep?: number }, world: ProcessGroup): LayoutMesh {
+  const ep = layout.ep ?? 1;
+  if (ep > 1) {
+    // The shard dim split into (outer, ep): ep ranks are neighbours in data-parallel rank order, so
+    // the data-parallel rank is unchanged (replicate x dpShard + outer x ep + epRank).
+    const mesh = DeviceMesh.build([['pp', layout.pp], ['dpReplicate', layout.dpReplicate], ['dpShardOuter', layout.dpShard / ep], ['ep', ep], ['tp', layout.tp ?? 1]], world);
+    const dp = mesh.flatten(['dpReplicate', 'dpShardOuter', 'ep'], 'dp');
+    return {
+      mesh, dp: dp.group, shard: mesh.flatten(['dpShardOuter', 'ep'], 'dpShard').group, replicate: mesh.dim('dpReplicate').group, pp: mesh.dim('pp').group,
+      tp: mesh.dim('tp').group, dpRank: dp.rank, ep: mesh.dim('ep').group, edp: mesh.flatten(['dpReplicate', 'dpShardOuter'], 'edp').group,
+    };
+  }
   const mesh = DeviceMesh.build([['pp', layout.pp], ['dpReplicate', layout.dpReplicate], ['dpShard', layout.dpShard], ['tp', layout.tp ?? 1]], world);
   // The data-parallel rank is the flattened mesh rank and nothing else (see layout.ts).
   const dp = mesh.flatten(['dpReplicate', 'dpShard'], 'dp');
@@ -140,12 +159,28 @@ function parallelizeParts(model: Module | PipelineModel, mesh: LayoutMesh, plan:
     throw new Error(`parallelize: pp = ${layout.pp} needs the model as pipeline stages, not one module: pass a PipelineModel (sequentialStages({ layers, layer, loss }), or gptPipeline(cfg, { initSeed }) for a GPT)`);
   }
   if (!plan.loss) throw new Error('parallelize: a whole-module model needs plan.loss, the criterion (output, target) => scalar loss');
+  if ((layout.ep ?? 1) > 1) {
+    // [Note: expert parallelism] in expert_parallel.ts: this rank's experts, then one wrapper each.
+    if (!mesh.ep || !mesh.edp) throw new Error(`parallelize: layout.ep = ${layout.ep} needs the mesh built from the same layout (buildMesh(layout, world))`);
+    const expertParams = applyExpertParallel(model, mesh.ep);
+    const denseParams = new Set(model.parameters().filter((p) => !expertParams.has(p)));
+    const dense = wrapDataParallel(model, mesh, layout, { ...plan, exclude: expertParams });
+    const experts = new DataParallel(model, {
+      group: mesh.edp, zero: layout.zero, ...(layout.zero >= 1 ? { shardGroup: mesh.edp } : {}), accumulate: layout.accumulate,
+      exclude: denseParams, gradScale: 1 / layout.dp,
+      ...(plan.bucketSizeMb !== undefined ? { bucketSizeMb: plan.bucketSizeMb } : {}),
+      ...(plan.reduceDtype !== undefined ? { reduceDtype: plan.reduceDtype } : {}),
+      ...(plan.overlap !== undefined ? { overlap: plan.overlap } : {}),
+    });
+    return new ExpertParallelModel(model, dense, experts, expertParams, mesh.ep, plan.loss);
+  }
   return new DataParallelModel(model, wrapDataParallel(model, mesh, layout, plan), plan.loss);
 }
 
 /** Wraps a whole model for the layout's data parallelism (plain, ZeRO-1/2/3, HSDP): the lower-level DataParallel. */
-export function wrapDataParallel<M extends Module>(model: M, m: LayoutMesh, layout: Layout, opts: DataParallelKnobs = {}): DataParallel<M> {
+export function wrapDataParallel<M extends Module>(model: M, m: LayoutMesh, layout: Layout, opts: DataParallelKnobs & { exclude?: ReadonlySet<Tensor> } = {}): DataParallel<M> {
   return new DataParallel(model, {
+    ...(opts.exclude ? { exclude: opts.exclude } : {}),
     group: m.dp,
     zero: layout.zero,
     ...(layout.zero >= 1 ? { shardGroup: m.shard, replicateGroup: m.replicate } : {}),
