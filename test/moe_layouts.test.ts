@@ -2,7 +2,7 @@
 // 3 AdamW steps with clipping and accumulation, in float64. Every rank's losses, gradient norms
 // (before clipping) and every whole parameter (experts gathered over ep) equal the one-process
 // run's: plain data parallel with experts, ep = 2 on 2 ranks (every expert on one rank) and on 4
-// (experts also reduced over the ranks holding the same ones), with ZeRO-1 and ZeRO-2; top-1 and
+// (experts also reduced over the ranks holding the same ones), with ZeRO-1, ZeRO-2 and ZeRO-3; top-1 and
 // top-2, softmax and sigmoid routers, the auxiliary loss and the expert bias, a capacity that drops
 // tokens, shared experts, the GPT and the Llama. A wrong expert-gradient scale fails the comparison.
 import { test } from 'node:test';
@@ -46,12 +46,15 @@ const world2 = launch(2, [
   { name: 'ep2_B', layout: { ep: 2 }, micro: 2, steps, moe: B },
   { name: 'ep2_L', layout: { ep: 2 }, micro: 2, steps, moe: L, arch: 'llama' },
   { name: 'ep2_z2_B', layout: { ep: 2, zero: 2 }, micro: 2, steps, moe: B },
+  { name: 'ep2_z3_L', layout: { ep: 2, zero: 3 }, micro: 2, steps, moe: L, arch: 'llama' },
 ]);
 const world4 = launch(4, [
   { name: 'ep2_dp4_A', layout: { ep: 2 }, micro: 1, steps, moe: A },
   { name: 'ep4_B', layout: { ep: 4 }, micro: 1, steps, moe: B },
   { name: 'ep2_dp4_z1_B', layout: { ep: 2, zero: 1 }, micro: 1, steps, moe: B },
   { name: 'ep2_dp4_z2_L', layout: { ep: 2, zero: 2 }, micro: 1, steps, moe: L, arch: 'llama' },
+  { name: 'ep2_dp4_z3_A', layout: { ep: 2, zero: 3 }, micro: 1, steps, moe: A },
+  { name: 'ep2_dp4_z3_B', layout: { ep: 2, zero: 3 }, micro: 1, steps, moe: B },
   { name: 'ep2_dp4_averaged', layout: { ep: 2 }, micro: 1, steps, moe: A, mutate: 'averageExperts' },
 ]);
 
@@ -86,9 +89,16 @@ test('expert parallelism ep = 2 on 2 ranks equals one process: GPT top-2 with au
   compare('ep2_L', 2, 'refL');
 });
 
-test('expert parallelism with ZeRO-2 on 2 ranks equals one process', async () => {
+test('expert parallelism with ZeRO-2 and ZeRO-3 on 2 ranks equals one process', async () => {
   await Promise.all([reference, world2]);
   compare('ep2_z2_B', 2, 'refB');
+  compare('ep2_z3_L', 2, 'refL');
+});
+
+test('expert parallelism ep = 2 with ZeRO-3 over 4 data-parallel ranks equals one process', async () => {
+  await Promise.all([reference, world4]);
+  compare('ep2_dp4_z3_A', 4, 'refA');
+  compare('ep2_dp4_z3_B', 4, 'refB');
 });
 
 test('expert parallelism on 4 ranks (ep = 2 x 2 holding the same experts; ep = 4; ZeRO-1 and ZeRO-2) equals one process', async () => {

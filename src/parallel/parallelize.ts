@@ -168,6 +168,9 @@ function parallelizeParts(model: Module | PipelineModel, mesh: LayoutMesh, plan:
     const experts = new DataParallel(model, {
       group: mesh.edp, zero: layout.zero, ...(layout.zero >= 1 ? { shardGroup: mesh.edp } : {}), accumulate: layout.accumulate,
       exclude: denseParams, gradScale: 1 / layout.dp,
+      ...(plan.units ? { units: plan.units } : {}),
+      ...(plan.reshardAfterForward !== undefined ? { reshardAfterForward: plan.reshardAfterForward } : {}),
+      ...(plan.prefetch !== undefined ? { prefetch: plan.prefetch } : {}),
       ...(plan.bucketSizeMb !== undefined ? { bucketSizeMb: plan.bucketSizeMb } : {}),
       ...(plan.reduceDtype !== undefined ? { reduceDtype: plan.reduceDtype } : {}),
       ...(plan.overlap !== undefined ? { overlap: plan.overlap } : {}),

@@ -93,12 +93,13 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
 
     // ---- model: weights are drawn per parameter from the seed and its name, so every layout starts
     // from the same whole-model weights. A pipeline rank builds only its stages; under ZeRO-3 the
-    // model is built without memory and each rank makes only its shards ([Note: deferred init]).
+    // model is built without memory and each rank makes only its shards ([Note: deferred init]),
+    // except under expert parallelism, which first cuts the experts from the built stacks.
     const spec = modelSpec(cfg.model.arch);
     const modelCfg = modelConfigOf(cfg);
     const numParams = spec.numParams(modelCfg);
     const initSeed = cfg.train.seed;
-    const built = layout.pp > 1 ? spec.pipeline(modelCfg, { initSeed }) : spec.build(modelCfg, { initSeed, deferInit: layout.zero === 3 && layout.tp === 1 });
+    const built = layout.pp > 1 ? spec.pipeline(modelCfg, { initSeed }) : spec.build(modelCfg, { initSeed, deferInit: layout.zero === 3 && layout.tp === 1 && (layout.ep ?? 1) === 1 });
 
     // ---- parallelize: pipeline, tensor parallel, then sharding or replication
     const model = parallelize(built, mesh, {
