@@ -2,7 +2,7 @@
 // 3 AdamW steps with clipping and accumulation, in float64. Every rank's losses, gradient norms
 // (before clipping) and every whole parameter (experts gathered over ep) equal the one-process
 // run's: plain data parallel with experts, ep = 2 on 2 ranks (every expert on one rank) and on 4
-// (experts also reduced over the ranks holding the same ones), with ZeRO-1, ZeRO-2 and ZeRO-3; top-1 and
+// (experts also reduced over the ranks holding the same ones), with ZeRO-1, ZeRO-2 and ZeRO-3, and with tensor parallelism tp = 2; top-1 and
 // top-2, softmax and sigmoid routers, the auxiliary loss and the expert bias, a capacity that drops
 // tokens, shared experts, the GPT and the Llama. A wrong expert-gradient scale fails the comparison.
 import { test } from 'node:test';
@@ -47,6 +47,9 @@ const world2 = launch(2, [
   { name: 'ep2_L', layout: { ep: 2 }, micro: 2, steps, moe: L, arch: 'llama' },
   { name: 'ep2_z2_B', layout: { ep: 2, zero: 2 }, micro: 2, steps, moe: B },
   { name: 'ep2_z3_L', layout: { ep: 2, zero: 3 }, micro: 2, steps, moe: L, arch: 'llama' },
+  // Tensor parallelism with MoE blocks (experts whole on both tp ranks): every block MoE, and every second one.
+  { name: 'tp2_A', layout: { tp: 2 }, micro: 4, steps, moe: A },
+  { name: 'tp2_B', layout: { tp: 2 }, micro: 4, steps, moe: B },
 ]);
 const world4 = launch(4, [
   { name: 'ep2_dp4_A', layout: { ep: 2 }, micro: 1, steps, moe: A },
@@ -55,6 +58,8 @@ const world4 = launch(4, [
   { name: 'ep2_dp4_z2_L', layout: { ep: 2, zero: 2 }, micro: 1, steps, moe: L, arch: 'llama' },
   { name: 'ep2_dp4_z3_A', layout: { ep: 2, zero: 3 }, micro: 1, steps, moe: A },
   { name: 'ep2_dp4_z3_B', layout: { ep: 2, zero: 3 }, micro: 1, steps, moe: B },
+  { name: 'ep2_tp2_A', layout: { ep: 2, tp: 2 }, micro: 2, steps, moe: A },
+  { name: 'ep2_tp2_L', layout: { ep: 2, tp: 2 }, micro: 2, steps, moe: L, arch: 'llama' },
   { name: 'ep2_dp4_averaged', layout: { ep: 2 }, micro: 1, steps, moe: A, mutate: 'averageExperts' },
 ]);
 
@@ -107,6 +112,18 @@ test('expert parallelism on 4 ranks (ep = 2 x 2 holding the same experts; ep = 4
   compare('ep4_B', 4, 'refB');
   compare('ep2_dp4_z1_B', 4, 'refB');
   compare('ep2_dp4_z2_L', 4, 'refL');
+});
+
+test('MoE blocks under tensor parallelism (experts whole on every tp rank) equal one process', async () => {
+  await Promise.all([reference, world2]);
+  compare('tp2_A', 2, 'refA');
+  compare('tp2_B', 2, 'refB');
+});
+
+test('expert parallelism ep = 2 x tensor parallelism tp = 2 on 4 ranks equals one process (GPT and Llama)', async () => {
+  await Promise.all([reference, world4]);
+  compare('ep2_tp2_A', 4, 'refA');
+  compare('ep2_tp2_L', 4, 'refL');
 });
 
 test('expert gradients averaged like dense ones (not scaled by 1 / every data-parallel rank) fail the comparison', async () => {

@@ -2,7 +2,8 @@
 // auxiliary loss): expert parallelism against one process through the trainer, on Open MPI and on
 // Gloo; and checkpoints that hold experts by global index: saved at ep = 2, resumed at ep = 1 and at
 // ep = 4 (on 4 ranks; micro-batches of the same rows, since the auxiliary loss and the capacity are
-// per micro-batch), within float32 rounding of the straight run.
+// per micro-batch), and one saved at ep = 2 x tp = 2 resumed without either, within float32
+// rounding of the straight run.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync, writeFileSync } from 'node:fs';
@@ -44,6 +45,7 @@ const runs = {
   mpi: verify(['--nproc', '2', '--steps', '3', '--parallel.ep=2', '--parallel.backend=mpi']),
   gloo: verify(['--nproc', '2', '--steps', '3', '--parallel.ep=2', '--parallel.backend=gloo', '--data.microBatches=2']),
   toEp1: verify(['--nproc', '2', '--parallel.ep=2', '--resume', '3', '--steps', '5', '--then', '--nproc', '2', '--parallel.ep=1']),
+  fromTp: verify(['--nproc', '4', '--parallel.ep=2', '--parallel.tp=2', '--resume', '2', '--steps', '4', '--then', '--nproc', '2', '--parallel.ep=1', '--parallel.tp=1']),
   toEp4: verify(['--nproc', '2', '--parallel.ep=2', '--data.microBatches=2', '--resume', '3', '--steps', '5', '--then', '--nproc', '4', '--parallel.ep=4', '--data.microBatches=1']),
 };
 
@@ -52,6 +54,7 @@ for (const [name, what] of [
   ['gloo', 'verify PASSes for ep = 2 with 2 micro-batches on Gloo'],
   ['toEp1', 'a checkpoint saved at ep = 2 resumes at ep = 1'],
   ['toEp4', 'a checkpoint saved at ep = 2 resumes at ep = 4 on 4 ranks'],
+  ['fromTp', 'a checkpoint saved at ep = 2 x tp = 2 resumes at ep = 1, tp = 1'],
 ] as const) {
   test(what, async () => {
     const { code, out } = await runs[name];

@@ -23,7 +23,7 @@ export function validateConfig(c: FlotillaConfig): string[] {
   p.push(...shapeProblems(c));
   if (c.parallel.ep > 1 && c.moe.experts === 0) p.push(`parallel.ep = ${c.parallel.ep} splits experts, but moe.experts = 0; set moe.experts (a multiple of ${c.parallel.ep}) or parallel.ep = 1`);
   if (c.parallel.ep > 1 && c.moe.experts > 0 && c.moe.experts % c.parallel.ep !== 0) p.push(`moe.experts (${c.moe.experts}) must divide by parallel.ep (${c.parallel.ep}): every expert-parallel rank holds the same number of experts`);
-  if (c.moe.experts > 0 && c.parallel.tp > 1) p.push(`moe.experts > 0 does not run with parallel.tp = ${c.parallel.tp} yet; set parallel.tp = 1 (data, sharded and pipeline parallelism work)`);
+  if (c.moe.experts > 0 && c.parallel.tp > 1 && c.parallel.sequenceParallel) p.push('moe.experts > 0 does not run with parallel.sequenceParallel yet (MoE blocks would route each tensor-parallel rank\'s tokens apart); set parallel.sequenceParallel = false');
   const parts = c.data.microBatches * (c.parallel.dp > 0 ? c.parallel.dp : 1);
   if (c.data.globalBatch % parts !== 0) {
     const by = c.parallel.dp > 0 ? `parallel.dp x data.microBatches (${c.parallel.dp} x ${c.data.microBatches} = ${parts})` : `data.microBatches (${parts})`;

@@ -112,6 +112,9 @@ export class ExpertParallelGrads implements GradientSource {
     const e = this.experts.normPieces();
     return [this.dense.normPieces(), { tensors: e.tensors, sumOver: [...e.sumOver, this.ep] }];
   }
+  normGroupOf(param: Tensor): number {
+    return this.expertParams.has(param) ? 1 : 0;
+  }
   clipTargets(): Tensor[] {
     return this.normGroups().flatMap((g) => g.tensors);
   }

@@ -52,6 +52,8 @@ export interface GradientSource {
    * ep), each set with its own; gradNorm then reads this instead of normPieces.
    */
   normGroups?(): { tensors: Tensor[]; sumOver: ProcessGroup[] }[];
+  /** With normGroups: which of them a parameter's gradient belongs to (a wrapper regrouping per parameter asks). */
+  normGroupOf?(param: Tensor): number;
   /**
    * The gradient tensors clipping scales, when they are more than normPieces' tensors: a copy
    * that is left out of the norm so it counts once (the last pipeline stage's copy of a tied

@@ -98,6 +98,9 @@ export interface ParallelPlan extends DataParallelKnobs {
   tensorParallel?: TpPlan | ((part: Module) => TpPlan);
 }
 
+/** The expert parameters parallelize() cut for a model under expert parallelism. */
+const expertsOf = new WeakMap<Module, Set<Tensor>>();
+
 /** True for a PipelineModel (stage builder + loss), false for a Module. */
 function isPipelineModel(m: Module | PipelineModel): m is PipelineModel {
   return typeof (m as PipelineModel).stage === 'function' && typeof (m as PipelineModel).loss === 'function';
@@ -110,6 +113,12 @@ function isPipelineModel(m: Module | PipelineModel): m is PipelineModel {
 export function parallelize(model: Module | PipelineModel, mesh: LayoutMesh, plan: ParallelPlan): ParallelModel {
   const { layout } = plan;
   const tp = layout.tp ?? 1;
+  // Experts are cut to this rank's share first, so that the tensor-parallel placements see the
+  // parameters the model ends up with ([Note: expert parallelism] in expert_parallel.ts).
+  if ((layout.ep ?? 1) > 1 && !isPipelineModel(model)) {
+    if (!mesh.ep || !mesh.edp) throw new Error(`parallelize: layout.ep = ${layout.ep} needs the mesh built from the same layout (buildMesh(layout, world))`);
+    expertsOf.set(model, applyExpertParallel(model, mesh.ep));
+  }
   if (tp === 1) return parallelizeParts(model, mesh, plan);
   if (!plan.tensorParallel) throw new TensorParallelError([`parallel.tp = ${tp} needs a tensor-parallel plan: pass plan.tensorParallel (module path -> style; a GPT's is gptTensorPlan)`]);
   if (mesh.tp.size !== tp) throw new TensorParallelError([`the mesh's tp group has ${mesh.tp.size} rank(s), the layout says tp = ${tp}: build the mesh from the same layout`]);
@@ -161,8 +170,8 @@ function parallelizeParts(model: Module | PipelineModel, mesh: LayoutMesh, plan:
   if (!plan.loss) throw new Error('parallelize: a whole-module model needs plan.loss, the criterion (output, target) => scalar loss');
   if ((layout.ep ?? 1) > 1) {
     // [Note: expert parallelism] in expert_parallel.ts: this rank's experts, then one wrapper each.
-    if (!mesh.ep || !mesh.edp) throw new Error(`parallelize: layout.ep = ${layout.ep} needs the mesh built from the same layout (buildMesh(layout, world))`);
-    const expertParams = applyExpertParallel(model, mesh.ep);
+    const expertParams = expertsOf.get(model);
+    if (!expertParams || !mesh.ep || !mesh.edp) throw new Error(`parallelize: layout.ep = ${layout.ep} with a pipeline is not supported yet; set parallel.ep = 1 or parallel.pp = 1`);
     const denseParams = new Set(model.parameters().filter((p) => !expertParams.has(p)));
     const dense = wrapDataParallel(model, mesh, layout, { ...plan, exclude: expertParams });
     const experts = new DataParallel(model, {
