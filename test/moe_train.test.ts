@@ -37,7 +37,7 @@ test('[moe] problems name the field and the fix', () => {
   assert.match(problemsOf(['--moe.experts=4', '--parallel.tp=2', '--parallel.sequenceParallel=true']), /moe\.experts > 0 does not run with parallel\.sequenceParallel yet.*set parallel\.sequenceParallel = false/);
   assert.match(problemsOf(['--moe.experts=6', '--parallel.ep=4']), /moe\.experts \(6\) must divide by parallel\.ep \(4\)/);
   assert.match(problemsOf(['--parallel.ep=2']), /parallel\.ep = 2 splits experts, but moe\.experts = 0/);
-  assert.match(problemsOf(['--moe.experts=4', '--parallel.ep=2', '--parallel.pp=2']), /parallel\.ep = 2 with parallel\.pp = 2 is not supported yet/);
+  assert.match(problemsOf(['--moe.experts=4', '--parallel.ep=2', '--parallel.zero=1', '--parallel.dpReplicate=2']), /parallel\.ep = 2 with parallel\.dpReplicate = 2 \(HSDP\) is not supported yet/);
   // experts = 0: the other fields are not looked at.
   assert.equal(problemsOf(['--moe.topK=5']), '');
 });

@@ -76,8 +76,9 @@ export class AllToAllDispatch implements ExpertDispatch {
  * Gives every MoE layer of `model` its share of the experts and the all-to-all dispatch; returns the
  * expert parameters (local slices) with the number of experts each layer holds in all.
  */
-export function applyExpertParallel(model: Module, ep: ProcessGroup): Set<Tensor> {
-  const out = new Set<Tensor>();
+export function applyExpertParallel(model: Module, ep: ProcessGroup, opts: { into?: Set<Tensor>; allowNone?: boolean } = {}): Set<Tensor> {
+  const out = opts.into ?? new Set<Tensor>();
+  const before = out.size;
   for (const [name, layer] of moeLayers([model])) {
     const E = layer.cfg.experts;
     if (E % ep.size !== 0) throw new Error(`expert parallelism: ${name} has ${E} experts, which do not split over ep = ${ep.size} ranks; choose moe.experts a multiple of parallel.ep`);
@@ -86,8 +87,27 @@ export function applyExpertParallel(model: Module, ep: ProcessGroup): Set<Tensor
     layer.dispatch = new AllToAllDispatch(ep);
     for (const p of layer.experts.parameters()) out.add(p);
   }
-  if (out.size === 0) throw new Error('expert parallelism: the model has no MoE layer; set moe.experts > 0, or parallel.ep = 1');
+  if (out.size === before && !opts.allowNone) throw new Error('expert parallelism: the model has no MoE layer; set moe.experts > 0, or parallel.ep = 1');
   return out;
+}
+
+/** Expert placements: the whole stack's shape, this rank's slice of it along the expert dim. */
+export function expertPlacements(placements: ParamPlacement[], ep: ProcessGroup): ParamPlacement[] {
+  return placements.map((p) => {
+    const shape = [...p.shape];
+    shape[0] = shape[0]! * ep.size;
+    return { ...p, shape, tp: { dim: 0, chunks: 1, parts: ep.size, index: ep.rank } };
+  });
+}
+
+/** A whole expert stack from this rank's slice (a collective over ep). */
+export function gatherExperts(param: Tensor, ep: ProcessGroup): Tensor {
+  if (ep.size === 1) return param;
+  return tidy(() => {
+    const parts = Array.from({ length: ep.size }, () => empty(param.shape, { dtype: param.dtype }));
+    ep.allGather(parts, param.detach().contiguous()).wait();
+    return cat(parts, 0);
+  });
 }
 
 /** The gradient API over the dense wrapper and the expert wrapper ([Note: expert parallelism]). */
@@ -179,23 +199,12 @@ export class ExpertParallelModel implements ParallelModel {
   placements(): ParamPlacement[] {
     const named = this.namedParameters();
     const dense = placementsOf(named.filter(([, p]) => !this.expertParams.has(p)), { dp: this.dense });
-    // Experts: the whole stack's shape, this rank's slice of it along the expert dim.
-    const experts = placementsOf(named.filter(([, p]) => this.expertParams.has(p)), { dp: this.experts }).map((p) => {
-      const shape = [...p.shape];
-      shape[0] = shape[0]! * this.ep.size;
-      return { ...p, shape, tp: { dim: 0, chunks: 1, parts: this.ep.size, index: this.ep.rank } };
-    });
-    return [...dense, ...experts];
+    return [...dense, ...expertPlacements(placementsOf(named.filter(([, p]) => this.expertParams.has(p)), { dp: this.experts }), this.ep)];
   }
 
   /** The whole parameter: an expert stack gathered over ep (a collective: every ep rank calls it). */
   whole(param: Tensor): Tensor {
-    if (!this.expertParams.has(param) || this.ep.size === 1) return param;
-    return tidy(() => {
-      const parts = Array.from({ length: this.ep.size }, () => empty(param.shape, { dtype: param.dtype }));
-      this.ep.allGather(parts, param.detach().contiguous()).wait();
-      return cat(parts, 0);
-    });
+    return this.expertParams.has(param) ? gatherExperts(param, this.ep) : param;
   }
 
   finishParameterGathers(): void {

@@ -152,7 +152,6 @@ export function layoutProblems(p: ParallelConfig, worldSize?: number): string[] 
   if (!Number.isInteger(ep) || ep < 1) out.push(`parallel.ep must be a positive integer (1 = no expert parallelism), got ${ep}`);
   if (ep > 1) {
     // What expert parallelism composes with so far; the rest is refused rather than run wrong.
-    if (p.pp > 1) out.push(`parallel.ep = ${ep} with parallel.pp = ${p.pp} is not supported yet; set parallel.pp = 1 or parallel.ep = 1`);
     if (p.dpReplicate > 1) out.push(`parallel.ep = ${ep} with parallel.dpReplicate = ${p.dpReplicate} (HSDP) is not supported yet; set parallel.dpReplicate = 1`);
   }
   if (worldSize === undefined || !(tp >= 1)) return out;

@@ -152,7 +152,20 @@ export function parallelize(model: Module | PipelineModel, mesh: LayoutMesh, pla
 function parallelizeParts(model: Module | PipelineModel, mesh: LayoutMesh, plan: ParallelPlan, restyled?: (m: Module) => boolean): ParallelModel {
   const { layout } = plan;
   if (isPipelineModel(model)) {
+    // Expert parallelism in a pipeline: each stage's experts are cut as the stage is built.
+    let experts: { params: Set<Tensor>; ep: ProcessGroup; edp: ProcessGroup } | undefined;
+    if ((layout.ep ?? 1) > 1) {
+      if (!mesh.ep || !mesh.edp) throw new Error(`parallelize: layout.ep = ${layout.ep} needs the mesh built from the same layout (buildMesh(layout, world))`);
+      const ex = (experts = { params: new Set<Tensor>(), ep: mesh.ep, edp: mesh.edp });
+      const stage = model.stage.bind(model);
+      model = { ...model, stage: (i, n) => {
+        const s = stage(i, n);
+        applyExpertParallel(s, ex.ep, { into: ex.params, allowNone: true });
+        return s;
+      } };
+    }
     return new PipelineParallel(model, {
+      ...(experts ? { experts } : {}),
       pp: mesh.pp, ...(layout.dp > 1 ? { dp: mesh.dp } : {}),
       schedule: layout.schedule ?? '1f1b', ...(layout.virtualStages !== undefined ? { virtualStages: layout.virtualStages } : {}),
       micro: plan.micro, zero: layout.zero, accumulate: layout.accumulate,
