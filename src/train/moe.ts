@@ -80,4 +80,42 @@ export class MoEBookkeeping {
     if (this.cfg.capacityFactor > 0) out.droppedTokens = dropped;
     return out;
   }
+
+  /**
+   * Every MoE block's selection bias by block name (balance = "bias"; undefined otherwise), on every
+   * rank: a collective over `world`, since a pipeline rank holds only its stages' blocks.
+   */
+  expertBiases(world: ProcessGroup): Record<string, number[]> | undefined {
+    if (this.cfg.balance !== 'bias') return undefined;
+    const E = this.cfg.experts, row = E + 1, L = this.nLayer;
+    const v = new Float64Array(L * row); // per block: the bias summed over its holders, and how many hold it
+    for (const [name, layer] of this.layers) {
+      const i = layerIndex(name);
+      (layer.expertBias!.to('float64').toArray() as Float64Array).forEach((b, e) => (v[i * row + e] = b));
+      v[i * row + E] = 1;
+    }
+    const t = tensor(v);
+    try {
+      if (world.size > 1) world.allReduce(t, 'sum').wait();
+      v.set(t.toArray() as Float64Array);
+    } finally {
+      t.dispose();
+    }
+    const out: Record<string, number[]> = {};
+    for (let i = 0; i < L; i++) {
+      const n = v[i * row + E]!;
+      if (n > 0) out[`layers.${i}.mlp`] = Array.from(v.subarray(i * row, i * row + E), (b) => b / n);
+    }
+    return out;
+  }
+
+  /** Sets the blocks this rank holds to the saved biases (a checkpoint's; see expertBiases). */
+  loadExpertBiases(biases: Record<string, number[]>): void {
+    for (const [name, layer] of this.layers) {
+      const b = biases[name.replace(/^.*?(layers\.\d+\.mlp)$/, '$1')];
+      if (!b || !layer.expertBias) continue;
+      if (b.length !== layer.cfg.experts) throw new Error(`checkpoint: MoE block ${name} saved ${b.length} expert biases, this model has ${layer.cfg.experts} experts`);
+      layer.expertBias.copy_(tensor(Float64Array.from(b)).to(layer.expertBias.dtype));
+    }
+  }
 }

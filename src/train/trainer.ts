@@ -13,7 +13,6 @@ import { StopRequest, stepSeed } from './checkpointing.js';
 import type { StepMetrics } from './metrics.js';
 import { Progress, resolveProgressMode } from './progress.js';
 import { openRun, writeRankRecord } from './phases.js';
-import { MoEBookkeeping } from './moe.js';
 import { RunRecord, memoryLine } from './run_record.js';
 
 export interface TrainOptions {
@@ -94,7 +93,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
     stopRequest = new StopRequest(out.log);
     run.ckpts.prepare();
     for (const part of model.parts) part.train();
-    const moe = cfg.moe.experts > 0 ? new MoEBookkeeping(model.parts, cfg.moe, cfg.model.nLayer, run.layout.tp ?? 1) : undefined;
+    const moe = run.moe;
     const loopStart = performance.now();
     releaseIdleMemory(); // from here, freed memory the steps do not reuse goes back after each step
     for (let step = startStep; step < steps; step++) {
