@@ -10,7 +10,8 @@ import { manualSeed, noGrad, randn, setDefaultDtype, tidy } from '../src/tensor/
 import { MoE, defaultMoEConfig, withMoELossScale } from '../src/nn/moe.js';
 import { parseConfig } from '../src/config/index.js';
 import { train } from '../src/train/trainer.js';
-import { readMetrics } from '../src/train/metrics.js';
+import { readMetrics, type StepMetrics } from '../src/train/metrics.js';
+import { expertImbalance, metricCharts } from '../src/report/charts.js';
 import { assertClose } from './oracle/check.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'flotilla-moe-'));
@@ -102,4 +103,16 @@ test('an MoE Llama with expert bias trains in one process; no auxiliary loss is 
     assert.equal(m.droppedTokens, undefined);
   }
   assert.ok(r.summary.finalLoss < r.summary.firstLoss, `loss ${r.summary.firstLoss} -> ${r.summary.finalLoss}`);
+});
+
+test('the report draws the expert load (max / mean, worst block), the auxiliary loss and dropped tokens, only for MoE runs', () => {
+  const row = (step: number, extra: Partial<StepMetrics>): StepMetrics => ({ step, loss: 3, lr: 1e-3, tokensPerSec: 1, elapsedS: step, ...extra });
+  assert.equal(expertImbalance(row(1, { expertTokens: { 'layers.0.mlp': [4, 2, 2, 0], 'layers.1.mlp': [3, 3, 1, 1] } })), 2);
+  assert.equal(expertImbalance(row(1, {})), undefined);
+  const moe = metricCharts([{ name: 'moe', metrics: [row(1, { expertTokens: { 'layers.0.mlp': [2, 2] }, auxLoss: 1.1, droppedTokens: 3 })] }]).map((c) => c.id);
+  const dense = metricCharts([{ name: 'dense', metrics: [row(1, {})] }]).map((c) => c.id);
+  for (const id of ['expert-load', 'aux-loss', 'dropped-tokens']) {
+    assert.ok(moe.includes(id), `${id} in ${moe.join(', ')}`);
+    assert.ok(!dense.includes(id), `${id} not in a dense run's charts`);
+  }
 });
