@@ -12,6 +12,9 @@ import { parseConfig } from '../src/config/index.js';
 import { train } from '../src/train/trainer.js';
 import { readMetrics, type StepMetrics } from '../src/train/metrics.js';
 import { expertImbalance, metricCharts } from '../src/report/charts.js';
+import { exportCheckpoint } from '../src/checkpoint/export.js';
+import { exportCheckpointHf } from '../src/checkpoint/hf.js';
+import { readSafetensorsHeader } from '../src/checkpoint/safetensors.js';
 import { assertClose } from './oracle/check.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'flotilla-moe-'));
@@ -93,6 +96,16 @@ test('an MoE GPT trains in one process; metrics hold tokens per expert, the auxi
     assert.ok(Number.isInteger(m.droppedTokens!) && m.droppedTokens! >= 0 && m.droppedTokens! === counts.reduce((a, c) => a + Math.max(0, c - 128), 0), `dropped ${m.droppedTokens}`);
   }
   assert.ok(r.summary.finalLoss < r.summary.firstLoss, `loss ${r.summary.firstLoss} -> ${r.summary.finalLoss}`);
+});
+
+test('an MoE checkpoint exports as one file that carries the [moe] section, and refuses the Hugging Face form with the way out', async () => {
+  const r = await run('export', ['--moe.experts=4', '--moe.topK=2', '--checkpoint.every=6']);
+  const out = join(dir, 'moe.safetensors');
+  exportCheckpoint(r.summary.checkpoint!, out);
+  const model = JSON.parse(readSafetensorsHeader(out).metadata['flotilla.model']!) as { moe?: { experts: number; topK: number } };
+  assert.equal(model.moe?.experts, 4);
+  assert.equal(model.moe?.topK, 2);
+  assert.throws(() => exportCheckpointHf(r.summary.checkpoint!, join(dir, 'hf')), /mixture-of-experts model \(moe\.experts = 4\), which has no Hugging Face form.*flotilla export .* out\.safetensors/);
 });
 
 test('an MoE Llama with expert bias trains in one process; no auxiliary loss is reported', async () => {
