@@ -108,6 +108,13 @@ test('an MoE checkpoint exports as one file that carries the [moe] section, and 
   assert.throws(() => exportCheckpointHf(r.summary.checkpoint!, join(dir, 'hf')), /mixture-of-experts model \(moe\.experts = 4\), which has no Hugging Face form.*flotilla export .* out\.safetensors/);
 });
 
+test('full activation checkpointing counts each MoE forward once (its recompute in backward is not counted) and trains the same', async () => {
+  const moe = ['--moe.experts=4', '--moe.topK=2', '--moe.capacityFactor=1', '--train.steps=3'];
+  const plain = await run('ac_none', moe);
+  const full = await run('ac_full', [...moe, '--train.activationCheckpoint=full']);
+  assert.deepEqual(full.metrics.map((m) => [m.loss, m.expertTokens, m.droppedTokens, m.auxLoss]), plain.metrics.map((m) => [m.loss, m.expertTokens, m.droppedTokens, m.auxLoss]));
+});
+
 test('an MoE Llama with expert bias trains in one process; no auxiliary loss is reported', async () => {
   const r = await run('llama', ['--model.arch=llama', '--moe.experts=4', '--moe.router=sigmoid', '--moe.balance=bias', '--moe.biasRate=0.01']);
   for (const m of r.metrics) {

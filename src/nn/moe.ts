@@ -28,6 +28,7 @@ import { Module } from './module.js';
 import * as F from './functional.js';
 import { castFor, castParam, readsParametersThroughPolicy } from './precision.js';
 import type { MoEConfig } from './moe_config.js';
+import { isRecomputing } from './checkpoint.js';
 
 export { defaultMoEConfig, isMoELayer, moeProblems, checkMoEConfig, type MoEConfig } from './moe_config.js';
 
@@ -201,7 +202,8 @@ export class MoE extends Module {
     let out = zeros([N, C], { dtype: yw.dtype }).indexAdd(0, tok, yw);
     if (this.shared) out = out.add(this.shared.call(xf.unsqueeze(0).expand(this.cfg.sharedExperts, N, C)).sum(0));
 
-    const training = this.training && isGradEnabled();
+    // Statistics of training forwards, once each: not evaluation, not an activation-checkpoint recompute.
+    const training = this.training && isGradEnabled() && !isRecomputing();
     if (this.cfg.balance === 'aux' && this.cfg.auxCoeff > 0) {
       // [Note: moe auxiliary loss]
       const norm = this.cfg.router === 'softmax' ? scores : scores.div(scores.sum(-1, true));
