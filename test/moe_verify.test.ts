@@ -1,6 +1,7 @@
 // `flotilla verify` on an MoE GPT (top-2, a shared expert, a capacity that drops tokens, the
 // auxiliary loss): expert parallelism against one process through the trainer, on Open MPI and on
-// Gloo; and checkpoints that hold experts by global index: saved at ep = 2, resumed at ep = 1 and at
+// Gloo, and under bf16-mixed (where verify states its bfloat16 tolerance: expert stacks of other
+// shapes round differently); and checkpoints that hold experts by global index: saved at ep = 2, resumed at ep = 1 and at
 // ep = 4 (on 4 ranks; micro-batches of the same rows, since the auxiliary loss and the capacity are
 // per micro-batch), and one saved at ep = 2 x tp = 2 resumed without either, within float32
 // rounding of the straight run.
@@ -67,6 +68,7 @@ function verify(args: string[], file = config): Promise<{ code: number | null; o
 const runs = {
   mpi: verify(['--nproc', '2', '--steps', '3', '--parallel.ep=2', '--parallel.backend=mpi']),
   gloo: verify(['--nproc', '2', '--steps', '3', '--parallel.ep=2', '--parallel.backend=gloo', '--data.microBatches=2']),
+  bf16: verify(['--nproc', '2', '--steps', '3', '--parallel.ep=2', '--train.precision=bf16-mixed']),
   toEp1: verify(['--nproc', '2', '--parallel.ep=2', '--resume', '3', '--steps', '5', '--then', '--nproc', '2', '--parallel.ep=1']),
   fromTp: verify(['--nproc', '4', '--parallel.ep=2', '--parallel.tp=2', '--resume', '2', '--steps', '4', '--then', '--nproc', '2', '--parallel.ep=1', '--parallel.tp=1']),
   bias: verify(['--nproc', '2', '--parallel.ep=2', '--resume', '3', '--steps', '6'], biasConfig),
@@ -77,6 +79,7 @@ const runs = {
 for (const [name, what] of [
   ['mpi', 'verify PASSes for ep = 2 on Open MPI'],
   ['gloo', 'verify PASSes for ep = 2 with 2 micro-batches on Gloo'],
+  ['bf16', 'verify PASSes for ep = 2 under bf16-mixed, at the stated bfloat16 tolerance'],
   ['toEp1', 'a checkpoint saved at ep = 2 resumes at ep = 1'],
   ['toEp4', 'a checkpoint saved at ep = 2 resumes at ep = 4 on 4 ranks'],
   ['fromTp', 'a checkpoint saved at ep = 2 x tp = 2 resumes at ep = 1, tp = 1'],
@@ -87,5 +90,6 @@ for (const [name, what] of [
     const { code, out } = await runs[name];
     assert.equal(code, 0, out);
     assert.match(out, /^PASS \(/m);
+    if (name === 'bf16') assert.match(out, /expert parallelism runs the bfloat16 expert GEMMs/);
   });
 }
