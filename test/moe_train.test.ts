@@ -7,6 +7,7 @@ import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { manualSeed, noGrad, randn, setDefaultDtype, tidy } from '../src/tensor/index.js';
+import { autocast, BF16_MIXED_OPS } from '../src/nn/precision.js';
 import { MoE, defaultMoEConfig, withMoELossScale } from '../src/nn/moe.js';
 import { parseConfig } from '../src/config/index.js';
 import { train } from '../src/train/trainer.js';
@@ -76,6 +77,25 @@ test('the auxiliary loss gradient scales with withMoELossScale, linearly', () =>
   } finally {
     setDefaultDtype('float32');
   }
+});
+
+test('under bf16-mixed the router scores in float32 (the same choices as float32) while the experts run in bfloat16', () => {
+  manualSeed(4);
+  const layer = new MoE({ ...defaultMoEConfig, experts: 8, topK: 2, sharedExperts: 1 }, 16, 32, 'gelu', true);
+  noGrad(() => { for (const p of layer.parameters()) p.normal_(0, 0.3); });
+  assert.equal(BF16_MIXED_OPS.router, 'float32');
+  tidy(() => {
+    const x = randn([4, 16, 16]);
+    const f32 = layer.call(x.requiresGrad_());
+    const tokens32 = layer.takeStats().tokens;
+    const b16 = autocast('bf16-mixed', () => layer.call(x));
+    const tokens16 = layer.takeStats().tokens;
+    assert.deepEqual(tokens16, tokens32, 'the same experts chosen');
+    assert.equal(b16.dtype, 'float32', 'the block returns the residual stream\'s dtype');
+    const diff = b16.sub(f32).abs().max().item(), scale = f32.abs().max().item();
+    assert.ok(diff > 1e-5 * scale && diff < 0.05 * scale, `bf16 experts differ from float32 by ${diff} of ${scale}`);
+  });
+  layer.dispose();
 });
 
 async function run(name: string, extra: string[]) {

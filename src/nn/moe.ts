@@ -27,6 +27,7 @@ import { type Tensor, type DType, zeros, tensor, noGrad, isGradEnabled, defineFu
 import { Module } from './module.js';
 import * as F from './functional.js';
 import { castFor, castParam, readsParametersThroughPolicy } from './precision.js';
+import { Dropout } from './layers.js';
 import type { MoEConfig } from './moe_config.js';
 import { isRecomputing } from './checkpoint.js';
 
@@ -147,14 +148,17 @@ export class MoE extends Module {
   readonly shared?: GroupedExperts;
   /** Added to the scores for selection only (balance = "bias"); moved outside the gradient by updateBias. */
   readonly expertBias?: Tensor;
+  /** On the block's output, as the dense MLP's (the GPT's model.dropout; none for the Llama). */
+  readonly drop?: Dropout;
   /** Set by expert parallelism: where the routed rows go. */
   dispatch: ExpertDispatch | undefined;
   /** The global index of the first expert this layer holds (keepExperts), and how many it holds. */
   firstExpert = 0;
   private stats: MoEStats;
 
-  constructor(readonly cfg: MoEConfig, readonly nEmbd: number, hidden: number, kind: ExpertKind, bias: boolean) {
+  constructor(readonly cfg: MoEConfig, readonly nEmbd: number, hidden: number, kind: ExpertKind, bias: boolean, opts: { dropout?: number } = {}) {
     super();
+    if ((opts.dropout ?? 0) > 0) this.drop = this.registerModule('drop', new Dropout(opts.dropout!));
     const E = cfg.experts, H = cfg.hidden || hidden;
     this.router = this.registerParameter('router', noGrad(() => zeros([E, nEmbd]).normal_(0, 0.02)));
     this.experts = this.registerModule('experts', new GroupedExperts(E, nEmbd, H, kind, bias));
@@ -218,7 +222,8 @@ export class MoE extends Module {
       this.stats.forwards++;
     }
     if (out.dtype !== x.dtype) out = out.to(x.dtype);
-    return out.view(B, T, C);
+    out = out.view(B, T, C);
+    return this.drop ? this.drop.call(out) : out;
   }
 
   /**

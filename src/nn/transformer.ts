@@ -130,7 +130,7 @@ export class Block extends Module {
     this.ln2 = this.registerModule('ln2', new LayerNorm(cfg.nEmbd, { bias: cfg.bias }));
     if (opts.moe && !cfg.moe) throw new Error('Block: { moe: true } needs cfg.moe (the mixture-of-experts settings)');
     this.mlp = this.registerModule('mlp', opts.moe
-      ? new MoE(cfg.moe!, cfg.nEmbd, 4 * cfg.nEmbd, cfg.gelu === 'tanh' ? 'gelu-tanh' : 'gelu', cfg.bias)
+      ? new MoE(cfg.moe!, cfg.nEmbd, 4 * cfg.nEmbd, cfg.gelu === 'tanh' ? 'gelu-tanh' : 'gelu', cfg.bias, { dropout: cfg.dropout })
       : new MLP(cfg));
     this.dropout = cfg.dropout;
   }
