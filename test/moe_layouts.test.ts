@@ -2,7 +2,7 @@
 // 3 AdamW steps with clipping and accumulation, in float64. Every rank's losses, gradient norms
 // (before clipping) and every whole parameter (experts gathered over ep) equal the one-process
 // run's: plain data parallel with experts, ep = 2 on 2 ranks (every expert on one rank) and on 4
-// (experts also reduced over the ranks holding the same ones), with ZeRO-1, ZeRO-2 and ZeRO-3, with tensor parallelism tp = 2 and with pipeline parallelism pp = 2; top-1 and
+// (experts also reduced over the ranks holding the same ones), with ZeRO-1, ZeRO-2 and ZeRO-3, under HSDP, with tensor parallelism tp = 2 and with pipeline parallelism pp = 2; top-1 and
 // top-2, softmax and sigmoid routers, the auxiliary loss and the expert bias, a capacity that drops
 // tokens, shared experts, the GPT and the Llama. A wrong expert-gradient scale fails the comparison.
 import { test } from 'node:test';
@@ -67,6 +67,8 @@ const world4 = launch(4, [
   { name: 'ep2_pp2_zb_B', layout: { ep: 2, pp: 2, ppSchedule: 'zb' }, micro: 2, steps, moe: B },
   { name: 'ep2_pp2_z2_B', layout: { ep: 2, pp: 2, zero: 2 }, micro: 2, steps, moe: B },
   { name: 'ep2_pp2_L', layout: { ep: 2, pp: 2 }, micro: 2, steps, moe: L, arch: 'llama' },
+  { name: 'ep2_hsdp_z3_A', layout: { ep: 2, zero: 3, dpShard: 2, dpReplicate: 2 }, micro: 1, steps, moe: A },
+  { name: 'ep2_hsdp_z2_B', layout: { ep: 2, zero: 2, dpShard: 2, dpReplicate: 2 }, micro: 1, steps, moe: B },
   { name: 'ep2_dp4_averaged', layout: { ep: 2 }, micro: 1, steps, moe: A, mutate: 'averageExperts' },
 ]);
 
@@ -148,6 +150,12 @@ test('expert parallelism ep = 2 x pipeline pp = 2 on 4 ranks equals one process 
   compare('ep2_pp2_zb_B', 4, 'refB');
   compare('ep2_pp2_z2_B', 4, 'refB');
   compare('ep2_pp2_L', 4, 'refL');
+});
+
+test('expert parallelism under HSDP (2 shard x 2 replicas, ZeRO-3 and ZeRO-2) equals one process', async () => {
+  await Promise.all([reference, world4]);
+  compare('ep2_hsdp_z3_A', 4, 'refA');
+  compare('ep2_hsdp_z2_B', 4, 'refB');
 });
 
 test('expert gradients averaged like dense ones (not scaled by 1 / every data-parallel rank) fail the comparison', async () => {

@@ -10,6 +10,7 @@ import { manualSeed, noGrad, randn, setDefaultDtype, tidy } from '../src/tensor/
 import { autocast, BF16_MIXED_OPS } from '../src/nn/precision.js';
 import { MoE, defaultMoEConfig, withMoELossScale } from '../src/nn/moe.js';
 import { parseConfig } from '../src/config/index.js';
+import { layoutProblems } from '../src/parallel/layout.js';
 import { train } from '../src/train/trainer.js';
 import { readMetrics, type StepMetrics } from '../src/train/metrics.js';
 import { expertImbalance, metricCharts } from '../src/report/charts.js';
@@ -42,7 +43,11 @@ test('[moe] problems name the field and the fix', () => {
   assert.match(problemsOf(['--moe.experts=4', '--parallel.tp=2', '--parallel.sequenceParallel=true']), /moe\.experts > 0 does not run with parallel\.sequenceParallel yet.*set parallel\.sequenceParallel = false/);
   assert.match(problemsOf(['--moe.experts=6', '--parallel.ep=4']), /moe\.experts \(6\) must divide by parallel\.ep \(4\)/);
   assert.match(problemsOf(['--parallel.ep=2']), /parallel\.ep = 2 splits experts, but moe\.experts = 0/);
-  assert.match(problemsOf(['--moe.experts=4', '--parallel.ep=2', '--parallel.zero=1', '--parallel.dpReplicate=2']), /parallel\.ep = 2 with parallel\.dpReplicate = 2 \(HSDP\) is not supported yet/);
+  // On a world: ep must divide the shard ranks of one replica (HSDP), and the data-parallel degree.
+  const base = parseConfig('', ['--model.nLayer=2', '--moe.experts=4']).parallel;
+  assert.match(layoutProblems({ ...base, ep: 4, zero: 1, dpShard: 2, dpReplicate: 2 }, 4).join('\n'), /parallel\.ep = 4 must divide parallel\.dpShard \(2\)/);
+  assert.match(layoutProblems({ ...base, ep: 4 }, 2).join('\n'), /parallel\.ep = 4 must divide the 2 data-parallel rank\(s\)/);
+  assert.deepEqual(layoutProblems({ ...base, ep: 2, zero: 3, dpShard: 2, dpReplicate: 2 }, 4), []);
   // experts = 0: the other fields are not looked at.
   assert.equal(problemsOf(['--moe.topK=5']), '');
 });

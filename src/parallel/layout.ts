@@ -152,7 +152,6 @@ export function layoutProblems(p: ParallelConfig, worldSize?: number): string[] 
   if (!Number.isInteger(ep) || ep < 1) out.push(`parallel.ep must be a positive integer (1 = no expert parallelism), got ${ep}`);
   if (ep > 1) {
     // What expert parallelism composes with so far; the rest is refused rather than run wrong.
-    if (p.dpReplicate > 1) out.push(`parallel.ep = ${ep} with parallel.dpReplicate = ${p.dpReplicate} (HSDP) is not supported yet; set parallel.dpReplicate = 1`);
   }
   if (worldSize === undefined || !(tp >= 1)) return out;
   const pp = p.pp;
@@ -174,6 +173,7 @@ export function layoutProblems(p: ParallelConfig, worldSize?: number): string[] 
   if (p.zero >= 1) {
     const r = p.dpReplicate;
     const shard = p.dpShard === -1 ? dp / r : p.dpShard;
+    if (ep > 1 && Number.isInteger(shard) && shard % ep !== 0) out.push(`parallel.ep = ${ep} must divide parallel.dpShard (${shard}): expert-parallel ranks are carved from the shard ranks of one replica; choose an ep that divides ${shard}`);
     if (!Number.isInteger(shard) || shard * r !== dp) {
       out.push(
         `parallel.dpReplicate=${r} x parallel.dpShard=${p.dpShard === -1 ? `-1 (${dp} / ${r})` : p.dpShard} must equal the ${dp} data-parallel rank(s); ` +

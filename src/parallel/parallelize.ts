@@ -46,6 +46,8 @@ export interface LayoutMesh {
    */
   ep?: ProcessGroup;
   edp?: ProcessGroup;
+  /** Under HSDP with ep: the expert-holding ranks of one replica (the experts' shard group). */
+  edpShard?: ProcessGroup;
 }
 
 /** Builds the mesh and its groups (collective: every rank calls it with the same layout). */
@@ -59,6 +61,7 @@ export function buildMesh(layout: Pick<Layout, 'pp' | 'dpReplicate' | 'dpShard'>
     return {
       mesh, dp: dp.group, shard: mesh.flatten(['dpShardOuter', 'ep'], 'dpShard').group, replicate: mesh.dim('dpReplicate').group, pp: mesh.dim('pp').group,
       tp: mesh.dim('tp').group, dpRank: dp.rank, ep: mesh.dim('ep').group, edp: mesh.flatten(['dpReplicate', 'dpShardOuter'], 'edp').group,
+      edpShard: mesh.dim('dpShardOuter').group,
     };
   }
   const mesh = DeviceMesh.build([['pp', layout.pp], ['dpReplicate', layout.dpReplicate], ['dpShard', layout.dpShard], ['tp', layout.tp ?? 1]], world);
@@ -153,10 +156,10 @@ function parallelizeParts(model: Module | PipelineModel, mesh: LayoutMesh, plan:
   const { layout } = plan;
   if (isPipelineModel(model)) {
     // Expert parallelism in a pipeline: each stage's experts are cut as the stage is built.
-    let experts: { params: Set<Tensor>; ep: ProcessGroup; edp: ProcessGroup } | undefined;
+    let experts: { params: Set<Tensor>; ep: ProcessGroup; edp: ProcessGroup; edpShard?: ProcessGroup; replicate?: ProcessGroup } | undefined;
     if ((layout.ep ?? 1) > 1) {
       if (!mesh.ep || !mesh.edp) throw new Error(`parallelize: layout.ep = ${layout.ep} needs the mesh built from the same layout (buildMesh(layout, world))`);
-      const ex = (experts = { params: new Set<Tensor>(), ep: mesh.ep, edp: mesh.edp });
+      const ex = (experts = { params: new Set<Tensor>(), ep: mesh.ep, edp: mesh.edp, ...(layout.dpReplicate > 1 ? { edpShard: mesh.edpShard!, replicate: mesh.replicate } : {}) });
       const stage = model.stage.bind(model);
       model = { ...model, stage: (i, n) => {
         const s = stage(i, n);
@@ -188,7 +191,9 @@ function parallelizeParts(model: Module | PipelineModel, mesh: LayoutMesh, plan:
     const denseParams = new Set(model.parameters().filter((p) => !expertParams.has(p)));
     const dense = wrapDataParallel(model, mesh, layout, { ...plan, exclude: expertParams });
     const experts = new DataParallel(model, {
-      group: mesh.edp, zero: layout.zero, ...(layout.zero >= 1 ? { shardGroup: mesh.edp } : {}), accumulate: layout.accumulate,
+      group: mesh.edp, zero: layout.zero, accumulate: layout.accumulate,
+      // Sharded over the expert-holding ranks of a replica; HSDP replicas hold the same shard.
+      ...(layout.zero >= 1 ? { shardGroup: layout.dpReplicate > 1 ? mesh.edpShard! : mesh.edp, ...(layout.dpReplicate > 1 ? { replicateGroup: mesh.replicate } : {}) } : {}),
       exclude: denseParams, gradScale: 1 / layout.dp,
       ...(plan.units ? { units: plan.units } : {}),
       ...(plan.reshardAfterForward !== undefined ? { reshardAfterForward: plan.reshardAfterForward } : {}),

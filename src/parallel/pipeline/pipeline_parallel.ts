@@ -117,7 +117,7 @@ export interface PipelineOptions {
    * cut each stage's experts to this rank's share and collected them in `params` (filled while the
    * stages are built); their gradients live in a second DataParallel over `edp`, scaled by 1 / dp.
    */
-  experts?: { params: ReadonlySet<Tensor>; ep: ProcessGroup; edp: ProcessGroup };
+  experts?: { params: ReadonlySet<Tensor>; ep: ProcessGroup; edp: ProcessGroup; edpShard?: ProcessGroup; replicate?: ProcessGroup };
 }
 
 /** This rank's stage modules under one parent, so one DataParallel holds all of them. */
@@ -224,7 +224,7 @@ export class PipelineParallel implements ParallelModel {
         const dense = new Set(this.stages.flatMap((st) => st.params).filter((p) => !experts.has(p)));
         this.edp = new DataParallel(new LocalStages(this.stages), {
           group: opts.experts!.edp, zero, accumulate: opts.accumulate ?? 'reduceLast', exclude: dense, gradScale: 1 / this.dpGroup.size,
-          ...(zero >= 1 ? { shardGroup: opts.experts!.edp } : {}),
+          ...(zero >= 1 ? { shardGroup: opts.experts!.edpShard ?? opts.experts!.edp, ...(opts.experts!.replicate ? { replicateGroup: opts.experts!.replicate } : {}) } : {}),
           ...(opts.bucketSizeMb !== undefined ? { bucketSizeMb: opts.bucketSizeMb } : {}),
           ...(opts.reduceDtype !== undefined ? { reduceDtype: opts.reduceDtype } : {}),
           ...(opts.reshardAfterForward !== undefined ? { reshardAfterForward: opts.reshardAfterForward } : {}),
@@ -236,7 +236,7 @@ export class PipelineParallel implements ParallelModel {
     }
     this.expertParams = opts.experts?.params ?? new Set();
     this.epGroup = opts.experts?.ep;
-    this.edpGroup = opts.experts?.edp;
+    this.edpGroup = opts.experts?.edpShard ?? opts.experts?.edp; // the experts' shard group
     this.executor = new Executor({
       schedule: this.schedule, rank, group: opts.pp, loss: model.loss,
       stages: new Map(this.stages.map((st) => [st.index, st])),
