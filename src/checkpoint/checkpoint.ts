@@ -33,7 +33,7 @@ import {
 type AnyOptimizer = Optimizer<any>;
 
 /** What a save records besides the tensors (rank 0 writes it into meta.json). */
-export type RunInfo = Pick<CheckpointMeta, 'layout' | 'config' | 'data' | 'rng' | 'schedule'>;
+export type RunInfo = Pick<CheckpointMeta, 'layout' | 'config' | 'data' | 'rng' | 'schedule' | 'moe'>;
 
 /** The state of one rank: where its parameters live, and its optimizer. */
 export interface RankState {

@@ -27,6 +27,12 @@ export function consolidate(arg: string): { meta: CheckpointMeta; tensors: Recor
   return { meta, tensors };
 }
 
+/** A checkpoint's [model] section, with its [moe] section as `moe` when it has experts. */
+export function withMoE(config: Record<string, Record<string, unknown> | undefined>): Record<string, unknown> {
+  const moe = config.moe;
+  return { ...(config.model ?? {}), ...(moe && Number(moe.experts) > 0 ? { moe } : {}) };
+}
+
 /** Writes the checkpoint's parameters to `out` (atomically); returns what it wrote. */
 export function exportCheckpoint(arg: string, out: string): { step: number; params: number; elements: number; out: string } {
   const { meta, tensors } = consolidate(arg);
@@ -36,7 +42,8 @@ export function exportCheckpoint(arg: string, out: string): { step: number; para
     for (const n of names) ordered[n] = tensors[n]!;
     saveSafetensors(out, ordered, {
       format: 'pt',
-      'flotilla.model': JSON.stringify(meta.config.model ?? {}),
+      // The [moe] section rides along inside the model's config: an MoE model needs it to be built.
+      'flotilla.model': JSON.stringify(withMoE(meta.config)),
       'flotilla.step': String(meta.step),
       'flotilla.data': JSON.stringify({ tokenizer: (meta.config.data as Record<string, unknown> | undefined)?.tokenizer ?? 'byte' }),
     });

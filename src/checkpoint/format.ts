@@ -61,6 +61,8 @@ export interface CheckpointMeta {
   rng: { kind: 'seed-per-step'; seed: number };
   /** Learning-rate schedule position (the step it continues from). */
   schedule: { step: number };
+  /** Mixture of experts with balance = "bias": each MoE block's selection bias (state outside the gradient), by block name. */
+  moe?: { expertBias: Record<string, number[]> };
   /** Every parameter of the whole model. */
   params: Record<string, ParamInfo>;
   /** Optimizer: its name, update count, and each parameter's own update count. */

@@ -454,6 +454,9 @@ export function exportCheckpointHf(arg: string, out: string, opts: Omit<SaveHfOp
   const { meta, tensors } = consolidate(arg);
   try {
     const model = { ...modelDefaults(), ...(meta.config.model ?? {}) } as ModelConfig;
+    if (Number(meta.config.moe?.experts ?? 0) > 0) {
+      throw new CheckpointError(`${arg} holds a mixture-of-experts model (moe.experts = ${meta.config.moe!.experts}), which has no Hugging Face form in flotilla; export it as one file instead: flotilla export ${arg} out.safetensors`);
+    }
     const spec = modelSpec(model.arch);
     const tok = (meta.config.data as { tokenizer?: unknown } | undefined)?.tokenizer;
     const tokenizer = typeof tok === 'string' && tok.endsWith('.json') && existsSync(tok) ? tok : undefined;

@@ -8,7 +8,7 @@ import { modelSpec } from '../models/registry.js';
 import { placementsOf } from '../parallel/placement.js';
 import { checkCheckpoint, loadWeights } from '../checkpoint/checkpoint.js';
 import { resolveCheckpoint } from '../checkpoint/format.js';
-import { exportCheckpoint } from '../checkpoint/export.js';
+import { exportCheckpoint, withMoE } from '../checkpoint/export.js';
 import { CheckpointError, readMeta } from '../checkpoint/format.js';
 import { readSafetensorsHeader } from '../checkpoint/safetensors.js';
 import { UsageError } from './usage.js';
@@ -99,7 +99,7 @@ function modelOf(path: string): { weights: string; model: Partial<GPTConfig>; to
   const dir = resolveCheckpoint(path);
   const meta = readMeta(dir);
   const data = (meta.config.data ?? {}) as { tokenizer?: string };
-  return { weights: dir, model: (meta.config.model ?? {}) as Partial<GPTConfig>, tokenizer: data.tokenizer ?? 'byte' };
+  return { weights: dir, model: withMoE(meta.config) as Partial<GPTConfig>, tokenizer: data.tokenizer ?? 'byte' };
 }
 
 interface TextCodec {

@@ -5,6 +5,7 @@
 import { PARALLEL_CHOICES, PARALLEL_DEFAULTS, type ParallelConfig } from '../parallel/layout.js';
 import type { GPTConfig } from '../models/gpt.js';
 import type { LlamaConfig } from '../models/llama.js';
+import { defaultMoEConfig, type MoEConfig } from '../nn/moe_config.js';
 import type { SourceEntry } from '../data/sources.js';
 import { tokenizerIdentity } from '../data/tokenizer.js';
 
@@ -78,8 +79,11 @@ export interface LogConfig {
   samplePrompt: string;
 }
 
+export type { MoEConfig } from '../nn/moe_config.js';
+
 export interface FlotillaConfig {
   model: ModelConfig;
+  moe: MoEConfig;
   data: DataConfig;
   optim: OptimConfig;
   train: TrainConfig;
@@ -131,6 +135,21 @@ export const configSchema: Schema<FlotillaConfig> = {
       ropeLowFreqFactor: { kind: 'float', default: 1, above: 0, doc: '(llama, ropeScaling = "llama3") rope_scaling.low_freq_factor.' },
       ropeHighFreqFactor: { kind: 'float', default: 4, above: 0, doc: '(llama, ropeScaling = "llama3") rope_scaling.high_freq_factor; above model.ropeLowFreqFactor.' },
       ropeOriginalMaxPositions: { kind: 'int', default: 8192, min: 1, doc: '(llama, ropeScaling = "llama3") rope_scaling.original_max_position_embeddings.' },
+    },
+  },
+  moe: {
+    doc: 'Mixture of experts (src/nn/moe.ts): with moe.experts > 0, every moe.every-th block of the GPT or the Llama has an MoE MLP (a router sends each token to moe.topK of moe.experts expert MLPs); the others stay dense.',
+    fields: {
+      experts: { kind: 'int', default: defaultMoEConfig.experts, min: 0, doc: 'Routed experts per MoE block; 0 = no mixture of experts (every MLP dense).' },
+      topK: { kind: 'int', default: defaultMoEConfig.topK, min: 1, doc: 'Experts each token goes to; at most moe.experts.' },
+      every: { kind: 'int', default: defaultMoEConfig.every, min: 1, doc: 'An MoE MLP in blocks every-1, 2 every-1, ... (1 = every block, 2 = every second block).' },
+      sharedExperts: { kind: 'int', default: defaultMoEConfig.sharedExperts, min: 0, doc: 'Experts every token goes through besides its routed ones (DeepSeek\'s shared experts).' },
+      hidden: { kind: 'int', default: defaultMoEConfig.hidden, min: 0, doc: 'Hidden width of one expert; 0 = the dense MLP\'s (4 x model.nEmbd for the GPT, model.intermediateSize for the Llama).' },
+      router: { kind: 'string', default: defaultMoEConfig.router, choices: ['softmax', 'sigmoid'], doc: 'Router scores: "softmax" over the experts, or each expert\'s own "sigmoid". A token\'s output is its experts\' outputs weighted by their scores. Scores are float32 under bf16-mixed; equal scores go to the lower expert index.' },
+      balance: { kind: 'string', default: defaultMoEConfig.balance, choices: ['aux', 'bias'], doc: 'Load balance: "aux" adds the Switch auxiliary loss times moe.auxCoeff; "bias" adds a per-expert bias to the scores for selection only, moved by moe.biasRate after each optimizer step toward an even load (no loss term).' },
+      auxCoeff: { kind: 'float', default: defaultMoEConfig.auxCoeff, min: 0, doc: 'Weight of the auxiliary loss (moe.balance = "aux"), per MoE block.' },
+      biasRate: { kind: 'float', default: defaultMoEConfig.biasRate, min: 0, doc: 'Step of the selection-bias update (moe.balance = "bias"): each expert\'s bias moves by this much after each optimizer step, up when it got fewer tokens than the mean, down when more.' },
+      capacityFactor: { kind: 'float', default: defaultMoEConfig.capacityFactor, min: 0, doc: 'Assignments an expert takes per micro-batch, as a multiple of an even share (moe.topK x tokens / moe.experts); the rest are dropped (their tokens keep the residual only). 0 = no limit (dropless).' },
     },
   },
   data: {
@@ -200,6 +219,7 @@ export const configSchema: Schema<FlotillaConfig> = {
       ppVirtualStages: { kind: 'int', default: PARALLEL_DEFAULTS.ppVirtualStages, min: 1, doc: 'Stages per pipeline rank; more than 1 needs ppSchedule = "interleaved".' },
       tp: { kind: 'int', default: PARALLEL_DEFAULTS.tp, min: 1, doc: 'Tensor-parallel degree: ranks each layer\'s weights are split over (Megatron-style column/row-parallel Linear, vocab-parallel embedding); the innermost mesh dim, so these ranks are neighbours. model.nHead, nEmbd, 4 x nEmbd and vocabSize must divide by it. Tensor-parallel ranks read the same batch.' },
       sequenceParallel: { kind: 'bool', default: PARALLEL_DEFAULTS.sequenceParallel, doc: 'With tp > 1: LayerNorm, dropout and the residual stream are sharded over tokens too (all-gather / reduce-scatter instead of all-reduce); data.seqLen must divide by tp.' },
+      ep: { kind: 'int', default: PARALLEL_DEFAULTS.ep, min: 1, doc: 'Expert-parallel degree: the experts of every MoE block (moe.experts, which it must divide) are split over this many neighbouring data-parallel ranks, and tokens travel to their experts\' ranks and back by all-to-all; expert gradients are reduced over the data-parallel ranks holding the same experts. Must divide the data-parallel degree (and parallel.dpShard when sharded); composes with parallel.zero 0-3, HSDP, parallel.pp and parallel.tp (experts whole on every tp rank, without sequenceParallel).' },
       lossParallel: { kind: 'bool', default: PARALLEL_DEFAULTS.lossParallel, doc: 'With tp > 1: the logits stay sharded over the vocabulary and the loss is the vocab-parallel cross-entropy (never gathers the full logits).' },
     },
   },
@@ -232,6 +252,11 @@ export const sections = Object.keys(configSchema) as (keyof FlotillaConfig)[];
 export function fieldsOf(section: string): Record<string, AnyField> | undefined {
   const s = (configSchema as unknown as Record<string, { fields: Record<string, AnyField> }>)[section];
   return s?.fields;
+}
+
+/** The [model] section with the [moe] section in it: what the model specs build from. */
+export function modelConfigOf(c: Pick<FlotillaConfig, 'model' | 'moe'>): ModelConfig & { moe?: MoEConfig } {
+  return c.moe && c.moe.experts > 0 ? { ...c.model, moe: c.moe } : c.model;
 }
 
 export function defaultConfig(): FlotillaConfig {

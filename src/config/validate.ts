@@ -4,14 +4,14 @@
 import { checkDataConfig } from '../data/sources.js';
 import { layoutProblems, dataParallelDegree } from '../parallel/layout.js';
 import { modelArchs, modelRules, unknownArch } from '../models/rules.js';
-import type { FlotillaConfig } from './schema.js';
+import { modelConfigOf, type FlotillaConfig } from './schema.js';
 import { explainPaths } from './paths.js';
 
 /** The model's shape problems under the config's layout (none for an unknown arch: validateConfig names that). */
 function shapeProblems(c: FlotillaConfig): string[] {
   if (!modelArchs().includes(c.model.arch)) return [];
   const p = c.parallel;
-  return modelRules(c.model.arch).shapeProblems(c.model, { seqLen: c.data.seqLen, pp: p.pp, ppVirtualStages: p.ppVirtualStages, tp: p.tp, sequenceParallel: p.sequenceParallel });
+  return modelRules(c.model.arch).shapeProblems(modelConfigOf(c), { seqLen: c.data.seqLen, pp: p.pp, ppVirtualStages: p.ppVirtualStages, tp: p.tp, sequenceParallel: p.sequenceParallel });
 }
 
 /** Cross-field rules. */
@@ -21,6 +21,9 @@ export function validateConfig(c: FlotillaConfig): string[] {
   if (c.optim.minLr > c.optim.lr) p.push(`optim.minLr (${c.optim.minLr}) must be <= optim.lr (${c.optim.lr})`);
   p.push(...layoutProblems(c.parallel));
   p.push(...shapeProblems(c));
+  if (c.parallel.ep > 1 && c.moe.experts === 0) p.push(`parallel.ep = ${c.parallel.ep} splits experts, but moe.experts = 0; set moe.experts (a multiple of ${c.parallel.ep}) or parallel.ep = 1`);
+  if (c.parallel.ep > 1 && c.moe.experts > 0 && c.moe.experts % c.parallel.ep !== 0) p.push(`moe.experts (${c.moe.experts}) must divide by parallel.ep (${c.parallel.ep}): every expert-parallel rank holds the same number of experts`);
+  if (c.moe.experts > 0 && c.parallel.tp > 1 && c.parallel.sequenceParallel) p.push('moe.experts > 0 does not run with parallel.sequenceParallel yet (MoE blocks would route each tensor-parallel rank\'s tokens apart); set parallel.sequenceParallel = false');
   const parts = c.data.microBatches * (c.parallel.dp > 0 ? c.parallel.dp : 1);
   if (c.data.globalBatch % parts !== 0) {
     const by = c.parallel.dp > 0 ? `parallel.dp x data.microBatches (${c.parallel.dp} x ${c.data.microBatches} = ${parts})` : `data.microBatches (${parts})`;

@@ -7,6 +7,7 @@
 import { type Tensor, arange, manualSeed, noGrad } from '../tensor/index.js';
 import { Module, Embedding, LayerNorm, Linear, Dropout, Block, F, deferParameters } from '../nn/index.js';
 import { castFor } from '../nn/precision.js';
+import { isMoELayer } from '../nn/moe_config.js';
 import { KVCache } from '../nn/kv_cache.js';
 import { checkGPTConfig as checkConfig, type GPTConfig } from './gpt_config.js';
 
@@ -100,7 +101,7 @@ abstract class GPTParts extends Module {
       self.wpe = this.registerModule('wpe', new Embedding(c.blockSize, c.nEmbd));
       self.drop = this.registerModule('drop', new Dropout(c.dropout));
     }
-    self.layers = this.registerModule('layers', new BlockRange(first, Array.from({ length: end - first }, () => new Block(c))));
+    self.layers = this.registerModule('layers', new BlockRange(first, Array.from({ length: end - first }, (_, i) => new Block(c, { moe: isMoELayer(c.moe, first + i) }))));
     if (spec.head) {
       self.lnF = this.registerModule('lnF', new LayerNorm(c.nEmbd, { bias: c.bias }));
       // Tied: the head reuses the embedding matrix, one leaf tensor used twice in the graph. A
@@ -131,9 +132,9 @@ abstract class GPTParts extends Module {
   /** One parameter's initial values, by full-model name, into `p` (its own tensor or a view of the same shape). */
   private initParameter(name: string, p: Tensor, initSeed: number | undefined): void {
     if (initSeed !== undefined) manualSeed(((initSeed >>> 0) + fnv1a(name)) % 2 ** 32);
-    if (name.endsWith('.bias')) p.zero_();
+    if (name.endsWith('.bias') || name.endsWith('Bias')) p.zero_(); // experts' biases are fcBias, projBias
     else if (/ln1|ln2|lnF/.test(name)) p.fill_(1);
-    else if (name.endsWith('attn.proj.weight') || name.endsWith('mlp.proj.weight')) p.normal_(0, 0.02 / Math.sqrt(2 * this.cfg.nLayer));
+    else if (/(attn\.proj\.weight|mlp\.proj\.weight|mlp\.(experts|shared)\.proj)$/.test(name)) p.normal_(0, 0.02 / Math.sqrt(2 * this.cfg.nLayer));
     else p.normal_(0, 0.02);
   }
 

@@ -1,6 +1,7 @@
 // The GPT's config and the rules on its shapes, apart from the model's code: the config's
 // validation (src/config) and the launcher read them without loading the tensor library.
 import type { ModelRules } from './spec.js';
+import { checkMoEConfig, isMoELayer, moeLayerParams, moeProblems, type MoEConfig } from '../nn/moe_config.js';
 
 export interface GPTConfig {
   vocabSize: number;
@@ -16,6 +17,8 @@ export interface GPTConfig {
   tieEmbeddings: boolean;
   /** The MLP's GELU: 'exact' (erf, the default) or 'tanh' (the approximation GPT-2 was trained with). */
   gelu?: 'exact' | 'tanh';
+  /** Mixture of experts (the [moe] section): an MoE MLP every moe.every blocks when moe.experts > 0. */
+  moe?: MoEConfig;
 }
 
 export const defaultGPTConfig: GPTConfig = {
@@ -30,6 +33,9 @@ export function checkGPTConfig(cfg: Partial<GPTConfig>): GPTConfig {
     if (!Number.isInteger(c[k]) || c[k] <= 0) throw new Error(`GPT: ${k} must be a positive integer, got ${c[k]}`);
   }
   if (c.gelu !== 'exact' && c.gelu !== 'tanh') throw new Error(`GPT: gelu must be "exact" or "tanh", got ${JSON.stringify(c.gelu)}`);
+  const moe = checkMoEConfig(c.moe, c.nLayer);
+  if (moe) c.moe = moe;
+  else delete c.moe;
   return c;
 }
 
@@ -42,8 +48,15 @@ export function gptNumParams(cfg: Partial<GPTConfig>): number {
   const C = c.nEmbd, b = c.bias ? 1 : 0;
   const norm = C + b * C;
   const linear = (inF: number, outF: number) => inF * outF + b * outF;
-  const block = 2 * norm + linear(C, 3 * C) + linear(C, C) + linear(C, 4 * C) + linear(4 * C, C);
-  return c.vocabSize * C + c.blockSize * C + c.nLayer * block + norm + (c.tieEmbeddings ? 0 : c.vocabSize * C);
+  const mlp = linear(C, 4 * C) + linear(4 * C, C);
+  const block = 2 * norm + linear(C, 3 * C) + linear(C, C) + mlp;
+  let moe = 0;
+  for (let i = 0; i < c.nLayer; i++) {
+    if (!isMoELayer(c.moe, i)) continue;
+    const H = c.moe!.hidden || 4 * C;
+    moe += moeLayerParams(c.moe!, C, linear(C, H) + linear(H, C)) - mlp;
+  }
+  return c.vocabSize * C + c.blockSize * C + c.nLayer * block + moe + norm + (c.tieEmbeddings ? 0 : c.vocabSize * C);
 }
 
 /** The GPT's shape rules (the light part of its spec; [Note: model registry] in registry.ts). */
@@ -52,7 +65,7 @@ export const gptRules: ModelRules<GPTConfig> = {
   describe: (m) => `GPT ${m.nLayer} layers, ${m.nHead} heads, width ${m.nEmbd}, context ${m.blockSize}`,
   numParams: (m) => gptNumParams(m),
   shapeProblems(m, ctx) {
-    const p: string[] = [];
+    const p: string[] = moeProblems(m.moe, m.nLayer);
     if (m.nEmbd % m.nHead !== 0) p.push(`model.nEmbd (${m.nEmbd}) must be divisible by model.nHead (${m.nHead})`);
     if (ctx.seqLen > m.blockSize) p.push(`data.seqLen (${ctx.seqLen}) must be <= model.blockSize (${m.blockSize}); lower data.seqLen or raise model.blockSize`);
     const stages = ctx.pp * ctx.ppVirtualStages;

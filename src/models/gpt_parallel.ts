@@ -43,10 +43,16 @@ export function gptTensorPlan(opts: { sequenceParallel?: boolean; lossParallel?:
         'layers.*.attn.qkv': { kind: 'colwise', input: act, chunks: 3 },
         'layers.*.attn.attnDrop': 'localRng',
         'layers.*.attn.proj': { kind: 'rowwise', output: act },
-        'layers.*.mlp.fc': { kind: 'colwise', input: act },
-        'layers.*.mlp.proj': { kind: 'rowwise', output: act },
       } satisfies TpPlan);
-      if (sp) for (const m of ['ln1', 'ln2', 'attn.residDrop', 'mlp.drop']) plan[`layers.*.${m}`] = 'sequenceParallel';
+      // Dense MLPs only: an MoE block's experts stay whole on every tp rank.
+      const dense = [...has].some((n) => /^layers\.\d+\.mlp\.fc$/.test(n));
+      if (dense) {
+        Object.assign(plan, {
+          'layers.*.mlp.fc': { kind: 'colwise', input: act },
+          'layers.*.mlp.proj': { kind: 'rowwise', output: act },
+        } satisfies TpPlan);
+      }
+      if (sp) for (const m of ['ln1', 'ln2', 'attn.residDrop', ...(dense ? ['mlp.drop'] : [])]) plan[`layers.*.${m}`] = 'sequenceParallel';
     }
     if (has.has('head')) {
       if (sp) plan.lnF = 'sequenceParallel';

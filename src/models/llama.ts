@@ -19,6 +19,8 @@ import { castFor } from '../nn/precision.js';
 import { activationCheckpointMode, checkpointBlock, checkpointRegion } from '../nn/checkpoint.js';
 import { gptLoss, type GPTBuildOptions, type GPTStageSpec } from './gpt.js';
 import { KVCache } from '../nn/kv_cache.js';
+import { MoE } from '../nn/moe.js';
+import { isMoELayer, type MoEConfig } from '../nn/moe_config.js';
 import { resolveLlamaConfig, type LlamaConfig } from './llama_config.js';
 
 export { defaultLlamaConfig, llamaIntermediateSize, llamaNumParams, resolveLlamaConfig, type LlamaConfig } from './llama_config.js';
@@ -151,6 +153,8 @@ export interface LlamaLayerConfig {
   intermediateSize: number;
   rmsNormEps: number;
   dropout: number;
+  /** Mixture-of-experts settings; a block built with `{ moe: true }` uses them for its MLP. */
+  moe?: MoEConfig;
 }
 
 /**
@@ -268,19 +272,20 @@ export class LlamaMLP extends Module {
   }
 }
 
-/** Pre-norm Llama block: x + attn(attnNorm(x)), then x + mlp(mlpNorm(x)). */
+/** Pre-norm Llama block: x + attn(attnNorm(x)), then x + mlp(mlpNorm(x)); the MLP is a mixture of SwiGLU experts with `{ moe: true }`. */
 export class LlamaBlock extends Module {
   readonly attnNorm: RMSNorm;
   readonly attn: LlamaAttention;
   readonly mlpNorm: RMSNorm;
-  readonly mlp: LlamaMLP;
+  readonly mlp: LlamaMLP | MoE;
   readonly dropout: number;
-  constructor(cfg: LlamaLayerConfig, rope: RotaryTables) {
+  constructor(cfg: LlamaLayerConfig, rope: RotaryTables, opts: { moe?: boolean } = {}) {
     super();
     this.attnNorm = this.registerModule('attnNorm', new RMSNorm(cfg.nEmbd, cfg.rmsNormEps));
     this.attn = this.registerModule('attn', new LlamaAttention(cfg, rope));
     this.mlpNorm = this.registerModule('mlpNorm', new RMSNorm(cfg.nEmbd, cfg.rmsNormEps));
-    this.mlp = this.registerModule('mlp', new LlamaMLP(cfg));
+    if (opts.moe && !cfg.moe) throw new Error('LlamaBlock: { moe: true } needs cfg.moe (the mixture-of-experts settings)');
+    this.mlp = this.registerModule('mlp', opts.moe ? new MoE(cfg.moe!, cfg.nEmbd, cfg.intermediateSize, 'swiglu', false) : new LlamaMLP(cfg));
     this.dropout = cfg.dropout;
   }
   /** Full activation checkpointing wraps the whole block inside call() (see Block in src/nn/transformer.ts). */
@@ -352,7 +357,7 @@ abstract class LlamaParts extends Module {
     const [first, end] = this.spec.layers;
     const self = this as { -readonly [K in 'wte' | 'layers' | 'norm' | 'head']: LlamaParts[K] };
     if (this.spec.embed) self.wte = this.registerModule('wte', new Embedding(c.vocabSize, c.nEmbd));
-    self.layers = this.registerModule('layers', new LlamaLayers(first, Array.from({ length: end - first }, () => new LlamaBlock(c, this.rope))));
+    self.layers = this.registerModule('layers', new LlamaLayers(first, Array.from({ length: end - first }, (_, i) => new LlamaBlock(c, this.rope, { moe: isMoELayer(c.moe, first + i) }))));
     if (this.spec.head) {
       self.norm = this.registerModule('norm', new RMSNorm(c.nEmbd, c.rmsNormEps));
       // Tied: the head reuses the embedding matrix; a last stage without the embedding holds a copy

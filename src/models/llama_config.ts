@@ -1,6 +1,7 @@
 // The Llama's config, its derived fields and the rules on its shapes, apart from the model's code:
 // the config's validation (src/config) and the launcher read them without loading the tensor library.
 import type { ModelRules, ShapeContext } from './spec.js';
+import { checkMoEConfig, isMoELayer, moeLayerParams, moeProblems, type MoEConfig } from '../nn/moe_config.js';
 
 export interface LlamaConfig {
   vocabSize: number;
@@ -25,6 +26,8 @@ export interface LlamaConfig {
   /** On the attention probabilities only (transformers' attention_dropout). */
   dropout: number;
   tieEmbeddings: boolean;
+  /** Mixture of experts (the [moe] section): an MoE MLP every moe.every blocks when moe.experts > 0. */
+  moe?: MoEConfig;
 }
 
 export const defaultLlamaConfig: LlamaConfig = {
@@ -53,6 +56,9 @@ export function resolveLlamaConfig(cfg: Partial<LlamaConfig>): LlamaConfig {
   if (c.intermediateSize === 0) c.intermediateSize = llamaIntermediateSize(c.nEmbd);
   if (c.nHead % c.nKvHead !== 0) throw new Error(`Llama: nKvHead (${c.nKvHead}) must divide nHead (${c.nHead})`);
   if (c.headDim % 2 !== 0) throw new Error(`Llama: headDim (${c.headDim}) must be even (rotary embeddings rotate pairs)`);
+  const moe = checkMoEConfig(c.moe, c.nLayer);
+  if (moe) c.moe = moe;
+  else delete c.moe;
   return c;
 }
 
@@ -60,13 +66,18 @@ export function resolveLlamaConfig(cfg: Partial<LlamaConfig>): LlamaConfig {
 export function llamaNumParams(cfg: Partial<LlamaConfig>): number {
   const c = resolveLlamaConfig(cfg);
   const C = c.nEmbd, A = c.nHead * c.headDim, KV = c.nKvHead * c.headDim;
-  const block = 2 * C + C * A + 2 * C * KV + A * C + 3 * C * c.intermediateSize;
-  return c.vocabSize * C + c.nLayer * block + C + (c.tieEmbeddings ? 0 : c.vocabSize * C);
+  const mlp = 3 * C * c.intermediateSize;
+  const block = 2 * C + C * A + 2 * C * KV + A * C + mlp;
+  let moe = 0;
+  for (let i = 0; i < c.nLayer; i++) {
+    if (isMoELayer(c.moe, i)) moe += moeLayerParams(c.moe!, C, 3 * C * (c.moe!.hidden || c.intermediateSize)) - mlp;
+  }
+  return c.vocabSize * C + c.nLayer * block + moe + C + (c.tieEmbeddings ? 0 : c.vocabSize * C);
 }
 
 /** Every problem of a Llama config under a layout, each naming the field and the fix. */
 function llamaShapeProblems(m: LlamaConfig, ctx: ShapeContext): string[] {
-  const p: string[] = [];
+  const p: string[] = moeProblems(m.moe, m.nLayer);
   if (m.headDim === 0 && m.nEmbd % m.nHead !== 0) p.push(`model.nEmbd (${m.nEmbd}) must be divisible by model.nHead (${m.nHead}), or set model.headDim`);
   const nKv = m.nKvHead === 0 ? m.nHead : m.nKvHead;
   if (m.nHead % nKv !== 0) p.push(`model.nKvHead (${nKv}) must divide model.nHead (${m.nHead}) (grouped-query attention: 1 = multi-query, model.nHead = multi-head)`);

@@ -37,10 +37,15 @@ export function llamaTensorPlan(opts: { sequenceParallel?: boolean; lossParallel
         'layers.*.attn.v': { kind: 'colwise', input: act },
         'layers.*.attn.attnDrop': 'localRng',
         'layers.*.attn.o': { kind: 'rowwise', output: act },
-        'layers.*.mlp.gate': { kind: 'colwise', input: act },
-        'layers.*.mlp.up': { kind: 'colwise', input: act },
-        'layers.*.mlp.down': { kind: 'rowwise', output: act },
       } satisfies TpPlan);
+      // Dense MLPs only: an MoE block's experts stay whole on every tp rank.
+      if ([...has].some((n) => /^layers\.\d+\.mlp\.gate$/.test(n))) {
+        Object.assign(plan, {
+          'layers.*.mlp.gate': { kind: 'colwise', input: act },
+          'layers.*.mlp.up': { kind: 'colwise', input: act },
+          'layers.*.mlp.down': { kind: 'rowwise', output: act },
+        } satisfies TpPlan);
+      }
       if (sp) for (const m of ['attnNorm', 'mlpNorm']) plan[`layers.*.${m}`] = 'sequenceParallel';
     }
     if (has.has('head')) {

@@ -66,6 +66,15 @@ export function insideCheckpointedRegion(): boolean {
   return inRegion > 0;
 }
 
+let recomputing = 0;
+/**
+ * True while a region's forward runs again in backward: what a forward records about itself (an
+ * MoE block's token counts) is not recorded twice.
+ */
+export function isRecomputing(): boolean {
+  return recomputing > 0;
+}
+
 /** A graph kept by the newest region ([Note: last region]). */
 interface Live {
   inputs: Tensor[]; // the detached inputs the graph starts from
@@ -130,9 +139,11 @@ const region = defineFunction<[RegionArgs, ...Tensor[]]>({
       // The recompute reseeds for its dropout masks and then puts the generator back, so the random
       // stream after a backward does not depend on which regions recomputed.
       const rng = a.seed !== undefined ? native.rngState() : undefined;
+      recomputing++;
       try {
         live = record(a.body, ctx.savedTensors.slice(0, a.nIn) as Tensor[], needs, a.seed);
       } finally {
+        recomputing--;
         if (rng !== undefined) {
           native.setRngState(rng);
           native.release(rng);

@@ -25,6 +25,7 @@
 //   rmsNorm     float32      float32              (a reduction: float32)
 //   embedding   float32      float32              a gather from the float32 master weight
 //   loss        float32      float32              cross-entropy is on autocast's float32 list
+//   router      float32      (none)               an MoE router's scores (src/nn/moe.ts): a bf16 rounding can flip a choice
 // Softmax and GELU still compute in float32, where precision matters: inside libtorch's
 // bf16 kernels. Forward (and GELU's backward) are bit-identical to float32 then a cast, softmax's
 // backward is within a bf16 ulp or two; their outputs feed bf16 matmuls, so the rounding happens
@@ -44,7 +45,7 @@ import { type Tensor, type DType, isGradEnabled, keep } from '../tensor/index.js
 export type Precision = 'fp32' | 'bf16-mixed';
 export const PRECISIONS: readonly Precision[] = ['fp32', 'bf16-mixed'];
 
-export type OpClass = 'linear' | 'matmul' | 'softmax' | 'gelu' | 'layerNorm' | 'rmsNorm' | 'embedding' | 'loss';
+export type OpClass = 'linear' | 'matmul' | 'softmax' | 'gelu' | 'layerNorm' | 'rmsNorm' | 'embedding' | 'loss' | 'router';
 
 /** The table (see [Note: bf16-mixed]); fp32 has none: every op runs in its inputs' dtype. */
 export const BF16_MIXED_OPS: Readonly<Record<OpClass, DType>> = {
@@ -56,6 +57,7 @@ export const BF16_MIXED_OPS: Readonly<Record<OpClass, DType>> = {
   rmsNorm: 'float32',
   embedding: 'float32',
   loss: 'float32',
+  router: 'float32',
 };
 
 /** Checks a precision name from a config or the API; fp16 is named as out of scope. */

@@ -6,6 +6,8 @@ import { Linear, LayerNorm, Dropout } from './layers.js';
 import { castFor } from './precision.js';
 import { activationCheckpointMode, checkpointBlock, checkpointRegion } from './checkpoint.js';
 import type { KVCache } from './kv_cache.js';
+import { MoE } from './moe.js';
+import type { MoEConfig } from './moe_config.js';
 
 export interface BlockConfig {
   nEmbd: number;
@@ -15,6 +17,8 @@ export interface BlockConfig {
   bias: boolean;
   /** The MLP's GELU: 'exact' (erf; the default) or 'tanh' (GPT-2's approximation). */
   gelu?: 'exact' | 'tanh';
+  /** Mixture-of-experts settings; a block built with `{ moe: true }` uses them for its MLP. */
+  moe?: MoEConfig;
 }
 
 export class CausalSelfAttention extends Module {
@@ -113,18 +117,21 @@ export class MLP extends Module {
   }
 }
 
-/** Pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)). */
+/** Pre-norm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)); the MLP is a mixture of experts with `{ moe: true }`. */
 export class Block extends Module {
   readonly ln1: LayerNorm;
   readonly attn: CausalSelfAttention;
   readonly ln2: LayerNorm;
-  readonly mlp: MLP;
-  constructor(cfg: BlockConfig) {
+  readonly mlp: MLP | MoE;
+  constructor(cfg: BlockConfig, opts: { moe?: boolean } = {}) {
     super();
     this.ln1 = this.registerModule('ln1', new LayerNorm(cfg.nEmbd, { bias: cfg.bias }));
     this.attn = this.registerModule('attn', new CausalSelfAttention(cfg));
     this.ln2 = this.registerModule('ln2', new LayerNorm(cfg.nEmbd, { bias: cfg.bias }));
-    this.mlp = this.registerModule('mlp', new MLP(cfg));
+    if (opts.moe && !cfg.moe) throw new Error('Block: { moe: true } needs cfg.moe (the mixture-of-experts settings)');
+    this.mlp = this.registerModule('mlp', opts.moe
+      ? new MoE(cfg.moe!, cfg.nEmbd, 4 * cfg.nEmbd, cfg.gelu === 'tanh' ? 'gelu-tanh' : 'gelu', cfg.bias, { dropout: cfg.dropout })
+      : new MLP(cfg));
     this.dropout = cfg.dropout;
   }
   readonly dropout: number;

@@ -92,6 +92,17 @@ export interface DataParallelOptions {
    * collective and adds the result back in float32: half the bytes; accumulation stays float32.
    */
   reduceDtype?: 'fp32' | 'bf16';
+  /**
+   * Parameters another wrapper holds (expert parallelism's experts, reduced over their own group):
+   * left out of this wrapper's buckets, its broadcast and its checks.
+   */
+  exclude?: ReadonlySet<Tensor>;
+  /**
+   * The factor each rank's gradient bucket is multiplied by before the sum over the group (default
+   * 1 / group size: the average). Experts held by ep ranks already hold the sum over their ep
+   * group's tokens, so they are scaled by 1 / (every data-parallel rank) instead.
+   */
+  gradScale?: number;
 }
 
 /** Sharded reductions allowed in flight at a launch before the oldest is waited for ([Note: reduction window]). */
@@ -152,6 +163,8 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
   private window: Window = 'idle';
   private usedThisStep: Set<Tensor> | undefined; // parameters with a gradient on some rank (findUnusedParameters)
   private readonly meter = new MemoryMeter(() => this.runs.map((r) => ({ ...r, copy: this.fsdp?.bf16CopyOf(r.bucket) })));
+  private readonly gradScale: number;
+  private readonly exclude: ReadonlySet<Tensor>;
   private readonly inFlight: BucketRun[] = []; // sharded reductions not yet completed, in launch order ([Note: reduction window])
 
   constructor(module: M, opts: DataParallelOptions) {
@@ -167,7 +180,9 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     this.accumulate = resolveAccumulate(this.zero, opts.accumulate);
     checkOptions(this.zero, this.accumulate, this.group, this.shardGroup, this.replicateGroup);
 
-    const named = module.namedParameters().filter(([, p]) => p.requiresGrad);
+    this.gradScale = opts.gradScale ?? 1 / this.group.size;
+    this.exclude = opts.exclude ?? new Set();
+    const named = module.namedParameters().filter(([, p]) => p.requiresGrad && !this.exclude.has(p));
     if (named.length === 0) throw new Error('DataParallel: the module has no trainable parameters');
     const sharded = this.zero >= 1;
     const units = this.zero === 3 ? FsdpUnits.plan(module, named, opts.units) : undefined;
@@ -212,7 +227,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
       for (const slot of buffer.slots) this.slotOf.set(slot.param, slot);
     }
     // ZeRO-3 broadcast each bucket while it was whole, above.
-    if (broadcast) broadcastState(this.group, module, this.zero === 3 ? [] : this.runs.map((r) => r.bucket), new Set(this.slotOf.keys()));
+    if (broadcast) broadcastState(this.group, module, this.zero === 3 ? [] : this.runs.map((r) => r.bucket), new Set([...this.slotOf.keys(), ...this.exclude]));
 
     if (this.zero >= 2) {
       for (const { bucket } of this.runs) bucket.shardGrad = keep(zeros([bucket.shardNumel], { dtype: bucket.grad.dtype }));
@@ -288,7 +303,8 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     this.beforeAccumulate(run.bucket);
     const g = run.bucket.grad;
     if (this.nonFinite !== 'off' && !run.nonFinite) run.nonFinite = tidy(() => !g.isfinite().all().item());
-    if (this.group.size > 1) noGrad(() => g.mul_(this.averagingScale(run.bucket))); // average = pre-scale, then sum
+    const scale = this.averagingScale(run.bucket);
+    if (scale !== 1) noGrad(() => g.mul_(scale)); // average = pre-scale, then sum
     // reduceDtype 'bf16': the collective moves a bfloat16 copy; complete() adds it back in float32.
     const wire = this.reduceDtype === 'bf16' && this.group.size > 1 ? (run.wire = keep(noGrad(() => g.to('bfloat16')))) : g;
     if (this.zero <= 1) {
@@ -325,7 +341,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
    * average. (Tests replace it on the prototype to prove that verification catches a wrong one.)
    */
   protected averagingScale(_bucket: Bucket): number {
-    return 1 / this.group.size;
+    return this.gradScale;
   }
 
   /** Waits for a bucket's reduction and folds it into the gradient shard (sharded modes), freeing the full bucket. */

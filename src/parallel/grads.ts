@@ -48,6 +48,13 @@ export interface GradientSource {
    */
   normPieces(): { tensors: Tensor[]; sumOver: ProcessGroup[] };
   /**
+   * When the pieces are not all summed over the same groups (expert parallelism: experts also over
+   * ep), each set with its own; gradNorm then reads this instead of normPieces.
+   */
+  normGroups?(): { tensors: Tensor[]; sumOver: ProcessGroup[] }[];
+  /** With normGroups: which of them a parameter's gradient belongs to (a wrapper regrouping per parameter asks). */
+  normGroupOf?(param: Tensor): number;
+  /**
    * The gradient tensors clipping scales, when they are more than normPieces' tensors: a copy
    * that is left out of the norm so it counts once (the last pipeline stage's copy of a tied
    * embedding) must still be scaled. Default: normPieces().tensors.
@@ -102,14 +109,32 @@ export class LocalGrads implements GradientSource {
  */
 export function gradNorm(src: GradientSource, p = 2): number {
   // tidy: pieces a source makes for the call (LocalGrads' .grad handles) are freed; buffer views stay.
-  return tidy(() => normOf(src.normPieces(), p));
+  return tidy(() => normOf(piecesOf(src), p));
+}
+
+function piecesOf(src: GradientSource): { tensors: Tensor[]; sumOver: ProcessGroup[] }[] {
+  return src.normGroups ? src.normGroups() : [src.normPieces()];
 }
 
 /** Elements converted to float64 at a time (8 MiB of float64). */
 const NORM_CHUNK = 1 << 20;
 
-function normOf({ tensors, sumOver }: { tensors: Tensor[]; sumOver: ProcessGroup[] }, p: number): number {
+function normOf(groups: { tensors: Tensor[]; sumOver: ProcessGroup[] }[], p: number): number {
   if (!(p > 0)) throw new Error(`gradNorm: norm type p must be > 0 (or Infinity), got ${p}`);
+  const inf = p === Infinity;
+  let total = 0, nan = false;
+  // Each set of pieces is summed over its own groups, then the sets are combined (every rank the same).
+  for (const g of groups) {
+    const part = groupNorm(g, p);
+    if (Number.isNaN(part)) nan = true;
+    else total = inf ? Math.max(total, part) : total + part;
+  }
+  if (nan) return NaN;
+  return inf ? total : total ** (1 / p);
+}
+
+/** sum |g|^p (max for p = Infinity) over the pieces and their groups; NaN when any rank saw one. */
+function groupNorm({ tensors, sumOver }: { tensors: Tensor[]; sumOver: ProcessGroup[] }, p: number): number {
   const inf = p === Infinity;
   let local = 0;
   noGrad(() => {
@@ -134,8 +159,7 @@ function normOf({ tensors, sumOver }: { tensors: Tensor[]; sumOver: ProcessGroup
   const acc = tensor([nan ? 0 : local, nan ? 1 : 0], { dtype: 'float64' });
   for (const g of sumOver) g.allReduce(acc, inf ? 'max' : 'sum').wait();
   const [total, nanFlag] = acc.toNumbers() as [number, number];
-  if (nanFlag > 0) return NaN;
-  return inf ? total : total ** (1 / p);
+  return nanFlag > 0 ? NaN : total;
 }
 
 export interface ClipResult {
@@ -158,7 +182,7 @@ export interface ClipResult {
 export function clipGradNorm(src: GradientSource, maxNorm: number, opts: { p?: number; errorIfNonfinite?: boolean } = {}): ClipResult {
   if (!(maxNorm > 0)) throw new Error(`clipGradNorm: maxNorm must be > 0, got ${maxNorm}`);
   return tidy(() => {
-    const pieces = src.normPieces();
+    const pieces = piecesOf(src);
     const norm = normOf(pieces, opts.p ?? 2);
     if (!Number.isFinite(norm)) {
       if (opts.errorIfNonfinite) throw new Error(`clipGradNorm: the total gradient norm is ${norm}; gradients hold NaN or Inf`);
@@ -166,7 +190,7 @@ export function clipGradNorm(src: GradientSource, maxNorm: number, opts: { p?: n
     }
     const coef = maxNorm / (norm + 1e-6);
     if (coef >= 1) return { norm, scale: 1 };
-    const targets = src.clipTargets ? src.clipTargets() : pieces.tensors;
+    const targets = src.clipTargets ? src.clipTargets() : pieces.flatMap((g) => g.tensors);
     noGrad(() => {
       for (const t of targets) t.mul_(coef);
     });

@@ -52,6 +52,8 @@ export interface ParallelConfig {
   lossParallel: boolean;
   /** Collective backend: "auto" (Open MPI when installed, else Gloo), "gloo" or "mpi" (src/distributed/process_group.ts). */
   backend: 'auto' | 'gloo' | 'mpi';
+  /** Expert parallelism: MoE experts split over this many neighbouring data-parallel ranks (1 = every rank holds every expert). */
+  ep: number;
 }
 
 /**
@@ -60,7 +62,7 @@ export interface ParallelConfig {
  */
 export const PARALLEL_DEFAULTS: Readonly<ParallelConfig> = {
   dp: -1, zero: 0, dpShard: -1, dpReplicate: 1, accumulate: 'auto', reshardAfterForward: true, bucketSizeMb: 0, reduceDtype: 'fp32',
-  overlap: true, backend: 'auto', pp: 1, ppSchedule: '1f1b', ppVirtualStages: 1, tp: 1, sequenceParallel: false, lossParallel: false,
+  overlap: true, backend: 'auto', pp: 1, ppSchedule: '1f1b', ppVirtualStages: 1, tp: 1, sequenceParallel: false, lossParallel: false, ep: 1,
 };
 
 /** A layout resolved for a world: every degree known. */
@@ -79,6 +81,8 @@ export interface Layout {
   /** Pipeline schedule and stages per rank (used when pp > 1). */
   schedule?: ScheduleName;
   virtualStages?: number;
+  /** Expert-parallel degree (absent or 1 = none): carved from the data-parallel shard ranks, neighbours in dp-rank order. */
+  ep?: number;
 }
 
 /**
@@ -144,6 +148,11 @@ export function layoutProblems(p: ParallelConfig, worldSize?: number): string[] 
   if (!Number.isInteger(tp) || tp < 1) out.push(`parallel.tp must be a positive integer (1 = no tensor parallelism), got ${tp}`);
   if (tp === 1 && p.sequenceParallel) out.push('parallel.sequenceParallel shards activations over the tensor-parallel ranks: set parallel.tp > 1, or sequenceParallel = false');
   if (tp === 1 && p.lossParallel) out.push('parallel.lossParallel shards the logits over the tensor-parallel ranks: set parallel.tp > 1, or lossParallel = false');
+  const ep = p.ep ?? 1;
+  if (!Number.isInteger(ep) || ep < 1) out.push(`parallel.ep must be a positive integer (1 = no expert parallelism), got ${ep}`);
+  if (ep > 1) {
+    // What expert parallelism composes with so far; the rest is refused rather than run wrong.
+  }
   if (worldSize === undefined || !(tp >= 1)) return out;
   const pp = p.pp;
   const model = pp * tp; // ranks one model replica spans
@@ -160,9 +169,11 @@ export function layoutProblems(p: ParallelConfig, worldSize?: number): string[] 
         `set parallel.dp=-1 (or ${replicas}), or start ${dp * model} ranks (--nproc ${dp * model})`,
     );
   }
+  if (ep > 1 && dp % ep !== 0) out.push(`parallel.ep = ${ep} must divide the ${dp} data-parallel rank(s) (expert-parallel ranks are carved from them); choose an ep that divides ${dp}`);
   if (p.zero >= 1) {
     const r = p.dpReplicate;
     const shard = p.dpShard === -1 ? dp / r : p.dpShard;
+    if (ep > 1 && Number.isInteger(shard) && shard % ep !== 0) out.push(`parallel.ep = ${ep} must divide parallel.dpShard (${shard}): expert-parallel ranks are carved from the shard ranks of one replica; choose an ep that divides ${shard}`);
     if (!Number.isInteger(shard) || shard * r !== dp) {
       out.push(
         `parallel.dpReplicate=${r} x parallel.dpShard=${p.dpShard === -1 ? `-1 (${dp} / ${r})` : p.dpShard} must equal the ${dp} data-parallel rank(s); ` +
@@ -198,7 +209,7 @@ export function resolveLayout(p: ParallelConfig, worldSize: number): Layout {
   const tp = p.tp ?? 1;
   return {
     pp: p.pp, dp, dpReplicate, dpShard, zero, accumulate, tp, sequenceParallel: tp > 1 && !!p.sequenceParallel, lossParallel: tp > 1 && !!p.lossParallel,
-    schedule: p.ppSchedule, virtualStages: p.ppVirtualStages,
+    schedule: p.ppSchedule, virtualStages: p.ppVirtualStages, ep: p.ep ?? 1,
   };
 }
 
@@ -209,12 +220,13 @@ export function describeLayout(l: Layout): string {
   if ((l.tp ?? 1) > 1) parts.push(`tensor parallel ${l.tp}${l.sequenceParallel ? ' + sequence parallel' : ''}${l.lossParallel ? ' + loss parallel' : ''}`);
   if (l.zero === 0) parts.push(l.dp > 1 ? `data parallel ${l.dp}` : 'single replica');
   else parts.push(`ZeRO-${l.zero} sharded over ${l.dpShard}` + (l.dpReplicate > 1 ? ` x ${l.dpReplicate} replicas (HSDP)` : ''));
+  if ((l.ep ?? 1) > 1) parts.push(`expert parallel ${l.ep}`);
   parts.push(`accumulate ${l.accumulate}`);
   return parts.join(', ');
 }
 
 /** The layout fields a script sets; the rest take the config's defaults. */
-export type LayoutRequest = Partial<Pick<ParallelConfig, 'dp' | 'zero' | 'dpShard' | 'dpReplicate' | 'accumulate' | 'pp' | 'ppSchedule' | 'ppVirtualStages' | 'tp' | 'sequenceParallel' | 'lossParallel'>>;
+export type LayoutRequest = Partial<Pick<ParallelConfig, 'dp' | 'zero' | 'dpShard' | 'dpReplicate' | 'accumulate' | 'pp' | 'ppSchedule' | 'ppVirtualStages' | 'tp' | 'sequenceParallel' | 'lossParallel' | 'ep'>>;
 
 /**
  * A layout for a script that has no config file: `layoutFor({ pp: 2, zero: 2 }, world.size)`.

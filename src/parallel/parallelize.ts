@@ -10,11 +10,13 @@
 // replication over the data-parallel ranks (plain, ZeRO-1/2/3, HSDP; inside a pipeline the stages
 // are wrapped together), and returns this rank's model parts behind one ParallelModel. The order
 // is torchtitan's: pipeline, tensor parallel, then FSDP/DDP; ZeRO then shards the tp slices.
+import type { Tensor } from '../tensor/index.js';
 import type { Module } from '../nn/module.js';
 import { DeviceMesh } from '../distributed/mesh.js';
 import type { ProcessGroup } from '../distributed/process_group.js';
 import { DataParallel } from './data_parallel.js';
 import { DataParallelModel } from './data_parallel_model.js';
+import { ExpertParallelModel, applyExpertParallel } from './expert_parallel.js';
 import type { UnitPolicy } from './fsdp.js';
 import type { Layout } from './layout.js';
 import type { LossFn, ParallelModel } from './parallel_model.js';
@@ -38,10 +40,30 @@ export interface LayoutMesh {
   tp: ProcessGroup;
   /** This rank's data-parallel rank: the flattened (dpReplicate, dpShard) mesh rank, replicateRank * dpShard + shardRank. */
   dpRank: number;
+  /**
+   * Expert parallelism (layout.ep > 1): `ep`, the neighbouring data-parallel ranks that split the
+   * experts; `edp`, the data-parallel ranks holding the same experts (over which their gradients are reduced).
+   */
+  ep?: ProcessGroup;
+  edp?: ProcessGroup;
+  /** Under HSDP with ep: the expert-holding ranks of one replica (the experts' shard group). */
+  edpShard?: ProcessGroup;
 }
 
 /** Builds the mesh and its groups (collective: every rank calls it with the same layout). */
-export function buildMesh(layout: Pick<Layout, 'pp' | 'dpReplicate' | 'dpShard'> & { tp?: number }, world: ProcessGroup): LayoutMesh {
+export function buildMesh(layout: Pick<Layout, 'pp' | 'dpReplicate' | 'dpShard'> & { tp?: number; ep?: number }, world: ProcessGroup): LayoutMesh {
+  const ep = layout.ep ?? 1;
+  if (ep > 1) {
+    // The shard dim split into (outer, ep): ep ranks are neighbours in data-parallel rank order, so
+    // the data-parallel rank is unchanged (replicate x dpShard + outer x ep + epRank).
+    const mesh = DeviceMesh.build([['pp', layout.pp], ['dpReplicate', layout.dpReplicate], ['dpShardOuter', layout.dpShard / ep], ['ep', ep], ['tp', layout.tp ?? 1]], world);
+    const dp = mesh.flatten(['dpReplicate', 'dpShardOuter', 'ep'], 'dp');
+    return {
+      mesh, dp: dp.group, shard: mesh.flatten(['dpShardOuter', 'ep'], 'dpShard').group, replicate: mesh.dim('dpReplicate').group, pp: mesh.dim('pp').group,
+      tp: mesh.dim('tp').group, dpRank: dp.rank, ep: mesh.dim('ep').group, edp: mesh.flatten(['dpReplicate', 'dpShardOuter'], 'edp').group,
+      edpShard: mesh.dim('dpShardOuter').group,
+    };
+  }
   const mesh = DeviceMesh.build([['pp', layout.pp], ['dpReplicate', layout.dpReplicate], ['dpShard', layout.dpShard], ['tp', layout.tp ?? 1]], world);
   // The data-parallel rank is the flattened mesh rank and nothing else (see layout.ts).
   const dp = mesh.flatten(['dpReplicate', 'dpShard'], 'dp');
@@ -79,6 +101,9 @@ export interface ParallelPlan extends DataParallelKnobs {
   tensorParallel?: TpPlan | ((part: Module) => TpPlan);
 }
 
+/** The expert parameters parallelize() cut for a model under expert parallelism. */
+const expertsOf = new WeakMap<Module, Set<Tensor>>();
+
 /** True for a PipelineModel (stage builder + loss), false for a Module. */
 function isPipelineModel(m: Module | PipelineModel): m is PipelineModel {
   return typeof (m as PipelineModel).stage === 'function' && typeof (m as PipelineModel).loss === 'function';
@@ -91,6 +116,12 @@ function isPipelineModel(m: Module | PipelineModel): m is PipelineModel {
 export function parallelize(model: Module | PipelineModel, mesh: LayoutMesh, plan: ParallelPlan): ParallelModel {
   const { layout } = plan;
   const tp = layout.tp ?? 1;
+  // Experts are cut to this rank's share first, so that the tensor-parallel placements see the
+  // parameters the model ends up with ([Note: expert parallelism] in expert_parallel.ts).
+  if ((layout.ep ?? 1) > 1 && !isPipelineModel(model)) {
+    if (!mesh.ep || !mesh.edp) throw new Error(`parallelize: layout.ep = ${layout.ep} needs the mesh built from the same layout (buildMesh(layout, world))`);
+    expertsOf.set(model, applyExpertParallel(model, mesh.ep));
+  }
   if (tp === 1) return parallelizeParts(model, mesh, plan);
   if (!plan.tensorParallel) throw new TensorParallelError([`parallel.tp = ${tp} needs a tensor-parallel plan: pass plan.tensorParallel (module path -> style; a GPT's is gptTensorPlan)`]);
   if (mesh.tp.size !== tp) throw new TensorParallelError([`the mesh's tp group has ${mesh.tp.size} rank(s), the layout says tp = ${tp}: build the mesh from the same layout`]);
@@ -124,7 +155,20 @@ export function parallelize(model: Module | PipelineModel, mesh: LayoutMesh, pla
 function parallelizeParts(model: Module | PipelineModel, mesh: LayoutMesh, plan: ParallelPlan, restyled?: (m: Module) => boolean): ParallelModel {
   const { layout } = plan;
   if (isPipelineModel(model)) {
+    // Expert parallelism in a pipeline: each stage's experts are cut as the stage is built.
+    let experts: { params: Set<Tensor>; ep: ProcessGroup; edp: ProcessGroup; edpShard?: ProcessGroup; replicate?: ProcessGroup } | undefined;
+    if ((layout.ep ?? 1) > 1) {
+      if (!mesh.ep || !mesh.edp) throw new Error(`parallelize: layout.ep = ${layout.ep} needs the mesh built from the same layout (buildMesh(layout, world))`);
+      const ex = (experts = { params: new Set<Tensor>(), ep: mesh.ep, edp: mesh.edp, ...(layout.dpReplicate > 1 ? { edpShard: mesh.edpShard!, replicate: mesh.replicate } : {}) });
+      const stage = model.stage.bind(model);
+      model = { ...model, stage: (i, n) => {
+        const s = stage(i, n);
+        applyExpertParallel(s, ex.ep, { into: ex.params, allowNone: true });
+        return s;
+      } };
+    }
     return new PipelineParallel(model, {
+      ...(experts ? { experts } : {}),
       pp: mesh.pp, ...(layout.dp > 1 ? { dp: mesh.dp } : {}),
       schedule: layout.schedule ?? '1f1b', ...(layout.virtualStages !== undefined ? { virtualStages: layout.virtualStages } : {}),
       micro: plan.micro, zero: layout.zero, accumulate: layout.accumulate,
@@ -140,12 +184,33 @@ function parallelizeParts(model: Module | PipelineModel, mesh: LayoutMesh, plan:
     throw new Error(`parallelize: pp = ${layout.pp} needs the model as pipeline stages, not one module: pass a PipelineModel (sequentialStages({ layers, layer, loss }), or gptPipeline(cfg, { initSeed }) for a GPT)`);
   }
   if (!plan.loss) throw new Error('parallelize: a whole-module model needs plan.loss, the criterion (output, target) => scalar loss');
+  if ((layout.ep ?? 1) > 1) {
+    // [Note: expert parallelism] in expert_parallel.ts: this rank's experts, then one wrapper each.
+    const expertParams = expertsOf.get(model);
+    if (!expertParams || !mesh.ep || !mesh.edp) throw new Error(`parallelize: layout.ep = ${layout.ep} with a pipeline is not supported yet; set parallel.ep = 1 or parallel.pp = 1`);
+    const denseParams = new Set(model.parameters().filter((p) => !expertParams.has(p)));
+    const dense = wrapDataParallel(model, mesh, layout, { ...plan, exclude: expertParams });
+    const experts = new DataParallel(model, {
+      group: mesh.edp, zero: layout.zero, accumulate: layout.accumulate,
+      // Sharded over the expert-holding ranks of a replica; HSDP replicas hold the same shard.
+      ...(layout.zero >= 1 ? { shardGroup: layout.dpReplicate > 1 ? mesh.edpShard! : mesh.edp, ...(layout.dpReplicate > 1 ? { replicateGroup: mesh.replicate } : {}) } : {}),
+      exclude: denseParams, gradScale: 1 / layout.dp,
+      ...(plan.units ? { units: plan.units } : {}),
+      ...(plan.reshardAfterForward !== undefined ? { reshardAfterForward: plan.reshardAfterForward } : {}),
+      ...(plan.prefetch !== undefined ? { prefetch: plan.prefetch } : {}),
+      ...(plan.bucketSizeMb !== undefined ? { bucketSizeMb: plan.bucketSizeMb } : {}),
+      ...(plan.reduceDtype !== undefined ? { reduceDtype: plan.reduceDtype } : {}),
+      ...(plan.overlap !== undefined ? { overlap: plan.overlap } : {}),
+    });
+    return new ExpertParallelModel(model, dense, experts, expertParams, mesh.ep, plan.loss);
+  }
   return new DataParallelModel(model, wrapDataParallel(model, mesh, layout, plan), plan.loss);
 }
 
 /** Wraps a whole model for the layout's data parallelism (plain, ZeRO-1/2/3, HSDP): the lower-level DataParallel. */
-export function wrapDataParallel<M extends Module>(model: M, m: LayoutMesh, layout: Layout, opts: DataParallelKnobs = {}): DataParallel<M> {
+export function wrapDataParallel<M extends Module>(model: M, m: LayoutMesh, layout: Layout, opts: DataParallelKnobs & { exclude?: ReadonlySet<Tensor> } = {}): DataParallel<M> {
   return new DataParallel(model, {
+    ...(opts.exclude ? { exclude: opts.exclude } : {}),
     group: m.dp,
     zero: layout.zero,
     ...(layout.zero >= 1 ? { shardGroup: m.shard, replicateGroup: m.replicate } : {}),

@@ -92,6 +92,16 @@ function series(runs: readonly NamedMetrics[], pick: (m: StepMetrics) => number 
     .filter((s) => s.points.length > 0);
 }
 
+/** max / mean of the tokens per expert, the largest over a step's MoE blocks (undefined without experts). */
+export function expertImbalance(m: StepMetrics): number | undefined {
+  let worst: number | undefined;
+  for (const counts of Object.values(m.expertTokens ?? {})) {
+    const mean = counts.reduce((a, b) => a + b, 0) / counts.length;
+    if (mean > 0) worst = Math.max(worst ?? 0, Math.max(...counts) / mean);
+  }
+  return worst;
+}
+
 /** The report's charts for one run or several overlaid (each series named by its run). */
 export function metricCharts(runs: readonly NamedMetrics[]): { id: string; spec: ChartSpec }[] {
   // Validation in a darker shade of its run's colour, dashed with dots: it stands out on the train line.
@@ -101,6 +111,10 @@ export function metricCharts(runs: readonly NamedMetrics[]): { id: string; spec:
     { id: 'lr', spec: { title: 'Learning rate', yName: 'lr', series: series(runs, (m) => m.lr) } },
     { id: 'grad-norm', spec: { title: 'Gradient norm (before clipping)', yName: 'norm', series: series(runs, (m) => m.gradNorm) } },
     { id: 'tokens-per-sec', spec: { title: 'Throughput', yName: 'tokens/s', series: series(runs, (m) => m.tokensPerSec) } },
+    // Mixture of experts: the busiest expert's load over the mean (1 = balanced), the worst MoE block each step.
+    { id: 'expert-load', spec: { title: 'Expert load: max / mean tokens per expert (worst MoE block)', yName: 'max / mean', series: series(runs, expertImbalance) } },
+    { id: 'aux-loss', spec: { title: 'MoE auxiliary loss (sum over blocks)', yName: 'aux loss', series: series(runs, (m) => m.auxLoss) } },
+    { id: 'dropped-tokens', spec: { title: 'MoE assignments dropped by capacity', yName: 'assignments', series: series(runs, (m) => m.droppedTokens) } },
   ];
   return specs.filter((c) => c.spec.series.length > 0);
 }

@@ -33,7 +33,7 @@ const OPS = {
   cat: ['aten::cat', ''], stack: ['aten::stack', ''], split: ['aten::split', 'Tensor'], splitSizes: ['aten::split_with_sizes', ''],
   chunk: ['aten::chunk', ''], unbind: ['aten::unbind', 'int'], flatten: ['aten::flatten', 'using_ints'], squeeze: ['aten::squeeze', ''], squeezeDim: ['aten::squeeze', 'dim'],
   unsqueeze: ['aten::unsqueeze', ''], expand: ['aten::expand', ''], indexSelect: ['aten::index_select', ''], gather: ['aten::gather', ''],
-  repeat: ['aten::repeat', ''], tril: ['aten::tril', ''], triu: ['aten::triu', ''], flip: ['aten::flip', ''],
+  repeat: ['aten::repeat', ''], sortStable: ['aten::sort', 'stable'], indexAdd: ['aten::index_add', ''], tril: ['aten::tril', ''], triu: ['aten::triu', ''], flip: ['aten::flip', ''],
   // conversion and copies
   to: ['aten::to', 'dtype'], clone: ['aten::clone', ''], detach: ['aten::detach', ''], item: ['aten::item', ''],
   // in-place (optimizers, buffers)

@@ -373,6 +373,10 @@ export class Tensor {
   expand(...shape: DimsArgs): Tensor { return run('expand', this, dimsOf(shape, 'expand')); }
   indexSelect(dim: number, index: Tensor): Tensor { return run('indexSelect', this, dim, index); }
   gather(dim: number, index: Tensor): Tensor { return run('gather', this, dim, index); }
+  /** Sorted values and their indices along dim; stable, so equal values keep their order (lower index first). */
+  sort(dim = -1, descending = false): [Tensor, Tensor] { return run('sortStable', this, true, dim, descending); }
+  /** A copy of this with source's rows added at index along dim (rows of one index summed). */
+  indexAdd(dim: number, index: Tensor, source: Tensor): Tensor { return run('indexAdd', this, dim, index, source, 1); }
   repeat(repeats: readonly number[]): Tensor;
   repeat(...repeats: number[]): Tensor;
   repeat(...repeats: DimsArgs): Tensor { return run('repeat', this, dimsOf(repeats, 'repeat')); }

@@ -18,6 +18,12 @@ export interface StepMetrics {
   valLoss?: number;
   /** Seconds since the loop started. */
   elapsedS: number;
+  /** Mixture of experts: per MoE layer (by module name), assignments routed to each expert over the global batch. */
+  expertTokens?: Record<string, number[]>;
+  /** Mixture of experts (balance = "aux"): the auxiliary loss summed over MoE layers, mean over micro-batches and ranks (not in `loss`). */
+  auxLoss?: number;
+  /** Mixture of experts (capacityFactor > 0): assignments dropped by the capacity limit over every layer and the global batch. */
+  droppedTokens?: number;
 }
 
 export class MetricsWriter {

@@ -21,9 +21,10 @@ import { DataLoader, loadTrainData } from '../data/index.js';
 import { modelSpec } from '../models/registry.js';
 import { ConfigError } from '../config/error.js';
 import { checkRunnable } from '../config/validate.js';
-import type { FlotillaConfig } from '../config/schema.js';
+import { modelConfigOf, type FlotillaConfig } from '../config/schema.js';
 import { RunCheckpoints, initFrom, restore } from './checkpointing.js';
 import { resumeTarget } from './run_record.js';
+import { MoEBookkeeping } from './moe.js';
 
 /** Rank 0's console: a phase header, and a line that goes around the progress bar. */
 export interface RunConsole {
@@ -44,6 +45,8 @@ export interface RunParts {
   optimizer: AdamW;
   schedule: (step: number) => number;
   ckpts: RunCheckpoints;
+  /** Mixture of experts: tokens per expert, the auxiliary loss and the expert biases over every rank. */
+  moe: MoEBookkeeping | undefined;
   /** The step the run starts from (0, or the resumed checkpoint's), and that checkpoint. */
   startStep: number;
   resumedFrom: string | undefined;
@@ -93,11 +96,13 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
 
     // ---- model: weights are drawn per parameter from the seed and its name, so every layout starts
     // from the same whole-model weights. A pipeline rank builds only its stages; under ZeRO-3 the
-    // model is built without memory and each rank makes only its shards ([Note: deferred init]).
+    // model is built without memory and each rank makes only its shards ([Note: deferred init]),
+    // except under expert parallelism, which first cuts the experts from the built stacks.
     const spec = modelSpec(cfg.model.arch);
-    const numParams = spec.numParams(cfg.model);
+    const modelCfg = modelConfigOf(cfg);
+    const numParams = spec.numParams(modelCfg);
     const initSeed = cfg.train.seed;
-    const built = layout.pp > 1 ? spec.pipeline(cfg.model, { initSeed }) : spec.build(cfg.model, { initSeed, deferInit: layout.zero === 3 && layout.tp === 1 });
+    const built = layout.pp > 1 ? spec.pipeline(modelCfg, { initSeed }) : spec.build(modelCfg, { initSeed, deferInit: layout.zero === 3 && layout.tp === 1 && (layout.ep ?? 1) === 1 });
 
     // ---- parallelize: pipeline, tensor parallel, then sharding or replication
     const model = parallelize(built, mesh, {
@@ -107,7 +112,7 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     });
     closers.push(() => model.dispose()); // native memory goes back now, not whenever the GC gets to it
     const named = model.namedParameters();
-    header('model', `${spec.describe(cfg.model)}: ${numParams.toLocaleString('en-US')} parameters; this rank holds ${named.reduce((a, [, p]) => a + p.numel(), 0).toLocaleString('en-US')}`);
+    header('model', `${spec.describe(modelCfg)}${modelCfg.moe ? `, ${modelCfg.moe.experts} experts (top ${modelCfg.moe.topK}) every ${modelCfg.moe.every} block(s)` : ''}: ${numParams.toLocaleString('en-US')} parameters; this rank holds ${named.reduce((a, [, p]) => a + p.numel(), 0).toLocaleString('en-US')}`);
     header('parallelize', model.summary());
 
     // ---- optimizer + schedule (weight decay on matrices only, as nanoGPT/GPT-2)
@@ -127,12 +132,14 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
 
     // ---- checkpoint state: where each parameter lives ([Note: placement]), then resume or initFrom
     const placements = (): ParamPlacement[] => model.placements();
+    const moe = cfg.moe.experts > 0 ? new MoEBookkeeping(model.parts, cfg.moe, cfg.model.nLayer, layout.tp ?? 1) : undefined;
     const ckpts = new RunCheckpoints(cfg, { world, log: out.log });
     const resumedFrom = resumeTarget(cfg, opts.resume);
     let startStep = 0;
     if (resumedFrom !== undefined) {
       const meta = restore(resumedFrom, { placements: placements(), optimizer }, numParams);
       startStep = meta.step;
+      if (meta.moe && moe) moe.loadExpertBiases(meta.moe.expertBias);
       if (startStep >= cfg.train.steps) throw new ConfigError([`the checkpoint ${resumedFrom} is at step ${startStep}, and train.steps is ${cfg.train.steps}: nothing is left to train; raise --train.steps`]);
       loader.loadStateDict(meta.data);
       // Lingua's lesson again, at the resumed position and under this run's data-parallel layout.
@@ -142,7 +149,7 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
       initFrom(cfg.train.initFrom, placements(), numParams, cfg.model as unknown as Record<string, unknown>);
       header('init', `weights from ${cfg.train.initFrom}; step 0, fresh optimizer state`);
     }
-    const runInfo = (step: number): RunInfo => ({
+    const runInfo = (step: number, expertBias?: Record<string, number[]>): RunInfo => ({
       layout: {
         worldSize: env.worldSize, description: describeLayout(layout), pp: layout.pp, dpReplicate: layout.dpReplicate, dpShard: layout.dpShard,
         zero: layout.zero, ppSchedule: cfg.parallel.ppSchedule, ppVirtualStages: cfg.parallel.ppVirtualStages, tp: layout.tp ?? 1,
@@ -151,10 +158,11 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
       data: loader.stateDict(),
       rng: { kind: 'seed-per-step' as const, seed: cfg.train.seed },
       schedule: { step },
+      ...(expertBias ? { moe: { expertBias } } : {}),
     });
     const M = cfg.data.microBatches;
     return {
-      world, layout, mesh, loader, tokensPerStep, numParams, model, named, optimizer, schedule, ckpts, startStep, resumedFrom, close,
+      world, layout, mesh, loader, tokensPerStep, numParams, model, named, optimizer, schedule, ckpts, moe, startStep, resumedFrom, close,
       evaluate() {
         // Forward only; each call returns the global batch's mean on every rank.
         let sum = 0;
@@ -165,7 +173,8 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
       },
       async saveCheckpoint(step) {
         model.finishParameterGathers(); // ZeRO-1/2: the last step's parameter gathers land first
-        await ckpts.save(step, { placements: placements(), optimizer, optimizerName: 'AdamW' }, runInfo(step));
+        const expertBias = moe?.expertBiases(world); // a collective: every rank saves
+        await ckpts.save(step, { placements: placements(), optimizer, optimizerName: 'AdamW' }, runInfo(step, expertBias));
       },
     };
   } catch (e) {

@@ -4,6 +4,7 @@
 import { liveTensors, manualSeed, releaseFreedMemory, releaseIdleMemory, tensorCacheStats, tidy } from '../tensor/index.js';
 import { autocast } from '../nn/precision.js';
 import { withActivationCheckpoint } from '../nn/checkpoint.js';
+import { withMoELossScale } from '../nn/moe.js';
 import { readLaunchEnv } from '../distributed/env.js';
 import { clipGradNorm, gradNorm } from '../parallel/grads.js';
 import { processMemory, type MemoryReport } from '../parallel/memory.js';
@@ -92,6 +93,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
     stopRequest = new StopRequest(out.log);
     run.ckpts.prepare();
     for (const part of model.parts) part.train();
+    const moe = run.moe;
     const loopStart = performance.now();
     releaseIdleMemory(); // from here, freed memory the steps do not reuse goes back after each step
     for (let step = startStep; step < steps; step++) {
@@ -103,12 +105,16 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
         optimizer.zeroGrad();
         // Forward and backward of every micro-batch, gradients finished as the layout says. One
         // autocast scope per step: bf16 parameter copies are made once and dropped before the
-        // optimizer changes the float32 masters (src/nn/precision.ts).
-        const { loss } = autocast(cfg.train.precision, () => withActivationCheckpoint(cfg.train.activationCheckpoint, () => model.step(Array.from({ length: M }, () => loader.next()))));
+        // optimizer changes the float32 masters (src/nn/precision.ts). MoE auxiliary losses are
+        // scaled as the loss is, 1 / micro-batches ([Note: moe auxiliary loss] in src/nn/moe.ts).
+        const { loss } = autocast(cfg.train.precision, () => withActivationCheckpoint(cfg.train.activationCheckpoint, () =>
+          withMoELossScale(1 / M, () => model.step(Array.from({ length: M }, () => loader.next())))));
         const norm = o.gradClip > 0 ? clipGradNorm(model.grads, o.gradClip).norm : gradNorm(model.grads);
         if (Number.isFinite(norm)) optimizer.step(); // a non-finite norm is the same on every rank (grads.ts): all skip alike
         return { loss, norm };
       });
+      // Expert counts over every rank; balance = "bias" moves the selection biases after the step.
+      const moeRow = moe?.finishStep(run.world, Number.isFinite(norm));
       releaseIdleMemory(); // freed tensor memory this step did not reuse (construction's, an evaluation's) goes back
       const dt = (performance.now() - t0) / 1000;
       loopSeconds += dt;
@@ -121,7 +127,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
       const evalNow = step === steps - 1 || (cfg.train.evalEvery > 0 && (step + 1) % cfg.train.evalEvery === 0);
       const valLoss = evalNow ? run.evaluate() : undefined;
       if (valLoss !== undefined) lastVal = valLoss;
-      const row: StepMetrics = { step: step + 1, loss, lr, tokensPerSec: run.tokensPerStep / dt, gradNorm: norm, ...(valLoss !== undefined ? { valLoss } : {}), elapsedS: (performance.now() - loopStart) / 1000 };
+      const row: StepMetrics = { step: step + 1, loss, lr, tokensPerSec: run.tokensPerStep / dt, gradNorm: norm, ...(valLoss !== undefined ? { valLoss } : {}), elapsedS: (performance.now() - loopStart) / 1000, ...moeRow };
       record?.step(row);
       progress.update(row);
       opts.onStep?.({ ...row, liveTensors: liveTensors() });

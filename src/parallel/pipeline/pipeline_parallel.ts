@@ -77,6 +77,7 @@ import { placementsOf, type ParamPlacement } from '../placement.js';
 import { buildSchedule, validateSchedule, type PipelineSchedule, type ScheduleName } from './schedule.js';
 import { Stage } from './stage.js';
 import { Executor, type TraceEvent } from './executor.js';
+import { expertPlacements, gatherExperts } from '../expert_parallel.js';
 import type { PipelineModel, TiedParameter } from './model.js';
 
 export interface PipelineOptions {
@@ -111,6 +112,12 @@ export interface PipelineOptions {
   units?: UnitPolicy;
   /** Modules whose forward a tensor-parallel style replaced (see Stage): parallelize passes them. */
   restyled?: (m: Module) => boolean;
+  /**
+   * Expert parallelism ([Note: expert parallelism] in ../expert_parallel.ts): the stage builder has
+   * cut each stage's experts to this rank's share and collected them in `params` (filled while the
+   * stages are built); their gradients live in a second DataParallel over `edp`, scaled by 1 / dp.
+   */
+  experts?: { params: ReadonlySet<Tensor>; ep: ProcessGroup; edp: ProcessGroup; edpShard?: ProcessGroup; replicate?: ProcessGroup };
 }
 
 /** This rank's stage modules under one parent, so one DataParallel holds all of them. */
@@ -165,6 +172,11 @@ export class PipelineParallel implements ParallelModel {
   /** Tied copies other than the first: left out of the norm (the first counts the sum once). */
   readonly tiedCopiesLeftOutOfNorm: ReadonlySet<Tensor>;
   private readonly tiedName = new Map<Tensor, string>();
+  /** Expert parallelism: the expert wrapper (when this rank's stages hold experts), the expert parameters and the ep group. */
+  readonly edp: DataParallel | undefined;
+  readonly expertParams: ReadonlySet<Tensor>;
+  readonly epGroup: ProcessGroup | undefined;
+  readonly edpGroup: ProcessGroup | undefined;
 
   constructor(model: PipelineModel, opts: PipelineOptions) {
     if (!model || typeof model.stage !== 'function' || typeof model.loss !== 'function') {
@@ -195,8 +207,10 @@ export class PipelineParallel implements ParallelModel {
     if (this.dpGroup) {
       const [problem] = accumulateProblems(zero, opts.accumulate ?? 'reduceLast', (opts.replicateGroup?.size ?? 1) > 1, Math.max(2, opts.pp.size) /* a pipeline, even on one rank */, 'api');
       if (problem) throw new Error(`PipelineParallel: ${problem}`);
+      const experts = opts.experts?.params ?? new Set<Tensor>();
       this.dp = new DataParallel(new LocalStages(this.stages), {
         group: this.dpGroup, zero, accumulate: opts.accumulate ?? 'reduceLast',
+        ...(experts.size > 0 ? { exclude: experts } : {}),
         ...(opts.shardGroup ? { shardGroup: opts.shardGroup } : {}),
         ...(opts.replicateGroup ? { replicateGroup: opts.replicateGroup } : {}),
         ...(opts.bucketSizeMb !== undefined ? { bucketSizeMb: opts.bucketSizeMb } : {}),
@@ -206,13 +220,34 @@ export class PipelineParallel implements ParallelModel {
         entries: this.stages.map((st) => st.module), // the executor calls the stages, never LocalStages
       });
       for (const s of this.dp.parametersWithSlots()) this.slotOf.set(s.param, s);
+      if (experts.size > 0) {
+        const dense = new Set(this.stages.flatMap((st) => st.params).filter((p) => !experts.has(p)));
+        this.edp = new DataParallel(new LocalStages(this.stages), {
+          group: opts.experts!.edp, zero, accumulate: opts.accumulate ?? 'reduceLast', exclude: dense, gradScale: 1 / this.dpGroup.size,
+          ...(zero >= 1 ? { shardGroup: opts.experts!.edpShard ?? opts.experts!.edp, ...(opts.experts!.replicate ? { replicateGroup: opts.experts!.replicate } : {}) } : {}),
+          ...(opts.bucketSizeMb !== undefined ? { bucketSizeMb: opts.bucketSizeMb } : {}),
+          ...(opts.reduceDtype !== undefined ? { reduceDtype: opts.reduceDtype } : {}),
+          ...(opts.reshardAfterForward !== undefined ? { reshardAfterForward: opts.reshardAfterForward } : {}),
+          ...(opts.units ? { units: opts.units } : {}),
+          entries: this.stages.map((st) => st.module),
+        });
+        for (const s of this.edp.parametersWithSlots()) this.slotOf.set(s.param, s);
+      }
     }
+    this.expertParams = opts.experts?.params ?? new Set();
+    this.epGroup = opts.experts?.ep;
+    this.edpGroup = opts.experts?.edpShard ?? opts.experts?.edp; // the experts' shard group
     this.executor = new Executor({
       schedule: this.schedule, rank, group: opts.pp, loss: model.loss,
       stages: new Map(this.stages.map((st) => [st.index, st])),
-      ...(this.dp ? { handGrads: { view: (p: Tensor) => this.accumulatingGrad(p), written: (p: Tensor) => this.dp!.markGradient(p) } } : {}),
+      ...(this.dp ? { handGrads: { view: (p: Tensor) => this.accumulatingGrad(p), written: (p: Tensor) => this.wrapperOf(p).markGradient(p) } } : {}),
     });
-    this.grads = this.dp ? new ShardedPipelineGrads(this, this.dp) : new PipelineGrads(this);
+    this.grads = this.dp ? new ShardedPipelineGrads(this, this.dp, this.edp) : new PipelineGrads(this);
+  }
+
+  /** The data-parallel wrapper holding a parameter's gradient (the expert one for an expert). */
+  wrapperOf(p: Tensor): DataParallel {
+    return this.edp && this.expertParams.has(p) ? this.edp : this.dp!;
   }
 
   /** Checks the tied declarations against the stages and finds this rank's copies and peers. */
@@ -293,15 +328,19 @@ export class PipelineParallel implements ParallelModel {
 
   /** Placements of this rank's stages' parameters: in the stages' DataParallel when there is one; tied copies after the first write nothing. */
   placements(): ParamPlacement[] {
-    return placementsOf(this.namedParameters(), { ...(this.dp ? { dp: this.dp } : {}), silent: this.tiedCopiesLeftOutOfNorm });
+    const named = this.namedParameters();
+    const dense = placementsOf(named.filter(([, p]) => !this.expertParams.has(p)), { ...(this.dp ? { dp: this.dp } : {}), silent: this.tiedCopiesLeftOutOfNorm });
+    if (!this.edp || !this.epGroup) return dense;
+    return [...dense, ...expertPlacements(placementsOf(named.filter(([, p]) => this.expertParams.has(p)), { dp: this.edp }), this.epGroup)];
   }
 
   whole(param: Tensor): Tensor {
-    return param;
+    return this.epGroup && this.expertParams.has(param) ? gatherExperts(param, this.epGroup) : param;
   }
 
   finishParameterGathers(): void {
     this.dp?.waitParams();
+    this.edp?.waitParams();
   }
 
   /**
@@ -311,10 +350,10 @@ export class PipelineParallel implements ParallelModel {
   step(microBatches: MicroBatch[], opts: PipelineStepOptions = {}): { loss: number } {
     const m = this.schedule.micro;
     const lossScale = opts.lossScale ?? 1 / m;
-    if (this.dp) {
+    for (const w of [this.dp, this.edp]) {
       // Backward passes accumulate into the full buckets; they are reduced once, in syncGrads.
-      this.dp.holdReductions();
-      this.dp.allocateGradients();
+      w?.holdReductions();
+      w?.allocateGradients();
     }
     const lossSum = this.executor.run(microBatches, lossScale, opts.trace);
     if (opts.sync ?? true) this.syncGrads();
@@ -361,6 +400,10 @@ export class PipelineParallel implements ParallelModel {
    * parameters' received copies. Activations are not counted in either case.
    */
   memory(optimizerBytes = 0): MemoryReport {
+    if (this.dp && this.edp) {
+      const a = this.dp.memory(optimizerBytes), b = this.edp.memory(0);
+      return { paramBytes: a.paramBytes + b.paramBytes, gradBytes: a.gradBytes + b.gradBytes, optimizerBytes, peakBytes: a.peakBytes + b.peakBytes };
+    }
     if (this.dp) return this.dp.memory(optimizerBytes);
     return tidy(() => {
       const bytes = (t: Tensor) => t.numel() * elementSize(t.dtype);
@@ -387,9 +430,9 @@ export class PipelineParallel implements ParallelModel {
   syncGrads(): void {
     tidy(() => noGrad(() => {
       this.tied.forEach((t, gi) => this.sumTied(t, gi));
-      if (this.dp) {
-        this.dp.reduceAccumulated();
-        this.dp.finishGradSync();
+      for (const w of [this.dp, this.edp]) {
+        w?.reduceAccumulated();
+        w?.finishGradSync();
       }
     }));
   }
@@ -425,11 +468,13 @@ export class PipelineParallel implements ParallelModel {
    * parameters directly (saving, comparing). Every rank of the dp group must call it.
    */
   withFullParameters<T>(fn: () => T): T {
-    return this.dp ? this.dp.withFullParameters(fn) : fn();
+    const inner = this.edp ? () => this.edp!.withFullParameters(fn) : fn;
+    return this.dp ? this.dp.withFullParameters(inner) : inner();
   }
 
   dispose(): void {
     this.executor.dispose();
+    this.edp?.dispose();
     this.dp?.dispose();
     for (const s of this.stages) s.dispose();
   }
@@ -481,48 +526,85 @@ export class PipelineGrads implements GradientSource {
  * tied parameter once.
  */
 class ShardedPipelineGrads implements GradientSource {
-  constructor(private readonly pp: PipelineParallel, private readonly dp: DataParallel) {}
+  private readonly renamed = new Map<StepPiece, StepPiece>();
+  /** Under expert parallelism (every rank, experts on its stages or not): the norm's second group. */
+  normGroups?: () => { tensors: Tensor[]; sumOver: ProcessGroup[] }[];
+
+  constructor(private readonly pp: PipelineParallel, private readonly dp: DataParallel, private readonly edp?: DataParallel) {
+    if (pp.epGroup) this.normGroups = () => [this.normPieces(), this.expertNormPieces()];
+  }
 
   fullGrad(param: Tensor): Tensor {
-    return this.dp.fullGrad(param);
+    return this.pp.wrapperOf(param).fullGrad(param);
   }
   localGradShard(param: Tensor): GradShard {
-    return this.dp.localGradShard(param);
+    return this.pp.wrapperOf(param).localGradShard(param);
   }
-  normPieces(): { tensors: Tensor[]; sumOver: ProcessGroup[] } {
-    const sharded = this.dp.zero >= 2;
+  normGroupOf(param: Tensor): number {
+    return this.pp.expertParams.has(param) ? 1 : 0;
+  }
+  /** The pieces of one wrapper and the groups to sum them over (the shard group when sharded). */
+  private piecesOf(dp: DataParallel | undefined, sharded: boolean, extra: ProcessGroup[]): { tensors: Tensor[]; sumOver: ProcessGroup[] } {
     const tensors: Tensor[] = [];
-    for (const { param } of this.dp.parametersWithSlots()) {
+    for (const { param } of dp?.parametersWithSlots() ?? []) {
       if (this.pp.tiedCopiesLeftOutOfNorm.has(param)) continue;
       // zero 1: the full reduced gradient (replicated over dp); zero 2/3: this rank's shard of it.
-      const t = sharded ? this.dp.localGradShard(param).tensor : this.dp.fullGrad(param);
+      const t = sharded ? dp!.localGradShard(param).tensor : dp!.fullGrad(param);
       if (t.numel() > 0) tensors.push(t);
     }
     const sumOver: ProcessGroup[] = [];
     if (this.pp.ppGroup.size > 1) sumOver.push(this.pp.ppGroup);
-    if (sharded && this.dp.shardGroup.size > 1) sumOver.push(this.dp.shardGroup);
+    if (sharded && dp && dp.shardGroup.size > 1) sumOver.push(dp.shardGroup);
+    return { tensors, sumOver: [...sumOver, ...extra] };
+  }
+  normPieces(): { tensors: Tensor[]; sumOver: ProcessGroup[] } {
+    return this.piecesOf(this.dp, this.dp.zero >= 2, []);
+  }
+  /** Experts: also summed over ep; the same groups on every rank, whether its stages hold experts or not. */
+  private expertNormPieces(): { tensors: Tensor[]; sumOver: ProcessGroup[] } {
+    const sharded = this.dp.zero >= 2;
+    const { tensors } = this.piecesOf(this.edp, sharded, []);
+    // The groups come from the mesh, not the wrapper: a rank whose stages hold no expert joins the same sums.
+    const sumOver: ProcessGroup[] = [];
+    if (this.pp.ppGroup.size > 1) sumOver.push(this.pp.ppGroup);
+    if (sharded && this.pp.edpGroup!.size > 1) sumOver.push(this.pp.edpGroup!);
+    sumOver.push(this.pp.epGroup!);
     return { tensors, sumOver };
   }
   clipTargets(): Tensor[] {
     // The buckets themselves (zero 1) or the shards (zero 2/3): tied copies are scaled too.
-    return this.dp.normPieces().tensors;
+    return [...this.dp.normPieces().tensors, ...(this.edp?.normPieces().tensors ?? [])];
   }
   stepPieces(): StepPiece[] {
-    return this.dp.stepPieces();
+    return [...this.dp.stepPieces(), ...this.expertPieces(this.edp?.stepPieces() ?? [])];
   }
   pieceLayout(): StepPiece[] {
-    return this.dp.pieceLayout();
+    return [...this.dp.pieceLayout(), ...this.expertPieces(this.edp?.pieceLayout() ?? [])];
+  }
+  private expertPieces(pieces: StepPiece[]): StepPiece[] {
+    return pieces.map((p) => {
+      const r = { ...p, key: `experts.${p.key}` };
+      this.renamed.set(r, p);
+      return r;
+    });
   }
   usedParameters(): ReadonlySet<Tensor> | undefined {
-    return this.dp.usedParameters();
+    const a = this.dp.usedParameters(), b = this.edp?.usedParameters();
+    if (!a && !b) return undefined;
+    return new Set([...(a ?? this.dp.parametersWithSlots().map((s) => s.param)), ...(b ?? this.pp.expertParams)]);
   }
   pieceStepped(piece: StepPiece): void {
-    this.dp.pieceStepped(piece);
+    const own = this.renamed.get(piece);
+    if (own) this.edp!.pieceStepped(own);
+    else this.dp.pieceStepped(piece);
   }
   afterStep(): void {
     this.dp.afterStep();
+    this.edp?.afterStep();
+    this.renamed.clear();
   }
   zeroGrad(): void {
     this.dp.zeroGrad();
+    this.edp?.zeroGrad();
   }
 }

@@ -33,6 +33,7 @@ export class TensorParallelGrads implements GradientSource {
     private readonly placements: ReadonlyMap<Tensor, TpPlacement>,
     private readonly tp: ProcessGroup,
   ) {
+    if (inner.normGroups && inner.normGroupOf) this.normGroups = () => this.groupsOverTp();
     // The optimizer-facing hooks are the inner source's, unchanged.
     for (const k of ['stepPieces', 'pieceLayout', 'usedParameters', 'pieceStepped', 'afterStep', 'zeroGrad'] as const) {
       const f = inner[k] as ((...a: unknown[]) => unknown) | undefined;
@@ -72,8 +73,24 @@ export class TensorParallelGrads implements GradientSource {
     return { tensors, sumOver };
   }
 
+  /** The inner source's groups (expert parallelism's), each parameter's pieces counted once over tp as above. */
+  normGroups?(): { tensors: Tensor[]; sumOver: ProcessGroup[] }[];
+
+  private groupsOverTp(): { tensors: Tensor[]; sumOver: ProcessGroup[] }[] {
+    const inner = this.inner;
+    const groups = inner.normGroups!().map((g) => ({ tensors: [] as Tensor[], sumOver: [...g.sumOver, ...(this.tp.size > 1 ? [this.tp] : [])] }));
+    for (const p of this.params()) {
+      if (this.leftOut.has(p)) continue;
+      if (this.placements.get(p)?.kind !== 'shard' && this.tp.rank > 0) continue;
+      const t = inner.localGradShard(p).tensor;
+      if (t.numel() > 0) groups[inner.normGroupOf!(p)]!.tensors.push(t);
+    }
+    return groups;
+  }
+
   clipTargets(): Tensor[] {
-    return this.inner.clipTargets ? this.inner.clipTargets() : this.inner.normPieces().tensors;
+    if (this.inner.clipTargets) return this.inner.clipTargets();
+    return this.inner.normGroups ? this.inner.normGroups().flatMap((g) => g.tensors) : this.inner.normPieces().tensors;
   }
 }
 
@@ -104,7 +121,9 @@ export class TensorParallelModel implements ParallelModel {
   /** The whole parameter from this rank's slice (a collective over tp for a sharded one). */
   whole(p: Tensor): Tensor {
     const pl = this.tpPlacements.get(p);
-    return pl ? gatherSlices(p.detach(), pl) : p;
+    if (pl?.kind === 'shard') return gatherSlices(p.detach(), pl);
+    const w = this.inner.whole(p); // expert parallelism gathers its expert slices
+    return w === p && pl ? p.detach() : w;
   }
   finishParameterGathers(): void {
     this.inner.finishParameterGathers();

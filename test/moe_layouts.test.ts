@@ -1,0 +1,164 @@
+// MoE models under expert parallelism against one process (test/fixtures/moe_layouts_rank.ts):
+// 3 AdamW steps with clipping and accumulation, in float64. Every rank's losses, gradient norms
+// (before clipping) and every whole parameter (experts gathered over ep) equal the one-process
+// run's: plain data parallel with experts, ep = 2 on 2 ranks (every expert on one rank) and on 4
+// (experts also reduced over the ranks holding the same ones), with ZeRO-1, ZeRO-2 and ZeRO-3, under HSDP, with tensor parallelism tp = 2 and with pipeline parallelism pp = 2; top-1 and
+// top-2, softmax and sigmoid routers, the auxiliary loss and the expert bias, a capacity that drops
+// tokens, shared experts, the GPT and the Llama. A wrong expert-gradient scale fails the comparison.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { maxRelDiff } from './helpers/close.js';
+import { runWorld, describeWorld } from './helpers/world.js';
+import { readPipelineRun } from './helpers/pipeline_runs.js';
+import { pool, started } from './helpers/pool.js';
+import type { Out, Run } from './fixtures/moe_layouts_rank.js';
+
+const dir = mkdtempSync(join(tmpdir(), 'flotilla-moe-'));
+const script = 'test/fixtures/moe_layouts_rank.ts';
+/** float64: a different summation order only. */
+const TOL = { loss: 1e-12, norm: 1e-11, param: 1e-10 };
+
+const queue = pool(1);
+function launch(nproc: number, runs: Run[]): Promise<void> {
+  return started(queue(async () => {
+    const r = await runWorld({ nproc, script, args: [JSON.stringify({ out: dir, runs })], timeoutMs: 400_000 });
+    assert.deepEqual(r.codes, new Array(nproc).fill(0), describeWorld(r));
+  }));
+}
+
+/** Two models: top-2 softmax router with the auxiliary loss and a shared expert; top-1 sigmoid with the expert bias and a capacity that drops tokens, every second block. */
+const A = { topK: 2, router: 'softmax', balance: 'aux', sharedExperts: 1 } as const;
+const B = { topK: 1, router: 'sigmoid', balance: 'bias', capacityFactor: 1, every: 2 } as const;
+const L = { topK: 2, router: 'sigmoid', balance: 'aux', capacityFactor: 1.25 } as const;
+const steps = 3;
+
+// The reference reads micro-batches of 2 rows: what each rank of dp 2 x micro 2 and of dp 4 x micro 1 reads.
+const reference = launch(1, [
+  { name: 'refA', micro: 4, steps, moe: A }, { name: 'refB', micro: 4, steps, moe: B },
+  { name: 'refL', micro: 4, steps, moe: L, arch: 'llama' },
+]);
+const world2 = launch(2, [
+  { name: 'dp2_A', layout: { dp: 2 }, micro: 2, steps, moe: A },
+  { name: 'ep2_A', layout: { ep: 2 }, micro: 2, steps, moe: A },
+  { name: 'ep2_B', layout: { ep: 2 }, micro: 2, steps, moe: B },
+  { name: 'ep2_L', layout: { ep: 2 }, micro: 2, steps, moe: L, arch: 'llama' },
+  { name: 'ep2_z2_B', layout: { ep: 2, zero: 2 }, micro: 2, steps, moe: B },
+  { name: 'ep2_z3_L', layout: { ep: 2, zero: 3 }, micro: 2, steps, moe: L, arch: 'llama' },
+  // Tensor parallelism with MoE blocks (experts whole on both tp ranks): every block MoE, and every second one.
+  { name: 'tp2_A', layout: { tp: 2 }, micro: 4, steps, moe: A },
+  { name: 'tp2_B', layout: { tp: 2 }, micro: 4, steps, moe: B },
+  // MoE blocks in a pipeline (the second stage only, for B).
+  { name: 'pp2_A', layout: { pp: 2 }, micro: 4, steps, moe: A },
+  { name: 'pp2_zb_B', layout: { pp: 2, ppSchedule: 'zb' }, micro: 4, steps, moe: B },
+]);
+const world4 = launch(4, [
+  { name: 'ep2_dp4_A', layout: { ep: 2 }, micro: 1, steps, moe: A },
+  { name: 'ep4_B', layout: { ep: 4 }, micro: 1, steps, moe: B },
+  { name: 'ep2_dp4_z1_B', layout: { ep: 2, zero: 1 }, micro: 1, steps, moe: B },
+  { name: 'ep2_dp4_z2_L', layout: { ep: 2, zero: 2 }, micro: 1, steps, moe: L, arch: 'llama' },
+  { name: 'ep2_dp4_z3_A', layout: { ep: 2, zero: 3 }, micro: 1, steps, moe: A },
+  { name: 'ep2_dp4_z3_B', layout: { ep: 2, zero: 3 }, micro: 1, steps, moe: B },
+  { name: 'ep2_tp2_A', layout: { ep: 2, tp: 2 }, micro: 2, steps, moe: A },
+  { name: 'ep2_tp2_L', layout: { ep: 2, tp: 2 }, micro: 2, steps, moe: L, arch: 'llama' },
+  { name: 'ep2_pp2_A', layout: { ep: 2, pp: 2 }, micro: 2, steps, moe: A },
+  { name: 'ep2_pp2_zb_B', layout: { ep: 2, pp: 2, ppSchedule: 'zb' }, micro: 2, steps, moe: B },
+  { name: 'ep2_pp2_z2_B', layout: { ep: 2, pp: 2, zero: 2 }, micro: 2, steps, moe: B },
+  { name: 'ep2_pp2_L', layout: { ep: 2, pp: 2 }, micro: 2, steps, moe: L, arch: 'llama' },
+  { name: 'ep2_hsdp_z3_A', layout: { ep: 2, zero: 3, dpShard: 2, dpReplicate: 2 }, micro: 1, steps, moe: A },
+  { name: 'ep2_hsdp_z2_B', layout: { ep: 2, zero: 2, dpShard: 2, dpReplicate: 2 }, micro: 1, steps, moe: B },
+  { name: 'ep2_dp4_averaged', layout: { ep: 2 }, micro: 1, steps, moe: A, mutate: 'averageExperts' },
+]);
+
+const rel = (a: number, b: number): number => Math.abs(a - b) / Math.abs(b);
+
+function compare(name: string, nproc: number, refName: string): void {
+  const ref = readPipelineRun<Out>(dir, refName, 1)[0]!;
+  const outs = readPipelineRun<Out>(dir, name, nproc);
+  const covered = new Set<string>();
+  for (const o of outs) {
+    const who = `${name}: rank ${o.rank}`;
+    assert.equal(o.losses.length, steps);
+    o.norms.forEach((v, i) => assert.ok(rel(v, ref.norms[i]!) <= TOL.norm, `${who}: gradient norm at step ${i} ${v} vs one process ${ref.norms[i]} (relative ${rel(v, ref.norms[i]!)})`));
+    o.losses.forEach((v, i) => assert.ok(rel(v, ref.losses[i]!) <= TOL.loss, `${who}: loss at step ${i} ${v} vs one process ${ref.losses[i]} (relative ${rel(v, ref.losses[i]!)})`));
+    for (const [k, v] of Object.entries(o.params)) {
+      assert.ok(k in ref.params, `${who} holds ${k}, which the whole model does not have`);
+      covered.add(k);
+      assert.equal(v.length, ref.params[k]!.length, `${who}: ${k} is not whole`);
+      const d = maxRelDiff(v, ref.params[k]!);
+      assert.ok(d <= TOL.param, `${who}: parameter ${k} differs from one process by ${d}`);
+    }
+  }
+  assert.deepEqual(Object.keys(ref.params).filter((k) => !covered.has(k)), [], `${name}: parameters no rank holds`);
+}
+
+test('MoE GPT under plain data parallelism (every rank holds every expert) equals one process', async () => {
+  await Promise.all([reference, world2]);
+  compare('dp2_A', 2, 'refA');
+});
+
+test('expert parallelism ep = 2 on 2 ranks equals one process: GPT top-2 with aux loss and a shared expert, top-1 sigmoid with expert bias and dropped tokens, Llama', async () => {
+  await Promise.all([reference, world2]);
+  compare('ep2_A', 2, 'refA');
+  compare('ep2_B', 2, 'refB');
+  compare('ep2_L', 2, 'refL');
+});
+
+test('expert parallelism with ZeRO-2 and ZeRO-3 on 2 ranks equals one process', async () => {
+  await Promise.all([reference, world2]);
+  compare('ep2_z2_B', 2, 'refB');
+  compare('ep2_z3_L', 2, 'refL');
+});
+
+test('expert parallelism ep = 2 with ZeRO-3 over 4 data-parallel ranks equals one process', async () => {
+  await Promise.all([reference, world4]);
+  compare('ep2_dp4_z3_A', 4, 'refA');
+  compare('ep2_dp4_z3_B', 4, 'refB');
+});
+
+test('expert parallelism on 4 ranks (ep = 2 x 2 holding the same experts; ep = 4; ZeRO-1 and ZeRO-2) equals one process', async () => {
+  await Promise.all([reference, world4]);
+  compare('ep2_dp4_A', 4, 'refA');
+  compare('ep4_B', 4, 'refB');
+  compare('ep2_dp4_z1_B', 4, 'refB');
+  compare('ep2_dp4_z2_L', 4, 'refL');
+});
+
+test('MoE blocks under tensor parallelism (experts whole on every tp rank) equal one process', async () => {
+  await Promise.all([reference, world2]);
+  compare('tp2_A', 2, 'refA');
+  compare('tp2_B', 2, 'refB');
+});
+
+test('expert parallelism ep = 2 x tensor parallelism tp = 2 on 4 ranks equals one process (GPT and Llama)', async () => {
+  await Promise.all([reference, world4]);
+  compare('ep2_tp2_A', 4, 'refA');
+  compare('ep2_tp2_L', 4, 'refL');
+});
+
+test('MoE blocks in a pipeline (1F1B; zero bubble with experts on the second stage only) equal one process', async () => {
+  await Promise.all([reference, world2]);
+  compare('pp2_A', 2, 'refA');
+  compare('pp2_zb_B', 2, 'refB');
+});
+
+test('expert parallelism ep = 2 x pipeline pp = 2 on 4 ranks equals one process (1F1B, zero bubble, ZeRO-2 with a stage without experts, Llama)', async () => {
+  await Promise.all([reference, world4]);
+  compare('ep2_pp2_A', 4, 'refA');
+  compare('ep2_pp2_zb_B', 4, 'refB');
+  compare('ep2_pp2_z2_B', 4, 'refB');
+  compare('ep2_pp2_L', 4, 'refL');
+});
+
+test('expert parallelism under HSDP (2 shard x 2 replicas, ZeRO-3 and ZeRO-2) equals one process', async () => {
+  await Promise.all([reference, world4]);
+  compare('ep2_hsdp_z3_A', 4, 'refA');
+  compare('ep2_hsdp_z2_B', 4, 'refB');
+});
+
+test('expert gradients averaged like dense ones (not scaled by 1 / every data-parallel rank) fail the comparison', async () => {
+  await Promise.all([reference, world4]);
+  assert.throws(() => compare('ep2_dp4_averaged', 4, 'refA'), /rank 0: gradient norm at step 0/);
+});
