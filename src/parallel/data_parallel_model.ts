@@ -10,7 +10,7 @@ import type { GradientSource } from './grads.js';
 import { asList, type LossFn, type MicroBatch, type ParallelModel, type StageValue } from './parallel_model.js';
 
 /** The mean of a per-rank scalar over the group (no collective for one rank). */
-function meanOverRanks(group: ProcessGroup, v: number): number {
+export function meanOverRanks(group: ProcessGroup, v: number): number {
   if (group.size === 1) return v;
   const t = tensor(new Float64Array([v]));
   try {
@@ -27,12 +27,11 @@ export class DataParallelModel implements ParallelModel {
   readonly optimizerGrads: GradientSource;
   readonly tiedCopiesLeftOutOfNorm: ReadonlySet<Tensor> = new Set();
 
-  constructor(readonly module: Module, readonly dp: DataParallel, private readonly loss: LossFn) {
+  constructor(readonly module: Module, readonly dp: DataParallel, private readonly loss: LossFn, grads: GradientSource = dp) {
     this.parts = [module];
-    this.grads = dp;
-    this.optimizerGrads = dp;
+    this.grads = grads;
+    this.optimizerGrads = grads;
   }
-
 
   summary(): string {
     const buckets = this.dp.buffers.reduce((a, b) => a + b.buckets.length, 0);
@@ -70,9 +69,9 @@ export class DataParallelModel implements ParallelModel {
         l.div(M).backward(); // the mean over micro-batches, as one big batch would give
         return l.item();
       });
-      sum += k < M - 1 ? this.dp.noSync(micro) : micro();
+      sum += k < M - 1 ? this.noSync(micro) : micro();
     });
-    this.dp.finishGradSync();
+    this.finishGradSync();
     return { loss: meanOverRanks(this.dp.group, sum / M) };
   }
 
@@ -97,6 +96,15 @@ export class DataParallelModel implements ParallelModel {
 
   withFullParameters<T>(fn: () => T): T {
     return this.dp.withFullParameters(fn);
+  }
+
+  /** Runs a micro-batch that accumulates without reducing (every one but a step's last). */
+  protected noSync<T>(fn: () => T): T {
+    return this.dp.noSync(fn);
+  }
+
+  protected finishGradSync(): void {
+    this.dp.finishGradSync();
   }
 
   dispose(): void {

@@ -27,7 +27,8 @@ import type { DataParallel } from './data_parallel.js';
 import type { GradShard, GradientSource, StepPiece } from './grads.js';
 import type { MemoryReport } from './memory.js';
 import { placementsOf, type ParamPlacement } from './placement.js';
-import { asList, type LossFn, type MicroBatch, type ParallelModel, type StageValue } from './parallel_model.js';
+import { DataParallelModel } from './data_parallel_model.js';
+import type { LossFn } from './parallel_model.js';
 
 // rows (n, C) to the group's ranks: `send[r]` rows to rank r, `recv[r]` rows from it; backward the reverse.
 const allToAllRows = defineFunction<[Tensor, ProcessGroup, number[], number[]]>({
@@ -173,27 +174,23 @@ export class ExpertParallelGrads implements GradientSource {
   }
 }
 
-/** A whole model under data parallelism with its experts split over ep (the ParallelModel the trainer runs). */
-export class ExpertParallelModel implements ParallelModel {
-  readonly parts: Module[];
-  readonly grads: ExpertParallelGrads;
-  readonly optimizerGrads: ExpertParallelGrads;
-  readonly tiedCopiesLeftOutOfNorm: ReadonlySet<Tensor> = new Set();
+/**
+ * A whole model under data parallelism with its experts split over ep (the ParallelModel the trainer
+ * runs): DataParallelModel's step over two wrappers, the dense parameters' (`dp`) and the experts'.
+ */
+export class ExpertParallelModel extends DataParallelModel {
+  declare readonly grads: ExpertParallelGrads;
+  declare readonly optimizerGrads: ExpertParallelGrads;
 
-  constructor(readonly module: Module, readonly dense: DataParallel, readonly experts: DataParallel, readonly expertParams: ReadonlySet<Tensor>,
-    readonly ep: ProcessGroup, private readonly loss: LossFn) {
-    this.parts = [module];
-    this.grads = this.optimizerGrads = new ExpertParallelGrads(dense, experts, expertParams, ep);
+  constructor(module: Module, readonly dense: DataParallel, readonly experts: DataParallel, readonly expertParams: ReadonlySet<Tensor>,
+    readonly ep: ProcessGroup, loss: LossFn) {
+    super(module, dense, loss, new ExpertParallelGrads(dense, experts, expertParams, ep));
   }
 
   summary(): string {
     const n = (d: DataParallel) => d.buffers.reduce((a, b) => a + b.buckets.length, 0);
     return `${n(this.dense)} dense bucket(s) over ${this.dense.group.size} data-parallel rank(s), ${n(this.experts)} expert bucket(s) over ${this.experts.group.size}; ` +
       `experts split over ${this.ep.size} expert-parallel rank(s), overlap ${this.dense.overlap ? 'on' : 'off'}`;
-  }
-
-  namedParameters(): [string, Tensor][] {
-    return this.module.namedParameters().filter(([, p]) => p.requiresGrad);
   }
 
   placements(): ParamPlacement[] {
@@ -212,39 +209,13 @@ export class ExpertParallelModel implements ParallelModel {
     this.experts.waitParams();
   }
 
-  private lossOf(mb: MicroBatch): Tensor {
-    const out = (this.module as unknown as { call: (...a: Tensor[]) => StageValue }).call(...asList(mb.x));
-    return this.loss(out, mb.y);
+  protected noSync<T>(fn: () => T): T {
+    return this.dense.noSync(() => this.experts.noSync(fn));
   }
 
-  step(microBatches: MicroBatch[]): { loss: number } {
-    const M = microBatches.length;
-    let sum = 0;
-    microBatches.forEach((mb, k) => {
-      const micro = (): number => tidy(() => {
-        const l = this.lossOf(mb);
-        l.div(M).backward();
-        return l.item();
-      });
-      sum += k < M - 1 ? this.dense.noSync(() => this.experts.noSync(micro)) : micro();
-    });
+  protected finishGradSync(): void {
     this.dense.finishGradSync();
     this.experts.finishGradSync();
-    return { loss: meanOver(this.dense.group, sum / M) };
-  }
-
-  evaluate(microBatches: MicroBatch[]): number {
-    const training = this.module.training;
-    this.module.eval();
-    let sum = 0;
-    try {
-      noGrad(() => {
-        for (const mb of microBatches) sum += tidy(() => this.lossOf(mb).item());
-      });
-    } finally {
-      this.module.train(training);
-    }
-    return meanOver(this.dense.group, sum / microBatches.length);
   }
 
   memory(optimizerBytes = 0): MemoryReport {
@@ -259,18 +230,6 @@ export class ExpertParallelModel implements ParallelModel {
 
   dispose(): void {
     this.experts.dispose();
-    this.dense.dispose();
-    this.module.dispose();
-  }
-}
-
-function meanOver(group: ProcessGroup, v: number): number {
-  if (group.size === 1) return v;
-  const t = tensor(new Float64Array([v]));
-  try {
-    group.allReduce(t, 'avg').wait();
-    return t.item();
-  } finally {
-    t.dispose();
+    super.dispose();
   }
 }

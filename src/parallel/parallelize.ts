@@ -101,9 +101,6 @@ export interface ParallelPlan extends DataParallelKnobs {
   tensorParallel?: TpPlan | ((part: Module) => TpPlan);
 }
 
-/** The expert parameters parallelize() cut for a model under expert parallelism. */
-const expertsOf = new WeakMap<Module, Set<Tensor>>();
-
 /** True for a PipelineModel (stage builder + loss), false for a Module. */
 function isPipelineModel(m: Module | PipelineModel): m is PipelineModel {
   return typeof (m as PipelineModel).stage === 'function' && typeof (m as PipelineModel).loss === 'function';
@@ -118,11 +115,12 @@ export function parallelize(model: Module | PipelineModel, mesh: LayoutMesh, pla
   const tp = layout.tp ?? 1;
   // Experts are cut to this rank's share first, so that the tensor-parallel placements see the
   // parameters the model ends up with ([Note: expert parallelism] in expert_parallel.ts).
+  let experts: Set<Tensor> | undefined;
   if ((layout.ep ?? 1) > 1 && !isPipelineModel(model)) {
     if (!mesh.ep || !mesh.edp) throw new Error(`parallelize: layout.ep = ${layout.ep} needs the mesh built from the same layout (buildMesh(layout, world))`);
-    expertsOf.set(model, applyExpertParallel(model, mesh.ep));
+    experts = applyExpertParallel(model, mesh.ep);
   }
-  if (tp === 1) return parallelizeParts(model, mesh, plan);
+  if (tp === 1) return parallelizeParts(model, mesh, plan, { experts });
   if (!plan.tensorParallel) throw new TensorParallelError([`parallel.tp = ${tp} needs a tensor-parallel plan: pass plan.tensorParallel (module path -> style; a GPT's is gptTensorPlan)`]);
   if (mesh.tp.size !== tp) throw new TensorParallelError([`the mesh's tp group has ${mesh.tp.size} rank(s), the layout says tp = ${tp}: build the mesh from the same layout`]);
   const planFor = plan.tensorParallel;
@@ -143,16 +141,20 @@ export function parallelize(model: Module | PipelineModel, mesh: LayoutMesh, pla
         return s;
       },
       loss: lossParallel(model.loss.bind(model)),
-    }, mesh, plan, (m) => applied.some((a) => a.styled.has(m)));
+    }, mesh, plan, { restyled: (m) => applied.some((a) => a.styled.has(m)) });
   } else {
     applyTo(model);
-    inner = parallelizeParts(model, mesh, { ...plan, ...(plan.loss ? { loss: lossParallel(plan.loss) } : {}) });
+    inner = parallelizeParts(model, mesh, { ...plan, ...(plan.loss ? { loss: lossParallel(plan.loss) } : {}) }, { experts });
   }
   return new TensorParallelModel(inner, applied, { sequenceParallel: layout.sequenceParallel ?? false });
 }
 
-/** Pipeline, then data parallelism, of the (tensor-parallel) parts; `restyled`: the modules tp styles rewrote. */
-function parallelizeParts(model: Module | PipelineModel, mesh: LayoutMesh, plan: ParallelPlan, restyled?: (m: Module) => boolean): ParallelModel {
+/**
+ * Pipeline, then data parallelism, of the (tensor-parallel) parts; `restyled`: the modules tp styles
+ * rewrote; `experts`: a whole model's expert parameters that expert parallelism cut.
+ */
+function parallelizeParts(model: Module | PipelineModel, mesh: LayoutMesh, plan: ParallelPlan, cut: { restyled?: (m: Module) => boolean; experts?: Set<Tensor> } = {}): ParallelModel {
+  const { restyled } = cut;
   const { layout } = plan;
   if (isPipelineModel(model)) {
     // Expert parallelism in a pipeline: each stage's experts are cut as the stage is built.
@@ -186,7 +188,7 @@ function parallelizeParts(model: Module | PipelineModel, mesh: LayoutMesh, plan:
   if (!plan.loss) throw new Error('parallelize: a whole-module model needs plan.loss, the criterion (output, target) => scalar loss');
   if ((layout.ep ?? 1) > 1) {
     // [Note: expert parallelism] in expert_parallel.ts: this rank's experts, then one wrapper each.
-    const expertParams = expertsOf.get(model);
+    const expertParams = cut.experts;
     if (!expertParams || !mesh.ep || !mesh.edp) throw new Error(`parallelize: layout.ep = ${layout.ep} with a pipeline is not supported yet; set parallel.ep = 1 or parallel.pp = 1`);
     const denseParams = new Set(model.parameters().filter((p) => !expertParams.has(p)));
     const dense = wrapDataParallel(model, mesh, layout, { ...plan, exclude: expertParams });

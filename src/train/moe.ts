@@ -58,13 +58,7 @@ export class MoEBookkeeping {
       v[i * row + E + 1] = s.auxSum;
       v[i * row + E + 2] = s.forwards;
     }
-    const t = tensor(v);
-    try {
-      if (world.size > 1) world.allReduce(t, 'sum').wait();
-      v.set(t.toArray() as Float64Array);
-    } finally {
-      t.dispose();
-    }
+    sumOverRanks(world, v);
     const out: MoEMetrics = { expertTokens: {} };
     let aux = 0, dropped = 0;
     for (let i = 0; i < L; i++) {
@@ -94,13 +88,7 @@ export class MoEBookkeeping {
       (layer.expertBias!.to('float64').toArray() as Float64Array).forEach((b, e) => (v[i * row + e] = b));
       v[i * row + E] = 1;
     }
-    const t = tensor(v);
-    try {
-      if (world.size > 1) world.allReduce(t, 'sum').wait();
-      v.set(t.toArray() as Float64Array);
-    } finally {
-      t.dispose();
-    }
+    sumOverRanks(world, v);
     const out: Record<string, number[]> = {};
     for (let i = 0; i < L; i++) {
       const n = v[i * row + E]!;
@@ -117,5 +105,17 @@ export class MoEBookkeeping {
       if (b.length !== layer.cfg.experts) throw new Error(`checkpoint: MoE block ${name} saved ${b.length} expert biases, this model has ${layer.cfg.experts} experts`);
       layer.expertBias.copy_(tensor(Float64Array.from(b)).to(layer.expertBias.dtype));
     }
+  }
+}
+
+/** Sums `v` element-wise over the group's ranks, in place (float64). */
+function sumOverRanks(group: ProcessGroup, v: Float64Array): void {
+  if (group.size === 1) return;
+  const t = tensor(v);
+  try {
+    group.allReduce(t, 'sum').wait();
+    v.set(t.toArray() as Float64Array);
+  } finally {
+    t.dispose();
   }
 }
