@@ -111,10 +111,56 @@ export function gatherExperts(param: Tensor, ep: ProcessGroup): Tensor {
   });
 }
 
+/**
+ * The optimizer's side of the two flat-buffer wrappers expert parallelism keeps, the dense one and
+ * the experts' (absent on a pipeline rank whose stages hold no expert): their pieces as one list,
+ * expert pieces renamed so their keys differ from the dense wrapper's (bucket0 ...), and the
+ * per-step calls passed to the wrapper that owns each piece. Both gradient sources under ep use it.
+ */
+export class ExpertStepPieces {
+  private readonly renamed = new Map<StepPiece, StepPiece>();
+  constructor(private readonly dense: DataParallel, private readonly experts: DataParallel | undefined, private readonly expertParams: ReadonlySet<Tensor>) {}
+
+  stepPieces(): StepPiece[] {
+    return [...this.dense.stepPieces(), ...this.expertPieces(this.experts?.stepPieces() ?? [])];
+  }
+  pieceLayout(): StepPiece[] {
+    return [...this.dense.pieceLayout(), ...this.expertPieces(this.experts?.pieceLayout() ?? [])];
+  }
+  private expertPieces(pieces: StepPiece[]): StepPiece[] {
+    return pieces.map((p) => {
+      const r = { ...p, key: `experts.${p.key}` };
+      this.renamed.set(r, p);
+      return r;
+    });
+  }
+  usedParameters(): ReadonlySet<Tensor> | undefined {
+    const a = this.dense.usedParameters(), b = this.experts?.usedParameters();
+    if (!a && !b) return undefined;
+    return new Set([...(a ?? this.dense.parametersWithSlots().map((s) => s.param)), ...(b ?? this.expertParams)]);
+  }
+  pieceStepped(piece: StepPiece): void {
+    const own = this.renamed.get(piece);
+    if (own) this.experts!.pieceStepped(own);
+    else this.dense.pieceStepped(piece);
+  }
+  afterStep(): void {
+    this.dense.afterStep();
+    this.experts?.afterStep();
+    this.renamed.clear();
+  }
+  zeroGrad(): void {
+    this.dense.zeroGrad();
+    this.experts?.zeroGrad();
+  }
+}
+
 /** The gradient API over the dense wrapper and the expert wrapper ([Note: expert parallelism]). */
 export class ExpertParallelGrads implements GradientSource {
-  private readonly renamed = new Map<StepPiece, StepPiece>();
-  constructor(readonly dense: DataParallel, readonly experts: DataParallel, readonly expertParams: ReadonlySet<Tensor>, readonly ep: ProcessGroup) {}
+  private readonly pieces: ExpertStepPieces;
+  constructor(readonly dense: DataParallel, readonly experts: DataParallel, readonly expertParams: ReadonlySet<Tensor>, readonly ep: ProcessGroup) {
+    this.pieces = new ExpertStepPieces(dense, experts, expertParams);
+  }
 
   private of(p: Tensor): DataParallel {
     return this.expertParams.has(p) ? this.experts : this.dense;
@@ -140,37 +186,22 @@ export class ExpertParallelGrads implements GradientSource {
     return this.normGroups().flatMap((g) => g.tensors);
   }
   stepPieces(): StepPiece[] {
-    return [...this.dense.stepPieces(), ...this.expertPieces(this.experts.stepPieces())];
+    return this.pieces.stepPieces();
   }
   pieceLayout(): StepPiece[] {
-    return [...this.dense.pieceLayout(), ...this.expertPieces(this.experts.pieceLayout())];
-  }
-  /** Expert pieces renamed so their keys differ from the dense wrapper's (bucket0 ...). */
-  private expertPieces(pieces: StepPiece[]): StepPiece[] {
-    return pieces.map((p) => {
-      const r = { ...p, key: `experts.${p.key}` };
-      this.renamed.set(r, p);
-      return r;
-    });
+    return this.pieces.pieceLayout();
   }
   usedParameters(): ReadonlySet<Tensor> | undefined {
-    const a = this.dense.usedParameters(), b = this.experts.usedParameters();
-    if (!a && !b) return undefined;
-    return new Set([...(a ?? this.dense.parametersWithSlots().map((s) => s.param)), ...(b ?? this.expertParams)]);
+    return this.pieces.usedParameters();
   }
   pieceStepped(piece: StepPiece): void {
-    const own = this.renamed.get(piece);
-    if (own) this.experts.pieceStepped(own);
-    else this.dense.pieceStepped(piece);
+    this.pieces.pieceStepped(piece);
   }
   afterStep(): void {
-    this.dense.afterStep();
-    this.experts.afterStep();
-    this.renamed.clear();
+    this.pieces.afterStep();
   }
   zeroGrad(): void {
-    this.dense.zeroGrad();
-    this.experts.zeroGrad();
+    this.pieces.zeroGrad();
   }
 }
 

@@ -77,7 +77,7 @@ import { placementsOf, type ParamPlacement } from '../placement.js';
 import { buildSchedule, validateSchedule, type PipelineSchedule, type ScheduleName } from './schedule.js';
 import { Stage } from './stage.js';
 import { Executor, type TraceEvent } from './executor.js';
-import { expertPlacements, gatherExperts } from '../expert_parallel.js';
+import { ExpertStepPieces, expertPlacements, gatherExperts } from '../expert_parallel.js';
 import type { PipelineModel, TiedParameter } from './model.js';
 
 export interface PipelineOptions {
@@ -526,12 +526,13 @@ export class PipelineGrads implements GradientSource {
  * tied parameter once.
  */
 class ShardedPipelineGrads implements GradientSource {
-  private readonly renamed = new Map<StepPiece, StepPiece>();
+  private readonly pieces: ExpertStepPieces;
   /** Under expert parallelism (every rank, experts on its stages or not): the norm's second group. */
   normGroups?: () => { tensors: Tensor[]; sumOver: ProcessGroup[] }[];
 
   constructor(private readonly pp: PipelineParallel, private readonly dp: DataParallel, private readonly edp?: DataParallel) {
     if (pp.epGroup) this.normGroups = () => [this.normPieces(), this.expertNormPieces()];
+    this.pieces = new ExpertStepPieces(dp, edp, pp.expertParams);
   }
 
   fullGrad(param: Tensor): Tensor {
@@ -576,35 +577,21 @@ class ShardedPipelineGrads implements GradientSource {
     return [...this.dp.normPieces().tensors, ...(this.edp?.normPieces().tensors ?? [])];
   }
   stepPieces(): StepPiece[] {
-    return [...this.dp.stepPieces(), ...this.expertPieces(this.edp?.stepPieces() ?? [])];
+    return this.pieces.stepPieces();
   }
   pieceLayout(): StepPiece[] {
-    return [...this.dp.pieceLayout(), ...this.expertPieces(this.edp?.pieceLayout() ?? [])];
-  }
-  private expertPieces(pieces: StepPiece[]): StepPiece[] {
-    return pieces.map((p) => {
-      const r = { ...p, key: `experts.${p.key}` };
-      this.renamed.set(r, p);
-      return r;
-    });
+    return this.pieces.pieceLayout();
   }
   usedParameters(): ReadonlySet<Tensor> | undefined {
-    const a = this.dp.usedParameters(), b = this.edp?.usedParameters();
-    if (!a && !b) return undefined;
-    return new Set([...(a ?? this.dp.parametersWithSlots().map((s) => s.param)), ...(b ?? this.pp.expertParams)]);
+    return this.pieces.usedParameters();
   }
   pieceStepped(piece: StepPiece): void {
-    const own = this.renamed.get(piece);
-    if (own) this.edp!.pieceStepped(own);
-    else this.dp.pieceStepped(piece);
+    this.pieces.pieceStepped(piece);
   }
   afterStep(): void {
-    this.dp.afterStep();
-    this.edp?.afterStep();
-    this.renamed.clear();
+    this.pieces.afterStep();
   }
   zeroGrad(): void {
-    this.dp.zeroGrad();
-    this.edp?.zeroGrad();
+    this.pieces.zeroGrad();
   }
 }
