@@ -1,6 +1,7 @@
-// `npm test` after the set-up: the whole suite, three test files at once on the 2-core test machine
-// (launches of ranks stay two at a time across files, test/helpers/pool.ts: the third file fills the
-// time the others wait on timers, signals and rendezvous), the longest first (scripts/test-files.mjs).
+// `npm test` after the set-up: the whole suite, two test files at once on the 2-core test machine
+// (launches of ranks two at a time across files, test/helpers/pool.ts), the longest first
+// (scripts/test-files.mjs). Three at once was faster, but one run of four saw two worlds of different
+// files hang at rendezvous at the same moment; until that is understood, two.
 // While dist/ is current (scripts/ensure.sh has just built it) each test file runs as the JavaScript
 // test/helpers/compiled.ts makes of it, its imports of src/ naming dist/: the file's process then
 // needs no TypeScript loader (about 0.75 s of CPU a file). A file that cannot run compiled, or every file with FLOTILLA_TEST_TSX=1, runs through
@@ -21,6 +22,6 @@ if (named.length === 0) {
 }
 const files = named.map((f) => runnableScript(relative(ROOT, resolve(f))));
 const loader = files.some((f) => f.endsWith('.ts')) ? ['--import', 'tsx'] : [];
-const concurrency = options.some((o) => o.startsWith('--test-concurrency')) ? [] : ['--test-concurrency=3'];
+const concurrency = options.some((o) => o.startsWith('--test-concurrency')) ? [] : ['--test-concurrency=2'];
 const r = spawnSync(process.execPath, [...loader, '--test', ...concurrency, ...options, ...files.map((f) => relative(ROOT, f))], { cwd: ROOT, stdio: 'inherit' });
 process.exit(r.status ?? 1);
