@@ -66,7 +66,7 @@ test('FLOTILLA_GLOO_IFACE picks the network interface', async () => {
 
 test('a rank that never arrives: rendezvous fails after the timeout, naming the world and address', async () => {
   // One process told the world has two ranks.
-  const w = await runWorld({ nproc: 1, script: 'test/helpers/ranks/launched.ts', args: ['ok'], env: { WORLD_SIZE: '2', TEST_TIMEOUT_MS: '2000' } });
+  const w = await runWorld({ nproc: 1, script: 'test/helpers/ranks/launched.ts', args: ['ok'], store: 'socket', env: { WORLD_SIZE: '2', TEST_TIMEOUT_MS: '2000' } });
   assert.notEqual(w.codes[0], 0);
   assert.match(w.outputs[0]!, /rank 0: could not connect the world of 2 ranks through 127\.0\.0\.1:\d+ within 2000 ms/);
 });

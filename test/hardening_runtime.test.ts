@@ -216,7 +216,7 @@ test('the store admits only holders of the job secret: a foreign client cannot j
   let serverPid = 0;
   let port = 0;
   const world = runWorld({
-    nproc: 2, script: RANK_SCRIPT, args: ['serve', go], env: { FLOTILLA_JOB_SECRET: secret, TEST_TIMEOUT_MS: '20000' },
+    nproc: 2, script: RANK_SCRIPT, args: ['serve', go], store: 'socket', env: { FLOTILLA_JOB_SECRET: secret, TEST_TIMEOUT_MS: '20000' },
     onSpawn: (rank, child) => {
       if (rank !== 0) return;
       child.stdout!.on('data', (d: Buffer) => {
@@ -310,7 +310,7 @@ test('the store admits only holders of the job secret: a foreign client cannot j
 });
 
 test('a non-loopback MASTER_ADDR without a job secret is refused with the fix', async () => {
-  const res = await runWorld({ nproc: 1, script: RANK_SCRIPT, args: ['join'], env: { WORLD_SIZE: '2', MASTER_ADDR: '10.255.255.1', FLOTILLA_JOB_SECRET: undefined } });
+  const res = await runWorld({ nproc: 1, script: RANK_SCRIPT, args: ['join'], store: 'socket', env: { WORLD_SIZE: '2', MASTER_ADDR: '10.255.255.1', FLOTILLA_JOB_SECRET: undefined } });
   assert.notEqual(res.codes[0], 0);
   assert.match(res.outputs[0]!, /set FLOTILLA_JOB_SECRET/);
 });
@@ -318,7 +318,7 @@ test('a non-loopback MASTER_ADDR without a job secret is refused with the fix', 
 test('an unresolvable MASTER_ADDR fails at once, naming the host (rank 0 and the others)', async () => {
   const host = 'no-such-host.invalid';
   const res = await runWorld({
-    nproc: 2, script: RANK_SCRIPT, args: ['join'], timeoutMs: 60_000,
+    nproc: 2, script: RANK_SCRIPT, args: ['join'], timeoutMs: 60_000, store: 'socket',
     env: { MASTER_ADDR: host, FLOTILLA_JOB_SECRET: 'a-secret-of-some-length', FLOTILLA_TIMEOUT_MS: undefined, TEST_TIMEOUT_MS: '300000' },
   });
   for (const r of [0, 1]) {
@@ -329,7 +329,7 @@ test('an unresolvable MASTER_ADDR fails at once, naming the host (rank 0 and the
 
 test('a duplicate RANK is detected at rendezvous and named', async () => {
   const res = await runWorld({
-    nproc: 3, script: RANK_SCRIPT, args: ['join'], env: { TEST_TIMEOUT_MS: '4000' },
+    nproc: 3, script: RANK_SCRIPT, args: ['join'], store: 'socket', env: { TEST_TIMEOUT_MS: '4000' },
     rankEnv: (r) => ({ RANK: String(Math.min(r, 1)), LOCAL_RANK: String(Math.min(r, 1)) }),
   });
   assert.ok(res.codes.every((c) => c !== 0), describeWorld(res));
@@ -339,7 +339,7 @@ test('a duplicate RANK is detected at rendezvous and named', async () => {
 });
 
 test('destroyProcessGroup releases sockets, threads and the listening port at once (4 cycles on one port)', async () => {
-  const res = await runWorld({ nproc: 2, script: RANK_SCRIPT, args: ['cycles', '4'] });
+  const res = await runWorld({ nproc: 2, script: RANK_SCRIPT, args: ['cycles', '4'], store: 'socket' });
   assert.deepEqual(res.codes, [0, 0], describeWorld(res));
   for (const { rank, after } of parseResults<{ rank: number; after: { fds: number; threads: number; listeners: number }[] }>(res.outputs)) {
     assert.equal(after.length, 4);

@@ -39,7 +39,7 @@ const launched = started(queue(async () => {
   });
   return { code, out, err };
 }));
-const handStarted = started(queue(() => runWorld({ nproc: 2, script: SCRIPT, args: ['cycles', String(CYCLES)], timeoutMs: 120_000 })));
+const handStarted = started(queue(() => runWorld({ nproc: 2, script: SCRIPT, args: ['cycles', String(CYCLES)], timeoutMs: 120_000, store: 'socket' })));
 const mpirun = started(queue(async () => {
   assertMpiBuilt();
   return runWorld({ nproc: 2, script: SCRIPT, args: ['cycles', String(CYCLES)], backend: 'mpi', timeoutMs: 120_000 });

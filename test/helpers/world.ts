@@ -4,15 +4,22 @@
 //   const results = parseResults<MyResult>(outputs);   // what each rank passed to emitResult()
 //
 // Each rank is `node script args` (see scriptCommand) with the launch contract (RANK, WORLD_SIZE,
-// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT=<free port>). A world that runs
+// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT=<free port>). The ranks meet in a
+// FileStore in a fresh directory, as under `flotilla run` on one host, unless the test asks for
+// flotilla's socket store (store: 'socket'), which rank 0 serves on MASTER_PORT with a secret of the
+// world's own. Why: a free port is only free until somebody takes it, and two worlds of test files
+// running side by side once got the same one before either rank 0 listened; with no secret on
+// loopback their ranks met in one store and both hung. A world that runs
 // past timeoutMs is killed and runWorld rejects naming the ranks that were still running, with the
 // end of their output. Set FLOTILLA_TEST_VERBOSE=1 to stream rank output while the test runs.
 // This module does not load the native addon; rank scripts import emitResult from ./rank.js.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { freePort } from '../../src/launch/launcher.js';
 import { spawnMpiJob } from '../../src/launch/mpirun.js';
-import { existsSync } from 'node:fs';
-import { isAbsolute, resolve } from 'node:path';
+import { randomBytes } from 'node:crypto';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { isAbsolute, join, resolve } from 'node:path';
 import { runnableScript } from './compiled.js';
 
 export interface WorldOptions {
@@ -34,6 +41,12 @@ export interface WorldOptions {
    * and onSpawn are not available there.
    */
   backend?: 'gloo' | 'mpi';
+  /**
+   * 'file' (default): a FileStore in a fresh directory (FLOTILLA_STORE_FILE), removed afterwards.
+   * 'socket': flotilla's store served by rank 0 on MASTER_PORT, with a secret of this world's own
+   * unless env sets FLOTILLA_JOB_SECRET (tests of the socket store itself).
+   */
+  store?: 'file' | 'socket';
 }
 
 /**
@@ -108,6 +121,10 @@ export async function runWorld(opts: WorldOptions): Promise<WorldResult> {
     return runMpiWorld(opts, timeoutMs);
   }
   const port = await freePort();
+  const storeDir = opts.store === 'socket' ? undefined : mkdtempSync(join(tmpdir(), 'flotilla-world-'));
+  const storeEnv = storeDir !== undefined
+    ? { FLOTILLA_STORE_FILE: join(storeDir, 'store') }
+    : { FLOTILLA_STORE_FILE: undefined, ...(opts.env && 'FLOTILLA_JOB_SECRET' in opts.env ? {} : { FLOTILLA_JOB_SECRET: randomBytes(16).toString('hex') }) };
   const { cmd, argv, verbose, outputs, codes, signals } = worldState(opts);
   const running = new Set<number>();
   const children: ChildProcess[] = [];
@@ -118,6 +135,7 @@ export async function runWorld(opts: WorldOptions): Promise<WorldResult> {
         ...process.env,
         RANK: String(rank), WORLD_SIZE: String(nproc), LOCAL_RANK: String(rank), LOCAL_WORLD_SIZE: String(nproc),
         MASTER_ADDR: '127.0.0.1', MASTER_PORT: String(port),
+        ...storeEnv,
         ...opts.env,
         ...opts.rankEnv?.(rank),
       };
@@ -150,12 +168,13 @@ export async function runWorld(opts: WorldOptions): Promise<WorldResult> {
   });
   const winner = await Promise.race([done.then(() => 'done' as const), timedOut]);
   clearTimeout(timer);
+  const hung = [...running].sort((a, b) => a - b);
   if (winner === 'timeout') {
-    const hung = [...running].sort((a, b) => a - b);
     for (const r of hung) children[r]?.kill('SIGKILL');
     await done;
-    throw new WorldTimeoutError(hung, outputs, timeoutMs);
   }
+  if (storeDir !== undefined) rmSync(storeDir, { recursive: true, force: true });
+  if (winner === 'timeout') throw new WorldTimeoutError(hung, outputs, timeoutMs);
   return { codes, signals, outputs, port };
 }
 
