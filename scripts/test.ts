@@ -8,6 +8,8 @@
 // tsx. Arguments: test files to run instead of all of them, and options for `node --test` (e.g.
 // --test-reporter=tap).
 import { spawnSync } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join, relative, resolve } from 'node:path';
 import { runnableScript } from '../test/helpers/compiled.js';
 
@@ -23,5 +25,11 @@ if (named.length === 0) {
 const files = named.map((f) => runnableScript(relative(ROOT, resolve(f))));
 const loader = files.some((f) => f.endsWith('.ts')) ? ['--import', 'tsx'] : [];
 const concurrency = options.some((o) => o.startsWith('--test-concurrency')) ? [] : ['--test-concurrency=2'];
-const r = spawnSync(process.execPath, [...loader, '--test', ...concurrency, ...options, ...files.map((f) => relative(ROOT, f))], { cwd: ROOT, stdio: 'inherit' });
+// The run's own cache of tokenized text (src/data/token_cache.ts): shared by its files, so the demo
+// corpus is tokenized once a run, and new each run, so no earlier run's ids are read.
+const cacheDir = mkdtempSync(join(tmpdir(), 'flotilla-test-cache-'));
+const r = spawnSync(process.execPath, [...loader, '--test', ...concurrency, ...options, ...files.map((f) => relative(ROOT, f))], {
+  cwd: ROOT, stdio: 'inherit', env: { ...process.env, FLOTILLA_CACHE_DIR: cacheDir },
+});
+rmSync(cacheDir, { recursive: true, force: true });
 process.exit(r.status ?? 1);

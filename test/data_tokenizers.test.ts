@@ -106,3 +106,72 @@ test('flotilla tokenizer train writes a tokenizer.json; bad arguments exit 2 and
   assert.ok(!existsSync(join(dir, 'x.json')) && !existsSync(join(dir, 'y.json')));
   assert.ok(readFileSync(out, 'utf8').includes('"merges"'));
 });
+
+test('token cache: a second load reads the ids the first one tokenized; another tokenizer, a spoiled file or an unwritable directory is a miss, never wrong ids', async () => {
+  const { cachedTokens, tokenCacheDir } = await import('../src/data/token_cache.js');
+  const { readdirSync, rmSync } = await import('node:fs');
+  const cache = join(dir, 'cache');
+  const tok = await loadTokenizer(join(ROOT, 'examples', 'moby-dick-bpe512.json'));
+  const text = loadMobyDick().slice(0, 50_000);
+  const want = Array.from(tok.encode(text));
+  let calls = 0;
+  const load = (identity = tok.identity, d: string | undefined = cache) => cachedTokens(text, identity, false, () => (calls++, tok.encode(text)), d);
+  assert.deepEqual(Array.from(load()), want);
+  assert.equal(calls, 1);
+  const [file] = readdirSync(cache).map((f) => join(cache, f));
+  assert.match(file!, /[0-9a-f]{64}\.u16$/);
+  assert.deepEqual(Array.from(load()), want, 'a hit gives the same ids');
+  assert.equal(calls, 1, 'a hit does not tokenize');
+  load('sha256:another-tokenizer');
+  assert.equal(calls, 2, 'another tokenizer identity is a miss');
+  assert.equal(cachedTokens(`${text}.`, tok.identity, false, () => (calls++, tok.encode(`${text}.`)), cache).length > 0, true);
+  assert.equal(calls, 3, 'other text is a miss');
+  // A spoiled file fails its digest: tokenized again (and rewritten), never read as ids.
+  const b = readFileSync(file!);
+  b[100] = b[100]! ^ 0xff;
+  writeFileSync(file!, b);
+  assert.deepEqual(Array.from(load()), want);
+  assert.equal(calls, 4);
+  assert.deepEqual(Array.from(load()), want);
+  assert.equal(calls, 4, 'the rewritten file is a hit');
+  writeFileSync(file!, readFileSync(file!).subarray(0, 1001));
+  assert.deepEqual(Array.from(load()), want, 'a truncated file is a miss');
+  // A cache directory that cannot be made (a file stands where it should be): tokenized, no error.
+  const blocked = join(dir, 'blocked');
+  writeFileSync(blocked, '');
+  assert.deepEqual(Array.from(load(tok.identity, join(blocked, 'tokens'))), want);
+  // Off: tokenize every time.
+  assert.equal(tokenCacheDir({ FLOTILLA_CACHE_DIR: 'off' }), undefined);
+  assert.equal(tokenCacheDir({ FLOTILLA_CACHE_DIR: '/x' }), '/x/tokens');
+  assert.equal(tokenCacheDir({ XDG_CACHE_HOME: '/y' }), '/y/flotilla/tokens');
+  rmSync(cache, { recursive: true, force: true });
+});
+
+test('a run on a BPE-tokenized text reads the same corpus with the cache as without it', async () => {
+  const { loadTrainData } = await import('../src/data/sources.js');
+  const spec = { source: 'moby-dick', sources: [], tokenizer: join(ROOT, 'examples', 'moby-dick-bpe512.json'), valSource: '', valFraction: 0.1, seqLen: 32 };
+  const read = async (cacheDir: string) => {
+    const before = process.env.FLOTILLA_CACHE_DIR;
+    process.env.FLOTILLA_CACHE_DIR = cacheDir;
+    try {
+      const d = await loadTrainData(spec, { modelVocab: 0 });
+      const ids = (s: (typeof d.train)[number]) => {
+        const out = new Int32Array(s.corpus.length);
+        s.corpus.window(0, s.corpus.length, out, 0);
+        return Array.from(out);
+      };
+      const out = { describe: d.describe, train: ids(d.train[0]!), val: ids(d.val[0]!) };
+      d.close();
+      return out;
+    } finally {
+      if (before === undefined) delete process.env.FLOTILLA_CACHE_DIR;
+      else process.env.FLOTILLA_CACHE_DIR = before;
+    }
+  };
+  const off = await read('off');
+  const cacheDir = join(dir, 'run-cache');
+  const miss = await read(cacheDir);
+  const hit = await read(cacheDir);
+  assert.deepEqual(miss, off);
+  assert.deepEqual(hit, off);
+});

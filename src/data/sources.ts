@@ -1,6 +1,6 @@
 // What `[data]` names, turned into the loader's weighted corpora: the demo corpus, a UTF-8 text file
-// (tokenized in memory at start), a prepared dataset directory (`flotilla prepare`, read by byte
-// range) or a nanoGPT-style flat uint16 `.bin`. The checks that need no tokenizing (paths, manifests,
+// (tokenized in memory at start; token_cache.ts keeps the ids between runs), a prepared dataset
+// directory (`flotilla prepare`, read by byte range) or a nanoGPT-style flat uint16 `.bin`. The checks that need no tokenizing (paths, manifests,
 // the tokenizer's identity, shard sizes, the vocabulary) run in checkDataConfig, before any rank
 // starts; checksums are verified by the ranks as they open the data, each rank a share of the shards.
 import { existsSync, statSync } from 'node:fs';
@@ -8,6 +8,7 @@ import { join, resolve } from 'node:path';
 import { MOBY_DICK, loadCorpus } from './corpus.js';
 import { TokenCorpus, type SegmentSpec } from './corpus_files.js';
 import { MANIFEST, openFlatBin, openPrepared } from './prepared.js';
+import { cachedTokens } from './token_cache.js';
 import type { LoaderSource } from './sampler.js';
 import { loadTokenizer, tokenizerIdentity, type Tokenizer, type TokenizerIdentity } from './tokenizer.js';
 
@@ -125,8 +126,11 @@ function openSource(path: string, tok: Tokenizer, vocabSize: number, verify: (i:
     const seg = openFlatBin(path);
     return { corpus: new TokenCorpus([seg], { name: seg.name, vocabSize }), label: `${path} (nanoGPT uint16 .bin)` };
   }
-  const ids = tok.encode(loadCorpus(path));
-  const tokens = vocabSize <= 65536 ? Uint16Array.from(ids) : Uint32Array.from(ids);
+  const text = loadCorpus(path);
+  // Bytes cost nothing to tokenize; a BPE pass over the demo corpus costs each rank about a second.
+  const tokens = tok.spec === 'byte'
+    ? Uint16Array.from(tok.encode(text))
+    : cachedTokens(text, tok.identity, vocabSize > 65536, () => tok.encode(text));
   const spec: SegmentSpec = { kind: 'memory', tokens, lo: 0, hi: tokens.length, name: kind === 'moby-dick' ? MOBY_DICK : resolve(path) };
   return { corpus: new TokenCorpus([spec], { name: spec.name, vocabSize }), label: kind === 'moby-dick' ? MOBY_DICK : path };
 }
