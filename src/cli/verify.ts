@@ -58,7 +58,7 @@ function runOverrides(dir: string, steps: number): string[] {
 /** The single-process twin of a layout: same global batch and micro-batch size, no parallelism. */
 function referenceOverrides(cfg: FlotillaConfig, dp: number): string[] {
   return [
-    '--parallel.dp=-1', '--parallel.pp=1', '--parallel.zero=0', '--parallel.dpShard=-1', '--parallel.dpReplicate=1', '--parallel.accumulate=auto', '--parallel.tp=1', '--parallel.sequenceParallel=false', '--parallel.lossParallel=false', '--parallel.ep=1',
+    '--parallel.dp=-1', '--parallel.pp=1', '--parallel.zero=0', '--parallel.dpShard=-1', '--parallel.dpReplicate=1', '--parallel.accumulate=auto', '--parallel.tp=1', '--parallel.sequenceParallel=false', '--parallel.lossParallel=false', '--parallel.ep=1', '--parallel.cp=1',
     `--data.microBatches=${cfg.data.microBatches * dp}`,
   ];
 }
@@ -72,7 +72,7 @@ export async function verifyCommand(a: VerifyArgs, mainScript: string, print: (l
   try {
     const layoutDir = join(dir, 'layout');
     const refDir = join(dir, 'reference');
-    print(`verify: ${a.steps} step(s) of ${a.config} on ${a.nproc} ranks (backend ${cfg.parallel.backend}; parallel: pp ${cfg.parallel.pp}, tp ${cfg.parallel.tp}${cfg.parallel.sequenceParallel ? " + sequence parallel" : ""}${cfg.parallel.lossParallel ? " + loss parallel" : ""}, zero ${cfg.parallel.zero}, dpShard ${cfg.parallel.dpShard}, dpReplicate ${cfg.parallel.dpReplicate}${cfg.parallel.ep > 1 ? `, ep ${cfg.parallel.ep}` : ""}) against one process`);
+    print(`verify: ${a.steps} step(s) of ${a.config} on ${a.nproc} ranks (backend ${cfg.parallel.backend}; parallel: pp ${cfg.parallel.pp}, tp ${cfg.parallel.tp}${cfg.parallel.sequenceParallel ? " + sequence parallel" : ""}${cfg.parallel.lossParallel ? " + loss parallel" : ""}, zero ${cfg.parallel.zero}, dpShard ${cfg.parallel.dpShard}, dpReplicate ${cfg.parallel.dpReplicate}${cfg.parallel.ep > 1 ? `, ep ${cfg.parallel.ep}` : ""}${cfg.parallel.cp > 1 ? `, cp ${cfg.parallel.cp}` : ""}) against one process`);
     if (cfg.model.dropout > 0) print(`verify: model.dropout=${cfg.model.dropout} set to 0 for both runs (dropout draws differ between layouts)`);
     const { runLauncher } = await import('./run.js');
     process.env.FLOTILLA_REPORT = '0'; // the ranks' run directory is compared, then deleted: no report.html
