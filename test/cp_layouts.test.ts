@@ -36,6 +36,7 @@ const world2 = launch(2, [
   { name: 'cp2_z2_G', layout: { cp: 2, zero: 2 }, micro: 1, steps },
   { name: 'cp2_full_G', layout: { cp: 2 }, micro: 1, steps, activationCheckpoint: 'full' },
   { name: 'cp2_selective_L', layout: { cp: 2 }, micro: 1, steps, arch: 'llama', activationCheckpoint: 'selective' },
+  { name: 'cp2_mixer', layout: { cp: 2 }, micro: 1, steps, mixer: true },
 ]);
 const world4 = launch(4, [
   { name: 'cp4_G', layout: { cp: 4 }, micro: 1, steps },
@@ -105,4 +106,11 @@ test('cp = 2 x pp = 2 equals one process (GPT 1F1B, Llama zero bubble)', async (
   await Promise.all([reference, world4]);
   compare('cp2_pp2_G', 4, 'refG');
   compare('cp2_pp2_zb_L', 4, 'refL');
+});
+
+test('the MLP-Mixer (tokens mixed by a Linear over the whole sequence, one label per sequence) is refused under cp, naming why', async () => {
+  await world2;
+  for (const o of readPipelineRun<Out>(dir, 'cp2_mixer', 2)) {
+    assert.match(o.error ?? '', /context parallelism cuts every micro-batch tensor along dim 1, the sequence, and a tensor of shape \[2\] has none: it applies to models whose inputs and targets are per token/);
+  }
 });

@@ -20,22 +20,29 @@ import type { MicroBatch, ParallelModel, StageValue } from '../parallel_model.js
 import type { ParamPlacement } from '../placement.js';
 import { chunksOf, ringAttention } from './ring_attention.js';
 
-/** The sequence shard of cp rank group.rank: its chunks' global positions and the ring's attention. */
-export function ringShard(group: ProcessGroup): SequenceShard {
+/** The sequence shard of cp rank group.rank: its chunks' global positions and the ring's attention (calls counted). */
+export function ringShard(group: ProcessGroup): SequenceShard & { attentionCalls: number } {
   const [a, b] = chunksOf(group.rank, group.size);
   return {
+    attentionCalls: 0,
     positions(T) {
       const c = T / 2;
       return cat([arange(a * c, (a + 1) * c), arange(b * c, (b + 1) * c)]);
     },
-    attention: (q, k, v, scale) => ringAttention(q, k, v, group, scale),
+    attention(q, k, v, scale) {
+      this.attentionCalls++;
+      return ringAttention(q, k, v, group, scale);
+    },
   };
 }
 
 /** This rank's two chunks of every sequence of t (sequences along dim 1). */
 export function sequenceChunks(t: Tensor, group: ProcessGroup): Tensor {
   const C = group.size, T = t.shape[1];
-  if (T === undefined || T % (2 * C) !== 0) {
+  if (T === undefined) {
+    throw new Error(`context parallelism cuts every micro-batch tensor along dim 1, the sequence, and a tensor of shape [${t.shape}] has none: it applies to models whose inputs and targets are per token (B, T, ...), not per sequence; set parallel.cp = 1`);
+  }
+  if (T % (2 * C) !== 0) {
     throw new Error(`context parallelism: a micro-batch tensor of shape [${t.shape}] does not split into ${2 * C} chunks along dim 1 (the sequence); its length must divide by 2 x parallel.cp = ${2 * C}`);
   }
   const c = T / (2 * C);
@@ -48,7 +55,7 @@ function chunksOfValue(v: StageValue, group: ProcessGroup): StageValue {
 }
 
 export class ContextParallelModel implements ParallelModel {
-  private readonly shard: SequenceShard;
+  private readonly shard: ReturnType<typeof ringShard>;
 
   constructor(private readonly inner: ParallelModel, readonly group: ProcessGroup) {
     this.shard = ringShard(group);
@@ -59,7 +66,14 @@ export class ContextParallelModel implements ParallelModel {
   }
 
   step(microBatches: MicroBatch[]): { loss: number } {
-    return withSequenceShard(this.shard, () => this.inner.step(this.local(microBatches)));
+    const before = this.shard.attentionCalls;
+    const r = withSequenceShard(this.shard, () => this.inner.step(this.local(microBatches)));
+    // A model whose attention does not go through the shard would attend within its own chunks
+    // only: wrong without any error, so it is refused (every cp rank decides alike).
+    if (this.shard.attentionCalls === before) {
+      throw new Error(`parallel.cp = ${this.group.size}: the model ran no attention through the sequence shard, so its tokens would only see their own rank's chunks; context parallelism needs a model whose causal attention calls sequenceShard().attention (src/nn/sequence_shard.ts; the GPT's and the Llama's do). Set parallel.cp = 1`);
+    }
+    return r;
   }
   evaluate(microBatches: MicroBatch[]): number {
     return withSequenceShard(this.shard, () => this.inner.evaluate(this.local(microBatches)));
