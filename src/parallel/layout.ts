@@ -231,6 +231,11 @@ export function describeLayout(l: Layout): string {
   return parts.join(', ');
 }
 
+/** The mesh's degrees, outermost first, for the run's header and its report. */
+export function describeMesh(l: Layout): string {
+  return `mesh pp ${l.pp} x dpReplicate ${l.dpReplicate} x dpShard ${l.dpShard} x cp ${l.cp ?? 1} x tp ${l.tp ?? 1}`;
+}
+
 /** The layout fields a script sets; the rest take the config's defaults. */
 export type LayoutRequest = Partial<Pick<ParallelConfig, 'dp' | 'zero' | 'dpShard' | 'dpReplicate' | 'accumulate' | 'pp' | 'ppSchedule' | 'ppVirtualStages' | 'tp' | 'sequenceParallel' | 'lossParallel' | 'ep' | 'cp'>>;
 

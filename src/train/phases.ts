@@ -13,6 +13,7 @@ import { initProcessGroup, destroyProcessGroup, describeBackend, getWorld, isIni
 import type { LaunchEnv } from '../distributed/env.js';
 import { verifyDataPartition } from '../distributed/partition.js';
 import { buildMesh, describeLayout, parallelize, resolveLayout, type Layout, type LayoutMesh } from '../parallel/parallelize.js';
+import { describeMesh } from '../parallel/layout.js';
 import type { ParallelModel } from '../parallel/parallel_model.js';
 import type { ParamPlacement } from '../parallel/placement.js';
 import { saveSafetensors } from '../checkpoint/safetensors.js';
@@ -77,7 +78,7 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     // ---- mesh: pp x dpReplicate x dpShard x cp x tp; the data-parallel rank decides what a rank reads
     const layout = resolveLayout(cfg.parallel, env.worldSize);
     const mesh = buildMesh(layout, world);
-    header('mesh', `${describeLayout(layout)}; mesh pp ${layout.pp} x dpReplicate ${layout.dpReplicate} x dpShard ${layout.dpShard} x cp ${layout.cp ?? 1} x tp ${layout.tp ?? 1}`);
+    header('mesh', `${describeLayout(layout)}; ${describeMesh(layout)}`);
 
     // ---- data: shards are read by byte range, never whole; a worker thread prepares the next batches
     const data = await loadTrainData(cfg.data, { modelVocab: cfg.model.vocabSize, rank: env.rank, worldSize: env.worldSize });
