@@ -2,7 +2,7 @@
 // clipping and accumulation, in float64, for the GPT (learned positions) and the Llama (rotary
 // positions, grouped-query heads, tied embeddings). Every rank's losses, gradient norms (before
 // clipping) and every whole parameter equal the one-process run's: cp = 2 (with ZeRO-2 over the cp
-// ranks, with full and selective activation checkpointing), cp = 4, cp = 2 x ZeRO-3 over dp = 2,
+// ranks, with full and selective activation checkpointing), cp = 4, cp = 2 x ZeRO-3 over dp = 2, HSDP,
 // cp = 2 x tp = 2 (GPT with sequence and loss parallelism) and cp = 2 x pp = 2 (1F1B; zero bubble).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -33,7 +33,7 @@ const reference = launch(1, [{ name: 'refG', micro: 1, steps }, { name: 'refL', 
 const world2 = launch(2, [
   { name: 'cp2_G', layout: { cp: 2 }, micro: 2, steps },
   { name: 'cp2_L', layout: { cp: 2 }, micro: 2, steps, arch: 'llama' },
-  { name: 'cp2_z2_G', layout: { cp: 2, zero: 2 }, micro: 1, steps },
+  { name: 'cp2_z2_G', layout: { cp: 2, zero: 2 }, micro: 2, steps },
   { name: 'cp2_full_G', layout: { cp: 2 }, micro: 1, steps, activationCheckpoint: 'full' },
   { name: 'cp2_selective_L', layout: { cp: 2 }, micro: 1, steps, arch: 'llama', activationCheckpoint: 'selective' },
   { name: 'cp2_mixer', layout: { cp: 2 }, micro: 1, steps, mixer: true },
@@ -43,6 +43,7 @@ const world4 = launch(4, [
   { name: 'cp4_L', layout: { cp: 4 }, micro: 2, steps, arch: 'llama' },
   { name: 'cp2_z3_G', layout: { cp: 2, zero: 3 }, micro: 1, steps },
   { name: 'cp2_z3_L', layout: { cp: 2, zero: 3 }, micro: 1, steps, arch: 'llama' },
+  { name: 'cp2_hsdp_z2_G', layout: { cp: 2, zero: 2, dpReplicate: 2, dpShard: 1 }, micro: 1, steps },
   { name: 'cp2_tp2_sp_G', layout: { cp: 2, tp: 2, sequenceParallel: true, lossParallel: true }, micro: 1, steps },
   { name: 'cp2_tp2_L', layout: { cp: 2, tp: 2 }, micro: 1, steps, arch: 'llama' },
   { name: 'cp2_pp2_G', layout: { cp: 2, pp: 2 }, micro: 2, steps },
@@ -71,7 +72,7 @@ function compare(name: string, nproc: number, refName: string): void {
   assert.deepEqual(Object.keys(ref.params).filter((k) => !covered.has(k)), [], `${name}: parameters no rank holds`);
 }
 
-test('cp = 2 on 2 ranks equals one process (GPT, Llama; ZeRO-2 over the cp ranks)', async () => {
+test('cp = 2 on 2 ranks equals one process (GPT, Llama; ZeRO-2 over the cp ranks, reducing each of 2 micro-batches)', async () => {
   await Promise.all([reference, world2]);
   compare('cp2_G', 2, 'refG');
   compare('cp2_L', 2, 'refL');
@@ -90,10 +91,11 @@ test('cp = 4 equals one process (GPT, Llama)', async () => {
   compare('cp4_L', 4, 'refL');
 });
 
-test('cp = 2 x ZeRO-3 over dp = 2 equals one process (GPT, Llama)', async () => {
+test('cp = 2 x ZeRO-3 over dp = 2 equals one process (GPT, Llama), and HSDP (ZeRO-2 sharded over the cp ranks, 2 replicas)', async () => {
   await Promise.all([reference, world4]);
   compare('cp2_z3_G', 4, 'refG');
   compare('cp2_z3_L', 4, 'refL');
+  compare('cp2_hsdp_z2_G', 4, 'refG');
 });
 
 test('cp = 2 x tp = 2 equals one process (GPT with sequence and loss parallelism, Llama)', async () => {
