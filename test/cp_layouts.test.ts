@@ -3,7 +3,8 @@
 // positions, grouped-query heads, tied embeddings). Every rank's losses, gradient norms (before
 // clipping) and every whole parameter equal the one-process run's: cp = 2 (with ZeRO-2 over the cp
 // ranks, with full and selective activation checkpointing), cp = 4, cp = 2 x ZeRO-3 over dp = 2, HSDP,
-// cp = 2 x tp = 2 (GPT with sequence and loss parallelism) and cp = 2 x pp = 2 (1F1B; zero bubble).
+// cp = 2 x tp = 2 (GPT with sequence and loss parallelism) and cp = 2 x pp = 2 (1F1B; zero bubble;
+// ZeRO-2). The MLP-Mixer, which has no per-token targets, is refused with the reason.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync } from 'node:fs';
@@ -48,6 +49,7 @@ const world4 = launch(4, [
   { name: 'cp2_tp2_L', layout: { cp: 2, tp: 2 }, micro: 1, steps, arch: 'llama' },
   { name: 'cp2_pp2_G', layout: { cp: 2, pp: 2 }, micro: 2, steps },
   { name: 'cp2_pp2_zb_L', layout: { cp: 2, pp: 2, ppSchedule: 'zb' }, micro: 2, steps, arch: 'llama' },
+  { name: 'cp2_pp2_z2_G', layout: { cp: 2, pp: 2, zero: 2 }, micro: 2, steps },
 ]);
 
 const rel = (a: number, b: number): number => Math.abs(a - b) / Math.abs(b);
@@ -104,10 +106,11 @@ test('cp = 2 x tp = 2 equals one process (GPT with sequence and loss parallelism
   compare('cp2_tp2_L', 4, 'refL');
 });
 
-test('cp = 2 x pp = 2 equals one process (GPT 1F1B, Llama zero bubble)', async () => {
+test('cp = 2 x pp = 2 equals one process (GPT 1F1B, Llama zero bubble; ZeRO-2 sharded over the cp ranks of a stage)', async () => {
   await Promise.all([reference, world4]);
   compare('cp2_pp2_G', 4, 'refG');
   compare('cp2_pp2_zb_L', 4, 'refL');
+  compare('cp2_pp2_z2_G', 4, 'refG');
 });
 
 test('the MLP-Mixer (tokens mixed by a Linear over the whole sequence, one label per sequence) is refused under cp, naming why', async () => {
