@@ -4,7 +4,8 @@
 // clipping) and every whole parameter equal the one-process run's: cp = 2 (with ZeRO-2 over the cp
 // ranks, with full and selective activation checkpointing), cp = 4, cp = 2 x ZeRO-3 over dp = 2, HSDP,
 // cp = 2 x tp = 2 (GPT with sequence and loss parallelism) and cp = 2 x pp = 2 (1F1B; zero bubble;
-// ZeRO-2). The MLP-Mixer, which has no per-token targets, is refused with the reason.
+// ZeRO-2). The MLP-Mixer, which has no per-token targets, and a model without attention through the
+// sequence shard are refused with the reason.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync } from 'node:fs';
@@ -37,7 +38,8 @@ const world2 = launch(2, [
   { name: 'cp2_z2_G', layout: { cp: 2, zero: 2 }, micro: 2, steps },
   { name: 'cp2_full_G', layout: { cp: 2 }, micro: 1, steps, activationCheckpoint: 'full' },
   { name: 'cp2_selective_L', layout: { cp: 2 }, micro: 1, steps, arch: 'llama', activationCheckpoint: 'selective' },
-  { name: 'cp2_mixer', layout: { cp: 2 }, micro: 1, steps, mixer: true },
+  { name: 'cp2_mixer', layout: { cp: 2 }, micro: 1, steps, refused: 'mixer' },
+  { name: 'cp2_noAttention', layout: { cp: 2 }, micro: 1, steps, refused: 'noAttention' },
 ]);
 const world4 = launch(4, [
   { name: 'cp4_G', layout: { cp: 4 }, micro: 1, steps },
@@ -117,5 +119,12 @@ test('the MLP-Mixer (tokens mixed by a Linear over the whole sequence, one label
   await world2;
   for (const o of readPipelineRun<Out>(dir, 'cp2_mixer', 2)) {
     assert.match(o.error ?? '', /context parallelism cuts every micro-batch tensor along dim 1, the sequence, and a tensor of shape \[2\] has none: it applies to models whose inputs and targets are per token/);
+  }
+});
+
+test('a model whose attention does not go through the sequence shard is refused after its first step, naming the fix', async () => {
+  await world2;
+  for (const o of readPipelineRun<Out>(dir, 'cp2_noAttention', 2)) {
+    assert.match(o.error ?? '', /parallel\.cp = 2: the model ran no attention through the sequence shard.*Set parallel\.cp = 1/);
   }
 });

@@ -137,7 +137,7 @@ export function parallelize(model: Module | PipelineModel, mesh: LayoutMesh, pla
   const cp = plan.layout.cp ?? 1;
   if (cp === 1) return parallelizeLayers(model, mesh, plan);
   if (!mesh.cp || mesh.cp.size !== cp) throw new Error(`parallelize: layout.cp = ${cp} needs the mesh built from the same layout (buildMesh(layout, world))`);
-  return new ContextParallelModel(parallelizeLayers(model, mesh, plan), mesh.cp);
+  return new ContextParallelModel(parallelizeLayers(model, mesh, plan), mesh.cp, mesh.pp);
 }
 
 /** Pipeline, tensor parallelism and data parallelism (everything but context parallelism). */

@@ -18,6 +18,7 @@ import type { GradientSource } from '../grads.js';
 import type { MemoryReport } from '../memory.js';
 import type { MicroBatch, ParallelModel, StageValue } from '../parallel_model.js';
 import type { ParamPlacement } from '../placement.js';
+import { meanOverRanks } from '../data_parallel_model.js';
 import { chunksOf, ringAttention } from './ring_attention.js';
 
 /** The sequence shard of cp rank group.rank: its chunks' global positions and the ring's attention (calls counted). */
@@ -56,8 +57,10 @@ function chunksOfValue(v: StageValue, group: ProcessGroup): StageValue {
 
 export class ContextParallelModel implements ParallelModel {
   private readonly shard: ReturnType<typeof ringShard>;
+  private attentionSeen = false;
 
-  constructor(private readonly inner: ParallelModel, readonly group: ProcessGroup) {
+  /** `stages`: the pipeline ranks of this rank's position (a group of one without a pipeline). */
+  constructor(private readonly inner: ParallelModel, readonly group: ProcessGroup, private readonly stages: ProcessGroup) {
     this.shard = ringShard(group);
   }
 
@@ -66,12 +69,13 @@ export class ContextParallelModel implements ParallelModel {
   }
 
   step(microBatches: MicroBatch[]): { loss: number } {
-    const before = this.shard.attentionCalls;
     const r = withSequenceShard(this.shard, () => this.inner.step(this.local(microBatches)));
     // A model whose attention does not go through the shard would attend within its own chunks
-    // only: wrong without any error, so it is refused (every cp rank decides alike).
-    if (this.shard.attentionCalls === before) {
-      throw new Error(`parallel.cp = ${this.group.size}: the model ran no attention through the sequence shard, so its tokens would only see their own rank's chunks; context parallelism needs a model whose causal attention calls sequenceShard().attention (src/nn/sequence_shard.ts; the GPT's and the Llama's do). Set parallel.cp = 1`);
+    // only: wrong without any error, so it is refused after the first step. Counted over the
+    // pipeline's stages (a stage may hold no attention), so that every rank decides alike.
+    if (!this.attentionSeen) {
+      this.attentionSeen = meanOverRanks(this.stages, this.shard.attentionCalls) > 0;
+      if (!this.attentionSeen) throw new Error(`parallel.cp = ${this.group.size}: the model ran no attention through the sequence shard, so its tokens would only see their own rank's chunks; context parallelism needs a model whose causal attention calls sequenceShard().attention (src/nn/sequence_shard.ts; the GPT's and the Llama's do). Set parallel.cp = 1`);
     }
     return r;
   }
