@@ -9,6 +9,7 @@
 //
 //   node --import tsx bench/cp.ts [--seq 2048] [--batch 2] [--steps 4] [--warmup 1] [--no-write] [--smoke]
 import { join } from 'node:path';
+import { cpus, loadavg } from 'node:os';
 import { parseArgs } from 'node:util';
 import { runWorld } from '../test/helpers/world.js';
 import { median, writeSection, parseBench } from './report.js';
@@ -35,6 +36,7 @@ async function world(nproc: number, layout: Opts['layout']): Promise<RankOut[]> 
 const one = await world(1, {});
 const dp2 = await world(2, { dp: 2 });
 const cp2 = await world(2, { cp: 2 });
+const load = loadavg()[0]!;
 
 const step = (rs: RankOut[]) => median(rs.flatMap((r) => r.stepMs));
 const peak = (rs: RankOut[]) => Math.max(...rs.map((r) => r.peakBytes));
@@ -63,6 +65,13 @@ const body = [
   'One process computes the whole (T, T) scores of every head and keeps the probabilities for backward; a cp = 2 rank computes',
   `blocks of (T/4, T/4) and keeps only q, k, v, the output and the log-sum-exp of its ${seqLen / 2} tokens. Per-step times (ms):`,
   ...rows.map(({ name, rs }) => `${name}: ${rs.map((r) => `rank ${r.rank} [${r.stepMs.map((x) => x.toFixed(0)).join(', ')}]`).join('; ')}.`),
+  '',
+  'The ring is faster than plain attention, not only smaller: of the 16 (T/4)-square blocks of a sequence\'s scores it',
+  'computes the 10 the causal mask does not hide entirely (two of them half masked), where one process computes and masks',
+  'all 16, and its softmax runs over blocks instead of whole rows. The transfers (Gloo send/recv of each key/value chunk,',
+  'and in backward of their gradients) are inside these times; this benchmark does not time them apart.',
+  `Load average (1 minute) when the last layout finished: ${load.toFixed(1)} on ${cpus().length} cores; above ${cpus().length}, other work`,
+  'shared the cores and the two-rank rows did not get two of their own (the layouts run one after another under that load).',
   '',
   `Command: \`${cmd}\`.`,
 ].join('\n');
