@@ -145,3 +145,26 @@ test('sharding layouts: one clear error per mistake, naming the field and the fi
   const fixed = parseConfig('', ['--parallel.zero=3', '--parallel.dpShard=3', '--data.globalBatch=12']);
   assert.match(checkRunnable(fixed, 2).join('\n'), /dpShard=3 must equal the 2 data-parallel rank\(s\)/);
 });
+
+test('context parallelism: seqLen, MoE, dropout, ep and the world checked before any rank starts, each naming the fix', () => {
+  const err = (overrides: string[]) => {
+    try {
+      parseConfig('', overrides);
+      return '';
+    } catch (e) {
+      return (e as Error).message;
+    }
+  };
+  assert.equal(err(['--parallel.cp=2', '--data.seqLen=64']), '');
+  assert.match(err(['--parallel.cp=3', '--data.seqLen=64']), /data\.seqLen \(64\) must divide by 2 x parallel\.cp = 6 .*choose a seqLen that is a multiple of 6, or another cp/);
+  assert.match(err(['--parallel.cp=2', '--data.seqLen=68', '--parallel.tp=4', '--parallel.sequenceParallel=true', '--model.nHead=4']), /a context-parallel rank's 34 tokens \(data\.seqLen \/ parallel\.cp\) must divide by parallel\.tp = 4 under sequenceParallel/);
+  assert.match(err(['--parallel.cp=2', '--moe.experts=4']), /parallel\.cp = 2 does not run with MoE blocks yet .*set moe\.experts = 0 or parallel\.cp = 1/);
+  assert.match(err(['--parallel.cp=2', '--model.dropout=0.1']), /ring attention has no attention dropout; set model\.dropout = 0 or parallel\.cp = 1/);
+  assert.match(err(['--parallel.cp=2', '--parallel.ep=2', '--moe.experts=4']), /parallel\.cp = 2 with parallel\.ep = 2 is not supported yet/);
+  // Against the world: pp x cp x tp must divide it, and dp is what is left.
+  const cp = parseConfig('', ['--parallel.cp=2', '--parallel.tp=2', '--data.globalBatch=4']);
+  assert.deepEqual(checkRunnable(cp, 4), []);
+  assert.deepEqual(checkRunnable(cp, 8), []);
+  assert.match(checkRunnable(cp, 6).join('\n'), /parallel\.pp=1 x parallel\.cp=2 x parallel\.tp=2 = 4 does not divide the world of 6 rank\(s\)/);
+  assert.match(checkRunnable(parseConfig('', ['--parallel.cp=2', '--data.globalBatch=3']), 4).join('\n'), /data\.globalBatch=3 does not split over 2 data-parallel rank\(s\)/);
+});

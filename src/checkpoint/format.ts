@@ -52,7 +52,7 @@ export interface CheckpointMeta {
   step: number;
   savedAt: string;
   /** The layout that saved it (loading may use another). */
-  layout: { worldSize: number; description: string; pp: number; dpReplicate: number; dpShard: number; zero: number; ppSchedule: string; ppVirtualStages: number; tp?: number };
+  layout: { worldSize: number; description: string; pp: number; dpReplicate: number; dpShard: number; zero: number; ppSchedule: string; ppVirtualStages: number; tp?: number; cp?: number };
   /** The resolved config of the run (sections and fields as in the TOML). */
   config: Record<string, Record<string, unknown>>;
   /** Data loader position in the global sample order. */

@@ -14,6 +14,19 @@ function shapeProblems(c: FlotillaConfig): string[] {
   return modelRules(c.model.arch).shapeProblems(modelConfigOf(c), { seqLen: c.data.seqLen, pp: p.pp, ppVirtualStages: p.ppVirtualStages, tp: p.tp, sequenceParallel: p.sequenceParallel });
 }
 
+/** What context parallelism needs of the data and the model ([Note: context parallelism]). */
+function contextParallelProblems(c: FlotillaConfig): string[] {
+  const cp = c.parallel.cp, p: string[] = [];
+  if (cp <= 1) return p;
+  if (c.data.seqLen % (2 * cp) !== 0) p.push(`data.seqLen (${c.data.seqLen}) must divide by 2 x parallel.cp = ${2 * cp} (each sequence is cut into ${2 * cp} equal chunks, two per context-parallel rank); choose a seqLen that is a multiple of ${2 * cp}, or another cp`);
+  else if (c.parallel.tp > 1 && c.parallel.sequenceParallel && (c.data.seqLen / cp) % c.parallel.tp !== 0) {
+    p.push(`a context-parallel rank's ${c.data.seqLen / cp} tokens (data.seqLen / parallel.cp) must divide by parallel.tp = ${c.parallel.tp} under sequenceParallel; choose a seqLen that is a multiple of ${cp * c.parallel.tp}`);
+  }
+  if (c.moe.experts > 0) p.push(`parallel.cp = ${cp} does not run with MoE blocks yet (routing and its balance statistics would see each rank's tokens apart); set moe.experts = 0 or parallel.cp = 1`);
+  if (c.model.dropout > 0) p.push(`parallel.cp = ${cp} with model.dropout = ${c.model.dropout}: ring attention has no attention dropout; set model.dropout = 0 or parallel.cp = 1`);
+  return p;
+}
+
 /** Cross-field rules. */
 export function validateConfig(c: FlotillaConfig): string[] {
   const p: string[] = [];
@@ -24,6 +37,7 @@ export function validateConfig(c: FlotillaConfig): string[] {
   if (c.parallel.ep > 1 && c.moe.experts === 0) p.push(`parallel.ep = ${c.parallel.ep} splits experts, but moe.experts = 0; set moe.experts (a multiple of ${c.parallel.ep}) or parallel.ep = 1`);
   if (c.parallel.ep > 1 && c.moe.experts > 0 && c.moe.experts % c.parallel.ep !== 0) p.push(`moe.experts (${c.moe.experts}) must divide by parallel.ep (${c.parallel.ep}): every expert-parallel rank holds the same number of experts`);
   if (c.moe.experts > 0 && c.parallel.tp > 1 && c.parallel.sequenceParallel) p.push('moe.experts > 0 does not run with parallel.sequenceParallel yet (MoE blocks would route each tensor-parallel rank\'s tokens apart); set parallel.sequenceParallel = false');
+  p.push(...contextParallelProblems(c));
   const parts = c.data.microBatches * (c.parallel.dp > 0 ? c.parallel.dp : 1);
   if (c.data.globalBatch % parts !== 0) {
     const by = c.parallel.dp > 0 ? `parallel.dp x data.microBatches (${c.parallel.dp} x ${c.data.microBatches} = ${parts})` : `data.microBatches (${parts})`;

@@ -4,11 +4,12 @@
 // this stage does not own": GPTStage holds some blocks (named by their global index), the
 // embeddings only on the first stage and the final norm + head only on the last. The loss lives
 // outside forward (gptLoss), applied by whoever holds the head.
-import { type Tensor, arange, manualSeed, noGrad } from '../tensor/index.js';
+import { type Tensor, manualSeed, noGrad } from '../tensor/index.js';
 import { Module, Embedding, LayerNorm, Linear, Dropout, Block, F, deferParameters } from '../nn/index.js';
 import { castFor } from '../nn/precision.js';
 import { isMoELayer } from '../nn/moe_config.js';
 import { KVCache } from '../nn/kv_cache.js';
+import { tokenPositions } from '../nn/sequence_shard.js';
 import { checkGPTConfig as checkConfig, type GPTConfig } from './gpt_config.js';
 
 export { defaultGPTConfig, gptNumParams, type GPTConfig } from './gpt_config.js';
@@ -147,7 +148,7 @@ abstract class GPTParts extends Module {
     if (this.wte) {
       const T = input.shape[1]!;
       if (T > this.cfg.blockSize) throw new Error(`GPT: sequence length ${T} exceeds blockSize ${this.cfg.blockSize}`);
-      const pos = arange(0, T);
+      const pos = tokenPositions(T); // 0 .. T-1, or each token's global index under context parallelism
       x = this.drop!.call(this.wte.call(input).add(this.wpe!.call(pos))); // (B, T, C)
     }
     // Each block checkpoints itself when activation checkpointing is on (Block.forward, src/nn/checkpoint.ts).

@@ -19,6 +19,7 @@ import { castFor } from '../nn/precision.js';
 import { activationCheckpointMode, checkpointBlock, checkpointRegion } from '../nn/checkpoint.js';
 import { gptLoss, type GPTBuildOptions, type GPTStageSpec } from './gpt.js';
 import { KVCache } from '../nn/kv_cache.js';
+import { sequenceShard } from '../nn/sequence_shard.js';
 import { MoE } from '../nn/moe.js';
 import { isMoELayer, type MoEConfig } from '../nn/moe_config.js';
 import { resolveLlamaConfig, type LlamaConfig } from './llama_config.js';
@@ -206,11 +207,20 @@ export class LlamaAttention extends Module {
     const hd = this.headDim, nh = Cq / hd, nkv = k.shape[2]! / hd, group = nh / nkv;
     // Rotary in float32 at least (float64 for a float64 model), whatever dtype the projections ran in.
     const rd: DType = q.dtype === 'float64' ? 'float64' : 'float32';
-    const { cos, sinSigned } = typeof positions === 'number' ? this.rope.slice(rd, positions, T) : this.rope.at(rd, positions);
+    // Under context parallelism the tokens are chunks of longer sequences, rotated at their global
+    // positions, and attention over the whole sequence comes from the shard ([Note: sequence shard]).
+    const shard = sequenceShard();
+    const { cos, sinSigned } = shard ? this.rope.at(rd, shard.positions(T).view(1, T))
+      : typeof positions === 'number' ? this.rope.slice(rd, positions, T) : this.rope.at(rd, positions);
     // bfloat16 q, k times float32 tables promote to float32 in the same kernels (no separate cast).
     const rot = (t: Tensor, n: number) => applyRotary(t.view(B, T, n, hd), cos, sinSigned);
     // Cast before the heads are made contiguous, so that copy moves bfloat16 under bf16-mixed.
     const [qr, kr] = castFor('matmul', rot(q, nh), rot(k, nkv)) as [Tensor, Tensor];
+    if (shard) {
+      const [vc] = castFor('matmul', v) as [Tensor];
+      const heads = (t: Tensor) => t.transpose(1, 2); // (B, n, T, hd)
+      return shard.attention(heads(qr), heads(kr), heads(vc.view(B, T, nkv, hd)), 1 / Math.sqrt(hd)).transpose(1, 2).reshape(B, T, nh * hd);
+    }
     // Query head h uses key/value head h / group (repeat_kv's order): the group's query heads are
     // stacked along the rows, so k and v are never repeated. q: (B nkv, group T, hd), k^T: (B nkv, hd, T).
     const qg = qr.view(B, T, nkv, group, hd).permute(0, 2, 3, 1, 4).reshape(B * nkv, group * T, hd);

@@ -7,6 +7,7 @@ import { castFor } from './precision.js';
 import { activationCheckpointMode, checkpointBlock, checkpointRegion } from './checkpoint.js';
 import type { KVCache } from './kv_cache.js';
 import { MoE } from './moe.js';
+import { sequenceShard } from './sequence_shard.js';
 import type { MoEConfig } from './moe_config.js';
 
 export interface BlockConfig {
@@ -89,6 +90,13 @@ export class CausalSelfAttention extends Module {
     // Dtypes per op come from the precision policy (src/nn/precision.ts): under bf16-mixed the two
     // products and the softmax run in bfloat16.
     const [qh, kh] = castFor('matmul', heads(q), heads(k)) as [Tensor, Tensor];
+    // A part of each sequence (context parallelism): attention over the whole sequence comes from
+    // the shard ([Note: sequence shard] in sequence_shard.ts).
+    const shard = sequenceShard();
+    if (shard) {
+      const [vh] = castFor('matmul', heads(v)) as [Tensor];
+      return shard.attention(qh, kh, vh, 1 / Math.sqrt(hs)).transpose(1, 2).contiguous().view(B, T, C);
+    }
     const allowed = this.mask.narrow(0, 0, T).narrow(1, 0, T);
     let att = attentionScores(qh, kh, allowed, 1 / Math.sqrt(hs)); // (B, nh, T, T)
     [att] = castFor('softmax', att) as [Tensor];

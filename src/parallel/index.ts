@@ -10,3 +10,5 @@ export { LocalGrads, gradNorm, clipGradNorm, type GradientSource, type GradShard
 export * from './pipeline/index.js';
 export { placementsOf, wholeRuns, type ParamPlacement, type ElementRange, type PlacementOptions, type TpSlice, type Run } from './placement.js';
 export * from './tensor_parallel/index.js';
+export { ContextParallelModel, ringShard, sequenceChunks } from './context_parallel/model.js';
+export { ringAttention, chunksOf } from './context_parallel/ring_attention.js';

@@ -3,11 +3,12 @@
 // here: the config (src/config/schema.ts takes its defaults and choices), the trainer, parallelize.ts
 // and DataParallel's accumulation default.
 //
-// Mesh dims, outermost first: pp (pipeline), dpReplicate, dpShard, tp (tensor parallel, innermost
-// so a tensor-parallel group is neighbouring ranks). The data-parallel rank, which decides what
-// data a rank reads, is the flattened (dpReplicate, dpShard) mesh rank:
+// Mesh dims, outermost first: pp (pipeline), dpReplicate, dpShard, cp (context parallel), tp
+// (tensor parallel, innermost so a tensor-parallel group is neighbouring ranks). The data-parallel
+// rank, which decides what data a rank reads, is the flattened (dpReplicate, dpShard) mesh rank:
 // replicateRank * dpShard + shardRank (the Lingua lesson; DeviceMesh.flatten computes it, and no
-// one else does). Every pipeline rank and every tensor-parallel rank of one replica reads the same data.
+// one else does). Every pipeline rank, context-parallel rank and tensor-parallel rank of one
+// replica reads the same samples (a cp rank then keeps its chunks of each sequence).
 import { SCHEDULE_NAMES, type ScheduleName } from './pipeline/schedule.js';
 
 export type ZeroStage = 0 | 1 | 2 | 3;
@@ -54,6 +55,8 @@ export interface ParallelConfig {
   backend: 'auto' | 'gloo' | 'mpi';
   /** Expert parallelism: MoE experts split over this many neighbouring data-parallel ranks (1 = every rank holds every expert). */
   ep: number;
+  /** Context parallelism: each sequence split over this many ranks, attention as a ring (1 = whole sequences on every rank). */
+  cp: number;
 }
 
 /**
@@ -62,7 +65,7 @@ export interface ParallelConfig {
  */
 export const PARALLEL_DEFAULTS: Readonly<ParallelConfig> = {
   dp: -1, zero: 0, dpShard: -1, dpReplicate: 1, accumulate: 'auto', reshardAfterForward: true, bucketSizeMb: 0, reduceDtype: 'fp32',
-  overlap: true, backend: 'auto', pp: 1, ppSchedule: '1f1b', ppVirtualStages: 1, tp: 1, sequenceParallel: false, lossParallel: false, ep: 1,
+  overlap: true, backend: 'auto', pp: 1, ppSchedule: '1f1b', ppVirtualStages: 1, tp: 1, sequenceParallel: false, lossParallel: false, ep: 1, cp: 1,
 };
 
 /** A layout resolved for a world: every degree known. */
@@ -83,6 +86,8 @@ export interface Layout {
   virtualStages?: number;
   /** Expert-parallel degree (absent or 1 = none): carved from the data-parallel shard ranks, neighbours in dp-rank order. */
   ep?: number;
+  /** Context-parallel degree (absent or 1 = none): ranks that split each sequence ([Note: context parallelism]). */
+  cp?: number;
 }
 
 /**
@@ -150,20 +155,20 @@ export function layoutProblems(p: ParallelConfig, worldSize?: number): string[] 
   if (tp === 1 && p.lossParallel) out.push('parallel.lossParallel shards the logits over the tensor-parallel ranks: set parallel.tp > 1, or lossParallel = false');
   const ep = p.ep ?? 1;
   if (!Number.isInteger(ep) || ep < 1) out.push(`parallel.ep must be a positive integer (1 = no expert parallelism), got ${ep}`);
-  if (ep > 1) {
-    // What expert parallelism composes with so far; the rest is refused rather than run wrong.
-  }
-  if (worldSize === undefined || !(tp >= 1)) return out;
+  const cp = p.cp ?? 1;
+  if (!Number.isInteger(cp) || cp < 1) out.push(`parallel.cp must be a positive integer (1 = no context parallelism), got ${cp}`);
+  if (cp > 1 && ep > 1) out.push(`parallel.cp = ${cp} with parallel.ep = ${ep} is not supported yet (experts would route each cp rank's tokens apart); set parallel.ep = 1 or parallel.cp = 1`);
+  if (worldSize === undefined || !(tp >= 1) || !(cp >= 1)) return out;
   const pp = p.pp;
-  const model = pp * tp; // ranks one model replica spans
+  const model = pp * cp * tp; // ranks one data-parallel rank spans
   if (worldSize % model !== 0) {
-    const what = tp > 1 ? `parallel.pp=${pp} x parallel.tp=${tp} = ${model}` : `parallel.pp=${pp}`;
+    const what = tp > 1 || cp > 1 ? [`parallel.pp=${pp}`, ...(cp > 1 ? [`parallel.cp=${cp}`] : []), ...(tp > 1 ? [`parallel.tp=${tp}`] : [])].join(' x ') + ` = ${model}` : `parallel.pp=${pp}`;
     out.push(`${what} does not divide the world of ${worldSize} rank(s); start a multiple of ${model} ranks (--nproc ${model * Math.max(1, Math.round(worldSize / model))}) or choose degrees whose product divides ${worldSize}`);
   }
   const replicas = Math.max(1, Math.floor(worldSize / model)); // ranks left for data parallelism
   const dp = p.dp === -1 ? replicas : p.dp;
   if (dp !== replicas) {
-    const over = [pp > 1 ? `parallel.pp=${pp} pipeline ranks` : '', tp > 1 ? `parallel.tp=${tp} tensor-parallel ranks` : ''].filter(Boolean).join(' x ');
+    const over = [pp > 1 ? `parallel.pp=${pp} pipeline ranks` : '', cp > 1 ? `parallel.cp=${cp} context-parallel ranks` : '', tp > 1 ? `parallel.tp=${tp} tensor-parallel ranks` : ''].filter(Boolean).join(' x ');
     out.push(
       `parallel.dp=${p.dp} but the world has ${worldSize} rank(s)${over ? ` over ${over}` : ''}; ` +
         `set parallel.dp=-1 (or ${replicas}), or start ${dp * model} ranks (--nproc ${dp * model})`,
@@ -185,8 +190,8 @@ export function layoutProblems(p: ParallelConfig, worldSize?: number): string[] 
 }
 
 /** The data-parallel degree a [parallel] section gives on a world (-1 resolved). */
-export function dataParallelDegree(p: Pick<ParallelConfig, 'dp' | 'pp'> & { tp?: number }, worldSize: number): number {
-  return p.dp === -1 ? Math.max(1, Math.floor(worldSize / (p.pp * (p.tp ?? 1)))) : p.dp;
+export function dataParallelDegree(p: Pick<ParallelConfig, 'dp' | 'pp'> & { tp?: number; cp?: number }, worldSize: number): number {
+  return p.dp === -1 ? Math.max(1, Math.floor(worldSize / (p.pp * (p.cp ?? 1) * (p.tp ?? 1)))) : p.dp;
 }
 
 /** A [parallel] section that cannot run on this world: every problem, each naming the fix. */
@@ -209,7 +214,7 @@ export function resolveLayout(p: ParallelConfig, worldSize: number): Layout {
   const tp = p.tp ?? 1;
   return {
     pp: p.pp, dp, dpReplicate, dpShard, zero, accumulate, tp, sequenceParallel: tp > 1 && !!p.sequenceParallel, lossParallel: tp > 1 && !!p.lossParallel,
-    schedule: p.ppSchedule, virtualStages: p.ppVirtualStages, ep: p.ep ?? 1,
+    schedule: p.ppSchedule, virtualStages: p.ppVirtualStages, ep: p.ep ?? 1, cp: p.cp ?? 1,
   };
 }
 
@@ -217,16 +222,22 @@ export function resolveLayout(p: ParallelConfig, worldSize: number): Layout {
 export function describeLayout(l: Layout): string {
   const parts: string[] = [];
   if (l.pp > 1) parts.push(`pipeline ${l.pp}`);
+  if ((l.cp ?? 1) > 1) parts.push(`context parallel ${l.cp}`);
   if ((l.tp ?? 1) > 1) parts.push(`tensor parallel ${l.tp}${l.sequenceParallel ? ' + sequence parallel' : ''}${l.lossParallel ? ' + loss parallel' : ''}`);
   if (l.zero === 0) parts.push(l.dp > 1 ? `data parallel ${l.dp}` : 'single replica');
-  else parts.push(`ZeRO-${l.zero} sharded over ${l.dpShard}` + (l.dpReplicate > 1 ? ` x ${l.dpReplicate} replicas (HSDP)` : ''));
+  else parts.push(`ZeRO-${l.zero} sharded over ${l.dpShard}${(l.cp ?? 1) > 1 ? ` x cp ${l.cp}` : ''}` + (l.dpReplicate > 1 ? ` x ${l.dpReplicate} replicas (HSDP)` : ''));
   if ((l.ep ?? 1) > 1) parts.push(`expert parallel ${l.ep}`);
   parts.push(`accumulate ${l.accumulate}`);
   return parts.join(', ');
 }
 
+/** The mesh's degrees, outermost first, for the run's header and its report. */
+export function describeMesh(l: Layout): string {
+  return `mesh pp ${l.pp} x dpReplicate ${l.dpReplicate} x dpShard ${l.dpShard} x cp ${l.cp ?? 1} x tp ${l.tp ?? 1}`;
+}
+
 /** The layout fields a script sets; the rest take the config's defaults. */
-export type LayoutRequest = Partial<Pick<ParallelConfig, 'dp' | 'zero' | 'dpShard' | 'dpReplicate' | 'accumulate' | 'pp' | 'ppSchedule' | 'ppVirtualStages' | 'tp' | 'sequenceParallel' | 'lossParallel' | 'ep'>>;
+export type LayoutRequest = Partial<Pick<ParallelConfig, 'dp' | 'zero' | 'dpShard' | 'dpReplicate' | 'accumulate' | 'pp' | 'ppSchedule' | 'ppVirtualStages' | 'tp' | 'sequenceParallel' | 'lossParallel' | 'ep' | 'cp'>>;
 
 /**
  * A layout for a script that has no config file: `layoutFor({ pp: 2, zero: 2 }, world.size)`.

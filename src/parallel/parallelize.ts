@@ -1,7 +1,7 @@
 // The one place a layout is applied to a model, from outside it (models know nothing about ranks):
 //
 //   const layout = resolveLayout(cfg.parallel, worldSize);     // layout.ts: validated once
-//   const mesh = buildMesh(layout, world);                      // pp x dpReplicate x dpShard x tp
+//   const mesh = buildMesh(layout, world);                      // pp x dpReplicate x dpShard x cp x tp
 //   const model = parallelize(myModel, mesh, { layout, micro, loss, units, tensorParallel });
 //   model.step(microBatches); clipGradNorm(model.grads, 1); ...  // the same loop for every layout
 //
@@ -10,6 +10,9 @@
 // replication over the data-parallel ranks (plain, ZeRO-1/2/3, HSDP; inside a pipeline the stages
 // are wrapped together), and returns this rank's model parts behind one ParallelModel. The order
 // is torchtitan's: pipeline, tensor parallel, then FSDP/DDP; ZeRO then shards the tp slices.
+// Context parallelism wraps the result: it cuts the micro-batches' sequences and runs the step
+// under the ring's attention; to the layers below, its ranks are more data-parallel ranks
+// ([Note: context parallelism] in context_parallel/model.ts).
 import type { Tensor } from '../tensor/index.js';
 import type { Module } from '../nn/module.js';
 import { DeviceMesh } from '../distributed/mesh.js';
@@ -26,14 +29,23 @@ import { withCrossEntropy } from '../nn/functional.js';
 import { parallelizeModule, TensorParallelError, type TensorParallelApplied, type TpPlan } from './tensor_parallel/styles.js';
 import { vocabParallelCrossEntropy } from './tensor_parallel/loss.js';
 import { TensorParallelModel } from './tensor_parallel/model.js';
+import { ContextParallelModel } from './context_parallel/model.js';
 
 export { resolveLayout, describeLayout, type Layout } from './layout.js';
 
 export interface LayoutMesh {
   mesh: DeviceMesh;
-  /** All data-parallel ranks of this rank's pipeline position. */
+  /**
+   * The ranks over which gradients are reduced: every data-parallel rank of this rank's pipeline
+   * position, times the context-parallel ranks when cp > 1 (they hold the same parameters).
+   */
   dp: ProcessGroup;
+  /** The ranks one model state is sharded over: dpShard (x cp). */
   shard: ProcessGroup;
+  /** The data-parallel ranks proper, which read distinct samples (dp without cp). */
+  data: ProcessGroup;
+  /** The context-parallel ring (layout.cp > 1): ranks holding chunks of the same sequences. */
+  cp?: ProcessGroup;
   replicate: ProcessGroup;
   pp: ProcessGroup;
   /** The tensor-parallel group (innermost dim: neighbouring ranks). */
@@ -51,15 +63,26 @@ export interface LayoutMesh {
 }
 
 /** Builds the mesh and its groups (collective: every rank calls it with the same layout). */
-export function buildMesh(layout: Pick<Layout, 'pp' | 'dpReplicate' | 'dpShard'> & { tp?: number; ep?: number }, world: ProcessGroup): LayoutMesh {
-  const ep = layout.ep ?? 1;
+export function buildMesh(layout: Pick<Layout, 'pp' | 'dpReplicate' | 'dpShard'> & { tp?: number; ep?: number; cp?: number }, world: ProcessGroup): LayoutMesh {
+  const ep = layout.ep ?? 1, cp = layout.cp ?? 1;
+  if (cp > 1) {
+    // cp between dpShard and tp (torchtitan's order): a cp ring is neighbouring tp groups. Gradients
+    // are reduced and sharded over dpShard x cp ([Note: context parallelism]); the data-parallel
+    // rank stays the (dpReplicate, dpShard) rank, so every cp rank reads the same samples.
+    const mesh = DeviceMesh.build([['pp', layout.pp], ['dpReplicate', layout.dpReplicate], ['dpShard', layout.dpShard], ['cp', cp], ['tp', layout.tp ?? 1]], world);
+    const data = mesh.flatten(['dpReplicate', 'dpShard'], 'data');
+    return {
+      mesh, dp: mesh.flatten(['dpReplicate', 'dpShard', 'cp'], 'dp').group, shard: mesh.flatten(['dpShard', 'cp'], 'dpShardCp').group, data: data.group,
+      replicate: mesh.dim('dpReplicate').group, pp: mesh.dim('pp').group, tp: mesh.dim('tp').group, cp: mesh.dim('cp').group, dpRank: data.rank,
+    };
+  }
   if (ep > 1) {
     // The shard dim split into (outer, ep): ep ranks are neighbours in data-parallel rank order, so
     // the data-parallel rank is unchanged (replicate x dpShard + outer x ep + epRank).
     const mesh = DeviceMesh.build([['pp', layout.pp], ['dpReplicate', layout.dpReplicate], ['dpShardOuter', layout.dpShard / ep], ['ep', ep], ['tp', layout.tp ?? 1]], world);
     const dp = mesh.flatten(['dpReplicate', 'dpShardOuter', 'ep'], 'dp');
     return {
-      mesh, dp: dp.group, shard: mesh.flatten(['dpShardOuter', 'ep'], 'dpShard').group, replicate: mesh.dim('dpReplicate').group, pp: mesh.dim('pp').group,
+      mesh, dp: dp.group, data: dp.group, shard: mesh.flatten(['dpShardOuter', 'ep'], 'dpShard').group, replicate: mesh.dim('dpReplicate').group, pp: mesh.dim('pp').group,
       tp: mesh.dim('tp').group, dpRank: dp.rank, ep: mesh.dim('ep').group, edp: mesh.flatten(['dpReplicate', 'dpShardOuter'], 'edp').group,
       edpShard: mesh.dim('dpShardOuter').group,
     };
@@ -68,7 +91,7 @@ export function buildMesh(layout: Pick<Layout, 'pp' | 'dpReplicate' | 'dpShard'>
   // The data-parallel rank is the flattened mesh rank and nothing else (see layout.ts).
   const dp = mesh.flatten(['dpReplicate', 'dpShard'], 'dp');
   return {
-    mesh, dp: dp.group, shard: mesh.dim('dpShard').group, replicate: mesh.dim('dpReplicate').group, pp: mesh.dim('pp').group, tp: mesh.dim('tp').group, dpRank: dp.rank,
+    mesh, dp: dp.group, data: dp.group, shard: mesh.dim('dpShard').group, replicate: mesh.dim('dpReplicate').group, pp: mesh.dim('pp').group, tp: mesh.dim('tp').group, dpRank: dp.rank,
   };
 }
 
@@ -111,6 +134,14 @@ function isPipelineModel(m: Module | PipelineModel): m is PipelineModel {
  * sharding or replication. Takes ownership of the model: the result's dispose() frees it.
  */
 export function parallelize(model: Module | PipelineModel, mesh: LayoutMesh, plan: ParallelPlan): ParallelModel {
+  const cp = plan.layout.cp ?? 1;
+  if (cp === 1) return parallelizeLayers(model, mesh, plan);
+  if (!mesh.cp || mesh.cp.size !== cp) throw new Error(`parallelize: layout.cp = ${cp} needs the mesh built from the same layout (buildMesh(layout, world))`);
+  return new ContextParallelModel(parallelizeLayers(model, mesh, plan), mesh.cp, mesh.pp);
+}
+
+/** Pipeline, tensor parallelism and data parallelism (everything but context parallelism). */
+function parallelizeLayers(model: Module | PipelineModel, mesh: LayoutMesh, plan: ParallelPlan): ParallelModel {
   const { layout } = plan;
   const tp = layout.tp ?? 1;
   // Experts are cut to this rank's share first, so that the tensor-parallel placements see the
@@ -171,7 +202,7 @@ function parallelizeParts(model: Module | PipelineModel, mesh: LayoutMesh, plan:
     }
     return new PipelineParallel(model, {
       ...(experts ? { experts } : {}),
-      pp: mesh.pp, ...(layout.dp > 1 ? { dp: mesh.dp } : {}),
+      pp: mesh.pp, ...(mesh.dp.size > 1 ? { dp: mesh.dp } : {}),
       schedule: layout.schedule ?? '1f1b', ...(layout.virtualStages !== undefined ? { virtualStages: layout.virtualStages } : {}),
       micro: plan.micro, zero: layout.zero, accumulate: layout.accumulate,
       ...(layout.zero >= 1 ? { shardGroup: mesh.shard, replicateGroup: mesh.replicate } : {}),

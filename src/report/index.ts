@@ -5,7 +5,7 @@
 import { writeFileSync } from 'node:fs';
 import { join, relative, resolve } from 'node:path';
 import { parseConfig } from '../config/index.js';
-import { describeLayout, resolveLayout } from '../parallel/layout.js';
+import { describeLayout, describeMesh, resolveLayout } from '../parallel/layout.js';
 import { renderReport, type RunExtras } from './html.js';
 import { readRun, ReportError, type RunData } from './run.js';
 
@@ -17,7 +17,7 @@ function layoutOf(run: RunData): string | undefined {
   try {
     const cfg = parseConfig(run.configText, [], join(run.dir, 'config.toml'));
     const l = resolveLayout(cfg.parallel, run.worldSize);
-    return `${describeLayout(l)}; mesh pp ${l.pp} x dpReplicate ${l.dpReplicate} x dpShard ${l.dpShard}`;
+    return `${describeLayout(l)}; ${describeMesh(l)}`;
   } catch {
     return undefined; // e.g. a config from another flotilla version: the config itself is shown
   }

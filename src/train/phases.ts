@@ -13,6 +13,7 @@ import { initProcessGroup, destroyProcessGroup, describeBackend, getWorld, isIni
 import type { LaunchEnv } from '../distributed/env.js';
 import { verifyDataPartition } from '../distributed/partition.js';
 import { buildMesh, describeLayout, parallelize, resolveLayout, type Layout, type LayoutMesh } from '../parallel/parallelize.js';
+import { describeMesh } from '../parallel/layout.js';
 import type { ParallelModel } from '../parallel/parallel_model.js';
 import type { ParamPlacement } from '../parallel/placement.js';
 import { saveSafetensors } from '../checkpoint/safetensors.js';
@@ -74,10 +75,10 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     const how = { torchrun: 'RANK/WORLD_SIZE (flotilla run, torchrun)', mpirun: 'mpirun', srun: 'srun', single: 'a single process' }[env.source];
     header('world', `${describeBackend(world)}, started by ${how}, ${cfg.train.threads} thread(s) per rank, libtorch ${torchVersion()}, ${describeBlas()}`);
 
-    // ---- mesh: pp x dpReplicate x dpShard x tp; the data-parallel rank decides what a rank reads
+    // ---- mesh: pp x dpReplicate x dpShard x cp x tp; the data-parallel rank decides what a rank reads
     const layout = resolveLayout(cfg.parallel, env.worldSize);
     const mesh = buildMesh(layout, world);
-    header('mesh', `${describeLayout(layout)}; mesh pp ${layout.pp} x dpReplicate ${layout.dpReplicate} x dpShard ${layout.dpShard} x tp ${layout.tp ?? 1}`);
+    header('mesh', `${describeLayout(layout)}; ${describeMesh(layout)}`);
 
     // ---- data: shards are read by byte range, never whole; a worker thread prepares the next batches
     const data = await loadTrainData(cfg.data, { modelVocab: cfg.model.vocabSize, rank: env.rank, worldSize: env.worldSize });
@@ -89,7 +90,7 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     const evalLoader = new DataLoader({ sources: data.val, seed: (cfg.train.seed + 1) >>> 0, ...geometry });
     closers.push(() => evalLoader.close());
     // Lingua's lesson: check that the data-parallel ranks' samples partition the global batch.
-    verifyDataPartition(mesh.dp, loader.localSampleIds(0), cfg.data.globalBatch);
+    verifyDataPartition(mesh.data, loader.localSampleIds(0), cfg.data.globalBatch);
     const tokensPerStep = cfg.data.globalBatch * cfg.data.seqLen;
     header('data', `${data.describe}; global batch ${cfg.data.globalBatch} x ${cfg.data.seqLen} = ${tokensPerStep.toLocaleString('en-US')} tokens/step = ` +
       `${layout.dp} data-parallel rank(s) x ${cfg.data.microBatches} micro-batch(es) x ${loader.microBatchSize} samples`);
@@ -143,7 +144,7 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
       if (startStep >= cfg.train.steps) throw new ConfigError([`the checkpoint ${resumedFrom} is at step ${startStep}, and train.steps is ${cfg.train.steps}: nothing is left to train; raise --train.steps`]);
       loader.loadStateDict(meta.data);
       // Lingua's lesson again, at the resumed position and under this run's data-parallel layout.
-      verifyDataPartition(mesh.dp, loader.localSampleIds(startStep), cfg.data.globalBatch);
+      verifyDataPartition(mesh.data, loader.localSampleIds(startStep), cfg.data.globalBatch);
       header('resume', `resumed from step ${startStep} (${resumedFrom}; saved by ${meta.layout.worldSize} rank(s), ${meta.layout.description})`);
     } else if (cfg.train.initFrom !== '') {
       initFrom(cfg.train.initFrom, placements(), numParams, cfg.model as unknown as Record<string, unknown>);
@@ -152,7 +153,7 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     const runInfo = (step: number, expertBias?: Record<string, number[]>): RunInfo => ({
       layout: {
         worldSize: env.worldSize, description: describeLayout(layout), pp: layout.pp, dpReplicate: layout.dpReplicate, dpShard: layout.dpShard,
-        zero: layout.zero, ppSchedule: cfg.parallel.ppSchedule, ppVirtualStages: cfg.parallel.ppVirtualStages, tp: layout.tp ?? 1,
+        zero: layout.zero, ppSchedule: cfg.parallel.ppSchedule, ppVirtualStages: cfg.parallel.ppVirtualStages, tp: layout.tp ?? 1, cp: layout.cp ?? 1,
       },
       config: cfg as unknown as Record<string, Record<string, unknown>>,
       data: loader.stateDict(),

@@ -1,0 +1,122 @@
+// Context parallelism as a ParallelModel: the layout's model (data parallel, ZeRO, pipeline, tensor
+// parallel) with each micro-batch's sequences cut to this rank's two chunks ([Note: load-balanced
+// chunks] in ring_attention.ts) and the step run inside a sequence shard ([Note: sequence shard] in
+// src/nn/sequence_shard.ts), so the model takes its positions at each token's global index and its
+// attention from the ring.
+//
+// [Note: context parallelism] The cp ranks of one data-parallel rank read the same samples and hold
+// the same parameters: to the gradient reduction they are data-parallel ranks like the others (the
+// mesh's dp group spans dpReplicate x dpShard x cp and its shard group dpShard x cp, torchtitan's
+// dp_shard_cp), so ZeRO shards over both and the buckets are averaged over dp x cp. Every cp rank
+// holds as many tokens of the micro-batch as the others, so the mean of their losses is the mean
+// over the whole sequences, and the averaged gradient is one process's.
+import { type Tensor, arange, cat } from '../../tensor/index.js';
+import type { ProcessGroup } from '../../distributed/process_group.js';
+import type { Module } from '../../nn/module.js';
+import { withSequenceShard, type SequenceShard } from '../../nn/sequence_shard.js';
+import type { GradientSource } from '../grads.js';
+import type { MemoryReport } from '../memory.js';
+import type { MicroBatch, ParallelModel, StageValue } from '../parallel_model.js';
+import type { ParamPlacement } from '../placement.js';
+import { meanOverRanks } from '../data_parallel_model.js';
+import { chunksOf, ringAttention } from './ring_attention.js';
+
+/** The sequence shard of cp rank group.rank: its chunks' global positions and the ring's attention (calls counted). */
+export function ringShard(group: ProcessGroup): SequenceShard & { attentionCalls: number } {
+  const [a, b] = chunksOf(group.rank, group.size);
+  return {
+    attentionCalls: 0,
+    positions(T) {
+      const c = T / 2;
+      return cat([arange(a * c, (a + 1) * c), arange(b * c, (b + 1) * c)]);
+    },
+    attention(q, k, v, scale) {
+      this.attentionCalls++;
+      return ringAttention(q, k, v, group, scale);
+    },
+  };
+}
+
+/** This rank's two chunks of every sequence of t (sequences along dim 1). */
+export function sequenceChunks(t: Tensor, group: ProcessGroup): Tensor {
+  const C = group.size, T = t.shape[1];
+  if (T === undefined) {
+    throw new Error(`context parallelism cuts every micro-batch tensor along dim 1, the sequence, and a tensor of shape [${t.shape}] has none: it applies to models whose inputs and targets are per token (B, T, ...), not per sequence; set parallel.cp = 1`);
+  }
+  if (T % (2 * C) !== 0) {
+    throw new Error(`context parallelism: a micro-batch tensor of shape [${t.shape}] does not split into ${2 * C} chunks along dim 1 (the sequence); its length must divide by 2 x parallel.cp = ${2 * C}`);
+  }
+  const c = T / (2 * C);
+  const [a, b] = chunksOf(group.rank, C);
+  return cat([t.narrow(1, a * c, c), t.narrow(1, b * c, c)], 1);
+}
+
+function chunksOfValue(v: StageValue, group: ProcessGroup): StageValue {
+  return Array.isArray(v) ? (v as readonly Tensor[]).map((t) => sequenceChunks(t, group)) : sequenceChunks(v as Tensor, group);
+}
+
+export class ContextParallelModel implements ParallelModel {
+  private readonly shard: ReturnType<typeof ringShard>;
+  private attentionSeen = false;
+
+  /** `stages`: the pipeline ranks of this rank's position (a group of one without a pipeline). */
+  constructor(private readonly inner: ParallelModel, readonly group: ProcessGroup, private readonly stages: ProcessGroup) {
+    this.shard = ringShard(group);
+  }
+
+  private local(microBatches: MicroBatch[]): MicroBatch[] {
+    return microBatches.map((mb) => ({ x: chunksOfValue(mb.x, this.group), y: chunksOfValue(mb.y, this.group) }));
+  }
+
+  step(microBatches: MicroBatch[]): { loss: number } {
+    const r = withSequenceShard(this.shard, () => this.inner.step(this.local(microBatches)));
+    // A model whose attention does not go through the shard would attend within its own chunks
+    // only: wrong without any error, so it is refused after the first step. Counted over the
+    // pipeline's stages (a stage may hold no attention), so that every rank decides alike.
+    if (!this.attentionSeen) {
+      this.attentionSeen = meanOverRanks(this.stages, this.shard.attentionCalls) > 0;
+      if (!this.attentionSeen) throw new Error(`parallel.cp = ${this.group.size}: the model ran no attention through the sequence shard, so its tokens would only see their own rank's chunks; context parallelism needs a model whose causal attention calls sequenceShard().attention (src/nn/sequence_shard.ts; the GPT's and the Llama's do). Set parallel.cp = 1`);
+    }
+    return r;
+  }
+  evaluate(microBatches: MicroBatch[]): number {
+    return withSequenceShard(this.shard, () => this.inner.evaluate(this.local(microBatches)));
+  }
+  summary(): string {
+    return `context parallel ${this.group.size} (ring attention over ${2 * this.group.size} chunks); ${this.inner.summary()}`;
+  }
+
+  get parts(): Module[] {
+    return this.inner.parts;
+  }
+  get grads(): GradientSource {
+    return this.inner.grads;
+  }
+  get optimizerGrads(): GradientSource | undefined {
+    return this.inner.optimizerGrads;
+  }
+  get tiedCopiesLeftOutOfNorm(): ReadonlySet<Tensor> {
+    return this.inner.tiedCopiesLeftOutOfNorm;
+  }
+  namedParameters(): [string, Tensor][] {
+    return this.inner.namedParameters();
+  }
+  placements(): ParamPlacement[] {
+    return this.inner.placements();
+  }
+  whole(param: Tensor): Tensor {
+    return this.inner.whole(param);
+  }
+  finishParameterGathers(): void {
+    this.inner.finishParameterGathers();
+  }
+  memory(optimizerBytes?: number): MemoryReport {
+    return this.inner.memory(optimizerBytes);
+  }
+  withFullParameters<T>(fn: () => T): T {
+    return this.inner.withFullParameters(fn);
+  }
+  dispose(): void {
+    this.inner.dispose();
+  }
+}

@@ -1,0 +1,195 @@
+// Ring attention: causal attention over sequences split across the C ranks of a context-parallel
+// group, without any rank holding the (T, T) scores of a whole sequence.
+//
+// [Note: load-balanced chunks] A sequence of T tokens is cut into 2C chunks of c = T / 2C; cp rank
+// r holds chunks r and 2C-1-r, in that order (2c tokens). Under a causal mask a late chunk sees
+// more keys than an early one, so pairing an early chunk with a late one gives every rank the same
+// work: at each ring step a rank computes two (c x c) blocks' worth of scores (the first step: two
+// diagonal blocks and one full block, the diagonals half masked).
+//
+// Forward: each rank keeps its queries; the key/value pair (stacked in one tensor) travels around
+// the ring, rank r sending to r+1 and receiving from r-1, the next transfer in flight while the
+// current block is computed. At ring step s a rank holds the keys of rank (r - s) mod C. A query
+// chunk reads a key chunk with a lower global index whole, its own chunk under the causal mask, and
+// skips a later one; since a rank's two key chunks are ordered, the keys a query chunk reads are
+// always a prefix of the pair (none, the first, or both), so a block is one product. Partial
+// results merge by their log-sum-exp (online softmax): out = sum_b exp(lse_b - lse) out_b with
+// lse = log sum_b exp(lse_b).
+//
+// Backward is a ring too: with the saved output and log-sum-exp, each block's probabilities are
+// recomputed (exp(scores - lse)); the keys and values travel around again together with the
+// gradients of their keys and values, to which each rank adds its queries' share, and after the
+// last step the sums travel one hop more, home to the rank that holds those keys.
+//
+// Grouped-query attention: the g = H / Hkv query heads of one key/value head are stacked along the
+// rows, (B, Hkv, g c, hd), so keys and values are never repeated (as the Llama does).
+// Scores, softmax statistics and accumulators are float32 (float64 in a float64 model); the key and
+// value pair travels in its own dtype (bfloat16 under bf16-mixed).
+import { type Tensor, type DType, cat, defineFunction, empty, ones, stack, tidy, zerosLike } from '../../tensor/index.js';
+import type { ProcessGroup } from '../../distributed/process_group.js';
+
+/** The global chunk indices of cp rank r's two halves ([Note: load-balanced chunks]). */
+export function chunksOf(rank: number, cp: number): [number, number] {
+  return [rank, 2 * cp - 1 - rank];
+}
+
+/**
+ * The keys a query chunk reads from a key pair (chunks k0 < k1): how many of the pair's chunks
+ * (a prefix: 0, 1 or 2) and whether the last of them is the query chunk itself (causal mask).
+ */
+function blockOf(qChunk: number, kChunks: readonly [number, number]): { n: 0 | 1 | 2; diagonal: boolean } {
+  const n = kChunks[1] <= qChunk ? 2 : kChunks[0] <= qChunk ? 1 : 0;
+  return { n, diagonal: n > 0 && kChunks[n - 1] === qChunk };
+}
+
+/** A tensor sent to the next rank of the ring while the previous rank's arrives. */
+function pass(g: ProcessGroup, t: Tensor, tag: number): { arriving: Tensor; wait(): void } {
+  const C = g.size, r = g.rank;
+  const arriving = empty(t.shape, { dtype: t.dtype });
+  const sent = g.send(t, (r + 1) % C, tag);
+  const received = g.recv(arriving, (r - 1 + C) % C, tag);
+  return { arriving, wait: () => { sent.wait(); received.wait(); } };
+}
+
+const KV_TAG = 71, GRAD_TAG = 72;
+
+interface Geometry {
+  B: number; H: number; Hkv: number; g: number; T: number; c: number; hd: number; scale: number; acc: DType;
+  /** This rank's two query chunks (global indices). */
+  mine: [number, number];
+}
+
+/** Query half h (B, H, c, hd) as (B, Hkv, g c, hd) in the accumulating dtype. */
+function queryHalf(q: Tensor, h: number, geo: Geometry): Tensor {
+  const { B, Hkv, g, c, hd, acc } = geo;
+  return q.narrow(2, h * c, c).to(acc).reshape(B, Hkv, g * c, hd);
+}
+
+/** Not-allowed mask (g c, n c) of a block whose last chunk is the diagonal one. */
+function blockMask(n: number, geo: Geometry): Tensor {
+  const { c, g } = geo;
+  const diag = ones([c, c], { dtype: 'bool' }).tril();
+  const allowed = n === 2 ? cat([ones([c, c], { dtype: 'bool' }), diag], 1) : diag;
+  return allowed.logicalNot().repeat(g, 1);
+}
+
+/** Scores of a block, (B, Hkv, g c, n c), masked where the causal rule forbids. */
+function scores(qh: Tensor, k: Tensor, masked: Tensor | undefined, geo: Geometry): Tensor {
+  const s = qh.matmul(k.transpose(-2, -1)).mul(geo.scale);
+  return masked ? s.maskedFill(masked, -Infinity) : s;
+}
+
+/** The global chunks of the key/value pair a rank holds at ring step `step`: those of rank (rank - step) mod cp. */
+function keyChunksAt(step: number, geo: Geometry, cp: number, rank: number): [number, number] {
+  return chunksOf((rank - step + cp) % cp, cp);
+}
+
+const ringAttentionFn = defineFunction<[Tensor, Tensor, Tensor, ProcessGroup, number]>({
+  forward(ctx, q, k, v, group, scale) {
+    const [B, H, T, hd] = q.shape as [number, number, number, number];
+    const Hkv = k.shape[1]!, C = group.size, r = group.rank, c = T / 2;
+    const acc: DType = q.dtype === 'float64' ? 'float64' : 'float32';
+    const geo: Geometry = { B, H, Hkv, g: H / Hkv, T, c, hd, scale, acc, mine: chunksOf(r, C) };
+    // Per query half: the merged output (B, Hkv, g c, hd) and log-sum-exp (B, Hkv, g c, 1).
+    const out: (Tensor | undefined)[] = [undefined, undefined];
+    const lse: (Tensor | undefined)[] = [undefined, undefined];
+    let pair = stack([k, v]); // (2, B, Hkv, T, hd): one message a step
+    for (let s = 0; s < C; s++) {
+      const next = s < C - 1 ? pass(group, pair, KV_TAG) : undefined; // in flight during this step's blocks
+      const kc = keyChunksAt(s, geo, C, r);
+      for (let h = 0; h < 2; h++) {
+        const { n, diagonal } = blockOf(geo.mine[h]!, kc);
+        if (n === 0) continue; // every key is later than every query: skipped
+        const merged = tidy(() => {
+          const qh = queryHalf(q, h, geo);
+          const kb = pair.select(0, 0).narrow(2, 0, n * c).to(acc), vb = pair.select(0, 1).narrow(2, 0, n * c).to(acc);
+          const sc = scores(qh, kb, diagonal ? blockMask(n, geo) : undefined, geo);
+          const m = sc.amax(-1, true);
+          const p = sc.sub(m).exp();
+          const l = p.sum(-1, true);
+          const o = p.matmul(vb).div(l);
+          const ls = m.add(l.log());
+          if (!out[h]) return { o, ls };
+          // Online softmax: both parts reweighted to the merged log-sum-exp.
+          const top = ls.maximum(lse[h]!);
+          const a = lse[h]!.sub(top).exp(), b = ls.sub(top).exp();
+          const sum = a.add(b);
+          return { o: out[h]!.mul(a.div(sum)).add(o.mul(b.div(sum))), ls: top.add(sum.log()) };
+        });
+        out[h]?.dispose();
+        lse[h]?.dispose();
+        out[h] = merged.o;
+        lse[h] = merged.ls;
+      }
+      if (next) {
+        next.wait();
+        pair.dispose();
+        pair = next.arriving;
+      }
+    }
+    pair.dispose();
+    // Every query reads at least its own position, so both halves have an output.
+    const y = tidy(() => cat(out.map((o) => o!.view(B, H, c, hd)), 2).to(q.dtype));
+    ctx.saveForBackward(q, k, v, out[0]!, out[1]!, lse[0]!, lse[1]!);
+    ctx.state.geo = geo;
+    ctx.state.group = group;
+    for (const t of [...out, ...lse]) t!.dispose();
+    return y;
+  },
+  backward(ctx, dy) {
+    const [q, k, v, o0, o1, l0, l1] = ctx.savedTensors as Tensor[];
+    const geo = ctx.state.geo as Geometry;
+    const group = ctx.state.group as ProcessGroup;
+    const { B, H, Hkv, c, hd, g, acc, scale } = geo;
+    const C = group.size, r = group.rank;
+    const outs = [o0!, o1!], lses = [l0!, l1!];
+    // Per query half: its output gradient, D = rowsum(dO * O) and the query gradient so far.
+    const dO = [0, 1].map((h) => dy.narrow(2, h * c, c).to(acc).reshape(B, Hkv, g * c, hd));
+    const D = dO.map((d, h) => d.mul(outs[h]!).sum(-1, true));
+    const dq = dO.map((d) => zerosLike(d));
+    let pair = stack([k!, v!]);
+    let dPair = zerosLike(pair, { dtype: acc }); // the gradients of the pair's keys and values
+    for (let s = 0; s < C; s++) {
+      const next = s < C - 1 ? pass(group, pair, KV_TAG) : undefined;
+      const kc = keyChunksAt(s, geo, C, r);
+      for (let h = 0; h < 2; h++) {
+        const { n, diagonal } = blockOf(geo.mine[h]!, kc);
+        if (n === 0) continue;
+        tidy(() => {
+          const qh = queryHalf(q!, h, geo);
+          const kb = pair.select(0, 0).narrow(2, 0, n * c).to(acc), vb = pair.select(0, 1).narrow(2, 0, n * c).to(acc);
+          const p = scores(qh, kb, diagonal ? blockMask(n, geo) : undefined, geo).sub(lses[h]!).exp(); // (B, Hkv, g c, n c)
+          dPair.select(0, 1).narrow(2, 0, n * c).add_(p.transpose(-2, -1).matmul(dO[h]!));
+          const ds = p.mul(dO[h]!.matmul(vb.transpose(-2, -1)).sub(D[h]!));
+          dq[h]!.add_(ds.matmul(kb).mul(scale));
+          dPair.select(0, 0).narrow(2, 0, n * c).add_(ds.transpose(-2, -1).matmul(qh).mul(scale));
+        });
+      }
+      // The sums travel with their keys; after the last step, one hop more takes them home.
+      const back = pass(group, dPair, GRAD_TAG);
+      back.wait();
+      dPair.dispose();
+      dPair = back.arriving;
+      if (next) {
+        next.wait();
+        pair.dispose();
+        pair = next.arriving;
+      }
+    }
+    const dk = dPair.select(0, 0).to(k!.dtype), dv = dPair.select(0, 1).to(v!.dtype);
+    const dqAll = cat(dq.map((t) => t.view(B, H, c, hd)), 2).to(q!.dtype);
+    return [dqAll, dk, dv, undefined, undefined];
+  },
+}, 'RingAttention');
+
+/**
+ * Causal attention of this rank's 2c tokens of each sequence over the whole sequence, split over
+ * `group` as [Note: load-balanced chunks] says: q (B, H, 2c, hd), k and v (B, Hkv, 2c, hd) ->
+ * (B, H, 2c, hd). On a group of one it is plain causal attention, computed blockwise.
+ */
+export function ringAttention(q: Tensor, k: Tensor, v: Tensor, group: ProcessGroup, scale: number): Tensor {
+  const [, H, T] = q.shape as [number, number, number, number];
+  if (T % 2 !== 0) throw new Error(`ringAttention: a rank holds two equal chunks of each sequence, got ${T} tokens`);
+  if (H % k.shape[1]! !== 0) throw new Error(`ringAttention: ${H} query heads do not group over ${k.shape[1]} key/value heads`);
+  return ringAttentionFn(q, k, v, group, scale);
+}
