@@ -53,6 +53,10 @@ const world2 = launch(2, [
   // MoE blocks in a pipeline (the second stage only, for B).
   { name: 'pp2_A', layout: { pp: 2 }, micro: 4, steps, moe: A },
   { name: 'pp2_zb_B', layout: { pp: 2, ppSchedule: 'zb' }, micro: 4, steps, moe: B },
+  // Context parallelism: each rank holds half of every sequence, the routing is the whole sequences'.
+  { name: 'cp2_A', layout: { cp: 2 }, micro: 4, steps, moe: A },
+  { name: 'cp2_B', layout: { cp: 2 }, micro: 4, steps, moe: B },
+  { name: 'cp2_L', layout: { cp: 2 }, micro: 4, steps, moe: L, arch: 'llama' },
 ]);
 const world4 = launch(4, [
   { name: 'ep2_dp4_A', layout: { ep: 2 }, micro: 1, steps, moe: A },
@@ -70,6 +74,11 @@ const world4 = launch(4, [
   { name: 'ep2_hsdp_z3_A', layout: { ep: 2, zero: 3, dpShard: 2, dpReplicate: 2 }, micro: 1, steps, moe: A },
   { name: 'ep2_hsdp_z2_B', layout: { ep: 2, zero: 2, dpShard: 2, dpReplicate: 2 }, micro: 1, steps, moe: B },
   { name: 'ep2_dp4_averaged', layout: { ep: 2 }, micro: 1, steps, moe: A, mutate: 'averageExperts' },
+  // Experts split over ranks of dpShard x cp: ep = 2 within each cp ring, and across the cp rings' ranks.
+  { name: 'cp2_ep2_B', layout: { cp: 2, ep: 2 }, micro: 2, steps, moe: B },
+  { name: 'cp2_ep4_L', layout: { cp: 2, ep: 4 }, micro: 2, steps, moe: L, arch: 'llama' },
+  { name: 'cp2_z3_A', layout: { cp: 2, zero: 3 }, micro: 2, steps, moe: A },
+  { name: 'cp2_pp2_B', layout: { cp: 2, pp: 2 }, micro: 4, steps, moe: B },
 ]);
 
 const rel = (a: number, b: number): number => Math.abs(a - b) / Math.abs(b);
@@ -156,6 +165,21 @@ test('expert parallelism under HSDP (2 shard x 2 replicas, ZeRO-3 and ZeRO-2) eq
   await Promise.all([reference, world4]);
   compare('ep2_hsdp_z3_A', 4, 'refA');
   compare('ep2_hsdp_z2_B', 4, 'refB');
+});
+
+test('MoE blocks under context parallelism cp = 2 equal one process: routing, capacity, balance loss and expert bias over the whole sequences (GPT top-2 and top-1 with dropped tokens, Llama)', async () => {
+  await Promise.all([reference, world2]);
+  compare('cp2_A', 2, 'refA');
+  compare('cp2_B', 2, 'refB');
+  compare('cp2_L', 2, 'refL');
+});
+
+test('cp = 2 with expert parallelism (ep = 2, ep = 4 over dpShard x cp), with ZeRO-3 and with a pipeline pp = 2 on 4 ranks equals one process', async () => {
+  await Promise.all([reference, world4]);
+  compare('cp2_ep2_B', 4, 'refB');
+  compare('cp2_ep4_L', 4, 'refL');
+  compare('cp2_z3_A', 4, 'refA');
+  compare('cp2_pp2_B', 4, 'refB');
 });
 
 test('expert gradients averaged like dense ones (not scaled by 1 / every data-parallel rank) fail the comparison', async () => {

@@ -158,9 +158,16 @@ test('context parallelism: seqLen, MoE, dropout, ep and the world checked before
   assert.equal(err(['--parallel.cp=2', '--data.seqLen=64']), '');
   assert.match(err(['--parallel.cp=3', '--data.seqLen=64']), /data\.seqLen \(64\) must divide by 2 x parallel\.cp = 6 .*choose a seqLen that is a multiple of 6, or another cp/);
   assert.match(err(['--parallel.cp=2', '--data.seqLen=68', '--parallel.tp=4', '--parallel.sequenceParallel=true', '--model.nHead=4']), /a context-parallel rank's 34 tokens \(data\.seqLen \/ parallel\.cp\) must divide by parallel\.tp = 4 under sequenceParallel/);
-  assert.match(err(['--parallel.cp=2', '--moe.experts=4']), /parallel\.cp = 2 does not run with MoE blocks yet .*set moe\.experts = 0 or parallel\.cp = 1/);
+  // MoE blocks run under cp, and expert parallelism borrows its ranks from dpShard x cp.
+  assert.equal(err(['--parallel.cp=2', '--data.seqLen=64', '--moe.experts=4']), '');
+  assert.equal(err(['--parallel.cp=2', '--data.seqLen=64', '--parallel.ep=2', '--moe.experts=4']), '');
   assert.match(err(['--parallel.cp=2', '--model.dropout=0.1']), /ring attention has no attention dropout; set model\.dropout = 0 or parallel\.cp = 1/);
-  assert.match(err(['--parallel.cp=2', '--parallel.ep=2', '--moe.experts=4']), /parallel\.cp = 2 with parallel\.ep = 2 is not supported yet/);
+  const epcp = (ep: number, more: string[] = []) => parseConfig('', ['--parallel.cp=2', '--data.seqLen=64', `--parallel.ep=${ep}`, '--moe.experts=8', '--data.globalBatch=8', ...more]);
+  assert.deepEqual(checkRunnable(epcp(4), 4), []);
+  assert.match(checkRunnable(epcp(8), 4).join('\n'), /parallel\.ep = 8 must divide the 2 data-parallel rank\(s\) x parallel\.cp \(2\) = 4 \(expert-parallel ranks are carved from them\); choose an ep that divides 4/);
+  const hsdp = ['--parallel.zero=2', '--parallel.dpReplicate=2', '--parallel.dpShard=2'];
+  assert.deepEqual(checkRunnable(epcp(4, hsdp), 8), []);
+  assert.match(checkRunnable(epcp(8, hsdp), 8).join('\n'), /parallel\.ep = 8 must divide parallel\.dpShard \(2\) x parallel\.cp \(2\) = 4: expert-parallel ranks are carved from the shard ranks of one replica/);
   // Against the world: pp x cp x tp must divide it, and dp is what is left.
   const cp = parseConfig('', ['--parallel.cp=2', '--parallel.tp=2', '--data.globalBatch=4']);
   assert.deepEqual(checkRunnable(cp, 4), []);

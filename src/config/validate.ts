@@ -22,7 +22,6 @@ function contextParallelProblems(c: FlotillaConfig): string[] {
   else if (c.parallel.tp > 1 && c.parallel.sequenceParallel && (c.data.seqLen / cp) % c.parallel.tp !== 0) {
     p.push(`a context-parallel rank's ${c.data.seqLen / cp} tokens (data.seqLen / parallel.cp) must divide by parallel.tp = ${c.parallel.tp} under sequenceParallel; choose a seqLen that is a multiple of ${cp * c.parallel.tp}`);
   }
-  if (c.moe.experts > 0) p.push(`parallel.cp = ${cp} does not run with MoE blocks yet (routing and its balance statistics would see each rank's tokens apart); set moe.experts = 0 or parallel.cp = 1`);
   if (c.model.dropout > 0) p.push(`parallel.cp = ${cp} with model.dropout = ${c.model.dropout}: ring attention has no attention dropout; set model.dropout = 0 or parallel.cp = 1`);
   return p;
 }

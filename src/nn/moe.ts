@@ -17,6 +17,15 @@
 //   computed and never read back, so every expert parameter gets a gradient (zeros for an expert
 //   that got no token) and data-parallel readiness never waits on an idle expert.
 //
+// [Note: moe routing under a sequence shard] Under context parallelism a rank holds a part of each
+// sequence, but the batch a router decides on is the whole sequences, as in one process: the
+// layer gathers every rank's choices (sequenceShard().wholeSequences), routes the whole batch (the
+// capacity counts every token, in the global token order) and keeps its own tokens' assignments.
+// The balance loss takes each expert's share f_e of the whole batch's assignments and this rank's
+// mean score P_e: the ranks' values average to the whole batch's E x sum_e f_e P_e (they hold as
+// many tokens each), and so do their gradients, which the data-parallel reduction averages over
+// the cp ranks with the main loss's. Statistics stay this rank's counts; the trainer sums ranks.
+//
 // [Note: moe auxiliary loss] The Switch balance loss, E x sum_e f_e P_e (f_e: share of assignments
 // routed to e, P_e: mean score of e, scores normalised per token), does not travel to the criterion:
 // its gradient, auxCoeff x the step's loss scale, is added to the router's in backward by a
@@ -30,6 +39,7 @@ import { castFor, castParam, readsParametersThroughPolicy } from './precision.js
 import { Dropout } from './layers.js';
 import type { MoEConfig } from './moe_config.js';
 import { isRecomputing } from './checkpoint.js';
+import { sequenceShard, type SequenceShard } from './sequence_shard.js';
 
 export { defaultMoEConfig, isMoELayer, moeProblems, checkMoEConfig, type MoEConfig } from './moe_config.js';
 
@@ -131,6 +141,21 @@ export interface ExpertDispatch {
   run(layer: MoE, rows: Tensor, perExpert: readonly number[]): Tensor;
 }
 
+/** One layer's routing of its tokens ([Note: moe routing]); kept rows in expert order. */
+interface Route {
+  /** This rank's assignments to each expert, before capacity (its statistics). */
+  counts: number[];
+  /** This rank's kept assignments per expert, their total, and per kept row its token, expert and k-major assignment index. */
+  keptPer: number[];
+  kept: number;
+  token: BigInt64Array;
+  expertOfRow: number[];
+  assignment: BigInt64Array;
+  /** Assignments to each expert over the batch the routing decided on (the whole sequences under a shard), and their total: the balance loss's shares. */
+  batchCounts: number[];
+  batchAssignments: number;
+}
+
 /** What one MoE layer saw since its statistics were last taken (training forwards only). */
 export interface MoEStats {
   /** Assignments routed to each expert (before capacity). */
@@ -194,7 +219,8 @@ export class MoE extends Module {
       const choice = this.expertBias ? scores.add(this.expertBias.to(rd)) : scores;
       return choice.sort(-1, true)[1].narrow(1, 0, k).t().contiguous(); // (k, N): first choices, then second ...
     });
-    const route = this.route(top.toArray() as BigInt64Array, N);
+    const shard = sequenceShard();
+    const route = shard ? this.routeWhole(top, B, T, shard) : this.route(top.toArray() as BigInt64Array, N);
     const gates = scores.gather(1, top.t()).t().reshape(k * N); // (k N), k-major as `top`
 
     // The grouped computation: the kept assignments' rows, sorted by expert, through their experts.
@@ -211,7 +237,7 @@ export class MoE extends Module {
     if (this.cfg.balance === 'aux' && this.cfg.auxCoeff > 0) {
       // [Note: moe auxiliary loss]
       const norm = this.cfg.router === 'softmax' ? scores : scores.div(scores.sum(-1, true));
-      const f = tensor(Float64Array.from(route.counts, (c) => c / (N * k))).to(rd);
+      const f = tensor(Float64Array.from(route.batchCounts, (c) => c / route.batchAssignments)).to(rd);
       const aux = norm.mean(0).mul(f).sum().mul(E);
       if (training) this.stats.auxSum += aux.item();
       if (aux.requiresGrad) out = addAuxGradient(out, aux, this.cfg.auxCoeff * lossScale);
@@ -231,7 +257,7 @@ export class MoE extends Module {
    * its token, its expert and its index in the k-major assignment list; the counts per expert
    * before and after capacity.
    */
-  private route(top: BigInt64Array, N: number): { counts: number[]; keptPer: number[]; kept: number; token: BigInt64Array; expertOfRow: number[]; assignment: BigInt64Array } {
+  private route(top: BigInt64Array, N: number): Route {
     const E = this.cfg.experts, k = this.cfg.topK, A = k * N;
     const counts = new Array<number>(E).fill(0);
     for (let a = 0; a < A; a++) counts[Number(top[a])]!++;
@@ -251,7 +277,41 @@ export class MoE extends Module {
       expertOfRow[i] = e;
       assignment[i] = BigInt(a);
     }
-    return { counts, keptPer, kept, token, expertOfRow, assignment };
+    return { counts, keptPer, kept, token, expertOfRow, assignment, batchCounts: counts, batchAssignments: A };
+  }
+
+  /**
+   * The routing of this rank's tokens when the layer runs on a part of each sequence ([Note: moe
+   * routing under a sequence shard]): top (k, B T) -> the route over the whole sequences, restricted
+   * to this rank's tokens.
+   */
+  private routeWhole(top: Tensor, B: number, T: number, shard: SequenceShard): Route {
+    const k = this.cfg.topK, N = B * T;
+    const whole = shard.wholeSequences(top.t().reshape(B, T, k)); // (B, Tw, k)
+    const Tw = whole.shape[1]!, Nw = B * Tw;
+    const all = this.route(whole.reshape(Nw, k).t().contiguous().toArray() as BigInt64Array, Nw);
+    // Whole-batch token b Tw + p is this rank's token b T + j when p is its j-th position.
+    const mine = new Int32Array(Nw).fill(-1);
+    const pos = shard.positions(T).toArray() as BigInt64Array;
+    for (let b = 0; b < B; b++) for (let j = 0; j < T; j++) mine[b * Tw + Number(pos[j])] = b * T + j;
+    const E = this.cfg.experts;
+    const counts = new Array<number>(E).fill(0), keptPer = new Array<number>(E).fill(0);
+    const local = top.toArray() as BigInt64Array;
+    for (let a = 0; a < k * N; a++) counts[Number(local[a])]!++;
+    const token: bigint[] = [], assignment: bigint[] = [], expertOfRow: number[] = [];
+    for (let i = 0; i < all.kept; i++) { // in expert order, as the whole route's rows
+      const n = mine[Number(all.token[i])]!;
+      if (n < 0) continue;
+      const e = all.expertOfRow[i]!;
+      keptPer[e]!++;
+      token.push(BigInt(n));
+      expertOfRow.push(e);
+      assignment.push(BigInt(Math.floor(Number(all.assignment[i]) / Nw) * N + n)); // (choice, token), k-major
+    }
+    return {
+      counts, keptPer, kept: token.length, token: BigInt64Array.from(token), expertOfRow, assignment: BigInt64Array.from(assignment),
+      batchCounts: all.counts, batchAssignments: k * Nw,
+    };
   }
 
   /** What this layer saw since the last call, and a fresh start. */

@@ -1,8 +1,9 @@
 // [Note: sequence shard] How a model written for whole sequences runs on a part of each sequence
 // (context parallelism, src/parallel/context_parallel/) without knowing about ranks: inside
 // withSequenceShard, the models ask this file for their tokens' positions (the learned position
-// embedding's rows, the rotary angles) and for causal attention over the whole sequence, which the
-// shard computes with the other ranks' keys and values. Outside it, positions are 0 .. T-1 and
+// embedding's rows, the rotary angles), for causal attention over the whole sequence, which the
+// shard computes with the other ranks' keys and values, and for the whole sequences of a per-token
+// tensor when a decision is taken over all the tokens of a batch (MoE routing, src/nn/moe.ts). Outside it, positions are 0 .. T-1 and
 // attention is the model's own. As withCrossEntropy does for the loss, the parallel layer swaps the
 // implementation for the duration of a step, and the model code has one branch.
 import { type Tensor, arange } from '../tensor/index.js';
@@ -16,6 +17,12 @@ export interface SequenceShard {
    * head h / (H / Hkv)), scores scaled by `scale`. Returns (B, H, T, hd) in q's dtype.
    */
   attention(q: Tensor, k: Tensor, v: Tensor, scale: number): Tensor;
+  /**
+   * Every rank's part of t (B, T, ...) gathered into whole sequences (B, T x ranks, ...), tokens in
+   * their global order: for decisions taken over all the tokens of a batch (an MoE layer's routing,
+   * its capacity and its balance statistics). A collective without gradient.
+   */
+  wholeSequences(t: Tensor): Tensor;
 }
 
 let current: SequenceShard | undefined;

@@ -53,7 +53,7 @@ export interface ParallelConfig {
   lossParallel: boolean;
   /** Collective backend: "auto" (Open MPI when installed, else Gloo), "gloo" or "mpi" (src/distributed/process_group.ts). */
   backend: 'auto' | 'gloo' | 'mpi';
-  /** Expert parallelism: MoE experts split over this many neighbouring data-parallel ranks (1 = every rank holds every expert). */
+  /** Expert parallelism: MoE experts split over this many neighbouring ranks of dpShard x cp (1 = every rank holds every expert). */
   ep: number;
   /** Context parallelism: each sequence split over this many ranks, attention as a ring (1 = whole sequences on every rank). */
   cp: number;
@@ -157,7 +157,6 @@ export function layoutProblems(p: ParallelConfig, worldSize?: number): string[] 
   if (!Number.isInteger(ep) || ep < 1) out.push(`parallel.ep must be a positive integer (1 = no expert parallelism), got ${ep}`);
   const cp = p.cp ?? 1;
   if (!Number.isInteger(cp) || cp < 1) out.push(`parallel.cp must be a positive integer (1 = no context parallelism), got ${cp}`);
-  if (cp > 1 && ep > 1) out.push(`parallel.cp = ${cp} with parallel.ep = ${ep} is not supported yet (experts would route each cp rank's tokens apart); set parallel.ep = 1 or parallel.cp = 1`);
   if (worldSize === undefined || !(tp >= 1) || !(cp >= 1)) return out;
   const pp = p.pp;
   const model = pp * cp * tp; // ranks one data-parallel rank spans
@@ -174,11 +173,14 @@ export function layoutProblems(p: ParallelConfig, worldSize?: number): string[] 
         `set parallel.dp=-1 (or ${replicas}), or start ${dp * model} ranks (--nproc ${dp * model})`,
     );
   }
-  if (ep > 1 && dp % ep !== 0) out.push(`parallel.ep = ${ep} must divide the ${dp} data-parallel rank(s) (expert-parallel ranks are carved from them); choose an ep that divides ${dp}`);
+  // Expert-parallel ranks are carved from the ranks holding the same dense parameters: dp x cp, and
+  // under sharding the shard ranks of one replica, dpShard x cp ([Note: expert parallelism]).
+  const cpOf = (n: number) => (cp > 1 ? ` x parallel.cp (${cp}) = ${n * cp}` : '');
+  if (ep > 1 && (dp * cp) % ep !== 0) out.push(`parallel.ep = ${ep} must divide the ${dp} data-parallel rank(s)${cpOf(dp)} (expert-parallel ranks are carved from them); choose an ep that divides ${dp * cp}`);
   if (p.zero >= 1) {
     const r = p.dpReplicate;
     const shard = p.dpShard === -1 ? dp / r : p.dpShard;
-    if (ep > 1 && Number.isInteger(shard) && shard % ep !== 0) out.push(`parallel.ep = ${ep} must divide parallel.dpShard (${shard}): expert-parallel ranks are carved from the shard ranks of one replica; choose an ep that divides ${shard}`);
+    if (ep > 1 && Number.isInteger(shard) && (shard * cp) % ep !== 0 && (dp * cp) % ep === 0) out.push(`parallel.ep = ${ep} must divide parallel.dpShard (${shard})${cpOf(shard)}: expert-parallel ranks are carved from the shard ranks of one replica; choose an ep that divides ${shard * cp}`);
     if (!Number.isInteger(shard) || shard * r !== dp) {
       out.push(
         `parallel.dpReplicate=${r} x parallel.dpShard=${p.dpShard === -1 ? `-1 (${dp} / ${r})` : p.dpShard} must equal the ${dp} data-parallel rank(s); ` +

@@ -53,8 +53,8 @@ export interface LayoutMesh {
   /** This rank's data-parallel rank: the flattened (dpReplicate, dpShard) mesh rank, replicateRank * dpShard + shardRank. */
   dpRank: number;
   /**
-   * Expert parallelism (layout.ep > 1): `ep`, the neighbouring data-parallel ranks that split the
-   * experts; `edp`, the data-parallel ranks holding the same experts (over which their gradients are reduced).
+   * Expert parallelism (layout.ep > 1): `ep`, the neighbouring ranks of dpShard x cp that split the
+   * experts; `edp`, the ranks holding the same experts (over which their gradients are reduced).
    */
   ep?: ProcessGroup;
   edp?: ProcessGroup;
@@ -64,34 +64,32 @@ export interface LayoutMesh {
 
 /** Builds the mesh and its groups (collective: every rank calls it with the same layout). */
 export function buildMesh(layout: Pick<Layout, 'pp' | 'dpReplicate' | 'dpShard'> & { tp?: number; ep?: number; cp?: number }, world: ProcessGroup): LayoutMesh {
-  const ep = layout.ep ?? 1, cp = layout.cp ?? 1;
+  const ep = layout.ep ?? 1, cp = layout.cp ?? 1, tp = layout.tp ?? 1;
+  // Expert parallelism borrows its ranks from the ranks that hold the same dense parameters of one
+  // replica, dpShard x cp in mesh order, split into (outer, ep): ep ranks are neighbours, and the
+  // ranks holding the same experts (edp) are the replicas x outer ([Note: expert parallelism]).
+  const experts = (): Pick<LayoutMesh, 'ep' | 'edp' | 'edpShard'> => {
+    if (ep === 1) return {};
+    const m = DeviceMesh.build([['pp', layout.pp], ['dpReplicate', layout.dpReplicate], ['dpShardOuter', (layout.dpShard * cp) / ep], ['ep', ep], ['tp', tp]], world);
+    return { ep: m.dim('ep').group, edp: m.flatten(['dpReplicate', 'dpShardOuter'], 'edp').group, edpShard: m.dim('dpShardOuter').group };
+  };
   if (cp > 1) {
     // cp between dpShard and tp (torchtitan's order): a cp ring is neighbouring tp groups. Gradients
     // are reduced and sharded over dpShard x cp ([Note: context parallelism]); the data-parallel
     // rank stays the (dpReplicate, dpShard) rank, so every cp rank reads the same samples.
-    const mesh = DeviceMesh.build([['pp', layout.pp], ['dpReplicate', layout.dpReplicate], ['dpShard', layout.dpShard], ['cp', cp], ['tp', layout.tp ?? 1]], world);
+    const mesh = DeviceMesh.build([['pp', layout.pp], ['dpReplicate', layout.dpReplicate], ['dpShard', layout.dpShard], ['cp', cp], ['tp', tp]], world);
     const data = mesh.flatten(['dpReplicate', 'dpShard'], 'data');
     return {
       mesh, dp: mesh.flatten(['dpReplicate', 'dpShard', 'cp'], 'dp').group, shard: mesh.flatten(['dpShard', 'cp'], 'dpShardCp').group, data: data.group,
-      replicate: mesh.dim('dpReplicate').group, pp: mesh.dim('pp').group, tp: mesh.dim('tp').group, cp: mesh.dim('cp').group, dpRank: data.rank,
+      replicate: mesh.dim('dpReplicate').group, pp: mesh.dim('pp').group, tp: mesh.dim('tp').group, cp: mesh.dim('cp').group, dpRank: data.rank, ...experts(),
     };
   }
-  if (ep > 1) {
-    // The shard dim split into (outer, ep): ep ranks are neighbours in data-parallel rank order, so
-    // the data-parallel rank is unchanged (replicate x dpShard + outer x ep + epRank).
-    const mesh = DeviceMesh.build([['pp', layout.pp], ['dpReplicate', layout.dpReplicate], ['dpShardOuter', layout.dpShard / ep], ['ep', ep], ['tp', layout.tp ?? 1]], world);
-    const dp = mesh.flatten(['dpReplicate', 'dpShardOuter', 'ep'], 'dp');
-    return {
-      mesh, dp: dp.group, data: dp.group, shard: mesh.flatten(['dpShardOuter', 'ep'], 'dpShard').group, replicate: mesh.dim('dpReplicate').group, pp: mesh.dim('pp').group,
-      tp: mesh.dim('tp').group, dpRank: dp.rank, ep: mesh.dim('ep').group, edp: mesh.flatten(['dpReplicate', 'dpShardOuter'], 'edp').group,
-      edpShard: mesh.dim('dpShardOuter').group,
-    };
-  }
-  const mesh = DeviceMesh.build([['pp', layout.pp], ['dpReplicate', layout.dpReplicate], ['dpShard', layout.dpShard], ['tp', layout.tp ?? 1]], world);
+  const mesh = DeviceMesh.build([['pp', layout.pp], ['dpReplicate', layout.dpReplicate], ['dpShard', layout.dpShard], ['tp', tp]], world);
   // The data-parallel rank is the flattened mesh rank and nothing else (see layout.ts).
   const dp = mesh.flatten(['dpReplicate', 'dpShard'], 'dp');
   return {
     mesh, dp: dp.group, data: dp.group, shard: mesh.dim('dpShard').group, replicate: mesh.dim('dpReplicate').group, pp: mesh.dim('pp').group, tp: mesh.dim('tp').group, dpRank: dp.rank,
+    ...experts(),
   };
 }
 
@@ -227,7 +225,7 @@ function parallelizeParts(model: Module | PipelineModel, mesh: LayoutMesh, plan:
       group: mesh.edp, zero: layout.zero, accumulate: layout.accumulate,
       // Sharded over the expert-holding ranks of a replica; HSDP replicas hold the same shard.
       ...(layout.zero >= 1 ? { shardGroup: layout.dpReplicate > 1 ? mesh.edpShard! : mesh.edp, ...(layout.dpReplicate > 1 ? { replicateGroup: mesh.replicate } : {}) } : {}),
-      exclude: denseParams, gradScale: 1 / layout.dp,
+      exclude: denseParams, gradScale: 1 / mesh.dp.size,
       ...(plan.units ? { units: plan.units } : {}),
       ...(plan.reshardAfterForward !== undefined ? { reshardAfterForward: plan.reshardAfterForward } : {}),
       ...(plan.prefetch !== undefined ? { prefetch: plan.prefetch } : {}),

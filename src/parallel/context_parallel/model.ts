@@ -10,7 +10,7 @@
 // dp_shard_cp), so ZeRO shards over both and the buckets are averaged over dp x cp. Every cp rank
 // holds as many tokens of the micro-batch as the others, so the mean of their losses is the mean
 // over the whole sequences, and the averaged gradient is one process's.
-import { type Tensor, arange, cat } from '../../tensor/index.js';
+import { type Tensor, arange, cat, empty } from '../../tensor/index.js';
 import type { ProcessGroup } from '../../distributed/process_group.js';
 import type { Module } from '../../nn/module.js';
 import { withSequenceShard, type SequenceShard } from '../../nn/sequence_shard.js';
@@ -33,6 +33,18 @@ export function ringShard(group: ProcessGroup): SequenceShard & { attentionCalls
     attention(q, k, v, scale) {
       this.attentionCalls++;
       return ringAttention(q, k, v, group, scale);
+    },
+    wholeSequences(t) {
+      const C = group.size, c = t.shape[1]! / 2;
+      const parts = Array.from({ length: C }, () => empty(t.shape, { dtype: t.dtype }));
+      group.allGather(parts, t.contiguous()).wait();
+      const chunks = new Array<Tensor>(2 * C);
+      parts.forEach((p, s) => {
+        const [a, b] = chunksOf(s, C);
+        chunks[a] = p.narrow(1, 0, c);
+        chunks[b] = p.narrow(1, c, c);
+      });
+      return cat(chunks, 1);
     },
   };
 }
