@@ -1,6 +1,6 @@
 // `flotilla verify` on an MoE GPT (top-2, a shared expert, a capacity that drops tokens, the
 // auxiliary loss): expert parallelism against one process through the trainer, on Open MPI and on
-// Gloo, and under bf16-mixed (where verify states its bfloat16 tolerance: expert stacks of other
+// Gloo, with context parallelism (cp = 2 x ep = 2 x ZeRO-3), and under bf16-mixed (where verify states its bfloat16 tolerance: expert stacks of other
 // shapes round differently); and checkpoints that hold experts by global index: saved at ep = 2, resumed at ep = 1 and at
 // ep = 4 (on 4 ranks; micro-batches of the same rows, since the auxiliary loss and the capacity are
 // per micro-batch), and one saved at ep = 2 x tp = 2 resumed without either, within float32
@@ -69,7 +69,7 @@ const runs = {
   mpi: verify(['--nproc', '2', '--steps', '3', '--parallel.ep=2', '--parallel.backend=mpi']),
   gloo: verify(['--nproc', '2', '--steps', '3', '--parallel.ep=2', '--parallel.backend=gloo', '--data.microBatches=2']),
   bf16: verify(['--nproc', '2', '--steps', '3', '--parallel.ep=2', '--train.precision=bf16-mixed']),
-  zero3: verify(['--nproc', '4', '--steps', '3', '--parallel.ep=2', '--parallel.zero=3']),
+  zero3: verify(['--nproc', '4', '--steps', '3', '--parallel.ep=2', '--parallel.cp=2', '--parallel.zero=3']),
   pp: verify(['--nproc', '4', '--steps', '3', '--parallel.ep=2', '--parallel.pp=2', '--data.microBatches=2']),
   tp: verify(['--nproc', '4', '--steps', '3', '--parallel.ep=2', '--parallel.tp=2']),
   toEp1: verify(['--nproc', '2', '--parallel.ep=2', '--resume', '3', '--steps', '5', '--then', '--nproc', '2', '--parallel.ep=1']),
@@ -83,7 +83,7 @@ for (const [name, what] of [
   ['mpi', 'verify PASSes for ep = 2 on Open MPI'],
   ['gloo', 'verify PASSes for ep = 2 with 2 micro-batches on Gloo'],
   ['bf16', 'verify PASSes for ep = 2 under bf16-mixed, at the stated bfloat16 tolerance'],
-  ['zero3', 'verify PASSes for ep = 2 with ZeRO-3 over 4 data-parallel ranks'],
+  ['zero3', 'verify PASSes for ep = 2 x cp = 2 with ZeRO-3 (sharded over dpShard x cp) on 4 ranks'],
   ['pp', 'verify PASSes for ep = 2 x pp = 2 on 4 ranks'],
   ['tp', 'verify PASSes for ep = 2 x tp = 2 on 4 ranks'],
   ['toEp1', 'a checkpoint saved at ep = 2 resumes at ep = 1'],

@@ -1,6 +1,6 @@
 // Expert parallelism: the routed experts of every MoE layer split over the `ep` group (neighbouring
-// data-parallel ranks), tokens sent to their experts' ranks and back by all-to-all, expert gradients
-// reduced over the data-parallel ranks that hold the same experts (`edp`).
+// ranks of dpShard x cp, which hold the same dense parameters), tokens sent to their experts' ranks
+// and back by all-to-all, expert gradients reduced over the ranks that hold the same experts (`edp`).
 //
 // [Note: expert parallelism]
 // - A rank of the ep group holds experts [epRank x E/ep, (epRank + 1) x E/ep) of every MoE layer;
@@ -12,8 +12,11 @@
 //   come back by the reverse all-to-all. Backward is the same two all-to-alls reversed.
 // - An expert's gradient on its rank is then the sum over the ep group's tokens of their
 //   contributions; summed over `edp` (the ranks holding the same experts in other ep groups) it
-//   covers the global batch, so it is scaled by 1 / (every data-parallel rank) before that sum,
-//   where a dense gradient is averaged over the data-parallel group.
+//   covers the global batch, so it is scaled by 1 / (every rank of the dense reduction: the
+//   data-parallel ranks x cp) before that sum, where a dense gradient is averaged over that group.
+// - Under context parallelism an ep group may hold parts of the same sequences: routing is decided
+//   over the whole sequences before the rows move ([Note: moe routing under a sequence shard] in
+//   src/nn/moe.ts), and the rows a rank sends are its own tokens' as without cp.
 // - Gradients stay in flat buffers: one DataParallel over the dense parameters (data-parallel group)
 //   and one over the experts (edp group, the experts excluded from the first). The norm sums the
 //   dense pieces as before and the expert pieces also over ep (each expert counted once); the
