@@ -68,20 +68,30 @@ export function buildMesh(layout: Pick<Layout, 'pp' | 'dpReplicate' | 'dpShard'>
   // Expert parallelism borrows its ranks from the ranks that hold the same dense parameters of one
   // replica, dpShard x cp in mesh order, split into (outer, ep): ep ranks are neighbours, and the
   // ranks holding the same experts (edp) are the replicas x outer ([Note: expert parallelism]).
-  const experts = (): Pick<LayoutMesh, 'ep' | 'edp' | 'edpShard'> => {
-    if (ep === 1) return {};
-    const m = DeviceMesh.build([['pp', layout.pp], ['dpReplicate', layout.dpReplicate], ['dpShardOuter', (layout.dpShard * cp) / ep], ['ep', ep], ['tp', tp]], world);
-    return { ep: m.dim('ep').group, edp: m.flatten(['dpReplicate', 'dpShardOuter'], 'edp').group, edpShard: m.dim('dpShardOuter').group };
-  };
+  const expertMesh = () => DeviceMesh.build([['pp', layout.pp], ['dpReplicate', layout.dpReplicate], ['dpShardOuter', (layout.dpShard * cp) / ep], ['ep', ep], ['tp', tp]], world);
+  const expertGroups = (m: DeviceMesh): Pick<LayoutMesh, 'ep' | 'edp' | 'edpShard'> =>
+    ({ ep: m.dim('ep').group, edp: m.flatten(['dpReplicate', 'dpShardOuter'], 'edp').group, edpShard: m.dim('dpShardOuter').group });
   if (cp > 1) {
     // cp between dpShard and tp (torchtitan's order): a cp ring is neighbouring tp groups. Gradients
     // are reduced and sharded over dpShard x cp ([Note: context parallelism]); the data-parallel
-    // rank stays the (dpReplicate, dpShard) rank, so every cp rank reads the same samples.
+    // rank stays the (dpReplicate, dpShard) rank, so every cp rank reads the same samples. The
+    // expert groups come from a second grid over the same ranks (ep need not divide cp or dpShard).
     const mesh = DeviceMesh.build([['pp', layout.pp], ['dpReplicate', layout.dpReplicate], ['dpShard', layout.dpShard], ['cp', cp], ['tp', tp]], world);
     const data = mesh.flatten(['dpReplicate', 'dpShard'], 'data');
     return {
       mesh, dp: mesh.flatten(['dpReplicate', 'dpShard', 'cp'], 'dp').group, shard: mesh.flatten(['dpShard', 'cp'], 'dpShardCp').group, data: data.group,
-      replicate: mesh.dim('dpReplicate').group, pp: mesh.dim('pp').group, tp: mesh.dim('tp').group, cp: mesh.dim('cp').group, dpRank: data.rank, ...experts(),
+      replicate: mesh.dim('dpReplicate').group, pp: mesh.dim('pp').group, tp: mesh.dim('tp').group, cp: mesh.dim('cp').group, dpRank: data.rank,
+      ...(ep > 1 ? expertGroups(expertMesh()) : {}),
+    };
+  }
+  if (ep > 1) {
+    // Without cp the expert grid is the mesh: the data-parallel rank is unchanged (replicate x
+    // dpShard + outer x ep + epRank).
+    const mesh = expertMesh();
+    const dp = mesh.flatten(['dpReplicate', 'dpShardOuter', 'ep'], 'dp');
+    return {
+      mesh, dp: dp.group, data: dp.group, shard: mesh.flatten(['dpShardOuter', 'ep'], 'dpShard').group, replicate: mesh.dim('dpReplicate').group, pp: mesh.dim('pp').group,
+      tp: mesh.dim('tp').group, dpRank: dp.rank, ...expertGroups(mesh),
     };
   }
   const mesh = DeviceMesh.build([['pp', layout.pp], ['dpReplicate', layout.dpReplicate], ['dpShard', layout.dpShard], ['tp', tp]], world);
@@ -89,7 +99,6 @@ export function buildMesh(layout: Pick<Layout, 'pp' | 'dpReplicate' | 'dpShard'>
   const dp = mesh.flatten(['dpReplicate', 'dpShard'], 'dp');
   return {
     mesh, dp: dp.group, data: dp.group, shard: mesh.dim('dpShard').group, replicate: mesh.dim('dpReplicate').group, pp: mesh.dim('pp').group, tp: mesh.dim('tp').group, dpRank: dp.rank,
-    ...experts(),
   };
 }
 
