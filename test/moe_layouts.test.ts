@@ -2,7 +2,8 @@
 // 3 AdamW steps with clipping and accumulation, in float64. Every rank's losses, gradient norms
 // (before clipping) and every whole parameter (experts gathered over ep) equal the one-process
 // run's: plain data parallel with experts, ep = 2 on 2 ranks (every expert on one rank) and on 4
-// (experts also reduced over the ranks holding the same ones), with ZeRO-1, ZeRO-2 and ZeRO-3, under HSDP, with tensor parallelism tp = 2 and with pipeline parallelism pp = 2; top-1 and
+// (experts also reduced over the ranks holding the same ones), with ZeRO-1, ZeRO-2 and ZeRO-3, under HSDP, with tensor parallelism tp = 2 and with pipeline parallelism pp = 2;
+// MoE blocks under context parallelism cp = 2 (alone, with ep = 2 and 4 over dpShard x cp, ZeRO-3, pp = 2, tp = 2); top-1 and
 // top-2, softmax and sigmoid routers, the auxiliary loss and the expert bias, a capacity that drops
 // tokens, shared experts, the GPT and the Llama. A wrong expert-gradient scale fails the comparison.
 import { test } from 'node:test';
@@ -79,6 +80,7 @@ const world4 = launch(4, [
   { name: 'cp2_ep4_L', layout: { cp: 2, ep: 4 }, micro: 2, steps, moe: L, arch: 'llama' },
   { name: 'cp2_z3_A', layout: { cp: 2, zero: 3 }, micro: 2, steps, moe: A },
   { name: 'cp2_pp2_B', layout: { cp: 2, pp: 2 }, micro: 4, steps, moe: B },
+  { name: 'cp2_tp2_A', layout: { cp: 2, tp: 2 }, micro: 4, steps, moe: A },
 ]);
 
 const rel = (a: number, b: number): number => Math.abs(a - b) / Math.abs(b);
@@ -174,12 +176,13 @@ test('MoE blocks under context parallelism cp = 2 equal one process: routing, ca
   compare('cp2_L', 2, 'refL');
 });
 
-test('cp = 2 with expert parallelism (ep = 2, ep = 4 over dpShard x cp), with ZeRO-3 and with a pipeline pp = 2 on 4 ranks equals one process', async () => {
+test('cp = 2 with expert parallelism (ep = 2, ep = 4 over dpShard x cp), with ZeRO-3, with a pipeline pp = 2 and with tp = 2 on 4 ranks equals one process', async () => {
   await Promise.all([reference, world4]);
   compare('cp2_ep2_B', 4, 'refB');
   compare('cp2_ep4_L', 4, 'refL');
   compare('cp2_z3_A', 4, 'refA');
   compare('cp2_pp2_B', 4, 'refB');
+  compare('cp2_tp2_A', 4, 'refA');
 });
 
 test('expert gradients averaged like dense ones (not scaled by 1 / every data-parallel rank) fail the comparison', async () => {

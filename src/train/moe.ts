@@ -28,7 +28,9 @@ export class MoEBookkeeping {
 
   /**
    * `nLayer`: blocks of the whole model (a pipeline rank holds some); `tp`: ranks that see the same
-   * tokens (tensor parallelism), whose counts are one rank's.
+   * tokens (tensor parallelism), whose counts are one rank's. Context-parallel ranks count their own
+   * tokens (routed over the whole sequences, [Note: moe routing under a sequence shard] in
+   * src/nn/moe.ts), so the sums cover every token once and the auxiliary loss's mean is the batch's.
    */
   constructor(parts: readonly Module[], private readonly cfg: MoEConfig, private readonly nLayer: number, private readonly tp: number) {
     this.layers = moeLayers(parts);
