@@ -2,7 +2,7 @@
 // start-up (tsx, the addon), which overlaps well with another launch's training and rendezvous.
 // Jobs start in the order they are queued. No side effects at import.
 //
-// The suite runs two test files at once (package.json: --test-concurrency=2) so that one-process
+// The suite runs three test files at once (scripts/test.ts) so that one-process
 // files fill the second core; the launches of all files together are held to the same limit
 // through slots in a directory every file of one `node --test` run shares (suiteSlots below), so
 // two launch-heavy files side by side take turns instead of running four launches at once.
