@@ -1,11 +1,13 @@
 // `flotilla train` across hosts: network namespaces on one bridge (test/helpers/hosts.ts), one rank
-// on each. Two hosts train the run a single host trains with --nproc 2, step for step and bit for
-// bit; a launcher with the wrong job secret is refused before it starts a rank.
+// on each. Three hosts train the run a single host trains with --nproc 3, step for step and bit for
+// bit, each saving into a directory of its own with a copy of the previous host's files
+// ([Note: checkpoint replicas]); a launcher with the wrong job secret is refused before it starts a rank.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { existsSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { checkCheckpoint } from '../src/checkpoint/checkpoint.js';
 import { readMetrics } from '../src/train/metrics.js';
 import { flotilla } from './helpers/cli.js';
 import { makeHosts } from './helpers/hosts.js';
@@ -24,7 +26,7 @@ nEmbd = 32
 blockSize = 16
 [data]
 seqLen = 16
-globalBatch = 8
+globalBatch = 12
 [optim]
 lr = 3e-3
 minLr = 3e-4
@@ -45,16 +47,18 @@ const SECRET = 'hosts-test-secret-0123456789abcdef';
 /** Short beats so a lost host is found in seconds; the collective timeout stays long. */
 const FAST = { FLOTILLA_HEARTBEAT_MS: '300', FLOTILLA_HEARTBEAT_TIMEOUT_MS: '3000', FLOTILLA_KILL_GRACE_MS: '2000', FLOTILLA_JOB_SECRET: SECRET };
 
-test('two hosts: flotilla train --nnodes 2 trains bit for bit as one host with --nproc 2; a wrong secret is refused before any rank starts', async (t) => {
-  const hosts = makeHosts(2);
+test('three hosts, each with its own checkpoint directory: flotilla train --nnodes 3 trains bit for bit as one host with --nproc 3; every file is on two hosts; a wrong secret is refused before any rank starts', async (t) => {
+  const hosts = makeHosts(3);
   if (typeof hosts === 'string') {
     t.skip(`cannot make network namespaces here: ${hosts}`);
     return;
   }
   try {
-    const run = join(dir, 'two-hosts');
+    const run = join(dir, 'three-hosts');
+    const ckpt = (k: number): string => join(dir, `host${k}-checkpoints`);
     const node = (k: number, env: Record<string, string> = {}) => flotilla(
-      ['train', config, '--nnodes', '2', '--node-rank', String(k), '--nproc', '1', '--master-addr', hosts.addr[0]!, '--master-port', '29400', `--train.runDir=${run}`],
+      ['train', config, '--nnodes', '3', '--node-rank', String(k), '--nproc', '1', '--master-addr', hosts.addr[0]!, '--master-port', '29400',
+        `--train.runDir=${run}`, `--checkpoint.dir=${ckpt(k)}`],
       { via: (c, a) => hosts.exec(k, c, a), env: { ...FAST, ...env }, timeoutMs: 120_000 },
     );
     const n0 = node(0);
@@ -63,15 +67,29 @@ test('two hosts: flotilla train --nnodes 2 trains bit for bit as one host with -
     assert.notEqual(wrong.code, 0, wrong.out + wrong.err);
     assert.match(wrong.err, /no node heartbeat answered at 10\.77\.0\.1:\d+ within 4000 ms \(is node 0's launcher running, with the same FLOTILLA_JOB_SECRET\?\)/, wrong.err);
     assert.doesNotMatch(wrong.out + wrong.err, /\[rank \d\]/, 'a refused launcher started a rank');
-    const n1 = node(1);
-    const [r0, r1] = await Promise.all([n0, n1]);
-    assert.equal(r0.code, 0, r0.out + r0.err);
-    assert.equal(r1.code, 0, r1.out + r1.err);
+    const rs = await Promise.all([n0, node(1), node(2)]);
+    for (const r of rs) assert.equal(r.code, 0, r.out + r.err);
     // Rank 0 bound Gloo on its host's bridge interface (the header is rank 0's).
-    assert.match(r0.out, new RegExp(`c10d Gloo over TCP on ${hosts.ns[0]}v 10\\.77\\.0\\.1 .*, 2 ranks`), r0.out);
-    assert.ok(existsSync(join(run, 'checkpoints', 'step-000006', 'meta.json')), 'the two-host run saved no final checkpoint');
+    assert.match(rs[0]!.out, new RegExp(`c10d Gloo over TCP on ${hosts.ns[0]}v 10\\.77\\.0\\.1 .*, 3 ranks`), rs[0]!.out);
 
-    const ref = await flotilla(['train', config, '--nproc', '2', `--train.runDir=${join(dir, 'one-host')}`], { timeoutMs: 120_000 });
+    // No shared storage: host k holds its own rank's file and host k-1's, and publishes the same
+    // meta.json; `latest` moved on every host.
+    for (const k of [0, 1, 2]) {
+      assert.equal(readFileSync(join(ckpt(k), 'latest'), 'utf8').trim(), 'step-000006');
+      const files = readdirSync(join(ckpt(k), 'step-000006')).filter((f) => f.endsWith('.safetensors')).sort();
+      assert.deepEqual(files, [k, (k + 2) % 3].sort().map((r) => `rank-0000${r}.safetensors`), `host ${k}`);
+    }
+    const all = await flotilla(['checkpoint', 'check', ckpt(0), ckpt(1), ckpt(2)]);
+    assert.equal(all.code, 0, all.out + all.err);
+    assert.match(all.out, /^OK .*: step 6, 3 file\(s\), .*every tensor complete; every file on two hosts/);
+    // Host 1 lost with its disk: the other two still hold every file.
+    rmSync(ckpt(1), { recursive: true });
+    const left = checkCheckpoint([ckpt(0), ckpt(2)]);
+    assert.equal(left.step, 6);
+    assert.deepEqual(left.single.sort(), ['rank-00000.safetensors', 'rank-00001.safetensors']);
+    assert.throws(() => checkCheckpoint([ckpt(0)]), /rank-00001\.safetensors is in none of these directories; the checkpoint is incomplete \(saved without shared storage on 3 hosts: name every host's directory\)/);
+
+    const ref = await flotilla(['train', config, '--nproc', '3', `--train.runDir=${join(dir, 'one-host')}`], { timeoutMs: 120_000 });
     assert.equal(ref.code, 0, ref.out + ref.err);
     const want = readMetrics(join(dir, 'one-host', 'metrics.jsonl'));
     const got = readMetrics(join(run, 'metrics.jsonl'));

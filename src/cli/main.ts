@@ -50,8 +50,9 @@ usage:
       Sample text from a trained model in one process, every prompt in one batch with a key/value
       cache; a continuation stops at the tokenizer's end-of-text unless --ignore-eos (deterministic
       for a seed).
-  flotilla checkpoint check <checkpoint|run dir>
-      Verify a checkpoint's files, sizes, checksums and completeness without building a model.
+  flotilla checkpoint check <checkpoint|run dir> [the same on other hosts ...]
+      Verify a checkpoint's files, sizes, checksums and completeness without building a model;
+      several directories: one checkpoint saved without shared storage, across the hosts' directories.
   flotilla report RUN [RUN...] [--out FILE]
       Write RUN/report.html: charts of loss, validation loss, learning rate, gradient norm and
       tokens/s against step (several runs overlaid), the resolved config, layout, checkpoints and

@@ -22,7 +22,15 @@ export function stepSeed(seed: number, step: number): number {
 
 export interface RunCheckpointsOptions {
   world: ProcessGroup;
+  /** Ranks per host (LOCAL_WORLD_SIZE): more than one host with replicas saves without shared storage. */
+  ranksPerHost: number;
   log: (line: string) => void;
+}
+
+/** [checkpoint] replicas resolved: -1 is 1 when the world spans several hosts. */
+export function replicasOf(cfg: FlotillaConfig, worldSize: number, ranksPerHost: number): 0 | 1 {
+  const r = cfg.checkpoint.replicas;
+  return r === 1 || (r === -1 && worldSize > ranksPerHost) ? 1 : 0;
 }
 
 /** Saving during a run: the schedule, and the save itself. */
@@ -42,9 +50,11 @@ export class RunCheckpoints {
     return checkpointDirOf(this.cfg);
   }
 
-  /** Rank 0, before the first step: clears saves an earlier run left unfinished. */
+  /** Rank 0 (each host's first rank with replicas), before the first step: clears saves an earlier run left unfinished. */
   prepare(): void {
-    if (this.opts.world.rank !== 0) return;
+    const { world, ranksPerHost } = this.opts;
+    const replicated = replicasOf(this.cfg, world.size, ranksPerHost) === 1;
+    if (replicated ? world.rank % ranksPerHost !== 0 : world.rank !== 0) return;
     const gone = removeInterruptedSaves(this.dir);
     if (gone.length > 0) this.opts.log(`[checkpoint] removed ${gone.length} unfinished save(s) of an earlier run: ${gone.join(', ')}`);
   }
@@ -58,6 +68,7 @@ export class RunCheckpoints {
   async save(step: number, state: RankState, info: RunInfo): Promise<SaveReport> {
     this.checkpointer ??= new Checkpointer({
       dir: this.dir, keep: this.cfg.checkpoint.keep, async: this.cfg.checkpoint.async, world: this.opts.world, log: this.opts.log,
+      ranksPerHost: this.opts.ranksPerHost, replicas: replicasOf(this.cfg, this.opts.world.size, this.opts.ranksPerHost),
     });
     const r = await this.checkpointer.save(step, state, info);
     this.saves.push(r);

@@ -133,7 +133,7 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     // ---- checkpoint state: where each parameter lives ([Note: placement]), then resume or initFrom
     const placements = (): ParamPlacement[] => model.placements();
     const moe = cfg.moe.experts > 0 ? new MoEBookkeeping(model.parts, cfg.moe, cfg.model.nLayer, layout.tp ?? 1) : undefined;
-    const ckpts = new RunCheckpoints(cfg, { world, log: out.log });
+    const ckpts = new RunCheckpoints(cfg, { world, ranksPerHost: env.localWorldSize, log: out.log });
     const resumedFrom = resumeTarget(cfg, opts.resume);
     let startStep = 0;
     if (resumedFrom !== undefined) {
