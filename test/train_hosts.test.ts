@@ -3,6 +3,7 @@
 // bit, each saving into a directory of its own with a copy of the previous host's files
 // ([Note: checkpoint replicas]); a launcher with the wrong job secret is refused before it starts a rank.
 import { test } from 'node:test';
+import type { ChildProcess } from 'node:child_process';
 import assert from 'node:assert/strict';
 import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -10,7 +11,8 @@ import { join } from 'node:path';
 import { checkCheckpoint } from '../src/checkpoint/checkpoint.js';
 import { readMetrics } from '../src/train/metrics.js';
 import { flotilla } from './helpers/cli.js';
-import { makeHosts } from './helpers/hosts.js';
+import { makeHosts, type Hosts } from './helpers/hosts.js';
+import { processTree } from '../src/launch/heartbeat.js';
 import { suiteSlots } from './helpers/pool.js';
 
 // Heartbeats here time out in seconds: no other file's launch runs beside this file (test/helpers/pool.ts).
@@ -99,3 +101,93 @@ test('three hosts, each with its own checkpoint directory: flotilla train --nnod
     hosts.drop();
   }
 });
+
+/** Starts `flotilla train` on host k; `seen(re)` resolves once its output matches. */
+function startNode(hosts: Hosts, k: number, args: string[], env: Record<string, string> = {}) {
+  let child: ChildProcess | undefined;
+  let text = '';
+  const waiters: { re: RegExp; resolve: () => void }[] = [];
+  const done = flotilla(args, {
+    via: (c, a) => hosts.exec(k, c, a), env: { ...FAST, ...env }, timeoutMs: 150_000,
+    onStart: (c) => {
+      child = c;
+      const on = (d: Buffer): void => {
+        text += d;
+        for (const w of waiters.filter((x) => x.re.test(text))) {
+          waiters.splice(waiters.indexOf(w), 1);
+          w.resolve();
+        }
+      };
+      c.stdout!.on('data', on);
+      c.stderr!.on('data', on);
+    },
+  });
+  return {
+    done,
+    seen: (re: RegExp): Promise<void> => Promise.race([
+      new Promise<void>((resolve) => (re.test(text) ? resolve() : waiters.push({ re, resolve }))),
+      done.then((r) => {
+        if (!re.test(text)) throw new Error(`host ${k} exited (${r.code}) before ${re} was seen:\n${text}`);
+      }),
+    ]),
+    /** Every process of this host's job, killed at once (the host is gone). */
+    kill: (): void => {
+      for (const pid of processTree(child!.pid!)) {
+        try {
+          process.kill(pid, 'SIGKILL');
+        } catch {
+          // gone already
+        }
+      }
+    },
+  };
+}
+
+for (const victim of [1, 0]) {
+  test(`three hosts, --nnodes 2:3: host ${victim}${victim === 0 ? ' (the master)' : ''} is killed; the other two carry on by themselves and their steps after the resume equal a plain two-rank resume of that checkpoint`, async (t) => {
+    const hosts = makeHosts(3, `${process.pid % 100000}${victim}`);
+    if (typeof hosts === 'string') {
+      t.skip(`cannot make network namespaces here: ${hosts}`);
+      return;
+    }
+    try {
+      const run = join(dir, `shrink-${victim}`);
+      const ckpts = join(run, 'checkpoints');
+      // One checkpoint directory every host sees (replicas = 0): a survivor cannot yet fetch the
+      // files of a lost host's directory from the others.
+      const args = (k: number): string[] => ['train', config, '--nnodes', '2:3', '--node-rank', String(k), '--nproc', '1', '--master-addr', hosts.addr[0]!,
+        '--master-port', '29400', `--train.runDir=${run}`, '--train.steps=12', '--checkpoint.keep=10', '--checkpoint.replicas=0'];
+      const nodes = [0, 1, 2].map((k) => startNode(hosts, k, args(k)));
+      await nodes[0]!.seen(/step +4\/12/);
+      const t0 = Date.now();
+      nodes[victim]!.kill();
+      const survivors = [0, 1, 2].filter((k) => k !== victim);
+      const newMaster = nodes[survivors[0]!]!;
+      await newMaster.seen(/\[elastic\] .*resumed from step \d+\n[^]*step +\d+\/12/);
+      const firstStepMs = Date.now() - t0;
+      const rs = await Promise.all(survivors.map((k) => nodes[k]!.done));
+      for (const r of rs) assert.equal(r.code, 0, r.out + r.err);
+      await nodes[victim]!.done;
+      const out = rs[0]!.out + rs[0]!.err;
+      assert.match(rs[0]!.err, new RegExp(`\\[elastic\\] lost node ${victim} \\(node ${victim} \\(rank ${victim}\\) lost: .*\\); continuing on 2 host\\(s\\), 2 rank\\(s\\) \\(first-meeting nodes ${survivors.join(', ')}; node 0 at ${hosts.addr[survivors[0]!]!.replace(/\./g, '\\.')}\\)`), out);
+      const m = /\[elastic\] lost node .*data parallel 2.*; resumed from step (\d+)/.exec(out);
+      assert.ok(m, `no [elastic] line of rank 0 naming the new layout and the step:\n${out}`);
+      const step = Number(m[1]);
+      assert.ok(step >= 3 && step % 3 === 0, `resumed from step ${step}`);
+      t.diagnostic(`loss to first new step on the survivors: ${firstStepMs} ms; resumed from step ${step}`);
+
+      // A plain two-rank resume of the same checkpoint (one host: two hosts train bit for bit as one, above).
+      const ref = await flotilla(['train', config, '--nproc', '2', '--resume', join(ckpts, `step-${String(step).padStart(6, '0')}`),
+        `--train.runDir=${join(dir, `shrink-ref-${victim}`)}`, '--train.steps=12'], { timeoutMs: 120_000 });
+      assert.equal(ref.code, 0, ref.out + ref.err);
+      const want = readMetrics(join(dir, `shrink-ref-${victim}`, 'metrics.jsonl')).filter((r) => r.step > step);
+      const got = readMetrics(join(run, 'metrics.jsonl'));
+      // metrics.jsonl continues after the checkpoint's step: each step once, in order.
+      assert.deepEqual(got.map((r) => r.step), Array.from({ length: 12 }, (_, i) => i + 1));
+      assert.equal(want.length, 12 - step);
+      assert.deepEqual(got.filter((r) => r.step > step).map((r) => [r.step, r.loss, r.gradNorm]), want.map((r) => [r.step, r.loss, r.gradNorm]));
+    } finally {
+      hosts.drop();
+    }
+  });
+}

@@ -22,7 +22,8 @@ usage:
       launcher (data parallel; through mpirun on Open MPI when installed, see parallel.backend). Overrides win over the file, e.g. --optim.lr=3e-4 --train.steps=50.
       --nnodes M: the same run on M hosts, N ranks each (Gloo), with the rules of \`flotilla run\`
       across hosts (FLOTILLA_JOB_SECRET, the interface, the heartbeat); start it on every host
-      with its own --node-rank. Rank 0 (node 0) keeps the run directory.
+      with its own --node-rank. Rank 0 (node 0) keeps the run directory. --nnodes MIN:MAX: when
+      a host is lost and MIN remain, the others carry on without it from the newest checkpoint.
   flotilla verify <config.toml> --nproc N [--steps K] [--section.field=value ...]
   flotilla verify <config.toml> --nproc N --resume K [--steps S] [--then [--nproc M] [--section.field=value ...]]
       With --resume: train S steps (default 2K) saving at step K, resume that checkpoint (under the
@@ -92,6 +93,8 @@ interface TrainArgs {
 /** Where this host stands in a multi-host `flotilla train` (flotilla run's meaning for each). */
 interface HostArgs {
   nnodes: number;
+  /** --nnodes MIN:MAX: carry on without a lost host while MIN remain. */
+  minNodes?: number;
   nodeRank: number;
   masterAddr?: string;
   masterPort?: number;
@@ -174,13 +177,16 @@ function parseHostArgs(h: Partial<Record<(typeof HOST_FLAGS)[number], string>>):
     if (stray.length > 0) throw new UsageError(`train: ${stray.join(', ')} ${stray.length > 1 ? 'go' : 'goes'} with --nnodes M (the hosts of the job)`);
     return undefined;
   }
-  const nnodes = count('--nnodes', h['--nnodes'], 1);
+  const range = /^(\d+):(\d+)$/.exec(h['--nnodes']);
+  const nnodes = count('--nnodes', range ? range[2]! : h['--nnodes'], 1);
+  const minNodes = range ? count('--nnodes MIN', range[1]!, 1) : nnodes;
+  if (minNodes > nnodes) throw new UsageError(`train: --nnodes ${h['--nnodes']}: MIN must not exceed MAX`);
   if (nnodes === 1) return undefined;
   if (h['--node-rank'] === undefined) throw new UsageError(`train: --nnodes ${nnodes} needs --node-rank R (this host's index, 0..${nnodes - 1})`);
   const nodeRank = count('--node-rank', h['--node-rank'], 0);
   if (nodeRank >= nnodes) throw new UsageError(`train: --node-rank ${nodeRank} must be below --nnodes ${nnodes}`);
   return {
-    nnodes, nodeRank,
+    nnodes, nodeRank, ...(minNodes < nnodes ? { minNodes } : {}),
     ...(h['--master-addr'] !== undefined ? { masterAddr: h['--master-addr'] } : {}),
     ...(h['--master-port'] !== undefined ? { masterPort: count('--master-port', h['--master-port'], 1) } : {}),
   };
@@ -220,9 +226,12 @@ async function trainCommand(args: readonly string[]): Promise<number> {
     if (hosts !== undefined && cfg.parallel.backend === 'mpi') {
       throw new UsageError(`train: --nnodes ${hosts.nnodes} trains over Gloo across hosts; set [parallel] backend = "gloo" or "auto" (--parallel.backend=gloo)`);
     }
+    if (hosts?.minNodes !== undefined && cfg.checkpoint.every === 0) {
+      throw new UsageError(`train: --nnodes ${hosts.minNodes}:${hosts.nnodes} carries on from the newest checkpoint when a host is lost; set [checkpoint] every (e.g. --checkpoint.every=100)`);
+    }
     const backend = hosts !== undefined ? 'gloo' : cfg.parallel.backend;
     const hostArgs = hosts === undefined ? [] : [
-      '--nnodes', String(hosts.nnodes), '--node-rank', String(hosts.nodeRank),
+      '--nnodes', hosts.minNodes !== undefined ? `${hosts.minNodes}:${hosts.nnodes}` : String(hosts.nnodes), '--node-rank', String(hosts.nodeRank),
       ...(hosts.masterAddr !== undefined ? ['--master-addr', hosts.masterAddr] : []), ...(hosts.masterPort !== undefined ? ['--master-port', String(hosts.masterPort)] : []),
     ];
     return runLauncher([

@@ -62,7 +62,8 @@ type Message =
   | { t: 'beat' }
   | { t: 'bye'; node: number }
   | { t: 'fail'; node: number; why: string }
-  | { t: 'lost'; node: number; why: string };
+  | { t: 'lost'; node: number; why: string }
+  | { t: 'roster'; addrs: string[] };
 
 /** JSON lines from a socket; undefined for a line that is too long or not JSON (the caller drops the peer). */
 function onLines(sock: Socket, fn: (m: Message | undefined) => void): void {
@@ -102,10 +103,10 @@ export interface NodeLinkOptions {
   /** How long a node may take to connect at start (the process-group timeout). */
   joinTimeoutMs: number;
   /**
-   * Another node's ranks failed (fatal = false: a restart may follow) or a node was lost (fatal):
-   * stop this node's ranks. Called once for a lost node.
+   * Another node's ranks failed (fatal = false: a restart may follow) or a node was lost (fatal,
+   * `lost` its node rank): stop this node's ranks. Called once for a lost node.
    */
-  onPeerDown: (why: string, fatal: boolean) => void;
+  onPeerDown: (why: string, fatal: boolean, lost?: number) => void;
 }
 
 function ranksOf(node: number, nproc: number): string {
@@ -116,12 +117,17 @@ function ranksOf(node: number, nproc: number): string {
 export class NodeLink {
   private server: Server | undefined;
   private upstream: Socket | undefined;
-  private readonly peers = new Map<number, { sock: Socket; last: number }>();
+  private readonly peers = new Map<number, { sock: Socket; last: number; addr: string }>();
   private readonly finished = new Set<number>();
   private timer: NodeJS.Timeout | undefined;
   private lastFromZero = Date.now();
   private down = false;
   private closed = false;
+  /**
+   * Every node's address, by node rank, once all have joined (node 0 learns them from the
+   * connections and tells the others): where an elastic job meets again when node 0 is lost.
+   */
+  roster: string[] | undefined;
 
   private constructor(private readonly o: NodeLinkOptions) {}
 
@@ -142,10 +148,10 @@ export class NodeLink {
     return link;
   }
 
-  private peerDown(why: string, fatal = true): void {
+  private peerDown(why: string, fatal = true, lost?: number): void {
     if (this.down || this.closed) return;
     if (fatal) this.down = true;
-    this.o.onPeerDown(why, fatal);
+    this.o.onPeerDown(why, fatal, lost);
   }
 
   private listen(): Promise<void> {
@@ -171,8 +177,12 @@ export class NodeLink {
           node = (m as { node: number }).node;
           clearTimeout(authTimer);
           this.peers.get(node)?.sock.destroy(); // a restarted launcher replaces its old connection
-          this.peers.set(node, { sock, last: Date.now() });
+          this.peers.set(node, { sock, last: Date.now(), addr: (sock.remoteAddress ?? '').replace(/^::ffff:/, '') });
           send(sock, { t: 'welcome' });
+          if (this.peers.size === o.nnodes - 1 && this.roster === undefined) {
+            this.roster = [o.host, ...Array.from({ length: o.nnodes - 1 }, (_, k) => this.peers.get(k + 1)!.addr)];
+            this.relay({ t: 'roster', addrs: this.roster }, 0);
+          }
           return;
         }
         const p = this.peers.get(node);
@@ -211,7 +221,7 @@ export class NodeLink {
             else setTimeout(attempt, 250); // keeps the launcher alive: nothing else does yet
             return;
           }
-          if (!this.finished.has(0)) this.peerDown(`node 0 (${ranksOf(0, o.nproc)}) lost: its launcher's heartbeat connection closed`);
+          if (!this.finished.has(0)) this.peerDown(`node 0 (${ranksOf(0, o.nproc)}) lost: its launcher's heartbeat connection closed`, true, 0);
         });
         onLines(sock, (m) => {
           if (m === undefined) return void sock.destroy();
@@ -224,7 +234,8 @@ export class NodeLink {
             resolve();
           } else if (m.t === 'bye') this.finished.add(0);
           else if (m.t === 'fail') this.peerDown(`node ${Number(m.node)} (${ranksOf(Number(m.node), o.nproc)}) failed: ${String(m.why)}`, false);
-          else if (m.t === 'lost') this.peerDown(String(m.why));
+          else if (m.t === 'lost') this.peerDown(String(m.why), true, Number(m.node));
+          else if (m.t === 'roster' && Array.isArray(m.addrs) && m.addrs.length === o.nnodes) this.roster = m.addrs.map(String);
         });
       };
       attempt();
@@ -235,7 +246,7 @@ export class NodeLink {
   private lose(node: number, why: string): void {
     if (this.down || this.closed) return;
     this.relay({ t: 'lost', node, why }, node);
-    this.peerDown(why);
+    this.peerDown(why, true, node);
   }
 
   private relay(m: Message, except: number): void {
@@ -257,7 +268,7 @@ export class NodeLink {
       if (beat) send(this.upstream, { t: 'beat' });
       if (!this.finished.has(0) && now - this.lastFromZero > timeoutMs) {
         this.upstream?.destroy();
-        this.peerDown(`node 0 (${ranksOf(0, this.o.nproc)}) lost: no heartbeat for ${now - this.lastFromZero} ms (FLOTILLA_HEARTBEAT_TIMEOUT_MS=${timeoutMs})`);
+        this.peerDown(`node 0 (${ranksOf(0, this.o.nproc)}) lost: no heartbeat for ${now - this.lastFromZero} ms (FLOTILLA_HEARTBEAT_TIMEOUT_MS=${timeoutMs})`, true, 0);
       }
     }
   }

@@ -61,6 +61,12 @@ import { Supervisor, describeFailure, signalCode, type Outcome, type SupervisorI
 export interface RunOptions {
   nproc: number;
   nnodes: number;
+  /**
+   * Hosts the job may shrink to (--nnodes MIN:MAX; default nnodes): when a host is lost and at least
+   * this many remain, the others stop their ranks, meet again without it and start them on the
+   * smaller world ([Note: elastic shrink]).
+   */
+  minNodes?: number;
   nodeRank: number;
   masterAddr: string;
   /** Undefined: pick a free port (one node) or use the default (several). */
@@ -133,6 +139,8 @@ interface AttemptControl {
   /** Called once when this node's ranks fail (so the other nodes can stop theirs now). */
   onLocalFailure: (what: string) => void;
   heartbeat: HeartbeatConfig;
+  /** After a shrink: what happened, for the ranks' [elastic] line (FLOTILLA_ELASTIC). */
+  elastic?: string;
 }
 
 /** Runs one attempt: every local rank, until all have exited. */
@@ -141,6 +149,7 @@ async function runAttempt(o: RunOptions, attempt: number, port: number, io: Supe
   const [cmd, args] = commandFor(o.script, o.scriptArgs);
   const env: NodeJS.ProcessEnv = {
     ...process.env,
+    ...(ctl.elastic !== undefined ? { FLOTILLA_ELASTIC: ctl.elastic } : {}),
     FLOTILLA_RESTART_COUNT: String(attempt), FLOTILLA_MAX_RESTARTS: String(o.maxRestarts),
     FLOTILLA_STATUS_FILE: statusFile,
     FLOTILLA_LAUNCHER_TTY: launcherTerminal(), // rank 0 may draw a progress bar on it
@@ -152,6 +161,7 @@ async function runAttempt(o: RunOptions, attempt: number, port: number, io: Supe
     if (o.backend === 'mpi') await runMpirun({ nproc: o.nproc, cmd, args, env }, io, sup);
     else {
       if (o.nnodes === 1) env.FLOTILLA_STORE_FILE = join(dir, `store.${attempt}`);
+      else delete env.FLOTILLA_STORE_FILE;
       await runDirect({ nproc: o.nproc, nodeRank: o.nodeRank, worldSize: o.nnodes * o.nproc, cmd, args, env, masterAddr: o.masterAddr, masterPort: port }, io, sup);
     }
   } finally {
@@ -202,54 +212,109 @@ export async function launch(o: RunOptions, ioOpts: LauncherIO = {}): Promise<nu
   }
 }
 
-/** The heartbeat port of a multi-node job: FLOTILLA_HEARTBEAT_PORT, else just above the store ports. */
+/**
+ * The heartbeat port of a multi-node job: FLOTILLA_HEARTBEAT_PORT, else just above the store ports
+ * (one per restart, and one per shrink an elastic job may make).
+ */
 export function heartbeatPort(o: RunOptions): number {
   const raw = process.env.FLOTILLA_HEARTBEAT_PORT?.trim();
   if (raw) return Number(raw);
-  return (o.masterPort ?? DEFAULT_MASTER_PORT) + o.maxRestarts + 1;
+  return (o.masterPort ?? DEFAULT_MASTER_PORT) + o.maxRestarts + (o.nnodes - (o.minNodes ?? o.nnodes)) + 1;
+}
+
+// [Note: elastic shrink] With --nnodes MIN:MAX, a lost host (found by the heartbeat, as above) does
+// not end the job while at least MIN hosts remain: every survivor stops its ranks, and they meet
+// again without it. Node ranks are renumbered in the order of the old ones, so the new node 0 is
+// the lowest surviving node, at the address node 0 saw it connect from at the first meeting (the
+// roster); a surviving node 0 stays where it was. Store ports go on counting attempts, the heartbeat
+// keeps its port (on the new node 0). The ranks start on the smaller world as a restarted group:
+// `flotilla train` derives the layout again and resumes from the newest checkpoint, and
+// FLOTILLA_ELASTIC tells rank 0 what happened for its [elastic] line. No host is special after the start.
+
+/** Where this host stands in the current membership of an elastic job. */
+interface Membership {
+  /** Node ranks of the first meeting, of the hosts still in the job, in order. */
+  ids: number[];
+  /** Their addresses (the roster), in the same order. */
+  addrs: string[];
 }
 
 async function attempts(o: RunOptions, io: SupervisorIO, dir: string, heartbeat: HeartbeatConfig): Promise<number> {
   const say = (msg: string): void => void io.stderr.write(`flotilla run: ${msg}\n`);
-  const ctl: AttemptControl = { heartbeat, onLocalFailure: () => undefined };
-  let link: NodeLink | undefined;
-  let lost: string | undefined; // a node was lost: no restart can bring it back
-  if (o.nnodes > 1) {
+  const hbPort = heartbeatPort(o);
+  const minNodes = o.minNodes ?? o.nnodes;
+  let cur = o;
+  let firstAttempt = 0;
+  let elastic: string | undefined;
+  let members: Membership | undefined;
+  for (;;) {
+    const ctl: AttemptControl = { heartbeat, onLocalFailure: () => undefined, ...(elastic !== undefined ? { elastic } : {}) };
+    let link: NodeLink | undefined;
+    let lost: { why: string; node: number | undefined } | undefined; // a node was lost: no restart can bring it back
+    if (cur.nnodes > 1) {
+      try {
+        link = await NodeLink.start({
+          nodeRank: cur.nodeRank, nnodes: cur.nnodes, nproc: cur.nproc, host: cur.masterAddr, port: hbPort,
+          secret: process.env.FLOTILLA_JOB_SECRET ?? '', config: heartbeat,
+          joinTimeoutMs: Number(process.env.FLOTILLA_TIMEOUT_MS?.trim() || 300_000),
+          onPeerDown: (why, fatal, node) => {
+            if (fatal) lost = { why, node };
+            if (ctl.abort) ctl.abort(why, fatal);
+            else if (fatal && minNodes >= cur.nnodes) say(why);
+          },
+        });
+      } catch (e) {
+        say((e as Error).message);
+        return 1;
+      }
+      ctl.onLocalFailure = (what) => link!.announceFailure(`node ${cur.nodeRank}: ${what}`);
+    }
+    let r: number | { lostAt: number };
     try {
-      link = await NodeLink.start({
-        nodeRank: o.nodeRank, nnodes: o.nnodes, nproc: o.nproc, host: o.masterAddr, port: heartbeatPort(o),
-        secret: process.env.FLOTILLA_JOB_SECRET ?? '', config: heartbeat,
-        joinTimeoutMs: Number(process.env.FLOTILLA_TIMEOUT_MS?.trim() || 300_000),
-        onPeerDown: (why, fatal) => {
-          if (fatal) lost = why;
-          if (ctl.abort) ctl.abort(why, fatal);
-          else if (fatal) say(why);
-        },
-      });
-    } catch (e) {
-      say((e as Error).message);
+      r = await attemptLoop(cur, io, dir, ctl, () => lost?.why, link, firstAttempt, minNodes < cur.nnodes);
+      // The roster of the first meeting names every host; later ones are its survivors.
+      if (members === undefined && link?.roster) members = { ids: link.roster.map((_, k) => k), addrs: [...link.roster] };
+    } finally {
+      await link?.close();
+    }
+    if (typeof r === 'number') return r;
+    // A host was lost and the job may shrink: who is left, and where do they meet?
+    const gone = lost?.node;
+    if (members === undefined || gone === undefined || gone >= members.ids.length) {
+      say(`failed: ${lost?.why ?? 'a node was lost'} (the hosts' addresses were not all known yet, so the others cannot meet again)`);
       return 1;
     }
-    ctl.onLocalFailure = (what) => link!.announceFailure(`node ${o.nodeRank}: ${what}`);
-  }
-  try {
-    return await attemptLoop(o, io, dir, ctl, () => lost, link);
-  } finally {
-    await link?.close();
+    const lostId = members.ids[gone]!;
+    const me = members.ids[cur.nodeRank]!;
+    members = { ids: members.ids.filter((_, k) => k !== gone), addrs: members.addrs.filter((_, k) => k !== gone) };
+    if (members.ids.length < minNodes) {
+      say(`failed: ${lost!.why}; ${members.ids.length} host(s) left, fewer than --nnodes ${minNodes}:${o.nnodes} allows`);
+      return 1;
+    }
+    const nodeRank = members.ids.indexOf(me);
+    const nnodes = members.ids.length;
+    const masterAddr = nnodes === 1 ? '127.0.0.1' : members.addrs[0]!;
+    firstAttempt = r.lostAt + 1;
+    elastic = `lost node ${lostId} (${lost!.why}); continuing on ${nnodes} host(s), ${nnodes * o.nproc} rank(s) (first-meeting nodes ${members.ids.join(', ')}; node 0 at ${masterAddr})`;
+    say(`[elastic] ${elastic}; this host is node ${nodeRank} now; restarting its ${o.nproc} rank(s) from the latest checkpoint`);
+    cur = { ...o, nnodes, nodeRank, masterAddr, masterPort: o.masterPort ?? DEFAULT_MASTER_PORT };
   }
 }
 
+/** Attempts of one membership; `{ lostAt }` when a host was lost and the job may shrink (elastic). */
 async function attemptLoop(
   o: RunOptions, io: SupervisorIO, dir: string, ctl: AttemptControl, lost: () => string | undefined, link: NodeLink | undefined,
-): Promise<number> {
+  first: number, elastic: boolean,
+): Promise<number | { lostAt: number }> {
   const say = (msg: string): void => void io.stderr.write(`flotilla run: ${msg}\n`);
-  for (let attempt = 0; ; attempt++) {
+  for (let attempt = first; ; attempt++) {
     if (lost() !== undefined) {
+      if (elastic) return { lostAt: attempt - 1 };
       say(`failed: ${lost()}`);
       return 1;
     }
     let port: number;
-    if (o.nnodes > 1) port = (o.masterPort ?? DEFAULT_MASTER_PORT) + attempt;
+    if (o.nnodes > 1 || first > 0) port = (o.masterPort ?? DEFAULT_MASTER_PORT) + attempt;
     else if (o.masterPort !== undefined) port = o.masterPort;
     else {
       try {
@@ -265,7 +330,15 @@ async function attemptLoop(
       return 0;
     }
     if (outcome.kind === 'interrupted') return signalCode(outcome.signal);
+    // Elastic: ranks that lost a peer host often fail (a broken connection) before the heartbeat
+    // names the host; give it the time it takes to, then shrink instead of failing.
+    if (elastic && lost() === undefined) {
+      const until = Date.now() + ctl.heartbeat.timeoutMs + 2 * ctl.heartbeat.intervalMs;
+      while (lost() === undefined && Date.now() < until) await new Promise((r) => setTimeout(r, 100));
+    }
+    if (elastic && lost() !== undefined) return { lostAt: attempt };
     if (outcome.kind === 'peer') {
+      if (outcome.fatal && elastic) return { lostAt: attempt };
       if (outcome.fatal || attempt >= o.maxRestarts) {
         say(`failed: ${outcome.why}`);
         return 1;

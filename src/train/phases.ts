@@ -145,7 +145,12 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
       // Lingua's lesson again, at the resumed position and under this run's data-parallel layout.
       verifyDataPartition(mesh.dp, loader.localSampleIds(startStep), cfg.data.globalBatch);
       header('resume', `resumed from step ${startStep} (${resumedFrom}; saved by ${meta.layout.worldSize} rank(s), ${meta.layout.description})`);
-    } else if (cfg.train.initFrom !== '') {
+      // After a lost host (src/launch/launcher.ts, [Note: elastic shrink]): the launcher said what happened.
+      if (process.env.FLOTILLA_ELASTIC) header('elastic', `${process.env.FLOTILLA_ELASTIC}; ${describeLayout(layout)}; resumed from step ${startStep}`);
+    } else if (process.env.FLOTILLA_ELASTIC) {
+      header('elastic', `${process.env.FLOTILLA_ELASTIC}; ${describeLayout(layout)}; no checkpoint yet: started again from step 0`);
+    }
+    if (resumedFrom === undefined && cfg.train.initFrom !== '') {
       initFrom(cfg.train.initFrom, placements(), numParams, cfg.model as unknown as Record<string, unknown>);
       header('init', `weights from ${cfg.train.initFrom}; step 0, fresh optimizer state`);
     }
