@@ -113,6 +113,7 @@ function startNode(hosts: Hosts, k: number, args: string[], env: Record<string, 
       child = c;
       const on = (d: Buffer): void => {
         text += d;
+        if (process.env.FLOTILLA_TEST_VERBOSE === '1') process.stderr.write(`[host ${k}] ${d}`);
         for (const w of waiters.filter((x) => x.re.test(text))) {
           waiters.splice(waiters.indexOf(w), 1);
           w.resolve();
@@ -152,15 +153,15 @@ for (const victim of [1, 0]) {
     }
     try {
       const run = join(dir, `shrink-${victim}`);
-      const ckpts = join(run, 'checkpoints');
-      // One checkpoint directory every host sees (replicas = 0): a survivor cannot yet fetch the
-      // files of a lost host's directory from the others.
+      const ckpt = (k: number): string => join(dir, `shrink-${victim}-host${k}`);
+      // Each host saves into a directory of its own (replicas: every file also on the next host).
       const args = (k: number): string[] => ['train', config, '--nnodes', '2:3', '--node-rank', String(k), '--nproc', '1', '--master-addr', hosts.addr[0]!,
-        '--master-port', '29400', `--train.runDir=${run}`, '--train.steps=12', '--checkpoint.keep=10', '--checkpoint.replicas=0'];
+        '--master-port', '29400', `--train.runDir=${run}`, '--train.steps=12', '--checkpoint.keep=10', `--checkpoint.dir=${ckpt(k)}`];
       const nodes = [0, 1, 2].map((k) => startNode(hosts, k, args(k)));
       await nodes[0]!.seen(/step +4\/12/);
       const t0 = Date.now();
       nodes[victim]!.kill();
+      rmSync(ckpt(victim), { recursive: true, force: true }); // its disk is gone too
       const survivors = [0, 1, 2].filter((k) => k !== victim);
       const newMaster = nodes[survivors[0]!]!;
       await newMaster.seen(/\[elastic\] .*resumed from step \d+\n[^]*step +\d+\/12/);
@@ -174,10 +175,16 @@ for (const victim of [1, 0]) {
       assert.ok(m, `no [elastic] line of rank 0 naming the new layout and the step:\n${out}`);
       const step = Number(m[1]);
       assert.ok(step >= 3 && step % 3 === 0, `resumed from step ${step}`);
-      t.diagnostic(`loss to first new step on the survivors: ${firstStepMs} ms; resumed from step ${step}`);
+      // The survivors completed the checkpoint on both hosts: each lacked one file, which the other sent.
+      const fetched = /\[checkpoint\] \S+ completed on every host: (\d+) file\(s\), ([\d,]+) bytes sent between hosts/.exec(out);
+      assert.ok(fetched, out);
+      assert.equal(Number(fetched[1]), 2);
+      t.diagnostic(`loss to first new step on the survivors: ${firstStepMs} ms; resumed from step ${step}; ${fetched[2]} bytes of checkpoint sent between the survivors`);
+      const all = checkCheckpoint(survivors.map((k) => join(ckpt(k), `step-${String(step).padStart(6, '0')}`)));
+      assert.deepEqual(all.single, []);
 
       // A plain two-rank resume of the same checkpoint (one host: two hosts train bit for bit as one, above).
-      const ref = await flotilla(['train', config, '--nproc', '2', '--resume', join(ckpts, `step-${String(step).padStart(6, '0')}`),
+      const ref = await flotilla(['train', config, '--nproc', '2', '--resume', join(ckpt(survivors[0]!), `step-${String(step).padStart(6, '0')}`),
         `--train.runDir=${join(dir, `shrink-ref-${victim}`)}`, '--train.steps=12'], { timeoutMs: 120_000 });
       assert.equal(ref.code, 0, ref.out + ref.err);
       const want = readMetrics(join(dir, `shrink-ref-${victim}`, 'metrics.jsonl')).filter((r) => r.step > step);

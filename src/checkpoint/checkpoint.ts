@@ -31,6 +31,7 @@ import type { Optimizer } from '../optim/optimizer.js';
 import { wholeRuns, type ElementRange, type ParamPlacement, type Run } from '../parallel/placement.js';
 import { encodeSafetensorsHeader, readSafetensorsHeader, type SafetensorsEntry } from './safetensors.js';
 import { BackgroundWriter, type WrittenFile } from './writer.js';
+import { exchangeReplica, gatherJson } from './replicas.js';
 import { fileSha256, fsyncDir, writeDurable } from '../io/durable.js';
 import { RangeReader } from './range_reader.js';
 import {
@@ -358,53 +359,6 @@ export class Checkpointer {
     const complete = listCheckpoints(this.dir);
     for (const c of complete.slice(0, Math.max(0, complete.length - this.opts.keep))) rmSync(join(this.dir, c.name), { recursive: true, force: true });
   }
-}
-
-/**
- * [Note: checkpoint replicas] Sends this rank's staged file to the same local rank on the next host
- * and receives the previous host's into `into`; collective over the world (send/recv in a ring).
- */
-function exchangeReplica(world: ProcessGroup, staged: SharedArrayBuffer, length: number, ranksPerHost: number, into: Staging): { from: number; staged: SharedArrayBuffer; length: number } {
-  const to = (world.rank + ranksPerHost) % world.size;
-  const from = (world.rank - ranksPerHost + world.size) % world.size;
-  return tidy(() => {
-    const outLen = tensor([length], { dtype: 'float64' });
-    const inLen = zeros([1], { dtype: 'float64' });
-    const lens = [world.send(outLen, to, REPLICA_TAG), world.recv(inLen, from, REPLICA_TAG)];
-    for (const w of lens) w.wait();
-    const n = inLen.item();
-    // fromBuffer takes no shared memory: one copy of the staged bytes into a tensor to send.
-    const out = new Tensor(native.fromBuffer(new Uint8Array(staged, 0, length).slice(), [length], dtypeCode('uint8')));
-    const got = zeros([n], { dtype: 'uint8' });
-    const moves = [world.send(out, to, REPLICA_TAG + 1), world.recv(got, from, REPLICA_TAG + 1)];
-    for (const w of moves) w.wait();
-    const buf = into.get(n);
-    native.copyToBuffer(got.handle, new Uint8Array(buf, 0, n));
-    return { from, staged: buf, length: n };
-  });
-}
-
-const REPLICA_TAG = 0x7e91;
-
-/** Every rank's value, in rank order (a JSON document per rank, gathered as padded bytes). */
-function gatherJson<T>(world: ProcessGroup, value: T): T[] {
-  if (world.size === 1) return [value];
-  const bytes = Buffer.from(JSON.stringify(value));
-  return tidy(() => {
-    const len = tensor([bytes.length], { dtype: 'float64' });
-    world.allReduce(len, 'max').wait();
-    const n = len.item();
-    const padded = new Uint8Array(n).fill(0x20); // spaces: JSON.parse ignores them
-    padded.set(bytes);
-    const mine = new Tensor(native.fromBuffer(padded, [n], dtypeCode('uint8')));
-    const all = Array.from({ length: world.size }, () => zeros([n], { dtype: 'uint8' }));
-    world.allGather(all, mine).wait();
-    return all.map((t) => {
-      const b = new Uint8Array(n);
-      native.copyToBuffer(t.handle, b);
-      return JSON.parse(Buffer.from(b).toString('utf8')) as T;
-    });
-  });
 }
 
 /**

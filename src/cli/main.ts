@@ -213,7 +213,8 @@ async function trainCommand(args: readonly string[]): Promise<number> {
     if (a.resume !== undefined) {
       // A missing or broken checkpoint is one message here, before any rank starts.
       const { readMeta } = await import('../checkpoint/format.js');
-      readMeta(resumeTarget(cfg, a.resume)!);
+      // Across hosts without shared storage this host may hold only part of it (the ranks gather the rest).
+      readMeta(resumeTarget(cfg, a.resume)!, { partial: hosts !== undefined });
     }
   }
   if (((a.nproc !== undefined && a.nproc > 1) || hosts !== undefined) && !inWorld) {

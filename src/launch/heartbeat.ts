@@ -51,8 +51,9 @@ export function heartbeatConfig(env: Record<string, string | undefined> = proces
   return { intervalMs, timeoutMs };
 }
 
-function proof(secret: string, nonce: string, node: number): string {
-  return createHmac('sha256', secret).update(`flotilla-heartbeat-v1:${nonce}:${node}`).digest('hex');
+/** A node's answer to a nonce; the membership's generation is in it, so a launcher never joins a meeting it has left. */
+function proof(secret: string, nonce: string, node: number, generation: number): string {
+  return createHmac('sha256', secret).update(`flotilla-heartbeat-v1:${nonce}:${node}${generation > 0 ? `:${generation}` : ''}`).digest('hex');
 }
 
 type Message =
@@ -102,6 +103,8 @@ export interface NodeLinkOptions {
   config: HeartbeatConfig;
   /** How long a node may take to connect at start (the process-group timeout). */
   joinTimeoutMs: number;
+  /** Which meeting of an elastic job this is (0 the first; each shrink numbers the next one). */
+  generation?: number;
   /**
    * Another node's ranks failed (fatal = false: a restart may follow) or a node was lost (fatal,
    * `lost` its node rank): stop this node's ranks. Called once for a lost node.
@@ -172,7 +175,7 @@ export class NodeLink {
         if (m === undefined) return void sock.destroy();
         if (node === undefined) {
           const ok = m.t === 'join' && Number.isInteger(m.node) && m.node > 0 && m.node < o.nnodes && typeof m.proof === 'string' &&
-            /^[0-9a-f]{64}$/.test(m.proof) && timingSafeEqual(Buffer.from(m.proof, 'hex'), Buffer.from(proof(o.secret, nonce, m.node), 'hex'));
+            /^[0-9a-f]{64}$/.test(m.proof) && timingSafeEqual(Buffer.from(m.proof, 'hex'), Buffer.from(proof(o.secret, nonce, m.node, o.generation ?? 0), 'hex'));
           if (!ok) return void sock.destroy();
           node = (m as { node: number }).node;
           clearTimeout(authTimer);
@@ -226,7 +229,7 @@ export class NodeLink {
         onLines(sock, (m) => {
           if (m === undefined) return void sock.destroy();
           this.lastFromZero = Date.now();
-          if (m.t === 'hello') send(sock, { t: 'join', node: o.nodeRank, proof: proof(o.secret, String(m.nonce), o.nodeRank) });
+          if (m.t === 'hello') send(sock, { t: 'join', node: o.nodeRank, proof: proof(o.secret, String(m.nonce), o.nodeRank, o.generation ?? 0) });
           else if (m.t === 'welcome') {
             welcomed = true;
             this.upstream = sock;

@@ -256,7 +256,7 @@ async function attempts(o: RunOptions, io: SupervisorIO, dir: string, heartbeat:
         link = await NodeLink.start({
           nodeRank: cur.nodeRank, nnodes: cur.nnodes, nproc: cur.nproc, host: cur.masterAddr, port: hbPort,
           secret: process.env.FLOTILLA_JOB_SECRET ?? '', config: heartbeat,
-          joinTimeoutMs: Number(process.env.FLOTILLA_TIMEOUT_MS?.trim() || 300_000),
+          joinTimeoutMs: Number(process.env.FLOTILLA_TIMEOUT_MS?.trim() || 300_000), generation: firstAttempt,
           onPeerDown: (why, fatal, node) => {
             if (fatal) lost = { why, node };
             if (ctl.abort) ctl.abort(why, fatal);

@@ -10,7 +10,8 @@ import { Checkpointer, removeInterruptedSaves, loadCheckpoint, loadWeights, type
 import { CheckpointError, listCheckpoints, type CheckpointMeta } from '../checkpoint/format.js';
 import { initFromHf, isHfDir } from '../checkpoint/hf.js';
 import type { FlotillaConfig } from '../config/schema.js';
-import { checkpointDirOf } from './run_record.js';
+import { checkpointDirOf, resumeTarget } from './run_record.js';
+import { gatherNewest } from '../checkpoint/replicas.js';
 
 /** A seed for step `step`'s random draws (dropout), so a resumed run draws what the straight run drew. */
 export function stepSeed(seed: number, step: number): number {
@@ -57,6 +58,25 @@ export class RunCheckpoints {
     if (replicated ? world.rank % ranksPerHost !== 0 : world.rank !== 0) return;
     const gone = removeInterruptedSaves(this.dir);
     if (gone.length > 0) this.opts.log(`[checkpoint] removed ${gone.length} unfinished save(s) of an earlier run: ${gone.join(', ')}`);
+  }
+
+  /**
+   * The checkpoint this run resumes from (run_record's resumeTarget). Across hosts without shared
+   * storage ([checkpoint] replicas), `latest` and a restarted group first gather the newest
+   * checkpoint the hosts hold together, so every host's directory holds all of it (collective).
+   */
+  resumeTarget(resume: string | undefined): string | undefined {
+    const { world, ranksPerHost } = this.opts;
+    const restarted = Number(process.env.FLOTILLA_RESTART_COUNT ?? 0) > 0;
+    const latest = resume === undefined ? restarted : resume === '' || resume === 'latest';
+    if (!latest || replicasOf(this.cfg, world.size, ranksPerHost) === 0) return resumeTarget(this.cfg, resume);
+    const g = gatherNewest(world, this.dir, ranksPerHost);
+    if (g.path === undefined) {
+      if (resume === undefined) return undefined;
+      throw new CheckpointError(`--resume latest: no checkpoint whose files the ${world.size / ranksPerHost} hosts hold together in ${this.dir}; start the run without --resume, or name a checkpoint: --resume PATH`);
+    }
+    if (g.files > 0) this.opts.log(`[checkpoint] ${g.path} completed on every host: ${g.files} file(s), ${g.bytes.toLocaleString('en-US')} bytes sent between hosts`);
+    return g.path;
   }
 
   /** Whether the schedule saves after `step` steps (the last step included when saving is on). */

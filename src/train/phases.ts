@@ -23,7 +23,6 @@ import { ConfigError } from '../config/error.js';
 import { checkRunnable } from '../config/validate.js';
 import { modelConfigOf, type FlotillaConfig } from '../config/schema.js';
 import { RunCheckpoints, initFrom, restore } from './checkpointing.js';
-import { resumeTarget } from './run_record.js';
 import { MoEBookkeeping } from './moe.js';
 
 /** Rank 0's console: a phase header, and a line that goes around the progress bar. */
@@ -134,7 +133,7 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     const placements = (): ParamPlacement[] => model.placements();
     const moe = cfg.moe.experts > 0 ? new MoEBookkeeping(model.parts, cfg.moe, cfg.model.nLayer, layout.tp ?? 1) : undefined;
     const ckpts = new RunCheckpoints(cfg, { world, ranksPerHost: env.localWorldSize, log: out.log });
-    const resumedFrom = resumeTarget(cfg, opts.resume);
+    const resumedFrom = ckpts.resumeTarget(opts.resume);
     let startStep = 0;
     if (resumedFrom !== undefined) {
       const meta = restore(resumedFrom, { placements: placements(), optimizer }, numParams);
