@@ -1,7 +1,11 @@
 // `flotilla train` across hosts: network namespaces on one bridge (test/helpers/hosts.ts), one rank
 // on each. Three hosts train the run a single host trains with --nproc 3, step for step and bit for
 // bit, each saving into a directory of its own with a copy of the previous host's files
-// ([Note: checkpoint replicas]); a launcher with the wrong job secret is refused before it starts a rank.
+// ([Note: checkpoint replicas]); a launcher with the wrong job secret is refused before it starts a
+// rank. Under --nnodes 2:3 a killed host (a non-master, then the master), its checkpoint directory
+// deleted, leaves two that carry on by themselves, bit for bit as a plain two-rank resume of the
+// checkpoint they resumed ([Note: elastic shrink]); the killed non-master, started again, is taken
+// back at the next checkpoint ([Note: elastic grow]).
 import { test } from 'node:test';
 import type { ChildProcess } from 'node:child_process';
 import assert from 'node:assert/strict';
@@ -145,7 +149,10 @@ function startNode(hosts: Hosts, k: number, args: string[], env: Record<string, 
 }
 
 for (const victim of [1, 0]) {
-  test(`three hosts, --nnodes 2:3: host ${victim}${victim === 0 ? ' (the master)' : ''} is killed; the other two carry on by themselves and their steps after the resume equal a plain two-rank resume of that checkpoint`, async (t) => {
+  // Host 1 comes back after the shrink and is taken back at the next checkpoint.
+  const rejoin = victim === 1;
+  const steps = rejoin ? 30 : 12;
+  test(`three hosts, --nnodes 2:3: host ${victim}${victim === 0 ? ' (the master)' : ''} is killed; the other two carry on by themselves and their steps after the resume equal a plain two-rank resume of that checkpoint${rejoin ? '; restarted, it is taken back at the next checkpoint and the run finishes on three' : ''}`, async (t) => {
     const hosts = makeHosts(3, `${process.pid % 100000}${victim}`);
     if (typeof hosts === 'string') {
       t.skip(`cannot make network namespaces here: ${hosts}`);
@@ -156,19 +163,23 @@ for (const victim of [1, 0]) {
       const ckpt = (k: number): string => join(dir, `shrink-${victim}-host${k}`);
       // Each host saves into a directory of its own (replicas: every file also on the next host).
       const args = (k: number): string[] => ['train', config, '--nnodes', '2:3', '--node-rank', String(k), '--nproc', '1', '--master-addr', hosts.addr[0]!,
-        '--master-port', '29400', `--train.runDir=${run}`, '--train.steps=12', '--checkpoint.keep=10', `--checkpoint.dir=${ckpt(k)}`];
+        '--master-port', '29400', `--train.runDir=${run}`, `--train.steps=${steps}`, '--checkpoint.keep=20', `--checkpoint.dir=${ckpt(k)}`];
       const nodes = [0, 1, 2].map((k) => startNode(hosts, k, args(k)));
-      await nodes[0]!.seen(/step +4\/12/);
+      await nodes[0]!.seen(new RegExp(`step +4/${steps}`));
       const t0 = Date.now();
       nodes[victim]!.kill();
       rmSync(ckpt(victim), { recursive: true, force: true }); // its disk is gone too
       const survivors = [0, 1, 2].filter((k) => k !== victim);
       const newMaster = nodes[survivors[0]!]!;
-      await newMaster.seen(/\[elastic\] .*resumed from step \d+\n[^]*step +\d+\/12/);
+      // The lost host is started again, its checkpoint directory empty, once the survivors have left
+      // the first meeting (it asks the new one).
+      await nodes[victim]!.done;
+      await newMaster.seen(/flotilla run: \[elastic\] lost node/);
+      const back = rejoin ? startNode(hosts, victim, args(victim)) : undefined;
+      await newMaster.seen(new RegExp(`\\[elastic\\] .*resumed from step \\d+\\n[^]*step +\\d+/${steps}`));
       const firstStepMs = Date.now() - t0;
       const rs = await Promise.all(survivors.map((k) => nodes[k]!.done));
       for (const r of rs) assert.equal(r.code, 0, r.out + r.err);
-      await nodes[victim]!.done;
       const out = rs[0]!.out + rs[0]!.err;
       assert.match(rs[0]!.err, new RegExp(`\\[elastic\\] lost node ${victim} \\(node ${victim} \\(rank ${victim}\\) lost: .*\\); continuing on 2 host\\(s\\), 2 rank\\(s\\) \\(first-meeting nodes ${survivors.join(', ')}; node 0 at ${hosts.addr[survivors[0]!]!.replace(/\./g, '\\.')}\\)`), out);
       const m = /\[elastic\] lost node .*data parallel 2.*; resumed from step (\d+)/.exec(out);
@@ -185,14 +196,28 @@ for (const victim of [1, 0]) {
 
       // A plain two-rank resume of the same checkpoint (one host: two hosts train bit for bit as one, above).
       const ref = await flotilla(['train', config, '--nproc', '2', '--resume', join(ckpt(survivors[0]!), `step-${String(step).padStart(6, '0')}`),
-        `--train.runDir=${join(dir, `shrink-ref-${victim}`)}`, '--train.steps=12'], { timeoutMs: 120_000 });
+        `--train.runDir=${join(dir, `shrink-ref-${victim}`)}`, `--train.steps=${steps}`], { timeoutMs: 120_000 });
       assert.equal(ref.code, 0, ref.out + ref.err);
       const want = readMetrics(join(dir, `shrink-ref-${victim}`, 'metrics.jsonl')).filter((r) => r.step > step);
       const got = readMetrics(join(run, 'metrics.jsonl'));
-      // metrics.jsonl continues after the checkpoint's step: each step once, in order.
-      assert.deepEqual(got.map((r) => r.step), Array.from({ length: 12 }, (_, i) => i + 1));
-      assert.equal(want.length, 12 - step);
-      assert.deepEqual(got.filter((r) => r.step > step).map((r) => [r.step, r.loss, r.gradNorm]), want.map((r) => [r.step, r.loss, r.gradNorm]));
+      // metrics.jsonl continues after each resumed step: each step once, in order.
+      assert.deepEqual(got.map((r) => r.step), Array.from({ length: steps }, (_, i) => i + 1));
+      let grownAt = steps;
+      if (back) {
+        const b = await back.done;
+        assert.equal(b.code, 0, b.out + b.err);
+        assert.match(b.err, /\[elastic\] joined a running job: this host is node 2 of 3/, b.err);
+        assert.match(rs[0]!.err, /\[elastic\] first-meeting node 1 \(10\.77\.0\.2\) joins: the ranks stop at their next checkpoint and the job meets again on 3 hosts/, rs[0]!.err);
+        const g = /\[elastic\] first-meeting node 1 joined at 10\.77\.0\.2; continuing on 3 host\(s\), 3 rank\(s\) \(first-meeting nodes 0, 2, 1; node 0 at 10\.77\.0\.1\); data parallel 3, .*; resumed from step (\d+)/.exec(out);
+        assert.ok(g, `no [elastic] line of rank 0 for the host taken back:\n${out}`);
+        grownAt = Number(g[1]);
+        assert.ok(grownAt > step && grownAt < steps && grownAt % 3 === 0, `grown at step ${grownAt}`);
+        t.diagnostic(`host 1 taken back at step ${grownAt}; the run finished on three`);
+      }
+      // Until the run grows again, the survivors' steps are a plain two-rank resume's, bit for bit.
+      assert.ok(want.length >= grownAt - step);
+      assert.deepEqual(got.filter((r) => r.step > step && r.step <= grownAt).map((r) => [r.step, r.loss, r.gradNorm]),
+        want.filter((r) => r.step <= grownAt).map((r) => [r.step, r.loss, r.gradNorm]));
     } finally {
       hosts.drop();
     }

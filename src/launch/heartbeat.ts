@@ -64,7 +64,18 @@ type Message =
   | { t: 'bye'; node: number }
   | { t: 'fail'; node: number; why: string }
   | { t: 'lost'; node: number; why: string }
-  | { t: 'roster'; addrs: string[] };
+  | { t: 'roster'; addrs: string[] }
+  | { t: 'grow' } & Grow;
+
+/** The next meeting of an elastic job with a host that joins ([Note: elastic grow] in launcher.ts). */
+export interface Grow {
+  /** Every host's address, node 0 first, the joining host last. */
+  addrs: string[];
+  /** Their node ranks at the first meeting (the joining host's --node-rank last). */
+  ids: number[];
+  /** The meeting's generation (its first attempt number). */
+  generation: number;
+}
 
 /** JSON lines from a socket; undefined for a line that is too long or not JSON (the caller drops the peer). */
 function onLines(sock: Socket, fn: (m: Message | undefined) => void): void {
@@ -106,6 +117,13 @@ export interface NodeLinkOptions {
   /** Which meeting of an elastic job this is (0 the first; each shrink numbers the next one). */
   generation?: number;
   /**
+   * Node 0 of a later meeting of an elastic job: a host that proves it knows the secret as a first
+   * meeting's node asks to join. Returns the next meeting (told to every node and to it), or why not.
+   */
+  onAsk?: (node: number, addr: string) => Grow | string;
+  /** Another node: node 0 announced the next meeting with a joining host. */
+  onGrow?: (g: Grow) => void;
+  /**
    * Another node's ranks failed (fatal = false: a restart may follow) or a node was lost (fatal,
    * `lost` its node rank): stop this node's ranks. Called once for a lost node.
    */
@@ -131,6 +149,8 @@ export class NodeLink {
    * connections and tells the others): where an elastic job meets again when node 0 is lost.
    */
   roster: string[] | undefined;
+  /** Set when this host joined a running elastic job: the meeting it comes in at. */
+  grow: Grow | undefined;
 
   private constructor(private readonly o: NodeLinkOptions) {}
 
@@ -151,8 +171,19 @@ export class NodeLink {
     return link;
   }
 
+  /**
+   * A host joins an elastic job: every launcher leaves this meeting once its ranks have saved and
+   * stopped, so connections that close are expected, not lost hosts (a host lost meanwhile is
+   * found at the next meeting, which it does not reach).
+   */
+  expectRegroup(): void {
+    this.regrouping = true;
+  }
+
+  private regrouping = false;
+
   private peerDown(why: string, fatal = true, lost?: number): void {
-    if (this.down || this.closed) return;
+    if (this.down || this.closed || this.regrouping) return;
     if (fatal) this.down = true;
     this.o.onPeerDown(why, fatal, lost);
   }
@@ -174,8 +205,21 @@ export class NodeLink {
       onLines(sock, (m) => {
         if (m === undefined) return void sock.destroy();
         if (node === undefined) {
-          const ok = m.t === 'join' && Number.isInteger(m.node) && m.node > 0 && m.node < o.nnodes && typeof m.proof === 'string' &&
-            /^[0-9a-f]{64}$/.test(m.proof) && timingSafeEqual(Buffer.from(m.proof, 'hex'), Buffer.from(proof(o.secret, nonce, m.node, o.generation ?? 0), 'hex'));
+          const gen = o.generation ?? 0;
+          const proves = (g: number): boolean => m.t === 'join' && Number.isInteger(m.node) && typeof m.proof === 'string' &&
+            /^[0-9a-f]{64}$/.test(m.proof) && timingSafeEqual(Buffer.from(m.proof, 'hex'), Buffer.from(proof(o.secret, nonce, m.node, g), 'hex'));
+          if (gen > 0 && o.onAsk && proves(0)) {
+            // A host started as the first meeting's node (a new one, or a lost one restarted): it joins at the next checkpoint.
+            const grow = o.onAsk((m as { node: number }).node, (sock.remoteAddress ?? '').replace(/^::ffff:/, ''));
+            if (typeof grow === 'string') send(sock, { t: 'lost', node: -1, why: grow });
+            else {
+              send(sock, { t: 'grow', ...grow });
+              this.relay({ t: 'grow', ...grow }, 0);
+            }
+            sock.end();
+            return;
+          }
+          const ok = m.t === 'join' && m.node > 0 && m.node < o.nnodes && proves(gen);
           if (!ok) return void sock.destroy();
           node = (m as { node: number }).node;
           clearTimeout(authTimer);
@@ -224,7 +268,7 @@ export class NodeLink {
             else setTimeout(attempt, 250); // keeps the launcher alive: nothing else does yet
             return;
           }
-          if (!this.finished.has(0)) this.peerDown(`node 0 (${ranksOf(0, o.nproc)}) lost: its launcher's heartbeat connection closed`, true, 0);
+          if (!this.finished.has(0) && this.grow === undefined) this.peerDown(`node 0 (${ranksOf(0, o.nproc)}) lost: its launcher's heartbeat connection closed`, true, 0);
         });
         onLines(sock, (m) => {
           if (m === undefined) return void sock.destroy();
@@ -237,8 +281,20 @@ export class NodeLink {
             resolve();
           } else if (m.t === 'bye') this.finished.add(0);
           else if (m.t === 'fail') this.peerDown(`node ${Number(m.node)} (${ranksOf(Number(m.node), o.nproc)}) failed: ${String(m.why)}`, false);
-          else if (m.t === 'lost') this.peerDown(String(m.why), true, Number(m.node));
+          else if (m.t === 'lost' && !welcomed) {
+            welcomed = true; // refused by a running job: no retry
+            reject(new Error(`node 0 refused this host: ${String(m.why)}`));
+          } else if (m.t === 'lost') this.peerDown(String(m.why), true, Number(m.node));
           else if (m.t === 'roster' && Array.isArray(m.addrs) && m.addrs.length === o.nnodes) this.roster = m.addrs.map(String);
+          else if (m.t === 'grow' && Array.isArray(m.addrs) && Array.isArray(m.ids) && Number.isInteger(m.generation)) {
+            const g: Grow = { addrs: m.addrs.map(String), ids: m.ids.map(Number), generation: m.generation };
+            if (!welcomed) {
+              // This host asked to join a running job: it comes in at the next meeting.
+              this.grow = g;
+              welcomed = true;
+              resolve();
+            } else this.o.onGrow?.(g);
+          }
         });
       };
       attempt();

@@ -48,14 +48,15 @@
 // free port, attempt k uses --master-port + k (default 29500 + k) on every node; each node's launcher
 // restarts its ranks when they fail, and a failure on one node makes the ranks on the others fail
 // within the process-group timeout, so all nodes restart together.
-import { mkdtempSync, readlinkSync, rmSync } from 'node:fs';
+import { mkdtempSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { DEFAULT_MASTER_PORT, isLoopback } from '../distributed/env.js';
 import { runDirect } from './direct.js';
 import { runMpirun } from './mpirun.js';
-import { heartbeatConfig, NodeLink, type HeartbeatConfig } from './heartbeat.js';
+import { heartbeatConfig, NodeLink, type Grow, type HeartbeatConfig } from './heartbeat.js';
+import { regrouped } from '../distributed/launcher_channel.js';
 import { Supervisor, describeFailure, signalCode, type Outcome, type SupervisorIO } from './supervisor.js';
 
 export interface RunOptions {
@@ -141,7 +142,12 @@ interface AttemptControl {
   heartbeat: HeartbeatConfig;
   /** After a shrink: what happened, for the ranks' [elastic] line (FLOTILLA_ELASTIC). */
   elastic?: string;
+  /** The attempt running now. */
+  attempt?: number;
 }
+
+/** The file whose presence asks attempt k's ranks to stop at their next checkpoint (a host joins). */
+const regroupFile = (dir: string, attempt: number): string => join(dir, `regroup.${attempt}`);
 
 /** Runs one attempt: every local rank, until all have exited. */
 async function runAttempt(o: RunOptions, attempt: number, port: number, io: SupervisorIO, dir: string, ctl: AttemptControl): Promise<Outcome> {
@@ -150,6 +156,7 @@ async function runAttempt(o: RunOptions, attempt: number, port: number, io: Supe
   const env: NodeJS.ProcessEnv = {
     ...process.env,
     ...(ctl.elastic !== undefined ? { FLOTILLA_ELASTIC: ctl.elastic } : {}),
+    FLOTILLA_REGROUP_FILE: regroupFile(dir, attempt),
     FLOTILLA_RESTART_COUNT: String(attempt), FLOTILLA_MAX_RESTARTS: String(o.maxRestarts),
     FLOTILLA_STATUS_FILE: statusFile,
     FLOTILLA_LAUNCHER_TTY: launcherTerminal(), // rank 0 may draw a progress bar on it
@@ -212,14 +219,20 @@ export async function launch(o: RunOptions, ioOpts: LauncherIO = {}): Promise<nu
   }
 }
 
-/**
- * The heartbeat port of a multi-node job: FLOTILLA_HEARTBEAT_PORT, else just above the store ports
- * (one per restart, and one per shrink an elastic job may make).
- */
+/** The heartbeat port of a multi-node job: FLOTILLA_HEARTBEAT_PORT, else just above the store ports of the restarts. */
 export function heartbeatPort(o: RunOptions): number {
   const raw = process.env.FLOTILLA_HEARTBEAT_PORT?.trim();
   if (raw) return Number(raw);
-  return (o.masterPort ?? DEFAULT_MASTER_PORT) + o.maxRestarts + (o.nnodes - (o.minNodes ?? o.nnodes)) + 1;
+  return (o.masterPort ?? DEFAULT_MASTER_PORT) + o.maxRestarts + 1;
+}
+
+/**
+ * The store port of attempt k on several nodes: --master-port + k, stepping over the heartbeat's
+ * (an elastic job's meetings go on counting attempts past the restarts).
+ */
+function storePort(o: RunOptions, attempt: number, hbPort: number): number {
+  const p = (o.masterPort ?? DEFAULT_MASTER_PORT) + attempt;
+  return p >= hbPort ? p + 1 : p;
 }
 
 // [Note: elastic shrink] With --nnodes MIN:MAX, a lost host (found by the heartbeat, as above) does
@@ -230,6 +243,16 @@ export function heartbeatPort(o: RunOptions): number {
 // keeps its port (on the new node 0). The ranks start on the smaller world as a restarted group:
 // `flotilla train` derives the layout again and resumes from the newest checkpoint, and
 // FLOTILLA_ELASTIC tells rank 0 what happened for its [elastic] line. No host is special after the start.
+//
+// [Note: elastic grow] A host started with the job's command while it runs on fewer than MAX hosts
+// (a lost one restarted, or a new one with a --node-rank not in the job) proves the secret to node 0
+// as a first meeting's node would. Node 0 tells every launcher, and it, the next meeting: the hosts
+// in the job and the new one last, and its generation. Each launcher creates its attempt's
+// FLOTILLA_REGROUP_FILE; the ranks see it at a step boundary, agree (one all-reduce), save at their
+// next scheduled checkpoint, say so in the status file and exit 0; the launchers then meet again,
+// larger, and the ranks resume from that checkpoint (the new host receives its files). Connections
+// that close meanwhile are the meeting ending, not lost hosts. A job down to one host has no
+// heartbeat to ask, so it takes no host back.
 
 /** Where this host stands in the current membership of an elastic job. */
 interface Membership {
@@ -251,6 +274,14 @@ async function attempts(o: RunOptions, io: SupervisorIO, dir: string, heartbeat:
     const ctl: AttemptControl = { heartbeat, onLocalFailure: () => undefined, ...(elastic !== undefined ? { elastic } : {}) };
     let link: NodeLink | undefined;
     let lost: { why: string; node: number | undefined } | undefined; // a node was lost: no restart can bring it back
+    let grow: Grow | undefined; // a host joins: the next meeting, once the ranks have saved and stopped
+    const regroup = (g: Grow): void => {
+      grow = g;
+      link?.expectRegroup();
+      if (ctl.attempt !== undefined) writeFileSync(regroupFile(dir, ctl.attempt), '');
+      say(`[elastic] first-meeting node ${g.ids[g.ids.length - 1]} (${g.addrs[g.addrs.length - 1]}) joins: the ranks stop at their next checkpoint and the job meets again on ${g.ids.length} hosts`);
+    };
+    const me = members !== undefined ? members.ids[cur.nodeRank]! : cur.nodeRank;
     if (cur.nnodes > 1) {
       try {
         link = await NodeLink.start({
@@ -262,22 +293,55 @@ async function attempts(o: RunOptions, io: SupervisorIO, dir: string, heartbeat:
             if (ctl.abort) ctl.abort(why, fatal);
             else if (fatal && minNodes >= cur.nnodes) say(why);
           },
+          onGrow: regroup,
+          ...(cur.nodeRank === 0 && members !== undefined ? {
+            onAsk: (node: number, addr: string): Grow | string => {
+              if (grow !== undefined) return 'another host is joining; start this one again after it has';
+              if (cur.nnodes >= o.nnodes) return `the job runs on ${cur.nnodes} hosts, its --nnodes maximum`;
+              if (members!.ids.includes(node)) return `node ${node} of the first meeting is in the job; give a joining host the --node-rank it had, or one not in the job`;
+              const g: Grow = { addrs: [...members!.addrs, addr], ids: [...members!.ids, node], generation: (ctl.attempt ?? 0) + 1 };
+              regroup(g);
+              return g;
+            },
+          } : {}),
         });
+        if (link.grow !== undefined) {
+          // This host joined a running job: it comes in at the meeting node 0 announced.
+          const g = link.grow;
+          await link.close();
+          members = { ids: g.ids, addrs: g.addrs };
+          firstAttempt = g.generation;
+          elastic = `first-meeting node ${me} joined at ${g.addrs[g.addrs.length - 1]}; continuing on ${g.ids.length} host(s), ${g.ids.length * o.nproc} rank(s) (first-meeting nodes ${g.ids.join(', ')}; node 0 at ${g.addrs[0]})`;
+          say(`[elastic] joined a running job: this host is node ${g.ids.length - 1} of ${g.ids.length}; its ranks start once the others have saved`);
+          cur = { ...o, nnodes: g.ids.length, nodeRank: g.ids.length - 1, masterAddr: g.addrs[0]!, masterPort: o.masterPort ?? DEFAULT_MASTER_PORT };
+          continue;
+        }
       } catch (e) {
         say((e as Error).message);
         return 1;
       }
       ctl.onLocalFailure = (what) => link!.announceFailure(`node ${cur.nodeRank}: ${what}`);
     }
-    let r: number | { lostAt: number };
+    let r: number | { lostAt: number } | { regroup: true };
     try {
-      r = await attemptLoop(cur, io, dir, ctl, () => lost?.why, link, firstAttempt, minNodes < cur.nnodes);
+      r = await attemptLoop(cur, io, dir, ctl, () => lost?.why, link, firstAttempt, minNodes < cur.nnodes, () => grow !== undefined, hbPort);
       // The roster of the first meeting names every host; later ones are its survivors.
       if (members === undefined && link?.roster) members = { ids: link.roster.map((_, k) => k), addrs: [...link.roster] };
     } finally {
       await link?.close();
     }
     if (typeof r === 'number') return r;
+    if ('regroup' in r) {
+      // [Note: elastic grow] The ranks saved and stopped; meet again with the joining host.
+      const g = grow!;
+      members = { ids: g.ids, addrs: g.addrs };
+      firstAttempt = g.generation;
+      const nodeRank = g.ids.indexOf(me);
+      elastic = `first-meeting node ${g.ids[g.ids.length - 1]} joined at ${g.addrs[g.addrs.length - 1]}; continuing on ${g.ids.length} host(s), ${g.ids.length * o.nproc} rank(s) (first-meeting nodes ${g.ids.join(', ')}; node 0 at ${g.addrs[0]})`;
+      say(`[elastic] ${elastic}; this host is node ${nodeRank} now; restarting its ${o.nproc} rank(s) from the checkpoint just saved`);
+      cur = { ...o, nnodes: g.ids.length, nodeRank, masterAddr: g.addrs[0]!, masterPort: o.masterPort ?? DEFAULT_MASTER_PORT };
+      continue;
+    }
     // A host was lost and the job may shrink: who is left, and where do they meet?
     const gone = lost?.node;
     if (members === undefined || gone === undefined || gone >= members.ids.length) {
@@ -285,7 +349,6 @@ async function attempts(o: RunOptions, io: SupervisorIO, dir: string, heartbeat:
       return 1;
     }
     const lostId = members.ids[gone]!;
-    const me = members.ids[cur.nodeRank]!;
     members = { ids: members.ids.filter((_, k) => k !== gone), addrs: members.addrs.filter((_, k) => k !== gone) };
     if (members.ids.length < minNodes) {
       say(`failed: ${lost!.why}; ${members.ids.length} host(s) left, fewer than --nnodes ${minNodes}:${o.nnodes} allows`);
@@ -304,8 +367,8 @@ async function attempts(o: RunOptions, io: SupervisorIO, dir: string, heartbeat:
 /** Attempts of one membership; `{ lostAt }` when a host was lost and the job may shrink (elastic). */
 async function attemptLoop(
   o: RunOptions, io: SupervisorIO, dir: string, ctl: AttemptControl, lost: () => string | undefined, link: NodeLink | undefined,
-  first: number, elastic: boolean,
-): Promise<number | { lostAt: number }> {
+  first: number, elastic: boolean, growing: () => boolean, hbPort: number,
+): Promise<number | { lostAt: number } | { regroup: true }> {
   const say = (msg: string): void => void io.stderr.write(`flotilla run: ${msg}\n`);
   for (let attempt = first; ; attempt++) {
     if (lost() !== undefined) {
@@ -314,7 +377,7 @@ async function attemptLoop(
       return 1;
     }
     let port: number;
-    if (o.nnodes > 1 || first > 0) port = (o.masterPort ?? DEFAULT_MASTER_PORT) + attempt;
+    if (o.nnodes > 1 || first > 0) port = storePort(o, attempt, hbPort);
     else if (o.masterPort !== undefined) port = o.masterPort;
     else {
       try {
@@ -324,7 +387,11 @@ async function attemptLoop(
         return 1;
       }
     }
+    ctl.attempt = attempt;
+    if (growing()) writeFileSync(regroupFile(dir, attempt), ''); // a host asked to join between attempts
     const outcome = await runAttempt(o, attempt, port, io, dir, ctl);
+    // The ranks stopped at a checkpoint for a host that joins: not done, meet again.
+    if (outcome.kind === 'ok' && growing() && regrouped(join(dir, `status.${attempt}`))) return { regroup: true };
     if (outcome.kind === 'ok') {
       link?.announceDone();
       return 0;

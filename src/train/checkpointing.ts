@@ -12,6 +12,7 @@ import { initFromHf, isHfDir } from '../checkpoint/hf.js';
 import type { FlotillaConfig } from '../config/schema.js';
 import { checkpointDirOf, resumeTarget } from './run_record.js';
 import { gatherNewest } from '../checkpoint/replicas.js';
+import { regroupAsked } from '../distributed/launcher_channel.js';
 
 /** A seed for step `step`'s random draws (dropout), so a resumed run draws what the straight run drew. */
 export function stepSeed(seed: number, step: number): number {
@@ -153,13 +154,18 @@ export class StopRequest {
     process.on('SIGINT', this.handler);
   }
 
-  /** Whether any rank was asked to stop (collective over the world: every rank learns the same). */
-  agreed(world: ProcessGroup): boolean {
-    if (world.size === 1) return this.requested;
-    const t = tensor([this.requested ? 1 : 0], { dtype: 'float64' });
+  /**
+   * Whether any rank was asked to stop now (Ctrl-C), and whether any was asked to stop at its next
+   * checkpoint for a host that joins (collective over the world: every rank learns the same).
+   */
+  agreed(world: ProcessGroup): { stop: boolean; regroup: boolean } {
+    const regroup = regroupAsked(); // a host joins: stop at the next checkpoint ([Note: elastic grow])
+    if (world.size === 1) return { stop: this.requested, regroup };
+    const t = tensor([this.requested ? 1 : 0, regroup ? 1 : 0], { dtype: 'float64' });
     try {
       world.allReduce(t, 'max').wait();
-      return t.item() > 0;
+      const [stop, regroup] = t.toNumbers() as [number, number];
+      return { stop: stop > 0, regroup: regroup > 0 };
     } finally {
       t.dispose();
     }
