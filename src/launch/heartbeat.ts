@@ -16,6 +16,11 @@
 // Within a node: a rank that is stopped (SIGSTOP, a debugger) for the heartbeat timeout is hung; the
 // launcher reads each rank's state from /proc (watchStopped) and treats it like a rank that failed.
 //
+// An elastic job (--nnodes MIN:MAX, launcher.ts): once every node has joined, node 0 sends all the
+// address book of the meeting (`roster`), so the survivors of a lost node 0 know where to meet; a
+// lost node is named by number; the proof names the meeting's generation; and node 0 of a later
+// meeting admits a host proving itself as a first meeting's node as one asking to join (`grow`).
+//
 // Messages are JSON lines of at most 4 KiB; a connection that sends more, or does not prove
 // membership within 10 s, is dropped. Policy (intervals, who is blamed) lives here, in TypeScript.
 import { createServer, connect, type Server, type Socket } from 'node:net';

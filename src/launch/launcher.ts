@@ -262,6 +262,12 @@ interface Membership {
   addrs: string[];
 }
 
+/** The [elastic] words for a meeting that took a host in. */
+function joined(g: Grow, nproc: number): string {
+  return `first-meeting node ${g.ids[g.ids.length - 1]} joined at ${g.addrs[g.addrs.length - 1]}; continuing on ${g.ids.length} host(s), ` +
+    `${g.ids.length * nproc} rank(s) (first-meeting nodes ${g.ids.join(', ')}; node 0 at ${g.addrs[0]})`;
+}
+
 async function attempts(o: RunOptions, io: SupervisorIO, dir: string, heartbeat: HeartbeatConfig): Promise<number> {
   const say = (msg: string): void => void io.stderr.write(`flotilla run: ${msg}\n`);
   const hbPort = heartbeatPort(o);
@@ -311,7 +317,7 @@ async function attempts(o: RunOptions, io: SupervisorIO, dir: string, heartbeat:
           await link.close();
           members = { ids: g.ids, addrs: g.addrs };
           firstAttempt = g.generation;
-          elastic = `first-meeting node ${me} joined at ${g.addrs[g.addrs.length - 1]}; continuing on ${g.ids.length} host(s), ${g.ids.length * o.nproc} rank(s) (first-meeting nodes ${g.ids.join(', ')}; node 0 at ${g.addrs[0]})`;
+          elastic = joined(g, o.nproc);
           say(`[elastic] joined a running job: this host is node ${g.ids.length - 1} of ${g.ids.length}; its ranks start once the others have saved`);
           cur = { ...o, nnodes: g.ids.length, nodeRank: g.ids.length - 1, masterAddr: g.addrs[0]!, masterPort: o.masterPort ?? DEFAULT_MASTER_PORT };
           continue;
@@ -337,7 +343,7 @@ async function attempts(o: RunOptions, io: SupervisorIO, dir: string, heartbeat:
       members = { ids: g.ids, addrs: g.addrs };
       firstAttempt = g.generation;
       const nodeRank = g.ids.indexOf(me);
-      elastic = `first-meeting node ${g.ids[g.ids.length - 1]} joined at ${g.addrs[g.addrs.length - 1]}; continuing on ${g.ids.length} host(s), ${g.ids.length * o.nproc} rank(s) (first-meeting nodes ${g.ids.join(', ')}; node 0 at ${g.addrs[0]})`;
+      elastic = joined(g, o.nproc);
       say(`[elastic] ${elastic}; this host is node ${nodeRank} now; restarting its ${o.nproc} rank(s) from the checkpoint just saved`);
       cur = { ...o, nnodes: g.ids.length, nodeRank, masterAddr: g.addrs[0]!, masterPort: o.masterPort ?? DEFAULT_MASTER_PORT };
       continue;
