@@ -5,11 +5,12 @@
 // doing, not the timeout's. docs/FAULTS.md reproduces these by hand and tabulates them.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { join } from 'node:path';
 import { assertMpiBuilt, freePort, isAlive, REPO_ROOT } from './helpers/world.js';
 import { suiteSlots } from './helpers/pool.js';
 import { runnableScript } from './helpers/compiled.js';
+import { makeHosts } from './helpers/hosts.js';
 
 // Worlds here time out in seconds: no other file's launch runs beside this file (test/helpers/pool.ts).
 await suiteSlots.holdAll();
@@ -136,58 +137,21 @@ test('two nodes (loopback): a rank that throws mid-step on node 1 ends node 0\'s
 });
 
 // ---------------------------------------------------------------------------------------------
-// Two hosts: two network namespaces joined by a veth pair (addresses only inside them).
-
-const NS = [`flt${process.pid}a`, `flt${process.pid}b`];
-const ADDR = ['10.77.0.1', '10.77.0.2'];
-
-function ip(...args: string[]): { ok: boolean; err: string } {
-  const r = spawnSync('ip', args, { encoding: 'utf8', timeout: 10_000 });
-  return { ok: r.status === 0, err: `${r.stderr ?? ''}${r.error?.message ?? ''}`.trim() };
-}
-
-/** Makes the two hosts; returns why not when namespaces cannot be made here. */
-function makeHosts(): string | undefined {
-  if (process.getuid?.() !== 0) return 'network namespaces need root (the suite runs as root)';
-  const first = ip('netns', 'add', NS[0]!);
-  if (!first.ok) return `ip netns add failed: ${first.err || 'ip (iproute2) is not installed'}`;
-  const steps = [
-    ['netns', 'add', NS[1]!],
-    ['link', 'add', `${NS[0]}v`, 'type', 'veth', 'peer', 'name', `${NS[1]}v`],
-    ['link', 'set', `${NS[0]}v`, 'netns', NS[0]!],
-    ['link', 'set', `${NS[1]}v`, 'netns', NS[1]!],
-    ...[0, 1].flatMap((i) => [
-      ['-n', NS[i]!, 'addr', 'add', `${ADDR[i]}/24`, 'dev', `${NS[i]}v`],
-      ['-n', NS[i]!, 'link', 'set', 'lo', 'up'],
-      ['-n', NS[i]!, 'link', 'set', `${NS[i]}v`, 'up'],
-    ]),
-  ];
-  for (const s of steps) {
-    const r = ip(...s);
-    if (!r.ok) {
-      dropHosts();
-      return `ip ${s.join(' ')} failed: ${r.err}`;
-    }
-  }
-  return undefined;
-}
-
-function dropHosts(): void {
-  for (const n of NS) ip('netns', 'del', n); // takes its end of the veth pair with it
-}
+// Two hosts: two network namespaces on one bridge (test/helpers/hosts.ts).
 
 test('two hosts (network namespaces, veth): defaults reach across (Gloo on the veth, named in the header); a cut link is found within the heartbeat timeout on both sides, no orphans', async (t) => {
-  const why = makeHosts();
-  if (why !== undefined) {
-    t.skip(`cannot make network namespaces here: ${why}`);
+  const hosts = makeHosts(2);
+  if (typeof hosts === 'string') {
+    t.skip(`cannot make network namespaces here: ${hosts}`);
     return;
   }
+  const { ns: NS, addr: ADDR } = hosts;
   const nodes: Proc[] = [];
   try {
     const env = { ...FAST, FLOTILLA_JOB_SECRET: 'two-host-test-secret-0123456789', FLOTILLA_GLOO_IFACE: undefined, GLOO_SOCKET_IFNAME: undefined, FLOTILLA_GLOO_HOSTNAME: undefined };
     for (const k of [0, 1]) {
-      nodes.push(start('ip', ['netns', 'exec', NS[k]!, process.execPath, FLOTILLA, 'run', '--nnodes', '2', '--node-rank', String(k), '--nproc', '1',
-        '--master-addr', ADDR[0]!, '--master-port', '29400', SCRIPT, 'train', '1000'], env));
+      nodes.push(start(...hosts.exec(k, process.execPath, [FLOTILLA, 'run', '--nnodes', '2', '--node-rank', String(k), '--nproc', '1',
+        '--master-addr', ADDR[0]!, '--master-port', '29400', SCRIPT, 'train', '1000']), env));
     }
     // Training runs across the hosts with the defaults: Gloo bound to each host's veth address.
     await nodes[0]!.seen(/STEP 0 5/);
@@ -198,7 +162,7 @@ test('two hosts (network namespaces, veth): defaults reach across (Gloo on the v
     const pids = [0, 1].map((k) => Number(new RegExp(`PID ${k} (\\d+)`).exec(nodes[k]!.out)![1]));
     // Cut the link mid-training.
     const t0 = Date.now();
-    assert.ok(ip('-n', NS[0]!, 'link', 'set', `${NS[0]}v`, 'down').ok);
+    assert.ok(hosts.cut(0));
     const codes = await Promise.all(nodes.map((n) => n.done));
     const ms = Date.now() - t0;
     assert.notEqual(codes[0], 0, nodes[0]!.out);
@@ -210,6 +174,6 @@ test('two hosts (network namespaces, veth): defaults reach across (Gloo on the v
   } finally {
     for (const n of nodes) n.child.kill('SIGKILL');
     await Promise.all(nodes.map((n) => n.done));
-    dropHosts();
+    hosts.drop();
   }
 });

@@ -5,16 +5,25 @@
 // [Note: checkpoint durability]
 //   1. Every rank copies its pieces out of the tensors (the only part that blocks training when
 //      saving in the background) and writes rank-NNNNN.safetensors into .tmp-step-N/, hashing the
-//      bytes as they go and fsync-ing the file, then a small sidecar with its index.
+//      bytes as they go and fsync-ing the file.
 //   2. All ranks agree that every rank finished (one tiny all-reduce, at a step boundary: in the
-//      background mode a later step notices, the next save or the end of the run waits).
-//   3. Rank 0 merges the sidecars into meta.json (fsync), renames .tmp-step-N to step-N (fsync of
-//      the parent), and only then moves `latest` and deletes checkpoints beyond `keep`.
+//      background mode a later step notices, the next save or the end of the run waits), then
+//      gather each other's index of what they wrote (the sidecars; nobody reads another's disk).
+//   3. The publisher merges the sidecars into meta.json (fsync), renames .tmp-step-N to step-N
+//      (fsync of the parent), and only then moves `latest` and deletes checkpoints beyond `keep`.
 // A run killed at any point leaves the previous checkpoint and `latest` intact; a leftover
 // .tmp-step-N is removed by the next run that saves into the directory.
-import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, unlinkSync } from 'node:fs';
+//
+// [Note: checkpoint replicas] Without shared storage (replicas = 1, several hosts) each host saves
+// into a directory of its own: rank r's file is written there and also sent to rank r + L (L ranks
+// a host: the same local rank on the next host, around the ring), which writes and fsyncs it too,
+// so each host's directory holds its own ranks' files and the previous host's. Every host's first
+// rank publishes into its own directory the same meta.json (all files listed), once every file and
+// every copy is durable: losing any one host and its disk leaves each file on a survivor.
+// `flotilla checkpoint check DIR...` checks the files across the hosts' directories.
+import { existsSync, mkdirSync, readdirSync, renameSync, rmSync, statSync } from 'node:fs';
 import { basename, join, resolve } from 'node:path';
-import { Tensor, noGrad, tidy, tensor } from '../tensor/index.js';
+import { Tensor, noGrad, tidy, tensor, zeros } from '../tensor/index.js';
 import { native } from '../tensor/native.js';
 import { dtypeCode, elementSize, type DType } from '../tensor/dtype.js';
 import type { ProcessGroup } from '../distributed/process_group.js';
@@ -22,6 +31,7 @@ import type { Optimizer } from '../optim/optimizer.js';
 import { wholeRuns, type ElementRange, type ParamPlacement, type Run } from '../parallel/placement.js';
 import { encodeSafetensorsHeader, readSafetensorsHeader, type SafetensorsEntry } from './safetensors.js';
 import { BackgroundWriter, type WrittenFile } from './writer.js';
+import { exchangeReplica, gatherJson } from './replicas.js';
 import { fileSha256, fsyncDir, writeDurable } from '../io/durable.js';
 import { RangeReader } from './range_reader.js';
 import {
@@ -46,6 +56,8 @@ export interface RankState {
 interface Sidecar {
   file: string;
   written: WrittenFile;
+  /** The copy of another rank's file this rank wrote ([Note: checkpoint replicas]). */
+  replica?: WrittenFile;
   params: Record<string, ParamInfo>;
   paramSteps: Record<string, number>;
   stepCount: number | undefined;
@@ -54,7 +66,6 @@ interface Sidecar {
 }
 
 const rankFile = (rank: number): string => `rank-${String(rank).padStart(5, '0')}.safetensors`;
-const sidecarFile = (rank: number): string => `rank-${String(rank).padStart(5, '0')}.json`;
 const tmpDirName = (step: number): string => `.tmp-${stepDirName(step)}`;
 
 /**
@@ -131,6 +142,8 @@ interface PendingSave {
   done: boolean;
   error?: Error;
   info: RunInfo;
+  /** This rank's index of what it wrote (gathered by the publishers). */
+  sidecar?: Sidecar;
 }
 
 export interface CheckpointerOptions {
@@ -144,6 +157,10 @@ export interface CheckpointerOptions {
   world: ProcessGroup;
   /** Rank 0's log line sink. */
   log?: (line: string) => void;
+  /** Ranks per host (LOCAL_WORLD_SIZE; host h holds ranks h*L..h*L+L-1); default: every rank on one host. */
+  ranksPerHost?: number;
+  /** 1: each host saves into its own directory and keeps a copy of the previous host's files ([Note: checkpoint replicas]). */
+  replicas?: 0 | 1;
 }
 
 export interface SaveReport {
@@ -160,7 +177,11 @@ export class Checkpointer {
   private readonly opts: CheckpointerOptions;
   private readonly writer = new BackgroundWriter();
   private readonly staging = new Staging();
+  private readonly replicaStaging = new Staging();
   private pending: PendingSave | undefined;
+  private readonly ranksPerHost: number;
+  /** Whether this save sends each file to the next host ([Note: checkpoint replicas]). */
+  private readonly replicated: boolean;
   /** The newest checkpoint this run published (rank 0 knows; others see it after the agreement). */
   lastSaved: string | undefined;
 
@@ -168,6 +189,17 @@ export class Checkpointer {
     if (!Number.isInteger(opts.keep) || opts.keep < 1) throw new Error(`checkpoint.keep must be a positive integer, got ${opts.keep}`);
     this.opts = opts;
     this.dir = resolve(opts.dir);
+    const w = opts.world.size;
+    this.ranksPerHost = opts.ranksPerHost ?? w;
+    if (!Number.isInteger(this.ranksPerHost) || this.ranksPerHost < 1 || w % this.ranksPerHost !== 0) {
+      throw new Error(`internal: ${w} ranks do not split into hosts of ${this.ranksPerHost}`);
+    }
+    this.replicated = (opts.replicas ?? 0) === 1 && w > this.ranksPerHost;
+  }
+
+  /** Whether this rank writes meta.json and moves `latest` (rank 0, or each host's first rank with replicas). */
+  private get publisher(): boolean {
+    return this.replicated ? this.opts.world.rank % this.ranksPerHost === 0 : this.opts.world.rank === 0;
   }
 
   /** True while a background save is not yet published. */
@@ -193,14 +225,19 @@ export class Checkpointer {
     const tmp = join(this.dir, tmpDirName(step));
     mkdirSync(tmp, { recursive: true });
     const { staged, length, sidecar } = snapshot(state, world.rank, this.staging);
-    const bytes = length;
-    const path = join(tmp, sidecar.file);
+    let bytes = length;
     // The writer thread writes in both modes; a blocking save just waits for it below.
-    const written = this.writer.write(path, staged, length);
+    const written = this.writer.write(join(tmp, sidecar.file), staged, length);
+    let replica: Promise<WrittenFile | undefined> = Promise.resolve(undefined);
+    if (this.replicated) {
+      const r = exchangeReplica(world, staged, length, this.ranksPerHost, this.replicaStaging);
+      bytes += r.length;
+      replica = this.writer.write(join(tmp, rankFile(r.from)), r.staged, r.length).then((f) => ({ ...f, path: rankFile(r.from) }));
+    }
     const p: PendingSave = { step, tmp, done: false, info, settled: Promise.resolve() };
-    p.settled = written.then(
-      (w) => {
-        writeDurable(join(tmp, sidecarFile(world.rank)), JSON.stringify({ ...sidecar, written: { ...w, path: sidecar.file } }));
+    p.settled = Promise.all([written, replica]).then(
+      ([w, rw]) => {
+        p.sidecar = { ...sidecar, written: { ...w, path: sidecar.file }, ...(rw ? { replica: rw } : {}) };
         p.done = true;
       },
       (e: Error) => {
@@ -247,6 +284,12 @@ export class Checkpointer {
     }
     if (failed > 0) {
       this.pending = undefined;
+      if (this.replicated && p.error && /EEXIST/.test(p.error.message)) {
+        throw new CheckpointError(
+          `saving checkpoint ${stepDirName(p.step)} failed: two hosts write into the same directory ${this.dir}; with [checkpoint] replicas = 1 ` +
+            'each host needs a directory of its own (its local disk): set [checkpoint] dir to a local path, or replicas = 0 on a shared filesystem. The previous checkpoint is intact',
+        );
+      }
       throw new CheckpointError(
         `saving checkpoint ${stepDirName(p.step)} failed${p.error ? `: ${p.error.message}` : ' on another rank (see its output)'}; ` +
           `the previous checkpoint is intact. Check free space and permissions in ${this.dir}`,
@@ -258,23 +301,21 @@ export class Checkpointer {
     }
     this.pending = undefined;
     const name = stepDirName(p.step);
-    if (world.rank === 0) {
-      this.publish(p, world.size);
-      this.opts.log?.(`[checkpoint] saved ${join(this.dir, name)}`);
-    }
+    const sidecars = gatherJson<Sidecar>(world, p.sidecar!);
+    if (this.publisher) this.publish(p, sidecars);
+    if (world.rank === 0) this.opts.log?.(`[checkpoint] saved ${join(this.dir, name)}${this.replicated ? ` (each host's own directory; every file also on the next host)` : ''}`);
     this.lastSaved = join(this.dir, name);
   }
 
-  /** Rank 0: merge the sidecars into meta.json, then make the checkpoint visible and prune. */
-  private publish(p: PendingSave, worldSize: number): void {
+  /** The publisher: merge the sidecars into meta.json, then make the checkpoint visible and prune. */
+  private publish(p: PendingSave, sidecars: readonly Sidecar[]): void {
     const params: Record<string, ParamInfo> = {};
     const paramSteps: Record<string, number> = {};
     const files: CheckpointMeta['files'] = {};
     const pieces: Piece[] = [];
     let stepCount: number | undefined;
     let optimizerName: string | undefined;
-    for (let r = 0; r < worldSize; r++) {
-      const sc = JSON.parse(readFileSync(join(p.tmp, sidecarFile(r)), 'utf8')) as Sidecar;
+    for (const sc of sidecars) {
       Object.assign(params, sc.params);
       Object.assign(paramSteps, sc.paramSteps);
       files[sc.file] = { bytes: sc.written.bytes, sha256: sc.written.sha256 };
@@ -291,13 +332,17 @@ export class Checkpointer {
         throw new Error(`internal: checkpoint ${stepDirName(p.step)} holds ${covered.get(name) ?? 0} of the ${numelOf(info.shape)} elements of '${name}'`);
       }
     }
+    // A copy that differs from what its rank wrote is not a replica: stop before publishing it.
+    for (const sc of sidecars) {
+      if (sc.replica && files[sc.replica.path]?.sha256 !== sc.replica.sha256) throw new Error(`internal: the copy of ${sc.replica.path} written beside ${sc.file} differs from the original`);
+    }
+    const storage = this.replicated ? { storage: { hosts: this.opts.world.size / this.ranksPerHost, ranksPerHost: this.ranksPerHost, replicas: 1 } } : {};
     const meta: CheckpointMeta = {
       format: CHECKPOINT_FORMAT, step: p.step, savedAt: new Date().toISOString(), ...p.info, params,
       optimizer: optimizerName !== undefined ? { name: optimizerName, stepCount: stepCount ?? 0, paramSteps } : undefined,
-      files, pieces,
+      files, pieces, ...storage,
     };
     writeDurable(join(p.tmp, META_FILE), `${JSON.stringify(meta)}\n`);
-    for (let r = 0; r < worldSize; r++) unlinkSync(join(p.tmp, sidecarFile(r)));
     fsyncDir(p.tmp);
     const final = join(this.dir, stepDirName(p.step));
     let old: string | undefined;
@@ -526,22 +571,45 @@ export function loadWeights(path: string, placements: readonly ParamPlacement[],
 
 /** What `flotilla checkpoint check` reports. */
 export interface CheckReport {
-  dir: string;
+  /** The checkpoint directories checked (one per host's directory given). */
+  dirs: string[];
   step: number;
   files: number;
   bytes: number;
   params: number;
   elements: number;
+  /** Files with fewer copies than the checkpoint was saved with (none when every host's directory is given). */
+  single: string[];
 }
 
 /**
  * Verifies a checkpoint without building a model: meta.json, every file's presence, size and
  * checksum, and that the pieces cover every parameter (and every optimizer state tensor saved).
+ * Several arguments are the hosts' directories of one checkpoint saved without shared storage
+ * ([Note: checkpoint replicas]): each file must be in at least one of them, and every copy found is checked.
  */
-export function checkCheckpoint(arg: string): CheckReport {
-  const dir = resolveCheckpoint(arg);
-  const meta = readMeta(dir);
-  verifyFiles(dir, meta);
+export function checkCheckpoint(args: string | readonly string[]): CheckReport {
+  const dirs = (typeof args === 'string' ? [args] : [...args]).map(resolveCheckpoint);
+  const metas = dirs.map((d) => readMeta(d, { partial: true })); // missing files are named below, across the directories
+  const meta = metas[0]!;
+  const dir = dirs[0]!;
+  for (const [i, m] of metas.entries()) {
+    const same = m.step === meta.step && JSON.stringify(m.files) === JSON.stringify(meta.files);
+    if (!same) throw new CheckpointError(`${dirs[i]} (step ${m.step}) is not the same checkpoint as ${dir} (step ${meta.step}): their meta.json list other files; name the same step on every host`);
+  }
+  const copies = new Map<string, number>();
+  for (const d of dirs) {
+    const here = Object.keys(meta.files).filter((f) => existsSync(join(d, f)));
+    verifyFiles(d, meta, here);
+    for (const f of here) {
+      readSafetensorsHeader(join(d, f)); // a valid safetensors file (header checked against its size)
+      copies.set(f, (copies.get(f) ?? 0) + 1);
+    }
+  }
+  const missing = Object.keys(meta.files).filter((f) => !copies.has(f));
+  if (missing.length > 0) {
+    throw new CheckpointError(`${dirs.join(', ')}: ${missing.join(', ')} ${missing.length > 1 ? 'are' : 'is'} in none of these directories; the checkpoint is incomplete${meta.storage && dirs.length < meta.storage.hosts ? ` (saved without shared storage on ${meta.storage.hosts} hosts: name every host's directory)` : ''}`);
+  }
   const index = indexPieces(meta.pieces);
   for (const [key, list] of index) {
     const [kind, name] = key.split('\u0000') as [string, string];
@@ -552,12 +620,12 @@ export function checkCheckpoint(arg: string): CheckReport {
   for (const name of Object.keys(meta.params)) {
     if (!index.has(`param\u0000${name}`)) throw new CheckpointError(`${dir}: parameter '${name}' has no pieces; the checkpoint is incomplete`);
   }
-  // Each file is a valid safetensors file (header checked against its size).
-  for (const f of Object.keys(meta.files)) readSafetensorsHeader(join(dir, f));
+  const want = 1 + (meta.storage?.replicas ?? 0);
   return {
-    dir, step: meta.step, files: Object.keys(meta.files).length,
+    dirs, step: meta.step, files: Object.keys(meta.files).length,
     bytes: Object.values(meta.files).reduce((a, f) => a + f.bytes, 0),
     params: Object.keys(meta.params).length,
     elements: Object.values(meta.params).reduce((a, i) => a + numelOf(i.shape), 0),
+    single: [...copies].filter(([, n]) => n < want).map(([f]) => f),
   };
 }

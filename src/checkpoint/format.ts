@@ -69,6 +69,11 @@ export interface CheckpointMeta {
   optimizer: { name: string; stepCount: number; paramSteps: Record<string, number> } | undefined;
   files: Record<string, { bytes: number; sha256: string }>;
   pieces: Piece[];
+  /**
+   * Saved without shared storage ([Note: checkpoint replicas] in checkpoint.ts): each of `hosts`
+   * directories holds the files of its own `ranksPerHost` ranks and a copy of the previous host's.
+   */
+  storage?: { hosts: number; ranksPerHost: number; replicas: number };
 }
 
 /** A checkpoint that cannot be used: one message naming the file and the problem. */
@@ -91,8 +96,10 @@ const DTYPES = new Set<string>(DTYPE_NAMES);
  * Reads and checks meta.json of a checkpoint directory: the structure, that every piece lies inside
  * its parameter and its file, that the pieces of each tensor do not overlap, and that every file is
  * present with the recorded size. Checksums are verified by the reader of each file (verifyFiles).
+ * `partial`: one host's directory of a checkpoint saved without shared storage (meta.storage) may
+ * lack the files other hosts hold; those present must still have their recorded size.
  */
-export function readMeta(dir: string): CheckpointMeta {
+export function readMeta(dir: string, opts: { partial?: boolean } = {}): CheckpointMeta {
   const path = join(dir, META_FILE);
   if (!existsSync(dir)) throw new CheckpointError(`checkpoint ${dir} does not exist`);
   if (!existsSync(path)) {
@@ -124,6 +131,7 @@ export function readMeta(dir: string): CheckpointMeta {
     if (!/^rank-\d{5}\.safetensors$/.test(f)) throw bad(`file name ${JSON.stringify(f)} is not rank-NNNNN.safetensors`);
     if (!isObj(info) || !isCount(info.bytes) || typeof info.sha256 !== 'string' || !/^[0-9a-f]{64}$/.test(info.sha256)) throw bad(`file ${f} has no valid size and sha256`);
     const fp = join(dir, f);
+    if (!existsSync(fp) && opts.partial) continue;
     if (!existsSync(fp)) throw new CheckpointError(`checkpoint ${dir} is missing ${f} (listed in ${META_FILE}); the checkpoint is incomplete`);
     const have = statSync(fp).size;
     if (have !== info.bytes) {

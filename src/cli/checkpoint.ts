@@ -62,12 +62,14 @@ export function exportCommand(args: readonly string[], print: (l: string) => voi
   return 0;
 }
 
-/** `flotilla checkpoint check PATH` */
+/** `flotilla checkpoint check PATH [PATH...]` (several: the hosts' directories of one checkpoint) */
 export function checkpointCommand(args: readonly string[], print: (l: string) => void): number {
-  const [sub, path, ...extra] = args;
-  if (sub !== 'check' || path === undefined || extra.length > 0) throw new UsageError('checkpoint: usage: flotilla checkpoint check <checkpoint|checkpoints dir|run dir>');
-  const r = checkCheckpoint(path);
-  print(`OK ${r.dir}: step ${r.step}, ${r.files} file(s), ${r.bytes.toLocaleString('en-US')} bytes, ${r.params} parameters (${r.elements.toLocaleString('en-US')} elements); sizes and SHA-256 checksums match, every tensor complete`);
+  const [sub, ...paths] = args;
+  if (sub !== 'check' || paths.length === 0) throw new UsageError('checkpoint: usage: flotilla checkpoint check <checkpoint|checkpoints dir|run dir> [the same on other hosts...]');
+  const r = checkCheckpoint(paths);
+  const where = r.dirs.length > 1 ? `${r.dirs.join(' + ')}` : r.dirs[0]!;
+  const copies = r.dirs.length > 1 ? (r.single.length > 0 ? `; one copy only of ${r.single.join(', ')}` : '; every file on two hosts') : '';
+  print(`OK ${where}: step ${r.step}, ${r.files} file(s), ${r.bytes.toLocaleString('en-US')} bytes, ${r.params} parameters (${r.elements.toLocaleString('en-US')} elements); sizes and SHA-256 checksums match, every tensor complete${copies}`);
   return 0;
 }
 

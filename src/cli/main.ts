@@ -15,10 +15,15 @@ export const USAGE = `flotilla — distributed training for TypeScript
 
 usage:
   flotilla train <config.toml> [--nproc N] [--resume [PATH|latest]] [--max-restarts K] [--section.field=value ...]
+                 [--nnodes M --node-rank R --master-addr A --master-port P]
       Train the model a config describes. --resume continues a run from its newest checkpoint (or
       the checkpoint PATH names), under this config's layout; --max-restarts K restarts a failed
       group up to K times, each from the latest checkpoint. --nproc N (N > 1) starts N local ranks through the
       launcher (data parallel; through mpirun on Open MPI when installed, see parallel.backend). Overrides win over the file, e.g. --optim.lr=3e-4 --train.steps=50.
+      --nnodes M: the same run on M hosts, N ranks each (Gloo), with the rules of \`flotilla run\`
+      across hosts (FLOTILLA_JOB_SECRET, the interface, the heartbeat); start it on every host
+      with its own --node-rank. Rank 0 (node 0) keeps the run directory. --nnodes MIN:MAX: when
+      a host is lost and MIN remain, the others carry on without it from the newest checkpoint.
   flotilla verify <config.toml> --nproc N [--steps K] [--section.field=value ...]
   flotilla verify <config.toml> --nproc N --resume K [--steps S] [--then [--nproc M] [--section.field=value ...]]
       With --resume: train S steps (default 2K) saving at step K, resume that checkpoint (under the
@@ -46,8 +51,9 @@ usage:
       Sample text from a trained model in one process, every prompt in one batch with a key/value
       cache; a continuation stops at the tokenizer's end-of-text unless --ignore-eos (deterministic
       for a seed).
-  flotilla checkpoint check <checkpoint|run dir>
-      Verify a checkpoint's files, sizes, checksums and completeness without building a model.
+  flotilla checkpoint check <checkpoint|run dir> [the same on other hosts ...]
+      Verify a checkpoint's files, sizes, checksums and completeness without building a model;
+      several directories: one checkpoint saved without shared storage, across the hosts' directories.
   flotilla report RUN [RUN...] [--out FILE]
       Write RUN/report.html: charts of loss, validation loss, learning rate, gradient norm and
       tokens/s against step (several runs overlaid), the resolved config, layout, checkpoints and
@@ -80,7 +86,21 @@ interface TrainArgs {
   record?: string;
   /** `verify` only: steps to compare. */
   steps?: number;
+  /** `train --nnodes M ...`: the hosts of the job (flotilla run's options, passed on to the launcher). */
+  hosts?: HostArgs;
 }
+
+/** Where this host stands in a multi-host `flotilla train` (flotilla run's meaning for each). */
+interface HostArgs {
+  nnodes: number;
+  /** --nnodes MIN:MAX: carry on without a lost host while MIN remain. */
+  minNodes?: number;
+  nodeRank: number;
+  masterAddr?: string;
+  masterPort?: number;
+}
+
+const HOST_FLAGS = ['--nnodes', '--node-rank', '--master-addr', '--master-port'] as const;
 
 function parseNproc(v: string | undefined): number {
   if (v === undefined || !/^\d+$/.test(v) || Number(v) < 1) {
@@ -97,10 +117,16 @@ export function parseTrainArgs(args: readonly string[], command = 'train'): Trai
   let steps: number | undefined;
   let resume: string | undefined;
   let maxRestarts: number | undefined;
+  const host: Partial<Record<(typeof HOST_FLAGS)[number], string>> = {};
   const overrides: string[] = [];
   for (let i = 0; i < args.length; i++) {
     const a = args[i]!;
-    if (a === '--record' && command === 'train') {
+    const hostFlag = command === 'train' ? HOST_FLAGS.find((f) => a === f || a.startsWith(`${f}=`)) : undefined;
+    if (hostFlag !== undefined) {
+      const v = a === hostFlag ? args[++i] : a.slice(hostFlag.length + 1);
+      if (v === undefined || v === '') throw new UsageError(`${hostFlag} needs a value`);
+      host[hostFlag] = v;
+    } else if (a === '--record' && command === 'train') {
       record = args[++i];
       if (record === undefined) throw new UsageError('--record needs a directory');
     } else if ((a === '--steps' || a.startsWith('--steps=')) && command === 'verify') {
@@ -136,7 +162,34 @@ export function parseTrainArgs(args: readonly string[], command = 'train'): Trai
     }
   }
   if (config === undefined) throw new UsageError('train: missing the config file: flotilla train <config.toml> (e.g. examples/gpt-tiny.toml)');
-  return { config, overrides, ...(nproc !== undefined ? { nproc } : {}), ...(resume !== undefined ? { resume } : {}), ...(maxRestarts !== undefined ? { maxRestarts } : {}), ...(record !== undefined ? { record } : {}), ...(steps !== undefined ? { steps } : {}) };
+  const hosts = parseHostArgs(host);
+  return { config, overrides, ...(hosts !== undefined ? { hosts } : {}), ...(nproc !== undefined ? { nproc } : {}), ...(resume !== undefined ? { resume } : {}), ...(maxRestarts !== undefined ? { maxRestarts } : {}), ...(record !== undefined ? { record } : {}), ...(steps !== undefined ? { steps } : {}) };
+}
+
+/** --nnodes and its companions; undefined for a one-host run. Values are checked again by the launcher. */
+function parseHostArgs(h: Partial<Record<(typeof HOST_FLAGS)[number], string>>): HostArgs | undefined {
+  const count = (flag: string, v: string, min: number): number => {
+    if (!/^\d+$/.test(v) || Number(v) < min) throw new UsageError(`train: ${flag} needs a whole number >= ${min}, got ${JSON.stringify(v)}`);
+    return Number(v);
+  };
+  if (h['--nnodes'] === undefined) {
+    const stray = HOST_FLAGS.filter((f) => h[f] !== undefined);
+    if (stray.length > 0) throw new UsageError(`train: ${stray.join(', ')} ${stray.length > 1 ? 'go' : 'goes'} with --nnodes M (the hosts of the job)`);
+    return undefined;
+  }
+  const range = /^(\d+):(\d+)$/.exec(h['--nnodes']);
+  const nnodes = count('--nnodes', range ? range[2]! : h['--nnodes'], 1);
+  const minNodes = range ? count('--nnodes MIN', range[1]!, 1) : nnodes;
+  if (minNodes > nnodes) throw new UsageError(`train: --nnodes ${h['--nnodes']}: MIN must not exceed MAX`);
+  if (nnodes === 1) return undefined;
+  if (h['--node-rank'] === undefined) throw new UsageError(`train: --nnodes ${nnodes} needs --node-rank R (this host's index, 0..${nnodes - 1})`);
+  const nodeRank = count('--node-rank', h['--node-rank'], 0);
+  if (nodeRank >= nnodes) throw new UsageError(`train: --node-rank ${nodeRank} must be below --nnodes ${nnodes}`);
+  return {
+    nnodes, nodeRank, ...(minNodes < nnodes ? { minNodes } : {}),
+    ...(h['--master-addr'] !== undefined ? { masterAddr: h['--master-addr'] } : {}),
+    ...(h['--master-port'] !== undefined ? { masterPort: count('--master-port', h['--master-port'], 1) } : {}),
+  };
 }
 
 async function trainCommand(args: readonly string[]): Promise<number> {
@@ -147,7 +200,10 @@ async function trainCommand(args: readonly string[]): Promise<number> {
   const cfg = loadConfig(a.config, a.overrides); // every rank and the launching process validate first
   const env = readLaunchEnv();
   const inWorld = env.source !== 'single';
-  if (!inWorld) {
+  const hosts = a.hosts;
+  if (hosts !== undefined && inWorld) throw new UsageError(`train: --nnodes given inside a world already started by ${env.source}; drop --nnodes`);
+  // Rank 0 runs on node 0: only there does the run directory (and a checkpoint to resume) have to be.
+  if (!inWorld && (hosts === undefined || hosts.nodeRank === 0)) {
     // Before any rank starts: an earlier run's directory is refused once, here (rank 0 checks again).
     // Resuming continues an existing run directory; a checkpoint PATH may also start a new one.
     // The run record and the checkpoint format load no tensor code: the launcher never loads the addon.
@@ -157,17 +213,30 @@ async function trainCommand(args: readonly string[]): Promise<number> {
     if (a.resume !== undefined) {
       // A missing or broken checkpoint is one message here, before any rank starts.
       const { readMeta } = await import('../checkpoint/format.js');
-      readMeta(resumeTarget(cfg, a.resume)!);
+      // Across hosts without shared storage this host may hold only part of it (the ranks gather the rest).
+      readMeta(resumeTarget(cfg, a.resume)!, { partial: hosts !== undefined });
     }
   }
-  if (a.nproc !== undefined && a.nproc > 1 && !inWorld) {
-    const problems = checkRunnable(cfg, a.nproc);
+  if (((a.nproc !== undefined && a.nproc > 1) || hosts !== undefined) && !inWorld) {
+    const nproc = a.nproc ?? 1;
+    const problems = checkRunnable(cfg, nproc * (hosts?.nnodes ?? 1));
     if (problems.length > 0) throw new ConfigError(problems, a.config);
     const { runLauncher } = await import('./run.js');
-    // [parallel] backend: "auto" picks Open MPI where it is installed (ranks start through mpirun).
-    const backend = cfg.parallel.backend;
+    // [parallel] backend: "auto" picks Open MPI where it is installed (ranks start through mpirun);
+    // across hosts the ranks meet over Gloo ("auto" is Gloo there).
+    if (hosts !== undefined && cfg.parallel.backend === 'mpi') {
+      throw new UsageError(`train: --nnodes ${hosts.nnodes} trains over Gloo across hosts; set [parallel] backend = "gloo" or "auto" (--parallel.backend=gloo)`);
+    }
+    if (hosts?.minNodes !== undefined && cfg.checkpoint.every === 0) {
+      throw new UsageError(`train: --nnodes ${hosts.minNodes}:${hosts.nnodes} carries on from the newest checkpoint when a host is lost; set [checkpoint] every (e.g. --checkpoint.every=100)`);
+    }
+    const backend = hosts !== undefined ? 'gloo' : cfg.parallel.backend;
+    const hostArgs = hosts === undefined ? [] : [
+      '--nnodes', hosts.minNodes !== undefined ? `${hosts.minNodes}:${hosts.nnodes}` : String(hosts.nnodes), '--node-rank', String(hosts.nodeRank),
+      ...(hosts.masterAddr !== undefined ? ['--master-addr', hosts.masterAddr] : []), ...(hosts.masterPort !== undefined ? ['--master-port', String(hosts.masterPort)] : []),
+    ];
     return runLauncher([
-      '--nproc', String(a.nproc), '--backend', backend, ...(a.maxRestarts !== undefined ? ['--max-restarts', String(a.maxRestarts)] : []),
+      '--nproc', String(nproc), ...hostArgs, '--backend', backend, ...(a.maxRestarts !== undefined ? ['--max-restarts', String(a.maxRestarts)] : []),
       MAIN, 'train', a.config, ...a.overrides, ...(a.record ? ['--record', a.record] : []), ...(a.resume !== undefined ? [`--resume=${a.resume}`] : []),
     ]);
   }

@@ -14,7 +14,9 @@ MASTER_ADDR and MASTER_PORT set, prefixes their output with [rank k], and stops 
 
 options:
   --nproc N            ranks on this node (alias --nproc-per-node)
-  --nnodes M           nodes in the job (default 1)
+  --nnodes M           nodes in the job (default 1); MIN:MAX starts on MAX nodes and, when a node
+                       is lost, carries on without it while MIN remain (the ranks restart on the
+                       smaller world, with FLOTILLA_RESTART_COUNT > 0 and FLOTILLA_ELASTIC set)
   --node-rank R        this node's index, 0..M-1 (default 0)
   --master-addr A      address of the node that runs global rank 0 (default ${DEFAULT_MASTER_ADDR})
   --master-port P      rendezvous port there (default: a free port on one node, ${DEFAULT_MASTER_PORT} on several)
@@ -76,7 +78,9 @@ export function parseRunArgs(argv: readonly string[]): RunOptions {
   if (script === undefined) throw new RunUsageError('no script given: flotilla run --nproc N script.ts [args...]');
   if (raw.nproc === undefined) throw new RunUsageError('--nproc N is required (ranks to start on this node)');
   const nproc = parseInt('nproc', raw.nproc, 1);
-  const nnodes = raw.nnodes === undefined ? 1 : parseInt('nnodes', raw.nnodes, 1);
+  const range = raw.nnodes === undefined ? undefined : /^\s*(\d+)\s*:\s*(\d+)\s*$/.exec(raw.nnodes);
+  const nnodes = raw.nnodes === undefined ? 1 : parseInt('nnodes', range ? range[2]! : raw.nnodes, 1);
+  const minNodes = range ? parseInt('nnodes', range[1]!, 1, nnodes) : nnodes;
   const nodeRank = raw.nodeRank === undefined ? 0 : parseInt('node-rank', raw.nodeRank, 0);
   if (nodeRank >= nnodes) throw new RunUsageError(`--node-rank ${nodeRank} must be below --nnodes ${nnodes}`);
   const masterAddr = raw.masterAddr ?? DEFAULT_MASTER_ADDR;
@@ -87,7 +91,7 @@ export function parseRunArgs(argv: readonly string[]): RunOptions {
     throw new RunUsageError(`--master-port ${masterPort} + --max-restarts ${maxRestarts} exceeds 65535 (attempt k uses port P + k on several nodes)`);
   }
   const backend = parseBackend(raw.backend, nnodes);
-  return { nproc, nnodes, nodeRank, masterAddr, masterPort, maxRestarts, backend, script, scriptArgs: argv.slice(i + 1) };
+  return { nproc, nnodes, ...(minNodes < nnodes ? { minNodes } : {}), nodeRank, masterAddr, masterPort, maxRestarts, backend, script, scriptArgs: argv.slice(i + 1) };
 }
 
 function parseBackend(raw: string | undefined, nnodes: number): 'gloo' | 'mpi' {

@@ -1,14 +1,29 @@
 // A rank's line to its launcher. `flotilla run` names a file in FLOTILLA_STATUS_FILE (a new one per
 // attempt, in a directory only the launcher's user can enter); a rank appends one JSON line per event
-// there, with its rank. Today the only event is a collective that timed out: the launcher uses it to
-// tell the ranks that gave up waiting from the rank they waited for, and to name that one (a stalled
-// rank never fails by itself). A file, not a pipe, because mpirun passes no extra descriptors to its
+// there, with its rank. Events: a collective that timed out (the launcher uses it to tell the ranks
+// that gave up waiting from the rank they waited for, and to name that one: a stalled rank never
+// fails by itself); and a run that stopped at a checkpoint so an elastic job can meet again with a
+// host that joins (`regroup`: exiting 0 then does not mean the run is done). A file, not a pipe, because mpirun passes no extra descriptors to its
 // ranks, and because the line is on disk before the rank exits: the launcher, which acts on the
 // exit, never misses it.
 //
-// The variable is read and removed once, when this module loads, so processes a rank starts do not
-// write there.
-import { appendFileSync, readFileSync } from 'node:fs';
+// The other way, FLOTILLA_REGROUP_FILE names a file the launcher of an elastic job creates when a
+// host joins: the ranks look for it at each step boundary and stop at their next checkpoint.
+//
+// The variables are read and removed once, when this module loads, so processes a rank starts do
+// not use them.
+import { appendFileSync, existsSync, readFileSync } from 'node:fs';
+
+const regroupFile = (() => {
+  const file = process.env.FLOTILLA_REGROUP_FILE;
+  delete process.env.FLOTILLA_REGROUP_FILE;
+  return file || undefined;
+})();
+
+/** Whether this rank's launcher asks the run to stop at its next checkpoint (a host joins). */
+export function regroupAsked(): boolean {
+  return regroupFile !== undefined && existsSync(regroupFile);
+}
 
 let target: { file: string; rank: number } | undefined = (() => {
   const file = process.env.FLOTILLA_STATUS_FILE;
@@ -17,12 +32,14 @@ let target: { file: string; rank: number } | undefined = (() => {
   return file && Number.isInteger(rank) && rank >= 0 ? { file, rank } : undefined;
 })();
 
-export interface RankEvent {
-  event: 'timeout';
-  /** The collective and its group, for the launcher's message. */
-  op: string;
-  group: string;
-}
+export type RankEvent =
+  | {
+    event: 'timeout';
+    /** The collective and its group, for the launcher's message. */
+    op: string;
+    group: string;
+  }
+  | { event: 'regroup'; step: number };
 
 /** Tells the launcher (if any) about an event; never throws. */
 export function tellLauncher(e: RankEvent): void {
@@ -52,4 +69,13 @@ export function timedOutRanks(file: string): Set<number> {
     }
   }
   return out;
+}
+
+/** The launcher's side: whether a rank stopped for the job to meet again (a `regroup` line in `file`). */
+export function regrouped(file: string): boolean {
+  try {
+    return readFileSync(file, 'utf8').split('\n').some((l) => l.includes('"event":"regroup"'));
+  } catch {
+    return false;
+  }
 }

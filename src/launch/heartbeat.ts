@@ -16,6 +16,11 @@
 // Within a node: a rank that is stopped (SIGSTOP, a debugger) for the heartbeat timeout is hung; the
 // launcher reads each rank's state from /proc (watchStopped) and treats it like a rank that failed.
 //
+// An elastic job (--nnodes MIN:MAX, launcher.ts): once every node has joined, node 0 sends all the
+// address book of the meeting (`roster`), so the survivors of a lost node 0 know where to meet; a
+// lost node is named by number; the proof names the meeting's generation; and node 0 of a later
+// meeting admits a host proving itself as a first meeting's node as one asking to join (`grow`).
+//
 // Messages are JSON lines of at most 4 KiB; a connection that sends more, or does not prove
 // membership within 10 s, is dropped. Policy (intervals, who is blamed) lives here, in TypeScript.
 import { createServer, connect, type Server, type Socket } from 'node:net';
@@ -51,8 +56,9 @@ export function heartbeatConfig(env: Record<string, string | undefined> = proces
   return { intervalMs, timeoutMs };
 }
 
-function proof(secret: string, nonce: string, node: number): string {
-  return createHmac('sha256', secret).update(`flotilla-heartbeat-v1:${nonce}:${node}`).digest('hex');
+/** A node's answer to a nonce; the membership's generation is in it, so a launcher never joins a meeting it has left. */
+function proof(secret: string, nonce: string, node: number, generation: number): string {
+  return createHmac('sha256', secret).update(`flotilla-heartbeat-v1:${nonce}:${node}${generation > 0 ? `:${generation}` : ''}`).digest('hex');
 }
 
 type Message =
@@ -62,7 +68,19 @@ type Message =
   | { t: 'beat' }
   | { t: 'bye'; node: number }
   | { t: 'fail'; node: number; why: string }
-  | { t: 'lost'; node: number; why: string };
+  | { t: 'lost'; node: number; why: string }
+  | { t: 'roster'; addrs: string[] }
+  | { t: 'grow' } & Grow;
+
+/** The next meeting of an elastic job with a host that joins ([Note: elastic grow] in launcher.ts). */
+export interface Grow {
+  /** Every host's address, node 0 first, the joining host last. */
+  addrs: string[];
+  /** Their node ranks at the first meeting (the joining host's --node-rank last). */
+  ids: number[];
+  /** The meeting's generation (its first attempt number). */
+  generation: number;
+}
 
 /** JSON lines from a socket; undefined for a line that is too long or not JSON (the caller drops the peer). */
 function onLines(sock: Socket, fn: (m: Message | undefined) => void): void {
@@ -101,11 +119,20 @@ export interface NodeLinkOptions {
   config: HeartbeatConfig;
   /** How long a node may take to connect at start (the process-group timeout). */
   joinTimeoutMs: number;
+  /** Which meeting of an elastic job this is (0 the first; each shrink numbers the next one). */
+  generation?: number;
   /**
-   * Another node's ranks failed (fatal = false: a restart may follow) or a node was lost (fatal):
-   * stop this node's ranks. Called once for a lost node.
+   * Node 0 of a later meeting of an elastic job: a host that proves it knows the secret as a first
+   * meeting's node asks to join. Returns the next meeting (told to every node and to it), or why not.
    */
-  onPeerDown: (why: string, fatal: boolean) => void;
+  onAsk?: (node: number, addr: string) => Grow | string;
+  /** Another node: node 0 announced the next meeting with a joining host. */
+  onGrow?: (g: Grow) => void;
+  /**
+   * Another node's ranks failed (fatal = false: a restart may follow) or a node was lost (fatal,
+   * `lost` its node rank): stop this node's ranks. Called once for a lost node.
+   */
+  onPeerDown: (why: string, fatal: boolean, lost?: number) => void;
 }
 
 function ranksOf(node: number, nproc: number): string {
@@ -116,12 +143,19 @@ function ranksOf(node: number, nproc: number): string {
 export class NodeLink {
   private server: Server | undefined;
   private upstream: Socket | undefined;
-  private readonly peers = new Map<number, { sock: Socket; last: number }>();
+  private readonly peers = new Map<number, { sock: Socket; last: number; addr: string }>();
   private readonly finished = new Set<number>();
   private timer: NodeJS.Timeout | undefined;
   private lastFromZero = Date.now();
   private down = false;
   private closed = false;
+  /**
+   * Every node's address, by node rank, once all have joined (node 0 learns them from the
+   * connections and tells the others): where an elastic job meets again when node 0 is lost.
+   */
+  roster: string[] | undefined;
+  /** Set when this host joined a running elastic job: the meeting it comes in at. */
+  grow: Grow | undefined;
 
   private constructor(private readonly o: NodeLinkOptions) {}
 
@@ -142,10 +176,21 @@ export class NodeLink {
     return link;
   }
 
-  private peerDown(why: string, fatal = true): void {
-    if (this.down || this.closed) return;
+  /**
+   * A host joins an elastic job: every launcher leaves this meeting once its ranks have saved and
+   * stopped, so connections that close are expected, not lost hosts (a host lost meanwhile is
+   * found at the next meeting, which it does not reach).
+   */
+  expectRegroup(): void {
+    this.regrouping = true;
+  }
+
+  private regrouping = false;
+
+  private peerDown(why: string, fatal = true, lost?: number): void {
+    if (this.down || this.closed || this.regrouping) return;
     if (fatal) this.down = true;
-    this.o.onPeerDown(why, fatal);
+    this.o.onPeerDown(why, fatal, lost);
   }
 
   private listen(): Promise<void> {
@@ -165,14 +210,31 @@ export class NodeLink {
       onLines(sock, (m) => {
         if (m === undefined) return void sock.destroy();
         if (node === undefined) {
-          const ok = m.t === 'join' && Number.isInteger(m.node) && m.node > 0 && m.node < o.nnodes && typeof m.proof === 'string' &&
-            /^[0-9a-f]{64}$/.test(m.proof) && timingSafeEqual(Buffer.from(m.proof, 'hex'), Buffer.from(proof(o.secret, nonce, m.node), 'hex'));
+          const gen = o.generation ?? 0;
+          const proves = (g: number): boolean => m.t === 'join' && Number.isInteger(m.node) && typeof m.proof === 'string' &&
+            /^[0-9a-f]{64}$/.test(m.proof) && timingSafeEqual(Buffer.from(m.proof, 'hex'), Buffer.from(proof(o.secret, nonce, m.node, g), 'hex'));
+          if (gen > 0 && o.onAsk && proves(0)) {
+            // A host started as the first meeting's node (a new one, or a lost one restarted): it joins at the next checkpoint.
+            const grow = o.onAsk((m as { node: number }).node, (sock.remoteAddress ?? '').replace(/^::ffff:/, ''));
+            if (typeof grow === 'string') send(sock, { t: 'lost', node: -1, why: grow });
+            else {
+              send(sock, { t: 'grow', ...grow });
+              this.relay({ t: 'grow', ...grow }, 0);
+            }
+            sock.end();
+            return;
+          }
+          const ok = m.t === 'join' && m.node > 0 && m.node < o.nnodes && proves(gen);
           if (!ok) return void sock.destroy();
           node = (m as { node: number }).node;
           clearTimeout(authTimer);
           this.peers.get(node)?.sock.destroy(); // a restarted launcher replaces its old connection
-          this.peers.set(node, { sock, last: Date.now() });
+          this.peers.set(node, { sock, last: Date.now(), addr: (sock.remoteAddress ?? '').replace(/^::ffff:/, '') });
           send(sock, { t: 'welcome' });
+          if (this.peers.size === o.nnodes - 1 && this.roster === undefined) {
+            this.roster = [o.host, ...Array.from({ length: o.nnodes - 1 }, (_, k) => this.peers.get(k + 1)!.addr)];
+            this.relay({ t: 'roster', addrs: this.roster }, 0);
+          }
           return;
         }
         const p = this.peers.get(node);
@@ -211,12 +273,12 @@ export class NodeLink {
             else setTimeout(attempt, 250); // keeps the launcher alive: nothing else does yet
             return;
           }
-          if (!this.finished.has(0)) this.peerDown(`node 0 (${ranksOf(0, o.nproc)}) lost: its launcher's heartbeat connection closed`);
+          if (!this.finished.has(0) && this.grow === undefined) this.peerDown(`node 0 (${ranksOf(0, o.nproc)}) lost: its launcher's heartbeat connection closed`, true, 0);
         });
         onLines(sock, (m) => {
           if (m === undefined) return void sock.destroy();
           this.lastFromZero = Date.now();
-          if (m.t === 'hello') send(sock, { t: 'join', node: o.nodeRank, proof: proof(o.secret, String(m.nonce), o.nodeRank) });
+          if (m.t === 'hello') send(sock, { t: 'join', node: o.nodeRank, proof: proof(o.secret, String(m.nonce), o.nodeRank, o.generation ?? 0) });
           else if (m.t === 'welcome') {
             welcomed = true;
             this.upstream = sock;
@@ -224,7 +286,20 @@ export class NodeLink {
             resolve();
           } else if (m.t === 'bye') this.finished.add(0);
           else if (m.t === 'fail') this.peerDown(`node ${Number(m.node)} (${ranksOf(Number(m.node), o.nproc)}) failed: ${String(m.why)}`, false);
-          else if (m.t === 'lost') this.peerDown(String(m.why));
+          else if (m.t === 'lost' && !welcomed) {
+            welcomed = true; // refused by a running job: no retry
+            reject(new Error(`node 0 refused this host: ${String(m.why)}`));
+          } else if (m.t === 'lost') this.peerDown(String(m.why), true, Number(m.node));
+          else if (m.t === 'roster' && Array.isArray(m.addrs) && m.addrs.length === o.nnodes) this.roster = m.addrs.map(String);
+          else if (m.t === 'grow' && Array.isArray(m.addrs) && Array.isArray(m.ids) && Number.isInteger(m.generation)) {
+            const g: Grow = { addrs: m.addrs.map(String), ids: m.ids.map(Number), generation: m.generation };
+            if (!welcomed) {
+              // This host asked to join a running job: it comes in at the next meeting.
+              this.grow = g;
+              welcomed = true;
+              resolve();
+            } else this.o.onGrow?.(g);
+          }
         });
       };
       attempt();
@@ -235,7 +310,7 @@ export class NodeLink {
   private lose(node: number, why: string): void {
     if (this.down || this.closed) return;
     this.relay({ t: 'lost', node, why }, node);
-    this.peerDown(why);
+    this.peerDown(why, true, node);
   }
 
   private relay(m: Message, except: number): void {
@@ -257,7 +332,7 @@ export class NodeLink {
       if (beat) send(this.upstream, { t: 'beat' });
       if (!this.finished.has(0) && now - this.lastFromZero > timeoutMs) {
         this.upstream?.destroy();
-        this.peerDown(`node 0 (${ranksOf(0, this.o.nproc)}) lost: no heartbeat for ${now - this.lastFromZero} ms (FLOTILLA_HEARTBEAT_TIMEOUT_MS=${timeoutMs})`);
+        this.peerDown(`node 0 (${ranksOf(0, this.o.nproc)}) lost: no heartbeat for ${now - this.lastFromZero} ms (FLOTILLA_HEARTBEAT_TIMEOUT_MS=${timeoutMs})`, true, 0);
       }
     }
   }

@@ -48,19 +48,26 @@
 // free port, attempt k uses --master-port + k (default 29500 + k) on every node; each node's launcher
 // restarts its ranks when they fail, and a failure on one node makes the ranks on the others fail
 // within the process-group timeout, so all nodes restart together.
-import { mkdtempSync, readlinkSync, rmSync } from 'node:fs';
+import { mkdtempSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { DEFAULT_MASTER_PORT, isLoopback } from '../distributed/env.js';
 import { runDirect } from './direct.js';
 import { runMpirun } from './mpirun.js';
-import { heartbeatConfig, NodeLink, type HeartbeatConfig } from './heartbeat.js';
+import { heartbeatConfig, NodeLink, type Grow, type HeartbeatConfig } from './heartbeat.js';
+import { regrouped } from '../distributed/launcher_channel.js';
 import { Supervisor, describeFailure, signalCode, type Outcome, type SupervisorIO } from './supervisor.js';
 
 export interface RunOptions {
   nproc: number;
   nnodes: number;
+  /**
+   * Hosts the job may shrink to (--nnodes MIN:MAX; default nnodes): when a host is lost and at least
+   * this many remain, the others stop their ranks, meet again without it and start them on the
+   * smaller world ([Note: elastic shrink]).
+   */
+  minNodes?: number;
   nodeRank: number;
   masterAddr: string;
   /** Undefined: pick a free port (one node) or use the default (several). */
@@ -133,7 +140,14 @@ interface AttemptControl {
   /** Called once when this node's ranks fail (so the other nodes can stop theirs now). */
   onLocalFailure: (what: string) => void;
   heartbeat: HeartbeatConfig;
+  /** After a shrink: what happened, for the ranks' [elastic] line (FLOTILLA_ELASTIC). */
+  elastic?: string;
+  /** The attempt running now. */
+  attempt?: number;
 }
+
+/** The file whose presence asks attempt k's ranks to stop at their next checkpoint (a host joins). */
+const regroupFile = (dir: string, attempt: number): string => join(dir, `regroup.${attempt}`);
 
 /** Runs one attempt: every local rank, until all have exited. */
 async function runAttempt(o: RunOptions, attempt: number, port: number, io: SupervisorIO, dir: string, ctl: AttemptControl): Promise<Outcome> {
@@ -141,6 +155,8 @@ async function runAttempt(o: RunOptions, attempt: number, port: number, io: Supe
   const [cmd, args] = commandFor(o.script, o.scriptArgs);
   const env: NodeJS.ProcessEnv = {
     ...process.env,
+    ...(ctl.elastic !== undefined ? { FLOTILLA_ELASTIC: ctl.elastic } : {}),
+    FLOTILLA_REGROUP_FILE: regroupFile(dir, attempt),
     FLOTILLA_RESTART_COUNT: String(attempt), FLOTILLA_MAX_RESTARTS: String(o.maxRestarts),
     FLOTILLA_STATUS_FILE: statusFile,
     FLOTILLA_LAUNCHER_TTY: launcherTerminal(), // rank 0 may draw a progress bar on it
@@ -152,6 +168,7 @@ async function runAttempt(o: RunOptions, attempt: number, port: number, io: Supe
     if (o.backend === 'mpi') await runMpirun({ nproc: o.nproc, cmd, args, env }, io, sup);
     else {
       if (o.nnodes === 1) env.FLOTILLA_STORE_FILE = join(dir, `store.${attempt}`);
+      else delete env.FLOTILLA_STORE_FILE;
       await runDirect({ nproc: o.nproc, nodeRank: o.nodeRank, worldSize: o.nnodes * o.nproc, cmd, args, env, masterAddr: o.masterAddr, masterPort: port }, io, sup);
     }
   } finally {
@@ -202,54 +219,171 @@ export async function launch(o: RunOptions, ioOpts: LauncherIO = {}): Promise<nu
   }
 }
 
-/** The heartbeat port of a multi-node job: FLOTILLA_HEARTBEAT_PORT, else just above the store ports. */
+/** The heartbeat port of a multi-node job: FLOTILLA_HEARTBEAT_PORT, else just above the store ports of the restarts. */
 export function heartbeatPort(o: RunOptions): number {
   const raw = process.env.FLOTILLA_HEARTBEAT_PORT?.trim();
   if (raw) return Number(raw);
   return (o.masterPort ?? DEFAULT_MASTER_PORT) + o.maxRestarts + 1;
 }
 
+/**
+ * The store port of attempt k on several nodes: --master-port + k, stepping over the heartbeat's
+ * (an elastic job's meetings go on counting attempts past the restarts).
+ */
+function storePort(o: RunOptions, attempt: number, hbPort: number): number {
+  const p = (o.masterPort ?? DEFAULT_MASTER_PORT) + attempt;
+  return p >= hbPort ? p + 1 : p;
+}
+
+// [Note: elastic shrink] With --nnodes MIN:MAX, a lost host (found by the heartbeat, as above) does
+// not end the job while at least MIN hosts remain: every survivor stops its ranks, and they meet
+// again without it. Node ranks are renumbered in the order of the old ones, so the new node 0 is
+// the lowest surviving node, at the address node 0 saw it connect from at the first meeting (the
+// roster); a surviving node 0 stays where it was. Store ports go on counting attempts, the heartbeat
+// keeps its port (on the new node 0). The ranks start on the smaller world as a restarted group:
+// `flotilla train` derives the layout again and resumes from the newest checkpoint, and
+// FLOTILLA_ELASTIC tells rank 0 what happened for its [elastic] line. No host is special after the start.
+//
+// [Note: elastic grow] A host started with the job's command while it runs on fewer than MAX hosts
+// (a lost one restarted, or a new one with a --node-rank not in the job) proves the secret to node 0
+// as a first meeting's node would. Node 0 tells every launcher, and it, the next meeting: the hosts
+// in the job and the new one last, and its generation. Each launcher creates its attempt's
+// FLOTILLA_REGROUP_FILE; the ranks see it at a step boundary, agree (one all-reduce), save at their
+// next scheduled checkpoint, say so in the status file and exit 0; the launchers then meet again,
+// larger, and the ranks resume from that checkpoint (the new host receives its files). Connections
+// that close meanwhile are the meeting ending, not lost hosts. A job down to one host has no
+// heartbeat to ask, so it takes no host back.
+
+/** Where this host stands in the current membership of an elastic job. */
+interface Membership {
+  /** Node ranks of the first meeting, of the hosts still in the job, in order. */
+  ids: number[];
+  /** Their addresses (the roster), in the same order. */
+  addrs: string[];
+}
+
+/** The [elastic] words for a meeting that took a host in. */
+function joined(g: Grow, nproc: number): string {
+  return `first-meeting node ${g.ids[g.ids.length - 1]} joined at ${g.addrs[g.addrs.length - 1]}; continuing on ${g.ids.length} host(s), ` +
+    `${g.ids.length * nproc} rank(s) (first-meeting nodes ${g.ids.join(', ')}; node 0 at ${g.addrs[0]})`;
+}
+
 async function attempts(o: RunOptions, io: SupervisorIO, dir: string, heartbeat: HeartbeatConfig): Promise<number> {
   const say = (msg: string): void => void io.stderr.write(`flotilla run: ${msg}\n`);
-  const ctl: AttemptControl = { heartbeat, onLocalFailure: () => undefined };
-  let link: NodeLink | undefined;
-  let lost: string | undefined; // a node was lost: no restart can bring it back
-  if (o.nnodes > 1) {
+  const hbPort = heartbeatPort(o);
+  const minNodes = o.minNodes ?? o.nnodes;
+  let cur = o;
+  let firstAttempt = 0;
+  let elastic: string | undefined;
+  let members: Membership | undefined;
+  for (;;) {
+    const ctl: AttemptControl = { heartbeat, onLocalFailure: () => undefined, ...(elastic !== undefined ? { elastic } : {}) };
+    let link: NodeLink | undefined;
+    let lost: { why: string; node: number | undefined } | undefined; // a node was lost: no restart can bring it back
+    let grow: Grow | undefined; // a host joins: the next meeting, once the ranks have saved and stopped
+    const regroup = (g: Grow): void => {
+      grow = g;
+      link?.expectRegroup();
+      if (ctl.attempt !== undefined) writeFileSync(regroupFile(dir, ctl.attempt), '');
+      say(`[elastic] first-meeting node ${g.ids[g.ids.length - 1]} (${g.addrs[g.addrs.length - 1]}) joins: the ranks stop at their next checkpoint and the job meets again on ${g.ids.length} hosts`);
+    };
+    const me = members !== undefined ? members.ids[cur.nodeRank]! : cur.nodeRank;
+    if (cur.nnodes > 1) {
+      try {
+        link = await NodeLink.start({
+          nodeRank: cur.nodeRank, nnodes: cur.nnodes, nproc: cur.nproc, host: cur.masterAddr, port: hbPort,
+          secret: process.env.FLOTILLA_JOB_SECRET ?? '', config: heartbeat,
+          joinTimeoutMs: Number(process.env.FLOTILLA_TIMEOUT_MS?.trim() || 300_000), generation: firstAttempt,
+          onPeerDown: (why, fatal, node) => {
+            if (fatal) lost = { why, node };
+            if (ctl.abort) ctl.abort(why, fatal);
+            else if (fatal && minNodes >= cur.nnodes) say(why);
+          },
+          onGrow: regroup,
+          ...(cur.nodeRank === 0 && members !== undefined ? {
+            onAsk: (node: number, addr: string): Grow | string => {
+              if (grow !== undefined) return 'another host is joining; start this one again after it has';
+              if (cur.nnodes >= o.nnodes) return `the job runs on ${cur.nnodes} hosts, its --nnodes maximum`;
+              if (members!.ids.includes(node)) return `node ${node} of the first meeting is in the job; give a joining host the --node-rank it had, or one not in the job`;
+              const g: Grow = { addrs: [...members!.addrs, addr], ids: [...members!.ids, node], generation: (ctl.attempt ?? 0) + 1 };
+              regroup(g);
+              return g;
+            },
+          } : {}),
+        });
+        if (link.grow !== undefined) {
+          // This host joined a running job: it comes in at the meeting node 0 announced.
+          const g = link.grow;
+          await link.close();
+          members = { ids: g.ids, addrs: g.addrs };
+          firstAttempt = g.generation;
+          elastic = joined(g, o.nproc);
+          say(`[elastic] joined a running job: this host is node ${g.ids.length - 1} of ${g.ids.length}; its ranks start once the others have saved`);
+          cur = { ...o, nnodes: g.ids.length, nodeRank: g.ids.length - 1, masterAddr: g.addrs[0]!, masterPort: o.masterPort ?? DEFAULT_MASTER_PORT };
+          continue;
+        }
+      } catch (e) {
+        say((e as Error).message);
+        return 1;
+      }
+      ctl.onLocalFailure = (what) => link!.announceFailure(`node ${cur.nodeRank}: ${what}`);
+    }
+    let r: number | { lostAt: number } | { regroup: true };
     try {
-      link = await NodeLink.start({
-        nodeRank: o.nodeRank, nnodes: o.nnodes, nproc: o.nproc, host: o.masterAddr, port: heartbeatPort(o),
-        secret: process.env.FLOTILLA_JOB_SECRET ?? '', config: heartbeat,
-        joinTimeoutMs: Number(process.env.FLOTILLA_TIMEOUT_MS?.trim() || 300_000),
-        onPeerDown: (why, fatal) => {
-          if (fatal) lost = why;
-          if (ctl.abort) ctl.abort(why, fatal);
-          else if (fatal) say(why);
-        },
-      });
-    } catch (e) {
-      say((e as Error).message);
+      r = await attemptLoop(cur, io, dir, ctl, () => lost?.why, link, firstAttempt, minNodes < cur.nnodes, () => grow !== undefined, hbPort);
+      // The roster of the first meeting names every host; later ones are its survivors.
+      if (members === undefined && link?.roster) members = { ids: link.roster.map((_, k) => k), addrs: [...link.roster] };
+    } finally {
+      await link?.close();
+    }
+    if (typeof r === 'number') return r;
+    if ('regroup' in r) {
+      // [Note: elastic grow] The ranks saved and stopped; meet again with the joining host.
+      const g = grow!;
+      members = { ids: g.ids, addrs: g.addrs };
+      firstAttempt = g.generation;
+      const nodeRank = g.ids.indexOf(me);
+      elastic = joined(g, o.nproc);
+      say(`[elastic] ${elastic}; this host is node ${nodeRank} now; restarting its ${o.nproc} rank(s) from the checkpoint just saved`);
+      cur = { ...o, nnodes: g.ids.length, nodeRank, masterAddr: g.addrs[0]!, masterPort: o.masterPort ?? DEFAULT_MASTER_PORT };
+      continue;
+    }
+    // A host was lost and the job may shrink: who is left, and where do they meet?
+    const gone = lost?.node;
+    if (members === undefined || gone === undefined || gone >= members.ids.length) {
+      say(`failed: ${lost?.why ?? 'a node was lost'} (the hosts' addresses were not all known yet, so the others cannot meet again)`);
       return 1;
     }
-    ctl.onLocalFailure = (what) => link!.announceFailure(`node ${o.nodeRank}: ${what}`);
-  }
-  try {
-    return await attemptLoop(o, io, dir, ctl, () => lost, link);
-  } finally {
-    await link?.close();
+    const lostId = members.ids[gone]!;
+    members = { ids: members.ids.filter((_, k) => k !== gone), addrs: members.addrs.filter((_, k) => k !== gone) };
+    if (members.ids.length < minNodes) {
+      say(`failed: ${lost!.why}; ${members.ids.length} host(s) left, fewer than --nnodes ${minNodes}:${o.nnodes} allows`);
+      return 1;
+    }
+    const nodeRank = members.ids.indexOf(me);
+    const nnodes = members.ids.length;
+    const masterAddr = nnodes === 1 ? '127.0.0.1' : members.addrs[0]!;
+    firstAttempt = r.lostAt + 1;
+    elastic = `lost node ${lostId} (${lost!.why}); continuing on ${nnodes} host(s), ${nnodes * o.nproc} rank(s) (first-meeting nodes ${members.ids.join(', ')}; node 0 at ${masterAddr})`;
+    say(`[elastic] ${elastic}; this host is node ${nodeRank} now; restarting its ${o.nproc} rank(s) from the latest checkpoint`);
+    cur = { ...o, nnodes, nodeRank, masterAddr, masterPort: o.masterPort ?? DEFAULT_MASTER_PORT };
   }
 }
 
+/** Attempts of one membership; `{ lostAt }` when a host was lost and the job may shrink (elastic). */
 async function attemptLoop(
   o: RunOptions, io: SupervisorIO, dir: string, ctl: AttemptControl, lost: () => string | undefined, link: NodeLink | undefined,
-): Promise<number> {
+  first: number, elastic: boolean, growing: () => boolean, hbPort: number,
+): Promise<number | { lostAt: number } | { regroup: true }> {
   const say = (msg: string): void => void io.stderr.write(`flotilla run: ${msg}\n`);
-  for (let attempt = 0; ; attempt++) {
+  for (let attempt = first; ; attempt++) {
     if (lost() !== undefined) {
+      if (elastic) return { lostAt: attempt - 1 };
       say(`failed: ${lost()}`);
       return 1;
     }
     let port: number;
-    if (o.nnodes > 1) port = (o.masterPort ?? DEFAULT_MASTER_PORT) + attempt;
+    if (o.nnodes > 1 || first > 0) port = storePort(o, attempt, hbPort);
     else if (o.masterPort !== undefined) port = o.masterPort;
     else {
       try {
@@ -259,13 +393,25 @@ async function attemptLoop(
         return 1;
       }
     }
+    ctl.attempt = attempt;
+    if (growing()) writeFileSync(regroupFile(dir, attempt), ''); // a host asked to join between attempts
     const outcome = await runAttempt(o, attempt, port, io, dir, ctl);
+    // The ranks stopped at a checkpoint for a host that joins: not done, meet again.
+    if (outcome.kind === 'ok' && growing() && regrouped(join(dir, `status.${attempt}`))) return { regroup: true };
     if (outcome.kind === 'ok') {
       link?.announceDone();
       return 0;
     }
     if (outcome.kind === 'interrupted') return signalCode(outcome.signal);
+    // Elastic: ranks that lost a peer host often fail (a broken connection) before the heartbeat
+    // names the host; give it the time it takes to, then shrink instead of failing.
+    if (elastic && lost() === undefined) {
+      const until = Date.now() + ctl.heartbeat.timeoutMs + 2 * ctl.heartbeat.intervalMs;
+      while (lost() === undefined && Date.now() < until) await new Promise((r) => setTimeout(r, 100));
+    }
+    if (elastic && lost() !== undefined) return { lostAt: attempt };
     if (outcome.kind === 'peer') {
+      if (outcome.fatal && elastic) return { lostAt: attempt };
       if (outcome.fatal || attempt >= o.maxRestarts) {
         say(`failed: ${outcome.why}`);
         return 1;

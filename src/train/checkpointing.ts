@@ -10,7 +10,9 @@ import { Checkpointer, removeInterruptedSaves, loadCheckpoint, loadWeights, type
 import { CheckpointError, listCheckpoints, type CheckpointMeta } from '../checkpoint/format.js';
 import { initFromHf, isHfDir } from '../checkpoint/hf.js';
 import type { FlotillaConfig } from '../config/schema.js';
-import { checkpointDirOf } from './run_record.js';
+import { checkpointDirOf, resumeTarget } from './run_record.js';
+import { gatherNewest } from '../checkpoint/replicas.js';
+import { regroupAsked } from '../distributed/launcher_channel.js';
 
 /** A seed for step `step`'s random draws (dropout), so a resumed run draws what the straight run drew. */
 export function stepSeed(seed: number, step: number): number {
@@ -22,7 +24,15 @@ export function stepSeed(seed: number, step: number): number {
 
 export interface RunCheckpointsOptions {
   world: ProcessGroup;
+  /** Ranks per host (LOCAL_WORLD_SIZE): more than one host with replicas saves without shared storage. */
+  ranksPerHost: number;
   log: (line: string) => void;
+}
+
+/** [checkpoint] replicas resolved: -1 is 1 when the world spans several hosts. */
+export function replicasOf(cfg: FlotillaConfig, worldSize: number, ranksPerHost: number): 0 | 1 {
+  const r = cfg.checkpoint.replicas;
+  return r === 1 || (r === -1 && worldSize > ranksPerHost) ? 1 : 0;
 }
 
 /** Saving during a run: the schedule, and the save itself. */
@@ -42,11 +52,32 @@ export class RunCheckpoints {
     return checkpointDirOf(this.cfg);
   }
 
-  /** Rank 0, before the first step: clears saves an earlier run left unfinished. */
+  /** Rank 0 (each host's first rank with replicas), before the first step: clears saves an earlier run left unfinished. */
   prepare(): void {
-    if (this.opts.world.rank !== 0) return;
+    const { world, ranksPerHost } = this.opts;
+    const replicated = replicasOf(this.cfg, world.size, ranksPerHost) === 1;
+    if (replicated ? world.rank % ranksPerHost !== 0 : world.rank !== 0) return;
     const gone = removeInterruptedSaves(this.dir);
     if (gone.length > 0) this.opts.log(`[checkpoint] removed ${gone.length} unfinished save(s) of an earlier run: ${gone.join(', ')}`);
+  }
+
+  /**
+   * The checkpoint this run resumes from (run_record's resumeTarget). Across hosts without shared
+   * storage ([checkpoint] replicas), `latest` and a restarted group first gather the newest
+   * checkpoint the hosts hold together, so every host's directory holds all of it (collective).
+   */
+  resumeTarget(resume: string | undefined): string | undefined {
+    const { world, ranksPerHost } = this.opts;
+    const restarted = Number(process.env.FLOTILLA_RESTART_COUNT ?? 0) > 0;
+    const latest = resume === undefined ? restarted : resume === '' || resume === 'latest';
+    if (!latest || replicasOf(this.cfg, world.size, ranksPerHost) === 0) return resumeTarget(this.cfg, resume);
+    const g = gatherNewest(world, this.dir, ranksPerHost);
+    if (g.path === undefined) {
+      if (resume === undefined) return undefined;
+      throw new CheckpointError(`--resume latest: no checkpoint whose files the ${world.size / ranksPerHost} hosts hold together in ${this.dir}; start the run without --resume, or name a checkpoint: --resume PATH`);
+    }
+    if (g.files > 0) this.opts.log(`[checkpoint] ${g.path} completed on every host: ${g.files} file(s), ${g.bytes.toLocaleString('en-US')} bytes sent between hosts`);
+    return g.path;
   }
 
   /** Whether the schedule saves after `step` steps (the last step included when saving is on). */
@@ -58,6 +89,7 @@ export class RunCheckpoints {
   async save(step: number, state: RankState, info: RunInfo): Promise<SaveReport> {
     this.checkpointer ??= new Checkpointer({
       dir: this.dir, keep: this.cfg.checkpoint.keep, async: this.cfg.checkpoint.async, world: this.opts.world, log: this.opts.log,
+      ranksPerHost: this.opts.ranksPerHost, replicas: replicasOf(this.cfg, this.opts.world.size, this.opts.ranksPerHost),
     });
     const r = await this.checkpointer.save(step, state, info);
     this.saves.push(r);
@@ -122,13 +154,18 @@ export class StopRequest {
     process.on('SIGINT', this.handler);
   }
 
-  /** Whether any rank was asked to stop (collective over the world: every rank learns the same). */
-  agreed(world: ProcessGroup): boolean {
-    if (world.size === 1) return this.requested;
-    const t = tensor([this.requested ? 1 : 0], { dtype: 'float64' });
+  /**
+   * Whether any rank was asked to stop now (Ctrl-C), and whether any was asked to stop at its next
+   * checkpoint for a host that joins (collective over the world: every rank learns the same).
+   */
+  agreed(world: ProcessGroup): { stop: boolean; regroup: boolean } {
+    const regroup = regroupAsked(); // a host joins: stop at the next checkpoint ([Note: elastic grow])
+    if (world.size === 1) return { stop: this.requested, regroup };
+    const t = tensor([this.requested ? 1 : 0, regroup ? 1 : 0], { dtype: 'float64' });
     try {
       world.allReduce(t, 'max').wait();
-      return t.item() > 0;
+      const [stop, regroup] = t.toNumbers() as [number, number];
+      return { stop: stop > 0, regroup: regroup > 0 };
     } finally {
       t.dispose();
     }

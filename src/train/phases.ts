@@ -24,7 +24,6 @@ import { ConfigError } from '../config/error.js';
 import { checkRunnable } from '../config/validate.js';
 import { modelConfigOf, type FlotillaConfig } from '../config/schema.js';
 import { RunCheckpoints, initFrom, restore } from './checkpointing.js';
-import { resumeTarget } from './run_record.js';
 import { MoEBookkeeping } from './moe.js';
 
 /** Rank 0's console: a phase header, and a line that goes around the progress bar. */
@@ -134,8 +133,8 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     // ---- checkpoint state: where each parameter lives ([Note: placement]), then resume or initFrom
     const placements = (): ParamPlacement[] => model.placements();
     const moe = cfg.moe.experts > 0 ? new MoEBookkeeping(model.parts, cfg.moe, cfg.model.nLayer, layout.tp ?? 1) : undefined;
-    const ckpts = new RunCheckpoints(cfg, { world, log: out.log });
-    const resumedFrom = resumeTarget(cfg, opts.resume);
+    const ckpts = new RunCheckpoints(cfg, { world, ranksPerHost: env.localWorldSize, log: out.log });
+    const resumedFrom = ckpts.resumeTarget(opts.resume);
     let startStep = 0;
     if (resumedFrom !== undefined) {
       const meta = restore(resumedFrom, { placements: placements(), optimizer }, numParams);
@@ -146,7 +145,12 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
       // Lingua's lesson again, at the resumed position and under this run's data-parallel layout.
       verifyDataPartition(mesh.data, loader.localSampleIds(startStep), cfg.data.globalBatch);
       header('resume', `resumed from step ${startStep} (${resumedFrom}; saved by ${meta.layout.worldSize} rank(s), ${meta.layout.description})`);
-    } else if (cfg.train.initFrom !== '') {
+      // After a lost host (src/launch/launcher.ts, [Note: elastic shrink]): the launcher said what happened.
+      if (process.env.FLOTILLA_ELASTIC) header('elastic', `${process.env.FLOTILLA_ELASTIC}; ${describeLayout(layout)}; resumed from step ${startStep}`);
+    } else if (process.env.FLOTILLA_ELASTIC) {
+      header('elastic', `${process.env.FLOTILLA_ELASTIC}; ${describeLayout(layout)}; no checkpoint yet: started again from step 0`);
+    }
+    if (resumedFrom === undefined && cfg.train.initFrom !== '') {
       initFrom(cfg.train.initFrom, placements(), numParams, cfg.model as unknown as Record<string, unknown>);
       header('init', `weights from ${cfg.train.initFrom}; step 0, fresh optimizer state`);
     }

@@ -10,6 +10,7 @@ import { clipGradNorm, gradNorm } from '../parallel/grads.js';
 import { processMemory, type MemoryReport } from '../parallel/memory.js';
 import type { FlotillaConfig } from '../config/schema.js';
 import { StopRequest, stepSeed } from './checkpointing.js';
+import { tellLauncher } from '../distributed/launcher_channel.js';
 import type { StepMetrics } from './metrics.js';
 import { Progress, resolveProgressMode } from './progress.js';
 import { openRun, writeRankRecord } from './phases.js';
@@ -136,10 +137,19 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
       await new Promise<void>((resolve) => setImmediate(resolve));
       endStep = step + 1;
       run.ckpts.poll();
-      const stop = stopRequest.agreed(run.world);
-      if (run.ckpts.due(step + 1) || stop) await run.saveCheckpoint(step + 1);
+      const { stop, regroup } = stopRequest.agreed(run.world);
+      const due = run.ckpts.due(step + 1);
+      if (due || stop) await run.saveCheckpoint(step + 1);
       if (stop) {
         progress.log(`[stop] stopped after step ${step + 1} of ${steps}; continue with --resume`);
+        break;
+      }
+      // [Note: elastic grow] A host joins: at the next checkpoint before the last step, stop so that
+      // the launchers meet again with it; the larger world resumes from this checkpoint.
+      if (regroup && due && step + 1 < steps) {
+        await run.ckpts.finish();
+        tellLauncher({ event: 'regroup', step: step + 1 });
+        progress.log(`[elastic] saved step ${step + 1} for a host that joins; stopping to meet again`);
         break;
       }
     }

@@ -27,12 +27,15 @@ export interface FlotillaOptions {
   env?: Record<string, string>;
   /** Gets the child as soon as it starts (for signals). */
   onStart?: (c: ChildProcess) => void;
+  /** Runs the command through another (e.g. inside a network namespace: test/helpers/hosts.ts). */
+  via?: (cmd: string, args: string[]) => [string, string[]];
 }
 
 /** Runs `flotilla ARGS`; resolves with the exit code and output, rejects on timeout. */
 export function flotilla(args: string[], o: FlotillaOptions = {}): Promise<Flotilla> {
   return new Promise((res, rej) => {
-    const child = spawn(process.execPath, [BIN, ...args], { cwd: o.cwd ?? ROOT, env: { ...process.env, FLOTILLA_TEST_CHILD: '1', ...NO_REPORT, ...o.env } });
+    const [cmd, argv] = o.via ? o.via(process.execPath, [BIN, ...args]) : [process.execPath, [BIN, ...args]];
+    const child = spawn(cmd, argv, { cwd: o.cwd ?? ROOT, env: { ...process.env, FLOTILLA_TEST_CHILD: '1', ...NO_REPORT, ...o.env } });
     let out = '';
     let err = '';
     child.stdout.on('data', (d) => (out += d));

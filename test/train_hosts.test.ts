@@ -1,0 +1,225 @@
+// `flotilla train` across hosts: network namespaces on one bridge (test/helpers/hosts.ts), one rank
+// on each. Three hosts train the run a single host trains with --nproc 3, step for step and bit for
+// bit, each saving into a directory of its own with a copy of the previous host's files
+// ([Note: checkpoint replicas]); a launcher with the wrong job secret is refused before it starts a
+// rank. Under --nnodes 2:3 a killed host (a non-master, then the master), its checkpoint directory
+// deleted, leaves two that carry on by themselves, bit for bit as a plain two-rank resume of the
+// checkpoint they resumed ([Note: elastic shrink]); the killed non-master, started again, is taken
+// back at the next checkpoint ([Note: elastic grow]).
+import { test } from 'node:test';
+import type { ChildProcess } from 'node:child_process';
+import assert from 'node:assert/strict';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { checkCheckpoint } from '../src/checkpoint/checkpoint.js';
+import { readMetrics } from '../src/train/metrics.js';
+import { flotilla } from './helpers/cli.js';
+import { makeHosts, type Hosts } from './helpers/hosts.js';
+import { processTree } from '../src/launch/heartbeat.js';
+import { suiteSlots } from './helpers/pool.js';
+
+// Heartbeats here time out in seconds: no other file's launch runs beside this file (test/helpers/pool.ts).
+await suiteSlots.holdAll();
+
+const dir = mkdtempSync(join(tmpdir(), 'flotilla-hosts-'));
+const config = join(dir, 'tiny.toml');
+writeFileSync(config, `# a tiny GPT across hosts
+[model]
+nLayer = 1
+nHead = 2
+nEmbd = 32
+blockSize = 16
+[data]
+seqLen = 16
+globalBatch = 12
+[optim]
+lr = 3e-3
+minLr = 3e-4
+warmupSteps = 2
+[train]
+steps = 6
+evalEvery = 0
+[parallel]
+backend = "gloo"
+[checkpoint]
+every = 3
+[log]
+progress = "plain"
+every = 1
+`);
+
+const SECRET = 'hosts-test-secret-0123456789abcdef';
+/** Short beats so a lost host is found in seconds; the collective timeout stays long. */
+const FAST = { FLOTILLA_HEARTBEAT_MS: '300', FLOTILLA_HEARTBEAT_TIMEOUT_MS: '3000', FLOTILLA_KILL_GRACE_MS: '2000', FLOTILLA_JOB_SECRET: SECRET };
+
+test('three hosts, each with its own checkpoint directory: flotilla train --nnodes 3 trains bit for bit as one host with --nproc 3; every file is on two hosts; a wrong secret is refused before any rank starts', async (t) => {
+  const hosts = makeHosts(3);
+  if (typeof hosts === 'string') {
+    t.skip(`cannot make network namespaces here: ${hosts}`);
+    return;
+  }
+  try {
+    const run = join(dir, 'three-hosts');
+    const ckpt = (k: number): string => join(dir, `host${k}-checkpoints`);
+    const node = (k: number, env: Record<string, string> = {}) => flotilla(
+      ['train', config, '--nnodes', '3', '--node-rank', String(k), '--nproc', '1', '--master-addr', hosts.addr[0]!, '--master-port', '29400',
+        `--train.runDir=${run}`, `--checkpoint.dir=${ckpt(k)}`],
+      { via: (c, a) => hosts.exec(k, c, a), env: { ...FAST, ...env }, timeoutMs: 120_000 },
+    );
+    const n0 = node(0);
+    // Node 1 with another secret: node 0's heartbeat never admits it, and it gives up (here after 4 s).
+    const wrong = await node(1, { FLOTILLA_JOB_SECRET: 'not-the-job-secret-0123456789', FLOTILLA_TIMEOUT_MS: '4000' });
+    assert.notEqual(wrong.code, 0, wrong.out + wrong.err);
+    assert.match(wrong.err, /no node heartbeat answered at 10\.77\.0\.1:\d+ within 4000 ms \(is node 0's launcher running, with the same FLOTILLA_JOB_SECRET\?\)/, wrong.err);
+    assert.doesNotMatch(wrong.out + wrong.err, /\[rank \d\]/, 'a refused launcher started a rank');
+    const rs = await Promise.all([n0, node(1), node(2)]);
+    for (const r of rs) assert.equal(r.code, 0, r.out + r.err);
+    // Rank 0 bound Gloo on its host's bridge interface (the header is rank 0's).
+    assert.match(rs[0]!.out, new RegExp(`c10d Gloo over TCP on ${hosts.ns[0]}v 10\\.77\\.0\\.1 .*, 3 ranks`), rs[0]!.out);
+
+    // No shared storage: host k holds its own rank's file and host k-1's, and publishes the same
+    // meta.json; `latest` moved on every host.
+    for (const k of [0, 1, 2]) {
+      assert.equal(readFileSync(join(ckpt(k), 'latest'), 'utf8').trim(), 'step-000006');
+      const files = readdirSync(join(ckpt(k), 'step-000006')).filter((f) => f.endsWith('.safetensors')).sort();
+      assert.deepEqual(files, [k, (k + 2) % 3].sort().map((r) => `rank-0000${r}.safetensors`), `host ${k}`);
+    }
+    const all = await flotilla(['checkpoint', 'check', ckpt(0), ckpt(1), ckpt(2)]);
+    assert.equal(all.code, 0, all.out + all.err);
+    assert.match(all.out, /^OK .*: step 6, 3 file\(s\), .*every tensor complete; every file on two hosts/);
+    // Host 1 lost with its disk: the other two still hold every file.
+    rmSync(ckpt(1), { recursive: true });
+    const left = checkCheckpoint([ckpt(0), ckpt(2)]);
+    assert.equal(left.step, 6);
+    assert.deepEqual(left.single.sort(), ['rank-00000.safetensors', 'rank-00001.safetensors']);
+    assert.throws(() => checkCheckpoint([ckpt(0)]), /rank-00001\.safetensors is in none of these directories; the checkpoint is incomplete \(saved without shared storage on 3 hosts: name every host's directory\)/);
+
+    const ref = await flotilla(['train', config, '--nproc', '3', `--train.runDir=${join(dir, 'one-host')}`], { timeoutMs: 120_000 });
+    assert.equal(ref.code, 0, ref.out + ref.err);
+    const want = readMetrics(join(dir, 'one-host', 'metrics.jsonl'));
+    const got = readMetrics(join(run, 'metrics.jsonl'));
+    assert.equal(got.length, 6);
+    assert.deepEqual(got.map((m) => [m.step, m.loss, m.gradNorm]), want.map((m) => [m.step, m.loss, m.gradNorm]));
+  } finally {
+    hosts.drop();
+  }
+});
+
+/** Starts `flotilla train` on host k; `seen(re)` resolves once its output matches. */
+function startNode(hosts: Hosts, k: number, args: string[], env: Record<string, string> = {}) {
+  let child: ChildProcess | undefined;
+  let text = '';
+  const waiters: { re: RegExp; resolve: () => void }[] = [];
+  const done = flotilla(args, {
+    via: (c, a) => hosts.exec(k, c, a), env: { ...FAST, ...env }, timeoutMs: 150_000,
+    onStart: (c) => {
+      child = c;
+      const on = (d: Buffer): void => {
+        text += d;
+        if (process.env.FLOTILLA_TEST_VERBOSE === '1') process.stderr.write(`[host ${k}] ${d}`);
+        for (const w of waiters.filter((x) => x.re.test(text))) {
+          waiters.splice(waiters.indexOf(w), 1);
+          w.resolve();
+        }
+      };
+      c.stdout!.on('data', on);
+      c.stderr!.on('data', on);
+    },
+  });
+  return {
+    done,
+    seen: (re: RegExp): Promise<void> => Promise.race([
+      new Promise<void>((resolve) => (re.test(text) ? resolve() : waiters.push({ re, resolve }))),
+      done.then((r) => {
+        if (!re.test(text)) throw new Error(`host ${k} exited (${r.code}) before ${re} was seen:\n${text}`);
+      }),
+    ]),
+    /** Every process of this host's job, killed at once (the host is gone). */
+    kill: (): void => {
+      for (const pid of processTree(child!.pid!)) {
+        try {
+          process.kill(pid, 'SIGKILL');
+        } catch {
+          // gone already
+        }
+      }
+    },
+  };
+}
+
+for (const victim of [1, 0]) {
+  // Host 1 comes back after the shrink and is taken back at the next checkpoint.
+  const rejoin = victim === 1;
+  const steps = rejoin ? 30 : 12;
+  test(`three hosts, --nnodes 2:3: host ${victim}${victim === 0 ? ' (the master)' : ''} is killed; the other two carry on by themselves and their steps after the resume equal a plain two-rank resume of that checkpoint${rejoin ? '; restarted, it is taken back at the next checkpoint and the run finishes on three' : ''}`, async (t) => {
+    const hosts = makeHosts(3, `${process.pid % 100000}${victim}`);
+    if (typeof hosts === 'string') {
+      t.skip(`cannot make network namespaces here: ${hosts}`);
+      return;
+    }
+    try {
+      const run = join(dir, `shrink-${victim}`);
+      const ckpt = (k: number): string => join(dir, `shrink-${victim}-host${k}`);
+      // Each host saves into a directory of its own (replicas: every file also on the next host).
+      const args = (k: number): string[] => ['train', config, '--nnodes', '2:3', '--node-rank', String(k), '--nproc', '1', '--master-addr', hosts.addr[0]!,
+        '--master-port', '29400', `--train.runDir=${run}`, `--train.steps=${steps}`, '--checkpoint.keep=20', `--checkpoint.dir=${ckpt(k)}`];
+      const nodes = [0, 1, 2].map((k) => startNode(hosts, k, args(k)));
+      await nodes[0]!.seen(new RegExp(`step +4/${steps}`));
+      const t0 = Date.now();
+      nodes[victim]!.kill();
+      rmSync(ckpt(victim), { recursive: true, force: true }); // its disk is gone too
+      const survivors = [0, 1, 2].filter((k) => k !== victim);
+      const newMaster = nodes[survivors[0]!]!;
+      // The lost host is started again, its checkpoint directory empty, once the survivors have left
+      // the first meeting (it asks the new one).
+      await nodes[victim]!.done;
+      await newMaster.seen(/flotilla run: \[elastic\] lost node/);
+      const back = rejoin ? startNode(hosts, victim, args(victim)) : undefined;
+      await newMaster.seen(new RegExp(`\\[elastic\\] .*resumed from step \\d+\\n[^]*step +\\d+/${steps}`));
+      const firstStepMs = Date.now() - t0;
+      const rs = await Promise.all(survivors.map((k) => nodes[k]!.done));
+      for (const r of rs) assert.equal(r.code, 0, r.out + r.err);
+      const out = rs[0]!.out + rs[0]!.err;
+      assert.match(rs[0]!.err, new RegExp(`\\[elastic\\] lost node ${victim} \\(node ${victim} \\(rank ${victim}\\) lost: .*\\); continuing on 2 host\\(s\\), 2 rank\\(s\\) \\(first-meeting nodes ${survivors.join(', ')}; node 0 at ${hosts.addr[survivors[0]!]!.replace(/\./g, '\\.')}\\)`), out);
+      const m = /\[elastic\] lost node .*data parallel 2.*; resumed from step (\d+)/.exec(out);
+      assert.ok(m, `no [elastic] line of rank 0 naming the new layout and the step:\n${out}`);
+      const step = Number(m[1]);
+      assert.ok(step >= 3 && step % 3 === 0, `resumed from step ${step}`);
+      // The survivors completed the checkpoint on both hosts: each lacked one file, which the other sent.
+      const fetched = /\[checkpoint\] \S+ completed on every host: (\d+) file\(s\), ([\d,]+) bytes sent between hosts/.exec(out);
+      assert.ok(fetched, out);
+      assert.equal(Number(fetched[1]), 2);
+      t.diagnostic(`loss to first new step on the survivors: ${firstStepMs} ms; resumed from step ${step}; ${fetched[2]} bytes of checkpoint sent between the survivors`);
+      const all = checkCheckpoint(survivors.map((k) => join(ckpt(k), `step-${String(step).padStart(6, '0')}`)));
+      assert.deepEqual(all.single, []);
+
+      // A plain two-rank resume of the same checkpoint (one host: two hosts train bit for bit as one, above).
+      const ref = await flotilla(['train', config, '--nproc', '2', '--resume', join(ckpt(survivors[0]!), `step-${String(step).padStart(6, '0')}`),
+        `--train.runDir=${join(dir, `shrink-ref-${victim}`)}`, `--train.steps=${steps}`], { timeoutMs: 120_000 });
+      assert.equal(ref.code, 0, ref.out + ref.err);
+      const want = readMetrics(join(dir, `shrink-ref-${victim}`, 'metrics.jsonl')).filter((r) => r.step > step);
+      const got = readMetrics(join(run, 'metrics.jsonl'));
+      // metrics.jsonl continues after each resumed step: each step once, in order.
+      assert.deepEqual(got.map((r) => r.step), Array.from({ length: steps }, (_, i) => i + 1));
+      let grownAt = steps;
+      if (back) {
+        const b = await back.done;
+        assert.equal(b.code, 0, b.out + b.err);
+        assert.match(b.err, /\[elastic\] joined a running job: this host is node 2 of 3/, b.err);
+        assert.match(rs[0]!.err, /\[elastic\] first-meeting node 1 \(10\.77\.0\.2\) joins: the ranks stop at their next checkpoint and the job meets again on 3 hosts/, rs[0]!.err);
+        const g = /\[elastic\] first-meeting node 1 joined at 10\.77\.0\.2; continuing on 3 host\(s\), 3 rank\(s\) \(first-meeting nodes 0, 2, 1; node 0 at 10\.77\.0\.1\); data parallel 3, .*; resumed from step (\d+)/.exec(out);
+        assert.ok(g, `no [elastic] line of rank 0 for the host taken back:\n${out}`);
+        grownAt = Number(g[1]);
+        assert.ok(grownAt > step && grownAt < steps && grownAt % 3 === 0, `grown at step ${grownAt}`);
+        t.diagnostic(`host 1 taken back at step ${grownAt}; the run finished on three`);
+      }
+      // Until the run grows again, the survivors' steps are a plain two-rank resume's, bit for bit.
+      assert.ok(want.length >= grownAt - step);
+      assert.deepEqual(got.filter((r) => r.step > step && r.step <= grownAt).map((r) => [r.step, r.loss, r.gradNorm]),
+        want.filter((r) => r.step <= grownAt).map((r) => [r.step, r.loss, r.gradNorm]));
+    } finally {
+      hosts.drop();
+    }
+  });
+}
