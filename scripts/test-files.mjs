@@ -9,9 +9,9 @@ import { fileURLToPath } from 'node:url';
 
 const LONGEST = [
   'pipeline_train', 'checkpoint_resume', 'moe_layouts', 'parallel_zero', 'precision_verify', 'checkpointing_activation_layouts',
-  'checkpoint_faults', 'tp_gpt', 'memory_zero_rss', 'llama_layouts', 'moe_verify', 'cli_verify', 'pipeline_clip',
-  'distributed_launcher', 'parallel_ddp', 'pipeline_eval', 'distributed_collectives', 'hardening_runtime', 'precision_zero3',
-  'cli_train', 'hardening_faults', 'tp_checkpoint', 'cp_layouts', 'cp_verify',
+  'checkpoint_faults', 'train_hosts', 'tp_gpt', 'memory_zero_rss', 'llama_layouts', 'cp_layouts', 'moe_verify', 'cli_verify',
+  'pipeline_clip', 'distributed_launcher', 'parallel_ddp', 'pipeline_eval', 'distributed_collectives', 'hardening_runtime',
+  'precision_zero3', 'cli_train', 'hardening_faults', 'tp_checkpoint', 'cp_verify',
 ];
 
 const dir = fileURLToPath(new URL('../test', import.meta.url));
