@@ -4,6 +4,8 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { runLauncher, parseRunArgs, RunUsageError } from '../src/cli/run.js';
+import { parseTrainArgs } from '../src/cli/main.js';
+import { UsageError } from '../src/cli/usage.js';
 import { freePort, parseAllResults, REPO_ROOT, scriptCommand } from './helpers/world.js';
 import { suiteSlots } from './helpers/pool.js';
 
@@ -48,8 +50,27 @@ test('parseRunArgs: options, aliases, script arguments, and clear usage errors',
     [['--nproc', '2', '--master-port', '70000', 's.ts'], /--master-port 70000: must be between 1 and 65535/],
     [['--nproc', '2', '--bogus', 's.ts'], /unknown option --bogus/],
     [['--nproc'], /--nproc needs a value/],
+    [['--nproc', '2', '--nnodes', 'two', 's.ts'], /--nnodes "two": expected a number of hosts M, or MIN:MAX/],
+    [['--nproc', '2', '--nnodes', '3:2', 's.ts'], /--nnodes 3:2: MIN must not exceed MAX/],
+    [['--nproc', '2', '--nnodes', '0:2', 's.ts'], /--nnodes 0:2: hosts must be at least 1/],
   ];
   for (const [argv, re] of bad) assert.throws(() => parseRunArgs(argv), (e: Error) => e instanceof RunUsageError && re.test(e.message), argv.join(' '));
+  assert.equal(parseRunArgs(['--nproc', '1', '--nnodes', '2:3', 's.ts']).minNodes, 2);
+  assert.equal(parseRunArgs(['--nproc', '1', '--nnodes', '3:3', 's.ts']).minNodes, undefined, 'MIN = MAX is a fixed job');
+});
+
+test('flotilla train --nnodes: the grammar of flotilla run, its errors prefixed train:, and the flags that need it', () => {
+  const hosts = (extra: string[]) => parseTrainArgs(['c.toml', ...extra]).hosts;
+  assert.deepEqual(hosts(['--nnodes', '2:3', '--node-rank', '1', '--master-addr', 'a', '--master-port', '29500']), { nnodes: 3, nodeRank: 1, minNodes: 2, masterAddr: 'a', masterPort: 29500 });
+  assert.equal(hosts(['--nnodes', '1']), undefined, 'one host is a local run');
+  const bad: [string[], RegExp][] = [
+    [['--nnodes', '3:2', '--node-rank', '0'], /^train: --nnodes 3:2: MIN must not exceed MAX/],
+    [['--nnodes', 'x'], /^train: --nnodes "x": expected a number of hosts M, or MIN:MAX/],
+    [['--nnodes', '2'], /^train: --nnodes 2 needs --node-rank R/],
+    [['--nnodes', '2', '--node-rank', '2'], /^train: --node-rank 2 must be below --nnodes 2/],
+    [['--node-rank', '1'], /^train: --node-rank goes with --nnodes M/],
+  ];
+  for (const [argv, re] of bad) assert.throws(() => hosts(argv), (e: Error) => e instanceof UsageError && re.test(e.message), argv.join(' '));
 });
 
 test('usage errors print the usage and return 2', async () => {

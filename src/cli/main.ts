@@ -7,7 +7,7 @@ import { resolve } from 'node:path';
 // whose FLOTILLA_* settings main() checks first (the commands import the config when they run).
 import { ConfigError } from '../config/error.js';
 import { LaunchEnvError } from '../distributed/env.js';
-import { UsageError } from './usage.js';
+import { UsageError, parseNnodes } from './usage.js';
 
 const MAIN = fileURLToPath(import.meta.url);
 
@@ -177,16 +177,13 @@ function parseHostArgs(h: Partial<Record<(typeof HOST_FLAGS)[number], string>>):
     if (stray.length > 0) throw new UsageError(`train: ${stray.join(', ')} ${stray.length > 1 ? 'go' : 'goes'} with --nnodes M (the hosts of the job)`);
     return undefined;
   }
-  const range = /^(\d+):(\d+)$/.exec(h['--nnodes']);
-  const nnodes = count('--nnodes', range ? range[2]! : h['--nnodes'], 1);
-  const minNodes = range ? count('--nnodes MIN', range[1]!, 1) : nnodes;
-  if (minNodes > nnodes) throw new UsageError(`train: --nnodes ${h['--nnodes']}: MIN must not exceed MAX`);
+  const { nnodes, minNodes } = parseNnodes(h['--nnodes'], (m) => new UsageError(`train: ${m}`)); // flotilla run's grammar
   if (nnodes === 1) return undefined;
   if (h['--node-rank'] === undefined) throw new UsageError(`train: --nnodes ${nnodes} needs --node-rank R (this host's index, 0..${nnodes - 1})`);
   const nodeRank = count('--node-rank', h['--node-rank'], 0);
   if (nodeRank >= nnodes) throw new UsageError(`train: --node-rank ${nodeRank} must be below --nnodes ${nnodes}`);
   return {
-    nnodes, nodeRank, ...(minNodes < nnodes ? { minNodes } : {}),
+    nnodes, nodeRank, ...(minNodes !== undefined ? { minNodes } : {}),
     ...(h['--master-addr'] !== undefined ? { masterAddr: h['--master-addr'] } : {}),
     ...(h['--master-port'] !== undefined ? { masterPort: count('--master-port', h['--master-port'], 1) } : {}),
   };

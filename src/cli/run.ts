@@ -4,6 +4,7 @@
 import { DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, checkFlotillaEnv } from '../distributed/env.js';
 import { mpiInstalled, MPI_INSTALL_HINT } from '../distributed/mpi_install.js';
 import { launch, type LauncherIO, type RunOptions } from '../launch/launcher.js';
+import { parseNnodes } from './usage.js';
 
 export type { LauncherIO, RunOptions };
 
@@ -78,9 +79,7 @@ export function parseRunArgs(argv: readonly string[]): RunOptions {
   if (script === undefined) throw new RunUsageError('no script given: flotilla run --nproc N script.ts [args...]');
   if (raw.nproc === undefined) throw new RunUsageError('--nproc N is required (ranks to start on this node)');
   const nproc = parseInt('nproc', raw.nproc, 1);
-  const range = raw.nnodes === undefined ? undefined : /^\s*(\d+)\s*:\s*(\d+)\s*$/.exec(raw.nnodes);
-  const nnodes = raw.nnodes === undefined ? 1 : parseInt('nnodes', range ? range[2]! : raw.nnodes, 1);
-  const minNodes = range ? parseInt('nnodes', range[1]!, 1, nnodes) : nnodes;
+  const { nnodes, minNodes = nnodes } = raw.nnodes === undefined ? { nnodes: 1 } : parseNnodes(raw.nnodes, (m) => new RunUsageError(m));
   const nodeRank = raw.nodeRank === undefined ? 0 : parseInt('node-rank', raw.nodeRank, 0);
   if (nodeRank >= nnodes) throw new RunUsageError(`--node-rank ${nodeRank} must be below --nnodes ${nnodes}`);
   const masterAddr = raw.masterAddr ?? DEFAULT_MASTER_ADDR;
