@@ -92,3 +92,13 @@ test('metrics off writes no metrics file', async () => {
   assert.ok(!existsSync(join(r.runDir, 'metrics.jsonl')));
   assert.deepEqual(r.lines, [], 'progress off prints nothing');
 });
+
+test('the trainer stays one readable loop: train() within 100 lines, and it imports no model and no report', () => {
+  const src = readFileSync(join(import.meta.dirname, '..', 'src', 'train', 'trainer.ts'), 'utf8').split('\n');
+  const start = src.findIndex((l) => l.startsWith('export async function train('));
+  const end = src.findIndex((l, i) => i > start && l === '}');
+  assert.ok(start >= 0 && end > start, 'train() found in src/train/trainer.ts');
+  assert.ok(end - start + 1 <= 100, `train() is ${end - start + 1} lines; move a phase into src/train/phases.ts or a helper beside it`);
+  const imports = src.filter((l) => /^import .* from '/.test(l)).map((l) => /from '([^']+)'/.exec(l)![1]!);
+  assert.deepEqual(imports.filter((m) => /\/models\/|\/report\//.test(m)), [], 'the trainer reaches models through the registry and leaves the report to the CLI');
+});

@@ -13,7 +13,7 @@ import { StopRequest, stepSeed } from './checkpointing.js';
 import { tellLauncher } from '../distributed/launcher_channel.js';
 import type { StepMetrics } from './metrics.js';
 import { Progress, resolveProgressMode } from './progress.js';
-import { openRun, writeRankRecord } from './phases.js';
+import { openRun, writeRankRecord, type RunParts } from './phases.js';
 import { RunRecord, memoryLine } from './run_record.js';
 
 export interface TrainOptions {
@@ -63,6 +63,30 @@ export interface TrainSummary {
 }
 
 /** Trains the model a config describes; every rank of the world calls it. */
+/**
+ * After step `done`: the checkpoint when it is due or a stop was asked for; true when the loop ends
+ * here (a stop, or a host joining the job).
+ */
+async function endOfStep(run: RunParts, done: number, steps: number, stopRequest: StopRequest, log: (line: string) => void): Promise<boolean> {
+  run.ckpts.poll();
+  const { stop, regroup } = stopRequest.agreed(run.world);
+  const due = run.ckpts.due(done);
+  if (due || stop) await run.saveCheckpoint(done);
+  if (stop) {
+    log(`[stop] stopped after step ${done} of ${steps}; continue with --resume`);
+    return true;
+  }
+  // [Note: elastic grow] A host joins: at the next checkpoint before the last step, stop so that
+  // the launchers meet again with it; the larger world resumes from this checkpoint.
+  if (regroup && due && done < steps) {
+    await run.ckpts.finish();
+    tellLauncher({ event: 'regroup', step: done });
+    log(`[elastic] saved step ${done} for a host that joins; stopping to meet again`);
+    return true;
+  }
+  return false;
+}
+
 export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promise<TrainSummary> {
   const print = opts.print ?? ((l: string) => process.stdout.write(`${l}\n`));
   const env = readLaunchEnv();
@@ -136,22 +160,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
       // Let timers, signal handlers and the checkpoint writer run between steps (the step itself is synchronous).
       await new Promise<void>((resolve) => setImmediate(resolve));
       endStep = step + 1;
-      run.ckpts.poll();
-      const { stop, regroup } = stopRequest.agreed(run.world);
-      const due = run.ckpts.due(step + 1);
-      if (due || stop) await run.saveCheckpoint(step + 1);
-      if (stop) {
-        progress.log(`[stop] stopped after step ${step + 1} of ${steps}; continue with --resume`);
-        break;
-      }
-      // [Note: elastic grow] A host joins: at the next checkpoint before the last step, stop so that
-      // the launchers meet again with it; the larger world resumes from this checkpoint.
-      if (regroup && due && step + 1 < steps) {
-        await run.ckpts.finish();
-        tellLauncher({ event: 'regroup', step: step + 1 });
-        progress.log(`[elastic] saved step ${step + 1} for a host that joins; stopping to meet again`);
-        break;
-      }
+      if (await endOfStep(run, step + 1, steps, stopRequest, (l) => progress!.log(l))) break;
     }
     await run.ckpts.finish();
     if (opts.recordDir) writeRankRecord(opts.recordDir, env.rank, stepsSeen, run);
