@@ -22,8 +22,8 @@
 // every copy is durable: losing any one host and its disk leaves each file on a survivor.
 // `flotilla checkpoint check DIR...` checks the files across the hosts' directories.
 import { existsSync, mkdirSync, readdirSync, renameSync, rmSync, statSync } from 'node:fs';
-import { basename, join, resolve } from 'node:path';
-import { Tensor, noGrad, tidy, tensor, zeros } from '../tensor/index.js';
+import { join, resolve } from 'node:path';
+import { Tensor, noGrad, tidy, tensor } from '../tensor/index.js';
 import { native } from '../tensor/native.js';
 import { dtypeCode, elementSize, type DType } from '../tensor/dtype.js';
 import type { ProcessGroup } from '../distributed/process_group.js';

@@ -1,13 +1,12 @@
 // The trainer's side of checkpoints: when to save, what a resume restores, and a stop request
 // (Ctrl-C) that every rank honours at the same step boundary. The files themselves are
 // src/checkpoint's business.
-import { join, resolve } from 'node:path';
 import { existsSync } from 'node:fs';
 import { tensor } from '../tensor/index.js';
 import type { ProcessGroup } from '../distributed/process_group.js';
 import type { ParamPlacement } from '../parallel/placement.js';
 import { Checkpointer, removeInterruptedSaves, loadCheckpoint, loadWeights, type RankState, type RunInfo, type SaveReport } from '../checkpoint/checkpoint.js';
-import { CheckpointError, listCheckpoints, type CheckpointMeta } from '../checkpoint/format.js';
+import { CheckpointError, type CheckpointMeta } from '../checkpoint/format.js';
 import { initFromHf, isHfDir } from '../checkpoint/hf.js';
 import type { FlotillaConfig } from '../config/schema.js';
 import { checkpointDirOf, resumeTarget } from './run_record.js';
