@@ -4,7 +4,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { runLauncher, parseRunArgs, RunUsageError } from '../src/cli/run.js';
-import { parseTrainArgs } from '../src/cli/main.js';
+import { parseTrainArgs } from '../src/cli/train_args.js';
 import { UsageError } from '../src/cli/usage.js';
 import { freePort, parseAllResults, REPO_ROOT, scriptCommand } from './helpers/world.js';
 import { suiteSlots } from './helpers/pool.js';

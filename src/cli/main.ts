@@ -1,13 +1,15 @@
 // The `flotilla` command: train from a TOML config (on one process or, with --nproc, through the
 // launcher), run any script on N ranks, and print the documented config.
-import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { resolve } from 'node:path';
 // Only the error class at load time: the config reads the model registry, which loads the addon,
 // whose FLOTILLA_* settings main() checks first (the commands import the config when they run).
 import { ConfigError } from '../config/error.js';
 import { LaunchEnvError } from '../distributed/env.js';
-import { UsageError, parseNnodes } from './usage.js';
+import { UsageError } from './usage.js';
+import { parseTrainArgs, verifyLayouts } from './train_args.js';
+import { trainHere } from './train_run.js';
 
 const MAIN = fileURLToPath(import.meta.url);
 
@@ -24,14 +26,16 @@ usage:
       across hosts (FLOTILLA_JOB_SECRET, the interface, the heartbeat); start it on every host
       with its own --node-rank. Rank 0 (node 0) keeps the run directory. --nnodes MIN:MAX: when
       a host is lost and MIN remain, the others carry on without it from the newest checkpoint.
-  flotilla verify <config.toml> --nproc N [--steps K] [--section.field=value ...]
+  flotilla verify <config.toml> --nproc N [--steps K] [--section.field=value ...] [--and [--nproc M] [--section.field=value ...]] ...
+      Train K steps (default 5) under the config's layout on N ranks and the same steps in one
+      process on the same global batches; print per-step loss and grad-norm differences, the largest
+      parameter difference, and PASS or FAIL (exit status 0 or 1) against the stated tolerance.
+      Each --and adds a layout (the first one's overrides, then its own): layouts of one rank count
+      train one after another in one world, and each is reported on its own.
   flotilla verify <config.toml> --nproc N --resume K [--steps S] [--then [--nproc M] [--section.field=value ...]]
       With --resume: train S steps (default 2K) saving at step K, resume that checkpoint (under the
       layout after --then, or the same one) and compare steps K+1..S: bit-identical for the same
       layout, within 1e-5 (parameters 1e-4) for another; PASS or FAIL as above.
-      Train K steps (default 5) under the config's layout on N ranks and the same steps in one
-      process on the same global batches; print per-step loss and grad-norm differences, the largest
-      parameter difference, and PASS or FAIL (exit status 0 or 1) against the stated tolerance.
   flotilla run --nproc N <script.ts|script.js> [args ...]
       Start N ranks of a script with the launch environment (RANK, WORLD_SIZE, MASTER_ADDR, ...);
       run \`flotilla run --help\` for the launcher's options.
@@ -72,121 +76,6 @@ example:
 function version(): string {
   const pkg = JSON.parse(readFileSync(resolve(MAIN, '..', '..', '..', 'package.json'), 'utf8')) as { version: string };
   return pkg.version;
-}
-
-interface TrainArgs {
-  config: string;
-  nproc?: number;
-  /** --resume: 'latest' or a checkpoint path. */
-  resume?: string;
-  /** --max-restarts K (train through the launcher). */
-  maxRestarts?: number;
-  overrides: string[];
-  /** `flotilla verify` sets it: every rank records its steps and final parameters there. */
-  record?: string;
-  /** `verify` only: steps to compare. */
-  steps?: number;
-  /** `train --nnodes M ...`: the hosts of the job (flotilla run's options, passed on to the launcher). */
-  hosts?: HostArgs;
-}
-
-/** Where this host stands in a multi-host `flotilla train` (flotilla run's meaning for each). */
-interface HostArgs {
-  nnodes: number;
-  /** --nnodes MIN:MAX: carry on without a lost host while MIN remain. */
-  minNodes?: number;
-  nodeRank: number;
-  masterAddr?: string;
-  masterPort?: number;
-}
-
-const HOST_FLAGS = ['--nnodes', '--node-rank', '--master-addr', '--master-port'] as const;
-
-function parseNproc(v: string | undefined): number {
-  if (v === undefined || !/^\d+$/.test(v) || Number(v) < 1) {
-    throw new UsageError(`--nproc needs a positive integer, got ${v === undefined ? 'nothing' : JSON.stringify(v)} (e.g. --nproc 2)`);
-  }
-  return Number(v);
-}
-
-/** Splits `train` arguments into the config path, --nproc and the --section.field overrides. */
-export function parseTrainArgs(args: readonly string[], command = 'train'): TrainArgs {
-  let config: string | undefined;
-  let nproc: number | undefined;
-  let record: string | undefined;
-  let steps: number | undefined;
-  let resume: string | undefined;
-  let maxRestarts: number | undefined;
-  const host: Partial<Record<(typeof HOST_FLAGS)[number], string>> = {};
-  const overrides: string[] = [];
-  for (let i = 0; i < args.length; i++) {
-    const a = args[i]!;
-    const hostFlag = command === 'train' ? HOST_FLAGS.find((f) => a === f || a.startsWith(`${f}=`)) : undefined;
-    if (hostFlag !== undefined) {
-      const v = a === hostFlag ? args[++i] : a.slice(hostFlag.length + 1);
-      if (v === undefined || v === '') throw new UsageError(`${hostFlag} needs a value`);
-      host[hostFlag] = v;
-    } else if (a === '--record' && command === 'train') {
-      record = args[++i];
-      if (record === undefined) throw new UsageError('--record needs a directory');
-    } else if ((a === '--steps' || a.startsWith('--steps=')) && command === 'verify') {
-      const v = a === '--steps' ? args[++i] : a.slice('--steps='.length);
-      if (v === undefined || !/^\d+$/.test(v) || Number(v) < 1) throw new UsageError(`--steps needs a positive integer, got ${v === undefined ? 'nothing' : JSON.stringify(v)}`);
-      steps = Number(v);
-    } else if (a === '--resume' || a.startsWith('--resume=')) {
-      // The path is optional: `--resume` alone (or followed by another option) means the latest.
-      const next = args[i + 1];
-      resume = a.startsWith('--resume=') ? a.slice('--resume='.length) || 'latest'
-        : next !== undefined && !next.startsWith('--') && !next.endsWith('.toml') ? (i++, next) : 'latest';
-    } else if ((a === '--max-restarts' || a.startsWith('--max-restarts=')) && command === 'train') {
-      const v = a === '--max-restarts' ? args[++i] : a.slice('--max-restarts='.length);
-      if (v === undefined || !/^\d+$/.test(v)) throw new UsageError(`--max-restarts needs a whole number, got ${v === undefined ? 'nothing' : JSON.stringify(v)}`);
-      maxRestarts = Number(v);
-    } else if (a === '--nproc' || a === '--nproc-per-node') {
-      nproc = parseNproc(args[++i]);
-    } else if (a.startsWith('--nproc=') || a.startsWith('--nproc-per-node=')) {
-      nproc = parseNproc(a.slice(a.indexOf('=') + 1));
-    } else if (/^--[A-Za-z0-9_]+\.[A-Za-z0-9_]+=/s.test(a)) {
-      overrides.push(a);
-    } else if (/^--[A-Za-z0-9_]+\.[A-Za-z0-9_]+$/.test(a)) {
-      const v = args[i + 1];
-      if (v === undefined || v.startsWith('--')) throw new UsageError(`${a} needs a value: write ${a}=value`);
-      overrides.push(`${a}=${v}`);
-      i++;
-    } else if (a.startsWith('-')) {
-      throw new UsageError(`${command}: unknown option ${a}; options are --nproc N${command === 'verify' ? ', --steps K' : ''} and --section.field=value overrides (see flotilla --help)`);
-    } else if (config === undefined) {
-      config = a;
-    } else {
-      throw new UsageError(`train: one config file expected, got ${JSON.stringify(config)} and ${JSON.stringify(a)}`);
-    }
-  }
-  if (config === undefined) throw new UsageError('train: missing the config file: flotilla train <config.toml> (e.g. examples/gpt-tiny.toml)');
-  const hosts = parseHostArgs(host);
-  return { config, overrides, ...(hosts !== undefined ? { hosts } : {}), ...(nproc !== undefined ? { nproc } : {}), ...(resume !== undefined ? { resume } : {}), ...(maxRestarts !== undefined ? { maxRestarts } : {}), ...(record !== undefined ? { record } : {}), ...(steps !== undefined ? { steps } : {}) };
-}
-
-/** --nnodes and its companions; undefined for a one-host run. Values are checked again by the launcher. */
-function parseHostArgs(h: Partial<Record<(typeof HOST_FLAGS)[number], string>>): HostArgs | undefined {
-  const count = (flag: string, v: string, min: number): number => {
-    if (!/^\d+$/.test(v) || Number(v) < min) throw new UsageError(`train: ${flag} needs a whole number >= ${min}, got ${JSON.stringify(v)}`);
-    return Number(v);
-  };
-  if (h['--nnodes'] === undefined) {
-    const stray = HOST_FLAGS.filter((f) => h[f] !== undefined);
-    if (stray.length > 0) throw new UsageError(`train: ${stray.join(', ')} ${stray.length > 1 ? 'go' : 'goes'} with --nnodes M (the hosts of the job)`);
-    return undefined;
-  }
-  const { nnodes, minNodes } = parseNnodes(h['--nnodes'], (m) => new UsageError(`train: ${m}`)); // flotilla run's grammar
-  if (nnodes === 1) return undefined;
-  if (h['--node-rank'] === undefined) throw new UsageError(`train: --nnodes ${nnodes} needs --node-rank R (this host's index, 0..${nnodes - 1})`);
-  const nodeRank = count('--node-rank', h['--node-rank'], 0);
-  if (nodeRank >= nnodes) throw new UsageError(`train: --node-rank ${nodeRank} must be below --nnodes ${nnodes}`);
-  return {
-    nnodes, nodeRank, ...(minNodes !== undefined ? { minNodes } : {}),
-    ...(h['--master-addr'] !== undefined ? { masterAddr: h['--master-addr'] } : {}),
-    ...(h['--master-port'] !== undefined ? { masterPort: count('--master-port', h['--master-port'], 1) } : {}),
-  };
 }
 
 async function trainCommand(args: readonly string[]): Promise<number> {
@@ -240,34 +129,7 @@ async function trainCommand(args: readonly string[]): Promise<number> {
   if (a.nproc !== undefined && inWorld && a.nproc !== env.worldSize) {
     throw new UsageError(`train: --nproc ${a.nproc} given inside a world of ${env.worldSize} ranks already started by ${env.source}; drop --nproc`);
   }
-  const { train } = await import('../train/trainer.js');
-  // Rank 0 draws RUN/report.html from metrics.jsonl when the run ends, however it ends, once the run
-  // holds its directory (a refused directory is left as it was). FLOTILLA_REPORT=0 skips it (about
-  // half a second of CPU): the tests do, except those of the report.
-  const reportEnv = process.env.FLOTILLA_REPORT?.trim();
-  if (reportEnv && reportEnv !== '0' && reportEnv !== '1') {
-    throw new LaunchEnvError(`FLOTILLA_REPORT=${JSON.stringify(process.env.FLOTILLA_REPORT)} must be 1 (write RUN/report.html when the run ends, the default) or 0 (do not)`);
-  }
-  let report: { finish(): Promise<void> } | undefined;
-  const onRunDir = async (dir: string): Promise<void> => {
-    if (reportEnv === '0') return;
-    const { watchRun } = await import('../report/watch.js');
-    report = watchRun(dir, (l) => { if (cfg.log.progress !== 'off') process.stdout.write(`[report] ${l}\n`); });
-  };
-  try {
-    const summary = await train(cfg, { configPath: a.config, overrides: a.overrides, onRunDir, ...(a.record ? { recordDir: a.record } : {}), ...(a.resume !== undefined ? { resume: a.resume } : {}) });
-    // [log] sampleTokens: rank 0 samples from the last checkpoint, before the report is drawn.
-    if (env.rank === 0 && cfg.log.sampleTokens > 0 && summary.checkpoint !== undefined && summary.runDir !== '') {
-      const { generate } = await import('./checkpoint.js');
-      const [s] = await generate(summary.checkpoint, { prompts: [cfg.log.samplePrompt], tokens: cfg.log.sampleTokens, temperature: 0.8, topK: 40, topP: 1, seed: cfg.train.seed, ignoreEos: false });
-      const text = `${s!.prompt}${s!.text}`;
-      writeFileSync(resolve(summary.runDir, 'sample.txt'), `${text}\n`);
-      if (cfg.log.progress !== 'off') process.stdout.write(`[sample] ${cfg.log.sampleTokens} tokens from ${summary.checkpoint} (${resolve(summary.runDir, 'sample.txt')}):\n${text}\n`);
-    }
-  } finally {
-    await report?.finish(); // never throws: a report that cannot be written is one printed line
-  }
-  return 0;
+  return await trainHere(a, cfg, env.rank);
 }
 
 async function configCommand(args: readonly string[]): Promise<number> {
@@ -361,6 +223,8 @@ export async function main(argv: readonly string[]): Promise<number> {
           return 0;
         }
         return await trainCommand(rest);
+      case 'train-series': // what verify starts on each rank (src/cli/train_run.ts); not for users
+        return await (await import('./train_run.js')).trainSeriesCommand(rest);
       case 'run': {
         const { runLauncher } = await import('./run.js');
         return await runLauncher([...rest]);
@@ -374,7 +238,9 @@ export async function main(argv: readonly string[]): Promise<number> {
         }
         // `--then ...`: the layout a `verify --resume K` run resumes under.
         const cut = rest.indexOf('--then');
-        const a = parseTrainArgs(cut >= 0 ? rest.slice(0, cut) : rest, 'verify');
+        const andAt = rest.indexOf('--and');
+        const a = parseTrainArgs(rest.slice(0, Math.min(...[cut, andAt, rest.length].filter((i) => i >= 0))), 'verify');
+        if (andAt >= 0 && a.resume !== undefined) throw new UsageError('verify: --and (more layouts) does not go with --resume K; verify one resume at a time');
         if (a.resume !== undefined) {
           const k = Number(a.resume);
           if (!Number.isInteger(k) || k < 1) throw new UsageError(`verify: --resume needs the step to save and resume at (a whole number >= 1), got ${JSON.stringify(a.resume)}`);
@@ -388,9 +254,8 @@ export async function main(argv: readonly string[]): Promise<number> {
           return await verifyResumeCommand({ config: a.config, nproc: a.nproc, steps: a.steps ?? 2 * k, resumeAt: k, overrides: a.overrides, ...(then ? { then } : {}) }, MAIN, (l) => process.stdout.write(`${l}\n`));
         }
         if (cut >= 0) throw new UsageError('verify: --then goes with --resume K');
-        if (a.nproc === undefined || a.nproc < 2) throw new UsageError('verify: give the layout\'s rank count with --nproc N (N >= 2), e.g. flotilla verify examples/gpt-tiny.toml --nproc 2 --parallel.zero=3');
         const { verifyCommand } = await import('./verify.js');
-        return await verifyCommand({ config: a.config, nproc: a.nproc, steps: a.steps ?? 5, overrides: a.overrides }, MAIN, (l) => process.stdout.write(`${l}\n`));
+        return await verifyCommand({ config: a.config, steps: a.steps ?? 5, layouts: verifyLayouts(rest) }, MAIN, (l) => process.stdout.write(`${l}\n`));
       }
       case 'schedule':
         return await scheduleCommand(rest);

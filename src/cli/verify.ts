@@ -38,11 +38,17 @@ function toleranceFor(cfg: FlotillaConfig): { tol: typeof VERIFY_TOLERANCE; why?
   return { tol: VERIFY_TOLERANCE };
 }
 
+/** One layout to verify: its rank count and its overrides (on top of the config). */
+export interface VerifyLayout {
+  nproc: number;
+  overrides: string[];
+}
+
 export interface VerifyArgs {
   config: string;
-  nproc: number;
   steps: number;
-  overrides: string[];
+  /** The layouts, each compared with the one process that trains its global batches. */
+  layouts: VerifyLayout[];
 }
 
 interface Record_ {
@@ -66,28 +72,70 @@ function referenceOverrides(cfg: FlotillaConfig, dp: number): string[] {
   ];
 }
 
+function describe(cfg: FlotillaConfig, config: string, steps: number, nproc: number): string {
+  const p = cfg.parallel;
+  return `verify: ${steps} step(s) of ${config} on ${nproc} ranks (backend ${p.backend}; parallel: pp ${p.pp}, tp ${p.tp}${p.sequenceParallel ? ' + sequence parallel' : ''}${p.lossParallel ? ' + loss parallel' : ''}, zero ${p.zero}, dpShard ${p.dpShard}, dpReplicate ${p.dpReplicate}${p.ep > 1 ? `, ep ${p.ep}` : ''}${p.cp > 1 ? `, cp ${p.cp}` : ''}) against one process`;
+}
+
+/**
+ * Verifies every layout: the layouts of one rank count and backend train one after another in one
+ * world (`flotilla train-series`, src/cli/train_run.ts), each distinct one-process reference trains
+ * once in this process, then each layout is compared with its reference and printed as a block of
+ * its own (its `verify:` line, the table, PASS or FAIL). Exit status 1 if any layout fails.
+ */
 export async function verifyCommand(a: VerifyArgs, mainScript: string, print: (l: string) => void): Promise<number> {
-  const cfg = loadConfig(a.config, a.overrides);
-  const problems = checkRunnable(cfg, a.nproc);
-  if (problems.length > 0) throw new ConfigError(problems, a.config);
-  const dp = dataParallelDegree(cfg.parallel, a.nproc); // the layout's own rule (src/parallel/layout.ts)
+  const layouts = a.layouts.map((l, i) => {
+    const cfg = loadConfig(a.config, l.overrides);
+    const problems = checkRunnable(cfg, l.nproc);
+    if (problems.length > 0) throw new ConfigError(problems, a.layouts.length > 1 ? `${a.config} (layout ${i + 1}: --nproc ${l.nproc} ${l.overrides.join(' ')})` : a.config);
+    return { ...l, cfg, dp: dataParallelDegree(cfg.parallel, l.nproc) }; // the layout's own rule (src/parallel/layout.ts)
+  });
   const dir = mkdtempSync(join(tmpdir(), 'flotilla-verify-'));
   try {
-    const layoutDir = join(dir, 'layout');
-    const refDir = join(dir, 'reference');
-    print(`verify: ${a.steps} step(s) of ${a.config} on ${a.nproc} ranks (backend ${cfg.parallel.backend}; parallel: pp ${cfg.parallel.pp}, tp ${cfg.parallel.tp}${cfg.parallel.sequenceParallel ? " + sequence parallel" : ""}${cfg.parallel.lossParallel ? " + loss parallel" : ""}, zero ${cfg.parallel.zero}, dpShard ${cfg.parallel.dpShard}, dpReplicate ${cfg.parallel.dpReplicate}${cfg.parallel.ep > 1 ? `, ep ${cfg.parallel.ep}` : ""}${cfg.parallel.cp > 1 ? `, cp ${cfg.parallel.cp}` : ""}) against one process`);
-    if (cfg.model.dropout > 0) print(`verify: model.dropout=${cfg.model.dropout} set to 0 for both runs (dropout draws differ between layouts)`);
     const { runLauncher } = await import('./run.js');
-    process.env.FLOTILLA_REPORT = '0'; // the ranks' run directory is compared, then deleted: no report.html
-    const code = await runLauncher(['--nproc', String(a.nproc), '--backend', cfg.parallel.backend, mainScript, 'train', a.config, ...a.overrides, ...runOverrides(join(dir, 'run-layout'), a.steps), '--record', layoutDir]);
-    if (code !== 0) {
-      print(`FAIL: the ${a.nproc}-rank run exited with status ${code}`);
-      return 1;
+    const { writeSeries } = await import('./train_run.js');
+    process.env.FLOTILLA_REPORT = '0'; // the ranks' run directories are compared, then deleted: no report.html
+    // One world per rank count and backend.
+    const worlds = new Map<string, number[]>();
+    for (const [i, l] of layouts.entries()) {
+      const key = `${l.nproc} ${l.cfg.parallel.backend}`;
+      worlds.set(key, [...(worlds.get(key) ?? []), i]);
     }
+    const exitOf = new Map<number, number>();
+    for (const [w, members] of [...worlds.values()].entries()) {
+      const series = join(dir, `world-${w}.json`);
+      writeSeries(series, members.map((i) => [a.config, ...layouts[i]!.overrides, ...runOverrides(join(dir, `run-layout-${i}`), a.steps), '--record', join(dir, `layout-${i}`)]));
+      const first = layouts[members[0]!]!;
+      const code = await runLauncher(['--nproc', String(first.nproc), '--backend', first.cfg.parallel.backend, mainScript, 'train-series', series]);
+      for (const i of members) exitOf.set(i, code);
+    }
+    // The references: one process on the same global batches, trained once per distinct config.
     const { train } = await import('../train/trainer.js');
-    const refCfg = loadConfig(a.config, [...a.overrides, ...runOverrides(join(dir, 'run-reference'), a.steps), ...referenceOverrides(cfg, dp)]);
-    await train(refCfg, { recordDir: refDir, print: () => {} });
-    return await compare(layoutDir, refDir, a.nproc, print, toleranceFor(cfg));
+    const references = new Map<string, string>();
+    let failed = 0;
+    for (const [i, l] of layouts.entries()) {
+      if (a.layouts.length > 1) print('');
+      print(describe(l.cfg, a.config, a.steps, l.nproc));
+      if (l.cfg.model.dropout > 0) print(`verify: model.dropout=${l.cfg.model.dropout} set to 0 for both runs (dropout draws differ between layouts)`);
+      const layoutDir = join(dir, `layout-${i}`);
+      if (!existsSync(join(layoutDir, 'rank0.json'))) {
+        print(`FAIL: the ${l.nproc}-rank run exited with status ${exitOf.get(i)} before this layout finished`);
+        failed++;
+        continue;
+      }
+      const refCfg = loadConfig(a.config, [...l.overrides, ...runOverrides(join(dir, 'run-reference'), a.steps), ...referenceOverrides(l.cfg, l.dp)]);
+      const key = JSON.stringify(refCfg);
+      let refDir = references.get(key);
+      if (refDir === undefined) {
+        refDir = join(dir, `reference-${references.size}`);
+        await train(refCfg, { recordDir: refDir, print: () => {} });
+        rmSync(join(dir, 'run-reference'), { recursive: true, force: true });
+        references.set(key, refDir);
+      }
+      if ((await compare(layoutDir, refDir, l.nproc, print, toleranceFor(l.cfg))) !== 0) failed++;
+    }
+    if (layouts.length > 1) print(`\nverify: ${layouts.length - failed} of ${layouts.length} layouts PASS${failed > 0 ? `, ${failed} FAIL` : ''}`);
+    return failed > 0 ? 1 : 0;
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
