@@ -1,7 +1,6 @@
 // `npm test` after the set-up: the whole suite, three test files at once on the 2-core test machine
-// (launches of ranks two at a time across files, test/helpers/pool.ts), the longest first
-// (scripts/test-files.mjs): the third file is most often one process of its own, which fills the
-// cores while the others' ranks meet or wait. (Three was once given up for two after worlds of two
+// (launches of ranks two at a time across files, test/helpers/pool.ts), in the order
+// scripts/test-files.mjs gives (the longest first). (Three was once given up for two after worlds of two
 // files hung at rendezvous together; the cause was a free port handed to both before either rank 0
 // listened, and test worlds now meet in a FileStore of their own, test/helpers/world.ts.)
 // While dist/ is current (scripts/ensure.sh has just built it) each test file runs as the JavaScript
@@ -10,9 +9,10 @@
 // tsx. Arguments: test files to run instead of all of them, and options for `node --test` (e.g.
 // --test-reporter=tap).
 import { spawnSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join, relative, resolve } from 'node:path';
+import { basename, join, relative, resolve } from 'node:path';
+import { pathToFileURL } from 'node:url';
 import { runnableScript } from '../test/helpers/compiled.js';
 
 const ROOT = join(import.meta.dirname, '..');
@@ -27,11 +27,21 @@ if (named.length === 0) {
 const files = named.map((f) => runnableScript(relative(ROOT, resolve(f))));
 const loader = files.some((f) => f.endsWith('.ts')) ? ['--import', 'tsx'] : [];
 const concurrency = options.some((o) => o.startsWith('--test-concurrency')) ? [] : ['--test-concurrency=3'];
+// node --test starts its files sorted by path, whatever order they are given in: each file is
+// started through a one-line module named by its place in the order (001-pipeline_train.test.mjs)
+// that imports it.
+const orderDir = mkdtempSync(join(tmpdir(), 'flotilla-test-order-'));
+const ordered = files.map((f, i) => {
+  const name = `${String(i + 1).padStart(3, '0')}-${basename(f).replace(/-[0-9a-f]{16}\.mjs$/, '.mjs').replace(/\.ts$/, '.mts')}`;
+  writeFileSync(join(orderDir, name), `import ${JSON.stringify(pathToFileURL(resolve(ROOT, f)).href)};\n`);
+  return join(orderDir, name);
+});
 // The run's own cache of tokenized text (src/data/token_cache.ts): shared by its files, so the demo
 // corpus is tokenized once a run, and new each run, so no earlier run's ids are read.
 const cacheDir = mkdtempSync(join(tmpdir(), 'flotilla-test-cache-'));
-const r = spawnSync(process.execPath, [...loader, '--test', ...concurrency, ...options, ...files.map((f) => relative(ROOT, f))], {
+const r = spawnSync(process.execPath, [...loader, '--test', ...concurrency, ...options, ...ordered], {
   cwd: ROOT, stdio: 'inherit', env: { ...process.env, FLOTILLA_CACHE_DIR: cacheDir },
 });
 rmSync(cacheDir, { recursive: true, force: true });
+rmSync(orderDir, { recursive: true, force: true });
 process.exit(r.status ?? 1);

@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
 import { REPO_ROOT } from './helpers/world.js';
-import { BIN } from './helpers/cli.js';
+import { BIN, verifyBlock } from './helpers/cli.js';
 import { pool, spawnAsync, started } from './helpers/pool.js';
 import { verifyLayouts } from '../src/cli/train_args.js';
 
@@ -41,15 +41,13 @@ const layouts: [string, number, string[]][] = [
 ];
 
 const all = verify(layouts[0]![1], layouts[0]![2], {}, false, layouts.slice(1).flatMap(([, nproc, overrides]) => ['--and', '--nproc', String(nproc), ...overrides]));
-/** Layout i's block of the output: from its `verify: ` line to the next. */
-const blockOf = (out: string, i: number): string => out.split(/^(?=verify: \d+ step)/m).filter((b) => b.startsWith('verify: '))[i] ?? '';
 const preload = join(REPO_ROOT, 'test', 'fixtures', 'break_averaging.ts');
 const broken = verify(2, ['--parallel.zero=2'], { NODE_OPTIONS: `${process.env.NODE_OPTIONS ?? ''} --import tsx --import ${preload}`.trim() }, true);
 
 for (const [i, [name, nproc]] of layouts.entries()) {
   test(`verify PASSes for ${name} on ${nproc} ranks`, async () => {
     const { out } = await all;
-    const block = blockOf(out, i);
+    const block = verifyBlock(out, i);
     assert.match(block, new RegExp(`^verify: 4 step\\(s\\) of examples/gpt-tiny.toml on ${nproc} ranks`), out);
     assert.match(block, /^PASS \(tolerance/m, out);
     assert.equal(block.match(/^ +\d+ +[\d.]+ +[\d.e+-]+ +[\d.]+ +[\d.e+-]+$/gm)?.length, 4, `one line per step:\n${block}`);

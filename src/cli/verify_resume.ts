@@ -50,18 +50,30 @@ export async function verifyResumeCommand(a: VerifyResumeArgs, mainScript: strin
     print(`verify: ${a.steps} step(s) of ${a.config} on ${a.nproc} rank(s), saving at step ${a.resumeAt}; then steps ${a.resumeAt + 1}..${a.steps} again from that checkpoint ` +
       (sameLayout ? 'under the same layout (expected: bit-identical)' : `on ${thenNproc} rank(s) with ${thenOverrides.join(' ') || 'the same overrides'} (tolerance: loss ${RESUME_TOLERANCE.loss}, parameters ${RESUME_TOLERANCE.params}, relative)`));
     const backend = cfg.parallel.backend;
-    let code = await runLauncher(['--nproc', String(a.nproc), '--backend', backend, mainScript, 'train', a.config, ...a.overrides,
-      ...common(join(dir, 'run-straight'), a.steps), `--checkpoint.every=${a.resumeAt}`, `--checkpoint.keep=${a.steps}`, '--record', straight]);
-    if (code !== 0) {
-      print(`FAIL: the straight run exited with status ${code}`);
-      return 1;
-    }
     const ckpt = join(dir, 'run-straight', 'checkpoints', `step-${String(a.resumeAt).padStart(6, '0')}`);
-    code = await runLauncher(['--nproc', String(thenNproc), '--backend', backend, mainScript, 'train', a.config, ...a.overrides, ...thenOverrides,
-      ...common(join(dir, 'run-resumed'), a.steps), '--checkpoint.every=0', '--record', resumed, `--resume=${ckpt}`]);
-    if (code !== 0) {
-      print(`FAIL: the resumed run exited with status ${code}`);
-      return 1;
+    const straightRun = [a.config, ...a.overrides, ...common(join(dir, 'run-straight'), a.steps), `--checkpoint.every=${a.resumeAt}`, `--checkpoint.keep=${a.steps}`, '--record', straight];
+    const resumedRun = [a.config, ...a.overrides, ...thenOverrides, ...common(join(dir, 'run-resumed'), a.steps), '--checkpoint.every=0', '--record', resumed, `--resume=${ckpt}`];
+    if (thenNproc === a.nproc) {
+      // One world for both runs (src/cli/train_run.ts): the resume reads only the checkpoint on disk.
+      const { writeSeries } = await import('./train_run.js');
+      const series = join(dir, 'series.json');
+      writeSeries(series, [straightRun, resumedRun]);
+      const code = await runLauncher(['--nproc', String(a.nproc), '--backend', backend, mainScript, 'train-series', series]);
+      if (code !== 0) {
+        print(`FAIL: the ${existsSync(join(straight, 'rank0.json')) ? 'resumed' : 'straight'} run exited with status ${code}`);
+        return 1;
+      }
+    } else {
+      let code = await runLauncher(['--nproc', String(a.nproc), '--backend', backend, mainScript, 'train', ...straightRun]);
+      if (code !== 0) {
+        print(`FAIL: the straight run exited with status ${code}`);
+        return 1;
+      }
+      code = await runLauncher(['--nproc', String(thenNproc), '--backend', backend, mainScript, 'train', ...resumedRun]);
+      if (code !== 0) {
+        print(`FAIL: the resumed run exited with status ${code}`);
+        return 1;
+      }
     }
     return await compare(straight, resumed, a.resumeAt, sameLayout, print);
   } finally {

@@ -51,3 +51,8 @@ export function flotilla(args: string[], o: FlotillaOptions = {}): Promise<Floti
     });
   });
 }
+
+/** Layout i's block of a `flotilla verify ... --and ...` output: from its `verify: K step(s)` line to the next one. */
+export function verifyBlock(out: string, i: number): string {
+  return out.split(/^(?=verify: \d+ step)/m).filter((b) => b.startsWith('verify: '))[i] ?? '';
+}
