@@ -3,17 +3,19 @@
 // and resuming it in one process (or under another layout) gives one process's numbers. Shapes do
 // not divide by the world (vocabulary 259, width 30), so shards of unequal sizes round-trip.
 //
-// Every run is queued when the file loads and runs as soon as what it resumes from exists, two
-// launches at a time (test/helpers/pool.ts); each test awaits the runs it compares.
+// The runs of one rank count train one after another in one world (`flotilla train-series`, a
+// world's process starts paid once): the 2-rank layouts, each followed by its own resume; then the
+// 3- and 4-rank ones, with data parallel's checkpoint resumed among them; the one-process
+// references alongside; the resumes in one process last. Each test awaits the runs it compares.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { CONFIG, checkpointOf, flotilla, same, train, type RunResult } from './helpers/ckpt_runs.js';
+import { join } from 'node:path';
+import { CONFIG, flotilla, same, trainSeries, work, type RunResult } from './helpers/ckpt_runs.js';
 import { pool, started } from './helpers/pool.js';
 
 const launch = pool();
-/** `train` queued now; a run that resumes queues when the run it resumes from has finished. */
-const queued = (name: string, extra: string[] = []): Promise<RunResult> => started(launch(() => train(name, extra)));
-const after = <T>(first: Promise<T>, then: (t: T) => Promise<RunResult>): Promise<RunResult> => started(first.then(then));
+const series = (nproc: number, runs: { name: string; extra: string[] }[]): Promise<RunResult[]> => started(launch(() => trainSeries(nproc, runs)));
+const at = (all: Promise<RunResult[]>, i: number): Promise<RunResult> => started(all.then((r) => r[i]!));
 
 /** A model of its own for the tied-embedding layout (4 stages need 4 layers). */
 const TIED = ['--model.tieEmbeddings=true', '--model.nLayer=4'];
@@ -31,31 +33,58 @@ const LAYOUTS: [string, string[]][] = [
 ];
 const crossTested = new Set(['ZeRO-3 on 3', 'HSDP 2 x 2, ZeRO-3', 'pipeline 2, interleaved, tied embeddings', 'pipeline 2 x ZeRO-2 on 2']);
 const slugOf = (name: string): string => name.replace(/\W+/g, '-');
+const nprocOf = (args: string[]): number => Number(args[args.indexOf('--nproc') + 1]);
+const layoutArgs = (args: string[]): string[] => args.filter((a, i) => a !== '--nproc' && args[i - 1] !== '--nproc');
+/** Where the layout's 6-step run saves step 3 (it does not exist yet when the series is written). */
+const checkpoint3 = (name: string): string => join(work, `${slugOf(name)}-full`, 'checkpoints', 'step-000003');
+const TIED_NAME = 'pipeline 2, interleaved, tied embeddings';
 
-// The one-process runs every layout is compared with, and every layout's 6-step run.
-const reference = queued('ref');
-const referenceTied = queued('ref-tied', TIED);
-const full = new Map(LAYOUTS.map(([name, args]) => [name, queued(`${slugOf(name)}-full`, args)]));
-// `flotilla verify --resume` (each a straight run and a resumed one of its own).
-const verify = (args: string[]) => started(launch(() => flotilla(['verify', CONFIG, ...args])));
-const verifySame = verify(['--nproc', '2', '--parallel.zero=1', '--resume', '2', '--steps', '4']);
-const verifyOther = verify(['--nproc', '2', '--parallel.zero=1', '--resume', '2', '--steps', '4', '--then', '--nproc', '2', '--parallel.pp=2', '--parallel.ppSchedule=zb', '--parallel.zero=0', '--data.microBatches=2']);
-const verifyWrong = verify(['--nproc', '2', '--resume', '2', '--steps', '4', '--then', '--optim.lr=1e-2']);
-// Resumes of step 3: in one process, each layout under itself and (the sharded and split layouts,
-// and data parallel's into three others) elsewhere.
-const refResumed = after(reference, (ref) => launch(() => train('ref-resumed', ['--resume', checkpointOf(ref, 3)])));
-const resumed = new Map(LAYOUTS.map(([name, args]) => {
-  const tied = args.includes(TIED[0]!);
-  const self = after(full.get(name)!, (f) => launch(() => train(`${slugOf(name)}-self`, [...args, '--resume', checkpointOf(f, 3)])));
-  const one = crossTested.has(name) ? after(full.get(name)!, (f) => launch(() => train(`${slugOf(name)}-one`, ['--resume', checkpointOf(f, 3), ...(tied ? TIED : [])]))) : undefined;
-  return [name, { self, one }];
-}));
+// Data parallel's checkpoint resumed into three other layouts (in their worlds).
 const INTO: [string, string[]][] = [
   ['zero3-3', ['--nproc', '3', '--parallel.zero=3']],
   ['hsdp', ['--nproc', '4', '--parallel.zero=2', '--parallel.dpShard=2', '--parallel.dpReplicate=2']],
   ['pp2', ['--nproc', '2', '--parallel.pp=2', '--parallel.ppSchedule=gpipe', '--data.microBatches=3']],
 ];
-const dpInto = INTO.map(([slug, args]) => [slug, after(full.get('data parallel 2')!, (dp) => launch(() => train(`dp2-into-${slug}`, [...args, '--resume', checkpointOf(dp, 3)])))] as const);
+
+// Each layout's 6-step run, then its resume of step 3 under itself, in the world of its rank count;
+// data parallel's checkpoint into the layouts of that world after them.
+function worldOf(nproc: number, after?: Promise<unknown>): { all: Promise<RunResult[]>; names: string[] } {
+  const runs: { name: string; extra: string[] }[] = [];
+  for (const [name, args] of LAYOUTS.filter(([, args]) => nprocOf(args) === nproc)) {
+    runs.push({ name: `${slugOf(name)}-full`, extra: layoutArgs(args) });
+    runs.push({ name: `${slugOf(name)}-self`, extra: [...layoutArgs(args), '--resume', checkpoint3(name)] });
+  }
+  for (const [slug, args] of INTO.filter(([, args]) => nprocOf(args) === nproc)) {
+    runs.push({ name: `dp2-into-${slug}`, extra: [...layoutArgs(args), '--resume', checkpoint3('data parallel 2')] });
+  }
+  const all = after ? started(after.then(() => series(nproc, runs))) : series(nproc, runs);
+  return { all, names: runs.map((r) => r.name) };
+}
+const worlds = [worldOf(2)];
+worlds.push(worldOf(3, worlds[0]!.all), worldOf(4, worlds[0]!.all));
+const runOf = (name: string): Promise<RunResult> => {
+  for (const w of worlds) if (w.names.includes(name)) return at(w.all, w.names.indexOf(name));
+  throw new Error(`no run ${name}`);
+};
+const full = new Map(LAYOUTS.map(([name]) => [name, runOf(`${slugOf(name)}-full`)]));
+// The one-process runs every layout is compared with (and a resume of the first), then the sharded
+// and split layouts' checkpoints resumed in one process, once every world has finished.
+const references = series(1, [{ name: 'ref', extra: [] }, { name: 'ref-tied', extra: TIED }, { name: 'ref-resumed', extra: ['--resume', join(work, 'ref', 'checkpoints', 'step-000003')] }]);
+const [reference, referenceTied, refResumed] = [0, 1, 2].map((i) => at(references, i)) as [Promise<RunResult>, Promise<RunResult>, Promise<RunResult>];
+const ones = LAYOUTS.filter(([name]) => crossTested.has(name));
+const oneRuns = started(Promise.all(worlds.map((w) => w.all)).then(() => series(1, ones.map(([name]) => ({
+  name: `${slugOf(name)}-one`, extra: ['--resume', checkpoint3(name), ...(name === TIED_NAME ? TIED : [])],
+})))));
+const resumed = new Map(LAYOUTS.map(([name]) => [name, {
+  self: runOf(`${slugOf(name)}-self`),
+  one: crossTested.has(name) ? at(oneRuns, ones.findIndex(([n]) => n === name)) : undefined,
+}]));
+const dpInto = INTO.map(([slug]) => [slug, runOf(`dp2-into-${slug}`)] as const);
+// `flotilla verify --resume` (each a straight run and a resumed one of its own, in one world).
+const verify = (args: string[]) => started(launch(() => flotilla(['verify', CONFIG, ...args])));
+const verifySame = verify(['--nproc', '2', '--parallel.zero=1', '--resume', '2', '--steps', '4']);
+const verifyOther = verify(['--nproc', '2', '--parallel.zero=1', '--resume', '2', '--steps', '4', '--then', '--nproc', '2', '--parallel.pp=2', '--parallel.ppSchedule=zb', '--parallel.zero=0', '--data.microBatches=2']);
+const verifyWrong = verify(['--nproc', '2', '--resume', '2', '--steps', '4', '--then', '--optim.lr=1e-2']);
 
 test('one process: a resume from step 3 continues bit-identically (losses, norms, parameters, metrics file)', async () => {
   const ref = await reference;

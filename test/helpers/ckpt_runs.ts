@@ -9,7 +9,8 @@ import assert from 'node:assert/strict';
 import { readMetrics, type StepMetrics } from '../../src/train/metrics.js';
 import { assertClose } from './close.js';
 
-import { flotilla } from './cli.js';
+import { BIN, flotilla } from './cli.js';
+import { writeSeries } from '../../src/cli/train_run.js';
 
 export { flotilla, ROOT, BIN, type Flotilla } from './cli.js';
 
@@ -58,6 +59,25 @@ export async function train(name: string, extra: string[] = []): Promise<RunResu
   const r = await flotilla(['train', CONFIG, `--train.runDir=${dir}`, '--record', record, ...extra]);
   if (r.code !== 0) throw new Error(`flotilla train ${extra.join(' ')} exited ${r.code}\n${r.out}\n${r.err}`);
   return { dir, metrics: readMetrics(join(dir, 'metrics.jsonl')), params: readRecord(record), out: r.out };
+}
+
+/**
+ * Several runs of the test config in one world, one after another (`flotilla train-series`: a
+ * world's process starts and rendezvous paid once), each into work/<name> as `train` would; resolves
+ * each run's result with its own part of the output (the ranks' lines from its `[series] run i/n`
+ * line to the next). Fails naming the series' exit status and output when any run fails.
+ */
+export async function trainSeries(nproc: number, runs: { name: string; extra: string[] }[]): Promise<RunResult[]> {
+  const file = join(work, `series-${runs.map((r) => r.name).join('+').slice(0, 120)}.json`);
+  writeSeries(file, runs.map(({ name, extra }) => [CONFIG, `--train.runDir=${join(work, name)}`, '--record', join(work, name, 'record'), ...extra]));
+  const r = await flotilla(nproc === 1 ? ['train-series', file] : ['run', '--nproc', String(nproc), '--backend', 'gloo', BIN, 'train-series', file], { timeoutMs: 600_000 });
+  if (r.code !== 0) throw new Error(`flotilla train-series (${nproc} rank(s): ${runs.map((x) => x.name).join(', ')}) exited ${r.code}\n${r.out}\n${r.err}`);
+  const parts = r.out.split(/^(?=(?:\[rank \d+\] )?\[series\] run \d+\/\d+)/m).filter((p) => /^(?:\[rank \d+\] )?\[series\] run/.test(p));
+  assert.equal(parts.length, runs.length, `one [series] line per run:\n${r.out}`);
+  return runs.map(({ name }, i) => {
+    const dir = join(work, name);
+    return { dir, metrics: readMetrics(join(dir, 'metrics.jsonl')), params: readRecord(join(dir, 'record')), out: parts[i]! };
+  });
 }
 
 export function readRecord(record: string): Map<string, number[]> {
