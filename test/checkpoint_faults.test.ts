@@ -8,18 +8,22 @@ import { cpSync, existsSync, readdirSync, readFileSync, rmSync, statSync, writeF
 import { join } from 'node:path';
 import { readMetrics } from '../src/train/metrics.js';
 import { consolidate } from '../src/checkpoint/export.js';
-import { CONFIG, checkpointOf, flotilla, latestOf, train, work, type RunResult } from './helpers/ckpt_runs.js';
+import { CONFIG, checkpointOf, flotilla, latestOf, train, trainSeries, work, type RunResult } from './helpers/ckpt_runs.js';
 import { pool, started } from './helpers/pool.js';
 
 // Runs that no signal or kill depends on go through this queue, two at a time (test/helpers/pool.ts);
 // the tests that kill or signal a run keep it to themselves.
 const launch = pool();
-const refRun = started(launch(() => train('faults-ref', ['--nproc', '2'])));
-const asyncRun = started(launch(() => train('faults-async', ['--nproc', '2', '--checkpoint.async=true', '--checkpoint.every=1', '--checkpoint.keep=2'])));
+// Three 2-rank runs in one world (flotilla train-series): blocking saves, background saves, and the
+// uninterrupted run the --max-restarts test ends like.
+const twoRank = started(launch(() => trainSeries(2, [
+  { name: 'faults-ref', extra: [] },
+  { name: 'faults-async', extra: ['--checkpoint.async=true', '--checkpoint.every=1', '--checkpoint.keep=2'] },
+  { name: 'restarted-straight', extra: ['--parallel.backend=gloo', '--train.steps=12', '--checkpoint.every=0'] },
+])));
+const [refRun, asyncRun, restartedStraight] = [0, 1, 2].map((i) => started(twoRank.then((r) => r[i]!))) as [Promise<RunResult>, Promise<RunResult>, Promise<RunResult>];
 /** The source of the bad-checkpoint cases (one process). */
 const goodRun = started(launch(() => train('bad-source', [])));
-/** The uninterrupted run the --max-restarts test ends like. */
-const restartedStraight = started(launch(() => train('restarted-straight', ['--nproc', '2', '--parallel.backend=gloo', '--train.steps=12', '--checkpoint.every=0'])));
 let ref: RunResult;
 
 test('background (async) saves publish the same checkpoints as blocking ones, and training is not changed by them', async () => {
