@@ -7,24 +7,31 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { checkpointOf, same, train, type RunResult } from './helpers/ckpt_runs.js';
+import { checkpointOf, same, train, trainSeries, work, type RunResult } from './helpers/ckpt_runs.js';
 import { pool, started } from './helpers/pool.js';
 
 const MODEL = ['--model.vocabSize=260', '--model.nEmbd=32', '--model.nHead=2'];
 const TP2 = ['--nproc', '2', '--parallel.tp=2', '--parallel.sequenceParallel=true', '--data.microBatches=2'];
 
-// Every run is queued when the file loads, two launches at a time (test/helpers/pool.ts); a resume
-// queues when the run it resumes from has finished, and each test awaits the runs it compares.
+// The 2-rank runs train in one world (flotilla train-series): tp=2, its resume under itself, and its
+// checkpoint under ZeRO-3; beside it the one-process reference; then the resumes that need both.
+// Each test awaits the runs it compares.
 const launch = pool();
-const queued = (name: string, extra: string[]): Promise<RunResult> => started(launch(() => train(name, extra)));
-const resume = (from: Promise<RunResult>, name: string, extra: string[]): Promise<RunResult> =>
-  started(from.then((f) => queued(name, [...extra, '--resume', checkpointOf(f, 3)])));
+const series = (nproc: number, runs: { name: string; extra: string[] }[]): Promise<RunResult[]> => started(launch(() => trainSeries(nproc, runs)));
+const at = (all: Promise<RunResult[]>, i: number): Promise<RunResult> => started(all.then((r) => r[i]!));
+const step3 = (name: string): string => join(work, name, 'checkpoints', 'step-000003');
+const layout = (args: string[]): string[] => args.filter((a, i) => a !== '--nproc' && args[i - 1] !== '--nproc');
 
-const reference = queued('tp-ref', MODEL);
-const tp2 = queued('tp2', [...MODEL, ...TP2]);
-const tp2Self = resume(tp2, 'tp2-self', [...MODEL, ...TP2]);
-const tp2Into = (['one', 'zero3'] as const).map((slug) => [slug, resume(tp2, `tp2-into-${slug}`, [...MODEL, ...(slug === 'one' ? [] : ['--nproc', '2', '--parallel.zero=3'])])] as const);
-const oneIntoTp2pp2 = resume(reference, 'one-into-tp2pp2', [...MODEL, '--nproc', '4', '--parallel.tp=2', '--parallel.pp=2', '--parallel.lossParallel=true', '--data.microBatches=2']);
+const reference = at(series(1, [{ name: 'tp-ref', extra: MODEL }]), 0);
+const world2 = series(2, [
+  { name: 'tp2', extra: [...MODEL, ...layout(TP2)] },
+  { name: 'tp2-self', extra: [...MODEL, ...layout(TP2), '--resume', step3('tp2')] },
+  { name: 'tp2-into-zero3', extra: [...MODEL, '--parallel.zero=3', '--resume', step3('tp2')] },
+]);
+const [tp2, tp2Self, tp2IntoZero3] = [0, 1, 2].map((i) => at(world2, i)) as [Promise<RunResult>, Promise<RunResult>, Promise<RunResult>];
+const tp2IntoOne = started(world2.then(() => launch(() => train('tp2-into-one', [...MODEL, '--resume', step3('tp2')]))));
+const tp2Into = [['one', tp2IntoOne], ['zero3', tp2IntoZero3]] as const;
+const oneIntoTp2pp2 = started(reference.then(() => launch(() => train('one-into-tp2pp2', [...MODEL, '--nproc', '4', '--parallel.tp=2', '--parallel.pp=2', '--parallel.lossParallel=true', '--data.microBatches=2', '--resume', step3('tp-ref')]))));
 
 test('tp=2 with sequence parallelism trains like one process and resumes itself bit-identically', async () => {
   const ref = await reference;
