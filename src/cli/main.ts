@@ -32,6 +32,16 @@ usage:
       Train K steps (default 5) under the config's layout on N ranks and the same steps in one
       process on the same global batches; print per-step loss and grad-norm differences, the largest
       parameter difference, and PASS or FAIL (exit status 0 or 1) against the stated tolerance.
+  flotilla plan <config.toml> --nproc N [--nnodes M] [--memory GiB] [--json] [--top K] [--measure K] [--section.field=value ...]
+      Which layouts the config's model can take on N ranks per host (x M hosts): data parallel,
+      ZeRO 0-3, HSDP, pipeline schedules, tensor (+ sequence), context and expert parallelism,
+      micro-batches, activation checkpointing, precision. Predicts each rank's peak memory and the
+      step time from a short calibration on this machine (cached), ranks them by step time, marks
+      what does not fit in --memory GiB per rank (default: this machine's memory over N), and
+      prints the flags that select each. Flags of layout fields pin them. --json: every layout as
+      JSON; --measure K: train the first K that fit for a few steps and print measured beside
+      predicted. Collectives across hosts are not measured here (step times marked >=).
+      \`flotilla train --plan\` (or [parallel] auto = true) trains with the layout ranked first.
   flotilla run --nproc N <script.ts|script.js> [args ...]
       Start N ranks of a script with the launch environment (RANK, WORLD_SIZE, MASTER_ADDR, ...);
       run \`flotilla run --help\` for the launcher's options.
@@ -394,6 +404,14 @@ export async function main(argv: readonly string[]): Promise<number> {
       }
       case 'schedule':
         return await scheduleCommand(rest);
+      case 'plan': {
+        if (rest.includes('--help') || rest.includes('-h')) {
+          process.stdout.write(`${USAGE}\n`);
+          return 0;
+        }
+        const { planCommand } = await import('./plan.js');
+        return await planCommand(rest, (l) => process.stdout.write(`${l}\n`), (l) => process.stderr.write(`${l}\n`));
+      }
       case 'prepare':
         return await (await import('./prepare.js')).prepareCommand(rest);
       case 'tokenizer':
@@ -412,7 +430,7 @@ export async function main(argv: readonly string[]): Promise<number> {
         return await c.generateCommand(rest, print);
       }
       default:
-        throw new UsageError(`unknown command ${JSON.stringify(cmd)}; commands: train, verify, run, config, schedule, prepare, tokenizer, export, generate, checkpoint, report (see flotilla --help)`);
+        throw new UsageError(`unknown command ${JSON.stringify(cmd)}; commands: train, verify, plan, run, config, schedule, prepare, tokenizer, export, generate, checkpoint, report (see flotilla --help)`);
     }
   } catch (e) {
     const err = e as Error;

@@ -1,0 +1,191 @@
+// What the planner measures on this machine, once, and keeps under the project's cache directory
+// ($FLOTILLA_CACHE_DIR/plan, else $XDG_CACHE_HOME/flotilla/plan, else ~/.cache/flotilla/plan;
+// FLOTILLA_CACHE_DIR=off measures every time):
+//   - compute: the config's own model, forward and backward at each shape the layouts need
+//     (calibrate_model.ts, one process with a rank's threads), per block and for the rest;
+//   - communication: each collective's time by group size and bytes on this host, under the
+//     backend the config uses, with every rank busy (calibrate_comm.ts through `flotilla run`);
+//   - baseline: what a rank holds before any model state (Node, libtorch, the data, the collective
+//     runtime) and the loop's own cost per step, from a real `flotilla train` of a 1-block model
+//     of width 32 on the same ranks and data (measure.ts).
+// Every entry is keyed by what it depends on (the model's and data's config, threads, ranks,
+// backend, the machine's CPU and the code that measures), so a change of any is a new measurement.
+import { createHash } from 'node:crypto';
+import { execFileSync } from 'node:child_process';
+import { mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { cpus, homedir, tmpdir } from 'node:os';
+import { join } from 'node:path';
+import type { FlotillaConfig } from '../config/schema.js';
+import type { CalibrationPoint, DepthTiming, ModelCalibrationIn, ModelCalibrationOut } from './calibrate_model.js';
+import { measureLayout, planScript } from './measure.js';
+import type { Collective } from './terms.js';
+
+/** The planner's cache directory, or undefined when FLOTILLA_CACHE_DIR=off. */
+export function planCacheDir(env: NodeJS.ProcessEnv = process.env): string | undefined {
+  const own = env.FLOTILLA_CACHE_DIR?.trim();
+  if (own === 'off') return undefined;
+  if (own) return join(own, 'plan');
+  const xdg = env.XDG_CACHE_HOME?.trim();
+  return join(xdg || join(homedir(), '.cache'), 'flotilla', 'plan');
+}
+
+const digest = (x: unknown): string => createHash('sha256').update(JSON.stringify(x)).digest('hex').slice(0, 16);
+const machine = (): string => `${cpus()[0]?.model ?? '?'} x${cpus().length}`;
+function codeOf(name: string): string {
+  try {
+    return digest(readFileSync(planScript(name), 'utf8'));
+  } catch {
+    return '?';
+  }
+}
+
+function cached<T>(name: string, key: unknown, make: () => Promise<T>): Promise<T> {
+  const dir = planCacheDir();
+  const file = dir === undefined ? undefined : join(dir, `${name}-${digest(key)}.json`);
+  if (file !== undefined) {
+    try {
+      return Promise.resolve(JSON.parse(readFileSync(file, 'utf8')) as T);
+    } catch { /* not measured yet */ }
+  }
+  return make().then((v) => {
+    if (file !== undefined) {
+      try {
+        mkdirSync(dir!, { recursive: true });
+        const tmp = `${file}.${process.pid}.tmp`;
+        writeFileSync(tmp, JSON.stringify(v));
+        renameSync(tmp, file);
+      } catch { /* a cache that cannot be written only costs a measurement next time */ }
+    }
+    return v;
+  });
+}
+
+// ---- compute
+
+export interface PartTiming { fwdMs: number; bwdMs: number; actBytes: number }
+export interface ComputePoint extends CalibrationPoint { block: PartTiming; rest: PartTiming }
+
+function depthsOf(cfg: FlotillaConfig): [number, number] {
+  const e = cfg.moe.experts > 0 ? cfg.moe.every : 1;
+  // Depths far apart, so that one block's time stands out of the noise (3 blocks when the model has them).
+  const n = Math.floor(cfg.model.nLayer / e);
+  return n >= 3 ? [e, 3 * e] : n === 2 ? [e, 2 * e] : [cfg.model.nLayer, cfg.model.nLayer];
+}
+
+function split(cfg: FlotillaConfig, d: [DepthTiming, DepthTiming]): { block: PartTiming; rest: PartTiming } {
+  const [a, b] = depthsOf(cfg);
+  const part = (k: keyof DepthTiming): [number, number] => {
+    if (a === b) return [d[0][k] / a, 0];
+    const block = Math.max(0, (d[1][k] - d[0][k]) / (b - a));
+    return [block, Math.max(0, d[0][k] - a * block)];
+  };
+  const [bf, rf] = part('fwdMs'), [bb, rb] = part('bwdMs'), [ba, ra] = part('actBytes');
+  return { block: { fwdMs: bf, bwdMs: bb, actBytes: ba }, rest: { fwdMs: rf, bwdMs: rb, actBytes: ra } };
+}
+
+/** Forward, backward and activation bytes per block and for the rest, at each point (measured, cached per point). */
+export async function calibrateCompute(cfg: FlotillaConfig, points: CalibrationPoint[], log: (l: string) => void): Promise<{ points: ComputePoint[]; optimizerNsPerParam: number }> {
+  const modelKey = { model: cfg.model, moe: cfg.moe, threads: cfg.train.threads, seed: cfg.train.seed, machine: machine(), code: codeOf('calibrate_model'), depths: depthsOf(cfg) };
+  const dir = planCacheDir();
+  const file = dir === undefined ? undefined : join(dir, `compute-${digest(modelKey)}.json`);
+  let have: { points: Record<string, ComputePoint>; optimizerNsPerParam: number } = { points: {}, optimizerNsPerParam: NaN };
+  if (file !== undefined) {
+    try { have = JSON.parse(readFileSync(file, 'utf8')) as typeof have; } catch { /* nothing yet */ }
+  }
+  const keyOf = (p: CalibrationPoint) => `${p.samples}x${p.tokens}:${p.precision}:${p.activationCheckpoint}`;
+  const missing = points.filter((p) => have.points[keyOf(p)] === undefined);
+  if (missing.length > 0 || Number.isNaN(have.optimizerNsPerParam)) {
+    log(`[plan] calibrating the model's forward and backward at ${missing.length} shape(s) (once; cached${file ? ` in ${dir}` : ''})`);
+    const tmp = mkdtempSync(join(tmpdir(), 'flotilla-plan-cal-'));
+    try {
+      const input: ModelCalibrationIn = { cfg, depths: depthsOf(cfg), points: missing.length > 0 ? missing : [points[0]!], reps: 5 };
+      writeFileSync(join(tmp, 'in.json'), JSON.stringify(input));
+      execFileSync(process.execPath, [...process.execArgv, planScript('calibrate_model'), join(tmp, 'in.json'), join(tmp, 'out.json')], { stdio: ['ignore', 'ignore', 'pipe'] });
+      const out = JSON.parse(readFileSync(join(tmp, 'out.json'), 'utf8')) as ModelCalibrationOut;
+      for (const p of out.points) have.points[keyOf(p)] = { samples: p.samples, tokens: p.tokens, precision: p.precision, activationCheckpoint: p.activationCheckpoint, ...split(cfg, p.depth) };
+      have.optimizerNsPerParam = out.optimizerNsPerParam;
+    } finally {
+      rmSync(tmp, { recursive: true, force: true });
+    }
+    if (file !== undefined) {
+      try {
+        mkdirSync(dir!, { recursive: true });
+        writeFileSync(`${file}.${process.pid}.tmp`, JSON.stringify(have));
+        renameSync(`${file}.${process.pid}.tmp`, file);
+      } catch { /* see cached() */ }
+    }
+  }
+  return { points: points.map((p) => have.points[keyOf(p)]!), optimizerNsPerParam: have.optimizerNsPerParam };
+}
+
+// ---- communication
+
+export interface CommTable {
+  backend: string;
+  worldSize: number;
+  /** `${op}:${groupSize}` -> [bytes, ms] rows, ascending. */
+  table: Record<string, [number, number][]>;
+}
+
+/** The time of one collective (ms), interpolated in bytes between measured sizes (a latency floor below the smallest). */
+export function commMs(t: CommTable, op: Collective, group: number, bytes: number): number {
+  const rows = t.table[`${op}:${group}`];
+  if (rows === undefined || rows.length === 0) throw new Error(`no measurement of ${op} over ${group} ranks (measured: ${Object.keys(t.table).join(', ')})`);
+  // Noise under load can make a smaller message look slower: time never decreases with size.
+  const ms = rows.map(([, m]) => m);
+  for (let i = ms.length - 2; i >= 0; i--) ms[i] = Math.min(ms[i]!, ms[i + 1]!);
+  if (bytes <= rows[0]![0]) return ms[0]!;
+  for (let i = 1; i < rows.length; i++) {
+    if (bytes <= rows[i]![0]) {
+      const [b0, b1] = [rows[i - 1]![0], rows[i]![0]];
+      return ms[i - 1]! + ((ms[i]! - ms[i - 1]!) * (bytes - b0)) / (b1 - b0);
+    }
+  }
+  const n = rows.length;
+  const slope = n > 1 ? (ms[n - 1]! - ms[n - 2]!) / (rows[n - 1]![0] - rows[n - 2]![0]) : ms[0]! / rows[0]![0];
+  return ms[n - 1]! + slope * (bytes - rows[n - 1]![0]);
+}
+
+export const COMM_SIZES = [16 * 1024, 256 * 1024, 2 * 2 ** 20, 16 * 2 ** 20];
+
+/** The collectives' table for this host's ranks under the config's backend (measured, cached). */
+export function calibrateComm(cfg: FlotillaConfig, nproc: number, log: (l: string) => void): Promise<CommTable> {
+  if (nproc < 2) return Promise.resolve({ backend: 'local', worldSize: 1, table: {} });
+  const key = { backend: cfg.parallel.backend, nproc, threads: cfg.train.threads, machine: machine(), code: codeOf('calibrate_comm'), sizes: COMM_SIZES };
+  return cached('comm', key, async () => {
+    log(`[plan] measuring collectives on ${nproc} ranks (${cfg.parallel.backend} backend; once, cached)`);
+    const tmp = mkdtempSync(join(tmpdir(), 'flotilla-plan-comm-'));
+    try {
+      const { runLauncher } = await import('../cli/run.js');
+      let output = '';
+      const sink = { write: (s: string) => { output = (output + s).slice(-4000); return true; } };
+      const code = await runLauncher(['--nproc', String(nproc), '--backend', cfg.parallel.backend, planScript('calibrate_comm'), join(tmp, 'out.json'), JSON.stringify({ sizes: COMM_SIZES, reps: 5, threads: cfg.train.threads })], { stdout: sink, stderr: sink, handleSignals: false });
+      if (code !== 0) throw new Error(`measuring the collectives failed (status ${code}):\n${output}`);
+      return JSON.parse(readFileSync(join(tmp, 'out.json'), 'utf8')) as CommTable;
+    } finally {
+      rmSync(tmp, { recursive: true, force: true });
+    }
+  });
+}
+
+// ---- baseline
+
+export interface Baseline {
+  /** Resident bytes per rank that no layout term covers (the largest rank's). */
+  bytes: number;
+  /** The loop's own time per step (ms), with a model too small to matter. */
+  stepMs: number;
+}
+
+/** The baseline of a rank for this config's data and ranks (measured with a tiny model, cached). */
+export function calibrateBaseline(config: string, cfg: FlotillaConfig, overrides: readonly string[], nproc: number, log: (l: string) => void): Promise<Baseline> {
+  const tiny = ['--model.nLayer=1', '--model.nEmbd=32', '--model.nHead=1', '--moe.experts=0', '--parallel.dp=-1', '--parallel.zero=0', '--parallel.dpShard=-1', '--parallel.dpReplicate=1', '--parallel.pp=1', '--parallel.tp=1', '--parallel.cp=1', '--parallel.ep=1',
+    '--parallel.sequenceParallel=false', '--parallel.lossParallel=false', '--parallel.auto=false', '--data.microBatches=1', '--train.activationCheckpoint=none', '--train.precision=fp32', '--parallel.accumulate=auto'];
+  const key = { data: cfg.data, vocab: cfg.model.vocabSize, backend: cfg.parallel.backend, nproc, threads: cfg.train.threads, machine: machine(), code: codeOf('measure') };
+  return cached('baseline', key, async () => {
+    log(`[plan] measuring a rank's baseline with a 1-block model on ${nproc} rank(s) (once, cached)`);
+    const m = await measureLayout(config, [...overrides, ...tiny], nproc, { steps: 5 });
+    const tinyParams = cfg.model.vocabSize * 32 * 2 + cfg.model.blockSize * 32 + 13 * 32 * 32;
+    return { bytes: Math.max(...m.peakMiB) * 2 ** 20 - 16 * tinyParams, stepMs: m.stepMs };
+  });
+}
