@@ -171,21 +171,31 @@ export function calibrateComm(cfg: FlotillaConfig, nproc: number, log: (l: strin
 // ---- baseline
 
 export interface Baseline {
-  /** Resident bytes per rank that no layout term covers (the largest rank's). */
+  /** Resident bytes of a rank in the loop that no layout term covers (Node, libtorch, the data, the collectives' runtime). */
   bytes: number;
+  /** The high-water mark of starting up (reading and tokenizing the data, loading the libraries): a floor of every peak. */
+  startupBytes: number;
   /** The loop's own time per step (ms), with a model too small to matter. */
   stepMs: number;
 }
 
-/** The baseline of a rank for this config's data and ranks (measured with a tiny model, cached). */
+/**
+ * The baseline of a rank for this config's data and ranks, measured with a 1-block model of width
+ * 32 (cached): its high-water mark is the start-up's, and rank 0's resident size after the second
+ * step ([memory] line of the trainer) less the tiny model's state is what the loop keeps besides
+ * the layout's terms.
+ */
 export function calibrateBaseline(config: string, cfg: FlotillaConfig, overrides: readonly string[], nproc: number, log: (l: string) => void): Promise<Baseline> {
   const tiny = ['--model.nLayer=1', '--model.nEmbd=32', '--model.nHead=1', '--moe.experts=0', '--parallel.dp=-1', '--parallel.zero=0', '--parallel.dpShard=-1', '--parallel.dpReplicate=1', '--parallel.pp=1', '--parallel.tp=1', '--parallel.cp=1', '--parallel.ep=1',
     '--parallel.sequenceParallel=false', '--parallel.lossParallel=false', '--parallel.auto=false', '--data.microBatches=1', '--train.activationCheckpoint=none', '--train.precision=fp32', '--parallel.accumulate=auto'];
   const key = { data: cfg.data, vocab: cfg.model.vocabSize, backend: cfg.parallel.backend, nproc, threads: cfg.train.threads, machine: machine(), code: codeOf('measure') };
   return cached('baseline', key, async () => {
     log(`[plan] measuring a rank's baseline with a 1-block model on ${nproc} rank(s) (once, cached)`);
-    const m = await measureLayout(config, [...overrides, ...tiny], nproc, { steps: 5 });
+    const m = await measureLayout(config, [...overrides, ...tiny], nproc, { steps: 5, progress: true });
     const tinyParams = cfg.model.vocabSize * 32 * 2 + cfg.model.blockSize * 32 + 13 * 32 * 32;
-    return { bytes: Math.max(...m.peakMiB) * 2 ** 20 - 16 * tinyParams, stepMs: m.stepMs };
+    const resident = /the process: resident (\d+) MiB/.exec(m.output);
+    const startupBytes = Math.max(...m.peakMiB) * 2 ** 20;
+    const bytes = resident ? Number(resident[1]) * 2 ** 20 - 16 * tinyParams : startupBytes - 16 * tinyParams;
+    return { bytes, startupBytes, stepMs: m.stepMs };
   });
 }

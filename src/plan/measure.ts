@@ -22,6 +22,8 @@ export interface Measured {
   /** Median step time over the steps after the first, ms. */
   stepMs: number;
   steps: number[];
+  /** The end of what the run printed (with `progress`, rank 0's [memory] line among it). */
+  output: string;
 }
 
 const MiB = 2 ** 20;
@@ -65,13 +67,13 @@ function hwm(pid: number): number | undefined {
  * Runs `flotilla train CONFIG --nproc N OVERRIDES` for `steps` steps (evaluation, checkpoints,
  * samples and the report off; the run directory temporary) and measures it.
  */
-export async function measureLayout(config: string, overrides: readonly string[], nproc: number, opts: { steps?: number; env?: NodeJS.ProcessEnv; timeoutMs?: number } = {}): Promise<Measured> {
+export async function measureLayout(config: string, overrides: readonly string[], nproc: number, opts: { steps?: number; env?: NodeJS.ProcessEnv; timeoutMs?: number; progress?: boolean } = {}): Promise<Measured> {
   const steps = opts.steps ?? 5;
   const dir = mkdtempSync(join(tmpdir(), 'flotilla-plan-measure-'));
   try {
     const args = [
       ...process.execArgv, CLI_MAIN, 'train', config, '--nproc', String(nproc), ...overrides,
-      `--train.steps=${steps}`, '--train.evalEvery=0', '--train.evalBatches=1', '--log.progress=off', '--log.sampleTokens=0', '--checkpoint.every=0',
+      `--train.steps=${steps}`, '--train.evalEvery=0', '--train.evalBatches=1', `--log.progress=${opts.progress ? 'plain' : 'off'}`, '--log.sampleTokens=0', '--checkpoint.every=0',
       `--train.runDir=${join(dir, 'run')}`, '--optim.warmupSteps=0',
     ];
     const child = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, FLOTILLA_REPORT: '0', ...opts.env } });
@@ -109,7 +111,7 @@ export async function measureLayout(config: string, overrides: readonly string[]
     const times = rows.slice(1).map((r, i) => 1000 * (r.elapsedS - rows[i]!.elapsedS));
     if (times.length === 0) throw new Error('measuring: at least 2 steps are needed (the first is left out)');
     const sorted = [...times].sort((a, b) => a - b);
-    return { peakMiB: peak, stepMs: sorted[Math.floor(sorted.length / 2)]!, steps: times };
+    return { peakMiB: peak, stepMs: sorted[Math.floor(sorted.length / 2)]!, steps: times, output };
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }

@@ -1,7 +1,7 @@
 // From a layout to bytes and milliseconds: fold the axes' descriptions into each pipeline stage's
 // RankBudget ([Note: plan terms]), then price them with what this machine measured (calibrate.ts).
 //
-// Memory (per rank, at its peak): the baseline + parameters + gradients + optimizer state + ZeRO-3
+// Memory (per rank, at its peak): the larger of the start-up's high-water mark and the baseline + parameters + gradients + optimizer state + ZeRO-3
 // gathers in flight + bf16 copies + communication buffers + activations of one micro-batch (its
 // blocks' and, on the rank with the head, the rest's; measured under the layout's precision and
 // checkpointing) x the micro-batches the schedule keeps alive.
@@ -26,7 +26,7 @@ export interface World {
 }
 
 export interface Prediction {
-  /** Peak resident bytes of each pipeline stage's ranks, by term, and their sum. */
+  /** Peak resident bytes of each pipeline stage's ranks, by term, and their sum (or the start-up's mark when higher). */
   stages: { stage: number; terms: Record<MemoryTerm, number>; peakBytes: number }[];
   peakBytes: number;
   stepMs: number;
@@ -82,7 +82,8 @@ export function predict(cfg: FlotillaConfig, layout: PlanLayout, facts: ModelFac
     const terms = { ...b.memory };
     terms.baseline = m.baseline.bytes;
     terms.activations = (share(cal.block, 'actBytes', true) + rest('actBytes', true)) * b.liveMicroBatches;
-    const peakBytes = MEMORY_TERMS.reduce((a, t) => a + terms[t], 0);
+    // Starting up (the data, the libraries) may reach higher than the loop ever does.
+    const peakBytes = Math.max(m.baseline.startupBytes, MEMORY_TERMS.reduce((a, t) => a + terms[t], 0));
     stages.push({ stage: s, terms, peakBytes });
     let c = 0;
     let hideable = 0;
