@@ -637,8 +637,8 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
 
 /**
  * What data parallelism and ZeRO-1/2 hold and send on a rank, for the planner ([Note: plan terms]
- * in src/plan/terms.ts): parameters whole; gradients whole (zero 0/1) or a shard plus the buckets
- * in flight (zero 2); AdamW's two float32 moments for the parameters this rank updates (a 1 /
+ * in src/plan/terms.ts): parameters whole; gradients whole (zero 0/1) or a shard plus two full
+ * buckets, the one backward fills and the one in reduction (zero 2); AdamW's two float32 moments for the parameters this rank updates (a 1 /
  * (dpShard x cp) shard under ZeRO). The gradient buckets are all-reduced (zero 0), or reduce-
  * scattered over the shard group and all-reduced over replicas, and the updated shards all-gathered
  * (zero 1/2); the reduction overlaps backward when parallel.overlap is on. ZeRO-3 adds its own terms
@@ -659,7 +659,9 @@ export const dataParallelPlanAxis: PlanAxis = {
     b.gradsHeld = l.zero >= 2 ? P / shard : P;
     b.optimizerHeld = P / shard;
     b.memory.parameters += 4 * P;
-    b.memory.gradients += l.zero >= 2 ? 4 * P / shard + bucket : 4 * P;
+    // ZeRO-2 holds full gradients only for the bucket backward fills and the one in reduction
+    // ([Note: reduction window]), and that one's received shard.
+    b.memory.gradients += l.zero >= 2 ? 4 * P / shard + Math.min(2 * bucket, 4 * P) : 4 * P;
     b.memory.optimizer += 8 * P / shard;
     if (group === 1) return;
     const stride = axisStride(l, 'dp');
@@ -674,7 +676,7 @@ export const dataParallelPlanAxis: PlanAxis = {
     const shardCross = crossesHosts(stride, sg, ctx.ranksPerHost);
     b.comm.push({ what: 'gradient reduce-scatter', op: 'reduceScatter', group: sg, bytes: elem * P, times: each, overlaps, crossHost: shardCross });
     if (rg > 1) b.comm.push({ what: 'gradient all-reduce across replicas', op: 'allReduce', group: rg, bytes: elem * P / sg, times: 1, overlaps: 'none', crossHost: crossesHosts(axisStride(l, 'dpReplicate'), rg, ctx.ranksPerHost) });
-    b.memory.commBuffers += Math.min(ctx.bucketBytes, 4 * P); // a bucket's reduce-scatter output in flight
+    b.memory.commBuffers += bucket / sg; // the reduce-scatter's received shard of the bucket in flight
     if (l.zero < 3) b.comm.push({ what: 'updated parameter all-gather', op: 'allGather', group: sg, bytes: 4 * P, times: 1, overlaps: 'forward', crossHost: shardCross });
   },
 };
