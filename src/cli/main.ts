@@ -14,12 +14,13 @@ const MAIN = fileURLToPath(import.meta.url);
 export const USAGE = `flotilla — distributed training for TypeScript
 
 usage:
-  flotilla train <config.toml> [--nproc N] [--resume [PATH|latest]] [--max-restarts K] [--section.field=value ...]
+  flotilla train <config.toml> [--nproc N] [--plan] [--resume [PATH|latest]] [--max-restarts K] [--section.field=value ...]
                  [--nnodes M --node-rank R --master-addr A --master-port P]
       Train the model a config describes. --resume continues a run from its newest checkpoint (or
       the checkpoint PATH names), under this config's layout; --max-restarts K restarts a failed
       group up to K times, each from the latest checkpoint. --nproc N (N > 1) starts N local ranks through the
       launcher (data parallel; through mpirun on Open MPI when installed, see parallel.backend). Overrides win over the file, e.g. --optim.lr=3e-4 --train.steps=50.
+      --plan (or [parallel] auto = true): train with the layout \`flotilla plan\` ranks first, and say which.
       --nnodes M: the same run on M hosts, N ranks each (Gloo), with the rules of \`flotilla run\`
       across hosts (FLOTILLA_JOB_SECRET, the interface, the heartbeat); start it on every host
       with its own --node-rank. Rank 0 (node 0) keeps the run directory. --nnodes MIN:MAX: when
@@ -84,6 +85,20 @@ function version(): string {
   return pkg.version;
 }
 
+/** `train --plan` / [parallel] auto: the flags of the layout the planner ranks first, said on stdout. */
+async function chooseLayout(config: string, overrides: readonly string[], nproc: number): Promise<string[]> {
+  const { loadConfig } = await import('../config/index.js');
+  const { plan, describePlanLayout, changedOverrides } = await import('../plan/plan.js');
+  const cfg = loadConfig(config, overrides);
+  const r = await plan(cfg, { config, overrides, nproc, nnodes: 1, log: (l) => process.stdout.write(`${l}\n`) });
+  const best = r.rows.find((x) => x.fits);
+  if (best === undefined) {
+    throw new UsageError(`train --plan: ${r.rows.length === 0 ? `no layout of this model runs on ${nproc} rank(s) (see flotilla plan ${config} --nproc ${nproc})` : `no layout fits in ${r.memoryLimitMiB.toFixed(0)} MiB per rank; add ranks, or see flotilla plan ${config} --nproc ${nproc}`}`);
+  }
+  process.stdout.write(`[plan] training with the layout ranked first of ${r.rows.length}: ${describePlanLayout(best.layout)} (predicted ${best.stepMs.toFixed(0)} ms/step, peak ${best.peakMemoryMiB.toFixed(0)} MiB per rank): ${changedOverrides(cfg, best.layout).join(' ') || 'the config as it is'}\n`);
+  return [...best.overrides, '--parallel.auto=false'];
+}
+
 interface TrainArgs {
   config: string;
   nproc?: number;
@@ -98,6 +113,8 @@ interface TrainArgs {
   steps?: number;
   /** `train --nnodes M ...`: the hosts of the job (flotilla run's options, passed on to the launcher). */
   hosts?: HostArgs;
+  /** `train --plan`: train with the layout `flotilla plan` ranks first (as [parallel] auto = true). */
+  plan?: boolean;
 }
 
 /** Where this host stands in a multi-host `flotilla train` (flotilla run's meaning for each). */
@@ -127,6 +144,7 @@ export function parseTrainArgs(args: readonly string[], command = 'train'): Trai
   let steps: number | undefined;
   let resume: string | undefined;
   let maxRestarts: number | undefined;
+  let plan = false;
   const host: Partial<Record<(typeof HOST_FLAGS)[number], string>> = {};
   const overrides: string[] = [];
   for (let i = 0; i < args.length; i++) {
@@ -136,6 +154,8 @@ export function parseTrainArgs(args: readonly string[], command = 'train'): Trai
       const v = a === hostFlag ? args[++i] : a.slice(hostFlag.length + 1);
       if (v === undefined || v === '') throw new UsageError(`${hostFlag} needs a value`);
       host[hostFlag] = v;
+    } else if (a === '--plan' && command === 'train') {
+      plan = true;
     } else if (a === '--record' && command === 'train') {
       record = args[++i];
       if (record === undefined) throw new UsageError('--record needs a directory');
@@ -173,7 +193,7 @@ export function parseTrainArgs(args: readonly string[], command = 'train'): Trai
   }
   if (config === undefined) throw new UsageError('train: missing the config file: flotilla train <config.toml> (e.g. examples/gpt-tiny.toml)');
   const hosts = parseHostArgs(host);
-  return { config, overrides, ...(hosts !== undefined ? { hosts } : {}), ...(nproc !== undefined ? { nproc } : {}), ...(resume !== undefined ? { resume } : {}), ...(maxRestarts !== undefined ? { maxRestarts } : {}), ...(record !== undefined ? { record } : {}), ...(steps !== undefined ? { steps } : {}) };
+  return { config, overrides, ...(plan ? { plan } : {}), ...(hosts !== undefined ? { hosts } : {}), ...(nproc !== undefined ? { nproc } : {}), ...(resume !== undefined ? { resume } : {}), ...(maxRestarts !== undefined ? { maxRestarts } : {}), ...(record !== undefined ? { record } : {}), ...(steps !== undefined ? { steps } : {}) };
 }
 
 /** --nnodes and its companions; undefined for a one-host run. Values are checked again by the launcher. */
@@ -204,10 +224,19 @@ async function trainCommand(args: readonly string[]): Promise<number> {
   const { readLaunchEnv, checkFlotillaEnv } = await import('../distributed/env.js');
   checkFlotillaEnv(); // first: the ranks' addon reads these settings when it loads
   const { checkRunnable, loadConfig } = await import('../config/index.js');
-  const cfg = loadConfig(a.config, a.overrides); // every rank and the launching process validate first
+  let cfg = loadConfig(a.config, a.overrides); // every rank and the launching process validate first
   const env = readLaunchEnv();
   const inWorld = env.source !== 'single';
   const hosts = a.hosts;
+  if ((a.plan || cfg.parallel.auto) && !inWorld) {
+    // The planner chooses the layout before any rank starts; the ranks get its flags (auto off).
+    if (hosts !== undefined) throw new UsageError(`train: ${a.plan ? '--plan' : '[parallel] auto = true'} with --nnodes ${hosts.nnodes}: every host would plan on its own; run \`flotilla plan ${a.config} --nproc ${a.nproc ?? 1} --nnodes ${hosts.nnodes}\` once and give its flags to every host's flotilla train`);
+    const chosen = await chooseLayout(a.config, a.overrides, a.nproc ?? 1);
+    a.overrides = [...a.overrides, ...chosen];
+    cfg = loadConfig(a.config, a.overrides);
+  } else if (cfg.parallel.auto && inWorld) {
+    throw new UsageError('train: [parallel] auto = true inside a world already started: the planner chooses the layout before the ranks start; run flotilla train through its launcher (--nproc N), or set --parallel.auto=false');
+  }
   if (hosts !== undefined && inWorld) throw new UsageError(`train: --nnodes given inside a world already started by ${env.source}; drop --nnodes`);
   // Rank 0 runs on node 0: only there does the run directory (and a checkpoint to resume) have to be.
   if (!inWorld && (hosts === undefined || hosts.nodeRank === 0)) {

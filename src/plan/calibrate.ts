@@ -18,6 +18,7 @@ import { join } from 'node:path';
 import type { FlotillaConfig } from '../config/schema.js';
 import type { CalibrationPoint, DepthTiming, ModelCalibrationIn, ModelCalibrationOut } from './calibrate_model.js';
 import { measureLayout, planScript } from './measure.js';
+import { commandFor } from '../launch/launcher.js';
 import type { Collective } from './terms.js';
 
 /** The planner's cache directory, or undefined when FLOTILLA_CACHE_DIR=off. */
@@ -100,7 +101,8 @@ export async function calibrateCompute(cfg: FlotillaConfig, points: CalibrationP
     try {
       const input: ModelCalibrationIn = { cfg, depths: depthsOf(cfg), points: missing.length > 0 ? missing : [points[0]!], reps: 5 };
       writeFileSync(join(tmp, 'in.json'), JSON.stringify(input));
-      execFileSync(process.execPath, [...process.execArgv, planScript('calibrate_model'), join(tmp, 'in.json'), join(tmp, 'out.json')], { stdio: ['ignore', 'ignore', 'pipe'] });
+      const [cmd, argv] = commandFor(planScript('calibrate_model'), [join(tmp, 'in.json'), join(tmp, 'out.json')]);
+      execFileSync(cmd, argv, { stdio: ['ignore', 'ignore', 'pipe'] });
       const out = JSON.parse(readFileSync(join(tmp, 'out.json'), 'utf8')) as ModelCalibrationOut;
       for (const p of out.points) have.points[keyOf(p)] = { samples: p.samples, tokens: p.tokens, precision: p.precision, activationCheckpoint: p.activationCheckpoint, ...split(cfg, p.depth) };
       have.optimizerNsPerParam = out.optimizerNsPerParam;

@@ -9,6 +9,7 @@ import { tmpdir } from 'node:os';
 import { join, extname } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { readMetrics } from '../train/metrics.js';
+import { commandFor } from '../launch/launcher.js';
 
 const OWN_EXT = extname(fileURLToPath(import.meta.url));
 /** The CLI's entry point beside this module (main.ts under tsx, main.js compiled). */
@@ -72,11 +73,12 @@ export async function measureLayout(config: string, overrides: readonly string[]
   const dir = mkdtempSync(join(tmpdir(), 'flotilla-plan-measure-'));
   try {
     const args = [
-      ...process.execArgv, CLI_MAIN, 'train', config, '--nproc', String(nproc), ...overrides,
+      'train', config, '--nproc', String(nproc), ...overrides,
       `--train.steps=${steps}`, '--train.evalEvery=0', '--train.evalBatches=1', `--log.progress=${opts.progress ? 'plain' : 'off'}`, '--log.sampleTokens=0', '--checkpoint.every=0',
       `--train.runDir=${join(dir, 'run')}`, '--optim.warmupSteps=0',
     ];
-    const child = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, FLOTILLA_REPORT: '0', ...opts.env } });
+    const [cmd, argv] = commandFor(CLI_MAIN, args); // .ts under tsx, .js under node
+    const child = spawn(cmd, argv, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, FLOTILLA_REPORT: '0', ...opts.env } });
     let output = '';
     child.stdout.on('data', (d: Buffer) => { output = (output + d.toString()).slice(-8000); });
     child.stderr.on('data', (d: Buffer) => { output = (output + d.toString()).slice(-8000); });
