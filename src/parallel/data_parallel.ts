@@ -654,7 +654,7 @@ export const dataParallelPlanAxis: PlanAxis = {
     const group = l.dp * l.cp;
     const P = b.params;
     const elem = ctx.reduceDtype === 'bf16' ? 2 : 4;
-    const bucket = Math.min(ctx.bucketBytes, 4 * P);
+    const bucket = l.zero === 3 ? 4 * Math.min(ctx.model.largestUnitParams, P) : Math.min(ctx.bucketBytes, 4 * P); // under ZeRO-3 a bucket is a unit
     b.paramsHeld = P;
     b.gradsHeld = l.zero >= 2 ? P / shard : P;
     b.optimizerHeld = P / shard;

@@ -129,10 +129,13 @@ export interface CommTable {
   table: Record<string, [number, number][]>;
 }
 
-/** The time of one collective (ms), interpolated in bytes between measured sizes (a latency floor below the smallest). */
+/** The time of one collective (ms), interpolated in bytes between measured sizes (a latency floor below the smallest; linear beyond the largest). */
 export function commMs(t: CommTable, op: Collective, group: number, bytes: number): number {
-  const rows = t.table[`${op}:${group}`];
-  if (rows === undefined || rows.length === 0) throw new Error(`no measurement of ${op} over ${group} ranks (measured: ${Object.keys(t.table).join(', ')})`);
+  // A group larger than this host's ranks spans hosts, which the table does not measure: it is
+  // priced as the largest group measured here (a lower bound; the planner marks such layouts).
+  const sizes = Object.keys(t.table).filter((k) => k.startsWith(`${op}:`)).map((k) => Number(k.slice(op.length + 1))).filter((g) => g <= group);
+  if (sizes.length === 0) return 0; // one rank per host: nothing measured, nothing assumed
+  const rows = t.table[`${op}:${Math.max(...sizes)}`]!;
   // Noise under load can make a smaller message look slower: time never decreases with size.
   const ms = rows.map(([, m]) => m);
   for (let i = ms.length - 2; i >= 0; i--) ms[i] = Math.min(ms[i]!, ms[i + 1]!);

@@ -165,7 +165,7 @@ export function formatPlan(cfg: FlotillaConfig, r: PlanResult, top: number): str
   lines.push(fmt(head), ...body.map(fmt));
   if (r.rows.length > top) lines.push(`... ${r.rows.length - top} more (--top K shows more, --json all)`);
   const best = r.rows.find((x) => x.fits);
-  lines.push(best ? `best: ${describePlanLayout(best.layout)}: flotilla train CONFIG --nproc ${nproc} ${changedOverrides(cfg, best.layout).join(' ')}`.trimEnd() : 'no layout fits in the memory given; raise --memory or add ranks');
+  lines.push(best ? `best: ${describePlanLayout(best.layout)}: flotilla train CONFIG --nproc ${nproc}${nnodes > 1 ? ` --nnodes ${nnodes} (on every host, with its --node-rank)` : ""} ${changedOverrides(cfg, best.layout).join(' ')}`.trimEnd() : 'no layout fits in the memory given; raise --memory or add ranks');
   if (r.rows.some((x) => x.unmeasured.length > 0)) {
     lines.push('>= : groups across hosts are priced with this host\'s collective times (cross-host links are not measured by flotilla plan on one host), so those step times are lower bounds.');
   }
