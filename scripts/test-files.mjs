@@ -11,7 +11,7 @@ const LONGEST = [
   'pipeline_train', 'checkpoint_resume', 'moe_layouts', 'parallel_zero', 'precision_verify', 'checkpointing_activation_layouts',
   'checkpoint_faults', 'train_hosts', 'tp_gpt', 'memory_zero_rss', 'llama_layouts', 'cp_layouts', 'moe_verify', 'cli_verify',
   'pipeline_clip', 'distributed_launcher', 'parallel_ddp', 'pipeline_eval', 'distributed_collectives', 'hardening_runtime',
-  'precision_zero3', 'cli_train', 'hardening_faults', 'tp_checkpoint', 'cp_verify',
+  'precision_zero3', 'cli_train', 'hardening_faults', 'tp_checkpoint', 'cp_verify', 'plan_cli', 'plan_memory',
 ];
 
 const dir = fileURLToPath(new URL('../test', import.meta.url));
