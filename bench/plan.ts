@@ -6,9 +6,12 @@
 // and measured peak memory per rank and step time with their errors, and whether the layout ranked
 // first was within 10% of the fastest measured. Each (model, world) pair is written as soon as it
 // is done, so a long run leaves what it finished.
-//   node --import tsx bench/plan.ts [--models tiny,25m] [--worlds 2,4] [--steps 4] [--write]
+//   node --import tsx bench/plan.ts [--models tiny,25m] [--worlds 2,4] [--steps 4] [--write] [--resume] [--reprice]
+// --resume keeps the pairs already in bench/out/plan.json; --reprice prices them again with the
+// current planner and writes the table without training anything.
 import { mkdirSync, readFileSync, writeFileSync, existsSync } from 'node:fs';
 import { join } from 'node:path';
+import { cpus, loadavg } from 'node:os';
 import { loadConfig } from '../src/config/index.js';
 import { plan, describePlanLayout, type PlanRow } from '../src/plan/plan.js';
 import { LAYOUT_FIELDS, FIELD_SECTION, layoutRefusals, overridesOf } from '../src/plan/enumerate.js';
@@ -49,14 +52,31 @@ const LAYOUTS: Record<number, string[][]> = {
   ],
 };
 
-interface Result { model: string; world: number; rows: PlanRow[]; rankedFirst: string; fastest: string; firstVsFastest: number }
+interface Result { model: string; world: number; rows: PlanRow[]; rankedFirst: string; fastest: string; firstVsFastest: number; load?: number[] }
 const RESULTS = join('bench', 'out', 'plan.json');
 const results: Result[] = existsSync(RESULTS) && argv.includes('--resume') ? JSON.parse(readFileSync(RESULTS, 'utf8')) as Result[] : [];
 
 const pct = (p: number, m: number) => ((p - m) / m) * 100;
 const signed = (x: number) => `${x >= 0 ? '+' : ''}${x.toFixed(0)}%`;
 
-for (const model of models) {
+// --reprice: the stored measurements priced again by the current planner (its calibrations come from
+// the cache); the measured numbers are kept as they were.
+if (argv.includes('--reprice')) {
+  for (const res of results) {
+    const base = MODELS[res.model]!.overrides;
+    const cfg0 = loadConfig(CONFIG, base);
+    const candidates = res.rows.map((x) => ({ layout: x.layout, overrides: overridesOf(cfg0, x.layout) }));
+    const r = await plan(cfg0, { config: CONFIG, overrides: base, nproc: res.world, nnodes: 1, candidates, log: (l) => console.log(l) });
+    for (const row of r.rows) row.measured = res.rows.find((x) => JSON.stringify(x.layout) === JSON.stringify(row.layout))!.measured;
+    const first = r.rows.find((x) => x.fits) ?? r.rows[0]!;
+    const fastest = r.rows.reduce((a, b) => (b.measured!.stepMs < a.measured!.stepMs ? b : a));
+    Object.assign(res, { rows: r.rows, rankedFirst: describePlanLayout(first.layout), fastest: describePlanLayout(fastest.layout), firstVsFastest: pct(first.measured!.stepMs, fastest.measured!.stepMs) });
+  }
+  writeFileSync(RESULTS, JSON.stringify(results));
+  if (write) writeSection('plan', render());
+}
+
+for (const model of argv.includes('--reprice') ? [] : models) {
   for (const world of worlds) {
     if (results.some((r) => r.model === model && r.world === world)) continue;
     const base = MODELS[model]!.overrides;
@@ -72,14 +92,16 @@ for (const model of models) {
     });
     console.log(`== ${model} on ${world} ranks: ${candidates.length} layouts`);
     const r = await plan(cfg0, { config: CONFIG, overrides: base, nproc: world, nnodes: 1, candidates, log: (l) => console.log(l) });
+    const load: number[] = [];
     for (const row of r.rows) {
+      load.push(loadavg()[0]!);
       const m = await measureLayout(CONFIG, [...base, ...row.overrides], world, { steps });
       row.measured = { peakMemoryMiB: Math.max(...m.peakMiB), rankMemoryMiB: m.peakMiB, stepMs: m.stepMs };
       console.log(`${describePlanLayout(row.layout).padEnd(34)} memory ${row.peakMemoryMiB.toFixed(0)} vs ${row.measured.peakMemoryMiB.toFixed(0)} MiB (${signed(pct(row.peakMemoryMiB, row.measured.peakMemoryMiB))}), step ${row.stepMs.toFixed(0)} vs ${m.stepMs.toFixed(0)} ms (${signed(pct(row.stepMs, m.stepMs))}) [steps ${m.steps.map((s) => s.toFixed(0)).join(' ')}]`);
     }
     const fastest = r.rows.reduce((a, b) => (b.measured!.stepMs < a.measured!.stepMs ? b : a));
     const first = r.rows.find((x) => x.fits) ?? r.rows[0]!;
-    results.push({ model, world, rows: r.rows, rankedFirst: describePlanLayout(first.layout), fastest: describePlanLayout(fastest.layout), firstVsFastest: pct(first.measured!.stepMs, fastest.measured!.stepMs) });
+    results.push({ model, world, rows: r.rows, rankedFirst: describePlanLayout(first.layout), fastest: describePlanLayout(fastest.layout), firstVsFastest: pct(first.measured!.stepMs, fastest.measured!.stepMs), load });
     mkdirSync(join('bench', 'out'), { recursive: true });
     writeFileSync(RESULTS, JSON.stringify(results));
     if (write) writeSection('plan', render());
@@ -107,7 +129,8 @@ function render(): string {
     }
     const within = (xs: number[], b: number) => xs.filter((e) => e <= b).length;
     out.push('', `Memory within 10%: ${within(mem, 10)} of ${mem.length} (largest error ${Math.max(...mem).toFixed(0)}%); step time within 15%: ${within(time, 15)} of ${time.length} (largest ${Math.max(...time).toFixed(0)}%, median ${[...time].sort((a, b) => a - b)[Math.floor(time.length / 2)]!.toFixed(0)}%).`,
-      `Ranked first: ${r.rankedFirst}; fastest measured: ${r.fastest}; the first's measured step is ${r.firstVsFastest.toFixed(0)}% slower than the fastest.`, '');
+      `Ranked first: ${r.rankedFirst}; fastest measured: ${r.fastest}; the first's measured step is ${r.firstVsFastest.toFixed(0)}% slower than the fastest.`,
+      ...(r.load ? [`The machine's 1-minute load average when each layout started: ${Math.min(...r.load).toFixed(0)} to ${Math.max(...r.load).toFixed(0)} on ${cpus().length} cores (other work shared it).`] : []), '');
   }
   return out.join('\n');
 }

@@ -187,20 +187,24 @@ export interface Baseline {
 /**
  * The baseline of a rank for this config's data and ranks, measured with a 1-block model of width
  * 32 (cached): its high-water mark is the start-up's, and rank 0's resident size after the second
- * step ([memory] line of the trainer) less the tiny model's state is what the loop keeps besides
- * the layout's terms.
+ * step ([memory] line of the trainer) less the tiny model's state and the allocator's kept blocks
+ * is what the loop keeps besides the layout's terms.
  */
 export function calibrateBaseline(config: string, cfg: FlotillaConfig, overrides: readonly string[], nproc: number, log: (l: string) => void): Promise<Baseline> {
   const tiny = ['--model.nLayer=1', '--model.nEmbd=32', '--model.nHead=1', '--moe.experts=0', '--parallel.dp=-1', '--parallel.zero=0', '--parallel.dpShard=-1', '--parallel.dpReplicate=1', '--parallel.pp=1', '--parallel.tp=1', '--parallel.cp=1', '--parallel.ep=1',
     '--parallel.sequenceParallel=false', '--parallel.lossParallel=false', '--parallel.auto=false', '--data.microBatches=1', '--train.activationCheckpoint=none', '--train.precision=fp32', '--parallel.accumulate=auto'];
-  const key = { data: cfg.data, vocab: cfg.model.vocabSize, backend: cfg.parallel.backend, nproc, threads: cfg.train.threads, machine: machine(), code: codeOf('measure') };
+  const key = { data: cfg.data, vocab: cfg.model.vocabSize, backend: cfg.parallel.backend, nproc, threads: cfg.train.threads, machine: machine(), code: [codeOf('measure'), codeOf('calibrate')] };
   return cached('baseline', key, async () => {
     log(`[plan] measuring a rank's baseline with a 1-block model on ${nproc} rank(s) (once, cached)`);
     const m = await measureLayout(config, [...overrides, ...tiny], nproc, { steps: 5, progress: true });
     const tinyParams = cfg.model.vocabSize * 32 * 2 + cfg.model.blockSize * 32 + 13 * 32 * 32;
+    // Rank 0's resident size after step 2, less the tiny model's state and the freed tensor memory
+    // the allocator's cache keeps for the next step (the activations' blocks: a layout's own
+    // activations term counts those).
     const resident = /the process: resident (\d+) MiB/.exec(m.output);
+    const kept = /(\d+) MiB of it is freed tensor memory the cache keeps/.exec(m.output);
     const startupBytes = Math.max(...m.peakMiB) * 2 ** 20;
-    const bytes = resident ? Number(resident[1]) * 2 ** 20 - 16 * tinyParams : startupBytes - 16 * tinyParams;
+    const bytes = (resident ? Number(resident[1]) * 2 ** 20 : startupBytes) - (kept ? Number(kept[1]) * 2 ** 20 : 0) - 16 * tinyParams;
     return { bytes, startupBytes, stepMs: m.stepMs };
   });
 }
