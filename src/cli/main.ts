@@ -459,7 +459,7 @@ export async function main(argv: readonly string[]): Promise<number> {
         return await c.generateCommand(rest, print);
       }
       default:
-        throw new UsageError(`unknown command ${JSON.stringify(cmd)}; commands: train, verify, plan, run, config, schedule, prepare, tokenizer, export, generate, checkpoint, report (see flotilla --help)`);
+        throw new UsageError(`unknown command ${JSON.stringify(cmd)}; commands: train, verify, run, config, schedule, plan, prepare, tokenizer, export, generate, checkpoint, report (see flotilla --help)`);
     }
   } catch (e) {
     const err = e as Error;
