@@ -75,13 +75,16 @@ function depthsOf(cfg: FlotillaConfig): [number, number] {
 
 function split(cfg: FlotillaConfig, d: [DepthTiming, DepthTiming]): { block: PartTiming; rest: PartTiming } {
   const [a, b] = depthsOf(cfg);
-  const part = (k: keyof DepthTiming): [number, number] => {
-    if (a === b) return [d[0][k] / a, 0];
-    const block = Math.max(0, (d[1][k] - d[0][k]) / (b - a));
-    return [block, Math.max(0, d[0][k] - a * block)];
+  // Bytes: the difference of the two depths is (b - a) blocks.
+  const blockAct = a === b ? d[0].actBytes / a : Math.max(0, (d[1].actBytes - d[0].actBytes) / (b - a));
+  const restAct = Math.max(0, d[1].actBytes - b * blockAct);
+  // Time, at the deeper model: the blocks' forward from their hooks; backward split as forward is.
+  const t = d[1];
+  const share = t.fwdMs > 0 ? Math.min(1, t.blocksFwdMs / t.fwdMs) : 1;
+  return {
+    block: { fwdMs: t.blocksFwdMs / b, bwdMs: (t.bwdMs * share) / b, actBytes: blockAct },
+    rest: { fwdMs: Math.max(0, t.fwdMs - t.blocksFwdMs), bwdMs: t.bwdMs * (1 - share), actBytes: restAct },
   };
-  const [bf, rf] = part('fwdMs'), [bb, rb] = part('bwdMs'), [ba, ra] = part('actBytes');
-  return { block: { fwdMs: bf, bwdMs: bb, actBytes: ba }, rest: { fwdMs: rf, bwdMs: rb, actBytes: ra } };
 }
 
 /** Forward, backward and activation bytes per block and for the rest, at each point (measured, cached per point). */

@@ -2,8 +2,11 @@
 // times its own forward and backward at each requested shape (samples x tokens, precision,
 // activation checkpointing), with the intra-op threads a rank uses, and measures the resident
 // bytes one forward and backward add (the process's high-water mark, reset before each: Linux's
-// /proc/self/clear_refs). The difference between the depths is one block; the rest is the
-// embeddings and the head. Also times AdamW's step and a gradient-norm pass per parameter.
+// /proc/self/clear_refs). Bytes: the difference between the depths is one block, the rest is the
+// embeddings and the head. Time: the blocks' forward is timed between their own forward hooks, and
+// the backward is split between blocks and the rest as the forward is (differences of whole-model
+// times drown in the noise of a shared machine). Also times AdamW's step and a gradient-norm pass
+// per parameter.
 //   node calibrate_model.js IN.json OUT.json
 import { readFileSync, writeFileSync } from 'node:fs';
 import { randint, releaseFreedMemory, setNumThreads, tidy } from '../tensor/index.js';
@@ -19,7 +22,13 @@ export interface CalibrationPoint {
   precision: 'fp32' | 'bf16-mixed';
   activationCheckpoint: 'none' | 'full' | 'selective';
 }
-export interface DepthTiming { fwdMs: number; bwdMs: number; actBytes: number }
+export interface DepthTiming {
+  fwdMs: number;
+  bwdMs: number;
+  actBytes: number;
+  /** The blocks' own forward time (between each block's forward hooks), summed. */
+  blocksFwdMs: number;
+}
 export interface ModelCalibrationIn { cfg: FlotillaConfig; depths: [number, number]; points: CalibrationPoint[]; reps: number }
 export interface ModelCalibrationOut {
   points: (CalibrationPoint & { depth: [DepthTiming, DepthTiming] })[];
@@ -52,6 +61,13 @@ for (const [d, depth] of input.depths.entries()) {
   model.train();
   const params = model.parameters();
   const call = (model as unknown as { call: (x: unknown) => unknown });
+  // The blocks (modules named by an index: `h.3`, `layers.3`), timed between their forward hooks.
+  let blocksFwdMs = 0, started = 0;
+  for (const [name, m] of model.namedModules()) {
+    if (!/(?:^|\.)\d+$/.test(name) || /\.\d+\./.test(`.${name}`)) continue;
+    m.registerForwardPreHook(() => { started = performance.now(); });
+    m.registerForwardHook(() => { blocksFwdMs += performance.now() - started; });
+  }
   for (const [i, p] of input.points.entries()) {
     const run = (measureMemory: boolean): DepthTiming => tidy(() => {
       const x = randint(0, cfg.model.vocabSize, [p.samples, p.tokens]);
@@ -62,6 +78,7 @@ for (const [d, depth] of input.depths.entries()) {
       const base = status('VmRSS');
       const peakOk = measureMemory && resetPeak();
       let fwdMs = 0, bwdMs = 0;
+      blocksFwdMs = 0;
       autocast(p.precision, () => withActivationCheckpoint(p.activationCheckpoint, () => {
         const t0 = performance.now();
         const loss = spec.loss(call.call(x) as never, y as never);
@@ -70,12 +87,12 @@ for (const [d, depth] of input.depths.entries()) {
         fwdMs = t1 - t0;
         bwdMs = performance.now() - t1;
       }));
-      return { fwdMs, bwdMs, actBytes: peakOk ? Math.max(0, status('VmHWM') - base) : NaN };
+      return { fwdMs, bwdMs, actBytes: peakOk ? Math.max(0, status('VmHWM') - base) : NaN, blocksFwdMs };
     });
     run(false); // warm-up: gradients allocated, kernels and allocator ready
     const reps = Array.from({ length: input.reps }, () => run(false));
     const mem = run(true);
-    out.points[i]!.depth[d] = { fwdMs: median(reps.map((r) => r.fwdMs)), bwdMs: median(reps.map((r) => r.bwdMs)), actBytes: mem.actBytes };
+    out.points[i]!.depth[d] = { fwdMs: median(reps.map((r) => r.fwdMs)), bwdMs: median(reps.map((r) => r.bwdMs)), actBytes: mem.actBytes, blocksFwdMs: median(reps.map((r) => r.blocksFwdMs)) };
   }
   if (d === 1) {
     const opt = new AdamW([{ params, options: {} }], { lr: 1e-4 });
