@@ -56,7 +56,8 @@ export interface ParallelConfig {
   /** Expert parallelism: MoE experts split over this many neighbouring ranks of dpShard x cp (1 = every rank holds every expert). */
   ep: number;
   /** Context parallelism: each sequence split over this many ranks, attention as a ring (1 = whole sequences on every rank). */
-  cp: number;  /** Train with the layout `flotilla plan` ranks first (src/plan) instead of the one this section sets. */
+  cp: number;
+  /** Train with the layout `flotilla plan` ranks first (src/plan) instead of the one this section sets. */
   auto: boolean;
 }
 

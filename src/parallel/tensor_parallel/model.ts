@@ -158,7 +158,8 @@ export class TensorParallelModel implements ParallelModel {
 /**
  * What tensor parallelism changes on a rank, for the planner ([Note: plan terms] in
  * src/plan/terms.ts; [Note: tp styles]): every split Linear and the vocabulary-parallel embedding
- * and head hold 1 / tp of their parameters (norms stay whole); a block's compute is divided by tp;
+ * and head hold 1 / tp of their parameters (norms, counted as split too, are a rounding error; MoE
+ * experts stay whole); a block's compute is divided by tp;
  * its activations too under sequence parallelism, and only the split half of them without it
  * (the residual stream and norms stay replicated). Per micro-batch each block sums two partial
  * outputs forward and two input gradients backward: four all-reduces of samples x tokens x width,
@@ -172,8 +173,7 @@ export const tensorParallelPlanAxis: PlanAxis = {
     const l = ctx.layout;
     const tp = l.tp;
     if (tp === 1) return;
-    b.params = b.params / tp;
-    b.expertParams = b.expertParams / tp;
+    b.params = (b.params - b.expertParams) / tp + b.expertParams; // routed experts stay whole on every tp rank
     b.blockShare = b.blockShare / tp;
     b.activationShare = l.sequenceParallel ? 1 / tp : (1 + 1 / tp) / 2;
     const m = ctx.model;
