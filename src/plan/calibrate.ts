@@ -2,7 +2,8 @@
 // ($FLOTILLA_CACHE_DIR/plan, else $XDG_CACHE_HOME/flotilla/plan, else ~/.cache/flotilla/plan;
 // FLOTILLA_CACHE_DIR=off measures every time):
 //   - compute: the config's own model, forward and backward at each shape the layouts need
-//     (calibrate_model.ts, one process with a rank's threads), per block and for the rest;
+//     (calibrate_model.ts: as many processes at once as the host runs ranks, each with a rank's
+//     threads, so they share the cores as the ranks will), per block and for the rest;
 //   - communication: each collective's time by group size and bytes on this host, under the
 //     backend the config uses, with every rank busy (calibrate_comm.ts through `flotilla run`);
 //   - baseline: what a rank holds before any model state (Node, libtorch, the data, the collective
@@ -11,7 +12,7 @@
 // Every entry is keyed by what it depends on (the model's and data's config, threads, ranks,
 // backend, the machine's CPU and the code that measures), so a change of any is a new measurement.
 import { createHash } from 'node:crypto';
-import { execFileSync } from 'node:child_process';
+import { execFile } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus, homedir, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -88,8 +89,8 @@ function split(cfg: FlotillaConfig, d: [DepthTiming, DepthTiming]): { block: Par
 }
 
 /** Forward, backward and activation bytes per block and for the rest, at each point (measured, cached per point). */
-export async function calibrateCompute(cfg: FlotillaConfig, points: CalibrationPoint[], log: (l: string) => void): Promise<{ points: ComputePoint[]; optimizerNsPerParam: number }> {
-  const modelKey = { model: cfg.model, moe: cfg.moe, threads: cfg.train.threads, seed: cfg.train.seed, machine: machine(), code: codeOf('calibrate_model'), depths: depthsOf(cfg) };
+export async function calibrateCompute(cfg: FlotillaConfig, points: CalibrationPoint[], ranksPerHost: number, log: (l: string) => void): Promise<{ points: ComputePoint[]; optimizerNsPerParam: number }> {
+  const modelKey = { model: cfg.model, moe: cfg.moe, threads: cfg.train.threads, seed: cfg.train.seed, machine: machine(), code: [codeOf('calibrate_model'), codeOf('calibrate')], depths: depthsOf(cfg), ranksPerHost };
   const dir = planCacheDir();
   const file = dir === undefined ? undefined : join(dir, `compute-${digest(modelKey)}.json`);
   let have: { points: Record<string, ComputePoint>; optimizerNsPerParam: number } = { points: {}, optimizerNsPerParam: NaN };
@@ -99,16 +100,25 @@ export async function calibrateCompute(cfg: FlotillaConfig, points: CalibrationP
   const keyOf = (p: CalibrationPoint) => `${p.samples}x${p.tokens}:${p.precision}:${p.activationCheckpoint}`;
   const missing = points.filter((p) => have.points[keyOf(p)] === undefined);
   if (missing.length > 0 || Number.isNaN(have.optimizerNsPerParam)) {
-    log(`[plan] calibrating the model's forward and backward at ${missing.length} shape(s) (once; cached${file ? ` in ${dir}` : ''})`);
+    log(`[plan] calibrating the model's forward and backward at ${missing.length} shape(s), ${ranksPerHost} process(es) at once as the ranks run (once; cached${file ? ` in ${dir}` : ''})`);
     const tmp = mkdtempSync(join(tmpdir(), 'flotilla-plan-cal-'));
     try {
       const input: ModelCalibrationIn = { cfg, depths: depthsOf(cfg), points: missing.length > 0 ? missing : [points[0]!], reps: 5 };
       writeFileSync(join(tmp, 'in.json'), JSON.stringify(input));
-      const [cmd, argv] = commandFor(planScript('calibrate_model'), [join(tmp, 'in.json'), join(tmp, 'out.json')]);
-      execFileSync(cmd, argv, { stdio: ['ignore', 'ignore', 'pipe'] });
-      const out = JSON.parse(readFileSync(join(tmp, 'out.json'), 'utf8')) as ModelCalibrationOut;
-      for (const p of out.points) have.points[keyOf(p)] = { samples: p.samples, tokens: p.tokens, precision: p.precision, activationCheckpoint: p.activationCheckpoint, ...split(cfg, p.depth) };
-      have.optimizerNsPerParam = out.optimizerNsPerParam;
+      // As many processes as a host runs ranks, at once: they share the cores (and their caches and
+      // memory bandwidth) as the ranks will. Times are the mean over them; bytes are the first's.
+      const outs = await Promise.all(Array.from({ length: ranksPerHost }, (_, k) => new Promise<ModelCalibrationOut>((res, rej) => {
+        const [cmd, argv] = commandFor(planScript('calibrate_model'), [join(tmp, 'in.json'), join(tmp, `out${k}.json`)]);
+        execFile(cmd, argv, { maxBuffer: 1 << 24 }, (e, _o, err) => (e ? rej(new Error(`calibrating the model failed: ${err || e.message}`)) : res(JSON.parse(readFileSync(join(tmp, `out${k}.json`), 'utf8')) as ModelCalibrationOut)));
+      })));
+      const mean = (f: (o: ModelCalibrationOut) => number) => outs.reduce((a, o) => a + f(o), 0) / outs.length;
+      for (const [i, p] of outs[0]!.points.entries()) {
+        const depth = p.depth.map((d, k) => ({
+          ...d, fwdMs: mean((o) => o.points[i]!.depth[k]!.fwdMs), bwdMs: mean((o) => o.points[i]!.depth[k]!.bwdMs), blocksFwdMs: mean((o) => o.points[i]!.depth[k]!.blocksFwdMs),
+        })) as [DepthTiming, DepthTiming];
+        have.points[keyOf(p)] = { samples: p.samples, tokens: p.tokens, precision: p.precision, activationCheckpoint: p.activationCheckpoint, ...split(cfg, depth) };
+      }
+      have.optimizerNsPerParam = mean((o) => o.optimizerNsPerParam);
     } finally {
       rmSync(tmp, { recursive: true, force: true });
     }

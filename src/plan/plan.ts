@@ -96,7 +96,7 @@ export async function plan(cfg: FlotillaConfig, o: PlanOptions): Promise<PlanRes
   if (candidates.length === 0) return { rows: [], memoryLimitMiB: 0, world, numParams: 0, refused: 0 };
   const facts = modelFacts(cfg);
   const needed = candidates.map((c) => pointOf(cfg, c.layout));
-  const compute = await calibrateCompute(cfg, calibrationPoints(needed), log);
+  const compute = await calibrateCompute(cfg, calibrationPoints(needed), o.nproc, log);
   const comm = await calibrateComm(cfg, o.nproc, log);
   const baseline = await calibrateBaseline(o.config, cfg, o.overrides, o.nproc, log);
   const m: Measurements = { compute: interpolate(compute.points), optimizerNsPerParam: compute.optimizerNsPerParam, comm, baseline, cores: machineCores() };

@@ -10,8 +10,8 @@
 // without one; plus the collectives' times from the table (hidden behind backward only when this
 // host has a core left over for them: on a host whose cores all compute, a collective takes a core
 // from the step); plus the optimizer and gradient-norm pass over the parameters this rank updates;
-// plus the loop's own cost per step. Compute is stretched by ranks x threads / cores when the
-// ranks of a host outnumber its cores.
+// plus the loop's own cost per step. The compute times were measured with as many processes
+// running at once as the host runs ranks, so ranks that outnumber the cores are in them.
 import { cpus } from 'node:os';
 import { buildSchedule, simulate } from '../parallel/pipeline/schedule.js';
 import type { FlotillaConfig } from '../config/schema.js';
@@ -66,7 +66,6 @@ export interface Measurements {
 
 export function predict(cfg: FlotillaConfig, layout: PlanLayout, facts: ModelFacts, w: World, m: Measurements): Prediction {
   const cal = m.compute(pointOf(cfg, layout));
-  const stretch = Math.max(1, (w.nproc * cfg.train.threads) / m.cores);
   const spare = m.cores > w.nproc * cfg.train.threads; // a core free for collectives to overlap on
   const stages = [];
   const unmeasured = new Set<string>();
@@ -76,8 +75,8 @@ export function predict(cfg: FlotillaConfig, layout: PlanLayout, facts: ModelFac
     const share = (t: PartTiming, k: keyof PartTiming, act = false): number =>
       b.blocks * t[k] * (act ? b.activationShare : b.blockShare);
     const rest = (k: keyof PartTiming, act = false): number => (b.head ? cal.rest[k] * (act ? b.activationShare : b.blockShare) : 0);
-    const fwd = (share(cal.block, 'fwdMs') + rest('fwdMs')) * stretch;
-    const bwd = (share(cal.block, 'bwdMs') + rest('bwdMs')) * stretch;
+    const fwd = (share(cal.block, 'fwdMs') + rest('fwdMs'));
+    const bwd = (share(cal.block, 'bwdMs') + rest('bwdMs'));
     if (fwd + bwd > slowest.fwd + slowest.bwd) slowest = { fwd, bwd };
     const terms = { ...b.memory };
     terms.baseline = m.baseline.bytes;
@@ -95,7 +94,7 @@ export function predict(cfg: FlotillaConfig, layout: PlanLayout, facts: ModelFac
     }
     c -= Math.min(hideable, bwd * layout.microBatches);
     comm = Math.max(comm, c);
-    optimizer = Math.max(optimizer, (m.optimizerNsPerParam * b.optimizerHeld * stretch) / 1e6);
+    optimizer = Math.max(optimizer, (m.optimizerNsPerParam * b.optimizerHeld) / 1e6);
   }
   let computeMs: number;
   if (layout.pp > 1) {
