@@ -96,7 +96,7 @@ for (const model of argv.includes('--reprice') ? [] : models) {
     for (const row of r.rows) {
       load.push(loadavg()[0]!);
       const m = await measureLayout(CONFIG, [...base, ...row.overrides], world, { steps });
-      row.measured = { peakMemoryMiB: Math.max(...m.peakMiB), rankMemoryMiB: m.peakMiB, stepMs: m.stepMs };
+      row.measured = { peakMemoryMiB: Math.max(...m.peakMiB), rankMemoryMiB: m.peakMiB, stepMs: m.stepMs, steps: m.steps };
       console.log(`${describePlanLayout(row.layout).padEnd(34)} memory ${row.peakMemoryMiB.toFixed(0)} vs ${row.measured.peakMemoryMiB.toFixed(0)} MiB (${signed(pct(row.peakMemoryMiB, row.measured.peakMemoryMiB))}), step ${row.stepMs.toFixed(0)} vs ${m.stepMs.toFixed(0)} ms (${signed(pct(row.stepMs, m.stepMs))}) [steps ${m.steps.map((s) => s.toFixed(0)).join(' ')}]`);
     }
     const fastest = r.rows.reduce((a, b) => (b.measured!.stepMs < a.measured!.stepMs ? b : a));
@@ -123,9 +123,9 @@ function render(): string {
     const mem = r.rows.map((x) => Math.abs(pct(x.peakMemoryMiB, x.measured!.peakMemoryMiB)));
     const time = r.rows.map((x) => Math.abs(pct(x.stepMs, x.measured!.stepMs)));
     out.push(`### ${MODELS[r.model]!.label}, ${r.world} ranks`, '');
-    out.push('| layout (flags over the config) | predicted MiB | measured MiB (per rank) | error | predicted ms | measured ms | error |', '|---|---|---|---|---|---|---|');
+    out.push('| layout | predicted MiB | measured MiB (per rank) | error | predicted ms | measured ms (each step) | error |', '|---|---|---|---|---|---|---|');
     for (const x of r.rows) {
-      out.push(`| ${describePlanLayout(x.layout)} | ${x.peakMemoryMiB.toFixed(0)} | ${x.measured!.peakMemoryMiB.toFixed(0)} (${x.measured!.rankMemoryMiB.map((v) => v.toFixed(0)).join(', ')}) | ${signed(pct(x.peakMemoryMiB, x.measured!.peakMemoryMiB))} | ${x.stepMs.toFixed(0)} | ${x.measured!.stepMs.toFixed(0)} | ${signed(pct(x.stepMs, x.measured!.stepMs))} |`);
+      out.push(`| ${describePlanLayout(x.layout)} | ${x.peakMemoryMiB.toFixed(0)} | ${x.measured!.peakMemoryMiB.toFixed(0)} (${x.measured!.rankMemoryMiB.map((v) => v.toFixed(0)).join(', ')}) | ${signed(pct(x.peakMemoryMiB, x.measured!.peakMemoryMiB))} | ${x.stepMs.toFixed(0)} | ${x.measured!.stepMs.toFixed(0)}${x.measured!.steps ? ` (${x.measured!.steps.map((v) => v.toFixed(0)).join(', ')})` : ''} | ${signed(pct(x.stepMs, x.measured!.stepMs))} |`);
     }
     const within = (xs: number[], b: number) => xs.filter((e) => e <= b).length;
     out.push('', `Memory within 10%: ${within(mem, 10)} of ${mem.length} (largest error ${Math.max(...mem).toFixed(0)}%); step time within 15%: ${within(time, 15)} of ${time.length} (largest ${Math.max(...time).toFixed(0)}%, median ${[...time].sort((a, b) => a - b)[Math.floor(time.length / 2)]!.toFixed(0)}%).`,

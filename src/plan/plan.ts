@@ -38,7 +38,7 @@ export interface PlanRow {
   time: Prediction['time'];
   /** Step time priced with this host's collectives for groups that span hosts (a lower bound). */
   unmeasured: string[];
-  measured?: { peakMemoryMiB: number; rankMemoryMiB: number[]; stepMs: number };
+  measured?: { peakMemoryMiB: number; rankMemoryMiB: number[]; stepMs: number; steps?: number[] };
 }
 
 export interface PlanResult {
@@ -120,7 +120,7 @@ export async function measureTop(r: PlanResult, o: PlanOptions, k: number, steps
   for (const row of r.rows.filter((x) => x.fits).slice(0, k)) {
     log(`[plan] measuring ${describePlanLayout(row.layout)} (${steps} steps)`);
     const m: Measured = await measureLayout(o.config, [...o.overrides, ...row.overrides], o.nproc, { steps });
-    row.measured = { peakMemoryMiB: Math.max(...m.peakMiB), rankMemoryMiB: m.peakMiB, stepMs: m.stepMs };
+    row.measured = { peakMemoryMiB: Math.max(...m.peakMiB), rankMemoryMiB: m.peakMiB, stepMs: m.stepMs, steps: m.steps };
   }
 }
 
