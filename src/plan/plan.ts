@@ -46,7 +46,6 @@ export interface PlanResult {
   memoryLimitMiB: number;
   world: World;
   numParams: number;
-  refused: number;
 }
 
 /** The layout fields the command line pins ("--parallel.zero=3" keeps zero at 3). */
@@ -93,7 +92,7 @@ export async function plan(cfg: FlotillaConfig, o: PlanOptions): Promise<PlanRes
   const world: World = { nproc: o.nproc, nnodes: o.nnodes };
   const size = o.nproc * o.nnodes;
   const candidates = o.candidates ?? enumerateLayouts(cfg, size, pinnedFields(o.overrides));
-  if (candidates.length === 0) return { rows: [], memoryLimitMiB: 0, world, numParams: 0, refused: 0 };
+  if (candidates.length === 0) return { rows: [], memoryLimitMiB: 0, world, numParams: 0 };
   const facts = modelFacts(cfg);
   const needed = candidates.map((c) => pointOf(cfg, c.layout));
   const compute = await calibrateCompute(cfg, calibrationPoints(needed), o.nproc, log);
@@ -110,7 +109,7 @@ export async function plan(cfg: FlotillaConfig, o: PlanOptions): Promise<PlanRes
     };
   });
   rows.sort((a, b) => a.stepMs - b.stepMs);
-  return { rows, memoryLimitMiB: limit, world, numParams: facts.numParams, refused: 0 };
+  return { rows, memoryLimitMiB: limit, world, numParams: facts.numParams };
 }
 
 /** Trains the first K layouts that fit for a few steps each and records what they measured. */
