@@ -28,6 +28,7 @@ const models = opt('--models', 'tiny,25m').split(',');
 const worlds = opt('--worlds', '2,4').split(',').map(Number);
 const steps = Number(opt('--steps', '4'));
 const write = argv.includes('--write');
+const reprice = argv.includes('--reprice');
 const CONFIG = 'examples/gpt-tiny.toml';
 const MODELS: Record<string, { label: string; overrides: string[] }> = {
   tiny: { label: 'the demo GPT (examples/gpt-tiny.toml, 0.94M parameters, global batch 16 x 128)', overrides: [] },
@@ -61,7 +62,7 @@ const signed = (x: number) => `${x >= 0 ? '+' : ''}${x.toFixed(0)}%`;
 
 // --reprice: the stored measurements priced again by the current planner (its calibrations come from
 // the cache); the measured numbers are kept as they were.
-if (argv.includes('--reprice')) {
+if (reprice) {
   for (const res of results) {
     const base = MODELS[res.model]!.overrides;
     const cfg0 = loadConfig(CONFIG, base);
@@ -72,11 +73,10 @@ if (argv.includes('--reprice')) {
     const fastest = r.rows.reduce((a, b) => (b.measured!.stepMs < a.measured!.stepMs ? b : a));
     Object.assign(res, { rows: r.rows, rankedFirst: describePlanLayout(first.layout), fastest: describePlanLayout(fastest.layout), firstVsFastest: pct(first.measured!.stepMs, fastest.measured!.stepMs) });
   }
-  writeFileSync(RESULTS, JSON.stringify(results));
-  if (write) writeSection('plan', render());
+  writeFileSync(RESULTS.replace(/\.json$/, '-repriced.json'), JSON.stringify(results));
 }
 
-for (const model of argv.includes('--reprice') ? [] : models) {
+for (const model of reprice ? [] : models) {
   for (const world of worlds) {
     if (results.some((r) => r.model === model && r.world === world)) continue;
     const base = MODELS[model]!.overrides;
@@ -107,12 +107,14 @@ for (const model of argv.includes('--reprice') ? [] : models) {
     if (write) writeSection('plan', render());
   }
 }
+if (write) writeSection(reprice ? 'plan-repriced' : 'plan', render());
 console.log(render());
 
 function render(): string {
   const out = [
-    '## Layout planner: predicted against measured (`flotilla plan`)',
+    reprice ? '### The same measurements priced again by the planner as it is now (`--reprice`)' : '## Layout planner: predicted against measured (`flotilla plan`)',
     '',
+    ...(reprice ? ['The measured columns are the table\'s above, unchanged; the predictions are recomputed with the current calibration (measured again where the planner\'s code changed).', ''] : []),
     `\`node --import tsx bench/plan.ts --models ${models.join(',')} --worlds ${worlds.join(',')} --steps ${steps} --write\` — each layout priced by the planner (src/plan; what`,
     '`flotilla plan CONFIG --nproc N` prints), then trained through `flotilla train --nproc N` for ' + `${steps} steps and measured from outside (what \`--measure\` does):`,
     'peak memory is the largest VmHWM over the ranks (the prediction is the largest rank\'s), step time the median over the steps after the first.',
@@ -122,7 +124,7 @@ function render(): string {
   for (const r of results) {
     const mem = r.rows.map((x) => Math.abs(pct(x.peakMemoryMiB, x.measured!.peakMemoryMiB)));
     const time = r.rows.map((x) => Math.abs(pct(x.stepMs, x.measured!.stepMs)));
-    out.push(`### ${MODELS[r.model]!.label}, ${r.world} ranks`, '');
+    out.push(`${reprice ? '####' : '###'} ${MODELS[r.model]!.label}, ${r.world} ranks`, '');
     out.push('| layout | predicted MiB | measured MiB (per rank) | error | predicted ms | measured ms (each step) | error |', '|---|---|---|---|---|---|---|');
     for (const x of r.rows) {
       out.push(`| ${describePlanLayout(x.layout)} | ${x.peakMemoryMiB.toFixed(0)} | ${x.measured!.peakMemoryMiB.toFixed(0)} (${x.measured!.rankMemoryMiB.map((v) => v.toFixed(0)).join(', ')}) | ${signed(pct(x.peakMemoryMiB, x.measured!.peakMemoryMiB))} | ${x.stepMs.toFixed(0)} | ${x.measured!.stepMs.toFixed(0)}${x.measured!.steps ? ` (${x.measured!.steps.map((v) => v.toFixed(0)).join(', ')})` : ''} | ${signed(pct(x.stepMs, x.measured!.stepMs))} |`);
