@@ -115,7 +115,7 @@ function render(): string {
     reprice ? '### The same measurements priced again by the planner as it is now (`--reprice`)' : '## Layout planner: predicted against measured (`flotilla plan`)',
     '',
     ...(reprice ? ['The measured columns are the table\'s above, unchanged; the predictions are recomputed with the current calibration (measured again where the planner\'s code changed).', ''] : []),
-    `\`node --import tsx bench/plan.ts --models ${models.join(',')} --worlds ${worlds.join(',')} --steps ${steps} --write\` — each layout priced by the planner (src/plan; what`,
+    `\`node --import tsx bench/plan.ts --models ${models.join(',')} --worlds ${worlds.join(',')} --steps ${steps}${reprice ? ' --resume --reprice' : ''} --write\` — each layout priced by the planner (src/plan; what`,
     '`flotilla plan CONFIG --nproc N` prints), then trained through `flotilla train --nproc N` for ' + `${steps} steps and measured from outside (what \`--measure\` does):`,
     'peak memory is the largest VmHWM over the ranks (the prediction is the largest rank\'s), step time the median over the steps after the first.',
     'Errors are (predicted - measured) / measured. The issue\'s bar: memory within 10%, step time within 15%, the layout ranked first within 10% of the fastest measured.',
