@@ -66,7 +66,7 @@ test('--json: every layout with its config-named fields, overrides that select i
   const t = await flotilla(['plan', cfgFile, '--nproc', '2', '--top', '3', ...pin], { timeoutMs: 120_000, env: { FLOTILLA_CACHE_DIR: join(dir, 'cache') } });
   assert.equal(t.code, 0, t.err);
   assert.match(t.out, /ranked by predicted step time/);
-  assert.match(t.out, /^best: .*flotilla train CONFIG --nproc 2/m);
+  assert.match(t.out, /^best: .*flotilla train \S+tiny\.toml --nproc 2/m);
   assert.equal(t.out.split('\n').filter((l) => /^\d+\s{2}/.test(l)).length, 3, t.out);
 });
 

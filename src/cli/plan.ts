@@ -82,6 +82,6 @@ export async function planCommand(args: readonly string[], print: (line: string)
   const r = await plan(cfg, opts);
   if (a.measure > 0) await measureTop(r, opts, a.measure);
   if (a.json) print(JSON.stringify(planJson(r), null, 1));
-  else print(formatPlan(cfg, r, a.top));
+  else print(formatPlan(cfg, r, a.top, a.config));
   return 0;
 }

@@ -148,7 +148,7 @@ export function changedOverrides(cfg: FlotillaConfig, l: PlanLayout): string[] {
 }
 
 /** The ranked table `flotilla plan` prints. */
-export function formatPlan(cfg: FlotillaConfig, r: PlanResult, top: number): string {
+export function formatPlan(cfg: FlotillaConfig, r: PlanResult, top: number, config = 'CONFIG'): string {
   const lines: string[] = [];
   const { nproc, nnodes } = r.world;
   lines.push(`${r.rows.length} layout(s) of a ${(r.numParams / 1e6).toFixed(2)}M-parameter ${cfg.model.arch} on ${nproc * nnodes} rank(s)${nnodes > 1 ? ` (${nnodes} hosts x ${nproc})` : ''}, ranked by predicted step time; memory per rank ${r.memoryLimitMiB.toFixed(0)} MiB`);
@@ -164,7 +164,7 @@ export function formatPlan(cfg: FlotillaConfig, r: PlanResult, top: number): str
   lines.push(fmt(head), ...body.map(fmt));
   if (r.rows.length > top) lines.push(`... ${r.rows.length - top} more (--top K shows more, --json all)`);
   const best = r.rows.find((x) => x.fits);
-  lines.push(best ? `best: ${describePlanLayout(best.layout)}: flotilla train CONFIG --nproc ${nproc}${nnodes > 1 ? ` --nnodes ${nnodes} (on every host, with its --node-rank)` : ""} ${changedOverrides(cfg, best.layout).join(' ')}`.trimEnd() : 'no layout fits in the memory given; raise --memory or add ranks');
+  lines.push(best ? `best: ${describePlanLayout(best.layout)}: flotilla train ${config} --nproc ${nproc}${nnodes > 1 ? ` --nnodes ${nnodes} (on every host, with its --node-rank)` : ""} ${changedOverrides(cfg, best.layout).join(' ')}`.trimEnd() : 'no layout fits in the memory given; raise --memory or add ranks');
   if (r.rows.some((x) => x.unmeasured.length > 0)) {
     lines.push('>= : groups across hosts are priced with this host\'s collective times (cross-host links are not measured by flotilla plan on one host), so those step times are lower bounds.');
   }
