@@ -18,7 +18,7 @@ const LONGEST = [
   'checkpoint_resume', 'moe_verify', 'pipeline_train', 'cli_verify', 'parallel_zero', 'checkpoint_faults', 'pipeline_clip',
   'tp_gpt', 'memory_zero_rss', 'precision_verify', 'moe_layouts', 'checkpointing_activation_layouts', 'tp_checkpoint',
   'package_install', 'pipeline_eval', 'llama_cli', 'moe_oracle', 'llama_layouts', 'cli_train', 'precision_zero3', 'cp_layouts',
-  'parallel_ddp', 'report_browser',
+  'parallel_ddp', 'report_browser', 'plan_cli', 'plan_memory',
 ];
 // The files that hold every launch slot, longest first (train_hosts waits out heartbeat timeouts).
 const HOLDS_ALL_LONGEST = ['train_hosts', 'hardening_runtime', 'distributed_failure', 'distributed_launcher', 'distributed_collectives'];

@@ -6,7 +6,7 @@ import { layoutFor, layoutProblems, LayoutError, type ParallelConfig } from '../
 
 const base: ParallelConfig = {
   dp: -1, zero: 2, dpShard: -1, dpReplicate: 1, accumulate: 'auto', pp: 2, ppSchedule: '1f1b', ppVirtualStages: 1,
-  reshardAfterForward: true, bucketSizeMb: 0, overlap: true, reduceDtype: 'fp32', backend: 'auto', tp: 1, sequenceParallel: false, lossParallel: false, ep: 1, cp: 1,
+  reshardAfterForward: true, bucketSizeMb: 0, overlap: true, reduceDtype: 'fp32', backend: 'auto', tp: 1, sequenceParallel: false, lossParallel: false, ep: 1, cp: 1, auto: false,
 };
 
 test('a pipeline resolves "auto" to reduceLast, and keeps the flavour it is given', () => {

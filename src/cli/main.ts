@@ -16,12 +16,13 @@ const MAIN = fileURLToPath(import.meta.url);
 export const USAGE = `flotilla — distributed training for TypeScript
 
 usage:
-  flotilla train <config.toml> [--nproc N] [--resume [PATH|latest]] [--max-restarts K] [--section.field=value ...]
+  flotilla train <config.toml> [--nproc N] [--plan] [--resume [PATH|latest]] [--max-restarts K] [--section.field=value ...]
                  [--nnodes M --node-rank R --master-addr A --master-port P]
       Train the model a config describes. --resume continues a run from its newest checkpoint (or
       the checkpoint PATH names), under this config's layout; --max-restarts K restarts a failed
       group up to K times, each from the latest checkpoint. --nproc N (N > 1) starts N local ranks through the
       launcher (data parallel; through mpirun on Open MPI when installed, see parallel.backend). Overrides win over the file, e.g. --optim.lr=3e-4 --train.steps=50.
+      --plan (or [parallel] auto = true): train with the layout \`flotilla plan\` ranks first, and say which.
       --nnodes M: the same run on M hosts, N ranks each (Gloo), with the rules of \`flotilla run\`
       across hosts (FLOTILLA_JOB_SECRET, the interface, the heartbeat); start it on every host
       with its own --node-rank. Rank 0 (node 0) keeps the run directory. --nnodes MIN:MAX: when
@@ -36,6 +37,16 @@ usage:
       With --resume: train S steps (default 2K) saving at step K, resume that checkpoint (under the
       layout after --then, or the same one) and compare steps K+1..S: bit-identical for the same
       layout, within 1e-5 (parameters 1e-4) for another; PASS or FAIL as above.
+  flotilla plan <config.toml> --nproc N [--nnodes M] [--memory GiB] [--json] [--top K] [--measure K] [--section.field=value ...]
+      Which layouts the config's model can take on N ranks per host (x M hosts): data parallel,
+      ZeRO 0-3, HSDP, pipeline schedules, tensor (+ sequence), context and expert parallelism,
+      micro-batches, activation checkpointing, precision. Predicts each rank's peak memory and the
+      step time from a short calibration on this machine (cached), ranks them by step time, marks
+      what does not fit in --memory GiB per rank (default: this machine's memory over N), and
+      prints the flags that select each. Flags of layout fields pin them. --json: every layout as
+      JSON; --measure K: train the first K that fit for a few steps and print measured beside
+      predicted. Collectives across hosts are not measured here (step times marked >=).
+      \`flotilla train --plan\` (or [parallel] auto = true) trains with the layout ranked first.
   flotilla run --nproc N <script.ts|script.js> [args ...]
       Start N ranks of a script with the launch environment (RANK, WORLD_SIZE, MASTER_ADDR, ...);
       run \`flotilla run --help\` for the launcher's options.
@@ -78,15 +89,38 @@ function version(): string {
   return pkg.version;
 }
 
+/** `train --plan` / [parallel] auto: the flags of the layout the planner ranks first, said on stdout. */
+async function chooseLayout(config: string, overrides: readonly string[], nproc: number): Promise<string[]> {
+  const { loadConfig } = await import('../config/index.js');
+  const { plan, describePlanLayout, changedOverrides } = await import('../plan/plan.js');
+  const cfg = loadConfig(config, overrides);
+  const r = await plan(cfg, { config, overrides, nproc, nnodes: 1, log: (l) => process.stdout.write(`${l}\n`) });
+  const best = r.rows.find((x) => x.fits);
+  if (best === undefined) {
+    throw new UsageError(`train --plan: ${r.rows.length === 0 ? `no layout of this model runs on ${nproc} rank(s) (see flotilla plan ${config} --nproc ${nproc})` : `no layout fits in ${r.memoryLimitMiB.toFixed(0)} MiB per rank; add ranks, or see flotilla plan ${config} --nproc ${nproc}`}`);
+  }
+  process.stdout.write(`[plan] training with the layout ranked first of ${r.rows.length}: ${describePlanLayout(best.layout)} (predicted ${best.stepMs.toFixed(0)} ms/step, peak ${best.peakMemoryMiB.toFixed(0)} MiB per rank): ${changedOverrides(cfg, best.layout).join(' ') || 'the config as it is'}\n`);
+  return [...best.overrides, '--parallel.auto=false'];
+}
+
 async function trainCommand(args: readonly string[]): Promise<number> {
   const a = parseTrainArgs(args);
   const { readLaunchEnv, checkFlotillaEnv } = await import('../distributed/env.js');
   checkFlotillaEnv(); // first: the ranks' addon reads these settings when it loads
   const { checkRunnable, loadConfig } = await import('../config/index.js');
-  const cfg = loadConfig(a.config, a.overrides); // every rank and the launching process validate first
+  let cfg = loadConfig(a.config, a.overrides); // every rank and the launching process validate first
   const env = readLaunchEnv();
   const inWorld = env.source !== 'single';
   const hosts = a.hosts;
+  if ((a.plan || cfg.parallel.auto) && !inWorld) {
+    // The planner chooses the layout before any rank starts; the ranks get its flags (auto off).
+    if (hosts !== undefined) throw new UsageError(`train: ${a.plan ? '--plan' : '[parallel] auto = true'} with --nnodes ${hosts.nnodes}: every host would plan on its own; run \`flotilla plan ${a.config} --nproc ${a.nproc ?? 1} --nnodes ${hosts.nnodes}\` once and give its flags to every host's flotilla train`);
+    const chosen = await chooseLayout(a.config, a.overrides, a.nproc ?? 1);
+    a.overrides = [...a.overrides, ...chosen];
+    cfg = loadConfig(a.config, a.overrides);
+  } else if (cfg.parallel.auto && inWorld) {
+    throw new UsageError('train: [parallel] auto = true inside a world already started: the planner chooses the layout before the ranks start; run flotilla train through its launcher (--nproc N), or set --parallel.auto=false');
+  }
   if (hosts !== undefined && inWorld) throw new UsageError(`train: --nnodes given inside a world already started by ${env.source}; drop --nnodes`);
   // Rank 0 runs on node 0: only there does the run directory (and a checkpoint to resume) have to be.
   if (!inWorld && (hosts === undefined || hosts.nodeRank === 0)) {
@@ -259,6 +293,14 @@ export async function main(argv: readonly string[]): Promise<number> {
       }
       case 'schedule':
         return await scheduleCommand(rest);
+      case 'plan': {
+        if (rest.includes('--help') || rest.includes('-h')) {
+          process.stdout.write(`${USAGE}\n`);
+          return 0;
+        }
+        const { planCommand } = await import('./plan.js');
+        return await planCommand(rest, (l) => process.stdout.write(`${l}\n`), (l) => process.stderr.write(`${l}\n`));
+      }
       case 'prepare':
         return await (await import('./prepare.js')).prepareCommand(rest);
       case 'tokenizer':
@@ -277,7 +319,7 @@ export async function main(argv: readonly string[]): Promise<number> {
         return await c.generateCommand(rest, print);
       }
       default:
-        throw new UsageError(`unknown command ${JSON.stringify(cmd)}; commands: train, verify, run, config, schedule, prepare, tokenizer, export, generate, checkpoint, report (see flotilla --help)`);
+        throw new UsageError(`unknown command ${JSON.stringify(cmd)}; commands: train, verify, run, config, schedule, plan, prepare, tokenizer, export, generate, checkpoint, report (see flotilla --help)`);
     }
   } catch (e) {
     const err = e as Error;

@@ -16,6 +16,8 @@ export interface TrainArgs {
   steps?: number;
   /** `train --nnodes M ...`: the hosts of the job (flotilla run's options, passed on to the launcher). */
   hosts?: HostArgs;
+  /** `train --plan`: train with the layout `flotilla plan` ranks first (as [parallel] auto = true). */
+  plan?: boolean;
 }
 
 /** Where this host stands in a multi-host `flotilla train` (flotilla run's meaning for each). */
@@ -45,6 +47,7 @@ export function parseTrainArgs(args: readonly string[], command = 'train'): Trai
   let steps: number | undefined;
   let resume: string | undefined;
   let maxRestarts: number | undefined;
+  let plan = false;
   const host: Partial<Record<(typeof HOST_FLAGS)[number], string>> = {};
   const overrides: string[] = [];
   for (let i = 0; i < args.length; i++) {
@@ -54,6 +57,8 @@ export function parseTrainArgs(args: readonly string[], command = 'train'): Trai
       const v = a === hostFlag ? args[++i] : a.slice(hostFlag.length + 1);
       if (v === undefined || v === '') throw new UsageError(`${hostFlag} needs a value`);
       host[hostFlag] = v;
+    } else if (a === '--plan' && command === 'train') {
+      plan = true;
     } else if (a === '--record' && command === 'train') {
       record = args[++i];
       if (record === undefined) throw new UsageError('--record needs a directory');
@@ -91,7 +96,7 @@ export function parseTrainArgs(args: readonly string[], command = 'train'): Trai
   }
   if (config === undefined) throw new UsageError('train: missing the config file: flotilla train <config.toml> (e.g. examples/gpt-tiny.toml)');
   const hosts = parseHostArgs(host);
-  return { config, overrides, ...(hosts !== undefined ? { hosts } : {}), ...(nproc !== undefined ? { nproc } : {}), ...(resume !== undefined ? { resume } : {}), ...(maxRestarts !== undefined ? { maxRestarts } : {}), ...(record !== undefined ? { record } : {}), ...(steps !== undefined ? { steps } : {}) };
+  return { config, overrides, ...(plan ? { plan } : {}), ...(hosts !== undefined ? { hosts } : {}), ...(nproc !== undefined ? { nproc } : {}), ...(resume !== undefined ? { resume } : {}), ...(maxRestarts !== undefined ? { maxRestarts } : {}), ...(record !== undefined ? { record } : {}), ...(steps !== undefined ? { steps } : {}) };
 }
 
 /** --nnodes and its companions; undefined for a one-host run. Values are checked again by the launcher. */

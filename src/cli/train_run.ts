@@ -83,6 +83,7 @@ export async function trainSeriesCommand(args: readonly string[]): Promise<numbe
   checkFlotillaEnv();
   const { loadConfig } = await import('../config/index.js');
   const cfgs = runs.map((a) => loadConfig(a.config, a.overrides));
+  if (cfgs.some((c) => c.parallel.auto)) throw new UsageError('train-series: [parallel] auto = true chooses a layout before the ranks start; give each run its layout (--parallel.auto=false)');
   const backends = new Set(cfgs.map((c) => c.parallel.backend));
   if (backends.size > 1) throw new UsageError(`train-series: the runs of one world share its backend; got ${[...backends].join(' and ')}`);
   const env = readLaunchEnv();

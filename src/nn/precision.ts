@@ -41,6 +41,7 @@
 // (readsParametersThroughPolicy); a unit holding a parameter of any other module is gathered in
 // float32 and gets the per-step copies described above.
 import { type Tensor, type DType, isGradEnabled, keep } from '../tensor/index.js';
+import type { PlanAxis } from '../plan/terms.js';
 
 export type Precision = 'fp32' | 'bf16-mixed';
 export const PRECISIONS: readonly Precision[] = ['fp32', 'bf16-mixed'];
@@ -181,3 +182,19 @@ export function castParam(op: OpClass, p: Tensor | undefined): Tensor | undefine
 function isFloatingDtype(d: DType): boolean {
   return d === 'float32' || d === 'float64' || d === 'bfloat16' || d === 'float16';
 }
+
+/**
+ * What bf16-mixed changes on a rank, for the planner ([Note: plan terms] in src/plan/terms.ts): the
+ * float32 masters, gradients and optimizer state stay as they are, and the step holds a bfloat16 copy
+ * of every parameter it computes with (made once per step, dropped before the optimizer step). Its
+ * speed and activation bytes are measured, not derived: the planner calibrates the model under the
+ * policy itself.
+ */
+export const precisionPlanAxis: PlanAxis = {
+  name: 'precision',
+  fields: ['precision'],
+  apply(b, ctx) {
+    // ZeRO-3 copies the gathered units only (counted with its gathers).
+    if (ctx.layout.precision === 'bf16-mixed' && ctx.layout.zero !== 3) b.memory.bf16Copies += 2 * b.params;
+  },
+};

@@ -42,6 +42,7 @@ import { fullGradOf, localGradShardOf, normPiecesOf, pieceLayoutOf } from './gra
 
 export type { MemoryReport } from './memory.js';
 import { resolveAccumulate, type AccumulateFlavour, type ZeroStage } from './layout.js';
+import { axisStride, crossesHosts, type PlanAxis } from '../plan/terms.js';
 
 export type { ZeroStage, AccumulateFlavour } from './layout.js';
 
@@ -633,3 +634,49 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     for (const b of this.buffers) b.dispose();
   }
 }
+
+/**
+ * What data parallelism and ZeRO-1/2 hold and send on a rank, for the planner ([Note: plan terms]
+ * in src/plan/terms.ts): parameters whole; gradients whole (zero 0/1) or a shard plus two full
+ * buckets, the one backward fills and the one in reduction (zero 2); AdamW's two float32 moments for the parameters this rank updates (a 1 /
+ * (dpShard x cp) shard under ZeRO). The gradient buckets are all-reduced (zero 0), or reduce-
+ * scattered over the shard group and all-reduced over replicas, and the updated shards all-gathered
+ * (zero 1/2); the reduction overlaps backward when parallel.overlap is on. ZeRO-3 adds its own terms
+ * (zero3PlanAxis in fsdp.ts).
+ */
+export const dataParallelPlanAxis: PlanAxis = {
+  name: 'data parallel / ZeRO',
+  fields: ['dp', 'zero', 'dpShard', 'dpReplicate', 'accumulate', 'bucketSizeMb', 'overlap', 'reduceDtype', 'microBatches'],
+  apply(b, ctx) {
+    const l = ctx.layout;
+    // The cp ranks of a data-parallel rank reduce and shard with it ([Note: context parallelism]).
+    const shard = l.zero === 0 ? 1 : l.dpShard * l.cp;
+    const group = l.dp * l.cp;
+    const P = b.params;
+    const elem = ctx.reduceDtype === 'bf16' ? 2 : 4;
+    const bucket = l.zero === 3 ? 4 * Math.min(ctx.model.largestUnitParams, P) : Math.min(ctx.bucketBytes, 4 * P); // under ZeRO-3 a bucket is a unit
+    b.paramsHeld = P;
+    b.gradsHeld = l.zero >= 2 ? P / shard : P;
+    b.optimizerHeld = P / shard;
+    b.memory.parameters += 4 * P;
+    // ZeRO-2 holds full gradients only for the bucket backward fills and the one in reduction
+    // ([Note: reduction window]), and that one's received shard.
+    b.memory.gradients += l.zero >= 2 ? 4 * P / shard + Math.min(2 * bucket, 4 * P) : 4 * P;
+    b.memory.optimizer += 8 * P / shard;
+    if (group === 1) return;
+    const stride = axisStride(l, 'dp');
+    const cross = crossesHosts(stride, group, ctx.ranksPerHost);
+    const each = resolveAccumulate(l.zero, ctx.accumulate, { pipeline: l.pp > 1 }) === 'reduceEach' ? l.microBatches : 1;
+    const overlaps = ctx.overlap ? 'backward' : 'none';
+    if (l.zero === 0) {
+      b.comm.push({ what: 'gradient all-reduce', op: 'allReduce', group, bytes: elem * P, times: each, overlaps, crossHost: cross });
+      return;
+    }
+    const sg = shard, rg = group / shard;
+    const shardCross = crossesHosts(stride, sg, ctx.ranksPerHost);
+    b.comm.push({ what: 'gradient reduce-scatter', op: 'reduceScatter', group: sg, bytes: elem * P, times: each, overlaps, crossHost: shardCross });
+    if (rg > 1) b.comm.push({ what: 'gradient all-reduce across replicas', op: 'allReduce', group: rg, bytes: elem * P / sg, times: 1, overlaps: 'none', crossHost: crossesHosts(axisStride(l, 'dpReplicate'), rg, ctx.ranksPerHost) });
+    b.memory.commBuffers += bucket / sg; // the reduce-scatter's received shard of the bucket in flight
+    if (l.zero < 3) b.comm.push({ what: 'updated parameter all-gather', op: 'allGather', group: sg, bytes: 4 * P, times: 1, overlaps: 'forward', crossHost: shardCross });
+  },
+};

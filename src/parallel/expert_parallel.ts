@@ -32,6 +32,7 @@ import type { MemoryReport } from './memory.js';
 import { placementsOf, type ParamPlacement } from './placement.js';
 import { DataParallelModel } from './data_parallel_model.js';
 import type { LossFn } from './parallel_model.js';
+import { axisStride, crossesHosts, type PlanAxis } from '../plan/terms.js';
 
 // rows (n, C) to the group's ranks: `send[r]` rows to rank r, `recv[r]` rows from it; backward the reverse.
 const allToAllRows = defineFunction<[Tensor, ProcessGroup, number[], number[]]>({
@@ -267,3 +268,32 @@ export class ExpertParallelModel extends DataParallelModel {
     super.dispose();
   }
 }
+
+/**
+ * What expert parallelism changes on a rank, for the planner ([Note: plan terms] in
+ * src/plan/terms.ts; [Note: expert parallelism]): the rank holds 1 / ep of every MoE layer's routed
+ * experts (the router and shared experts stay whole) and computes its experts for the ep group's
+ * tokens, so the expert compute per rank is unchanged on a balanced load; each MoE block moves
+ * every kept row (tokens x topK x width) to its experts' rank and back by all-to-all, forward and
+ * backward. Expert gradients are reduced over the ranks holding the same experts (a data-parallel
+ * reduction of 1 / ep of them, counted with the dense ones).
+ */
+export const expertParallelPlanAxis: PlanAxis = {
+  name: 'expert parallel',
+  fields: ['ep'],
+  apply(b, ctx) {
+    const l = ctx.layout;
+    if (l.ep === 1 || b.expertParams === 0) return;
+    const moved = b.expertParams * (1 - 1 / l.ep);
+    b.params -= moved;
+    b.expertParams -= moved;
+    const m = ctx.model;
+    const moeShare = m.blockExpertParams.filter((x) => x > 0).length / Math.max(1, m.blockParams.length);
+    const elem = l.precision === 'bf16-mixed' ? 2 : 4;
+    const rows = b.samples * b.tokens * m.topK;
+    b.comm.push({
+      what: 'expert all-to-alls (dispatch and combine, each way)', op: 'allToAll', group: l.ep, bytes: rows * m.nEmbd * elem, times: 4 * Math.round(b.blocks * moeShare) * l.microBatches, overlaps: 'none',
+      crossHost: crossesHosts(axisStride(l, 'dpShard'), l.ep, ctx.ranksPerHost),
+    });
+  },
+};

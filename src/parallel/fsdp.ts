@@ -28,6 +28,7 @@ import type { ProcessGroup } from '../distributed/process_group.js';
 import { allocStorage, freeStorage, type Bucket } from './grad_buffer.js';
 import { gatherInPlace } from './zero_gathers.js';
 import { Bf16UnitCopy } from './fsdp_bf16.js';
+import { axisStride, crossesHosts, type PlanAxis } from '../plan/terms.js';
 
 /** Whether a module (by dotted name) is a wrapping unit of its own. */
 export type UnitPolicy = (name: string, module: Module) => boolean;
@@ -375,3 +376,28 @@ function policyReaderParams(model: Module): Set<Tensor> {
   for (const p of not) ok.delete(p);
   return ok;
 }
+
+/**
+ * What ZeRO-3 changes on a rank, for the planner ([Note: plan terms] in src/plan/terms.ts): the
+ * parameters are a 1 / (dpShard x cp) shard, and around each unit's forward and backward its full
+ * parameters exist too (the unit being computed and the one prefetched: two of the largest, in
+ * bfloat16 under bf16-mixed, [Note: unit lifecycle]); each unit is all-gathered in forward and again
+ * in backward (once when reshardAfterForward is off), every micro-batch.
+ */
+export const zero3PlanAxis: PlanAxis = {
+  name: 'ZeRO-3',
+  fields: ['reshardAfterForward'],
+  apply(b, ctx) {
+    const l = ctx.layout;
+    if (l.zero !== 3) return;
+    const shard = l.dpShard * l.cp;
+    const P = b.paramsHeld;
+    const gathered = l.precision === 'bf16-mixed' ? 2 : 4;
+    b.memory.parameters -= 4 * P - 4 * P / shard;
+    if (shard > 1) b.memory.zero3Gathers += 2 * gathered * Math.min(ctx.model.largestUnitParams, P);
+    if (shard === 1) return;
+    const passes = ctx.reshardAfterForward ? 2 : 1;
+    const cross = crossesHosts(axisStride(l, 'dpShard'), shard, ctx.ranksPerHost);
+    b.comm.push({ what: 'ZeRO-3 unit all-gathers', op: 'allGather', group: shard, bytes: gathered * P, times: passes * l.microBatches, overlaps: 'backward', crossHost: cross });
+  },
+};

@@ -57,6 +57,8 @@ export interface ParallelConfig {
   ep: number;
   /** Context parallelism: each sequence split over this many ranks, attention as a ring (1 = whole sequences on every rank). */
   cp: number;
+  /** Train with the layout `flotilla plan` ranks first (src/plan) instead of the one this section sets. */
+  auto: boolean;
 }
 
 /**
@@ -65,7 +67,7 @@ export interface ParallelConfig {
  */
 export const PARALLEL_DEFAULTS: Readonly<ParallelConfig> = {
   dp: -1, zero: 0, dpShard: -1, dpReplicate: 1, accumulate: 'auto', reshardAfterForward: true, bucketSizeMb: 0, reduceDtype: 'fp32',
-  overlap: true, backend: 'auto', pp: 1, ppSchedule: '1f1b', ppVirtualStages: 1, tp: 1, sequenceParallel: false, lossParallel: false, ep: 1, cp: 1,
+  overlap: true, backend: 'auto', pp: 1, ppSchedule: '1f1b', ppVirtualStages: 1, tp: 1, sequenceParallel: false, lossParallel: false, ep: 1, cp: 1, auto: false,
 };
 
 /** A layout resolved for a world: every degree known. */

@@ -20,6 +20,7 @@ import type { MicroBatch, ParallelModel, StageValue } from '../parallel_model.js
 import type { ParamPlacement } from '../placement.js';
 import { meanOverRanks } from '../data_parallel_model.js';
 import { chunksOf, ringAttention } from './ring_attention.js';
+import { axisStride, crossesHosts, type PlanAxis } from '../../plan/terms.js';
 
 /** The sequence shard of cp rank group.rank: its chunks' global positions and the ring's attention (calls counted). */
 export function ringShard(group: ProcessGroup): SequenceShard & { attentionCalls: number } {
@@ -132,3 +133,27 @@ export class ContextParallelModel implements ParallelModel {
     this.inner.dispose();
   }
 }
+
+/**
+ * What context parallelism changes on a rank, for the planner ([Note: plan terms] in
+ * src/plan/terms.ts; [Note: context parallelism]): the rank computes 1 / cp of each sequence's
+ * tokens (its two chunks) with every parameter; its gradients are reduced and sharded with the
+ * data-parallel ranks (the data-parallel axis counts cp in). Ring attention passes this rank's keys
+ * and values around the ring in forward (cp - 1 steps per block) and keys, values and their
+ * gradients in backward (twice that).
+ */
+export const contextParallelPlanAxis: PlanAxis = {
+  name: 'context parallel',
+  fields: ['cp'],
+  apply(b, ctx) {
+    const l = ctx.layout;
+    if (l.cp === 1) return;
+    b.tokens = b.tokens / l.cp;
+    const elem = l.precision === 'bf16-mixed' ? 2 : 4;
+    const kv = 2 * b.samples * b.tokens * (ctx.model.nEmbd / l.tp) * elem;
+    b.comm.push({
+      what: 'ring attention keys/values (and their gradients)', op: 'sendRecv', group: l.cp, bytes: kv, times: 3 * (l.cp - 1) * b.blocks * l.microBatches, overlaps: 'none',
+      crossHost: crossesHosts(axisStride(l, 'cp'), l.cp, ctx.ranksPerHost),
+    });
+  },
+};

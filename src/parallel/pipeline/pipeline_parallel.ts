@@ -74,7 +74,8 @@ import { DataParallel, type AccumulateFlavour, type MemoryReport, type ZeroStage
 import { gradView, type ParamSlot } from '../grad_buffer.js';
 import { accumulateProblems } from '../layout.js';
 import { placementsOf, type ParamPlacement } from '../placement.js';
-import { buildSchedule, validateSchedule, type PipelineSchedule, type ScheduleName } from './schedule.js';
+import { buildSchedule, peakActivations, validateSchedule, type PipelineSchedule, type ScheduleName } from './schedule.js';
+import { axisStride, crossesHosts, type PlanAxis } from '../../plan/terms.js';
 import { Stage } from './stage.js';
 import { Executor, type TraceEvent } from './executor.js';
 import { ExpertStepPieces, expertPlacements, gatherExperts } from '../expert_parallel.js';
@@ -595,3 +596,40 @@ class ShardedPipelineGrads implements GradientSource {
     this.pieces.zeroGrad();
   }
 }
+
+/**
+ * What a pipeline changes on a rank, for the planner ([Note: plan terms] in src/plan/terms.ts): the
+ * rank holds and computes its stages' blocks (the even split of [Note: stage split] in
+ * src/models/gpt_parallel.ts: earlier stages take the remainder; stage s of pp x v runs on rank
+ * s mod pp), the embeddings on the first rank and the head on the last; the schedule keeps
+ * peakActivations micro-batches of its stages alive; each micro-batch's activation crosses every
+ * stage boundary forward and its gradient backward (a send/receive of samples x tokens x width).
+ * The bubbles come from simulating the schedule itself (the planner's time model).
+ */
+export const pipelinePlanAxis: PlanAxis = {
+  name: 'pipeline',
+  fields: ['pp', 'ppSchedule', 'ppVirtualStages'],
+  apply(b, ctx) {
+    const l = ctx.layout;
+    if (l.pp === 1) return;
+    const v = l.ppSchedule === 'interleaved' ? l.ppVirtualStages : 1;
+    const S = l.pp * v;
+    const L = ctx.model.blockParams.length;
+    const counts = Array.from({ length: S }, (_, s) => Math.floor(L / S) + (s < L % S ? 1 : 0));
+    const first = (s: number) => counts.slice(0, s).reduce((a, c) => a + c, 0);
+    const mine = Array.from({ length: v }, (_, k) => ctx.stageRank + k * l.pp);
+    const blocks = mine.flatMap((s) => Array.from({ length: counts[s]! }, (_, i) => first(s) + i));
+    const m = ctx.model;
+    b.embed = ctx.stageRank === 0;
+    b.head = ctx.stageRank === l.pp - 1;
+    b.blocks = blocks.length;
+    b.expertParams = blocks.reduce((a, i) => a + m.blockExpertParams[i]!, 0);
+    b.params = blocks.reduce((a, i) => a + m.blockParams[i]! + m.blockExpertParams[i]!, 0) + (b.embed ? m.embedParams : 0) + (b.head ? m.headParams : 0);
+    const schedule = buildSchedule(l.ppSchedule, { pp: l.pp, micro: l.microBatches, ...(v > 1 ? { virtualStages: v } : {}) });
+    b.liveMicroBatches = peakActivations(schedule)[ctx.stageRank]! / v;
+    b.pipeline = { schedule: l.ppSchedule, pp: l.pp, micro: l.microBatches, virtualStages: v };
+    const act = b.samples * b.tokens * m.nEmbd * (l.precision === 'bf16-mixed' ? 2 : 4);
+    const boundaries = mine.filter((s) => s < S - 1).length + mine.filter((s) => s > 0).length; // sends and receives of this rank
+    b.comm.push({ what: 'stage activations and their gradients', op: 'sendRecv', group: 2, bytes: act, times: boundaries * l.microBatches, overlaps: 'none', crossHost: crossesHosts(axisStride(l, 'pp'), 2, ctx.ranksPerHost) });
+  },
+};

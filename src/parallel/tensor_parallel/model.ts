@@ -16,6 +16,7 @@ import type { MicroBatch, ParallelModel } from '../parallel_model.js';
 import { slicedOverTp, type ParamPlacement } from '../placement.js';
 import { allGatherDim } from './comm.js';
 import type { TensorParallelApplied, TpPlacement } from './styles.js';
+import { crossesHosts, type PlanAxis } from '../../plan/terms.js';
 
 /** The whole tensor from this rank's slice of it (a collective over the placement's group). */
 export function gatherSlices(local: Tensor, pl: TpPlacement): Tensor {
@@ -153,3 +154,40 @@ export class TensorParallelModel implements ParallelModel {
     this.inner.dispose();
   }
 }
+
+/**
+ * What tensor parallelism changes on a rank, for the planner ([Note: plan terms] in
+ * src/plan/terms.ts; [Note: tp styles]): every split Linear and the vocabulary-parallel embedding
+ * and head hold 1 / tp of their parameters (norms, counted as split too, are a rounding error; MoE
+ * experts stay whole); a block's compute is divided by tp;
+ * its activations too under sequence parallelism, and only the split half of them without it
+ * (the residual stream and norms stay replicated). Per micro-batch each block sums two partial
+ * outputs forward and two input gradients backward: four all-reduces of samples x tokens x width,
+ * or under sequence parallelism an all-gather and a reduce-scatter for each; the embedding sums its
+ * lookup, and the head gathers its logits unless lossParallel keeps them split.
+ */
+export const tensorParallelPlanAxis: PlanAxis = {
+  name: 'tensor parallel',
+  fields: ['tp', 'sequenceParallel', 'lossParallel'],
+  apply(b, ctx) {
+    const l = ctx.layout;
+    const tp = l.tp;
+    if (tp === 1) return;
+    b.params = (b.params - b.expertParams) / tp + b.expertParams; // routed experts stay whole on every tp rank
+    b.blockShare = b.blockShare / tp;
+    b.activationShare = l.sequenceParallel ? 1 / tp : (1 + 1 / tp) / 2;
+    const m = ctx.model;
+    const elem = l.precision === 'bf16-mixed' ? 2 : 4;
+    const act = b.samples * b.tokens * m.nEmbd * elem;
+    const cross = crossesHosts(1, tp, ctx.ranksPerHost);
+    const n = l.microBatches;
+    if (l.sequenceParallel) {
+      b.comm.push({ what: 'sequence-parallel all-gathers (2 per block each way)', op: 'allGather', group: tp, bytes: act / tp, times: 4 * b.blocks * n, overlaps: 'none', crossHost: cross });
+      b.comm.push({ what: 'sequence-parallel reduce-scatters (2 per block each way)', op: 'reduceScatter', group: tp, bytes: act, times: 4 * b.blocks * n, overlaps: 'none', crossHost: cross });
+    } else {
+      b.comm.push({ what: 'row-parallel sums and input gradients (4 per block)', op: 'allReduce', group: tp, bytes: act, times: 4 * b.blocks * n, overlaps: 'none', crossHost: cross });
+    }
+    if (b.embed) b.comm.push({ what: 'vocabulary-parallel embedding sum', op: 'allReduce', group: tp, bytes: act, times: n, overlaps: 'none', crossHost: cross });
+    if (b.head && !ctx.lossParallel) b.comm.push({ what: 'head logits all-gather', op: 'allGather', group: tp, bytes: b.samples * b.tokens * m.vocabSize * 4 / tp, times: n, overlaps: 'none', crossHost: cross });
+  },
+};

@@ -1,0 +1,223 @@
+// What the planner measures on this machine, once, and keeps under the project's cache directory
+// ($FLOTILLA_CACHE_DIR/plan, else $XDG_CACHE_HOME/flotilla/plan, else ~/.cache/flotilla/plan;
+// FLOTILLA_CACHE_DIR=off measures every time):
+//   - compute: the config's own model, forward and backward at each shape the layouts need
+//     (calibrate_model.ts: as many processes at once as the host runs ranks, each with a rank's
+//     threads, so they share the cores as the ranks will), per block and for the rest;
+//   - communication: each collective's time by group size and bytes on this host, under the
+//     backend the config uses, with every rank busy (calibrate_comm.ts through `flotilla run`);
+//   - baseline: what a rank holds before any model state (Node, libtorch, the data, the collective
+//     runtime) and the loop's own cost per step, from a real `flotilla train` of a 1-block model
+//     of width 32 on the same ranks and data (measure.ts).
+// Every entry is keyed by what it depends on (the model's and data's config, threads, ranks,
+// backend, the machine's CPU and the code that measures), so a change of any is a new measurement.
+import { createHash } from 'node:crypto';
+import { execFile } from 'node:child_process';
+import { mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { cpus, homedir, tmpdir } from 'node:os';
+import { join } from 'node:path';
+import type { FlotillaConfig } from '../config/schema.js';
+import type { CalibrationPoint, DepthTiming, ModelCalibrationIn, ModelCalibrationOut } from './calibrate_model.js';
+import { measureLayout, planScript } from './measure.js';
+import { commandFor } from '../launch/launcher.js';
+import type { Collective } from './terms.js';
+
+/** The planner's cache directory, or undefined when FLOTILLA_CACHE_DIR=off. */
+export function planCacheDir(env: NodeJS.ProcessEnv = process.env): string | undefined {
+  const own = env.FLOTILLA_CACHE_DIR?.trim();
+  if (own === 'off') return undefined;
+  if (own) return join(own, 'plan');
+  const xdg = env.XDG_CACHE_HOME?.trim();
+  return join(xdg || join(homedir(), '.cache'), 'flotilla', 'plan');
+}
+
+const digest = (x: unknown): string => createHash('sha256').update(JSON.stringify(x)).digest('hex').slice(0, 16);
+const machine = (): string => `${cpus()[0]?.model ?? '?'} x${cpus().length}`;
+function codeOf(name: string): string {
+  try {
+    return digest(readFileSync(planScript(name), 'utf8'));
+  } catch {
+    return '?';
+  }
+}
+
+function cached<T>(name: string, key: unknown, make: () => Promise<T>): Promise<T> {
+  const dir = planCacheDir();
+  const file = dir === undefined ? undefined : join(dir, `${name}-${digest(key)}.json`);
+  if (file !== undefined) {
+    try {
+      return Promise.resolve(JSON.parse(readFileSync(file, 'utf8')) as T);
+    } catch { /* not measured yet */ }
+  }
+  return make().then((v) => {
+    if (file !== undefined) {
+      try {
+        mkdirSync(dir!, { recursive: true });
+        const tmp = `${file}.${process.pid}.tmp`;
+        writeFileSync(tmp, JSON.stringify(v));
+        renameSync(tmp, file);
+      } catch { /* a cache that cannot be written only costs a measurement next time */ }
+    }
+    return v;
+  });
+}
+
+// ---- compute
+
+export interface PartTiming { fwdMs: number; bwdMs: number; actBytes: number }
+export interface ComputePoint extends CalibrationPoint { block: PartTiming; rest: PartTiming }
+
+function depthsOf(cfg: FlotillaConfig): [number, number] {
+  const e = cfg.moe.experts > 0 ? cfg.moe.every : 1;
+  // Depths far apart, so that one block's time stands out of the noise (3 blocks when the model has them).
+  const n = Math.floor(cfg.model.nLayer / e);
+  return n >= 3 ? [e, 3 * e] : n === 2 ? [e, 2 * e] : [cfg.model.nLayer, cfg.model.nLayer];
+}
+
+function split(cfg: FlotillaConfig, d: [DepthTiming, DepthTiming]): { block: PartTiming; rest: PartTiming } {
+  const [a, b] = depthsOf(cfg);
+  // Bytes: the difference of the two depths is (b - a) blocks.
+  const blockAct = a === b ? d[0].actBytes / a : Math.max(0, (d[1].actBytes - d[0].actBytes) / (b - a));
+  const restAct = Math.max(0, d[1].actBytes - b * blockAct);
+  // Time, at the deeper model: the blocks' forward from their hooks; backward split as forward is.
+  const t = d[1];
+  const share = t.fwdMs > 0 ? Math.min(1, t.blocksFwdMs / t.fwdMs) : 1;
+  return {
+    block: { fwdMs: t.blocksFwdMs / b, bwdMs: (t.bwdMs * share) / b, actBytes: blockAct },
+    rest: { fwdMs: Math.max(0, t.fwdMs - t.blocksFwdMs), bwdMs: t.bwdMs * (1 - share), actBytes: restAct },
+  };
+}
+
+/** Forward, backward and activation bytes per block and for the rest, at each point (measured, cached per point). */
+export async function calibrateCompute(cfg: FlotillaConfig, points: CalibrationPoint[], ranksPerHost: number, log: (l: string) => void): Promise<{ points: ComputePoint[]; optimizerNsPerParam: number }> {
+  const modelKey = { model: cfg.model, moe: cfg.moe, threads: cfg.train.threads, seed: cfg.train.seed, machine: machine(), code: [codeOf('calibrate_model'), codeOf('calibrate')], depths: depthsOf(cfg), ranksPerHost };
+  const dir = planCacheDir();
+  const file = dir === undefined ? undefined : join(dir, `compute-${digest(modelKey)}.json`);
+  let have: { points: Record<string, ComputePoint>; optimizerNsPerParam: number } = { points: {}, optimizerNsPerParam: NaN };
+  if (file !== undefined) {
+    try { have = JSON.parse(readFileSync(file, 'utf8')) as typeof have; } catch { /* nothing yet */ }
+  }
+  const keyOf = (p: CalibrationPoint) => `${p.samples}x${p.tokens}:${p.precision}:${p.activationCheckpoint}`;
+  const missing = points.filter((p) => have.points[keyOf(p)] === undefined);
+  if (missing.length > 0 || Number.isNaN(have.optimizerNsPerParam)) {
+    log(`[plan] calibrating the model's forward and backward at ${missing.length} shape(s), ${ranksPerHost} process(es) at once as the ranks run (once; cached${file ? ` in ${dir}` : ''})`);
+    const tmp = mkdtempSync(join(tmpdir(), 'flotilla-plan-cal-'));
+    try {
+      const input: ModelCalibrationIn = { cfg, depths: depthsOf(cfg), points: missing.length > 0 ? missing : [points[0]!], reps: 5 };
+      writeFileSync(join(tmp, 'in.json'), JSON.stringify(input));
+      // As many processes as a host runs ranks, at once: they share the cores (and their caches and
+      // memory bandwidth) as the ranks will. Times are the mean over them; bytes are the first's.
+      const outs = await Promise.all(Array.from({ length: ranksPerHost }, (_, k) => new Promise<ModelCalibrationOut>((res, rej) => {
+        const [cmd, argv] = commandFor(planScript('calibrate_model'), [join(tmp, 'in.json'), join(tmp, `out${k}.json`)]);
+        execFile(cmd, argv, { maxBuffer: 1 << 24 }, (e, _o, err) => (e ? rej(new Error(`calibrating the model failed: ${err || e.message}`)) : res(JSON.parse(readFileSync(join(tmp, `out${k}.json`), 'utf8')) as ModelCalibrationOut)));
+      })));
+      const mean = (f: (o: ModelCalibrationOut) => number) => outs.reduce((a, o) => a + f(o), 0) / outs.length;
+      for (const [i, p] of outs[0]!.points.entries()) {
+        const depth = p.depth.map((d, k) => ({
+          ...d, fwdMs: mean((o) => o.points[i]!.depth[k]!.fwdMs), bwdMs: mean((o) => o.points[i]!.depth[k]!.bwdMs), blocksFwdMs: mean((o) => o.points[i]!.depth[k]!.blocksFwdMs),
+        })) as [DepthTiming, DepthTiming];
+        have.points[keyOf(p)] = { samples: p.samples, tokens: p.tokens, precision: p.precision, activationCheckpoint: p.activationCheckpoint, ...split(cfg, depth) };
+      }
+      have.optimizerNsPerParam = mean((o) => o.optimizerNsPerParam);
+    } finally {
+      rmSync(tmp, { recursive: true, force: true });
+    }
+    if (file !== undefined) {
+      try {
+        mkdirSync(dir!, { recursive: true });
+        writeFileSync(`${file}.${process.pid}.tmp`, JSON.stringify(have));
+        renameSync(`${file}.${process.pid}.tmp`, file);
+      } catch { /* see cached() */ }
+    }
+  }
+  return { points: points.map((p) => have.points[keyOf(p)]!), optimizerNsPerParam: have.optimizerNsPerParam };
+}
+
+// ---- communication
+
+export interface CommTable {
+  backend: string;
+  worldSize: number;
+  /** `${op}:${groupSize}` -> [bytes, ms] rows, ascending. */
+  table: Record<string, [number, number][]>;
+}
+
+/** The time of one collective (ms), interpolated in bytes between measured sizes (a latency floor below the smallest; linear beyond the largest). */
+export function commMs(t: CommTable, op: Collective, group: number, bytes: number): number {
+  // A group larger than this host's ranks spans hosts, which the table does not measure: it is
+  // priced as the largest group measured here (a lower bound; the planner marks such layouts).
+  const sizes = Object.keys(t.table).filter((k) => k.startsWith(`${op}:`)).map((k) => Number(k.slice(op.length + 1))).filter((g) => g <= group);
+  if (sizes.length === 0) return 0; // one rank per host: nothing measured, nothing assumed
+  const rows = t.table[`${op}:${Math.max(...sizes)}`]!;
+  // Noise under load can make a smaller message look slower: time never decreases with size.
+  const ms = rows.map(([, m]) => m);
+  for (let i = ms.length - 2; i >= 0; i--) ms[i] = Math.min(ms[i]!, ms[i + 1]!);
+  if (bytes <= rows[0]![0]) return ms[0]!;
+  for (let i = 1; i < rows.length; i++) {
+    if (bytes <= rows[i]![0]) {
+      const [b0, b1] = [rows[i - 1]![0], rows[i]![0]];
+      return ms[i - 1]! + ((ms[i]! - ms[i - 1]!) * (bytes - b0)) / (b1 - b0);
+    }
+  }
+  const n = rows.length;
+  const slope = n > 1 ? (ms[n - 1]! - ms[n - 2]!) / (rows[n - 1]![0] - rows[n - 2]![0]) : ms[0]! / rows[0]![0];
+  return ms[n - 1]! + slope * (bytes - rows[n - 1]![0]);
+}
+
+export const COMM_SIZES = [16 * 1024, 256 * 1024, 2 * 2 ** 20, 16 * 2 ** 20];
+
+/** The collectives' table for this host's ranks under the config's backend (measured, cached). */
+export function calibrateComm(cfg: FlotillaConfig, nproc: number, log: (l: string) => void): Promise<CommTable> {
+  if (nproc < 2) return Promise.resolve({ backend: 'local', worldSize: 1, table: {} });
+  const key = { backend: cfg.parallel.backend, nproc, threads: cfg.train.threads, machine: machine(), code: codeOf('calibrate_comm'), sizes: COMM_SIZES };
+  return cached('comm', key, async () => {
+    log(`[plan] measuring collectives on ${nproc} ranks (${cfg.parallel.backend} backend; once, cached)`);
+    const tmp = mkdtempSync(join(tmpdir(), 'flotilla-plan-comm-'));
+    try {
+      const { runLauncher } = await import('../cli/run.js');
+      let output = '';
+      const sink = { write: (s: string) => { output = (output + s).slice(-4000); return true; } };
+      const code = await runLauncher(['--nproc', String(nproc), '--backend', cfg.parallel.backend, planScript('calibrate_comm'), join(tmp, 'out.json'), JSON.stringify({ sizes: COMM_SIZES, reps: 5, threads: cfg.train.threads })], { stdout: sink, stderr: sink, handleSignals: false });
+      if (code !== 0) throw new Error(`measuring the collectives failed (status ${code}):\n${output}`);
+      return JSON.parse(readFileSync(join(tmp, 'out.json'), 'utf8')) as CommTable;
+    } finally {
+      rmSync(tmp, { recursive: true, force: true });
+    }
+  });
+}
+
+// ---- baseline
+
+export interface Baseline {
+  /** Resident bytes of a rank in the loop that no layout term covers (Node, libtorch, the data, the collectives' runtime). */
+  bytes: number;
+  /** The high-water mark of starting up (reading and tokenizing the data, loading the libraries): a floor of every peak. */
+  startupBytes: number;
+  /** The loop's own time per step (ms), with a model too small to matter. */
+  stepMs: number;
+}
+
+/**
+ * The baseline of a rank for this config's data and ranks, measured with a 1-block model of width
+ * 32 (cached): its high-water mark is the start-up's, and rank 0's resident size after the second
+ * step ([memory] line of the trainer) less the tiny model's state and the allocator's kept blocks
+ * is what the loop keeps besides the layout's terms.
+ */
+export function calibrateBaseline(config: string, cfg: FlotillaConfig, overrides: readonly string[], nproc: number, log: (l: string) => void): Promise<Baseline> {
+  const tiny = ['--model.nLayer=1', '--model.nEmbd=32', '--model.nHead=1', '--moe.experts=0', '--parallel.dp=-1', '--parallel.zero=0', '--parallel.dpShard=-1', '--parallel.dpReplicate=1', '--parallel.pp=1', '--parallel.tp=1', '--parallel.cp=1', '--parallel.ep=1',
+    '--parallel.sequenceParallel=false', '--parallel.lossParallel=false', '--parallel.auto=false', '--data.microBatches=1', '--train.activationCheckpoint=none', '--train.precision=fp32', '--parallel.accumulate=auto'];
+  const key = { data: cfg.data, vocab: cfg.model.vocabSize, backend: cfg.parallel.backend, nproc, threads: cfg.train.threads, machine: machine(), code: [codeOf('measure'), codeOf('calibrate')] };
+  return cached('baseline', key, async () => {
+    log(`[plan] measuring a rank's baseline with a 1-block model on ${nproc} rank(s) (once, cached)`);
+    const m = await measureLayout(config, [...overrides, ...tiny], nproc, { steps: 5, progress: true });
+    const tinyParams = cfg.model.vocabSize * 32 * 2 + cfg.model.blockSize * 32 + 13 * 32 * 32;
+    // Rank 0's resident size after step 2, less the tiny model's state and the freed tensor memory
+    // the allocator's cache keeps for the next step (the activations' blocks: a layout's own
+    // activations term counts those).
+    const resident = /the process: resident (\d+) MiB/.exec(m.output);
+    const kept = /(\d+) MiB of it is freed tensor memory the cache keeps/.exec(m.output);
+    const startupBytes = Math.max(...m.peakMiB) * 2 ** 20;
+    const bytes = (resident ? Number(resident[1]) * 2 ** 20 : startupBytes) - (kept ? Number(kept[1]) * 2 ** 20 : 0) - 16 * tinyParams;
+    return { bytes, startupBytes, stepMs: m.stepMs };
+  });
+}

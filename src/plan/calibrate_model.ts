@@ -1,0 +1,116 @@
+// One process of the planner's compute calibration: builds the config's model at two depths and
+// times its own forward and backward at each requested shape (samples x tokens, precision,
+// activation checkpointing), with the intra-op threads a rank uses, and measures the resident
+// bytes one forward and backward add (the process's high-water mark, reset before each: Linux's
+// /proc/self/clear_refs). Bytes: the difference between the depths is one block, the rest is the
+// embeddings and the head. Time: the blocks' forward is timed between their own forward hooks, and
+// the backward is split between blocks and the rest as the forward is (differences of whole-model
+// times drown in the noise of a shared machine). Also times AdamW's step and a gradient-norm pass
+// per parameter.
+//   node calibrate_model.js IN.json OUT.json
+import { readFileSync, writeFileSync } from 'node:fs';
+import { randint, releaseFreedMemory, setNumThreads, tidy } from '../tensor/index.js';
+import { autocast } from '../nn/precision.js';
+import { withActivationCheckpoint } from '../nn/checkpoint.js';
+import { AdamW } from '../optim/index.js';
+import { modelSpec } from '../models/registry.js';
+import { modelConfigOf, type FlotillaConfig } from '../config/schema.js';
+
+export interface CalibrationPoint {
+  samples: number;
+  tokens: number;
+  precision: 'fp32' | 'bf16-mixed';
+  activationCheckpoint: 'none' | 'full' | 'selective';
+}
+export interface DepthTiming {
+  fwdMs: number;
+  bwdMs: number;
+  actBytes: number;
+  /** The blocks' own forward time (between each block's forward hooks), summed. */
+  blocksFwdMs: number;
+}
+export interface ModelCalibrationIn { cfg: FlotillaConfig; depths: [number, number]; points: CalibrationPoint[]; reps: number }
+export interface ModelCalibrationOut {
+  points: (CalibrationPoint & { depth: [DepthTiming, DepthTiming] })[];
+  /** Per parameter: AdamW's step, and the norm and clip pass over the gradients (ns). */
+  optimizerNsPerParam: number;
+}
+
+function status(field: string): number {
+  const m = new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(readFileSync('/proc/self/status', 'utf8'));
+  return m ? Number(m[1]) * 1024 : NaN;
+}
+function resetPeak(): boolean {
+  try {
+    writeFileSync('/proc/self/clear_refs', '5');
+    return true;
+  } catch {
+    return false;
+  }
+}
+const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+
+const [inPath, outPath] = process.argv.slice(2);
+const input = JSON.parse(readFileSync(inPath!, 'utf8')) as ModelCalibrationIn;
+const cfg = input.cfg;
+setNumThreads(cfg.train.threads);
+const spec = modelSpec(cfg.model.arch);
+const out: ModelCalibrationOut = { points: input.points.map((p) => ({ ...p, depth: [] as unknown as [DepthTiming, DepthTiming] })), optimizerNsPerParam: 0 };
+for (const [d, depth] of input.depths.entries()) {
+  const model = spec.build(modelConfigOf({ ...cfg, model: { ...cfg.model, nLayer: depth } }), { initSeed: cfg.train.seed });
+  model.train();
+  const params = model.parameters();
+  const call = (model as unknown as { call: (x: unknown) => unknown });
+  // The blocks (modules named by an index: `h.3`, `layers.3`), timed between their forward hooks.
+  let blocksFwdMs = 0, started = 0;
+  for (const [name, m] of model.namedModules()) {
+    if (!/(?:^|\.)\d+$/.test(name) || /\.\d+\./.test(`.${name}`)) continue;
+    m.registerForwardPreHook(() => { started = performance.now(); });
+    m.registerForwardHook(() => { blocksFwdMs += performance.now() - started; });
+  }
+  for (const [i, p] of input.points.entries()) {
+    const run = (measureMemory: boolean): DepthTiming => tidy(() => {
+      const x = randint(0, cfg.model.vocabSize, [p.samples, p.tokens]);
+      const y = randint(0, cfg.model.vocabSize, [p.samples, p.tokens]);
+      // Timing runs keep the allocator's freed blocks, as the trainer's steady state does; the memory
+      // run starts from a trimmed heap so that what the step adds is resident anew.
+      if (measureMemory) releaseFreedMemory();
+      const base = status('VmRSS');
+      const peakOk = measureMemory && resetPeak();
+      let fwdMs = 0, bwdMs = 0;
+      blocksFwdMs = 0;
+      autocast(p.precision, () => withActivationCheckpoint(p.activationCheckpoint, () => {
+        const t0 = performance.now();
+        const loss = spec.loss(call.call(x) as never, y as never);
+        const t1 = performance.now();
+        loss.backward();
+        fwdMs = t1 - t0;
+        bwdMs = performance.now() - t1;
+      }));
+      return { fwdMs, bwdMs, actBytes: peakOk ? Math.max(0, status('VmHWM') - base) : NaN, blocksFwdMs };
+    });
+    run(false); // warm-up: gradients allocated, kernels and allocator ready
+    const reps = Array.from({ length: input.reps }, () => run(false));
+    const mem = run(true);
+    out.points[i]!.depth[d] = { fwdMs: median(reps.map((r) => r.fwdMs)), bwdMs: median(reps.map((r) => r.bwdMs)), actBytes: mem.actBytes, blocksFwdMs: median(reps.map((r) => r.blocksFwdMs)) };
+  }
+  if (d === 1) {
+    const opt = new AdamW([{ params, options: {} }], { lr: 1e-4 });
+    const n = params.reduce((a, p) => a + p.numel(), 0);
+    const times: number[] = [];
+    for (let k = 0; k < 1 + input.reps; k++) {
+      const t0 = performance.now();
+      tidy(() => {
+        let s = 0;
+        for (const p of params) if (p.grad) s += p.grad.pow(2).sum().item();
+        const scale = 1 / Math.max(1, Math.sqrt(s));
+        for (const p of params) p.grad?.mul_(scale);
+        opt.step();
+      });
+      if (k > 0) times.push(performance.now() - t0);
+    }
+    out.optimizerNsPerParam = (median(times) * 1e6) / n;
+    opt.dispose();
+  }
+}
+writeFileSync(outPath!, JSON.stringify(out));

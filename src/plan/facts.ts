@@ -1,0 +1,37 @@
+// The model's sizes by part, read from the model itself: the architecture's spec builds it on
+// shapes only (deferInit: no parameter memory, [Note: deferred init]) and its parameters are sorted
+// into what comes before the first block (embeddings), each block (dense, and routed experts), and
+// what comes after the last (final norm, head). A registered architecture of one's own is read the
+// same way, as long as its blocks are named by index (`h.3.`, `layers.3.`).
+import { modelSpec } from '../models/registry.js';
+import { modelConfigOf, type FlotillaConfig } from '../config/schema.js';
+import type { ModelFacts } from './terms.js';
+
+const BLOCK = /(?:^|\.)(\d+)\./;
+const EXPERT = /(?:^|\.)experts\./;
+
+export function modelFacts(cfg: FlotillaConfig): ModelFacts {
+  const spec = modelSpec(cfg.model.arch);
+  const mc = modelConfigOf(cfg);
+  const model = spec.build(mc, { initSeed: 0, deferInit: true });
+  const blockParams: number[] = [], blockExpertParams: number[] = [];
+  let embedParams = 0, headParams = 0, seenBlock = false;
+  for (const [name, p] of model.namedParameters()) {
+    const n = p.numel();
+    const m = BLOCK.exec(name);
+    if (m) {
+      const i = Number(m[1]);
+      while (blockParams.length <= i) { blockParams.push(0); blockExpertParams.push(0); }
+      if (EXPERT.test(name)) blockExpertParams[i]! += n;
+      else blockParams[i]! += n;
+      seenBlock = true;
+    } else if (seenBlock) headParams += n;
+    else embedParams += n;
+  }
+  const numParams = embedParams + headParams + blockParams.reduce((a, b) => a + b, 0) + blockExpertParams.reduce((a, b) => a + b, 0);
+  return {
+    arch: cfg.model.arch, numParams, embedParams, headParams, blockParams, blockExpertParams,
+    largestUnitParams: Math.max(0, ...blockParams.map((d, i) => d + blockExpertParams[i]!)),
+    nEmbd: cfg.model.nEmbd, vocabSize: cfg.model.vocabSize, topK: cfg.moe.experts > 0 ? cfg.moe.topK : 0,
+  };
+}

@@ -1,0 +1,120 @@
+// `flotilla plan --measure`: trains a layout for a few steps through `flotilla train --nproc N`,
+// as a user would, and measures it from outside: every rank's peak resident memory (VmHWM, read
+// from /proc/<pid>/status of each rank process while it runs) and the median step time (from the
+// run's metrics.jsonl, the first step left out: it also learns gradient readiness and warms the
+// allocator). Linux only.
+import { spawn } from 'node:child_process';
+import { mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, extname } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { readMetrics } from '../train/metrics.js';
+import { commandFor } from '../launch/launcher.js';
+
+const OWN_EXT = extname(fileURLToPath(import.meta.url));
+/** The CLI's entry point beside this module (main.ts under tsx, main.js compiled). */
+export const CLI_MAIN = fileURLToPath(new URL(`../cli/main${OWN_EXT}`, import.meta.url));
+/** A module of this folder, as the running code has it (.ts under tsx, .js compiled). */
+export const planScript = (name: string): string => fileURLToPath(new URL(`./${name}${OWN_EXT}`, import.meta.url));
+
+export interface Measured {
+  /** VmHWM per rank, MiB. */
+  peakMiB: number[];
+  /** Median step time over the steps after the first, ms. */
+  stepMs: number;
+  steps: number[];
+  /** The end of what the run printed (with `progress`, rank 0's [memory] line among it). */
+  output: string;
+}
+
+const MiB = 2 ** 20;
+
+function children(): Map<number, number[]> {
+  const kids = new Map<number, number[]>();
+  for (const e of readdirSync('/proc')) {
+    if (!/^\d+$/.test(e)) continue;
+    try {
+      const stat = readFileSync(`/proc/${e}/stat`, 'utf8');
+      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+      const list = kids.get(ppid) ?? [];
+      list.push(Number(e));
+      kids.set(ppid, list);
+    } catch { /* gone */ }
+  }
+  return kids;
+}
+
+/** The rank of a process started by the launcher or mpirun (from its environment), or undefined. */
+function rankOf(pid: number): number | undefined {
+  try {
+    const env = readFileSync(`/proc/${pid}/environ`, 'utf8').split('\0');
+    const v = env.find((x) => x.startsWith('RANK=')) ?? env.find((x) => x.startsWith('OMPI_COMM_WORLD_RANK='));
+    return v === undefined ? undefined : Number(v.slice(v.indexOf('=') + 1));
+  } catch {
+    return undefined;
+  }
+}
+
+function hwm(pid: number): number | undefined {
+  try {
+    const m = /VmHWM:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+    return m ? (Number(m[1]) * 1024) / MiB : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * Runs `flotilla train CONFIG --nproc N OVERRIDES` for `steps` steps (evaluation, checkpoints,
+ * samples and the report off; the run directory temporary) and measures it.
+ */
+export async function measureLayout(config: string, overrides: readonly string[], nproc: number, opts: { steps?: number; env?: NodeJS.ProcessEnv; timeoutMs?: number; progress?: boolean } = {}): Promise<Measured> {
+  const steps = opts.steps ?? 5;
+  const dir = mkdtempSync(join(tmpdir(), 'flotilla-plan-measure-'));
+  try {
+    const args = [
+      'train', config, '--nproc', String(nproc), ...overrides,
+      `--train.steps=${steps}`, '--train.evalEvery=0', '--train.evalBatches=1', `--log.progress=${opts.progress ? 'plain' : 'off'}`, '--log.sampleTokens=0', '--checkpoint.every=0',
+      `--train.runDir=${join(dir, 'run')}`, '--optim.warmupSteps=0',
+    ];
+    const [cmd, argv] = commandFor(CLI_MAIN, args); // .ts under tsx, .js under node
+    const child = spawn(cmd, argv, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, FLOTILLA_REPORT: '0', ...opts.env } });
+    let output = '';
+    child.stdout.on('data', (d: Buffer) => { output = (output + d.toString()).slice(-8000); });
+    child.stderr.on('data', (d: Buffer) => { output = (output + d.toString()).slice(-8000); });
+    const peak = new Array<number>(nproc).fill(NaN);
+    const sample = (): void => {
+      const kids = children();
+      if (nproc === 1) { // `flotilla train` without --nproc (or --nproc 1) trains in the process itself
+        const h = hwm(child.pid!);
+        if (h !== undefined) peak[0] = Number.isNaN(peak[0]!) ? h : Math.max(peak[0]!, h);
+        return;
+      }
+      const stack = [child.pid!];
+      while (stack.length > 0) {
+        const pid = stack.pop()!;
+        for (const k of kids.get(pid) ?? []) {
+          stack.push(k);
+          const r = rankOf(k);
+          const h = hwm(k);
+          if (r !== undefined && r < nproc && h !== undefined) peak[r] = Number.isNaN(peak[r]!) ? h : Math.max(peak[r]!, h);
+        }
+      }
+    };
+    const timer = setInterval(sample, 50);
+    const timeout = setTimeout(() => child.kill('SIGTERM'), opts.timeoutMs ?? 30 * 60_000);
+    const code = await new Promise<number | null>((res) => child.on('exit', (c) => res(c)));
+    clearInterval(timer);
+    clearTimeout(timeout);
+    if (code !== 0) throw new Error(`measuring ${overrides.join(' ')}: flotilla train exited with status ${code}:\n${output.slice(-3000)}`);
+    if (peak.some((p) => Number.isNaN(p))) throw new Error(`measuring ${overrides.join(' ')}: a rank process was never seen (ranks are found by their RANK variable)`);
+    // A step's time is the loop's wall clock between two steps' ends (the step, its bookkeeping).
+    const rows = readMetrics(join(dir, 'run', 'metrics.jsonl'));
+    const times = rows.slice(1).map((r, i) => 1000 * (r.elapsedS - rows[i]!.elapsedS));
+    if (times.length === 0) throw new Error('measuring: at least 2 steps are needed (the first is left out)');
+    const sorted = [...times].sort((a, b) => a - b);
+    return { peakMiB: peak, stepMs: sorted[Math.floor(sorted.length / 2)]!, steps: times, output };
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}

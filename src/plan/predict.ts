@@ -1,0 +1,118 @@
+// From a layout to bytes and milliseconds: fold the axes' descriptions into each pipeline stage's
+// RankBudget ([Note: plan terms]), then price them with what this machine measured (calibrate.ts).
+//
+// Memory (per rank, at its peak): the larger of the start-up's high-water mark and the baseline + parameters + gradients + optimizer state + ZeRO-3
+// gathers in flight + bf16 copies + communication buffers + activations of one micro-batch (its
+// blocks' and, on the rank with the head, the rest's; measured under the layout's precision and
+// checkpointing) x the micro-batches the schedule keeps alive.
+// Time (per step): the slowest stage's forward and backward per micro-batch, over the schedule's
+// simulated timeline for a pipeline (its bubbles included) or micro-batches x (forward + backward)
+// without one; plus the collectives' times from the table (hidden behind backward only when this
+// host has a core left over for them: on a host whose cores all compute, a collective takes a core
+// from the step); plus the optimizer and gradient-norm pass over the parameters this rank updates;
+// plus the loop's own cost per step. The compute times were measured with as many processes
+// running at once as the host runs ranks, so ranks that outnumber the cores are in them.
+import { cpus } from 'node:os';
+import { buildSchedule, simulate } from '../parallel/pipeline/schedule.js';
+import type { FlotillaConfig } from '../config/schema.js';
+import { PLAN_AXES } from './axes.js';
+import { commMs, type Baseline, type CommTable, type ComputePoint, type PartTiming } from './calibrate.js';
+import type { CalibrationPoint } from './calibrate_model.js';
+import { MEMORY_TERMS, wholeModel, type MemoryTerm, type ModelFacts, type PlanContext, type PlanLayout, type RankBudget } from './terms.js';
+
+export interface World {
+  nproc: number;
+  nnodes: number;
+}
+
+export interface Prediction {
+  /** Peak resident bytes of each pipeline stage's ranks, by term, and their sum (or the start-up's mark when higher). */
+  stages: { stage: number; terms: Record<MemoryTerm, number>; peakBytes: number }[];
+  peakBytes: number;
+  stepMs: number;
+  time: { computeMs: number; commMs: number; optimizerMs: number; loopMs: number };
+  /** Collectives over groups that span hosts: priced with this host's table, which does not measure them. */
+  unmeasured: string[];
+}
+
+export function contextFor(cfg: FlotillaConfig, layout: PlanLayout, facts: ModelFacts, w: World, stageRank: number): PlanContext {
+  const p = cfg.parallel;
+  const bucketMb = p.bucketSizeMb > 0 ? p.bucketSizeMb : layout.zero === 2 ? 4 : 25;
+  return {
+    layout, world: w.nproc * w.nnodes, ranksPerHost: w.nproc, stageRank, model: facts, globalBatch: cfg.data.globalBatch, seqLen: cfg.data.seqLen,
+    bucketBytes: bucketMb * 2 ** 20, reduceDtype: p.reduceDtype, overlap: p.overlap, accumulate: p.accumulate, reshardAfterForward: p.reshardAfterForward, lossParallel: p.lossParallel,
+  };
+}
+
+/** One stage's budget: every axis applied in mesh order. */
+export function budgetOf(ctx: PlanContext): RankBudget {
+  const b = wholeModel(ctx);
+  for (const axis of PLAN_AXES) axis.apply(b, ctx);
+  return b;
+}
+
+/** The calibration shape a layout's ranks compute at. */
+export function pointOf(cfg: FlotillaConfig, l: PlanLayout): CalibrationPoint {
+  return { samples: cfg.data.globalBatch / (l.dp * l.microBatches), tokens: cfg.data.seqLen / l.cp, precision: l.precision, activationCheckpoint: l.activationCheckpoint };
+}
+
+export interface Measurements {
+  compute: (p: CalibrationPoint) => ComputePoint;
+  optimizerNsPerParam: number;
+  comm: CommTable;
+  baseline: Baseline;
+  cores: number;
+}
+
+export function predict(cfg: FlotillaConfig, layout: PlanLayout, facts: ModelFacts, w: World, m: Measurements): Prediction {
+  const cal = m.compute(pointOf(cfg, layout));
+  const spare = m.cores > w.nproc * cfg.train.threads; // a core free for collectives to overlap on
+  const stages = [];
+  const unmeasured = new Set<string>();
+  let slowest = { fwd: 0, bwd: 0 }, comm = 0, optimizer = 0;
+  for (let s = 0; s < layout.pp; s++) {
+    const b = budgetOf(contextFor(cfg, layout, facts, w, s));
+    const share = (t: PartTiming, k: keyof PartTiming, act = false): number =>
+      b.blocks * t[k] * (act ? b.activationShare : b.blockShare);
+    const rest = (k: keyof PartTiming, act = false): number => (b.head ? cal.rest[k] * (act ? b.activationShare : b.blockShare) : 0);
+    const fwd = (share(cal.block, 'fwdMs') + rest('fwdMs'));
+    const bwd = (share(cal.block, 'bwdMs') + rest('bwdMs'));
+    if (fwd + bwd > slowest.fwd + slowest.bwd) slowest = { fwd, bwd };
+    const terms = { ...b.memory };
+    terms.baseline = m.baseline.bytes;
+    terms.activations = (share(cal.block, 'actBytes', true) + rest('actBytes', true)) * b.liveMicroBatches;
+    // Starting up (the data, the libraries) may reach higher than the loop ever does.
+    const peakBytes = Math.max(m.baseline.startupBytes, MEMORY_TERMS.reduce((a, t) => a + terms[t], 0));
+    stages.push({ stage: s, terms, peakBytes });
+    let c = 0;
+    let hideable = 0;
+    for (const op of b.comm) {
+      if (op.crossHost) unmeasured.add(`${op.op} over ${op.group} ranks across hosts (${op.what})`);
+      const t = commMs(m.comm, op.op, op.group, op.bytes) * op.times;
+      c += t;
+      if (op.overlaps === 'backward' && spare) hideable += t;
+    }
+    c -= Math.min(hideable, bwd * layout.microBatches);
+    comm = Math.max(comm, c);
+    optimizer = Math.max(optimizer, (m.optimizerNsPerParam * b.optimizerHeld) / 1e6);
+  }
+  let computeMs: number;
+  if (layout.pp > 1) {
+    // The schedule's own timeline with this stage's costs, in slots of an eighth of a forward.
+    const slot = Math.max(slowest.fwd / 8, 1e-3);
+    const F = Math.max(1, Math.round(slowest.fwd / slot)), B = Math.max(2, Math.round(slowest.bwd / slot));
+    const v = layout.ppSchedule === 'interleaved' ? layout.ppVirtualStages : 1;
+    const sched = buildSchedule(layout.ppSchedule, { pp: layout.pp, micro: layout.microBatches, ...(v > 1 ? { virtualStages: v } : {}) });
+    // Interleaving runs each of a rank's v stages as its own unit: a stage is 1 / v of the rank's work.
+    const f = Math.max(1, Math.round(F / v)), bb = Math.max(2, Math.round(B / v));
+    const sim = simulate(sched, { F: f, B: bb, I: Math.max(1, Math.round(bb / 2)), W: Math.max(1, bb - Math.round(bb / 2)) });
+    computeMs = sim.makespan * slot;
+  } else {
+    computeMs = layout.microBatches * (slowest.fwd + slowest.bwd);
+  }
+  const peakBytes = Math.max(...stages.map((s) => s.peakBytes));
+  const loopMs = m.baseline.stepMs;
+  return { stages, peakBytes, stepMs: computeMs + comm + optimizer + loopMs, time: { computeMs, commMs: comm, optimizerMs: optimizer, loopMs }, unmeasured: [...unmeasured] };
+}
+
+export const machineCores = (): number => cpus().length;

@@ -1,0 +1,171 @@
+// [Note: plan terms] The one model of a layout's memory and step time. Every layout axis describes,
+// beside its own code, what it does to one rank: which part of the model the rank holds and
+// computes, which bytes it keeps (parameters, gradients, optimizer state, gathered units, buffers),
+// how many micro-batches of activations stay alive, and which collectives it sends per step over
+// which group. The planner folds those descriptions in mesh order (PLAN_AXES in axes.ts) into a
+// RankBudget and turns the budget into bytes and milliseconds with what this machine measured (the
+// model's own forward and backward, and the collectives' latency and bandwidth: calibrate.ts).
+// Nothing here knows a wrapper's internals; a new [parallel] field without an axis that claims it
+// fails test/plan_enumerate.test.ts.
+import type { AccumulateFlavour, ParallelConfig } from '../parallel/layout.js';
+import type { ScheduleName } from '../parallel/pipeline/schedule.js';
+
+/** What a layout sets, in the config's own field names (the `layout` of `flotilla plan --json`). */
+export interface PlanLayout {
+  dp: number;
+  zero: 0 | 1 | 2 | 3;
+  dpShard: number;
+  dpReplicate: number;
+  pp: number;
+  ppSchedule: ScheduleName;
+  ppVirtualStages: number;
+  tp: number;
+  sequenceParallel: boolean;
+  cp: number;
+  ep: number;
+  microBatches: number;
+  activationCheckpoint: 'none' | 'full' | 'selective';
+  precision: 'fp32' | 'bf16-mixed';
+}
+
+/** The model's sizes, counted from its own parameters (facts.ts), by part. */
+export interface ModelFacts {
+  arch: string;
+  numParams: number;
+  /** Parameters before the first block (embeddings) and after the last (final norm, head). */
+  embedParams: number;
+  headParams: number;
+  /** Per block: its dense parameters, and those in routed experts. */
+  blockParams: number[];
+  blockExpertParams: number[];
+  /** The largest ZeRO-3 wrapping unit (a block), in parameters. */
+  largestUnitParams: number;
+  nEmbd: number;
+  vocabSize: number;
+  /** Experts each token goes to (MoE models; 0 without experts). */
+  topK: number;
+}
+
+/** A collective this layout issues per step. */
+export type Collective = 'allReduce' | 'allGather' | 'reduceScatter' | 'sendRecv' | 'allToAll';
+export const COLLECTIVES: readonly Collective[] = ['allReduce', 'allGather', 'reduceScatter', 'sendRecv', 'allToAll'];
+
+export interface CommOp {
+  /** Which axis sends it and why (shown in --json). */
+  what: string;
+  op: Collective;
+  /** Ranks in the group. */
+  group: number;
+  /** Bytes of one call's input (the whole buffer reduced or gathered, or the message sent). */
+  bytes: number;
+  /** Calls per step. */
+  times: number;
+  /** What it can hide behind: the backward pass (gradient buckets, ZeRO-3 prefetch), or nothing. */
+  overlaps: 'backward' | 'forward' | 'none';
+  /** The group spans hosts (measured apart, when it could be). */
+  crossHost: boolean;
+}
+
+/** The memory terms of a rank's peak, in bytes (their sum is the prediction). */
+export const MEMORY_TERMS = [
+  'baseline', 'parameters', 'gradients', 'optimizer', 'zero3Gathers', 'bf16Copies', 'activations', 'commBuffers',
+] as const;
+export type MemoryTerm = (typeof MEMORY_TERMS)[number];
+
+/** One rank's share of a layout, built by the axes in mesh order. */
+export interface RankBudget {
+  /** Parameters of the model piece this rank computes with (after pp, tp and ep split the model). */
+  params: number;
+  /** Of which in routed experts. */
+  expertParams: number;
+  /** Blocks this rank computes (its pipeline stages'), and whether it holds the embedding and the head. */
+  blocks: number;
+  embed: boolean;
+  head: boolean;
+  /** Share of a block's compute per token this rank does (tp divides it), and of its activations. */
+  blockShare: number;
+  activationShare: number;
+  /** Samples per micro-batch and tokens per sample this rank computes. */
+  samples: number;
+  tokens: number;
+  /** Micro-batches whose activations are alive at the peak (a pipeline schedule keeps several). */
+  liveMicroBatches: number;
+  /** Parameter, gradient and optimizer bytes per held parameter (fp32: 4, 4, 8) and the parameters each covers. */
+  paramsHeld: number;
+  gradsHeld: number;
+  optimizerHeld: number;
+  /** Bytes by term (the baseline and activations are filled in by the planner from measurements). */
+  memory: Record<MemoryTerm, number>;
+  comm: CommOp[];
+  /** A pipeline's schedule (its bubbles come from the project's simulator). */
+  pipeline?: { schedule: ScheduleName; pp: number; micro: number; virtualStages: number };
+  /** What the axes want said beside the numbers. */
+  notes: string[];
+}
+
+/** What an axis reads: the layout, the world, the model and the batch. */
+export interface PlanContext {
+  layout: PlanLayout;
+  world: number;
+  ranksPerHost: number;
+  /** This rank's pipeline stage (0..pp-1): stages differ in what they hold. */
+  stageRank: number;
+  model: ModelFacts;
+  globalBatch: number;
+  seqLen: number;
+  /** [parallel] knobs every layout keeps from the config. */
+  bucketBytes: number;
+  reduceDtype: 'fp32' | 'bf16';
+  overlap: boolean;
+  accumulate: 'auto' | AccumulateFlavour;
+  reshardAfterForward: boolean;
+  lossParallel: boolean;
+}
+
+/** The [parallel] fields and the two [train] fields and one [data] field a layout sets. */
+export type PlanField = keyof ParallelConfig | 'microBatches' | 'activationCheckpoint' | 'precision';
+
+/**
+ * One layout axis's description of itself: the config fields it owns and what it does to a rank.
+ * Axes run in mesh order (pipeline, tensor, context, expert, data parallelism, then the step's
+ * policies), each on what the previous ones left.
+ */
+export interface PlanAxis {
+  name: string;
+  fields: readonly PlanField[];
+  apply(b: RankBudget, ctx: PlanContext): void;
+}
+
+/** Whether a group of `size` ranks whose members are `stride` ranks apart spans hosts. */
+export function crossesHosts(stride: number, size: number, ranksPerHost: number): boolean {
+  return size > 1 && stride * size > ranksPerHost;
+}
+
+/**
+ * The ranks between neighbours of each mesh axis' group (torchtitan's order, outermost first: pp,
+ * dpReplicate, dpShard, cp, tp; tp is innermost, so its ranks are neighbours on one host).
+ */
+export function axisStride(l: PlanLayout, axis: 'pp' | 'dpReplicate' | 'dpShard' | 'dp' | 'cp' | 'tp'): number {
+  const shard = l.zero === 0 ? l.dp : l.dpShard;
+  switch (axis) {
+    case 'tp': return 1;
+    case 'cp': return l.tp;
+    // The data-parallel and shard groups take the cp ranks in ([Note: context parallelism]): they
+    // span dp x cp (dpShard x cp) neighbouring blocks of tp ranks.
+    case 'dpShard': case 'dp': return l.tp;
+    case 'dpReplicate': return l.tp * l.cp * shard;
+    case 'pp': return l.tp * l.cp * l.dp;
+  }
+}
+
+/** An empty budget: the whole model on one rank, one micro-batch alive. */
+export function wholeModel(ctx: PlanContext): RankBudget {
+  const m = ctx.model;
+  const l = ctx.layout;
+  const memory = Object.fromEntries(MEMORY_TERMS.map((t) => [t, 0])) as Record<MemoryTerm, number>;
+  return {
+    params: m.numParams, expertParams: m.blockExpertParams.reduce((a, b) => a + b, 0), blocks: m.blockParams.length, embed: true, head: true, blockShare: 1, activationShare: 1,
+    samples: ctx.globalBatch / (l.dp * l.microBatches), tokens: ctx.seqLen, liveMicroBatches: 1, paramsHeld: 0, gradsHeld: 0, optimizerHeld: 0,
+    memory, comm: [], notes: [],
+  };
+}

@@ -1,0 +1,125 @@
+// The planner's enumeration and its refusals, without starting any process: every layout it lists
+// passes the project's own checks on that world, and applying its overrides to the config gives that
+// layout back; layouts the checks refuse are never listed; every [parallel] field is described by a
+// layout axis (so a new field cannot be left out of the memory and time model); and the axes' terms
+// add up across a pipeline's stages and tensor-parallel shards.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { loadConfig } from '../src/config/index.js';
+import { validateConfig } from '../src/config/validate.js';
+import { layoutProblems, PARALLEL_DEFAULTS } from '../src/parallel/layout.js';
+import { enumerateLayouts, LAYOUT_FIELDS, FIELD_SECTION } from '../src/plan/enumerate.js';
+import { PLAN_AXES, PLANNER_FIELDS } from '../src/plan/axes.js';
+import { budgetOf, contextFor } from '../src/plan/predict.js';
+import { modelFacts } from '../src/plan/facts.js';
+import { pinnedFields } from '../src/plan/plan.js';
+
+const dir = mkdtempSync(join(tmpdir(), 'flotilla-plan-enum-'));
+test.after(() => rmSync(dir, { recursive: true, force: true }));
+
+function config(extra: string): string {
+  const file = join(dir, `c${Math.random().toString(36).slice(2)}.toml`);
+  writeFileSync(file, `[model]\nvocabSize = 256\nnLayer = 4\nnHead = 4\nnEmbd = 64\nblockSize = 64\n[data]\nseqLen = 64\nglobalBatch = 8\n${extra}\n`);
+  return file;
+}
+
+test('every listed layout passes the layout checks on its world, and its overrides give it back', () => {
+  const file = config('');
+  const cfg = loadConfig(file, []);
+  for (const world of [2, 4]) {
+    const all = enumerateLayouts(cfg, world);
+    assert.ok(all.length > 50, `${all.length} layouts on ${world} ranks`);
+    // Each axis is represented: pipelines (every schedule), tp with and without sp, cp, HSDP, every ZeRO stage, checkpointing, bf16.
+    const has = (f: (l: (typeof all)[number]['layout']) => boolean, what: string) => assert.ok(all.some((c) => f(c.layout)), `${what} on ${world} ranks`);
+    for (const s of ['gpipe', '1f1b', 'interleaved', 'zb']) has((l) => l.pp === 2 && l.ppSchedule === s, `pp=2 ${s}`);
+    has((l) => l.tp === 2 && l.sequenceParallel, 'tp=2 + sp');
+    has((l) => l.tp === 2 && !l.sequenceParallel, 'tp=2');
+    has((l) => l.cp === 2, 'cp=2');
+    for (const z of [0, 1, 2, 3]) has((l) => l.zero === z, `zero ${z}`);
+    has((l) => l.activationCheckpoint === 'full' && l.precision === 'bf16-mixed', 'full checkpointing in bf16');
+    if (world === 4) has((l) => l.dpReplicate === 2 && l.dpShard === 2, 'HSDP 2 x 2');
+    // A sample of every tenth (all of them parse a TOML file each): round trip and checks.
+    for (const [i, c] of all.entries()) {
+      if (i % 10 !== 0) continue;
+      const back = loadConfig(file, c.overrides);
+      for (const f of LAYOUT_FIELDS) assert.equal((back[FIELD_SECTION[f]] as unknown as Record<string, unknown>)[f], c.layout[f], `${f} of ${c.overrides.join(' ')}`);
+      assert.deepEqual(validateConfig(back), [], c.overrides.join(' '));
+      assert.deepEqual(layoutProblems(back.parallel, world), [], c.overrides.join(' '));
+      assert.equal(back.data.globalBatch % (c.layout.dp * c.layout.microBatches), 0);
+    }
+    assert.equal(new Set(all.map((c) => JSON.stringify(c.layout))).size, all.length, 'no layout twice');
+  }
+});
+
+test('layouts the checks refuse are not listed', () => {
+  // 3 heads: tp = 2 cannot split them; dropout: no ring attention (cp); 1 block: no pipeline.
+  const heads = enumerateLayouts(loadConfig(config(''), ['--model.nHead=1', '--model.nEmbd=63']), 4);
+  assert.ok(heads.length > 0 && heads.every((c) => c.layout.tp === 1), 'nEmbd 63 / nHead 1 refuses tp 2 and 4');
+  const drop = enumerateLayouts(loadConfig(config(''), ['--model.dropout=0.1']), 2);
+  assert.ok(drop.length > 0 && drop.every((c) => c.layout.cp === 1), 'dropout refuses cp');
+  const one = enumerateLayouts(loadConfig(config(''), ['--model.nLayer=1']), 2);
+  assert.ok(one.length > 0 && one.every((c) => c.layout.pp === 1), 'one block refuses pp 2');
+  // Interleaving needs pp x 2 blocks: 3 blocks on pp = 2 have none.
+  assert.ok(enumerateLayouts(loadConfig(config(''), ['--model.nLayer=3']), 2).every((c) => c.layout.ppSchedule !== 'interleaved' || c.layout.pp === 1));
+  // A global batch of 2 does not split into 4 data-parallel ranks x micro-batches.
+  assert.ok(enumerateLayouts(loadConfig(config(''), ['--data.globalBatch=2']), 4).every((c) => c.layout.dp * c.layout.microBatches <= 2));
+  // Every refusal is the project's: with a plain data-parallel world of 3 and 4 heads, tp = 3 is refused.
+  assert.ok(enumerateLayouts(loadConfig(config(''), ['--data.globalBatch=6']), 3).every((c) => c.layout.tp === 1));
+});
+
+test('flags of layout fields pin them', () => {
+  const file = config('');
+  const o = ['--parallel.zero=3', '--train.precision=bf16-mixed'];
+  const all = enumerateLayouts(loadConfig(file, o), 4, pinnedFields(o));
+  assert.ok(all.length > 0);
+  assert.ok(all.every((c) => c.layout.zero === 3 && c.layout.precision === 'bf16-mixed'));
+});
+
+test('every [parallel] field and every layout field is described by a layout axis or the planner', () => {
+  const claimed = new Set<string>([...PLAN_AXES.flatMap((a) => a.fields), ...PLANNER_FIELDS]);
+  for (const f of Object.keys(PARALLEL_DEFAULTS)) assert.ok(claimed.has(f), `[parallel] ${f} is in no plan axis (src/plan/axes.ts): describe what it holds and sends beside its code`);
+  for (const f of LAYOUT_FIELDS) assert.ok(claimed.has(f), `layout field ${f} is in no plan axis`);
+});
+
+test('the terms add up: pipeline stages hold the whole model between them, tp shards divide it', () => {
+  const cfg = loadConfig(config(''), []);
+  const facts = modelFacts(cfg);
+  assert.equal(facts.numParams, cfg.model.vocabSize * 64 * 2 + 64 * 64 + 4 * (12 * 64 * 64 + 13 * 64) + 2 * 64);
+  const all = enumerateLayouts(cfg, 4);
+  for (const c of all.filter((x) => x.layout.pp > 1 && x.layout.tp === 1 && x.layout.cp === 1 && x.layout.zero === 0)) {
+    const stages = Array.from({ length: c.layout.pp }, (_, s) => budgetOf(contextFor(cfg, c.layout, facts, { nproc: 4, nnodes: 1 }, s)));
+    assert.equal(stages.reduce((a, b) => a + b.params, 0), facts.numParams, c.overrides.join(' '));
+    assert.equal(stages.reduce((a, b) => a + b.blocks, 0), cfg.model.nLayer);
+    for (const b of stages) {
+      assert.equal(b.memory.parameters, 4 * b.params);
+      assert.equal(b.memory.optimizer, 8 * b.params);
+      assert.ok(b.liveMicroBatches >= 1 && b.liveMicroBatches <= c.layout.microBatches);
+    }
+  }
+  const tp = all.find((x) => x.layout.tp === 4 && x.layout.zero === 0)!;
+  assert.equal(budgetOf(contextFor(cfg, tp.layout, facts, { nproc: 4, nnodes: 1 }, 0)).params, facts.numParams / 4);
+  // ZeRO-3 over 4: a quarter of the parameters and optimizer state, plus two units gathered.
+  const z3 = all.find((x) => x.layout.zero === 3 && x.layout.dp === 4 && x.layout.precision === 'fp32')!;
+  const b = budgetOf(contextFor(cfg, z3.layout, facts, { nproc: 4, nnodes: 1 }, 0));
+  assert.equal(b.memory.parameters, facts.numParams);
+  assert.equal(b.memory.optimizer, 2 * facts.numParams);
+  assert.equal(b.memory.zero3Gathers, 2 * 4 * facts.largestUnitParams);
+});
+
+test('groups that span hosts are marked: 2 hosts x 2 ranks', () => {
+  const cfg = loadConfig(config(''), []);
+  const facts = modelFacts(cfg);
+  const all = enumerateLayouts(cfg, 4);
+  const w = { nproc: 2, nnodes: 2 };
+  const dp4 = all.find((x) => x.layout.dp === 4 && x.layout.zero === 0)!;
+  const dpOps = budgetOf(contextFor(cfg, dp4.layout, facts, w, 0)).comm;
+  assert.ok(dpOps.length > 0 && dpOps.every((o) => o.crossHost), 'dp over 4 ranks spans both hosts');
+  const tp2 = all.find((x) => x.layout.tp === 2 && x.layout.dp === 2 && x.layout.zero === 0)!;
+  const ops = budgetOf(contextFor(cfg, tp2.layout, facts, w, 0)).comm;
+  assert.ok(ops.some((o) => o.what.includes('per block')) && ops.some((o) => o.what.startsWith('gradient')), ops.map((o) => o.what).join('; '));
+  assert.ok(ops.filter((o) => o.group === 2 && o.what.includes('per block')).every((o) => !o.crossHost), 'tp pairs are neighbours on one host');
+  assert.ok(ops.filter((o) => o.what.startsWith('gradient')).every((o) => o.crossHost), 'dp across the tp pairs spans hosts');
+});
