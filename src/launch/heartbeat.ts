@@ -20,6 +20,13 @@
 // address book of the meeting (`roster`), so the survivors of a lost node 0 know where to meet; a
 // lost node is named by number; the proof names the meeting's generation; and node 0 of a later
 // meeting admits a host proving itself as a first meeting's node as one asking to join (`grow`).
+// [Note: grow told to every node] Node 0 tells the next meeting to every node of this one, including
+// a node that joins this meeting after the host asked (under load a survivor can reach the meeting
+// after the returning host does): it hears `grow` right after `welcome`. A node that never heard
+// it would take its ranks' stop at the checkpoint for the end of the run, and node 0 would wait for
+// it at the next meeting for ever. A node whose ranks stopped for the next meeting says `bye`, so
+// its connection closing is not a lost host; one lost before then is found as always. Once a node
+// is lost, node 0 admits no one to this meeting (a restarted host must ask the next one).
 //
 // Messages are JSON lines of at most 4 KiB; a connection that sends more, or does not prove
 // membership within 10 s, is dropped. Policy (intervals, who is blamed) lives here, in TypeScript.
@@ -176,19 +183,11 @@ export class NodeLink {
     return link;
   }
 
-  /**
-   * A host joins an elastic job: every launcher leaves this meeting once its ranks have saved and
-   * stopped, so connections that close are expected, not lost hosts (a host lost meanwhile is
-   * found at the next meeting, which it does not reach).
-   */
-  expectRegroup(): void {
-    this.regrouping = true;
-  }
-
-  private regrouping = false;
+  /** Node 0: the next meeting, once a host has asked to join ([Note: grow told to every node]). */
+  private growing: Grow | undefined;
 
   private peerDown(why: string, fatal = true, lost?: number): void {
-    if (this.down || this.closed || this.regrouping) return;
+    if (this.down || this.closed) return;
     if (fatal) this.down = true;
     this.o.onPeerDown(why, fatal, lost);
   }
@@ -210,6 +209,7 @@ export class NodeLink {
       onLines(sock, (m) => {
         if (m === undefined) return void sock.destroy();
         if (node === undefined) {
+          if (this.down) return void sock.destroy(); // after a loss this meeting is over: the host retries, and meets the next
           const gen = o.generation ?? 0;
           const proves = (g: number): boolean => m.t === 'join' && Number.isInteger(m.node) && typeof m.proof === 'string' &&
             /^[0-9a-f]{64}$/.test(m.proof) && timingSafeEqual(Buffer.from(m.proof, 'hex'), Buffer.from(proof(o.secret, nonce, m.node, g), 'hex'));
@@ -218,6 +218,7 @@ export class NodeLink {
             const grow = o.onAsk((m as { node: number }).node, (sock.remoteAddress ?? '').replace(/^::ffff:/, ''));
             if (typeof grow === 'string') send(sock, { t: 'lost', node: -1, why: grow });
             else {
+              this.growing = grow;
               send(sock, { t: 'grow', ...grow });
               this.relay({ t: 'grow', ...grow }, 0);
             }
@@ -229,8 +230,10 @@ export class NodeLink {
           node = (m as { node: number }).node;
           clearTimeout(authTimer);
           this.peers.get(node)?.sock.destroy(); // a restarted launcher replaces its old connection
+          this.finished.delete(node); // and is watched again, whatever the old one said
           this.peers.set(node, { sock, last: Date.now(), addr: (sock.remoteAddress ?? '').replace(/^::ffff:/, '') });
           send(sock, { t: 'welcome' });
+          if (this.growing) send(sock, { t: 'grow', ...this.growing }); // asked before this node came
           if (this.peers.size === o.nnodes - 1 && this.roster === undefined) {
             this.roster = [o.host, ...Array.from({ length: o.nnodes - 1 }, (_, k) => this.peers.get(k + 1)!.addr)];
             this.relay({ t: 'roster', addrs: this.roster }, 0);

@@ -250,9 +250,11 @@ function storePort(o: RunOptions, attempt: number, hbPort: number): number {
 // in the job and the new one last, and its generation. Each launcher creates its attempt's
 // FLOTILLA_REGROUP_FILE; the ranks see it at a step boundary, agree (one all-reduce), save at their
 // next scheduled checkpoint, say so in the status file and exit 0; the launchers then meet again,
-// larger, and the ranks resume from that checkpoint (the new host receives its files). Connections
-// that close meanwhile are the meeting ending, not lost hosts. A job down to one host has no
-// heartbeat to ask, so it takes no host back.
+// larger, and the ranks resume from that checkpoint (the new host receives its files). Node 0 tells
+// the next meeting also to a node that reaches this one after the host asked, and each launcher
+// says goodbye on the heartbeat once its ranks have stopped for it, so its connection closing is
+// the meeting ending, not a lost host ([Note: grow told to every node] in heartbeat.ts). A job down
+// to one host has no heartbeat to ask, so it takes no host back.
 
 /** Where this host stands in the current membership of an elastic job. */
 interface Membership {
@@ -283,12 +285,12 @@ async function attempts(o: RunOptions, io: SupervisorIO, dir: string, heartbeat:
     let grow: Grow | undefined; // a host joins: the next meeting, once the ranks have saved and stopped
     const regroup = (g: Grow): void => {
       grow = g;
-      link?.expectRegroup();
       if (ctl.attempt !== undefined) writeFileSync(regroupFile(dir, ctl.attempt), '');
       say(`[elastic] first-meeting node ${g.ids[g.ids.length - 1]} (${g.addrs[g.addrs.length - 1]}) joins: the ranks stop at their next checkpoint and the job meets again on ${g.ids.length} hosts`);
     };
     const me = members !== undefined ? members.ids[cur.nodeRank]! : cur.nodeRank;
     if (cur.nnodes > 1) {
+      if (firstAttempt > 0 && cur.nodeRank > 0 && process.env.DEBUG_MEET_DELAY_MS) await new Promise((r) => setTimeout(r, Number(process.env.DEBUG_MEET_DELAY_MS)));
       try {
         link = await NodeLink.start({
           nodeRank: cur.nodeRank, nnodes: cur.nnodes, nproc: cur.nproc, host: cur.masterAddr, port: hbPort,
@@ -305,7 +307,7 @@ async function attempts(o: RunOptions, io: SupervisorIO, dir: string, heartbeat:
               if (grow !== undefined) return 'another host is joining; start this one again after it has';
               if (cur.nnodes >= o.nnodes) return `the job runs on ${cur.nnodes} hosts, its --nnodes maximum`;
               if (members!.ids.includes(node)) return `node ${node} of the first meeting is in the job; give a joining host the --node-rank it had, or one not in the job`;
-              const g: Grow = { addrs: [...members!.addrs, addr], ids: [...members!.ids, node], generation: (ctl.attempt ?? 0) + 1 };
+              const g: Grow = { addrs: [...members!.addrs, addr], ids: [...members!.ids, node], generation: (ctl.attempt ?? firstAttempt) + 1 };
               regroup(g);
               return g;
             },
@@ -396,8 +398,19 @@ async function attemptLoop(
     ctl.attempt = attempt;
     if (growing()) writeFileSync(regroupFile(dir, attempt), ''); // a host asked to join between attempts
     const outcome = await runAttempt(o, attempt, port, io, dir, ctl);
-    // The ranks stopped at a checkpoint for a host that joins: not done, meet again.
-    if (outcome.kind === 'ok' && growing() && regrouped(join(dir, `status.${attempt}`))) return { regroup: true };
+    // The ranks stopped at a checkpoint for a host that joins: not done, meet again. They stop so
+    // only when some launcher was told of the next meeting, and node 0 tells every one; should this
+    // one not have heard yet, it waits a heartbeat timeout for it rather than end the run.
+    if (outcome.kind === 'ok' && regrouped(join(dir, `status.${attempt}`))) {
+      const until = Date.now() + ctl.heartbeat.timeoutMs;
+      while (!growing() && lost() === undefined && Date.now() < until) await new Promise((r) => setTimeout(r, 100));
+      if (growing()) {
+        link?.announceDone(); // its connection closing now is the meeting ending, not a lost host
+        return { regroup: true };
+      }
+      say(`failed: the ranks stopped at a checkpoint for a host that joins, but node 0 never named the next meeting${lost() !== undefined ? ` (${lost()})` : ''}`);
+      return 1;
+    }
     if (outcome.kind === 'ok') {
       link?.announceDone();
       return 0;
