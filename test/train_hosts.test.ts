@@ -9,7 +9,7 @@
 import { test } from 'node:test';
 import type { ChildProcess } from 'node:child_process';
 import assert from 'node:assert/strict';
-import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { checkCheckpoint } from '../src/checkpoint/checkpoint.js';
@@ -202,9 +202,12 @@ for (const victim of [1, 0]) {
     try {
       const run = join(dir, `shrink-${victim}`);
       const ckpt = (k: number): string => join(dir, `shrink-${victim}-host${k}`);
+      // With the master's host lost, each host keeps the run directory on its own disk too
+      // ([Note: run record on every host]); with host 1 lost, the hosts share one.
+      const runOf = (k: number): string => (victim === 0 ? `${run}-host${k}` : run);
       // Each host saves into a directory of its own (replicas: every file also on the next host).
       const args = (k: number): string[] => ['train', config, '--nnodes', '2:3', '--node-rank', String(k), '--nproc', '1', '--master-addr', hosts.addr[0]!,
-        '--master-port', '29400', `--train.runDir=${run}`, `--train.steps=${steps}`, '--checkpoint.keep=20', `--checkpoint.dir=${ckpt(k)}`];
+        '--master-port', '29400', `--train.runDir=${runOf(k)}`, `--train.steps=${steps}`, '--checkpoint.keep=20', `--checkpoint.dir=${ckpt(k)}`];
       const nodes = [0, 1, 2].map((k) => startNode(hosts, k, args(k)));
       await nodes[0]!.seen(new RegExp(`step +4/${steps}`));
       const t0 = Date.now();
@@ -240,9 +243,17 @@ for (const victim of [1, 0]) {
         `--train.runDir=${join(dir, `shrink-ref-${victim}`)}`, `--train.steps=${steps}`], { timeoutMs: 120_000 });
       assert.equal(ref.code, 0, ref.out + ref.err);
       const want = readMetrics(join(dir, `shrink-ref-${victim}`, 'metrics.jsonl')).filter((r) => r.step > step);
-      const got = readMetrics(join(run, 'metrics.jsonl'));
-      // metrics.jsonl continues after each resumed step: each step once, in order.
+      const got = readMetrics(join(runOf(survivors[0]!), 'metrics.jsonl'));
+      // metrics.jsonl continues after each resumed step: each step once, in order. Per-host run
+      // directories: the new node 0 kept the record on its own disk (config, metrics, lock released
+      // at the end), and the other survivor holds the same rows.
       assert.deepEqual(got.map((r) => r.step), Array.from({ length: steps }, (_, i) => i + 1));
+      for (const k of victim === 0 ? survivors : []) {
+        assert.ok(existsSync(join(runOf(k), `config.resumed-${step}.toml`)), `host ${k}: ${readdirSync(runOf(k)).join(', ')}`);
+        assert.ok(!existsSync(join(runOf(k), '.lock')), `host ${k}'s run directory is still locked`);
+        const rows = readMetrics(join(runOf(k), 'metrics.jsonl'));
+        assert.deepEqual(rows.map((r) => [r.step, r.loss, r.gradNorm, r.lr]), got.map((r) => [r.step, r.loss, r.gradNorm, r.lr]), `host ${k}`);
+      }
       let grownAt = steps;
       if (back) {
         const b = await back.done;
