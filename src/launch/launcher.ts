@@ -70,6 +70,11 @@ export interface RunOptions {
   minNodes?: number;
   nodeRank: number;
   masterAddr: string;
+  /**
+   * An elastic job's list of addresses (--master-addr A,B,C; masterAddr is the first): where this
+   * host looks for the job's node 0 when it starts, in turn ([Note: master address list]).
+   */
+  masterAddrs?: string[];
   /** Undefined: pick a free port (one node) or use the default (several). */
   masterPort: number | undefined;
   maxRestarts: number;
@@ -192,7 +197,7 @@ export async function launch(o: RunOptions, ioOpts: LauncherIO = {}): Promise<nu
     say((e as Error).message);
     return 2;
   }
-  if (o.nnodes > 1 && !isLoopback(o.masterAddr) && !process.env.FLOTILLA_JOB_SECRET) {
+  if (o.nnodes > 1 && !(o.masterAddrs ?? [o.masterAddr]).every(isLoopback) && !process.env.FLOTILLA_JOB_SECRET) {
     say(
       `--nnodes ${o.nnodes} with --master-addr ${o.masterAddr}: set FLOTILLA_JOB_SECRET to the same random value on every node ` +
         '(e.g. `export FLOTILLA_JOB_SECRET=$(openssl rand -hex 32)`, then copy it); the rendezvous store admits only ranks that know it',
@@ -296,6 +301,7 @@ async function attempts(o: RunOptions, io: SupervisorIO, dir: string, heartbeat:
           nodeRank: cur.nodeRank, nnodes: cur.nnodes, nproc: cur.nproc, host: cur.masterAddr, port: hbPort,
           secret: process.env.FLOTILLA_JOB_SECRET ?? '', config: heartbeat,
           joinTimeoutMs: Number(process.env.FLOTILLA_TIMEOUT_MS?.trim() || 300_000), generation: firstAttempt,
+          ...(firstAttempt === 0 && o.masterAddrs ? { hosts: o.masterAddrs } : {}),
           onPeerDown: (why, fatal, node) => {
             if (fatal) lost = { why, node };
             if (ctl.abort) ctl.abort(why, fatal);
