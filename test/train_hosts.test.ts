@@ -225,6 +225,8 @@ for (const victim of [1, 0]) {
       // The lost host is started again, its checkpoint directory empty, once node 0 has left the
       // first meeting (it asks the next one, which the other survivor may not have reached yet).
       const back = startNode(hosts, victim, args(victim));
+      const tBack = Date.now();
+      const backMs = newMaster.seen(/\[elastic\] first-meeting node \d joined at .*resumed from step \d+\n[^]*step +\d+\//).then(() => Date.now() - tBack);
       await newMaster.seen(new RegExp(`\\[elastic\\] .*resumed from step \\d+\\n[^]*step +\\d+/${steps}`));
       const firstStepMs = Date.now() - t0;
       const rs = await Promise.all(survivors.map((k) => nodes[k]!.done));
@@ -263,7 +265,7 @@ for (const victim of [1, 0]) {
       assert.ok(g, `no [elastic] line of rank 0 for the host taken back:\n${out}`);
       const grownAt = Number(g[1]);
       assert.ok(grownAt > step && grownAt < steps && grownAt % 3 === 0, `grown at step ${grownAt}`);
-      t.diagnostic(`host ${victim} taken back at step ${grownAt}; the run finished on three`);
+      t.diagnostic(`host ${victim} taken back at step ${grownAt}, the first step on three ${await backMs} ms after it was started; the run finished on three`);
       for (const k of victim === 0 ? [0, 1, 2] : []) {
         for (const s of k === victim ? [grownAt] : [step, grownAt]) assert.ok(existsSync(join(runOf(k), `config.resumed-${s}.toml`)), `host ${k}: ${readdirSync(runOf(k)).join(', ')}`);
         assert.ok(!existsSync(join(runOf(k), '.lock')), `host ${k}'s run directory is still locked`);

@@ -139,6 +139,11 @@ export interface NodeLinkOptions {
   /** --master-addr A,B,C: every address node 0 may be at, `host` first ([Note: master address list]). */
   hosts?: string[];
   /**
+   * A host joining a running job, bound for the meeting node 0 named: it waits as long as node 0
+   * answers (the others are on their way to their next checkpoint), joinTimeoutMs after the last answer.
+   */
+  patient?: boolean;
+  /**
    * Node 0 of a later meeting of an elastic job: a host that proves it knows the secret as a first
    * meeting's node asks to join. Returns the next meeting (told to every node and to it), or why not.
    */
@@ -281,7 +286,7 @@ export class NodeLink {
    */
   private join(hosts: string[], once: boolean): Promise<boolean> {
     const o = this.o;
-    const deadline = Date.now() + o.joinTimeoutMs;
+    let deadline = Date.now() + o.joinTimeoutMs;
     let tried = 0;
     return new Promise((resolve, reject) => {
       const attempt = (): void => {
@@ -304,6 +309,7 @@ export class NodeLink {
           if (m === undefined) return void sock.destroy();
           this.lastFromZero = Date.now();
           sock.setTimeout(0); // node 0 answered: from here the heartbeat watches the connection
+          if (o.patient) deadline = Date.now() + o.joinTimeoutMs;
           if (m.t === 'hello') send(sock, { t: 'join', node: o.nodeRank, proof: proof(o.secret, String(m.nonce), o.nodeRank, o.generation ?? 0) });
           else if (m.t === 'welcome') {
             welcomed = true;

@@ -283,6 +283,7 @@ async function attempts(o: RunOptions, io: SupervisorIO, dir: string, heartbeat:
   let firstAttempt = 0;
   let elastic: string | undefined;
   let members: Membership | undefined;
+  let joining = false; // this host asked to join a running job, and is bound for the meeting node 0 named
   for (;;) {
     const ctl: AttemptControl = { heartbeat, onLocalFailure: () => undefined, ...(elastic !== undefined ? { elastic } : {}) };
     let link: NodeLink | undefined;
@@ -295,13 +296,12 @@ async function attempts(o: RunOptions, io: SupervisorIO, dir: string, heartbeat:
     };
     const me = members !== undefined ? members.ids[cur.nodeRank]! : cur.nodeRank;
     if (cur.nnodes > 1) {
-      if (firstAttempt > 0 && cur.nodeRank > 0 && process.env.DEBUG_MEET_DELAY_MS) await new Promise((r) => setTimeout(r, Number(process.env.DEBUG_MEET_DELAY_MS)));
       try {
         link = await NodeLink.start({
           nodeRank: cur.nodeRank, nnodes: cur.nnodes, nproc: cur.nproc, host: cur.masterAddr, port: hbPort,
           secret: process.env.FLOTILLA_JOB_SECRET ?? '', config: heartbeat,
           joinTimeoutMs: Number(process.env.FLOTILLA_TIMEOUT_MS?.trim() || 300_000), generation: firstAttempt,
-          ...(firstAttempt === 0 && o.masterAddrs ? { hosts: o.masterAddrs } : {}),
+          ...(firstAttempt === 0 && o.masterAddrs ? { hosts: o.masterAddrs } : {}), patient: joining,
           onPeerDown: (why, fatal, node) => {
             if (fatal) lost = { why, node };
             if (ctl.abort) ctl.abort(why, fatal);
@@ -319,10 +319,12 @@ async function attempts(o: RunOptions, io: SupervisorIO, dir: string, heartbeat:
             },
           } : {}),
         });
+        joining = false;
         if (link.grow !== undefined) {
           // This host joined a running job: it comes in at the meeting node 0 announced.
           const g = link.grow;
           await link.close();
+          joining = true;
           members = { ids: g.ids, addrs: g.addrs };
           firstAttempt = g.generation;
           elastic = joined(g, o.nproc);
