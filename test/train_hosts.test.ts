@@ -157,7 +157,7 @@ function startNode(hosts: Hosts, k: number, args: string[], env: Record<string, 
   let text = '';
   const waiters: { re: RegExp; resolve: () => void }[] = [];
   const done = flotilla(args, {
-    via: (c, a) => hosts.exec(k, c, a), env: { ...FAST, ...env }, timeoutMs: 150_000,
+    via: (c, a) => hosts.exec(k, c, a), env: { ...FAST, ...env }, timeoutMs: 240_000,
     onStart: (c) => {
       child = c;
       const on = (d: Buffer): void => {
