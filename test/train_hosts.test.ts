@@ -58,7 +58,7 @@ const SECRET = 'hosts-test-secret-0123456789abcdef';
  */
 const FAST = { FLOTILLA_HEARTBEAT_MS: '500', FLOTILLA_HEARTBEAT_TIMEOUT_MS: '10000', FLOTILLA_KILL_GRACE_MS: '2000', FLOTILLA_JOB_SECRET: SECRET };
 
-test('three hosts, each with its own checkpoint directory: flotilla train --nnodes 3 trains bit for bit as one host with --nproc 3; every file is on two hosts; a wrong secret is refused before any rank starts', async (t) => {
+test('three hosts, each with its own checkpoint directory: flotilla train --nnodes 3 trains bit for bit as one host with --nproc 3; every file is on two hosts; a wrong secret is refused before any rank starts; two hosts sharing one directory with replicas on are refused at the first save', async (t) => {
   const hosts = makeHosts(3);
   if (typeof hosts === 'string') {
     t.skip(`cannot make network namespaces here: ${hosts}`);
@@ -99,6 +99,22 @@ test('three hosts, each with its own checkpoint directory: flotilla train --nnod
     assert.equal(left.step, 6);
     assert.deepEqual(left.single.sort(), ['rank-00000.safetensors', 'rank-00001.safetensors']);
     assert.throws(() => checkCheckpoint([ckpt(0)]), /rank-00001\.safetensors is in none of these directories; the checkpoint is incomplete \(saved without shared storage on 3 hosts: name every host's directory\)/);
+
+    // Two hosts saving into one directory with replicas on (a shared filesystem taken for local
+    // disks): the first save fails on both hosts, the message names the fix, and nothing is published.
+    const shared = join(dir, 'shared-checkpoints');
+    const pair = await Promise.all([0, 1].map((k) => flotilla(
+      ['train', config, '--nnodes', '2', '--node-rank', String(k), '--nproc', '1', '--master-addr', hosts.addr[0]!, '--master-port', '29400',
+        `--train.runDir=${join(dir, 'shared-run')}`, `--checkpoint.dir=${shared}`, '--train.steps=3'],
+      { via: (c, a) => hosts.exec(k, c, a), env: FAST, timeoutMs: 120_000 },
+    )));
+    for (const r of pair) assert.notEqual(r.code, 0, r.out + r.err);
+    {
+      // The rank whose write met the other host's file says why (the other may only know that a rank failed).
+      const said = pair.map((r) => r.out + r.err).join('\n');
+      assert.match(said, /saving checkpoint step-000003 failed: two hosts write into the same directory .*shared-checkpoints; with \[checkpoint\] replicas = 1 each host needs a directory of its own \(its local disk\): set \[checkpoint\] dir to a local path, or --checkpoint\.replicas=0 on a shared filesystem/, said);
+    }
+    assert.ok(!existsSync(join(shared, 'latest')), 'a refused save moved latest');
 
     const ref = await flotilla(['train', config, '--nproc', '3', `--train.runDir=${join(dir, 'one-host')}`], { timeoutMs: 120_000 });
     assert.equal(ref.code, 0, ref.out + ref.err);
