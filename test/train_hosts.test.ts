@@ -2,10 +2,13 @@
 // on each. Three hosts train the run a single host trains with --nproc 3, step for step and bit for
 // bit, each saving into a directory of its own with a copy of the previous host's files
 // ([Note: checkpoint replicas]); a launcher with the wrong job secret is refused before it starts a
-// rank. Under --nnodes 2:3 a killed host (a non-master, then the master), its checkpoint directory
+// rank; two hosts sharing one checkpoint directory with replicas on are refused at the first save.
+// Under --nnodes 2:3 a killed host (a non-master, then the master), its checkpoint directory
 // deleted, leaves two that carry on by themselves, bit for bit as a plain two-rank resume of the
-// checkpoint they resumed ([Note: elastic shrink]); the killed non-master, started again, is taken
-// back at the next checkpoint ([Note: elastic grow]).
+// checkpoint they resumed ([Note: elastic shrink]); the killed host, started again, is taken back at
+// the next checkpoint and the run finishes on three ([Note: elastic grow]); the master finds the new
+// node 0 through --master-addr A,B,C ([Note: master address list]), and with per-host run
+// directories every host's holds the whole metrics.jsonl ([Note: run record on every host]).
 import { test } from 'node:test';
 import type { ChildProcess } from 'node:child_process';
 import assert from 'node:assert/strict';
