@@ -300,3 +300,40 @@ for (const victim of [1, 0]) {
     }
   });
 }
+
+test('two hosts, --nnodes 1:2: host 1 is killed and host 0 carries on alone; host 1, started again, is taken back at the next checkpoint and the run finishes on two', async (t) => {
+  const hosts = makeHosts(2, `${process.pid % 100000}9`);
+  if (typeof hosts === 'string') {
+    t.skip(`cannot make network namespaces here: ${hosts}`);
+    return;
+  }
+  try {
+    const steps = 30;
+    const run = join(dir, 'alone');
+    const ckpt = (k: number): string => join(dir, `alone-host${k}`);
+    const args = (k: number): string[] => ['train', config, '--nnodes', '1:2', '--node-rank', String(k), '--nproc', '1', '--master-addr', hosts.addr[0]!,
+      '--master-port', '29400', `--train.runDir=${run}`, `--train.steps=${steps}`, '--checkpoint.keep=20', `--checkpoint.dir=${ckpt(k)}`];
+    const nodes = [0, 1].map((k) => startNode(hosts, k, args(k)));
+    await nodes[0]!.seen(new RegExp(`step +4/${steps}`));
+    nodes[1]!.kill();
+    rmSync(ckpt(1), { recursive: true, force: true });
+    await nodes[1]!.done;
+    // Started again at once: node 0 admits no one to the meeting that lost it, so it asks the next,
+    // where node 0 runs alone (its ranks on loopback, its heartbeat still at 10.77.0.1).
+    const back = startNode(hosts, 1, args(1));
+    const [r0, r1] = await Promise.all([nodes[0]!.done, back.done]);
+    assert.equal(r0.code, 0, r0.out + r0.err);
+    assert.equal(r1.code, 0, r1.out + r1.err);
+    const out = r0.out + r0.err;
+    assert.match(r0.err, /\[elastic\] lost node 1 \(.*\); continuing on 1 host\(s\), 1 rank\(s\) \(first-meeting nodes 0; node 0 at 127\.0\.0\.1\)/, out);
+    assert.match(r1.err, /\[elastic\] joined a running job: this host is node 1 of 2/, r1.err);
+    const g = /\[elastic\] first-meeting node 1 joined at 10\.77\.0\.2; continuing on 2 host\(s\), 2 rank\(s\) \(first-meeting nodes 0, 1; node 0 at 10\.77\.0\.1\); data parallel 2, .*; resumed from step (\d+)/.exec(out);
+    assert.ok(g, `no [elastic] line of rank 0 for the host taken back:\n${out}`);
+    const grownAt = Number(g[1]);
+    assert.ok(grownAt >= 6 && grownAt < steps && grownAt % 3 === 0, `grown at step ${grownAt}`);
+    t.diagnostic(`host 1 taken back at step ${grownAt} by host 0 running alone`);
+    assert.deepEqual(readMetrics(join(run, 'metrics.jsonl')).map((r) => r.step), Array.from({ length: steps }, (_, i) => i + 1));
+  } finally {
+    hosts.drop();
+  }
+});

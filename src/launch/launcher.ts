@@ -259,7 +259,8 @@ function storePort(o: RunOptions, attempt: number, hbPort: number): number {
 // the next meeting also to a node that reaches this one after the host asked, and each launcher
 // says goodbye on the heartbeat once its ranks have stopped for it, so its connection closing is
 // the meeting ending, not a lost host ([Note: grow told to every node] in heartbeat.ts). A job down
-// to one host has no heartbeat to ask, so it takes no host back.
+// to one host keeps node 0's heartbeat listening at its address of the first meeting (its ranks meet
+// on loopback), so a host can still ask it.
 
 /** Where this host stands in the current membership of an elastic job. */
 interface Membership {
@@ -295,10 +296,12 @@ async function attempts(o: RunOptions, io: SupervisorIO, dir: string, heartbeat:
       say(`[elastic] first-meeting node ${g.ids[g.ids.length - 1]} (${g.addrs[g.addrs.length - 1]}) joins: the ranks stop at their next checkpoint and the job meets again on ${g.ids.length} hosts`);
     };
     const me = members !== undefined ? members.ids[cur.nodeRank]! : cur.nodeRank;
-    if (cur.nnodes > 1) {
+    // Down to one host below MAX: its heartbeat still listens, where the others knew it, for a host that asks.
+    const alone = cur.nnodes === 1 && members !== undefined && o.nnodes > 1;
+    if (cur.nnodes > 1 || alone) {
       try {
         link = await NodeLink.start({
-          nodeRank: cur.nodeRank, nnodes: cur.nnodes, nproc: cur.nproc, host: cur.masterAddr, port: hbPort,
+          nodeRank: cur.nodeRank, nnodes: cur.nnodes, nproc: cur.nproc, host: alone ? members!.addrs[0]! : cur.masterAddr, port: hbPort,
           secret: process.env.FLOTILLA_JOB_SECRET ?? '', config: heartbeat,
           joinTimeoutMs: Number(process.env.FLOTILLA_TIMEOUT_MS?.trim() || 300_000), generation: firstAttempt,
           ...(firstAttempt === 0 && o.masterAddrs ? { hosts: o.masterAddrs } : {}), patient: joining,
