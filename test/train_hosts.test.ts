@@ -21,6 +21,8 @@ import { flotilla } from './helpers/cli.js';
 import { makeHosts, type Hosts } from './helpers/hosts.js';
 import { NodeLink, processTree, type Grow } from '../src/launch/heartbeat.js';
 import { freePort } from '../src/launch/launcher.js';
+import { loadConfig } from '../src/config/index.js';
+import { elasticMicroBatches } from '../src/train/elastic.js';
 import { suiteSlots } from './helpers/pool.js';
 
 // Heartbeats here time out in seconds: no other file's launch runs beside this file (test/helpers/pool.ts).
@@ -128,6 +130,17 @@ test('three hosts, each with its own checkpoint directory: flotilla train --nnod
   } finally {
     hosts.drop();
   }
+});
+
+test('elastic micro-batches: on fewer ranks than the job started with, the fewest micro-batches that keep each as small as at the start', () => {
+  const cfg = loadConfig(config, []); // global batch 12, one micro-batch
+  const on = (world: number, first?: number) => elasticMicroBatches(cfg, world, first === undefined ? {} : { FLOTILLA_ELASTIC_WORLD: String(first) });
+  assert.deepEqual(on(2, 3), { microBatches: 2, why: 'micro-batches raised 1 -> 2 (3 sample(s) each, as on the 3 rank(s) the job started with)' });
+  assert.equal(on(1, 3).microBatches, 3);
+  assert.equal(on(1, 2).microBatches, 2);
+  assert.equal(on(3, 3).microBatches, 1, 'the world it started with');
+  assert.equal(on(2).microBatches, 1, 'not an elastic job');
+  assert.equal(elasticMicroBatches(loadConfig(config, ['--data.microBatches=2']), 1, { FLOTILLA_ELASTIC_WORLD: '2' }).microBatches, 4);
 });
 
 /** Resolves once `ok()` holds (checked every 20 ms), or rejects naming `what` after 10 s. */
@@ -252,7 +265,8 @@ for (const victim of [1, 0]) {
       for (const r of rs) assert.equal(r.code, 0, r.out + r.err);
       const out = rs[0]!.out + rs[0]!.err;
       assert.match(rs[0]!.err, new RegExp(`\\[elastic\\] lost node ${victim} \\(node ${victim} \\(rank ${victim}\\) lost: .*\\); continuing on 2 host\\(s\\), 2 rank\\(s\\) \\(first-meeting nodes ${survivors.join(', ')}; node 0 at ${hosts.addr[survivors[0]!]!.replace(/\./g, '\\.')}\\)`), out);
-      const m = /\[elastic\] lost node .*data parallel 2.*; resumed from step (\d+)/.exec(out);
+      // Each rank's share of the global batch grew from 4 samples to 6: two micro-batches of 3.
+      const m = /\[elastic\] lost node .*data parallel 2, accumulate reduceLast; micro-batches raised 1 -> 2 \(3 sample\(s\) each, as on the 3 rank\(s\) the job started with\); resumed from step (\d+)/.exec(out);
       assert.ok(m, `no [elastic] line of rank 0 naming the new layout and the step:\n${out}`);
       const step = Number(m[1]);
       assert.ok(step >= 3 && step % 3 === 0, `resumed from step ${step}`);
@@ -264,9 +278,9 @@ for (const victim of [1, 0]) {
       const all = checkCheckpoint(survivors.map((k) => join(ckpt(k), `step-${String(step).padStart(6, '0')}`)));
       assert.deepEqual(all.single, []);
 
-      // A plain two-rank resume of the same checkpoint (one host: two hosts train bit for bit as one, above).
+      // A plain two-rank resume of the same checkpoint, with two micro-batches (one host: two hosts train bit for bit as one, above).
       const ref = await flotilla(['train', config, '--nproc', '2', '--resume', join(ckpt(survivors[0]!), `step-${String(step).padStart(6, '0')}`),
-        `--train.runDir=${join(dir, `shrink-ref-${victim}`)}`, `--train.steps=${steps}`], { timeoutMs: 120_000 });
+        `--train.runDir=${join(dir, `shrink-ref-${victim}`)}`, `--train.steps=${steps}`, '--data.microBatches=2'], { timeoutMs: 120_000 });
       assert.equal(ref.code, 0, ref.out + ref.err);
       const want = readMetrics(join(dir, `shrink-ref-${victim}`, 'metrics.jsonl')).filter((r) => r.step > step);
       const got = readMetrics(join(runOf(survivors[0]!), 'metrics.jsonl'));
@@ -326,6 +340,7 @@ test('two hosts, --nnodes 1:2: host 1 is killed and host 0 carries on alone; hos
     assert.equal(r1.code, 0, r1.out + r1.err);
     const out = r0.out + r0.err;
     assert.match(r0.err, /\[elastic\] lost node 1 \(.*\); continuing on 1 host\(s\), 1 rank\(s\) \(first-meeting nodes 0; node 0 at 127\.0\.0\.1\)/, out);
+    assert.match(out, /\[elastic\] lost node 1 .*single replica, accumulate reduceLast; micro-batches raised 1 -> 2 \(6 sample\(s\) each, as on the 2 rank\(s\) the job started with\); resumed from step \d+/, out);
     assert.match(r1.err, /\[elastic\] joined a running job: this host is node 1 of 2/, r1.err);
     const g = /\[elastic\] first-meeting node 1 joined at 10\.77\.0\.2; continuing on 2 host\(s\), 2 rank\(s\) \(first-meeting nodes 0, 1; node 0 at 10\.77\.0\.1\); data parallel 2, .*; resumed from step (\d+)/.exec(out);
     assert.ok(g, `no [elastic] line of rank 0 for the host taken back:\n${out}`);

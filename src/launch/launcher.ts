@@ -149,6 +149,8 @@ interface AttemptControl {
   elastic?: string;
   /** The attempt running now. */
   attempt?: number;
+  /** An elastic job: the world size of its first meeting (FLOTILLA_ELASTIC_WORLD, [Note: elastic micro-batches]). */
+  firstWorld?: number;
 }
 
 /** The file whose presence asks attempt k's ranks to stop at their next checkpoint (a host joins). */
@@ -161,6 +163,7 @@ async function runAttempt(o: RunOptions, attempt: number, port: number, io: Supe
   const env: NodeJS.ProcessEnv = {
     ...process.env,
     ...(ctl.elastic !== undefined ? { FLOTILLA_ELASTIC: ctl.elastic } : {}),
+    ...(ctl.firstWorld !== undefined ? { FLOTILLA_ELASTIC_WORLD: String(ctl.firstWorld) } : {}),
     FLOTILLA_REGROUP_FILE: regroupFile(dir, attempt),
     FLOTILLA_RESTART_COUNT: String(attempt), FLOTILLA_MAX_RESTARTS: String(o.maxRestarts),
     FLOTILLA_STATUS_FILE: statusFile,
@@ -286,7 +289,9 @@ async function attempts(o: RunOptions, io: SupervisorIO, dir: string, heartbeat:
   let members: Membership | undefined;
   let joining = false; // this host asked to join a running job, and is bound for the meeting node 0 named
   for (;;) {
-    const ctl: AttemptControl = { heartbeat, onLocalFailure: () => undefined, ...(elastic !== undefined ? { elastic } : {}) };
+    const ctl: AttemptControl = {
+      heartbeat, onLocalFailure: () => undefined, ...(elastic !== undefined ? { elastic } : {}), ...(minNodes < o.nnodes ? { firstWorld: o.nnodes * o.nproc } : {}),
+    };
     let link: NodeLink | undefined;
     let lost: { why: string; node: number | undefined } | undefined; // a node was lost: no restart can bring it back
     let grow: Grow | undefined; // a host joins: the next meeting, once the ranks have saved and stopped
