@@ -53,10 +53,15 @@ test('parseRunArgs: options, aliases, script arguments, and clear usage errors',
     [['--nproc', '2', '--nnodes', 'two', 's.ts'], /--nnodes "two": expected a number of hosts M, or MIN:MAX/],
     [['--nproc', '2', '--nnodes', '3:2', 's.ts'], /--nnodes 3:2: MIN must not exceed MAX/],
     [['--nproc', '2', '--nnodes', '0:2', 's.ts'], /--nnodes 0:2: hosts must be at least 1/],
+    [['--nproc', '2', '--nnodes', '3', '--master-addr', 'a,b', 's.ts'], /--master-addr a,b: a list of addresses is for an elastic job, whose node 0 moves when a host is lost; give --nnodes MIN:MAX, or one address/],
+    [['--nproc', '2', '--nnodes', '2:3', '--master-addr', 'a,,b', 's.ts'], /--master-addr "a,,b": expected a host name or address, or a list of them \(A,B,C\)/],
   ];
   for (const [argv, re] of bad) assert.throws(() => parseRunArgs(argv), (e: Error) => e instanceof RunUsageError && re.test(e.message), argv.join(' '));
   assert.equal(parseRunArgs(['--nproc', '1', '--nnodes', '2:3', 's.ts']).minNodes, 2);
   assert.equal(parseRunArgs(['--nproc', '1', '--nnodes', '3:3', 's.ts']).minNodes, undefined, 'MIN = MAX is a fixed job');
+  // An elastic job's list of master addresses: node 0 first; the ranks meet at the first.
+  const listed = parseRunArgs(['--nproc', '1', '--nnodes', '2:3', '--master-addr', '10.0.0.1,10.0.0.2,10.0.0.3', 's.ts']);
+  assert.deepEqual([listed.masterAddr, listed.masterAddrs], ['10.0.0.1', ['10.0.0.1', '10.0.0.2', '10.0.0.3']]);
 });
 
 test('flotilla train --nnodes: the grammar of flotilla run, its errors prefixed train:, and the flags that need it', () => {

@@ -76,6 +76,6 @@ test('a lock taken over from a reused pid: the start time decides, not the pid a
   writeFileSync(join(dir, LOCK_FILE), JSON.stringify({ pid: process.ppid, host: hostname(), startTicks: '1', since: 'then' }));
   const cfg = parseConfig('', [`--train.runDir=${dir}`]);
   assert.equal(runDirProblem(cfg), undefined);
-  const release = lockRunDir(dir);
+  const { release } = lockRunDir(dir);
   release();
 });

@@ -287,7 +287,7 @@ export class Checkpointer {
       if (this.replicated && p.error && /EEXIST/.test(p.error.message)) {
         throw new CheckpointError(
           `saving checkpoint ${stepDirName(p.step)} failed: two hosts write into the same directory ${this.dir}; with [checkpoint] replicas = 1 ` +
-            'each host needs a directory of its own (its local disk): set [checkpoint] dir to a local path, or replicas = 0 on a shared filesystem. The previous checkpoint is intact',
+            'each host needs a directory of its own (its local disk): set [checkpoint] dir to a local path, or --checkpoint.replicas=0 on a shared filesystem. The previous checkpoint is intact',
         );
       }
       throw new CheckpointError(

@@ -83,6 +83,20 @@ export function gatherJson<T>(world: ProcessGroup, value: T): T[] {
   });
 }
 
+/** Rank `src`'s value on every rank (a JSON document, broadcast as bytes). */
+export function broadcastJson<T>(world: ProcessGroup, value: T | undefined, src = 0): T {
+  if (world.size === 1) return value as T;
+  const bytes = Buffer.from(world.rank === src ? JSON.stringify(value) : '');
+  return tidy(() => {
+    const len = tensor([bytes.length], { dtype: 'float64' });
+    world.allReduce(len, 'max').wait();
+    const n = len.item();
+    const buf = bytesTensor(world.rank === src ? new Uint8Array(bytes) : new Uint8Array(n));
+    world.broadcast(buf, src).wait();
+    return JSON.parse(Buffer.from(tensorBytes(buf, new Uint8Array(n))).toString('utf8')) as T;
+  });
+}
+
 /** What one host holds of each checkpoint in its directory: the files of meta.json present at their size. */
 interface Holding {
   host: number;

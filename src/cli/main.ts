@@ -26,7 +26,9 @@ usage:
       --nnodes M: the same run on M hosts, N ranks each (Gloo), with the rules of \`flotilla run\`
       across hosts (FLOTILLA_JOB_SECRET, the interface, the heartbeat); start it on every host
       with its own --node-rank. Rank 0 (node 0) keeps the run directory. --nnodes MIN:MAX: when
-      a host is lost and MIN remain, the others carry on without it from the newest checkpoint.
+      a host is lost and MIN remain, the others carry on without it from the newest checkpoint; a
+      host started later with the job's command (or started again) joins at the next checkpoint, and
+      --master-addr A,B,C lists where it may find node 0 by then (each tried in turn).
   flotilla verify <config.toml> --nproc N [--steps K] [--section.field=value ...] [--and [--nproc M] [--section.field=value ...]] ...
       Train K steps (default 5) under the config's layout on N ranks and the same steps in one
       process on the same global batches; print per-step loss and grad-norm differences, the largest
@@ -123,7 +125,9 @@ async function trainCommand(args: readonly string[]): Promise<number> {
   }
   if (hosts !== undefined && inWorld) throw new UsageError(`train: --nnodes given inside a world already started by ${env.source}; drop --nnodes`);
   // Rank 0 runs on node 0: only there does the run directory (and a checkpoint to resume) have to be.
-  if (!inWorld && (hosts === undefined || hosts.nodeRank === 0)) {
+  // With a list of master addresses node 0 may be a host returning to a job that runs elsewhere now
+  // (it comes in as another node): then rank 0 checks, wherever it runs.
+  if (!inWorld && (hosts === undefined || (hosts.nodeRank === 0 && !hosts.masterAddr?.includes(',')))) {
     // Before any rank starts: an earlier run's directory is refused once, here (rank 0 checks again).
     // Resuming continues an existing run directory; a checkpoint PATH may also start a new one.
     // The run record and the checkpoint format load no tensor code: the launcher never loads the addon.

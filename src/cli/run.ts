@@ -19,7 +19,9 @@ options:
                        is lost, carries on without it while MIN remain (the ranks restart on the
                        smaller world, with FLOTILLA_RESTART_COUNT > 0 and FLOTILLA_ELASTIC set)
   --node-rank R        this node's index, 0..M-1 (default 0)
-  --master-addr A      address of the node that runs global rank 0 (default ${DEFAULT_MASTER_ADDR})
+  --master-addr A      address of the node that runs global rank 0 (default ${DEFAULT_MASTER_ADDR}); an
+                       elastic job may list several, A,B,C (node 0 first): a host started later, or
+                       started again after it was lost, tries each in turn to find the job's node 0
   --master-port P      rendezvous port there (default: a free port on one node, ${DEFAULT_MASTER_PORT} on several)
   --max-restarts K     restart the whole group up to K times after a failure (default 0)
   --backend B          gloo (default), mpi (ranks start through Open MPI's mpirun; one node), or
@@ -82,15 +84,21 @@ export function parseRunArgs(argv: readonly string[]): RunOptions {
   const { nnodes, minNodes = nnodes } = raw.nnodes === undefined ? { nnodes: 1 } : parseNnodes(raw.nnodes, (m) => new RunUsageError(m));
   const nodeRank = raw.nodeRank === undefined ? 0 : parseInt('node-rank', raw.nodeRank, 0);
   if (nodeRank >= nnodes) throw new RunUsageError(`--node-rank ${nodeRank} must be below --nnodes ${nnodes}`);
-  const masterAddr = raw.masterAddr ?? DEFAULT_MASTER_ADDR;
-  if (masterAddr.trim() === '' || /\s/.test(masterAddr)) throw new RunUsageError(`--master-addr ${JSON.stringify(masterAddr)}: expected a host name or address`);
+  const masterAddrs = (raw.masterAddr ?? DEFAULT_MASTER_ADDR).split(',');
+  if (masterAddrs.some((a) => a.trim() === '' || /\s/.test(a))) {
+    throw new RunUsageError(`--master-addr ${JSON.stringify(raw.masterAddr)}: expected a host name or address, or a list of them (A,B,C)`);
+  }
+  if (masterAddrs.length > 1 && minNodes === nnodes) {
+    throw new RunUsageError(`--master-addr ${raw.masterAddr}: a list of addresses is for an elastic job, whose node 0 moves when a host is lost; give --nnodes MIN:MAX, or one address`);
+  }
+  const masterAddr = masterAddrs[0]!;
   const maxRestarts = raw.maxRestarts === undefined ? 0 : parseInt('max-restarts', raw.maxRestarts, 0);
   const masterPort = raw.masterPort === undefined ? undefined : parseInt('master-port', raw.masterPort, 1, 65535);
   if (masterPort !== undefined && nnodes > 1 && masterPort + maxRestarts > 65535) {
     throw new RunUsageError(`--master-port ${masterPort} + --max-restarts ${maxRestarts} exceeds 65535 (attempt k uses port P + k on several nodes)`);
   }
   const backend = parseBackend(raw.backend, nnodes);
-  return { nproc, nnodes, ...(minNodes < nnodes ? { minNodes } : {}), nodeRank, masterAddr, masterPort, maxRestarts, backend, script, scriptArgs: argv.slice(i + 1) };
+  return { nproc, nnodes, ...(minNodes < nnodes ? { minNodes } : {}), nodeRank, masterAddr, ...(masterAddrs.length > 1 ? { masterAddrs } : {}), masterPort, maxRestarts, backend, script, scriptArgs: argv.slice(i + 1) };
 }
 
 function parseBackend(raw: string | undefined, nnodes: number): 'gloo' | 'mpi' {

@@ -20,6 +20,19 @@
 // address book of the meeting (`roster`), so the survivors of a lost node 0 know where to meet; a
 // lost node is named by number; the proof names the meeting's generation; and node 0 of a later
 // meeting admits a host proving itself as a first meeting's node as one asking to join (`grow`).
+// [Note: grow told to every node] Node 0 tells the next meeting to every node of this one, including
+// a node that joins this meeting after the host asked (under load a survivor can reach the meeting
+// after the returning host does): it hears `grow` right after `welcome`. A node that never heard
+// it would take its ranks' stop at the checkpoint for the end of the run, and node 0 would wait for
+// it at the next meeting for ever. A node whose ranks stopped for the next meeting says `bye`, so
+// its connection closing is not a lost host; one lost before then is found as always. Once a node
+// is lost, node 0 admits no one to this meeting (a restarted host must ask the next one).
+//
+// [Note: master address list] With --master-addr A,B,C a launcher of the first generation looks for
+// node 0 at each address in turn (a connection that is not answered within 2 s is given up), so a
+// host that starts late, or again after it was lost, finds node 0 wherever the job met last. Node 0
+// with such a list first asks each other address once whether a job runs there (it may be the lost
+// master coming back, and another host node 0 now); nobody answering, it listens, as at a start.
 //
 // Messages are JSON lines of at most 4 KiB; a connection that sends more, or does not prove
 // membership within 10 s, is dropped. Policy (intervals, who is blamed) lives here, in TypeScript.
@@ -32,6 +45,8 @@ export const DEFAULT_HEARTBEAT_MS = 5000;
 export const DEFAULT_HEARTBEAT_TIMEOUT_MS = 25_000;
 const MAX_LINE = 4096;
 const AUTH_DEADLINE_MS = 10_000;
+/** An address whose heartbeat has not answered this long is tried again later ([Note: master address list]). */
+const CONNECT_DEADLINE_MS = 2000;
 
 export interface HeartbeatConfig {
   intervalMs: number;
@@ -121,6 +136,13 @@ export interface NodeLinkOptions {
   joinTimeoutMs: number;
   /** Which meeting of an elastic job this is (0 the first; each shrink numbers the next one). */
   generation?: number;
+  /** --master-addr A,B,C: every address node 0 may be at, `host` first ([Note: master address list]). */
+  hosts?: string[];
+  /**
+   * A host joining a running job, bound for the meeting node 0 named: it waits as long as node 0
+   * answers (the others are on their way to their next checkpoint), joinTimeoutMs after the last answer.
+   */
+  patient?: boolean;
   /**
    * Node 0 of a later meeting of an elastic job: a host that proves it knows the secret as a first
    * meeting's node asks to join. Returns the next meeting (told to every node and to it), or why not.
@@ -162,8 +184,11 @@ export class NodeLink {
   /** Node 0 listens; the others connect (retrying until joinTimeoutMs). Rejects naming the problem. */
   static async start(o: NodeLinkOptions): Promise<NodeLink> {
     const link = new NodeLink(o);
-    if (o.nodeRank === 0) await link.listen();
-    else await link.join();
+    const others = (o.hosts ?? []).filter((h) => h !== o.host);
+    if (o.nodeRank === 0) {
+      // A master coming back to a job that met elsewhere since ([Note: master address list]).
+      if (others.length === 0 || !(await link.join(others, true))) await link.listen();
+    } else await link.join(o.hosts ?? [o.host], false);
     let beat = 0;
     const every = Math.min(o.config.intervalMs, 1000);
     link.timer = setInterval(() => {
@@ -176,19 +201,11 @@ export class NodeLink {
     return link;
   }
 
-  /**
-   * A host joins an elastic job: every launcher leaves this meeting once its ranks have saved and
-   * stopped, so connections that close are expected, not lost hosts (a host lost meanwhile is
-   * found at the next meeting, which it does not reach).
-   */
-  expectRegroup(): void {
-    this.regrouping = true;
-  }
-
-  private regrouping = false;
+  /** Node 0: the next meeting, once a host has asked to join ([Note: grow told to every node]). */
+  private growing: Grow | undefined;
 
   private peerDown(why: string, fatal = true, lost?: number): void {
-    if (this.down || this.closed || this.regrouping) return;
+    if (this.down || this.closed) return;
     if (fatal) this.down = true;
     this.o.onPeerDown(why, fatal, lost);
   }
@@ -210,6 +227,7 @@ export class NodeLink {
       onLines(sock, (m) => {
         if (m === undefined) return void sock.destroy();
         if (node === undefined) {
+          if (this.down) return void sock.destroy(); // after a loss this meeting is over: the host retries, and meets the next
           const gen = o.generation ?? 0;
           const proves = (g: number): boolean => m.t === 'join' && Number.isInteger(m.node) && typeof m.proof === 'string' &&
             /^[0-9a-f]{64}$/.test(m.proof) && timingSafeEqual(Buffer.from(m.proof, 'hex'), Buffer.from(proof(o.secret, nonce, m.node, g), 'hex'));
@@ -218,6 +236,7 @@ export class NodeLink {
             const grow = o.onAsk((m as { node: number }).node, (sock.remoteAddress ?? '').replace(/^::ffff:/, ''));
             if (typeof grow === 'string') send(sock, { t: 'lost', node: -1, why: grow });
             else {
+              this.growing = grow;
               send(sock, { t: 'grow', ...grow });
               this.relay({ t: 'grow', ...grow }, 0);
             }
@@ -229,8 +248,10 @@ export class NodeLink {
           node = (m as { node: number }).node;
           clearTimeout(authTimer);
           this.peers.get(node)?.sock.destroy(); // a restarted launcher replaces its old connection
+          this.finished.delete(node); // and is watched again, whatever the old one said
           this.peers.set(node, { sock, last: Date.now(), addr: (sock.remoteAddress ?? '').replace(/^::ffff:/, '') });
           send(sock, { t: 'welcome' });
+          if (this.growing) send(sock, { t: 'grow', ...this.growing }); // asked before this node came
           if (this.peers.size === o.nnodes - 1 && this.roster === undefined) {
             this.roster = [o.host, ...Array.from({ length: o.nnodes - 1 }, (_, k) => this.peers.get(k + 1)!.addr)];
             this.relay({ t: 'roster', addrs: this.roster }, 0);
@@ -259,18 +280,27 @@ export class NodeLink {
     });
   }
 
-  private join(): Promise<void> {
+  /**
+   * Connects to node 0 at one of `hosts`, in turn, until welcomed or told of the meeting this host
+   * joins (resolves true), or, with `once`, until each has been tried once (resolves false).
+   */
+  private join(hosts: string[], once: boolean): Promise<boolean> {
     const o = this.o;
-    const deadline = Date.now() + o.joinTimeoutMs;
+    let deadline = Date.now() + o.joinTimeoutMs;
+    let tried = 0;
     return new Promise((resolve, reject) => {
       const attempt = (): void => {
-        const sock = connect({ host: o.host, port: o.port, noDelay: true });
+        const host = hosts[tried++ % hosts.length]!;
+        const sock = connect({ host, port: o.port, noDelay: true });
+        sock.setTimeout(CONNECT_DEADLINE_MS, () => sock.destroy()); // nobody there (a host gone): the next address
         let welcomed = false;
         sock.on('error', () => undefined);
         sock.on('close', () => {
           if (!welcomed) {
-            if (Date.now() > deadline) reject(new Error(`no node heartbeat answered at ${o.host}:${o.port} within ${o.joinTimeoutMs} ms (is node 0's launcher running, with the same FLOTILLA_JOB_SECRET?)`));
-            else setTimeout(attempt, 250); // keeps the launcher alive: nothing else does yet
+            const at = hosts.map((h) => `${h}:${o.port}`).join(', ');
+            if (once && tried >= hosts.length) resolve(false);
+            else if (Date.now() > deadline) reject(new Error(`no node heartbeat answered at ${at} within ${o.joinTimeoutMs} ms (is node 0's launcher running, with the same FLOTILLA_JOB_SECRET?)`));
+            else setTimeout(attempt, tried % hosts.length === 0 ? 250 : 0); // keeps the launcher alive: nothing else does yet
             return;
           }
           if (!this.finished.has(0) && this.grow === undefined) this.peerDown(`node 0 (${ranksOf(0, o.nproc)}) lost: its launcher's heartbeat connection closed`, true, 0);
@@ -278,12 +308,14 @@ export class NodeLink {
         onLines(sock, (m) => {
           if (m === undefined) return void sock.destroy();
           this.lastFromZero = Date.now();
+          sock.setTimeout(0); // node 0 answered: from here the heartbeat watches the connection
+          if (o.patient) deadline = Date.now() + o.joinTimeoutMs;
           if (m.t === 'hello') send(sock, { t: 'join', node: o.nodeRank, proof: proof(o.secret, String(m.nonce), o.nodeRank, o.generation ?? 0) });
           else if (m.t === 'welcome') {
             welcomed = true;
             this.upstream = sock;
             sock.unref();
-            resolve();
+            resolve(true);
           } else if (m.t === 'bye') this.finished.add(0);
           else if (m.t === 'fail') this.peerDown(`node ${Number(m.node)} (${ranksOf(Number(m.node), o.nproc)}) failed: ${String(m.why)}`, false);
           else if (m.t === 'lost' && !welcomed) {
@@ -297,7 +329,7 @@ export class NodeLink {
               // This host asked to join a running job: it comes in at the next meeting.
               this.grow = g;
               welcomed = true;
-              resolve();
+              resolve(true);
             } else this.o.onGrow?.(g);
           }
         });

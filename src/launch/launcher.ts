@@ -70,6 +70,11 @@ export interface RunOptions {
   minNodes?: number;
   nodeRank: number;
   masterAddr: string;
+  /**
+   * An elastic job's list of addresses (--master-addr A,B,C; masterAddr is the first): where this
+   * host looks for the job's node 0 when it starts, in turn ([Note: master address list]).
+   */
+  masterAddrs?: string[];
   /** Undefined: pick a free port (one node) or use the default (several). */
   masterPort: number | undefined;
   maxRestarts: number;
@@ -144,6 +149,8 @@ interface AttemptControl {
   elastic?: string;
   /** The attempt running now. */
   attempt?: number;
+  /** An elastic job: the world size of its first meeting (FLOTILLA_ELASTIC_WORLD, [Note: elastic micro-batches]). */
+  firstWorld?: number;
 }
 
 /** The file whose presence asks attempt k's ranks to stop at their next checkpoint (a host joins). */
@@ -156,6 +163,7 @@ async function runAttempt(o: RunOptions, attempt: number, port: number, io: Supe
   const env: NodeJS.ProcessEnv = {
     ...process.env,
     ...(ctl.elastic !== undefined ? { FLOTILLA_ELASTIC: ctl.elastic } : {}),
+    ...(ctl.firstWorld !== undefined ? { FLOTILLA_ELASTIC_WORLD: String(ctl.firstWorld) } : {}),
     FLOTILLA_REGROUP_FILE: regroupFile(dir, attempt),
     FLOTILLA_RESTART_COUNT: String(attempt), FLOTILLA_MAX_RESTARTS: String(o.maxRestarts),
     FLOTILLA_STATUS_FILE: statusFile,
@@ -192,7 +200,7 @@ export async function launch(o: RunOptions, ioOpts: LauncherIO = {}): Promise<nu
     say((e as Error).message);
     return 2;
   }
-  if (o.nnodes > 1 && !isLoopback(o.masterAddr) && !process.env.FLOTILLA_JOB_SECRET) {
+  if (o.nnodes > 1 && !(o.masterAddrs ?? [o.masterAddr]).every(isLoopback) && !process.env.FLOTILLA_JOB_SECRET) {
     say(
       `--nnodes ${o.nnodes} with --master-addr ${o.masterAddr}: set FLOTILLA_JOB_SECRET to the same random value on every node ` +
         '(e.g. `export FLOTILLA_JOB_SECRET=$(openssl rand -hex 32)`, then copy it); the rendezvous store admits only ranks that know it',
@@ -250,9 +258,12 @@ function storePort(o: RunOptions, attempt: number, hbPort: number): number {
 // in the job and the new one last, and its generation. Each launcher creates its attempt's
 // FLOTILLA_REGROUP_FILE; the ranks see it at a step boundary, agree (one all-reduce), save at their
 // next scheduled checkpoint, say so in the status file and exit 0; the launchers then meet again,
-// larger, and the ranks resume from that checkpoint (the new host receives its files). Connections
-// that close meanwhile are the meeting ending, not lost hosts. A job down to one host has no
-// heartbeat to ask, so it takes no host back.
+// larger, and the ranks resume from that checkpoint (the new host receives its files). Node 0 tells
+// the next meeting also to a node that reaches this one after the host asked, and each launcher
+// says goodbye on the heartbeat once its ranks have stopped for it, so its connection closing is
+// the meeting ending, not a lost host ([Note: grow told to every node] in heartbeat.ts). A job down
+// to one host keeps node 0's heartbeat listening at its address of the first meeting (its ranks meet
+// on loopback), so a host can still ask it.
 
 /** Where this host stands in the current membership of an elastic job. */
 interface Membership {
@@ -276,24 +287,29 @@ async function attempts(o: RunOptions, io: SupervisorIO, dir: string, heartbeat:
   let firstAttempt = 0;
   let elastic: string | undefined;
   let members: Membership | undefined;
+  let joining = false; // this host asked to join a running job, and is bound for the meeting node 0 named
   for (;;) {
-    const ctl: AttemptControl = { heartbeat, onLocalFailure: () => undefined, ...(elastic !== undefined ? { elastic } : {}) };
+    const ctl: AttemptControl = {
+      heartbeat, onLocalFailure: () => undefined, ...(elastic !== undefined ? { elastic } : {}), ...(minNodes < o.nnodes ? { firstWorld: o.nnodes * o.nproc } : {}),
+    };
     let link: NodeLink | undefined;
     let lost: { why: string; node: number | undefined } | undefined; // a node was lost: no restart can bring it back
     let grow: Grow | undefined; // a host joins: the next meeting, once the ranks have saved and stopped
     const regroup = (g: Grow): void => {
       grow = g;
-      link?.expectRegroup();
       if (ctl.attempt !== undefined) writeFileSync(regroupFile(dir, ctl.attempt), '');
       say(`[elastic] first-meeting node ${g.ids[g.ids.length - 1]} (${g.addrs[g.addrs.length - 1]}) joins: the ranks stop at their next checkpoint and the job meets again on ${g.ids.length} hosts`);
     };
     const me = members !== undefined ? members.ids[cur.nodeRank]! : cur.nodeRank;
-    if (cur.nnodes > 1) {
+    // Down to one host below MAX: its heartbeat still listens, where the others knew it, for a host that asks.
+    const alone = cur.nnodes === 1 && members !== undefined && o.nnodes > 1;
+    if (cur.nnodes > 1 || alone) {
       try {
         link = await NodeLink.start({
-          nodeRank: cur.nodeRank, nnodes: cur.nnodes, nproc: cur.nproc, host: cur.masterAddr, port: hbPort,
+          nodeRank: cur.nodeRank, nnodes: cur.nnodes, nproc: cur.nproc, host: alone ? members!.addrs[0]! : cur.masterAddr, port: hbPort,
           secret: process.env.FLOTILLA_JOB_SECRET ?? '', config: heartbeat,
           joinTimeoutMs: Number(process.env.FLOTILLA_TIMEOUT_MS?.trim() || 300_000), generation: firstAttempt,
+          ...(firstAttempt === 0 && o.masterAddrs ? { hosts: o.masterAddrs } : {}), patient: joining,
           onPeerDown: (why, fatal, node) => {
             if (fatal) lost = { why, node };
             if (ctl.abort) ctl.abort(why, fatal);
@@ -305,16 +321,18 @@ async function attempts(o: RunOptions, io: SupervisorIO, dir: string, heartbeat:
               if (grow !== undefined) return 'another host is joining; start this one again after it has';
               if (cur.nnodes >= o.nnodes) return `the job runs on ${cur.nnodes} hosts, its --nnodes maximum`;
               if (members!.ids.includes(node)) return `node ${node} of the first meeting is in the job; give a joining host the --node-rank it had, or one not in the job`;
-              const g: Grow = { addrs: [...members!.addrs, addr], ids: [...members!.ids, node], generation: (ctl.attempt ?? 0) + 1 };
+              const g: Grow = { addrs: [...members!.addrs, addr], ids: [...members!.ids, node], generation: (ctl.attempt ?? firstAttempt) + 1 };
               regroup(g);
               return g;
             },
           } : {}),
         });
+        joining = false;
         if (link.grow !== undefined) {
           // This host joined a running job: it comes in at the meeting node 0 announced.
           const g = link.grow;
           await link.close();
+          joining = true;
           members = { ids: g.ids, addrs: g.addrs };
           firstAttempt = g.generation;
           elastic = joined(g, o.nproc);
@@ -396,8 +414,19 @@ async function attemptLoop(
     ctl.attempt = attempt;
     if (growing()) writeFileSync(regroupFile(dir, attempt), ''); // a host asked to join between attempts
     const outcome = await runAttempt(o, attempt, port, io, dir, ctl);
-    // The ranks stopped at a checkpoint for a host that joins: not done, meet again.
-    if (outcome.kind === 'ok' && growing() && regrouped(join(dir, `status.${attempt}`))) return { regroup: true };
+    // The ranks stopped at a checkpoint for a host that joins: not done, meet again. They stop so
+    // only when some launcher was told of the next meeting, and node 0 tells every one; should this
+    // one not have heard yet, it waits a heartbeat timeout for it rather than end the run.
+    if (outcome.kind === 'ok' && regrouped(join(dir, `status.${attempt}`))) {
+      const until = Date.now() + ctl.heartbeat.timeoutMs;
+      while (!growing() && lost() === undefined && Date.now() < until) await new Promise((r) => setTimeout(r, 100));
+      if (growing()) {
+        link?.announceDone(); // its connection closing now is the meeting ending, not a lost host
+        return { regroup: true };
+      }
+      say(`failed: the ranks stopped at a checkpoint for a host that joins, but node 0 never named the next meeting${lost() !== undefined ? ` (${lost()})` : ''}`);
+      return 1;
+    }
     if (outcome.kind === 'ok') {
       link?.announceDone();
       return 0;

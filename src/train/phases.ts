@@ -5,6 +5,7 @@
 // they re-point parameters into flat buffers ([Note: flat buffers] in src/parallel/grad_buffer.ts)
 // and hand it the ranges this rank updates.
 import { mkdirSync, writeFileSync } from 'node:fs';
+import { elasticMicroBatches } from './elastic.js';
 import { join } from 'node:path';
 import { type Tensor, describeBlas, setNumThreads, tidy, torchVersion } from '../tensor/index.js';
 import { autocast } from '../nn/precision.js';
@@ -50,6 +51,8 @@ export interface RunParts {
   /** The step the run starts from (0, or the resumed checkpoint's), and that checkpoint. */
   startStep: number;
   resumedFrom: string | undefined;
+  /** Micro-batches per step: data.microBatches, or more for an elastic job on fewer ranks ([Note: elastic micro-batches]). */
+  microBatches: number;
   /** The validation loss over train.evalBatches fixed batches (every rank gets the same). */
   evaluate(): number;
   saveCheckpoint(step: number): Promise<void>;
@@ -63,6 +66,9 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
   const close = (): void => {
     for (const c of closers.splice(0).reverse()) c();
   };
+  // An elastic job on fewer ranks than it started with: more micro-batches ([Note: elastic micro-batches]).
+  const micro = elasticMicroBatches(cfg, env.worldSize);
+  if (micro.microBatches !== cfg.data.microBatches) cfg = { ...cfg, data: { ...cfg.data, microBatches: micro.microBatches } };
   try {
     // ---- world: a caller that already joined the world keeps it; otherwise the trainer joins and leaves it
     const problems = checkRunnable(cfg, env.worldSize);
@@ -146,9 +152,9 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
       verifyDataPartition(mesh.data, loader.localSampleIds(startStep), cfg.data.globalBatch);
       header('resume', `resumed from step ${startStep} (${resumedFrom}; saved by ${meta.layout.worldSize} rank(s), ${meta.layout.description})`);
       // After a lost host (src/launch/launcher.ts, [Note: elastic shrink]): the launcher said what happened.
-      if (process.env.FLOTILLA_ELASTIC) header('elastic', `${process.env.FLOTILLA_ELASTIC}; ${describeLayout(layout)}; resumed from step ${startStep}`);
+      if (process.env.FLOTILLA_ELASTIC) header('elastic', `${process.env.FLOTILLA_ELASTIC}; ${describeLayout(layout)}${micro.why ? `; ${micro.why}` : ''}; resumed from step ${startStep}`);
     } else if (process.env.FLOTILLA_ELASTIC) {
-      header('elastic', `${process.env.FLOTILLA_ELASTIC}; ${describeLayout(layout)}; no checkpoint yet: started again from step 0`);
+      header('elastic', `${process.env.FLOTILLA_ELASTIC}; ${describeLayout(layout)}${micro.why ? `; ${micro.why}` : ''}; no checkpoint yet: started again from step 0`);
     }
     if (resumedFrom === undefined && cfg.train.initFrom !== '') {
       initFrom(cfg.train.initFrom, placements(), numParams, cfg.model as unknown as Record<string, unknown>);
@@ -167,7 +173,7 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     });
     const M = cfg.data.microBatches;
     return {
-      world, layout, mesh, loader, tokensPerStep, numParams, model, named, optimizer, schedule, ckpts, moe, startStep, resumedFrom, close,
+      world, layout, mesh, loader, tokensPerStep, numParams, model, named, optimizer, schedule, ckpts, moe, startStep, resumedFrom, close, microBatches: M,
       evaluate() {
         // Forward only; each call returns the global batch's mean on every rank.
         let sum = 0;

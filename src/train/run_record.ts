@@ -8,6 +8,17 @@
 // and taken over. The lock goes when the holder ends, by close() or from its exit handler; a
 // killed holder leaves a stale lock, which the next run takes over. A lock from another host
 // cannot be checked from here: it is refused and the message says how to remove it.
+//
+// [Note: run record on every host] Across hosts the run directory may be local to each host (as
+// checkpoints may be, [Note: checkpoint replicas]). Rank 0 opens its record first and tells every
+// rank its lock's token and its metrics up to the start step; the first rank of each other host
+// whose run directory shows another lock (not rank 0's: the directory is not shared) keeps a record
+// of its own there: its lock, its resolved config, and metrics.jsonl, rank 0's lines so far then
+// the same rows as rank 0 (loss, gradient norm, validation loss and learning rate are the same on
+// every rank; tokens/s and elapsed time are that host's). So whichever host becomes node 0 after a
+// loss finds its lock free and a complete metrics.jsonl on its own disk, continued from the
+// resumed step. On one host, or a shared directory, only rank 0 keeps it, as before.
+import { randomBytes } from 'node:crypto';
 import { closeSync, existsSync, mkdirSync, openSync, readdirSync, readFileSync, statSync, unlinkSync, writeFileSync, writeSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -18,6 +29,9 @@ import type { FlotillaConfig } from '../config/schema.js';
 import type { MemoryReport } from '../parallel/memory.js';
 import type { TensorCacheStats } from '../tensor/allocator.js';
 import { MetricsWriter, type StepMetrics } from './metrics.js';
+import { broadcastJson } from '../checkpoint/replicas.js';
+import type { ProcessGroup } from '../distributed/process_group.js';
+import type { LaunchEnv } from '../distributed/env.js';
 
 /** The run directory: train.runDir, or runs/<train.name>. */
 export function runDirOf(c: FlotillaConfig): string {
@@ -45,6 +59,8 @@ interface LockHolder {
   /** The process's start time (/proc/PID/stat field 22), so a reused pid is not taken for the holder. */
   startTicks: string;
   since: string;
+  /** Random, per lock: whether another host's rank sees this very lock (a shared directory). */
+  token?: string;
 }
 
 function startTicksOf(pid: number): string | undefined {
@@ -124,9 +140,10 @@ export function prepareRunDir(c: FlotillaConfig, opts: { resume?: boolean } = {}
  * Takes the directory's lock for this process ([Note: run lock]); throws ConfigError naming a live
  * holder. Returns the release function (also run at process exit).
  */
-export function lockRunDir(dir: string): () => void {
+export function lockRunDir(dir: string): { release: () => void; token: string } {
   const path = join(dir, LOCK_FILE);
-  const me: LockHolder = { pid: process.pid, host: hostname(), startTicks: startTicksOf(process.pid) ?? '', since: new Date().toISOString() };
+  const token = randomBytes(16).toString('hex');
+  const me: LockHolder = { pid: process.pid, host: hostname(), startTicks: startTicksOf(process.pid) ?? '', since: new Date().toISOString(), token };
   for (let attempt = 0; ; attempt++) {
     try {
       const fd = openSync(path, 'wx'); // atomic: of two runs starting together, one gets it
@@ -155,7 +172,12 @@ export function lockRunDir(dir: string): () => void {
     }
   };
   process.on('exit', release);
-  return release;
+  return { release, token };
+}
+
+/** Whether `dir`'s lock is the one with `token` (the directory is rank 0's, seen from here). */
+export function lockedBy(dir: string, token: string): boolean {
+  return readHolder(join(dir, LOCK_FILE))?.token === token;
 }
 
 const MiB = 2 ** 20;
@@ -184,6 +206,8 @@ export interface RunRecordOptions {
   /** Where the config came from and the command-line overrides, recorded in the saved config. */
   configPath?: string;
   overrides?: readonly string[];
+  /** Another host's record ([Note: run record on every host]): rank 0's metrics lines up to startStep, written first. */
+  history?: string;
 }
 
 /** Rank 0's record of a run in its directory. */
@@ -191,12 +215,16 @@ export class RunRecord {
   readonly dir: string;
   private readonly metrics: MetricsWriter | undefined;
   private readonly unlock: () => void;
+  /** The lock's token ([Note: run record on every host]). */
+  readonly token: string;
 
   constructor(cfg: FlotillaConfig, opts: RunRecordOptions) {
     // Refuses an earlier run's directory (ConfigError naming --train.name) unless resuming it.
     // Resuming from a checkpoint PATH may start a new directory.
     this.dir = prepareRunDir(cfg, { resume: opts.resume && existsSync(runDirOf(cfg)) });
-    this.unlock = lockRunDir(this.dir);
+    const lock = lockRunDir(this.dir);
+    this.unlock = lock.release;
+    this.token = lock.token;
     try {
       const from = [opts.configPath ? `from ${opts.configPath}` : 'from defaults', ...(opts.overrides ?? [])].join(' ');
       const s = opts.startStep;
@@ -204,11 +232,17 @@ export class RunRecord {
       const file = s > 0 ? `config.resumed-${s}.toml` : 'config.toml';
       const header = `Resolved config of run "${cfg.train.name}" (${from}), world size ${opts.worldSize}${s > 0 ? `, resumed at step ${s}` : ''}.`;
       writeFileSync(join(this.dir, file), configToToml(cfg, { header }));
+      if (cfg.log.metrics !== '' && opts.history !== undefined) writeFileSync(join(this.dir, cfg.log.metrics), opts.history);
       if (cfg.log.metrics !== '') this.metrics = new MetricsWriter(join(this.dir, cfg.log.metrics), s > 0 ? { continueAfter: s } : {});
     } catch (e) {
       this.unlock();
       throw e;
     }
+  }
+
+  /** Its metrics lines so far (after a resume: up to the start step), or '' when it keeps none. */
+  history(): string {
+    return this.metrics !== undefined && existsSync(this.metrics.path) ? readFileSync(this.metrics.path, 'utf8') : '';
   }
 
   /** The metrics file, when the run keeps one. */
@@ -224,6 +258,19 @@ export class RunRecord {
     this.metrics?.close();
     this.unlock();
   }
+}
+
+/**
+ * This rank's record of the run: rank 0's, and across hosts that of each other host's first rank
+ * whose run directory is not rank 0's ([Note: run record on every host]). A collective when the
+ * world spans hosts; undefined on the ranks that keep none.
+ */
+export function openRunRecord(cfg: FlotillaConfig, world: ProcessGroup, env: LaunchEnv, opts: RunRecordOptions): RunRecord | undefined {
+  const rank0 = env.rank === 0 ? new RunRecord(cfg, opts) : undefined;
+  if (env.worldSize === env.localWorldSize) return rank0;
+  const told = broadcastJson<{ token: string; history: string }>(world, rank0 ? { token: rank0.token, history: rank0.history() } : undefined);
+  if (rank0 || env.localRank !== 0 || lockedBy(runDirOf(cfg), told.token)) return rank0;
+  return new RunRecord(cfg, { ...opts, history: told.history });
 }
 
 /** The checkpoints directory of a run's config. */

@@ -14,7 +14,7 @@ import { tellLauncher } from '../distributed/launcher_channel.js';
 import type { StepMetrics } from './metrics.js';
 import { Progress, resolveProgressMode } from './progress.js';
 import { openRun, writeRankRecord, type RunParts } from './phases.js';
-import { RunRecord, memoryLine } from './run_record.js';
+import { openRunRecord, memoryLine, type RunRecord } from './run_record.js';
 
 export interface TrainOptions {
   /** Where the config came from, recorded in the saved config. */
@@ -100,7 +100,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
   const run = await openRun(cfg, env, opts, out);
   const { model, optimizer, loader, startStep } = run;
   const steps = cfg.train.steps;
-  const M = cfg.data.microBatches;
+  const M = run.microBatches; // the config's, or more on fewer ranks than the start ([Note: elastic micro-batches])
   const o = cfg.optim;
   // ---- the run directory (rank 0): the resolved config first, then metrics as they come
   let record: RunRecord | undefined;
@@ -109,10 +109,8 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
   let memory: MemoryReport | undefined;
   let stopRequest: StopRequest | undefined;
   try {
-    if (isRank0) {
-      record = new RunRecord(cfg, { resume: run.resumedFrom !== undefined, startStep, worldSize: env.worldSize, ...(opts.configPath ? { configPath: opts.configPath } : {}), ...(opts.overrides ? { overrides: opts.overrides } : {}) });
-      await opts.onRunDir?.(record.dir);
-    }
+    record = openRunRecord(cfg, run.world, env, { resume: run.resumedFrom !== undefined, startStep, worldSize: env.worldSize, ...(opts.configPath ? { configPath: opts.configPath } : {}), ...(opts.overrides ? { overrides: opts.overrides } : {}) });
+    if (isRank0) await opts.onRunDir?.(record!.dir);
     out.header('train', `${steps} steps, eval every ${cfg.train.evalEvery || steps} on ${cfg.train.evalBatches} val batch(es); run dir ${record?.dir ?? '(rank 0)'}`);
     progress = new Progress(steps, mode, cfg.log.every, print);
     stopRequest = new StopRequest(out.log);
