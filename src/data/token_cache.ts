@@ -14,20 +14,16 @@
 import { createHash } from 'node:crypto';
 import { mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
-import { homedir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { cacheDir } from '../io/cache_dir.js';
 
 const MAGIC = Buffer.from('FLTOKEN1');
 const DIGEST_BYTES = 32;
 
 /** The cache's directory, or undefined when FLOTILLA_CACHE_DIR=off. */
 export function tokenCacheDir(env: NodeJS.ProcessEnv = process.env): string | undefined {
-  const own = env.FLOTILLA_CACHE_DIR?.trim();
-  if (own === 'off') return undefined;
-  if (own) return join(own, 'tokens');
-  const xdg = env.XDG_CACHE_HOME?.trim();
-  return join(xdg || join(homedir(), '.cache'), 'flotilla', 'tokens');
+  return cacheDir('tokens', env);
 }
 
 let codeDigest: string | undefined;

@@ -14,21 +14,18 @@
 import { createHash } from 'node:crypto';
 import { execFile } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
-import { cpus, homedir, tmpdir } from 'node:os';
+import { cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { FlotillaConfig } from '../config/schema.js';
 import type { CalibrationPoint, DepthTiming, ModelCalibrationIn, ModelCalibrationOut } from './calibrate_model.js';
 import { measureLayout, planScript } from './measure.js';
 import { commandFor } from '../launch/launcher.js';
 import type { Collective } from './terms.js';
+import { cacheDir } from '../io/cache_dir.js';
 
 /** The planner's cache directory, or undefined when FLOTILLA_CACHE_DIR=off. */
 export function planCacheDir(env: NodeJS.ProcessEnv = process.env): string | undefined {
-  const own = env.FLOTILLA_CACHE_DIR?.trim();
-  if (own === 'off') return undefined;
-  if (own) return join(own, 'plan');
-  const xdg = env.XDG_CACHE_HOME?.trim();
-  return join(xdg || join(homedir(), '.cache'), 'flotilla', 'plan');
+  return cacheDir('plan', env);
 }
 
 const digest = (x: unknown): string => createHash('sha256').update(JSON.stringify(x)).digest('hex').slice(0, 16);

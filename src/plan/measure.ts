@@ -4,12 +4,13 @@
 // run's metrics.jsonl, the first step left out: it also learns gradient readiness and warms the
 // allocator). Linux only.
 import { spawn } from 'node:child_process';
-import { mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, extname } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { readMetrics } from '../train/metrics.js';
 import { commandFor } from '../launch/launcher.js';
+import { processTree } from '../launch/heartbeat.js';
 
 const OWN_EXT = extname(fileURLToPath(import.meta.url));
 /** The CLI's entry point beside this module (main.ts under tsx, main.js compiled). */
@@ -28,21 +29,6 @@ export interface Measured {
 }
 
 const MiB = 2 ** 20;
-
-function children(): Map<number, number[]> {
-  const kids = new Map<number, number[]>();
-  for (const e of readdirSync('/proc')) {
-    if (!/^\d+$/.test(e)) continue;
-    try {
-      const stat = readFileSync(`/proc/${e}/stat`, 'utf8');
-      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
-      const list = kids.get(ppid) ?? [];
-      list.push(Number(e));
-      kids.set(ppid, list);
-    } catch { /* gone */ }
-  }
-  return kids;
-}
 
 /** The rank of a process started by the launcher or mpirun (from its environment), or undefined. */
 function rankOf(pid: number): number | undefined {
@@ -84,21 +70,15 @@ export async function measureLayout(config: string, overrides: readonly string[]
     child.stderr.on('data', (d: Buffer) => { output = (output + d.toString()).slice(-8000); });
     const peak = new Array<number>(nproc).fill(NaN);
     const sample = (): void => {
-      const kids = children();
       if (nproc === 1) { // `flotilla train` without --nproc (or --nproc 1) trains in the process itself
         const h = hwm(child.pid!);
         if (h !== undefined) peak[0] = Number.isNaN(peak[0]!) ? h : Math.max(peak[0]!, h);
         return;
       }
-      const stack = [child.pid!];
-      while (stack.length > 0) {
-        const pid = stack.pop()!;
-        for (const k of kids.get(pid) ?? []) {
-          stack.push(k);
-          const r = rankOf(k);
-          const h = hwm(k);
-          if (r !== undefined && r < nproc && h !== undefined) peak[r] = Number.isNaN(peak[r]!) ? h : Math.max(peak[r]!, h);
-        }
+      for (const k of processTree(child.pid!).slice(1)) {
+        const r = rankOf(k);
+        const h = hwm(k);
+        if (r !== undefined && r < nproc && h !== undefined) peak[r] = Number.isNaN(peak[r]!) ? h : Math.max(peak[r]!, h);
       }
     };
     const timer = setInterval(sample, 50);
