@@ -8,7 +8,7 @@ import { cpSync, existsSync, readdirSync, readFileSync, rmSync, statSync, writeF
 import { join } from 'node:path';
 import { readMetrics } from '../src/train/metrics.js';
 import { consolidate } from '../src/checkpoint/export.js';
-import { CONFIG, checkpointOf, flotilla, latestOf, train, trainSeries, work, type RunResult } from './helpers/ckpt_runs.js';
+import { CONFIG, checkpointOf, flotilla, latestOf, runOf, train, trainSeries, work, type RunResult } from './helpers/ckpt_runs.js';
 import { pool, started } from './helpers/pool.js';
 
 // Runs that no signal or kill depends on go through this queue, two at a time (test/helpers/pool.ts);
@@ -21,7 +21,7 @@ const twoRank = started(launch(() => trainSeries(2, [
   { name: 'faults-async', extra: ['--checkpoint.async=true', '--checkpoint.every=1', '--checkpoint.keep=2'] },
   { name: 'restarted-straight', extra: ['--parallel.backend=gloo', '--train.steps=12', '--checkpoint.every=0'] },
 ])));
-const [refRun, asyncRun, restartedStraight] = [0, 1, 2].map((i) => started(twoRank.then((r) => r[i]!))) as [Promise<RunResult>, Promise<RunResult>, Promise<RunResult>];
+const [refRun, asyncRun, restartedStraight] = [0, 1, 2].map((i) => runOf(twoRank, i)) as [Promise<RunResult>, Promise<RunResult>, Promise<RunResult>];
 /** The source of the bad-checkpoint cases (one process). */
 const goodRun = started(launch(() => train('bad-source', [])));
 let ref: RunResult;

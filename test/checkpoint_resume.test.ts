@@ -10,12 +10,11 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
-import { CONFIG, flotilla, same, trainSeries, work, type RunResult } from './helpers/ckpt_runs.js';
+import { CONFIG, flotilla, runOf, same, trainSeries, withoutNproc, work, type RunResult } from './helpers/ckpt_runs.js';
 import { pool, started } from './helpers/pool.js';
 
 const launch = pool();
 const series = (nproc: number, runs: { name: string; extra: string[] }[]): Promise<RunResult[]> => started(launch(() => trainSeries(nproc, runs)));
-const at = (all: Promise<RunResult[]>, i: number): Promise<RunResult> => started(all.then((r) => r[i]!));
 
 /** A model of its own for the tied-embedding layout (4 stages need 4 layers). */
 const TIED = ['--model.tieEmbeddings=true', '--model.nLayer=4'];
@@ -34,7 +33,6 @@ const LAYOUTS: [string, string[]][] = [
 const crossTested = new Set(['ZeRO-3 on 3', 'HSDP 2 x 2, ZeRO-3', 'pipeline 2, interleaved, tied embeddings', 'pipeline 2 x ZeRO-2 on 2']);
 const slugOf = (name: string): string => name.replace(/\W+/g, '-');
 const nprocOf = (args: string[]): number => Number(args[args.indexOf('--nproc') + 1]);
-const layoutArgs = (args: string[]): string[] => args.filter((a, i) => a !== '--nproc' && args[i - 1] !== '--nproc');
 /** Where the layout's 6-step run saves step 3 (it does not exist yet when the series is written). */
 const checkpoint3 = (name: string): string => join(work, `${slugOf(name)}-full`, 'checkpoints', 'step-000003');
 const TIED_NAME = 'pipeline 2, interleaved, tied embeddings';
@@ -51,35 +49,35 @@ const INTO: [string, string[]][] = [
 function worldOf(nproc: number, after?: Promise<unknown>): { all: Promise<RunResult[]>; names: string[] } {
   const runs: { name: string; extra: string[] }[] = [];
   for (const [name, args] of LAYOUTS.filter(([, args]) => nprocOf(args) === nproc)) {
-    runs.push({ name: `${slugOf(name)}-full`, extra: layoutArgs(args) });
-    runs.push({ name: `${slugOf(name)}-self`, extra: [...layoutArgs(args), '--resume', checkpoint3(name)] });
+    runs.push({ name: `${slugOf(name)}-full`, extra: withoutNproc(args) });
+    runs.push({ name: `${slugOf(name)}-self`, extra: [...withoutNproc(args), '--resume', checkpoint3(name)] });
   }
   for (const [slug, args] of INTO.filter(([, args]) => nprocOf(args) === nproc)) {
-    runs.push({ name: `dp2-into-${slug}`, extra: [...layoutArgs(args), '--resume', checkpoint3('data parallel 2')] });
+    runs.push({ name: `dp2-into-${slug}`, extra: [...withoutNproc(args), '--resume', checkpoint3('data parallel 2')] });
   }
   const all = after ? started(after.then(() => series(nproc, runs))) : series(nproc, runs);
   return { all, names: runs.map((r) => r.name) };
 }
 const worlds = [worldOf(2)];
 worlds.push(worldOf(3, worlds[0]!.all), worldOf(4, worlds[0]!.all));
-const runOf = (name: string): Promise<RunResult> => {
-  for (const w of worlds) if (w.names.includes(name)) return at(w.all, w.names.indexOf(name));
+const runNamed = (name: string): Promise<RunResult> => {
+  for (const w of worlds) if (w.names.includes(name)) return runOf(w.all, w.names.indexOf(name));
   throw new Error(`no run ${name}`);
 };
-const full = new Map(LAYOUTS.map(([name]) => [name, runOf(`${slugOf(name)}-full`)]));
+const full = new Map(LAYOUTS.map(([name]) => [name, runNamed(`${slugOf(name)}-full`)]));
 // The one-process runs every layout is compared with (and a resume of the first), then the sharded
 // and split layouts' checkpoints resumed in one process, once every world has finished.
 const references = series(1, [{ name: 'ref', extra: [] }, { name: 'ref-tied', extra: TIED }, { name: 'ref-resumed', extra: ['--resume', join(work, 'ref', 'checkpoints', 'step-000003')] }]);
-const [reference, referenceTied, refResumed] = [0, 1, 2].map((i) => at(references, i)) as [Promise<RunResult>, Promise<RunResult>, Promise<RunResult>];
+const [reference, referenceTied, refResumed] = [0, 1, 2].map((i) => runOf(references, i)) as [Promise<RunResult>, Promise<RunResult>, Promise<RunResult>];
 const ones = LAYOUTS.filter(([name]) => crossTested.has(name));
 const oneRuns = started(Promise.all(worlds.map((w) => w.all)).then(() => series(1, ones.map(([name]) => ({
   name: `${slugOf(name)}-one`, extra: ['--resume', checkpoint3(name), ...(name === TIED_NAME ? TIED : [])],
 })))));
 const resumed = new Map(LAYOUTS.map(([name]) => [name, {
-  self: runOf(`${slugOf(name)}-self`),
-  one: crossTested.has(name) ? at(oneRuns, ones.findIndex(([n]) => n === name)) : undefined,
+  self: runNamed(`${slugOf(name)}-self`),
+  one: crossTested.has(name) ? runOf(oneRuns, ones.findIndex(([n]) => n === name)) : undefined,
 }]));
-const dpInto = INTO.map(([slug]) => [slug, runOf(`dp2-into-${slug}`)] as const);
+const dpInto = INTO.map(([slug]) => [slug, runNamed(`dp2-into-${slug}`)] as const);
 // `flotilla verify --resume` (each a straight run and a resumed one of its own, in one world).
 const verify = (args: string[]) => started(launch(() => flotilla(['verify', CONFIG, ...args])));
 const verifySame = verify(['--nproc', '2', '--parallel.zero=1', '--resume', '2', '--steps', '4']);

@@ -7,7 +7,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { checkpointOf, same, train, trainSeries, work, type RunResult } from './helpers/ckpt_runs.js';
+import { checkpointOf, runOf, same, train, trainSeries, withoutNproc, work, type RunResult } from './helpers/ckpt_runs.js';
 import { pool, started } from './helpers/pool.js';
 
 const MODEL = ['--model.vocabSize=260', '--model.nEmbd=32', '--model.nHead=2'];
@@ -18,17 +18,15 @@ const TP2 = ['--nproc', '2', '--parallel.tp=2', '--parallel.sequenceParallel=tru
 // Each test awaits the runs it compares.
 const launch = pool();
 const series = (nproc: number, runs: { name: string; extra: string[] }[]): Promise<RunResult[]> => started(launch(() => trainSeries(nproc, runs)));
-const at = (all: Promise<RunResult[]>, i: number): Promise<RunResult> => started(all.then((r) => r[i]!));
 const step3 = (name: string): string => join(work, name, 'checkpoints', 'step-000003');
-const layout = (args: string[]): string[] => args.filter((a, i) => a !== '--nproc' && args[i - 1] !== '--nproc');
 
-const reference = at(series(1, [{ name: 'tp-ref', extra: MODEL }]), 0);
+const reference = runOf(series(1, [{ name: 'tp-ref', extra: MODEL }]), 0);
 const world2 = series(2, [
-  { name: 'tp2', extra: [...MODEL, ...layout(TP2)] },
-  { name: 'tp2-self', extra: [...MODEL, ...layout(TP2), '--resume', step3('tp2')] },
+  { name: 'tp2', extra: [...MODEL, ...withoutNproc(TP2)] },
+  { name: 'tp2-self', extra: [...MODEL, ...withoutNproc(TP2), '--resume', step3('tp2')] },
   { name: 'tp2-into-zero3', extra: [...MODEL, '--parallel.zero=3', '--resume', step3('tp2')] },
 ]);
-const [tp2, tp2Self, tp2IntoZero3] = [0, 1, 2].map((i) => at(world2, i)) as [Promise<RunResult>, Promise<RunResult>, Promise<RunResult>];
+const [tp2, tp2Self, tp2IntoZero3] = [0, 1, 2].map((i) => runOf(world2, i)) as [Promise<RunResult>, Promise<RunResult>, Promise<RunResult>];
 const tp2IntoOne = started(world2.then(() => launch(() => train('tp2-into-one', [...MODEL, '--resume', step3('tp2')]))));
 const tp2Into = [['one', tp2IntoOne], ['zero3', tp2IntoZero3]] as const;
 const oneIntoTp2pp2 = started(reference.then(() => launch(() => train('one-into-tp2pp2', [...MODEL, '--nproc', '4', '--parallel.tp=2', '--parallel.pp=2', '--parallel.lossParallel=true', '--data.microBatches=2', '--resume', step3('tp-ref')]))));

@@ -10,6 +10,7 @@ import { readMetrics, type StepMetrics } from '../../src/train/metrics.js';
 import { assertClose } from './close.js';
 
 import { BIN, flotilla } from './cli.js';
+import { started } from './pool.js';
 import { writeSeries } from '../../src/cli/train_run.js';
 
 export { flotilla, ROOT, BIN, type Flotilla } from './cli.js';
@@ -78,6 +79,16 @@ export async function trainSeries(nproc: number, runs: { name: string; extra: st
     const dir = join(work, name);
     return { dir, metrics: readMetrics(join(dir, 'metrics.jsonl')), params: readRecord(join(dir, 'record')), out: parts[i]! };
   });
+}
+
+/** Run i of a series, as a promise of its own (its failure is the awaiting test's, not the file's). */
+export function runOf(series: Promise<RunResult[]>, i: number): Promise<RunResult> {
+  return started(series.then((r) => r[i]!));
+}
+
+/** A layout's `flotilla train` arguments without its --nproc N (a series runs in a world already started). */
+export function withoutNproc(args: string[]): string[] {
+  return args.filter((a, i) => a !== '--nproc' && args[i - 1] !== '--nproc');
 }
 
 export function readRecord(record: string): Map<string, number[]> {
