@@ -6,34 +6,47 @@
 //   1. LONGEST: the files whose processes took the most CPU time, measured file by file (process
 //      accounting over one whole run), most first;
 //   2. the files that hold every launch slot while they run (suiteSlots.holdAll in
-//      test/helpers/pool.ts: their worlds time out in seconds), longest first, each followed by two files that
-//      start no process, which use the cores the waiting file leaves idle (a launching file beside
-//      it would only wait for a slot);
+//      test/helpers/pool.ts: their worlds time out in seconds), longest first, each followed by its
+//      share of the files that take no launch slot (in-process tests and PyTorch oracles, dealt in
+//      turn, longest first), which use the cores the waiting file leaves idle (a launching file
+//      beside it would only wait for a slot);
 //   3. the rest, by name.
 // A file missing from the directory is left out; a new long file may be added to LONGEST.
 import { readdirSync, readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 
 const LONGEST = [
-  'checkpoint_resume', 'moe_verify', 'pipeline_train', 'cli_verify', 'parallel_zero', 'checkpoint_faults', 'pipeline_clip',
-  'tp_gpt', 'memory_zero_rss', 'precision_verify', 'moe_layouts', 'checkpointing_activation_layouts', 'tp_checkpoint',
-  'package_install', 'pipeline_eval', 'llama_cli', 'moe_oracle', 'llama_layouts', 'cli_train', 'precision_zero3', 'cp_layouts',
-  'parallel_ddp', 'report_browser', 'plan_cli', 'plan_memory',
+  'checkpoint_faults', 'moe_verify', 'pipeline_train', 'parallel_zero', 'checkpoint_resume', 'memory_zero_rss', 'data_train_hsdp',
+  'tp_gpt', 'pipeline_clip', 'cli_verify', 'checkpointing_activation_layouts', 'moe_layouts', 'cli_train', 'package_install',
+  'plan_cli', 'llama_layouts', 'pipeline_eval', 'llama_cli', 'tp_checkpoint', 'parallel_ddp', 'cp_layouts', 'precision_zero3',
+  'report_browser', 'precision_verify', 'plan_memory',
 ];
 // The files that hold every launch slot, longest first (train_hosts waits out heartbeat timeouts).
-const HOLDS_ALL_LONGEST = ['train_hosts', 'hardening_runtime', 'distributed_failure', 'distributed_launcher', 'distributed_collectives'];
+const HOLDS_ALL_LONGEST = [
+  'train_hosts', 'hardening_faults', 'distributed_failure', 'hardening_runtime', 'distributed_collectives', 'distributed_launcher',
+  'distributed_mpi', 'distributed_orphans',
+];
+// Of the files that take no launch slot (in-process tests, PyTorch oracles), the longest, most first.
+const FILLERS_LONGEST = [
+  'moe_oracle', 'data_rss', 'hardening_files', 'optim_oracle', 'llama_oracle', 'engine_allocator', 'report_input', 'data_tokenizers',
+  'data_prepare', 'memory_training', 'pipeline_schedule', 'gpt_oracle', 'train_run_lock', 'hf_gpt2', 'hf_llama', 'train_trainer',
+];
 
 const dir = fileURLToPath(new URL('../test', import.meta.url));
 const files = readdirSync(dir).filter((f) => f.endsWith('.test.ts')).sort();
 const source = (f) => readFileSync(`${dir}/${f}`, 'utf8');
+const byList = (list) => (a, b) => ((list.indexOf(a.replace('.test.ts', '')) + 1) || list.length + 1) - ((list.indexOf(b.replace('.test.ts', '')) + 1) || list.length + 1);
 const first = LONGEST.map((n) => `${n}.test.ts`).filter((f) => files.includes(f));
 const rest = files.filter((f) => !first.includes(f));
-const rank = (f) => (HOLDS_ALL_LONGEST.indexOf(f.replace('.test.ts', '')) + 1) || HOLDS_ALL_LONGEST.length + 1;
-const holdsAll = rest.filter((f) => /suiteSlots\.holdAll\(/.test(source(f))).sort((a, b) => rank(a) - rank(b));
-// Starts no process of its own: no launch helper, no child_process.
-const startsNone = (f) => !/helpers\/(pool|world|cli|launch_cli|ckpt_runs|pipeline_runs|rss|hosts)\.js|node:child_process/.test(source(f));
-const quiet = rest.filter((f) => !holdsAll.includes(f) && startsNone(f));
+const holdsAll = rest.filter((f) => /suiteSlots\.holdAll\(/.test(source(f))).sort(byList(HOLDS_ALL_LONGEST));
+// Takes no launch slot: no launch helper (PyTorch oracles and other child processes are not launches).
+const takesNoSlot = (f) => !/helpers\/(pool|world|cli|launch_cli|ckpt_runs|pipeline_runs|rss|hosts)\.js/.test(source(f)) && !/^await import\(/m.test(source(f));
+const fillers = rest.filter((f) => !holdsAll.includes(f) && takesNoSlot(f)).sort(byList(FILLERS_LONGEST));
+// Dealt to the waiting files in turn, the longest first, so each has some beside it.
+const dealt = holdsAll.map(() => []);
+fillers.forEach((f, i) => dealt[i % Math.max(1, holdsAll.length)].push(f));
 const order = [...first];
-for (const f of holdsAll) order.push(f, ...quiet.splice(0, 2));
-order.push(...quiet, ...rest.filter((f) => !order.includes(f) && !quiet.includes(f)));
+holdsAll.forEach((f, i) => order.push(f, ...dealt[i]));
+if (holdsAll.length === 0) order.push(...fillers);
+order.push(...rest.filter((f) => !order.includes(f)));
 process.stdout.write(`${order.map((f) => `test/${f}`).join('\n')}\n`);

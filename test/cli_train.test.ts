@@ -4,12 +4,14 @@
 // two at a time (test/helpers/pool.ts); each test awaits its own.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { existsSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import type { ChildProcess } from 'node:child_process';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { readMetrics } from '../src/train/metrics.js';
 import { flotilla as flotillaNow } from './helpers/cli.js';
 import { pool, started } from './helpers/pool.js';
+import { processTree } from '../src/launch/heartbeat.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'flotilla-cli-'));
 
@@ -37,10 +39,40 @@ every = 5
 `);
 
 const queue = pool();
-const flotilla = (args: string[]): ReturnType<typeof flotillaNow> => started(queue(() => flotillaNow(args)));
+const flotilla = (args: string[], onStart?: (c: ChildProcess) => void): ReturnType<typeof flotillaNow> => started(queue(() => flotillaNow(args, { onStart })));
+
+const mapsLibtorch = (pid: number): boolean => {
+  try {
+    return readFileSync(`/proc/${pid}/maps`, 'utf8').includes('libtorch_cpu');
+  } catch {
+    return false;
+  }
+};
+/**
+ * Whether the launcher process had libtorch loaded once a rank had: the launcher only starts and
+ * watches ranks, and loading the addon would cost it a second of CPU (undefined: no rank was seen
+ * with it loaded).
+ */
+function launcherLoadsLibtorch(c: ChildProcess): Promise<boolean | undefined> {
+  return new Promise((res) => {
+    const timer = setInterval(() => {
+      if (processTree(c.pid!).slice(1).some(mapsLibtorch)) {
+        clearInterval(timer);
+        res(mapsLibtorch(c.pid!));
+      }
+    }, 20);
+    c.on('exit', () => {
+      clearInterval(timer);
+      res(undefined);
+    });
+  });
+}
+let launcherMapped: Promise<boolean | undefined> | undefined;
 
 const single = flotilla(['train', config, `--train.runDir=${join(dir, 'single')}`]);
-const dp2 = [1, 2].map((mb) => [mb, flotilla(['train', config, '--nproc', '2', `--train.runDir=${join(dir, `dp2-mb${mb}`)}`, `--data.microBatches=${mb}`])] as const);
+const dp2 = [1, 2].map((mb) => [mb, flotilla(['train', config, '--nproc', '2', `--train.runDir=${join(dir, `dp2-mb${mb}`)}`, `--data.microBatches=${mb}`], (c) => {
+  if (mb === 1) launcherMapped = launcherLoadsLibtorch(c);
+})] as const);
 const tinyArgs = ['train', 'examples/gpt-tiny.toml', '--train.steps=4', '--train.evalEvery=2'];
 const tinyOne = flotilla([...tinyArgs, `--train.runDir=${join(dir, 'tiny-one')}`]);
 const tinyPp2 = flotilla([...tinyArgs, '--nproc', '2', '--parallel.pp=2', `--train.runDir=${join(dir, 'tiny-pp2')}`]);
@@ -91,6 +123,7 @@ test('flotilla train --nproc 2 trains exactly like one process (data parallel, w
     assert.match(r.out, /\[rank 0\] \[mesh\] data parallel 2, accumulate reduceLast/);
     assert.match(r.out, /\[rank 0\] \[parallelize\] \d+ bucket\(s\)/);
     assert.doesNotMatch(r.out, /\[rank 1\] \[/, 'only rank 0 prints progress');
+    if (mb === 1) assert.equal(await launcherMapped, false, 'the launcher process never loads libtorch (only its ranks do)');
     const m = readMetrics(join(runDir, 'metrics.jsonl'));
     assert.equal(m.length, 20);
     m.forEach((row, i) => {

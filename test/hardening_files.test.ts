@@ -11,7 +11,7 @@ import {
   MAX_TENSORS, decodeSafetensors, encodeSafetensors, loadSafetensorsWithMetadata, readSafetensorsHeader, saveSafetensors, saveSafetensorsAsync,
 } from '../src/checkpoint/safetensors.js';
 import { ConfigError, parseConfig } from '../src/config/index.js';
-import { prepareRunDir, runDirProblem } from '../src/train/run_record.js';
+import { prepareRunDir, runDirProblem } from '../src/train/run_dir.js';
 import { train } from '../src/train/trainer.js';
 import * as T from '../src/tensor/index.js';
 import { runnableScript } from './helpers/compiled.js';

@@ -8,7 +8,7 @@ import { parse as parseToml } from 'smol-toml';
 import {
   ConfigError, checkRunnable, configSchema, configToToml, defaultConfig, loadConfig, parseConfig, parseOverrides,
 } from '../src/config/index.js';
-import { runDirOf } from '../src/train/run_record.js';
+import { runDirOf } from '../src/train/run_dir.js';
 
 test('every field has a doc line and a default, and the defaults validate', () => {
   for (const [section, spec] of Object.entries(configSchema)) {

@@ -9,14 +9,15 @@ import { hostname, tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { once } from 'node:events';
 import { ConfigError, parseConfig } from '../src/config/index.js';
-import { LOCK_FILE, RunRecord, lockRunDir, runDirProblem } from '../src/train/run_record.js';
+import { RunRecord } from '../src/train/run_record.js';
+import { LOCK_FILE, lockRunDir, runDirProblem } from '../src/train/run_dir.js';
 
 const root = mkdtempSync(join(tmpdir(), 'flotilla-lock-'));
 const BIN = resolve('bin/flotilla.js');
 
 /** A process that holds `dir`'s lock until killed; resolves once it holds it. */
 async function holder(dir: string): Promise<ChildProcess> {
-  const code = `import { lockRunDir } from ${JSON.stringify(resolve('src/train/run_record.ts'))}; lockRunDir(${JSON.stringify(dir)}); console.log('held'); setInterval(() => {}, 1000);`;
+  const code = `import { lockRunDir } from ${JSON.stringify(resolve('src/train/run_dir.ts'))}; lockRunDir(${JSON.stringify(dir)}); console.log('held'); setInterval(() => {}, 1000);`;
   const child = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', code], { stdio: ['ignore', 'pipe', 'inherit'] });
   const [chunk] = (await once(child.stdout!, 'data')) as [Buffer];
   assert.match(chunk.toString(), /held/);

@@ -130,8 +130,8 @@ async function trainCommand(args: readonly string[]): Promise<number> {
   if (!inWorld && (hosts === undefined || (hosts.nodeRank === 0 && !hosts.masterAddr?.includes(',')))) {
     // Before any rank starts: an earlier run's directory is refused once, here (rank 0 checks again).
     // Resuming continues an existing run directory; a checkpoint PATH may also start a new one.
-    // The run record and the checkpoint format load no tensor code: the launcher never loads the addon.
-    const { resumeTarget, runDirOf, runDirProblem } = await import('../train/run_record.js');
+    // The run directory and the checkpoint format load no tensor code: the launcher never loads the addon.
+    const { resumeTarget, runDirOf, runDirProblem } = await import('../train/run_dir.js');
     const problem = runDirProblem(cfg, { resume: a.resume !== undefined && existsSync(runDirOf(cfg)) });
     if (problem !== undefined) throw new ConfigError([problem], a.config);
     if (a.resume !== undefined) {

@@ -9,7 +9,7 @@ import { Checkpointer, removeInterruptedSaves, loadCheckpoint, loadWeights, type
 import { CheckpointError, type CheckpointMeta } from '../checkpoint/format.js';
 import { initFromHf, isHfDir } from '../checkpoint/hf.js';
 import type { FlotillaConfig } from '../config/schema.js';
-import { checkpointDirOf, resumeTarget } from './run_record.js';
+import { checkpointDirOf, resumeTarget } from './run_dir.js';
 import { gatherNewest } from '../checkpoint/replicas.js';
 import { regroupAsked } from '../distributed/launcher_channel.js';
 
