@@ -398,6 +398,7 @@ export const zero3PlanAxis: PlanAxis = {
     if (shard === 1) return;
     const passes = ctx.reshardAfterForward ? 2 : 1;
     const cross = crossesHosts(axisStride(l, 'dpShard'), shard, ctx.ranksPerHost);
-    b.comm.push({ what: 'ZeRO-3 unit all-gathers', op: 'allGather', group: shard, bytes: gathered * P, times: passes * l.microBatches, overlaps: 'backward', crossHost: cross });
+    // One gather per wrapping unit (each block, and the root's parameters outside them).
+    b.comm.push({ what: 'ZeRO-3 unit all-gathers', op: 'allGather', group: shard, bytes: gathered * P, times: passes * l.microBatches, calls: b.blocks + 1, zero3Unit: true, overlaps: 'backward', crossHost: cross });
   },
 };

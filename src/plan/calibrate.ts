@@ -8,7 +8,8 @@
 //     backend the config uses, with every rank busy (calibrate_comm.ts through `flotilla run`);
 //   - baseline: what a rank holds before any model state (Node, libtorch, the data, the collective
 //     runtime) and the loop's own cost per step, from a real `flotilla train` of a 1-block model
-//     of width 32 on the same ranks and data (measure.ts).
+//     of width 32 on the same ranks and data (measure.ts), and what ZeRO-3 adds per unit and call
+//     (the same model trained under ZeRO-3).
 // Every entry is keyed by what it depends on (the model's and data's config, threads, ranks,
 // backend, the machine's CPU and the code that measures), so a change of any is a new measurement.
 import { createHash } from 'node:crypto';
@@ -22,6 +23,8 @@ import { measureLayout, planScript } from './measure.js';
 import { commandFor } from '../launch/launcher.js';
 import type { Collective } from './terms.js';
 import { cacheDir } from '../io/cache_dir.js';
+import { loadConfig } from '../config/index.js';
+import { modelFacts } from './facts.js';
 
 /** The planner's cache directory, or undefined when FLOTILLA_CACHE_DIR=off. */
 export function planCacheDir(env: NodeJS.ProcessEnv = process.env): string | undefined {
@@ -192,6 +195,14 @@ export interface Baseline {
   startupBytes: number;
   /** The loop's own time per step (ms), with a model too small to matter. */
   stepMs: number;
+  /**
+   * What ZeRO-3 costs per wrapping unit and call (a gather, or a gradient reduce-scatter) beyond
+   * the collective's own time: the tiny model's step under ZeRO-3 less its step under data
+   * parallelism, over its calls (ms; 0 on one rank).
+   */
+  zero3CallMs: number;
+  /** And what it costs per MiB of the unit's parameters (ms), from a 1-block model of the config's width. */
+  zero3MsPerMiB: number;
 }
 
 /**
@@ -215,6 +226,23 @@ export function calibrateBaseline(config: string, cfg: FlotillaConfig, overrides
     const kept = /(\d+) MiB of it is freed tensor memory the cache keeps/.exec(m.output);
     const startupBytes = Math.max(...m.peakMiB) * 2 ** 20;
     const bytes = (resident ? Number(resident[1]) * 2 ** 20 : startupBytes) - (kept ? Number(kept[1]) * 2 ** 20 : 0) - 16 * tinyParams;
-    return { bytes, startupBytes, stepMs: m.stepMs };
+    // ZeRO-3's own cost per unit call: the same model under ZeRO-3 (2 units, the block and the
+    // root, each gathered for the forward, again for the backward when resharded, and its
+    // gradients reduce-scattered), against data parallelism, gives the cost of a call; a 1-block
+    // model of the config's width under both gives what it adds per byte of a unit.
+    let zero3CallMs = 0, zero3MsPerMiB = 0;
+    if (nproc > 1) {
+      log(`[plan] measuring what ZeRO-3 costs per unit with 1-block models (once, cached)`);
+      const z3 = ['--parallel.zero=3', '--parallel.dpShard=-1'];
+      const calls = 2 * ((cfg.parallel.reshardAfterForward ? 2 : 1) + 1);
+      const z = await measureLayout(config, [...overrides, ...tiny, ...z3], nproc, { steps: 5 });
+      zero3CallMs = Math.max(0, (z.stepMs - m.stepMs) / calls);
+      const wide = tiny.filter((o) => !/^--model\.(nEmbd|nHead)=/.test(o));
+      const [dpWide, z3Wide] = [await measureLayout(config, [...overrides, ...wide], nproc, { steps: 5 }), await measureLayout(config, [...overrides, ...wide, ...z3], nproc, { steps: 5 })];
+      const wideParams = modelFacts(loadConfig(config, [...overrides, ...wide])).numParams;
+      const perPass = (cfg.parallel.reshardAfterForward ? 2 : 1) + 1;
+      zero3MsPerMiB = Math.max(0, (z3Wide.stepMs - dpWide.stepMs - calls * zero3CallMs) / ((perPass * 4 * wideParams) / 2 ** 20));
+    }
+    return { bytes, startupBytes, stepMs: m.stepMs, zero3CallMs, zero3MsPerMiB };
   });
 }

@@ -10,7 +10,9 @@
 // without one; plus the collectives' times from the table (hidden behind backward only when this
 // host has a core left over for them: on a host whose cores all compute, a collective takes a core
 // from the step); plus the optimizer and gradient-norm pass over the parameters this rank updates;
-// plus the loop's own cost per step. The compute times were measured with as many processes
+// plus the loop's own cost per step. A collective issued in pieces (buckets, ZeRO-3 units) pays each
+// piece's latency, and each ZeRO-3 unit call also its measured bookkeeping (calibrate.ts, baseline).
+// The compute times were measured with as many processes
 // running at once as the host runs ranks, so ranks that outnumber the cores are in them.
 import { cpus } from 'node:os';
 import { buildSchedule, simulate } from '../parallel/pipeline/schedule.js';
@@ -88,7 +90,8 @@ export function predict(cfg: FlotillaConfig, layout: PlanLayout, facts: ModelFac
     let hideable = 0;
     for (const op of b.comm) {
       if (op.crossHost) unmeasured.add(`${op.op} over ${op.group} ranks across hosts (${op.what})`);
-      const t = commMs(m.comm, op.op, op.group, op.bytes) * op.times;
+      const calls = op.calls ?? 1;
+      const t = (calls * commMs(m.comm, op.op, op.group, op.bytes / calls) + (op.zero3Unit ? calls * m.baseline.zero3CallMs + (m.baseline.zero3MsPerMiB * op.bytes) / 2 ** 20 : 0)) * op.times;
       c += t;
       if (op.overlaps === 'backward' && spare) hideable += t;
     }

@@ -60,6 +60,10 @@ export interface CommOp {
   bytes: number;
   /** Calls per step. */
   times: number;
+  /** Each call is issued as this many collectives of bytes / calls each (gradient buckets, ZeRO-3 units); default 1. */
+  calls?: number;
+  /** ZeRO-3's own work per unit collective (gathering into and freeing the unit's parameters), priced from the baseline's measurement. */
+  zero3Unit?: boolean;
   /** What it can hide behind: the backward pass (gradient buckets, ZeRO-3 prefetch), or nothing. */
   overlaps: 'backward' | 'forward' | 'none';
   /** The group spans hosts (measured apart, when it could be). */
