@@ -132,7 +132,7 @@ function render(): string {
     const within = (xs: number[], b: number) => xs.filter((e) => e <= b).length;
     out.push('', `Memory within 10%: ${within(mem, 10)} of ${mem.length} (largest error ${Math.max(...mem).toFixed(0)}%); step time within 15%: ${within(time, 15)} of ${time.length} (largest ${Math.max(...time).toFixed(0)}%, median ${[...time].sort((a, b) => a - b)[Math.floor(time.length / 2)]!.toFixed(0)}%).`,
       `Ranked first: ${r.rankedFirst}; fastest measured: ${r.fastest}; the first's measured step is ${r.firstVsFastest.toFixed(0)}% slower than the fastest.`,
-      ...(r.load ? [`The machine's 1-minute load average when each layout started: ${Math.min(...r.load).toFixed(0)} to ${Math.max(...r.load).toFixed(0)} on ${cpus().length} cores (other work shared it).`] : []), '');
+      ...(r.load ? [`The machine's 1-minute load average when each layout started: ${Math.min(...r.load).toFixed(0)} to ${Math.max(...r.load).toFixed(0)} on ${cpus().length} cores (the run's own ranks count in it).`] : []), '');
   }
   return out.join('\n');
 }
