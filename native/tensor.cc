@@ -476,6 +476,11 @@ struct MappedAllocator final : public c10::Allocator {
     if (nbytes == 0) return {nullptr, nullptr, &UnmapRegion, cpu};
     void* addr = mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     TORCH_CHECK(addr != MAP_FAILED, "emptyMapped: mmap of ", nbytes, " bytes failed: ", std::strerror(errno));
+    // Transparent huge pages where the kernel offers them on request: a region is mapped and unmapped
+    // around every use (a gradient bucket, a collective's staging), and with 4 KiB pages each use paid
+    // a fault and a page-table entry per page (half a second a step for a 25M-parameter ZeRO-2 model
+    // in a virtual machine). Advice only: without THP the region still works with small pages.
+    if (nbytes >= (2u << 20)) madvise(addr, nbytes, MADV_HUGEPAGE);
     return {addr, new MappedRegion{addr, nbytes}, &UnmapRegion, cpu};
   }
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
