@@ -11,10 +11,12 @@
 //     of width 32 on the same ranks and data (measure.ts), and what ZeRO-3 adds per unit and call
 //     (the same model trained under ZeRO-3).
 // Every entry is keyed by what it depends on (the model's and data's config, threads, ranks,
-// backend, the machine's CPU and the code that measures), so a change of any is a new measurement.
+// backend, the machine's CPU, the addon's build and the code that measures), so a change of any is a
+// new measurement.
 import { createHash } from 'node:crypto';
 import { execFile } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
 import { cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { FlotillaConfig } from '../config/schema.js';
@@ -32,7 +34,17 @@ export function planCacheDir(env: NodeJS.ProcessEnv = process.env): string | und
 }
 
 const digest = (x: unknown): string => createHash('sha256').update(JSON.stringify(x)).digest('hex').slice(0, 16);
-const machine = (): string => `${cpus()[0]?.model ?? '?'} x${cpus().length}`;
+// The addon's build is part of the machine: its kernels and allocator set what every step costs.
+const ADDON = fileURLToPath(new URL('../../native/build/Release/flotilla.node', import.meta.url));
+function addonStamp(): string {
+  try {
+    const s = statSync(ADDON);
+    return `${s.size}:${s.mtimeMs}`;
+  } catch {
+    return '?';
+  }
+}
+const machine = (): string => `${cpus()[0]?.model ?? '?'} x${cpus().length} addon ${addonStamp()}`;
 function codeOf(name: string): string {
   try {
     return digest(readFileSync(planScript(name), 'utf8'));
