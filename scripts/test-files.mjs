@@ -42,11 +42,9 @@ const holdsAll = rest.filter((f) => /suiteSlots\.holdAll\(/.test(source(f))).sor
 // Takes no launch slot: no launch helper (PyTorch oracles and other child processes are not launches).
 const takesNoSlot = (f) => !/helpers\/(pool|world|cli|launch_cli|ckpt_runs|pipeline_runs|rss|hosts)\.js/.test(source(f)) && !/^await import\(/m.test(source(f));
 const fillers = rest.filter((f) => !holdsAll.includes(f) && takesNoSlot(f)).sort(byList(FILLERS_LONGEST));
-// Dealt to the waiting files in turn, the longest first, so each has some beside it.
-const dealt = holdsAll.map(() => []);
-fillers.forEach((f, i) => dealt[i % Math.max(1, holdsAll.length)].push(f));
+// Dealt to the waiting files in turn, the longest first, so each has some beside it (with no
+// waiting file they join the rest).
 const order = [...first];
-holdsAll.forEach((f, i) => order.push(f, ...dealt[i]));
-if (holdsAll.length === 0) order.push(...fillers);
+holdsAll.forEach((f, i) => order.push(f, ...fillers.filter((_, k) => k % holdsAll.length === i)));
 order.push(...rest.filter((f) => !order.includes(f)));
 process.stdout.write(`${order.map((f) => `test/${f}`).join('\n')}\n`);

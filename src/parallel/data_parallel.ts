@@ -668,14 +668,15 @@ export const dataParallelPlanAxis: PlanAxis = {
     const cross = crossesHosts(stride, group, ctx.ranksPerHost);
     const each = resolveAccumulate(l.zero, ctx.accumulate, { pipeline: l.pp > 1 }) === 'reduceEach' ? l.microBatches : 1;
     const overlaps = ctx.overlap ? 'backward' : 'none';
+    const buckets = Math.max(1, Math.ceil((elem * P) / bucket));
     if (l.zero === 0) {
-      b.comm.push({ what: 'gradient all-reduce', op: 'allReduce', group, bytes: elem * P, times: each, calls: Math.max(1, Math.ceil((elem * P) / bucket)), overlaps, crossHost: cross });
+      b.comm.push({ what: 'gradient all-reduce', op: 'allReduce', group, bytes: elem * P, times: each, calls: buckets, overlaps, crossHost: cross });
       return;
     }
     const sg = shard, rg = group / shard;
     const shardCross = crossesHosts(stride, sg, ctx.ranksPerHost);
     // Per bucket; under ZeRO-3 a bucket is a unit (each block, and the root).
-    const pieces = l.zero === 3 ? { calls: b.blocks + 1, zero3Unit: true } : { calls: Math.max(1, Math.ceil((elem * P) / bucket)) };
+    const pieces = l.zero === 3 ? { calls: b.blocks + 1, zero3Unit: true } : { calls: buckets };
     b.comm.push({ what: 'gradient reduce-scatter', op: 'reduceScatter', group: sg, bytes: elem * P, times: each, ...pieces, overlaps, crossHost: shardCross });
     if (rg > 1) b.comm.push({ what: 'gradient all-reduce across replicas', op: 'allReduce', group: rg, bytes: elem * P / sg, times: 1, overlaps: 'none', crossHost: crossesHosts(axisStride(l, 'dpReplicate'), rg, ctx.ranksPerHost) });
     b.memory.commBuffers += bucket / sg; // the reduce-scatter's received shard of the bucket in flight

@@ -226,7 +226,8 @@ export interface Baseline {
 export function calibrateBaseline(config: string, cfg: FlotillaConfig, overrides: readonly string[], nproc: number, log: (l: string) => void): Promise<Baseline> {
   const tiny = ['--model.nLayer=1', '--model.nEmbd=32', '--model.nHead=1', '--moe.experts=0', '--parallel.dp=-1', '--parallel.zero=0', '--parallel.dpShard=-1', '--parallel.dpReplicate=1', '--parallel.pp=1', '--parallel.tp=1', '--parallel.cp=1', '--parallel.ep=1',
     '--parallel.sequenceParallel=false', '--parallel.lossParallel=false', '--parallel.auto=false', '--data.microBatches=1', '--train.activationCheckpoint=none', '--train.precision=fp32', '--parallel.accumulate=auto'];
-  const key = { data: cfg.data, vocab: cfg.model.vocabSize, backend: cfg.parallel.backend, nproc, threads: cfg.train.threads, machine: machine(), code: [codeOf('measure'), codeOf('calibrate')] };
+  // The model and resharding too: ZeRO-3's cost per MiB is measured at the config's width.
+  const key = { data: cfg.data, model: cfg.model, reshard: cfg.parallel.reshardAfterForward, backend: cfg.parallel.backend, nproc, threads: cfg.train.threads, machine: machine(), code: [codeOf('measure'), codeOf('calibrate')] };
   return cached('baseline', key, async () => {
     log(`[plan] measuring a rank's baseline with a 1-block model on ${nproc} rank(s) (once, cached)`);
     const m = await measureLayout(config, [...overrides, ...tiny], nproc, { steps: 5, progress: true });
@@ -246,14 +247,14 @@ export function calibrateBaseline(config: string, cfg: FlotillaConfig, overrides
     if (nproc > 1) {
       log(`[plan] measuring what ZeRO-3 costs per unit with 1-block models (once, cached)`);
       const z3 = ['--parallel.zero=3', '--parallel.dpShard=-1'];
-      const calls = 2 * ((cfg.parallel.reshardAfterForward ? 2 : 1) + 1);
+      const perUnit = (cfg.parallel.reshardAfterForward ? 2 : 1) + 1; // gathers and the reduce-scatter of one unit
+      const calls = 2 * perUnit;
       const z = await measureLayout(config, [...overrides, ...tiny, ...z3], nproc, { steps: 5 });
       zero3CallMs = Math.max(0, (z.stepMs - m.stepMs) / calls);
       const wide = tiny.filter((o) => !/^--model\.(nEmbd|nHead)=/.test(o));
       const [dpWide, z3Wide] = [await measureLayout(config, [...overrides, ...wide], nproc, { steps: 5 }), await measureLayout(config, [...overrides, ...wide, ...z3], nproc, { steps: 5 })];
       const wideParams = modelFacts(loadConfig(config, [...overrides, ...wide])).numParams;
-      const perPass = (cfg.parallel.reshardAfterForward ? 2 : 1) + 1;
-      zero3MsPerMiB = Math.max(0, (z3Wide.stepMs - dpWide.stepMs - calls * zero3CallMs) / ((perPass * 4 * wideParams) / 2 ** 20));
+      zero3MsPerMiB = Math.max(0, (z3Wide.stepMs - dpWide.stepMs - calls * zero3CallMs) / ((perUnit * 4 * wideParams) / 2 ** 20));
     }
     return { bytes, startupBytes, stepMs: m.stepMs, zero3CallMs, zero3MsPerMiB };
   });

@@ -91,7 +91,8 @@ export function predict(cfg: FlotillaConfig, layout: PlanLayout, facts: ModelFac
     for (const op of b.comm) {
       if (op.crossHost) unmeasured.add(`${op.op} over ${op.group} ranks across hosts (${op.what})`);
       const calls = op.calls ?? 1;
-      const t = (calls * commMs(m.comm, op.op, op.group, op.bytes / calls) + (op.zero3Unit ? calls * m.baseline.zero3CallMs + (m.baseline.zero3MsPerMiB * op.bytes) / 2 ** 20 : 0)) * op.times;
+      const zero3Own = op.zero3Unit ? calls * m.baseline.zero3CallMs + (m.baseline.zero3MsPerMiB * op.bytes) / 2 ** 20 : 0;
+      const t = (calls * commMs(m.comm, op.op, op.group, op.bytes / calls) + zero3Own) * op.times;
       c += t;
       if (op.overlaps === 'backward' && spare) hideable += t;
     }
