@@ -30,16 +30,21 @@ const concurrency = options.some((o) => o.startsWith('--test-concurrency')) ? []
 // node --test starts its files sorted by path, whatever order they are given in: each file is
 // started through a one-line module named by its place in the order (001-pipeline_train.test.mjs)
 // that imports it.
-// FLOTILLA_TEST_TIMELINE=FILE appends, per test file, "start"/"end" lines with a time in ms, to see
-// which files ran beside which (the order above is chosen from that and from CPU time).
+// FLOTILLA_TEST_TIMELINE=FILE appends, per test file, "start"/"end" lines with a time in ms and the
+// file's process id, to see which files ran beside which and (with process accounting) which
+// processes each file started (the order above is chosen from that and from CPU time). The start
+// line is written by a module of its own imported first: imports are evaluated in order, so it runs
+// before the test file's own top-level code (which may wait for launch slots).
+const orderDir = mkdtempSync(join(tmpdir(), 'flotilla-test-order-'));
 function timeline(name: string): string {
   const out = process.env.FLOTILLA_TEST_TIMELINE;
   if (!out) return '';
   const line = (what: string): string =>
-    `appendFileSync(${JSON.stringify(out)}, \`\${Date.now()} ${what} ${name}\\n\`);`;
-  return `import { appendFileSync } from 'node:fs';\n${line('start')}\nprocess.on('exit', () => { ${line('end')} });\n`;
+    `appendFileSync(${JSON.stringify(out)}, \`\${Date.now()} ${what} ${name} \${process.pid}\\n\`);`;
+  const module = `timeline-${name}`;
+  writeFileSync(join(orderDir, module), `import { appendFileSync } from 'node:fs';\n${line('start')}\nprocess.on('exit', () => { ${line('end')} });\n`);
+  return `import ${JSON.stringify(`./${module}`)};\n`;
 }
-const orderDir = mkdtempSync(join(tmpdir(), 'flotilla-test-order-'));
 const ordered = files.map((f, i) => {
   const name = `${String(i + 1).padStart(3, '0')}-${basename(f).replace(/-[0-9a-f]{16}\.mjs$/, '.mjs').replace(/\.ts$/, '.mts')}`;
   writeFileSync(join(orderDir, name), `${timeline(name)}import ${JSON.stringify(pathToFileURL(resolve(ROOT, f)).href)};\n`);
