@@ -9,7 +9,7 @@
 // Writes its section of docs/BENCHMARKS.md (between <!-- precision:begin --> and <!-- precision:end -->).
 import { spawn } from 'node:child_process';
 import os from 'node:os';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -23,6 +23,7 @@ import { saveSafetensors } from '../src/checkpoint/safetensors.js';
 import { autocast, type Precision } from '../src/nn/precision.js';
 import { withActivationCheckpoint, type ActivationCheckpoint } from '../src/nn/checkpoint.js';
 import { withoutAllocatorSettings } from '../src/tensor/allocator.js';
+import { procStatusBytes } from '../src/io/proc_status.js';
 import { PythonPeer, median, writeSection } from './report.js';
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
@@ -53,9 +54,9 @@ function peakMiB(o: object): Promise<number> {
     const c = spawn(process.execPath, ['--import', 'tsx', join(ROOT, 'bench', 'precision_child.ts'), JSON.stringify(o)], { cwd: ROOT, stdio: ['pipe', 'pipe', 'inherit'], env: withoutAllocatorSettings(process.env) }); // the default allocator, whatever this process runs with
     c.stdout.on('data', (d: Buffer) => {
       if (!d.toString().includes('done')) return;
-      const m = /VmHWM:\s+(\d+) kB/.exec(readFileSync(`/proc/${c.pid}/status`, 'utf8'));
+      const hwm = procStatusBytes(c.pid!)!.VmHWM!;
       c.stdin.end();
-      resolve(Number(m![1]) / 1024);
+      resolve(hwm / 2 ** 20);
     });
     c.on('exit', (code) => { if (code !== 0) reject(new Error(`memory child exited ${code}`)); });
   });

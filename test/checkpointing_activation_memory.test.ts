@@ -9,7 +9,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { procStatusBytes } from '../src/io/proc_status.js';
 import { REPO_ROOT } from './helpers/world.js';
 import { withoutAllocatorSettings } from '../src/tensor/allocator.js';
 
@@ -21,9 +21,9 @@ function peakMiB(o: object): Promise<number> {
     c.stderr.on('data', (d: Buffer) => (err += d.toString()));
     c.stdout.on('data', (d: Buffer) => {
       if (!d.toString().includes('done')) return;
-      const m = /VmHWM:\s+(\d+) kB/.exec(readFileSync(`/proc/${c.pid}/status`, 'utf8'));
+      const hwm = procStatusBytes(c.pid!)!.VmHWM!;
       c.stdin.end();
-      resolve(Number(m![1]) / 1024);
+      resolve(hwm / 2 ** 20);
     });
     c.on('exit', (code) => { if (code !== 0) reject(new Error(`child exited ${code}: ${err}`)); });
   });

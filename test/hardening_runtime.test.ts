@@ -11,6 +11,7 @@ import { runWorld, parseResults, describeWorld, scriptCommand, isAlive, assertMp
 import { frame, storeProof, Op, Status } from '../src/distributed/store_server.js';
 import { loopbackNamespace } from '../src/launch/mpirun.js';
 import { suiteSlots } from './helpers/pool.js';
+import { procStatusBytes } from '../src/io/proc_status.js';
 import { runnableScript } from './helpers/compiled.js';
 
 // Worlds here time out in seconds: no other file's launch runs beside this file (test/helpers/pool.ts).
@@ -205,8 +206,7 @@ class RawClient {
 }
 
 function rssBytes(pid: number): number {
-  const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
-  return Number(m![1]) * 1024;
+  return procStatusBytes(pid)!.VmRSS!;
 }
 
 test('the store admits only holders of the job secret: a foreign client cannot join or read, and its oversized request allocates nothing', async () => {

@@ -1,7 +1,7 @@
 // Memory accounting of the data-parallel wrappers: the bytes a rank holds for parameters,
 // gradients and optimizer state (resident storage, so freed ZeRO buckets count zero), and the
 // step's peak, sampled whenever a bucket is allocated or freed.
-import { readFileSync } from 'node:fs';
+import { procStatusBytes } from '../io/proc_status.js';
 import { isAllocated } from './grad_buffer.js';
 import type { Bucket } from './grad_buffer.js';
 import type { Tensor } from '../tensor/index.js';
@@ -58,13 +58,7 @@ export class MemoryMeter {
  * runtime (Node, libtorch). Undefined where /proc is not available.
  */
 export function processMemory(): { rssBytes: number; peakBytes: number } | undefined {
-  let status: string;
-  try {
-    status = readFileSync('/proc/self/status', 'utf8');
-  } catch {
-    return undefined;
-  }
-  const kb = (field: string) => Number(new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(status)?.[1] ?? NaN) * 1024;
-  const rssBytes = kb('VmRSS'), peakBytes = kb('VmHWM');
-  return Number.isFinite(rssBytes) && Number.isFinite(peakBytes) ? { rssBytes, peakBytes } : undefined;
+  const s = procStatusBytes();
+  const rssBytes = s?.VmRSS, peakBytes = s?.VmHWM;
+  return rssBytes !== undefined && peakBytes !== undefined ? { rssBytes, peakBytes } : undefined;
 }

@@ -14,6 +14,7 @@ import { autocast } from '../nn/precision.js';
 import { withActivationCheckpoint } from '../nn/checkpoint.js';
 import { AdamW } from '../optim/index.js';
 import { modelSpec } from '../models/registry.js';
+import { procStatusBytes } from '../io/proc_status.js';
 import { modelConfigOf, type FlotillaConfig } from '../config/schema.js';
 
 export interface CalibrationPoint {
@@ -37,8 +38,7 @@ export interface ModelCalibrationOut {
 }
 
 function status(field: string): number {
-  const m = new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(readFileSync('/proc/self/status', 'utf8'));
-  return m ? Number(m[1]) * 1024 : NaN;
+  return procStatusBytes()?.[field] ?? NaN;
 }
 function resetPeak(): boolean {
   try {

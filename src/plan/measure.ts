@@ -9,6 +9,7 @@ import { tmpdir } from 'node:os';
 import { join, extname } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { readMetrics } from '../train/metrics.js';
+import { procStatusBytes } from '../io/proc_status.js';
 import { commandFor } from '../launch/launcher.js';
 import { processTree } from '../launch/heartbeat.js';
 
@@ -42,12 +43,8 @@ function rankOf(pid: number): number | undefined {
 }
 
 function hwm(pid: number): number | undefined {
-  try {
-    const m = /VmHWM:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
-    return m ? (Number(m[1]) * 1024) / MiB : undefined;
-  } catch {
-    return undefined;
-  }
+  const bytes = procStatusBytes(pid)?.VmHWM;
+  return bytes === undefined ? undefined : bytes / MiB;
 }
 
 /**

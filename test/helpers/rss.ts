@@ -3,7 +3,7 @@
 // /proc/<pid>/status while it runs, and reads its VmHWM (the kernel's high-water mark of resident
 // memory) once the run is over and before the rank exits. Used by test/memory_zero_rss.test.ts and
 // bench/zero_rss.ts. Linux only.
-import { readFileSync } from 'node:fs';
+import { procStatusBytes } from '../../src/io/proc_status.js';
 import type { ChildProcess } from 'node:child_process';
 import { runWorld } from './world.js';
 
@@ -24,13 +24,10 @@ export interface RankRss {
 
 const MiB = 2 ** 20;
 
+/** A field of /proc/<pid>/status in MiB; undefined once the process has exited. */
 function statusField(pid: number, field: string): number | undefined {
-  try {
-    const m = new RegExp(`${field}:\\s+(\\d+) kB`).exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
-    return m ? Number(m[1]) / 1024 : undefined;
-  } catch {
-    return undefined; // exited
-  }
+  const bytes = procStatusBytes(pid)?.[field];
+  return bytes === undefined ? undefined : bytes / MiB;
 }
 
 /** Trains on `nproc` ranks with `overrides` (--section.field=value) and returns each rank's memory. */
