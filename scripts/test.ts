@@ -53,9 +53,15 @@ const ordered = files.map((f, i) => {
 // The run's own cache of tokenized text (src/data/token_cache.ts): shared by its files, so the demo
 // corpus is tokenized once a run, and new each run, so no earlier run's ids are read.
 const cacheDir = mkdtempSync(join(tmpdir(), 'flotilla-test-cache-'));
+// The run's temporary directory (TMPDIR for every test process and what they start): the files'
+// run directories, checkpoints and worlds' stores, a few hundred MiB a run, are removed with it when
+// the run passes, and kept for a look when it fails.
+const runTmp = mkdtempSync(join(tmpdir(), 'flotilla-test-run-'));
 const r = spawnSync(process.execPath, [...loader, '--test', ...concurrency, ...options, ...ordered], {
-  cwd: ROOT, stdio: 'inherit', env: { ...process.env, FLOTILLA_CACHE_DIR: cacheDir },
+  cwd: ROOT, stdio: 'inherit', env: { ...process.env, FLOTILLA_CACHE_DIR: cacheDir, TMPDIR: runTmp },
 });
 rmSync(cacheDir, { recursive: true, force: true });
 rmSync(orderDir, { recursive: true, force: true });
+if (r.status === 0) rmSync(runTmp, { recursive: true, force: true });
+else process.stderr.write(`the test files' temporary files are kept in ${runTmp}\n`);
 process.exit(r.status ?? 1);
