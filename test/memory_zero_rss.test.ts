@@ -31,7 +31,7 @@ function run(zero: number, model: string[]) {
     '--train.threads=1', `--train.runDir=${join(dir, `zero${zero}-${model === WIDE ? 'wide' : 'deep'}`)}`, '--checkpoint.every=0', '--log.progress=off',
     // 4 MiB buckets for every stage: ZeRO-2 by its default (a ZeRO-2 rank holds about three buckets
     // of full gradients while it reduces, so its default is 4 MiB, not 25: defaultBucketSizeMb in
-    // src/parallel/data_parallel.ts; 48 MiB of gradients here, so 25 MiB would leave it no saving),
+    // src/parallel/layout.ts; 48 MiB of gradients here, so 25 MiB would leave it no saving),
     // the others set to the same size, so that Gloo's all-reduce staging (bucket-sized, the same
     // under data parallel and ZeRO-1) is small against ZeRO-1's 49 MiB saving.
     '--parallel.backend=gloo', ...(zero === 2 ? [] : ['--parallel.bucketSizeMb=4']), `--parallel.zero=${zero}`,

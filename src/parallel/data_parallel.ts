@@ -41,7 +41,7 @@ import { ParamGathers } from './zero_gathers.js';
 import { fullGradOf, localGradShardOf, normPiecesOf, pieceLayoutOf } from './grad_reads.js';
 
 export type { MemoryReport } from './memory.js';
-import { resolveAccumulate, type AccumulateFlavour, type ZeroStage } from './layout.js';
+import { defaultBucketSizeMb, resolveAccumulate, type AccumulateFlavour, type ZeroStage } from './layout.js';
 import { axisStride, crossesHosts, type PlanAxis } from '../plan/terms.js';
 
 export type { ZeroStage, AccumulateFlavour } from './layout.js';
@@ -108,19 +108,6 @@ export interface DataParallelOptions {
 
 /** Sharded reductions allowed in flight at a launch before the oldest is waited for ([Note: reduction window]). */
 const MAX_REDUCTIONS_IN_FLIGHT = 1;
-
-/**
- * The bucket size when none is given: 25 MiB (PyTorch DDP's), but 4 MiB under ZeRO-2. A ZeRO-2 rank
- * holds full gradients only for the buckets in reduction: the one backward is filling, the one
- * being reduce-scattered and that one's staging ([Note: reduction window]), about three buckets at
- * full size. At 25 MiB that is more than the 2 B/param the sharded gradients save on a model of
- * 25M parameters; at 4 MiB it is 12 MiB whatever the model (measured in docs/BENCHMARKS.md, "ZeRO
- * peak memory"). More, smaller collectives cost little here: a step's time is the same at 2 and 25
- * MiB buckets (docs/BENCHMARKS.md, "Data parallel"). Under ZeRO-3 a bucket is a wrapping unit.
- */
-export function defaultBucketSizeMb(zero: ZeroStage): number {
-  return zero === 2 ? 4 : 25;
-}
 
 export interface SyncRecord {
   /** Bucket indices in launch order, with whether each was launched from inside backward. */

@@ -251,3 +251,20 @@ export type LayoutRequest = Partial<Pick<ParallelConfig, 'dp' | 'zero' | 'dpShar
 export function layoutFor(req: LayoutRequest, worldSize: number): Layout {
   return resolveLayout({ ...PARALLEL_DEFAULTS, ...req }, worldSize);
 }
+
+/**
+ * The bucket size when none is given: 25 MiB (PyTorch DDP's), but 4 MiB under ZeRO-2. A ZeRO-2 rank
+ * holds full gradients only for the buckets in reduction: the one backward is filling, the one
+ * being reduce-scattered and that one's staging ([Note: reduction window] in data_parallel.ts),
+ * about three buckets at full size. At 25 MiB that is more than the 2 B/param the sharded gradients
+ * save on a model of 25M parameters; at 4 MiB it is 12 MiB whatever the model (measured in
+ * docs/BENCHMARKS.md, "ZeRO peak memory"). The price is time: under plain data parallelism a step
+ * takes the same at 2 and 25 MiB buckets (docs/BENCHMARKS.md, "Data parallel"), but a ZeRO-2 bucket
+ * waits for the previous one's reduction, and a 25M-parameter GPT on 2 ranks stepped in 1.8-1.95 s
+ * at 4 MiB against 1.3-1.5 s at 25 MiB, with the same peak (there the peak is not in the reduction
+ * window): set bucketSizeMb on a large model that has memory to spare. Under ZeRO-3 a bucket is a
+ * wrapping unit. The planner prices buckets of this size too.
+ */
+export function defaultBucketSizeMb(zero: ZeroStage): number {
+  return zero === 2 ? 4 : 25;
+}

@@ -16,6 +16,7 @@
 // running at once as the host runs ranks, so ranks that outnumber the cores are in them.
 import { cpus } from 'node:os';
 import { buildSchedule, simulate } from '../parallel/pipeline/schedule.js';
+import { defaultBucketSizeMb } from '../parallel/layout.js';
 import type { FlotillaConfig } from '../config/schema.js';
 import { PLAN_AXES } from './axes.js';
 import { commMs, type Baseline, type CommTable, type ComputePoint, type PartTiming } from './calibrate.js';
@@ -39,7 +40,7 @@ export interface Prediction {
 
 export function contextFor(cfg: FlotillaConfig, layout: PlanLayout, facts: ModelFacts, w: World, stageRank: number): PlanContext {
   const p = cfg.parallel;
-  const bucketMb = p.bucketSizeMb > 0 ? p.bucketSizeMb : layout.zero === 2 ? 4 : 25;
+  const bucketMb = p.bucketSizeMb > 0 ? p.bucketSizeMb : defaultBucketSizeMb(layout.zero);
   return {
     layout, world: w.nproc * w.nnodes, ranksPerHost: w.nproc, stageRank, model: facts, globalBatch: cfg.data.globalBatch, seqLen: cfg.data.seqLen,
     bucketBytes: bucketMb * 2 ** 20, reduceDtype: p.reduceDtype, overlap: p.overlap, accumulate: p.accumulate, reshardAfterForward: p.reshardAfterForward, lossParallel: p.lossParallel,
