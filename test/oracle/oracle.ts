@@ -26,17 +26,10 @@ export function oracleMissing(): string | undefined {
 
 function oracleProblem(): string | undefined {
   if (available === null) {
-    const r = spawnSync(ORACLE_PYTHON, ['-c', 'import torch, sys; sys.stdout.write(torch.__version__)'], { encoding: 'utf8', env: PY_ENV });
+    const r = spawnSync(ORACLE_PYTHON, ['-c', 'import torch'], { encoding: 'utf8', env: PY_ENV });
     available = r.status === 0 ? undefined : `PyTorch oracle unavailable (${ORACLE_PYTHON} -c "import torch" failed: ${(r.stderr || String(r.error)).trim().split('\n').pop()}); run scripts/setup.sh as root (installs python3-torch)`;
   }
   return available;
-}
-
-/** The oracle's torch version (for benchmark reports). */
-export function oracleTorchVersion(): string {
-  const r = spawnSync(ORACLE_PYTHON, ['-c', 'import torch, sys; sys.stdout.write(torch.__version__)'], { encoding: 'utf8', env: PY_ENV });
-  if (r.status !== 0) throw new Error(oracleProblem() ?? 'oracle failed');
-  return r.stdout;
 }
 
 export interface OracleResult {
@@ -111,6 +104,7 @@ function serve(argv: string[]): { status: number; stderr: string } {
   const done = join(s.dir, `done-${id}.json`);
   for (let wait = 1; !existsSync(done); wait = Math.min(10, wait * 2)) {
     if (!serverAlive(s.pid)) {
+      closeSync(s.req);
       server = undefined;
       throw new Error(`the PyTorch oracle server (${ORACLE_PYTHON} test/oracle/serve.py) ended while running ${argv[0]}:\n${serverLog(s.dir)}`);
     }
