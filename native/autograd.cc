@@ -3,6 +3,9 @@
 // function nodes whose backward is a JS function (src/tensor/function.ts decides what it computes).
 #include "common.h"
 
+#include <ATen/ATen.h>
+
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>

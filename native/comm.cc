@@ -6,6 +6,8 @@
 // in TypeScript (src/distributed/collectives.ts).
 #include "common.h"
 
+#include <ATen/ATen.h>
+
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>

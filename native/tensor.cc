@@ -3,9 +3,11 @@
 // (src/tensor/ops.ts); this file only converts arguments by the operator's own schema.
 #include "common.h"
 
-#include <ATen/native/Resize.h>
-
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/native/Resize.h>
+#include <torch/version.h>
 
 #include <cstring>
 #include <cerrno>
@@ -590,7 +592,7 @@ static Napi::Value DataPtr(const Napi::CallbackInfo& info) {
 static Napi::Value SetSeed(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   FLOTILLA_TRY
-  torch::manual_seed(static_cast<uint64_t>(ToInt(info[0])));
+  at::manual_seed(static_cast<uint64_t>(ToInt(info[0])));
   return env.Undefined();
   FLOTILLA_CATCH(env, "manualSeed")
 }
