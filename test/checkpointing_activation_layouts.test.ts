@@ -1,7 +1,8 @@
 // Activation checkpointing under ZeRO-3 (the recompute regathers the unit's parameters) and under
 // a pipeline: 3 float32 training steps on 2 ranks with activationCheckpoint "full" (and "selective"
 // under zero bubble) give the same losses, gradient norms and final parameters, bit for bit, as the
-// same layout without it. Every run is queued when the file loads, two at a time (test/helpers/pool.ts); each test awaits its pair.
+// same layout without it. The pairs run in two worlds of `flotilla train-series`, queued when the file
+// loads (test/helpers/pool.ts); each test awaits its pair's world.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
@@ -12,6 +13,7 @@ import { BIN, NO_REPORT } from './helpers/cli.js';
 import { loadSafetensors } from '../src/checkpoint/safetensors.js';
 import { tidy } from '../src/tensor/index.js';
 import { pool, spawnAsync, started } from './helpers/pool.js';
+import { writeSeries } from '../src/cli/train_run.js';
 
 const small = [
   '--model.nLayer=2', '--model.nEmbd=64', '--data.seqLen=32', '--data.globalBatch=8', '--parallel.bucketSizeMb=0.1',
@@ -20,13 +22,17 @@ const small = [
 ];
 
 const queue = pool();
-function train(dir: string, overrides: string[]): Promise<void> {
+/**
+ * Runs in one 2-rank world, one after another (`flotilla train-series`, started by `flotilla run`):
+ * each with its own overrides, run directory and record of losses, gradient norms and parameters.
+ */
+function series(runs: { dir: string; overrides: string[] }[]): Promise<void> {
   return started(queue(async () => {
-    // `flotilla run` starts the two ranks of `flotilla train` (the compiled CLI when dist/ is current).
-    const r = await spawnAsync(process.execPath, [
-      BIN, 'run', '--nproc', '2', '--backend', 'gloo', BIN, 'train', 'examples/gpt-tiny.toml',
-      ...small, ...overrides, `--train.runDir=${join(dir, 'run')}`, '--record', join(dir, 'rec'),
-    ], { cwd: REPO_ROOT, env: { ...process.env, ...NO_REPORT }, timeout: 240_000 });
+    const file = join(mkdtempSync(join(tmpdir(), 'flotilla-ac-series-')), 'series.json');
+    writeSeries(file, runs.map(({ dir, overrides }) => ['examples/gpt-tiny.toml', ...small, ...overrides, `--train.runDir=${join(dir, 'run')}`, '--record', join(dir, 'rec')]));
+    const r = await spawnAsync(process.execPath, [BIN, 'run', '--nproc', '2', '--backend', 'gloo', BIN, 'train-series', file], {
+      cwd: REPO_ROOT, env: { ...process.env, ...NO_REPORT }, timeout: 600_000,
+    });
     assert.equal(r.status, 0, `${r.stdout}${r.stderr}`);
   }));
 }
@@ -55,16 +61,17 @@ const layouts: [string, string[], ('full' | 'selective')?][] = [
   ['pipeline pp=2, zero bubble', ['--parallel.pp=2', '--parallel.ppSchedule=zb', '--data.microBatches=4'], 'selective'],
 ];
 
+// Each layout's pair (without, then with checkpointing) in one of two worlds, which run side by side.
 const pairs = layouts.map(([, overrides, mode = 'full']) => {
   const root = mkdtempSync(join(tmpdir(), 'flotilla-ac-'));
-  return { root, runs: [train(join(root, 'none'), overrides), train(join(root, 'full'), [...overrides, `--train.activationCheckpoint=${mode}`])] };
+  return { root, runs: [{ dir: join(root, 'none'), overrides }, { dir: join(root, 'full'), overrides: [...overrides, `--train.activationCheckpoint=${mode}`] }] };
 });
+const worlds = [0, 1].map((w) => series(pairs.filter((_, i) => i % 2 === w).flatMap((p) => p.runs)));
 for (const [i, [name, , mode = 'full']] of layouts.entries()) {
   test(`activation_checkpoint_${mode} under ${name}: bit-identical to no checkpointing`, async () => {
-    const { root, runs } = pairs[i]!;
+    const { root } = pairs[i]!;
     try {
-      // Both runs end before the directory is removed, also when one fails.
-      for (const r of await Promise.allSettled(runs)) if (r.status === 'rejected') throw r.reason;
+      await worlds[i % 2];
       same(join(root, 'none'), join(root, 'full'));
     } finally {
       rmSync(root, { recursive: true, force: true });
