@@ -92,8 +92,9 @@ for (const backend of ['gloo', 'mpi'] as const) {
   });
 }
 
-for (const backend of ['gloo', 'mpi'] as const) {
-  test(`${backend}: a rank stopped with SIGSTOP past the collective timeout is named as stalled, not the rank that timed out waiting for it`, async () => {
+// Both backends at once: each job spends its 10 s waiting for the collective timeout, idle.
+test('a rank stopped with SIGSTOP past the collective timeout, on Gloo and on Open MPI side by side', { concurrency: 2 }, async (t) => {
+  await Promise.all((['gloo', 'mpi'] as const).map((backend) => t.test(`${backend}: a rank stopped with SIGSTOP past the collective timeout is named as stalled, not the rank that timed out waiting for it`, async () => {
     if (backend === 'mpi') assertMpiBuilt();
     // The collective timeout (10 s) comes long before the hung-rank watch (120 s): only the rank
     // that timed out can tell the launcher whom it waited for.
@@ -111,8 +112,8 @@ for (const backend of ['gloo', 'mpi'] as const) {
     } finally {
       job.child.kill('SIGKILL');
     }
-  });
-}
+  })));
+});
 
 test('two nodes (loopback): a rank that throws mid-step on node 1 ends node 0\'s ranks within seconds, not at the collective timeout', async () => {
   const port = await freePort();
