@@ -1,5 +1,6 @@
 // A rank that dies or stalls must make its peers fail within the process-group timeout, naming the
-// op, the group and its ranks, never hang. Each scenario runs as its own world.
+// op, the group and its ranks, never hang. Each scenario runs as its own world; Gloo's and Open MPI's
+// scenarios run side by side.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { runWorld, parseAllResults, describeWorld, BACKENDS } from './helpers/world.js';
@@ -31,24 +32,28 @@ async function scenario(nproc: number, mode: string, timeoutMs: number, backend:
 const KILL_TIMEOUT_MS = { gloo: 10_000, mpi: 3000 };
 const KILL_TRIALS = { gloo: [[1, 3], [2, 2], [3, 3]], mpi: [[1, 3], [2, 2]] } as const;
 
-for (const backend of BACKENDS) {
-  for (const [trial, nproc] of KILL_TRIALS[backend]) {
-    test(`${backend}: kill -9 during an all-reduce (trial ${trial}, ${nproc} ranks): the others fail fast`, async () => {
-      const limit = KILL_TIMEOUT_MS[backend];
-      const s = await scenario(nproc, 'kill-mid', limit, backend);
-      for (const x of s) assert.ok(x.ms < limit + 5000, `rank ${x.rank} took ${x.ms} ms`);
-    });
-  }
-
-  test(`${backend}: a rank that exits before the collective: waitAsync rejects on the others`, async () => {
-    await scenario(3, 'exit-before', KILL_TIMEOUT_MS[backend], backend);
-  });
-
-  test(`${backend}: a live rank that never enters the collective: the others time out after the group timeout`, async () => {
-    const s = await scenario(2, 'stall', 2000, backend);
-    for (const x of s) {
-      assert.match(x.error, /timed out \(process-group timeout 2000 ms\)/);
-      assert.ok(x.ms >= 1500 && x.ms < 2000 * 2 + 5000, `rank ${x.rank} took ${x.ms} ms`);
+// The two backends side by side (one subtest each, its cases in turn): their worlds mostly wait, for a
+// dead peer's socket or a group timeout, and this file holds every launch slot meanwhile.
+test('a rank that dies, exits or stalls, on Gloo and on Open MPI side by side', { concurrency: 2 }, async (t) => {
+  await Promise.all(BACKENDS.map((backend) => t.test(backend, async (b) => {
+    for (const [trial, nproc] of KILL_TRIALS[backend]) {
+      await b.test(`${backend}: kill -9 during an all-reduce (trial ${trial}, ${nproc} ranks): the others fail fast`, async () => {
+        const limit = KILL_TIMEOUT_MS[backend];
+        const s = await scenario(nproc, 'kill-mid', limit, backend);
+        for (const x of s) assert.ok(x.ms < limit + 5000, `rank ${x.rank} took ${x.ms} ms`);
+      });
     }
-  });
-}
+
+    await b.test(`${backend}: a rank that exits before the collective: waitAsync rejects on the others`, async () => {
+      await scenario(3, 'exit-before', KILL_TIMEOUT_MS[backend], backend);
+    });
+
+    await b.test(`${backend}: a live rank that never enters the collective: the others time out after the group timeout`, async () => {
+      const s = await scenario(2, 'stall', 2000, backend);
+      for (const x of s) {
+        assert.match(x.error, /timed out \(process-group timeout 2000 ms\)/);
+        assert.ok(x.ms >= 1500 && x.ms < 2000 * 2 + 5000, `rank ${x.rank} took ${x.ms} ms`);
+      }
+    });
+  })));
+});
