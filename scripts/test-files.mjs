@@ -10,7 +10,8 @@
 //      share of the files that take no launch slot (in-process tests and PyTorch oracles, dealt in
 //      turn, longest first), which use the cores the waiting file leaves idle (a launching file
 //      beside it would only wait for a slot);
-//   3. the rest, by name.
+//   3. the rest, longest first (REST_LONGEST; a file not listed after them, by name), so that the
+//      last files to end are short ones.
 // A file missing from the directory is left out; a new long file may be added to LONGEST.
 import { readdirSync, readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
@@ -32,6 +33,12 @@ const FILLERS_LONGEST = [
   'data_prepare', 'memory_training', 'pipeline_schedule', 'gpt_oracle', 'train_run_lock', 'hf_gpt2', 'hf_llama', 'train_trainer',
 ];
 
+// Of the rest (they take launch slots, and run after the files above), the longest, most first.
+const REST_LONGEST = [
+  'parallel_grads', 'hardening_teardown', 'checkpointing_activation_memory', 'cp_verify', 'parallel_user_model', 'data_train',
+  'distributed_contract', 'config_paths', 'hf_train', 'cli_prepare_direct', 'tp_layers', 'cp_ring_attention',
+];
+
 const dir = fileURLToPath(new URL('../test', import.meta.url));
 const files = readdirSync(dir).filter((f) => f.endsWith('.test.ts')).sort();
 const source = (f) => readFileSync(`${dir}/${f}`, 'utf8');
@@ -46,5 +53,5 @@ const fillers = rest.filter((f) => !holdsAll.includes(f) && takesNoSlot(f)).sort
 // waiting file they join the rest).
 const order = [...first];
 holdsAll.forEach((f, i) => order.push(f, ...fillers.filter((_, k) => k % holdsAll.length === i)));
-order.push(...rest.filter((f) => !order.includes(f)));
+order.push(...rest.filter((f) => !order.includes(f)).sort(byList(REST_LONGEST)));
 process.stdout.write(`${order.map((f) => `test/${f}`).join('\n')}\n`);
