@@ -14,7 +14,6 @@ import { tmpdir } from 'node:os';
 import { basename, join, relative, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { runnableScript } from '../test/helpers/compiled.js';
-import { rankTunables } from '../src/tensor/allocator.js';
 
 const ROOT = join(import.meta.dirname, '..');
 const args = process.argv.slice(2);
@@ -58,10 +57,8 @@ const cacheDir = mkdtempSync(join(tmpdir(), 'flotilla-test-cache-'));
 // run directories, checkpoints and worlds' stores, a few hundred MiB a run, are removed with it when
 // the run passes, and kept for a look when it fails.
 const runTmp = mkdtempSync(join(tmpdir(), 'flotilla-test-run-'));
-// Test processes start as the launcher starts ranks (rankTunables): most of them are test worlds'
-// ranks, and about 800 processes a run each load libtorch.
 const r = spawnSync(process.execPath, [...loader, '--test', ...concurrency, ...options, ...ordered], {
-  cwd: ROOT, stdio: 'inherit', env: { ...process.env, FLOTILLA_CACHE_DIR: cacheDir, TMPDIR: runTmp, GLIBC_TUNABLES: rankTunables(process.env.GLIBC_TUNABLES) },
+  cwd: ROOT, stdio: 'inherit', env: { ...process.env, FLOTILLA_CACHE_DIR: cacheDir, TMPDIR: runTmp },
 });
 rmSync(cacheDir, { recursive: true, force: true });
 rmSync(orderDir, { recursive: true, force: true });

@@ -5,7 +5,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
-import { allocatorChoice, MALLOC_OPTIONS, rankTunables, TENSOR_CACHE, withoutAllocatorSettings } from '../src/tensor/allocator.js';
+import { allocatorChoice, MALLOC_OPTIONS, TENSOR_CACHE, withoutAllocatorSettings } from '../src/tensor/allocator.js';
 
 const ROOT = join(import.meta.dirname, '..');
 const MiB = 2 ** 20;
@@ -18,17 +18,7 @@ test('allocatorChoice: the tensor cache by default; tuned and lean on request; a
   assert.deepEqual(allocatorChoice({ MALLOC_TRIM_THRESHOLD_: '0' }), { mode: 'default', why: 'MALLOC_TRIM_THRESHOLD_ set' });
   assert.deepEqual(allocatorChoice({ GLIBC_TUNABLES: 'glibc.malloc.mmap_threshold=4096' }), { mode: 'default', why: 'glibc.malloc tunables set' });
   assert.deepEqual(allocatorChoice({ GLIBC_TUNABLES: 'glibc.cpu.hwcaps=-AVX512F' }), { mode: 'cache' });
-  // The heap's page size is not a malloc setting the modes make: ranks start with it (rankTunables).
-  assert.deepEqual(allocatorChoice({ GLIBC_TUNABLES: 'glibc.malloc.hugetlb=1' }), { mode: 'cache' });
-  assert.deepEqual(allocatorChoice({ GLIBC_TUNABLES: 'glibc.malloc.hugetlb=1:glibc.malloc.trim_threshold=0' }), { mode: 'default', why: 'glibc.malloc tunables set' });
   assert.throws(() => allocatorChoice({ FLOTILLA_MALLOC: 'jemalloc' }), /FLOTILLA_MALLOC must be "cache", "tuned", "lean" or "default", not "jemalloc"/);
-});
-
-test('rankTunables: a rank\'s heap asks for huge pages unless the user said otherwise; the user\'s other tunables are kept', () => {
-  assert.equal(rankTunables(undefined), 'glibc.malloc.hugetlb=1');
-  assert.equal(rankTunables(''), 'glibc.malloc.hugetlb=1');
-  assert.equal(rankTunables('glibc.cpu.hwcaps=-AVX512F'), 'glibc.cpu.hwcaps=-AVX512F:glibc.malloc.hugetlb=1');
-  assert.equal(rankTunables('glibc.malloc.hugetlb=0'), 'glibc.malloc.hugetlb=0');
 });
 
 // A fresh process allocates a 16 MiB tensor, frees it, and reports where the tensor's memory was (inside

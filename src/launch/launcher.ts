@@ -58,7 +58,6 @@ import { runMpirun } from './mpirun.js';
 import { heartbeatConfig, NodeLink, type Grow, type HeartbeatConfig } from './heartbeat.js';
 import { regrouped } from '../distributed/launcher_channel.js';
 import { Supervisor, describeFailure, signalCode, type Outcome, type SupervisorIO } from './supervisor.js';
-import { rankTunables } from '../tensor/allocator.js';
 
 export interface RunOptions {
   nproc: number;
@@ -169,7 +168,6 @@ async function runAttempt(o: RunOptions, attempt: number, port: number, io: Supe
     FLOTILLA_RESTART_COUNT: String(attempt), FLOTILLA_MAX_RESTARTS: String(o.maxRestarts),
     FLOTILLA_STATUS_FILE: statusFile,
     FLOTILLA_LAUNCHER_TTY: launcherTerminal(), // rank 0 may draw a progress bar on it
-    GLIBC_TUNABLES: rankTunables(process.env.GLIBC_TUNABLES), // a heap on huge pages: ranks start faster
   };
   const ranks = Array.from({ length: o.nproc }, (_, local) => o.nodeRank * o.nproc + local);
   const sup = new Supervisor({ io, ranks, heartbeat: ctl.heartbeat, statusFile, onLocalFailure: ctl.onLocalFailure });

@@ -59,22 +59,8 @@ export function allocatorChoice(env: NodeJS.ProcessEnv): AllocatorChoice {
   if (mode === 'default') return { mode, why: 'FLOTILLA_MALLOC=default' };
   const own = Object.keys(env).filter((k) => /^MALLOC_\w+_$/.test(k));
   if (own.length > 0) return { mode: 'default', why: `${own.join(', ')} set` };
-  // glibc.malloc.hugetlb only decides which pages the heap gets, not what the modes set.
-  const tunables = (env.GLIBC_TUNABLES ?? '').split(':').filter((t) => t.startsWith('glibc.malloc.') && !t.startsWith('glibc.malloc.hugetlb='));
-  if (tunables.length > 0) return { mode: 'default', why: 'glibc.malloc tunables set' };
+  if (/glibc\.malloc\./.test(env.GLIBC_TUNABLES ?? '')) return { mode: 'default', why: 'glibc.malloc tunables set' };
   return { mode };
-}
-
-/**
- * GLIBC_TUNABLES for a rank: the caller's, with glibc.malloc.hugetlb=1 unless it says otherwise.
- * Loading libtorch touches about 45 MiB of fresh heap in static initializers (its operator
- * registry); on 4 KiB pages that is 11,000 page faults, and with transparent huge pages for the
- * heap (where the kernel's mode is `madvise`) about 0.15 s less CPU per process start: 0.72 s
- * against 0.88 s to load the addon. The tensor modes are unaffected (allocatorChoice ignores it).
- */
-export function rankTunables(current: string | undefined): string {
-  const own = (current ?? '').split(':').filter((t) => t !== '');
-  return own.some((t) => t.startsWith('glibc.malloc.hugetlb=')) ? own.join(':') : [...own, 'glibc.malloc.hugetlb=1'].join(':');
 }
 
 /** env without the variables allocatorChoice reads: a child started with it runs the default mode. */

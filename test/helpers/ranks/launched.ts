@@ -10,7 +10,7 @@ import { emitResult } from '../rank.js';
 const [mode = 'ok', a1, a2] = process.argv.slice(2);
 const rank = Number(process.env.RANK);
 const vars = Object.fromEntries(
-  ['RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'MASTER_ADDR', 'MASTER_PORT', 'FLOTILLA_RESTART_COUNT', 'GLIBC_TUNABLES'].map((k) => [k, process.env[k]]),
+  ['RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'MASTER_ADDR', 'MASTER_PORT', 'FLOTILLA_RESTART_COUNT'].map((k) => [k, process.env[k]]),
 );
 
 async function joinAndReduce(): Promise<void> {
