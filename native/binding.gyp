@@ -10,10 +10,24 @@
         "<!@(node ../scripts/find-libtorch.cjs include)"
       ],
       "libraries": ["<!@(node ../scripts/find-libtorch.cjs libs)"],
+      # The loader looks beside the addon first: scripts/trim-libtorch.cjs may put libtorch_cpu there.
+      "ldflags": ["-Wl,-rpath,'$$ORIGIN'"],
       "defines": ["USE_C10D_GLOO", "NAPI_VERSION=8", "NODE_ADDON_API_DISABLE_DEPRECATED"],
       "cflags_cc!": ["-fno-exceptions", "-fno-rtti", "-std=gnu++17", "-std=gnu++20"],
       "cflags_cc": ["-std=c++17", "-fexceptions", "-frtti", "-O2", "-Wno-unused-parameter", "-Wno-deprecated-declarations"],
       "cflags!": ["-fno-exceptions"]
+    },
+    {
+      # A copy of libtorch_cpu without the libraries it names but never uses (see the script).
+      "target_name": "trim_libtorch",
+      "type": "none",
+      "dependencies": ["flotilla"],
+      "actions": [{
+        "action_name": "trim_libtorch",
+        "inputs": ["<(PRODUCT_DIR)/flotilla.node", "../scripts/trim-libtorch.cjs"],
+        "outputs": ["<(PRODUCT_DIR)/libtorch_cpu.trimmed.txt"],
+        "action": ["node", "../scripts/trim-libtorch.cjs", "<(PRODUCT_DIR)"]
+      }]
     }
   ],
   # The Open MPI backend is a separate addon built only where mpi.h exists (scripts/find-mpi.cjs),

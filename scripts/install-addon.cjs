@@ -87,6 +87,8 @@ function main() {
     // headers are absent, so nothing here could build another one anyway).
     if (check.ok && (libtorch.error !== undefined || builtFor === libtorch.include)) {
       say(`using the prebuilt native addon${builtFor ? ` (built against libtorch from ${builtFor.split(' ')[0]})` : ''}`);
+      // The build does this as its last step (native/binding.gyp); the package does not ship the copy.
+      spawnSync(process.execPath, [path.join(__dirname, 'trim-libtorch.cjs'), release], { stdio: 'inherit' });
       return;
     }
     say(check.ok ? 'the prebuilt addon was built against another libtorch; rebuilding' : `the prebuilt addon does not load here (${check.why}); rebuilding`);

@@ -17,6 +17,10 @@
 # route to MASTER_ADDR (`ip route get`) picks Gloo's interface across hosts; the two-host test builds
 # its namespaces with it.
 #
+# Why patchelf: Debian's libtorch_cpu names OpenCV, FFmpeg and more as libraries it needs without using
+# any of them, and they bring about 250 libraries into every rank; the addon build keeps a copy of it
+# without those names (scripts/trim-libtorch.cjs), which loads in 0.55 s of CPU instead of 0.85.
+#
 # Why chromium: the tests open the run report (RUN/report.html) in headless Chromium and check what
 # it draws (test/report_browser.test.ts); flotilla itself never needs a browser.
 #
@@ -33,7 +37,7 @@ case "${1:-}" in
   *) echo "usage: bash scripts/setup.sh [--check]" >&2; exit 2 ;;
 esac
 
-packages=(build-essential g++ make python3 libgloo-dev python3-torch libopenblas0-openmp libopenmpi-dev openmpi-bin iproute2 chromium)
+packages=(build-essential g++ make python3 libgloo-dev python3-torch libopenblas0-openmp libopenmpi-dev openmpi-bin iproute2 patchelf chromium)
 if [[ -n "${LIBTORCH:-}" ]]; then
   if [[ ! -d "$LIBTORCH/include/torch" ]]; then
     echo "flotilla setup: LIBTORCH=$LIBTORCH has no include/torch; point LIBTORCH at an unzipped libtorch or unset it" >&2
