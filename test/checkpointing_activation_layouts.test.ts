@@ -8,12 +8,10 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { REPO_ROOT } from './helpers/world.js';
-import { BIN, NO_REPORT } from './helpers/cli.js';
+import { flotillaSeries } from './helpers/cli.js';
 import { loadSafetensors } from '../src/checkpoint/safetensors.js';
 import { tidy } from '../src/tensor/index.js';
-import { pool, spawnAsync, started } from './helpers/pool.js';
-import { writeSeries } from '../src/cli/train_run.js';
+import { pool, started } from './helpers/pool.js';
 
 const small = [
   '--model.nLayer=2', '--model.nEmbd=64', '--data.seqLen=32', '--data.globalBatch=8', '--parallel.bucketSizeMb=0.1',
@@ -23,17 +21,13 @@ const small = [
 
 const queue = pool();
 /**
- * Runs in one 2-rank world, one after another (`flotilla train-series`, started by `flotilla run`):
- * each with its own overrides, run directory and record of losses, gradient norms and parameters.
+ * Runs in one 2-rank world, one after another: each with its own overrides, run directory and record
+ * of losses, gradient norms and parameters.
  */
 function series(runs: { dir: string; overrides: string[] }[]): Promise<void> {
   return started(queue(async () => {
-    const file = join(mkdtempSync(join(tmpdir(), 'flotilla-ac-series-')), 'series.json');
-    writeSeries(file, runs.map(({ dir, overrides }) => ['examples/gpt-tiny.toml', ...small, ...overrides, `--train.runDir=${join(dir, 'run')}`, '--record', join(dir, 'rec')]));
-    const r = await spawnAsync(process.execPath, [BIN, 'run', '--nproc', '2', '--backend', 'gloo', BIN, 'train-series', file], {
-      cwd: REPO_ROOT, env: { ...process.env, ...NO_REPORT }, timeout: 600_000,
-    });
-    assert.equal(r.status, 0, `${r.stdout}${r.stderr}`);
+    const r = await flotillaSeries(2, runs.map(({ dir, overrides }) => ['examples/gpt-tiny.toml', ...small, ...overrides, `--train.runDir=${join(dir, 'run')}`, '--record', join(dir, 'rec')]));
+    assert.equal(r.code, 0, `${r.out}${r.err}`);
   }));
 }
 

@@ -9,9 +9,8 @@ import assert from 'node:assert/strict';
 import { readMetrics, type StepMetrics } from '../../src/train/metrics.js';
 import { assertClose } from './close.js';
 
-import { BIN, flotilla } from './cli.js';
+import { flotilla, flotillaSeries } from './cli.js';
 import { started } from './pool.js';
-import { writeSeries } from '../../src/cli/train_run.js';
 
 export { flotilla, ROOT, BIN, type Flotilla } from './cli.js';
 
@@ -70,8 +69,7 @@ export async function train(name: string, extra: string[] = []): Promise<RunResu
  */
 export async function trainSeries(nproc: number, runs: { name: string; extra: string[] }[]): Promise<RunResult[]> {
   const file = join(work, `series-${runs.map((r) => r.name).join('+').slice(0, 120)}.json`);
-  writeSeries(file, runs.map(({ name, extra }) => [CONFIG, `--train.runDir=${join(work, name)}`, '--record', join(work, name, 'record'), ...extra]));
-  const r = await flotilla(nproc === 1 ? ['train-series', file] : ['run', '--nproc', String(nproc), '--backend', 'gloo', BIN, 'train-series', file], { timeoutMs: 600_000 });
+  const r = await flotillaSeries(nproc, runs.map(({ name, extra }) => [CONFIG, `--train.runDir=${join(work, name)}`, '--record', join(work, name, 'record'), ...extra]), { file });
   if (r.code !== 0) throw new Error(`flotilla train-series (${nproc} rank(s): ${runs.map((x) => x.name).join(', ')}) exited ${r.code}\n${r.out}\n${r.err}`);
   const parts = r.out.split(/^(?=(?:\[rank \d+\] )?\[series\] run \d+\/\d+)/m).filter((p) => /^(?:\[rank \d+\] )?\[series\] run/.test(p));
   assert.equal(parts.length, runs.length, `one [series] line per run:\n${r.out}`);

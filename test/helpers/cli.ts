@@ -1,7 +1,10 @@
 // `flotilla ARGS` as a child process for tests: the installed entry point (bin/flotilla.js) with a
 // timeout, its output collected. No side effects at import.
 import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
+import { writeSeries } from '../../src/cli/train_run.js';
 
 export const ROOT = resolve(import.meta.dirname, '..', '..');
 export const BIN = join(ROOT, 'bin', 'flotilla.js');
@@ -50,6 +53,19 @@ export function flotilla(args: string[], o: FlotillaOptions = {}): Promise<Floti
       res({ code, out, err });
     });
   });
+}
+
+/**
+ * Several `flotilla train` runs (each given by its arguments) one after another in one world:
+ * `flotilla train-series` (the world's process starts and rendezvous paid once) under `flotilla run`
+ * with nproc ranks on Gloo, or in this process's child alone when nproc is 1. The series file is
+ * written to `file`, or to a temporary directory of its own.
+ */
+export function flotillaSeries(nproc: number, runs: string[][], o: FlotillaOptions & { file?: string } = {}): Promise<Flotilla> {
+  const file = o.file ?? join(mkdtempSync(join(tmpdir(), 'flotilla-series-')), 'series.json');
+  writeSeries(file, runs);
+  const args = nproc === 1 ? ['train-series', file] : ['run', '--nproc', String(nproc), '--backend', 'gloo', BIN, 'train-series', file];
+  return flotilla(args, { timeoutMs: 600_000, ...o });
 }
 
 /** Layout i's block of a `flotilla verify ... --and ...` output: from its `verify: K step(s)` line to the next one. */
