@@ -25,7 +25,7 @@
       "actions": [{
         "action_name": "trim_libtorch",
         "inputs": ["<(PRODUCT_DIR)/flotilla.node", "../scripts/trim-libtorch.cjs"],
-        "outputs": ["<(PRODUCT_DIR)/libtorch_cpu.trimmed.txt"],
+        "outputs": ["<(PRODUCT_DIR)/libtorch_cpu.trimmed.json"],
         "action": ["node", "../scripts/trim-libtorch.cjs", "<(PRODUCT_DIR)"]
       }]
     }

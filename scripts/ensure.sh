@@ -82,6 +82,9 @@ if [[ -n "$rebuild" ]]; then
   if [[ -f "$prefix/include/node/node_api.h" ]]; then gyp_args+=("--nodedir=$prefix"); fi
   quietly npx --no-install node-gyp rebuild --directory native -j 2 "${gyp_args[@]}"
   printf '%s' "$libtorch" > "$stamp"
+else
+  # The addon's copy of libtorch_cpu (scripts/trim-libtorch.cjs) is made again when libtorch was upgraded.
+  node scripts/trim-libtorch.cjs --if-stale native/build/Release
 fi
 
 # dist/.built carries the time the build started: bin/flotilla.js runs dist/ only while no file under

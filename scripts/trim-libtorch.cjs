@@ -8,7 +8,12 @@
 // addon's RUNPATH ($ORIGIN, binding.gyp) makes the loader take the copy. A libtorch with nothing to
 // drop (the official builds) gets no copy, and nothing here changes what any symbol resolves to.
 //
-//   node scripts/trim-libtorch.cjs DIR    DIR holds flotilla.node (native/build/Release)
+// DIR/libtorch_cpu.trimmed.json records what was done, and the size and time of the library the copy
+// was made from, so that an upgraded libtorch is noticed (dpkg keeps a package's file times, so a newer
+// library need not be a newer file).
+//
+//   node scripts/trim-libtorch.cjs DIR             DIR holds flotilla.node (native/build/Release)
+//   node scripts/trim-libtorch.cjs --if-stale DIR  the same, unless the record says it is done for this libtorch
 'use strict';
 const fs = require('fs');
 const path = require('path');
@@ -82,16 +87,32 @@ function dynamic(file) {
   }
 }
 
-function main() {
-  const dir = process.argv[2];
-  if (!dir) throw new Error('usage: trim-libtorch.cjs DIR (the directory that holds flotilla.node)');
+const RECORD = 'libtorch_cpu.trimmed.json';
+const identity = (file) => {
+  const st = fs.statSync(file);
+  return { size: st.size, mtimeMs: st.mtimeMs };
+};
+
+/** Whether DIR's record says the trim was done (or found nothing to do) for the libtorch_cpu installed now. */
+function current(dir) {
+  try {
+    const r = JSON.parse(fs.readFileSync(path.join(dir, RECORD), 'utf8'));
+    if (r.from === undefined) return true; // no libtorch_cpu among the addon's libraries
+    const now = identity(r.from);
+    return now.size === r.size && now.mtimeMs === r.mtimeMs && (r.copy === undefined || fs.existsSync(r.copy));
+  } catch {
+    return false;
+  }
+}
+
+function trim(dir) {
   const addon = path.join(dir, 'flotilla.node');
   // An earlier copy goes first, so that ldd names the library the build linked against.
   for (const f of fs.readdirSync(dir)) if (/^libtorch_cpu\.so/.test(f)) fs.rmSync(path.join(dir, f));
   const soname = dynamic(addon).needed.find((n) => /^libtorch_cpu\.so/.test(n));
   const lib = soname && resolved(addon).get(soname);
-  const stamp = (what) => fs.writeFileSync(path.join(dir, 'libtorch_cpu.trimmed.txt'), `${what}\n`);
-  if (!lib) return stamp('no libtorch_cpu among the addon\'s libraries');
+  const stamp = (what) => fs.writeFileSync(path.join(dir, RECORD), `${JSON.stringify({ ...(lib ? { from: lib, ...identity(lib) } : {}), ...what }, null, 1)}\n`);
+  if (!lib) return stamp({ note: 'no libtorch_cpu among the addon\'s libraries' });
   const deps = resolved(lib);
   const { needed, undefined: uses } = dynamic(lib);
   const unused = needed.filter((n) => {
@@ -100,10 +121,10 @@ function main() {
     for (const s of dynamic(p).defined) if (uses.has(s)) return false;
     return true;
   });
-  if (unused.length === 0) return stamp(`${lib}: every library it names is used`);
+  if (unused.length === 0) return stamp({ note: 'every library it names is used' });
   if (spawnSync('patchelf', ['--version']).status !== 0) {
     say(`patchelf is not installed: every process loads the ${unused.length} libraries ${lib} names but does not use (scripts/setup.sh installs patchelf)`);
-    return;
+    return stamp({ note: 'not trimmed: patchelf was not installed', unused });
   }
   const copy = path.join(dir, soname);
   const tmp = `${copy}.tmp`;
@@ -115,13 +136,17 @@ function main() {
   if (check.status !== 0 || !check.stdout.includes(path.resolve(copy))) {
     fs.rmSync(copy);
     say(`the addon does not load with ${lib} trimmed of ${unused.join(' ')}; it uses the original\n${check.stderr}`);
-    return;
+    return stamp({ note: 'not trimmed: the trimmed copy did not load', unused });
   }
-  stamp(`${copy}: ${lib} without ${unused.join(' ')}`);
+  stamp({ copy: path.resolve(copy), dropped: unused });
 }
 
 try {
-  main();
+  const args = process.argv.slice(2);
+  const ifStale = args[0] === '--if-stale';
+  const dir = ifStale ? args[1] : args[0];
+  if (!dir) throw new Error('usage: trim-libtorch.cjs [--if-stale] DIR (the directory that holds flotilla.node)');
+  if (!(ifStale && current(dir))) trim(dir);
 } catch (e) {
   say(`could not trim libtorch_cpu (${e.message}); the addon uses it as installed`);
 }
