@@ -1,0 +1,36 @@
+// The addon's copy of libtorch_cpu (scripts/trim-libtorch.cjs): where the installed libtorch_cpu names
+// libraries it never calls (Debian's names OpenCV and FFmpeg), the build must leave a copy without them
+// that the addon really loads; losing it (a RUNPATH dropped from binding.gyp, patchelf gone) would not
+// fail any other test, only make every process start 0.3 s slower.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { existsSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { REPO_ROOT } from './helpers/world.js';
+
+const release = join(REPO_ROOT, 'native', 'build', 'Release');
+const addon = join(release, 'flotilla.node');
+const record = JSON.parse(readFileSync(join(release, 'libtorch_cpu.trimmed.json'), 'utf8')) as { from?: string; copy?: string; dropped?: string[]; note?: string };
+const needed = (file: string): string[] => [...execFileSync('readelf', ['-d', file], { encoding: 'utf8' }).matchAll(/\(NEEDED\)\s+Shared library: \[(.+)\]/g)].map((m) => m[1]!);
+
+test('the addon loads its copy of libtorch_cpu, which names none of the libraries the original names but never calls', () => {
+  assert.ok(record.from !== undefined && existsSync(record.from), JSON.stringify(record));
+  const original = needed(record.from);
+  if (!original.some((n) => n.startsWith('libopencv_core'))) return; // a lean libtorch: nothing to drop, no copy
+  assert.ok(record.copy !== undefined && existsSync(record.copy), `no trimmed copy was made: ${JSON.stringify(record)}`);
+  const dropped = record.dropped ?? [];
+  assert.ok(dropped.includes('libopencv_core.so.406') || dropped.some((n) => n.startsWith('libopencv_core')), dropped.join(' '));
+  assert.deepEqual(needed(record.copy), original.filter((n) => !dropped.includes(n)));
+  const maps = execFileSync(process.execPath, ['-e', `require(${JSON.stringify(addon)}); process.stdout.write(require('fs').readFileSync('/proc/self/maps', 'utf8'))`], { encoding: 'utf8' });
+  const mapped = new Set(maps.split('\n').map((l) => l.split(/\s+/)[5] ?? '').filter((f) => f.startsWith('/')));
+  assert.deepEqual([...mapped].filter((f) => f.includes('/libtorch_cpu.so')), [record.copy], 'the copy is the only libtorch_cpu mapped');
+  // Another library may still need one of the dropped (libnuma, zstd); OpenCV and FFmpeg, which bring
+  // Qt, GStreamer and GDAL, nothing else does. A soname (libopencv_core.so.406) and its file
+  // (libopencv_core.so.4.6.0) share the part up to ".so".
+  for (const lib of dropped.filter((n) => /^lib(opencv_|av|sw)/.test(n))) {
+    const stem = `/${lib.slice(0, lib.indexOf('.so') + 3)}`;
+    assert.ok(![...mapped].some((f) => f.includes(stem)), `${lib} is not loaded`);
+  }
+  assert.ok(mapped.size < 100, `${mapped.size} files mapped (287 libraries with the original)`);
+});
