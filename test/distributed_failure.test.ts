@@ -4,7 +4,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { runWorld, parseAllResults, describeWorld, BACKENDS } from './helpers/world.js';
-import { suiteSlots } from './helpers/pool.js';
+import { sideBySide, suiteSlots } from './helpers/pool.js';
 
 // Worlds here time out in seconds: no other file's launch runs beside this file (test/helpers/pool.ts).
 await suiteSlots.holdAll();
@@ -34,8 +34,7 @@ const KILL_TRIALS = { gloo: [[1, 3], [2, 2], [3, 3]], mpi: [[1, 3], [2, 2]] } as
 
 // The two backends side by side (one subtest each, its cases in turn): their worlds mostly wait, for a
 // dead peer's socket or a group timeout, and this file holds every launch slot meanwhile.
-test('a rank that dies, exits or stalls, on Gloo and on Open MPI side by side', { concurrency: 2 }, async (t) => {
-  await Promise.all(BACKENDS.map((backend) => t.test(backend, async (b) => {
+sideBySide('a rank that dies, exits or stalls, on Gloo and on Open MPI side by side', BACKENDS.map((backend) => [backend, async (b) => {
     for (const [trial, nproc] of KILL_TRIALS[backend]) {
       await b.test(`${backend}: kill -9 during an all-reduce (trial ${trial}, ${nproc} ranks): the others fail fast`, async () => {
         const limit = KILL_TIMEOUT_MS[backend];
@@ -55,5 +54,4 @@ test('a rank that dies, exits or stalls, on Gloo and on Open MPI side by side', 
         assert.ok(x.ms >= 1500 && x.ms < 2000 * 2 + 5000, `rank ${x.rank} took ${x.ms} ms`);
       }
     });
-  })));
-});
+  }]));

@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { join } from 'node:path';
 import { assertMpiBuilt, freePort, isAlive, REPO_ROOT } from './helpers/world.js';
-import { suiteSlots } from './helpers/pool.js';
+import { sideBySide, suiteSlots } from './helpers/pool.js';
 import { runnableScript } from './helpers/compiled.js';
 import { makeHosts } from './helpers/hosts.js';
 
@@ -93,8 +93,7 @@ for (const backend of ['gloo', 'mpi'] as const) {
 }
 
 // Both backends at once: each job spends its 10 s waiting for the collective timeout, idle.
-test('a rank stopped with SIGSTOP past the collective timeout, on Gloo and on Open MPI side by side', { concurrency: 2 }, async (t) => {
-  await Promise.all((['gloo', 'mpi'] as const).map((backend) => t.test(`${backend}: a rank stopped with SIGSTOP past the collective timeout is named as stalled, not the rank that timed out waiting for it`, async () => {
+sideBySide('a rank stopped with SIGSTOP past the collective timeout, on Gloo and on Open MPI side by side', (['gloo', 'mpi'] as const).map((backend) => [`${backend}: a rank stopped with SIGSTOP past the collective timeout is named as stalled, not the rank that timed out waiting for it`, async () => {
     if (backend === 'mpi') assertMpiBuilt();
     // The collective timeout (10 s) comes long before the hung-rank watch (120 s): only the rank
     // that timed out can tell the launcher whom it waited for.
@@ -112,8 +111,7 @@ test('a rank stopped with SIGSTOP past the collective timeout, on Gloo and on Op
     } finally {
       job.child.kill('SIGKILL');
     }
-  })));
-});
+  }]));
 
 test('two nodes (loopback): a rank that throws mid-step on node 1 ends node 0\'s ranks within seconds, not at the collective timeout', async () => {
   const port = await freePort();

@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { runWorld, parseResults, describeWorld, scriptCommand, isAlive, assertMpiBuilt, REPO_ROOT } from './helpers/world.js';
 import { frame, storeProof, Op, Status } from '../src/distributed/store_server.js';
 import { loopbackNamespace } from '../src/launch/mpirun.js';
-import { suiteSlots } from './helpers/pool.js';
+import { sideBySide, suiteSlots } from './helpers/pool.js';
 import { procStatusBytes } from '../src/io/proc_status.js';
 import { runnableScript } from './helpers/compiled.js';
 
@@ -340,31 +340,29 @@ test('destroyProcessGroup releases sockets, threads and the listening port at on
 });
 
 // Side by side: both wait out a short timeout (the rendezvous', the collective's), idle.
-test('rendezvous and collective timeouts name the culprit: a duplicate RANK, a stalled rank', { concurrency: 2 }, async (t) => {
-  await Promise.all([
-    t.test('a duplicate RANK is detected at rendezvous and named', async () => {
-      const res = await runWorld({
-        nproc: 3, script: RANK_SCRIPT, args: ['join'], store: 'socket', env: { TEST_TIMEOUT_MS: '4000' },
-        rankEnv: (r) => ({ RANK: String(Math.min(r, 1)), LOCAL_RANK: String(Math.min(r, 1)) }),
-      });
-      assert.ok(res.codes.every((c) => c !== 0), describeWorld(res));
-      const all = res.outputs.join('\n');
-      assert.match(all, /RANK=1 was given to two processes of this job/, describeWorld(res));
-      assert.match(res.outputs[0]!, /RANK 1 was given to two processes; rank 2 never joined/, describeWorld(res));
-    }),
-    t.test('a stalled rank: the launcher names it, not a rank that timed out waiting for it', async () => {
-      const launcher = spawn(process.execPath, [FLOTILLA, 'run', '--nproc', '3', RUN_SCRIPT, 'stall', '1'], {
-        stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, TEST_TIMEOUT_MS: '3000' },
-      });
-      let err = '';
-      launcher.stderr!.on('data', (d) => (err += d));
-      const code = await new Promise((r) => launcher.on('close', r));
-      assert.notEqual(code, 0);
-      const last = err.trim().split('\n').pop()!;
-      assert.match(last, /^flotilla run: failed: rank 1 stalled: ranks 0, 2 timed out waiting in a collective/, err);
-    }),
-  ]);
-});
+sideBySide('rendezvous and collective timeouts name the culprit: a duplicate RANK, a stalled rank', [
+  ['a duplicate RANK is detected at rendezvous and named', async () => {
+    const res = await runWorld({
+      nproc: 3, script: RANK_SCRIPT, args: ['join'], store: 'socket', env: { TEST_TIMEOUT_MS: '4000' },
+      rankEnv: (r) => ({ RANK: String(Math.min(r, 1)), LOCAL_RANK: String(Math.min(r, 1)) }),
+    });
+    assert.ok(res.codes.every((c) => c !== 0), describeWorld(res));
+    const all = res.outputs.join('\n');
+    assert.match(all, /RANK=1 was given to two processes of this job/, describeWorld(res));
+    assert.match(res.outputs[0]!, /RANK 1 was given to two processes; rank 2 never joined/, describeWorld(res));
+  }],
+  ['a stalled rank: the launcher names it, not a rank that timed out waiting for it', async () => {
+    const launcher = spawn(process.execPath, [FLOTILLA, 'run', '--nproc', '3', RUN_SCRIPT, 'stall', '1'], {
+      stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, TEST_TIMEOUT_MS: '3000' },
+    });
+    let err = '';
+    launcher.stderr!.on('data', (d) => (err += d));
+    const code = await new Promise((r) => launcher.on('close', r));
+    assert.notEqual(code, 0);
+    const last = err.trim().split('\n').pop()!;
+    assert.match(last, /^flotilla run: failed: rank 1 stalled: ranks 0, 2 timed out waiting in a collective/, err);
+  }],
+]);
 
 test('ranks end when the launcher dies before they join a process group', async () => {
   const launcher = spawn(process.execPath, [FLOTILLA, 'run', '--nproc', '2', RUN_SCRIPT, 'prejoin'], { stdio: ['ignore', 'pipe', 'pipe'] });

@@ -7,6 +7,7 @@
 // through slots in a directory every file of one `node --test` run shares (suiteSlots below), so
 // two launch-heavy files side by side take turns instead of running four launches at once.
 import { spawn } from 'node:child_process';
+import { test, type TestContext } from 'node:test';
 import { mkdirSync, readlinkSync, symlinkSync, unlinkSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -177,5 +178,15 @@ export function spawnAsync(cmd: string, args: string[], o: { cwd?: string; env?:
       clearTimeout(timer);
       res({ status, signal, stdout, stderr });
     });
+  });
+}
+
+/**
+ * One test whose cases run side by side, as its subtests: for cases that mostly wait, idle (a
+ * timeout, a dead peer's socket), while their file holds every launch slot (suiteSlots.holdAll).
+ */
+export function sideBySide(name: string, cases: [string, (t: TestContext) => Promise<void>][]): void {
+  test(name, { concurrency: cases.length }, async (t) => {
+    await Promise.all(cases.map(([what, fn]) => t.test(what, fn)));
   });
 }
