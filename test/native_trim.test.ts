@@ -5,8 +5,9 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { existsSync, readFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { copyFileSync, existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { basename, join } from 'node:path';
 import { REPO_ROOT } from './helpers/world.js';
 
 const release = join(REPO_ROOT, 'native', 'build', 'Release');
@@ -33,4 +34,27 @@ test('the addon loads its copy of libtorch_cpu, which names none of the librarie
     assert.ok(![...mapped].some((f) => f.includes(stem)), `${lib} is not loaded`);
   }
   assert.ok(mapped.size < 100, `${mapped.size} files mapped (287 libraries with the original)`);
+});
+
+test('--if-stale makes the copy again when the libtorch_cpu it was made from changed (an upgrade in place), and only then', () => {
+  if (record.copy === undefined) return; // nothing is trimmed on this machine (the test above says why)
+  // A build directory of its own: the addon alone, whose RUNPATH ($ORIGIN) is that directory.
+  const dir = mkdtempSync(join(tmpdir(), 'flotilla-trim-'));
+  const trim = (...args: string[]): void => void execFileSync(process.execPath, [join(REPO_ROOT, 'scripts', 'trim-libtorch.cjs'), ...args, dir], { encoding: 'utf8' });
+  const recordHere = join(dir, 'libtorch_cpu.trimmed.json');
+  try {
+    copyFileSync(addon, join(dir, 'flotilla.node'));
+    trim();
+    const made = JSON.parse(readFileSync(recordHere, 'utf8')) as { copy: string; size: number };
+    assert.equal(made.copy, join(dir, basename(record.copy)));
+    const first = statSync(made.copy).mtimeMs;
+    trim('--if-stale');
+    assert.equal(statSync(made.copy).mtimeMs, first, 'a current copy is left as it is');
+    writeFileSync(recordHere, JSON.stringify({ ...made, size: made.size + 1 })); // as if libtorch_cpu had been replaced
+    trim('--if-stale');
+    assert.notEqual(statSync(made.copy).mtimeMs, first, 'the copy is made again');
+    assert.equal((JSON.parse(readFileSync(recordHere, 'utf8')) as { size: number }).size, made.size);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });

@@ -9,9 +9,9 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { spawnAsync, started } from './helpers/pool.js';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
+import { basename, join, resolve } from 'node:path';
 
 const ROOT = resolve(import.meta.dirname, '..');
 const work = mkdtempSync(join(tmpdir(), 'flotilla-package-'));
@@ -93,6 +93,12 @@ test('npm pack, npm install into a new project: plain node, tsc --strict and npx
     assert.ok(existsSync(join(pkgDir, 'native', 'build', 'Release', 'flotilla.node')), 'no addon in the installed package');
     // The install script ran (allowed above) and found the packed addon fit for this machine.
     assert.match(install.out, /flotilla: (using the prebuilt native addon|native addon built)/, install.out);
+    // Either way the install ends with the addon's copy of libtorch_cpu (scripts/trim-libtorch.cjs),
+    // which the package does not ship: its record says what was done here.
+    const trimmed = JSON.parse(readFileSync(join(pkgDir, 'native', 'build', 'Release', 'libtorch_cpu.trimmed.json'), 'utf8')) as { copy?: string };
+    const ours = JSON.parse(readFileSync(join(ROOT, 'native', 'build', 'Release', 'libtorch_cpu.trimmed.json'), 'utf8')) as { copy?: string };
+    assert.equal(trimmed.copy !== undefined, ours.copy !== undefined, JSON.stringify(trimmed));
+    if (trimmed.copy !== undefined) assert.equal(trimmed.copy, join(realpathSync(pkgDir), 'native', 'build', 'Release', basename(ours.copy!)));
   });
 
   await t.test('plain node imports it from an .mjs file', async () => {
