@@ -127,3 +127,14 @@ test('a run directory with a config and no metrics yet (stopped before its first
 });
 
 test.after(() => rmSync(dir, { recursive: true, force: true }));
+
+test('the report code loads without ECharts; the first chart loads it (rank 0 holds the report code through a run)', async () => {
+  const { createRequire } = await import('node:module');
+  const loaded = (): boolean => Object.keys(createRequire(import.meta.url).cache).some((f) => /[\\/]node_modules[\\/]echarts[\\/]/.test(f));
+  const { writeReport } = await import('../src/report/index.js');
+  assert.equal(loaded(), false, 'importing the report code loaded ECharts (about 60 MiB of a training rank 0)');
+  const d = makeRun('lazy-charts', [row(1), row(2), row(3)].join('\n') + '\n');
+  const html = readFileSync(writeReport([d]), 'utf8');
+  assert.match(html, /id="chart-loss"/);
+  assert.equal(loaded(), true, 'the report drew its charts without ECharts?');
+});

@@ -5,8 +5,15 @@ import type * as EChartsModule from 'echarts';
 import type { StepMetrics } from '../train/metrics.js';
 
 // The package's single-file CommonJS build: its ESM entry is hundreds of small modules, which took
-// over a second to load at the end of every run (0.25 s this way).
-const echarts = createRequire(import.meta.url)('echarts') as typeof EChartsModule;
+// over a second to load at the end of every run (0.25 s this way). Required at the first chart, not
+// when this module loads: rank 0 of `flotilla train` loads the report code at the start of a run (so
+// that an exiting process can still write the report synchronously), and ECharts' 3.7 MB of
+// JavaScript held about 60 MiB of rank 0's memory through the whole run (V8's heap grew from 14 to
+// 60 MiB), which no other rank has. require() is synchronous, so the exit path still works.
+let echartsModule: typeof EChartsModule | undefined;
+function echarts(): typeof EChartsModule {
+  return (echartsModule ??= createRequire(import.meta.url)('echarts') as typeof EChartsModule);
+}
 
 export interface ChartSeries {
   name: string;
@@ -39,7 +46,7 @@ function thin(points: [number, number][]): [number, number][] {
 
 /** One chart as a standalone <svg> element. */
 export function renderChart(spec: ChartSpec): string {
-  const chart = echarts.init(null, null, { renderer: 'svg', ssr: true, width: CHART_WIDTH, height: CHART_HEIGHT });
+  const chart = echarts().init(null, null, { renderer: 'svg', ssr: true, width: CHART_WIDTH, height: CHART_HEIGHT });
   try {
     chart.setOption({
       animation: false,
