@@ -8,7 +8,7 @@
 // pieces of a graph run separately) fires k times. The tests below pin both facts down.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { tensor, randn, randint, tidy, zeros, liveTensors, manualSeed, setNumThreads, backward, type Tensor } from '../src/tensor/index.js';
+import { tensor, randn, randint, tidy, keep, zeros, liveTensors, manualSeed, setNumThreads, backward, type Tensor } from '../src/tensor/index.js';
 import { GPT } from '../src/models/gpt.js';
 import { assertClose } from './oracle/check.js';
 
@@ -128,6 +128,31 @@ test('tensor hooks see the gradient and can replace it (leaf and intermediate)',
     z.mul(z).sum().backward();
     assert.ok(called);
     assert.deepEqual(z.grad!.toNumbers(), [2, 4]);
+  });
+});
+
+test("a tensor hook's call is a scope: its gradient and temporaries are freed when it returns, unless returned or kept", () => {
+  tidy(() => {
+    const w = tensor([1, 2, 3], { dtype: 'float32', requiresGrad: true });
+    const seen: Tensor[] = [];
+    let temp: Tensor | undefined;
+    const remove = w.registerHook((g) => {
+      seen.push(g);
+      temp = g.mul(2); // made and dropped inside the hook
+    });
+    w.mul(3).sum().backward();
+    // Held by the step's scope until it ended, every parameter's incoming gradient stayed alive
+    // through backward: data parallelism's readiness hook held a step's weight gradients twice.
+    assert.ok(seen[0]!.isDisposed && temp!.isDisposed, 'the hook\'s gradient and temporaries outlived its call');
+    remove();
+    // What the hook keeps stays, and what it returns replaces the gradient.
+    let kept: Tensor | undefined;
+    w.registerHook((g) => { kept = keep(g); return g.mul(10); });
+    w.grad = undefined;
+    w.mul(1).sum().backward();
+    assert.deepEqual(kept!.toNumbers(), [1, 1, 1]);
+    assert.deepEqual(w.grad!.toNumbers(), [10, 10, 10]);
+    kept!.dispose();
   });
 });
 
