@@ -118,7 +118,12 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
     for (const part of model.parts) part.train();
     const moe = run.moe;
     const loopStart = performance.now();
-    releaseIdleMemory(); // from here, freed memory the steps do not reuse goes back after each step
+    // What building the run freed (the model's first weights, copied into flat buckets; a checkpoint's
+    // staging) goes back now, not after the first step: the cache's trim returns only blocks that stayed
+    // unused for a whole step, so they used to sit beside the first step's own memory, and that step
+    // set the run's peak (a 25M GPT on 4 ranks: 98 MiB of them). From here, freed memory the steps do
+    // not reuse goes back after each step (releaseIdleMemory below).
+    releaseFreedMemory();
     for (let step = startStep; step < steps; step++) {
       manualSeed(stepSeed(cfg.train.seed, step)); // dropout draws: a function of the step, so a resume draws the same
       const lr = run.schedule(step);
