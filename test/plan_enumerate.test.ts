@@ -13,7 +13,8 @@ import { validateConfig } from '../src/config/validate.js';
 import { layoutProblems, PARALLEL_DEFAULTS } from '../src/parallel/layout.js';
 import { enumerateLayouts, LAYOUT_FIELDS, FIELD_SECTION } from '../src/plan/enumerate.js';
 import { PLAN_AXES, PLANNER_FIELDS } from '../src/plan/axes.js';
-import { budgetOf, contextFor } from '../src/plan/predict.js';
+import { budgetOf, contextFor, inStepCosts, predict, type Measurements } from '../src/plan/predict.js';
+import { probeLayout, type CommTable } from '../src/plan/calibrate.js';
 import { modelFacts } from '../src/plan/facts.js';
 import { pinnedFields } from '../src/plan/plan.js';
 
@@ -122,4 +123,35 @@ test('groups that span hosts are marked: 2 hosts x 2 ranks', () => {
   assert.ok(ops.some((o) => o.what.includes('per block')) && ops.some((o) => o.what.startsWith('gradient')), ops.map((o) => o.what).join('; '));
   assert.ok(ops.filter((o) => o.group === 2 && o.what.includes('per block')).every((o) => !o.crossHost), 'tp pairs are neighbours on one host');
   assert.ok(ops.filter((o) => o.what.startsWith('gradient')).every((o) => o.crossHost), 'dp across the tp pairs spans hosts');
+});
+
+test('in-step collectives: a probe run\'s shortfall is spread over its in-step calls, and every layout with those calls pays it per call', () => {
+  // [Note: in-step collectives] A model of constant costs: 1 ms per block forward and backward, 0.5 ms
+  // per collective, no optimizer or loop time, so every price below is exact.
+  const cfg = loadConfig(config(''), []);
+  const one = loadConfig(config(''), ['--model.nLayer=1']);
+  const flat: [number, number][] = [[1, 0.5], [2 ** 40, 0.5]];
+  const comm: CommTable = { backend: 'gloo', worldSize: 4, table: Object.fromEntries(['allReduce', 'allGather', 'reduceScatter', 'sendRecv'].flatMap((op) => [2, 4].map((g) => [`${op}:${g}`, flat]))) };
+  const part = { fwdMs: 1, bwdMs: 1, actBytes: 0 };
+  const m: Measurements = {
+    compute: (p) => ({ ...p, block: part, rest: { fwdMs: 0, bwdMs: 0, actBytes: 0 } }), optimizerNsPerParam: 0, comm, cores: 2,
+    baseline: { bytes: 0, startupBytes: 0, stepMs: 0, zero3CallMs: 0, zero3MsPerMiB: 0 },
+  };
+  const w = { nproc: 4, nnodes: 1 };
+  const layout = probeLayout('tp', one, 4);
+  assert.deepEqual([layout.tp, layout.dp, layout.sequenceParallel], [2, 2, false]);
+  const priced = predict(one, layout, modelFacts(one), w, m).stepMs;
+  const calls = budgetOf(contextFor(one, layout, modelFacts(one), w, 0)).comm.filter((op) => op.inStep === 'tp').reduce((a, op) => a + (op.calls ?? 1) * op.times, 0);
+  assert.equal(calls, 4, 'one block: two sums forward, two input gradients backward');
+  const costs = inStepCosts([{ probe: 'tp', layout, stepMs: priced + 8 }], one, modelFacts(one), w, m, () => true);
+  assert.equal(costs.tp, 2, '8 ms more than priced, over 4 calls');
+  // A measurement under the price charges nothing.
+  assert.equal(inStepCosts([{ probe: 'tp', layout, stepMs: priced - 5 }], one, modelFacts(one), w, m, () => true).tp, 0);
+  // The 4-block model's tp layouts pay 2 ms for each of their 16 in-step calls; the others nothing more.
+  const withCost = { ...m, inStepCallMs: costs };
+  for (const c of enumerateLayouts(cfg, 4).filter((x) => x.layout.pp === 1 && x.layout.microBatches === 1)) {
+    const more = predict(cfg, c.layout, modelFacts(cfg), w, withCost).stepMs - predict(cfg, c.layout, modelFacts(cfg), w, m).stepMs;
+    const expect = c.layout.tp > 1 && !c.layout.sequenceParallel ? 2 * 4 * cfg.model.nLayer : 0;
+    assert.ok(Math.abs(more - expect) < 1e-9, `${c.overrides.join(' ')}: ${more} ms more, expected ${expect}`);
+  }
 });

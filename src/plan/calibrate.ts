@@ -23,7 +23,8 @@ import type { FlotillaConfig } from '../config/schema.js';
 import type { CalibrationPoint, DepthTiming, ModelCalibrationIn, ModelCalibrationOut } from './calibrate_model.js';
 import { measureLayout, planScript } from './measure.js';
 import { commandFor } from '../launch/launcher.js';
-import type { Collective } from './terms.js';
+import { type Collective, type InStepProbe, type PlanLayout } from './terms.js';
+import { layoutRefusals, overridesOf } from './enumerate.js';
 import { cacheDir } from '../io/cache_dir.js';
 import { loadConfig } from '../config/index.js';
 import { modelFacts } from './facts.js';
@@ -217,6 +218,61 @@ export interface Baseline {
   zero3MsPerMiB: number;
 }
 
+/** The 1-block model of the config's width under an in-step probe's layout, and its median step (ms). */
+export interface InStepRun {
+  probe: InStepProbe;
+  layout: PlanLayout;
+  stepMs: number;
+}
+
+/**
+ * The in-step probes the candidates need ([Note: in-step collectives] in predict.ts): the 1-block
+ * model of the config's width under tp, tp + sp, cp or ZeRO-2 on these ranks, where the project's
+ * checks accept it; each cached on its own. predict.ts prices the same runs and charges what it
+ * misses to their in-step calls.
+ */
+export async function calibrateInStep(config: string, cfg: FlotillaConfig, overrides: readonly string[], nproc: number, probes: readonly InStepProbe[], log: (l: string) => void): Promise<InStepRun[]> {
+  const out: InStepRun[] = [];
+  if (nproc < 2) return out;
+  const one = loadConfig(config, [...overrides, ...ONE_BLOCK_FLAGS]);
+  for (const probe of probes) {
+    if (probe !== 'zero2' && nproc % 2 !== 0) continue;
+    const layout = probeLayout(probe, one, nproc);
+    if (layoutRefusals(one, layout, nproc).length > 0) continue;
+    const key = { probe, layout, data: cfg.data, model: cfg.model, backend: cfg.parallel.backend, nproc, threads: cfg.train.threads, machine: machine(), code: [codeOf('measure'), codeOf('calibrate')] };
+    try {
+      const stepMs = await cached(`instep-${probe}`, key, async () => {
+        log(`[plan] measuring ${probe} collectives inside the step with a 1-block model on ${nproc} rank(s) (once, cached)`);
+        return (await measureLayout(config, [...overrides, ...ONE_BLOCK_FLAGS, ...overridesOf(one, layout)], nproc, { steps: 5 })).stepMs;
+      });
+      out.push({ probe, layout, stepMs });
+    } catch (e) { // not cached: measured again next time
+      log(`[plan] ${probe}: not measured (${(e as Error).message.split('\n')[0]}); its collectives are priced from the table alone`);
+    }
+  }
+  return out;
+}
+
+/** A 1-block model of width 32 on data parallelism alone: the baseline's model. */
+const TINY_FLAGS = ['--model.nLayer=1', '--model.nEmbd=32', '--model.nHead=1', '--moe.experts=0', '--parallel.dp=-1', '--parallel.zero=0', '--parallel.dpShard=-1', '--parallel.dpReplicate=1', '--parallel.pp=1', '--parallel.tp=1', '--parallel.cp=1', '--parallel.ep=1',
+  '--parallel.sequenceParallel=false', '--parallel.lossParallel=false', '--parallel.auto=false', '--data.microBatches=1', '--train.activationCheckpoint=none', '--train.precision=fp32', '--parallel.accumulate=auto'];
+/** The same with the config's width and heads: one block of the config's own. */
+export const ONE_BLOCK_FLAGS = TINY_FLAGS.filter((o) => !/^--model\.(nEmbd|nHead)=/.test(o));
+
+/** The layout of an in-step probe on n ranks ([Note: in-step collectives] in predict.ts): two ranks of the probed axis, the rest data parallel. */
+export function probeLayout(probe: InStepProbe, cfg: FlotillaConfig, n: number): PlanLayout {
+  const base: PlanLayout = {
+    dp: n, zero: 0, dpShard: -1, dpReplicate: 1, pp: 1, ppSchedule: cfg.parallel.ppSchedule, ppVirtualStages: 1, tp: 1, sequenceParallel: false, cp: 1, ep: 1,
+    microBatches: 1, activationCheckpoint: 'none', precision: 'fp32',
+  };
+  switch (probe) {
+    case 'tp': return { ...base, dp: n / 2, tp: 2 };
+    case 'sp': return { ...base, dp: n / 2, tp: 2, sequenceParallel: true };
+    case 'cp': return { ...base, dp: n / 2, cp: 2 };
+    case 'zero2': return { ...base, zero: 2, dpShard: n };
+  }
+}
+
 /**
  * The baseline of a rank for this config's data and ranks, measured with a 1-block model of width
  * 32 (cached): its high-water mark is the start-up's, and rank 0's resident size after the second
@@ -224,13 +280,11 @@ export interface Baseline {
  * is what the loop keeps besides the layout's terms.
  */
 export function calibrateBaseline(config: string, cfg: FlotillaConfig, overrides: readonly string[], nproc: number, log: (l: string) => void): Promise<Baseline> {
-  const tiny = ['--model.nLayer=1', '--model.nEmbd=32', '--model.nHead=1', '--moe.experts=0', '--parallel.dp=-1', '--parallel.zero=0', '--parallel.dpShard=-1', '--parallel.dpReplicate=1', '--parallel.pp=1', '--parallel.tp=1', '--parallel.cp=1', '--parallel.ep=1',
-    '--parallel.sequenceParallel=false', '--parallel.lossParallel=false', '--parallel.auto=false', '--data.microBatches=1', '--train.activationCheckpoint=none', '--train.precision=fp32', '--parallel.accumulate=auto'];
   // The model and resharding too: ZeRO-3's cost per MiB is measured at the config's width.
   const key = { data: cfg.data, model: cfg.model, reshard: cfg.parallel.reshardAfterForward, backend: cfg.parallel.backend, nproc, threads: cfg.train.threads, machine: machine(), code: [codeOf('measure'), codeOf('calibrate')] };
   return cached('baseline', key, async () => {
     log(`[plan] measuring a rank's baseline with a 1-block model on ${nproc} rank(s) (once, cached)`);
-    const m = await measureLayout(config, [...overrides, ...tiny], nproc, { steps: 5, progress: true });
+    const m = await measureLayout(config, [...overrides, ...TINY_FLAGS], nproc, { steps: 5, progress: true });
     const tinyParams = cfg.model.vocabSize * 32 * 2 + cfg.model.blockSize * 32 + 13 * 32 * 32;
     // Rank 0's resident size after step 2, less the tiny model's state and the freed tensor memory
     // the allocator's cache keeps for the next step (the activations' blocks: a layout's own
@@ -249,9 +303,9 @@ export function calibrateBaseline(config: string, cfg: FlotillaConfig, overrides
       const z3 = ['--parallel.zero=3', '--parallel.dpShard=-1'];
       const perUnit = (cfg.parallel.reshardAfterForward ? 2 : 1) + 1; // gathers and the reduce-scatter of one unit
       const calls = 2 * perUnit;
-      const z = await measureLayout(config, [...overrides, ...tiny, ...z3], nproc, { steps: 5 });
+      const z = await measureLayout(config, [...overrides, ...TINY_FLAGS, ...z3], nproc, { steps: 5 });
       zero3CallMs = Math.max(0, (z.stepMs - m.stepMs) / calls);
-      const wide = tiny.filter((o) => !/^--model\.(nEmbd|nHead)=/.test(o));
+      const wide = ONE_BLOCK_FLAGS;
       const [dpWide, z3Wide] = [await measureLayout(config, [...overrides, ...wide], nproc, { steps: 5 }), await measureLayout(config, [...overrides, ...wide, ...z3], nproc, { steps: 5 })];
       const wideParams = modelFacts(loadConfig(config, [...overrides, ...wide])).numParams;
       zero3MsPerMiB = Math.max(0, (z3Wide.stepMs - dpWide.stepMs - calls * zero3CallMs) / ((perUnit * 4 * wideParams) / 2 ** 20));

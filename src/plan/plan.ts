@@ -5,11 +5,12 @@ import { totalmem } from 'node:os';
 import type { FlotillaConfig } from '../config/schema.js';
 import { enumerateLayouts, overridesOf, FIELD_SECTION, LAYOUT_FIELDS, type Candidate } from './enumerate.js';
 import { modelFacts } from './facts.js';
-import { calibrateBaseline, calibrateComm, calibrateCompute, type ComputePoint, type PartTiming } from './calibrate.js';
-import { machineCores, pointOf, predict, type Measurements, type Prediction, type World } from './predict.js';
+import { ONE_BLOCK_FLAGS, calibrateBaseline, calibrateInStep, calibrateComm, calibrateCompute, type ComputePoint, type PartTiming } from './calibrate.js';
+import { loadConfig } from '../config/index.js';
+import { inStepCosts, machineCores, pointOf, predict, type Measurements, type Prediction, type World } from './predict.js';
 import { measureLayout, type Measured } from './measure.js';
 import type { CalibrationPoint } from './calibrate_model.js';
-import type { PlanField, PlanLayout } from './terms.js';
+import { IN_STEP_PROBES, type InStepProbe, type PlanField, type PlanLayout } from './terms.js';
 
 const MiB = 2 ** 20;
 
@@ -86,6 +87,16 @@ function interpolate(points: ComputePoint[]): (p: CalibrationPoint) => ComputePo
   };
 }
 
+/** Whether a layout issues the in-step collectives a probe measures. */
+function usesProbe(l: PlanLayout, p: InStepProbe): boolean {
+  switch (p) {
+    case 'tp': return l.tp > 1 && !l.sequenceParallel;
+    case 'sp': return l.tp > 1 && l.sequenceParallel;
+    case 'cp': return l.cp > 1;
+    case 'zero2': return l.zero === 2;
+  }
+}
+
 /** Predicts every layout (or the given ones) and ranks them by step time. */
 export async function plan(cfg: FlotillaConfig, o: PlanOptions): Promise<PlanResult> {
   const log = o.log ?? (() => {});
@@ -99,6 +110,18 @@ export async function plan(cfg: FlotillaConfig, o: PlanOptions): Promise<PlanRes
   const comm = await calibrateComm(cfg, o.nproc, log);
   const baseline = await calibrateBaseline(o.config, cfg, o.overrides, o.nproc, log);
   const m: Measurements = { compute: interpolate(compute.points), optimizerNsPerParam: compute.optimizerNsPerParam, comm, baseline, cores: machineCores() };
+  const probes = IN_STEP_PROBES.filter((p) => candidates.some((c) => usesProbe(c.layout, p)));
+  const inStep = await calibrateInStep(o.config, cfg, o.overrides, o.nproc, probes, log);
+  if (inStep.length > 0) {
+    const one = loadConfig(o.config, [...o.overrides, ...ONE_BLOCK_FLAGS]);
+    const calibrated = (p: CalibrationPoint): boolean => {
+      const same = compute.points.filter((q) => q.tokens === p.tokens && q.precision === p.precision && q.activationCheckpoint === p.activationCheckpoint);
+      return same.some((q) => q.samples === p.samples) || new Set(same.map((q) => q.samples)).size > 1;
+    };
+    m.inStepCallMs = inStepCosts(inStep, one, modelFacts(one), world, m, calibrated);
+    const said = Object.entries(m.inStepCallMs).map(([k, v]) => `${k} ${v.toFixed(2)} ms`);
+    if (said.length > 0) log(`[plan] collectives inside the step cost beyond the table, per call: ${said.join(', ')}`);
+  }
   const limit = (o.memoryGiB !== undefined ? o.memoryGiB * 1024 : totalmem() / MiB / o.nproc);
   const rows = candidates.map((c): PlanRow => {
     const p = predict(cfg, c.layout, facts, world, m);

@@ -14,14 +14,23 @@
 // piece's latency, and each ZeRO-3 unit call also its measured bookkeeping (calibrate.ts, baseline).
 // The compute times were measured with as many processes
 // running at once as the host runs ranks, so ranks that outnumber the cores are in them.
+//
+// [Note: in-step collectives] A collective that the rank's compute waits on where it is issued
+// (tensor and sequence parallelism's sums and gathers, context parallelism's ring, ZeRO-2's buckets)
+// costs more in a step than the table's time for idle ranks: the ranks reach it at different moments
+// and the slower one's lead is waited out, each time. The table cannot see that, so it is measured:
+// calibrateInStep trains a 1-block model of the config's width under each such layout the candidates
+// use (tp, tp + sp, cp on 2 ranks of the world, ZeRO-2), inStepCosts prices the same runs with this model, and what the
+// measurement exceeds the price by, over the runs' in-step calls, is what each such call costs beyond
+// the table (0 when the price was higher). Tensor parallelism predicted without it was 16-39% short.
 import { cpus } from 'node:os';
 import { buildSchedule, simulate } from '../parallel/pipeline/schedule.js';
 import { defaultBucketSizeMb } from '../parallel/layout.js';
 import type { FlotillaConfig } from '../config/schema.js';
 import { PLAN_AXES } from './axes.js';
-import { commMs, type Baseline, type CommTable, type ComputePoint, type PartTiming } from './calibrate.js';
+import { commMs, type Baseline, type CommTable, type ComputePoint, type InStepRun, type PartTiming } from './calibrate.js';
 import type { CalibrationPoint } from './calibrate_model.js';
-import { MEMORY_TERMS, wholeModel, type MemoryTerm, type ModelFacts, type PlanContext, type PlanLayout, type RankBudget } from './terms.js';
+import { MEMORY_TERMS, wholeModel, type InStepProbe, type MemoryTerm, type ModelFacts, type PlanContext, type PlanLayout, type RankBudget } from './terms.js';
 
 export interface World {
   nproc: number;
@@ -65,6 +74,8 @@ export interface Measurements {
   comm: CommTable;
   baseline: Baseline;
   cores: number;
+  /** What each in-step collective call costs beyond the table, per probe ([Note: in-step collectives]; inStepCosts). */
+  inStepCallMs?: Partial<Record<InStepProbe, number>>;
 }
 
 export function predict(cfg: FlotillaConfig, layout: PlanLayout, facts: ModelFacts, w: World, m: Measurements): Prediction {
@@ -94,7 +105,7 @@ export function predict(cfg: FlotillaConfig, layout: PlanLayout, facts: ModelFac
       const calls = op.calls ?? 1;
       const zero3Own = op.zero3Unit ? calls * m.baseline.zero3CallMs + (m.baseline.zero3MsPerMiB * op.bytes) / 2 ** 20 : 0;
       const t = (calls * commMs(m.comm, op.op, op.group, op.bytes / calls) + zero3Own) * op.times;
-      c += t;
+      c += t + (op.inStep ? calls * op.times * (m.inStepCallMs?.[op.inStep] ?? 0) : 0); // the waiting is never hidden
       if (op.overlaps === 'backward' && spare) hideable += t;
     }
     c -= Math.min(hideable, bwd * layout.microBatches);
@@ -121,3 +132,21 @@ export function predict(cfg: FlotillaConfig, layout: PlanLayout, facts: ModelFac
 }
 
 export const machineCores = (): number => cpus().length;
+
+/**
+ * What each in-step collective call costs beyond the table ([Note: in-step collectives]): the probe
+ * runs of calibrate.ts (a 1-block model `one` of the config's width, its facts `oneFacts`), priced
+ * with `m` as it is, their shortfall over their in-step calls. A probe whose compute shape was not
+ * calibrated (`calibrated` false) is left out.
+ */
+export function inStepCosts(runs: readonly InStepRun[], one: FlotillaConfig, oneFacts: ModelFacts, w: World, m: Measurements, calibrated: (p: CalibrationPoint) => boolean): Partial<Record<InStepProbe, number>> {
+  const out: Partial<Record<InStepProbe, number>> = {};
+  for (const run of runs) {
+    if (!calibrated(pointOf(one, run.layout))) continue;
+    const priced = predict(one, run.layout, oneFacts, w, { ...m, inStepCallMs: {} }).stepMs;
+    const b = budgetOf(contextFor(one, run.layout, oneFacts, w, 0));
+    const calls = b.comm.filter((op) => op.inStep === run.probe).reduce((a, op) => a + (op.calls ?? 1) * op.times, 0);
+    if (calls > 0) out[run.probe] = Math.max(0, (run.stepMs - priced) / calls);
+  }
+  return out;
+}

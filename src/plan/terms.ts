@@ -64,11 +64,22 @@ export interface CommOp {
   calls?: number;
   /** ZeRO-3's own work per unit collective (gathering into and freeing the unit's parameters), priced from the baseline's measurement. */
   zero3Unit?: boolean;
+  /**
+   * A collective the rank's compute waits on where it is issued (tensor, sequence and context
+   * parallelism's inside forward and backward; ZeRO-2's gradient buckets, each finished before the
+   * next is launched). Each call also pays what that probe measured beyond the table ([Note: in-step
+   * collectives] in src/plan/predict.ts).
+   */
+  inStep?: InStepProbe;
   /** What it can hide behind: the backward pass (gradient buckets, ZeRO-3 prefetch), or nothing. */
   overlaps: 'backward' | 'forward' | 'none';
   /** The group spans hosts (measured apart, when it could be). */
   crossHost: boolean;
 }
+
+/** The layouts whose in-step collectives are measured (calibrate.ts, with a 1-block model of the config's width). */
+export const IN_STEP_PROBES = ['tp', 'sp', 'cp', 'zero2'] as const;
+export type InStepProbe = (typeof IN_STEP_PROBES)[number];
 
 /** The memory terms of a rank's peak, in bytes (their sum is the prediction). */
 export const MEMORY_TERMS = [

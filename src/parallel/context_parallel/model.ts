@@ -152,7 +152,7 @@ export const contextParallelPlanAxis: PlanAxis = {
     const elem = l.precision === 'bf16-mixed' ? 2 : 4;
     const kv = 2 * b.samples * b.tokens * (ctx.model.nEmbd / l.tp) * elem;
     b.comm.push({
-      what: 'ring attention keys/values (and their gradients)', op: 'sendRecv', group: l.cp, bytes: kv, times: 3 * (l.cp - 1) * b.blocks * l.microBatches, overlaps: 'none',
+      what: 'ring attention keys/values (and their gradients)', op: 'sendRecv', group: l.cp, bytes: kv, times: 3 * (l.cp - 1) * b.blocks * l.microBatches, overlaps: 'none', inStep: 'cp',
       crossHost: crossesHosts(axisStride(l, 'cp'), l.cp, ctx.ranksPerHost),
     });
   },

@@ -182,10 +182,10 @@ export const tensorParallelPlanAxis: PlanAxis = {
     const cross = crossesHosts(1, tp, ctx.ranksPerHost);
     const n = l.microBatches;
     if (l.sequenceParallel) {
-      b.comm.push({ what: 'sequence-parallel all-gathers (2 per block each way)', op: 'allGather', group: tp, bytes: act / tp, times: 4 * b.blocks * n, overlaps: 'none', crossHost: cross });
-      b.comm.push({ what: 'sequence-parallel reduce-scatters (2 per block each way)', op: 'reduceScatter', group: tp, bytes: act, times: 4 * b.blocks * n, overlaps: 'none', crossHost: cross });
+      b.comm.push({ what: 'sequence-parallel all-gathers (2 per block each way)', op: 'allGather', group: tp, bytes: act / tp, times: 4 * b.blocks * n, overlaps: 'none', inStep: 'sp', crossHost: cross });
+      b.comm.push({ what: 'sequence-parallel reduce-scatters (2 per block each way)', op: 'reduceScatter', group: tp, bytes: act, times: 4 * b.blocks * n, overlaps: 'none', inStep: 'sp', crossHost: cross });
     } else {
-      b.comm.push({ what: 'row-parallel sums and input gradients (4 per block)', op: 'allReduce', group: tp, bytes: act, times: 4 * b.blocks * n, overlaps: 'none', crossHost: cross });
+      b.comm.push({ what: 'row-parallel sums and input gradients (4 per block)', op: 'allReduce', group: tp, bytes: act, times: 4 * b.blocks * n, overlaps: 'none', inStep: 'tp', crossHost: cross });
     }
     if (b.embed) b.comm.push({ what: 'vocabulary-parallel embedding sum', op: 'allReduce', group: tp, bytes: act, times: n, overlaps: 'none', crossHost: cross });
     if (b.head && !ctx.lossParallel) b.comm.push({ what: 'head logits all-gather', op: 'allGather', group: tp, bytes: b.samples * b.tokens * m.vocabSize * 4 / tp, times: n, overlaps: 'none', crossHost: cross });
