@@ -3,7 +3,7 @@
 // zero-bubble I/W split of a Linear's gradient.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { randn, randint, tidy, manualSeed, setNumThreads, setDefaultDtype, backward, grad, noGrad, type Tensor } from '../src/tensor/index.js';
+import { randn, randint, tidy, keep, manualSeed, setNumThreads, setDefaultDtype, backward, grad, noGrad, type Tensor } from '../src/tensor/index.js';
 import { F } from '../src/nn/index.js';
 import { GPT, GPTStage, gptLoss } from '../src/models/gpt.js';
 import { planStages } from '../src/models/gpt_parallel.js';
@@ -91,7 +91,7 @@ test('zero-bubble split of a Linear: I (inputs = [x]) then W = dy^T x equals one
     const x = x0.clone().requiresGrad_();
     const out = F.linear(x, w, b);
     let dy: Tensor | undefined;
-    out.registerHook((g) => void (dy = g));
+    out.registerHook((g) => void (dy = keep(g))); // the hook's call is a scope: keep what it stores
     backward([out.tanh().sum()], undefined, { inputs: [x] });
     assert.equal(w.grad, undefined);
     assert.ok(dy);
