@@ -40,10 +40,12 @@ const inHeap = heapRanges().some(([a, b]) => a <= p && end <= b);
 const h1 = heap(), r1 = rss();
 t.dispose();
 const h2 = heap(), r2 = rss();
-console.log(JSON.stringify({ inHeap, shrank: h1 - h2, rssDrop: r1 - r2 }));
+const stillMapped = readFileSync('/proc/self/maps', 'utf8').split('\\n').filter(Boolean)
+  .map((l) => l.split(' ')[0].split('-').map((x) => BigInt('0x' + x))).some(([a, b]) => a <= p && end <= b);
+console.log(JSON.stringify({ inHeap, stillMapped, shrank: h1 - h2, rssDrop: r1 - r2 }));
 `;
 
-function probe(env: Record<string, string>): { inHeap: boolean; shrank: number; rssDrop: number } {
+function probe(env: Record<string, string>): { inHeap: boolean; stillMapped: boolean; shrank: number; rssDrop: number } {
   // The probe starts from an environment without malloc settings of its own, whatever this one has.
   const base = withoutAllocatorSettings(process.env);
   const r = spawnSync(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', PROBE], {
@@ -56,11 +58,14 @@ function probe(env: Record<string, string>): { inHeap: boolean; shrank: number; 
 test('tuned: a 16 MiB tensor comes from the heap and its memory stays with the process after it is freed; glibc\'s defaults map and unmap it', () => {
   assert.ok(16 * MiB < MALLOC_OPTIONS.mmapThreshold && 16 * MiB < MALLOC_OPTIONS.trimThreshold);
   const tuned = probe({ FLOTILLA_MALLOC: 'tuned' });
-  assert.ok(tuned.inHeap, 'tuned: the 16 MiB tensor was not inside the [heap] mapping (expected: served from the heap)');
+  // Served by malloc's arena, not a mapping of its own: its pages stay mapped when it is freed. (The arena
+  // is the [heap] unless something was mapped just above the program break, which glibc then works
+  // around with mappings of its own for the arena: seen once in many runs, so where it lies is not asserted.)
+  assert.ok(tuned.stillMapped, `tuned: the 16 MiB tensor's memory was unmapped when it was freed (expected: kept by malloc's heap; inside [heap]: ${tuned.inHeap})`);
   assert.ok(tuned.shrank < 4 * MiB, `tuned: the heap shrank by ${tuned.shrank} bytes when the tensor was freed`);
   assert.ok(tuned.rssDrop < 4 * MiB, `tuned: freeing the tensor returned ${tuned.rssDrop} resident bytes to the OS`);
   const glibc = probe({ FLOTILLA_MALLOC: 'default' });
-  assert.ok(!glibc.inHeap, 'glibc defaults: the 16 MiB tensor was inside [heap] (expected a mapping of its own)');
+  assert.ok(!glibc.inHeap && !glibc.stillMapped, `glibc defaults: the 16 MiB tensor was ${glibc.inHeap ? 'inside [heap]' : 'still mapped after it was freed'} (expected a mapping of its own, unmapped when freed)`);
   assert.ok(glibc.rssDrop >= 15 * MiB, `glibc defaults: freeing returned only ${glibc.rssDrop} resident bytes`);
 });
 
