@@ -149,8 +149,13 @@ function groupNorm({ tensors, sumOver }: { tensors: Tensor[]; sumOver: ProcessGr
           if (p === 2) {
             // Squared in place in the float64 copy: one chunk-sized temporary, not three (24 MiB of
             // freed blocks the tensor cache kept for every step of a 25M model).
-            const c = piece.dtype === 'float64' ? piece.mul(piece) : piece.to('float64');
-            v = (piece.dtype === 'float64' ? c : c.mul_(c)).sum().item();
+            let sq: Tensor;
+            if (piece.dtype === 'float64') sq = piece.mul(piece);
+            else {
+              sq = piece.to('float64');
+              sq.mul_(sq);
+            }
+            v = sq.sum().item();
           } else {
             const c = piece.to('float64').abs();
             if (inf) v = c.max().item();

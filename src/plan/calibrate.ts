@@ -305,9 +305,8 @@ export function calibrateBaseline(config: string, cfg: FlotillaConfig, overrides
       const calls = 2 * perUnit;
       const z = await measureLayout(config, [...overrides, ...TINY_FLAGS, ...z3], nproc, { steps: 5 });
       zero3CallMs = Math.max(0, (z.stepMs - m.stepMs) / calls);
-      const wide = ONE_BLOCK_FLAGS;
-      const [dpWide, z3Wide] = [await measureLayout(config, [...overrides, ...wide], nproc, { steps: 5 }), await measureLayout(config, [...overrides, ...wide, ...z3], nproc, { steps: 5 })];
-      const wideParams = modelFacts(loadConfig(config, [...overrides, ...wide])).numParams;
+      const [dpWide, z3Wide] = [await measureLayout(config, [...overrides, ...ONE_BLOCK_FLAGS], nproc, { steps: 5 }), await measureLayout(config, [...overrides, ...ONE_BLOCK_FLAGS, ...z3], nproc, { steps: 5 })];
+      const wideParams = modelFacts(loadConfig(config, [...overrides, ...ONE_BLOCK_FLAGS])).numParams;
       zero3MsPerMiB = Math.max(0, (z3Wide.stepMs - dpWide.stepMs - calls * zero3CallMs) / ((perUnit * 4 * wideParams) / 2 ** 20));
     }
     return { bytes, startupBytes, stepMs: m.stepMs, zero3CallMs, zero3MsPerMiB };

@@ -7,10 +7,10 @@ import { enumerateLayouts, overridesOf, FIELD_SECTION, LAYOUT_FIELDS, type Candi
 import { modelFacts } from './facts.js';
 import { ONE_BLOCK_FLAGS, calibrateBaseline, calibrateInStep, calibrateComm, calibrateCompute, type ComputePoint, type PartTiming } from './calibrate.js';
 import { loadConfig } from '../config/index.js';
-import { inStepCosts, machineCores, pointOf, predict, type Measurements, type Prediction, type World } from './predict.js';
+import { budgetOf, contextFor, inStepCosts, machineCores, pointOf, predict, type Measurements, type Prediction, type World } from './predict.js';
 import { measureLayout, type Measured } from './measure.js';
 import type { CalibrationPoint } from './calibrate_model.js';
-import { IN_STEP_PROBES, type InStepProbe, type PlanField, type PlanLayout } from './terms.js';
+import { IN_STEP_PROBES, type PlanField, type PlanLayout } from './terms.js';
 
 const MiB = 2 ** 20;
 
@@ -75,9 +75,20 @@ function calibrationPoints(needed: CalibrationPoint[]): CalibrationPoint[] {
   return out;
 }
 
+/** The calibrated points of p's tokens, precision and checkpointing, by samples. */
+function sameShape(points: ComputePoint[], p: CalibrationPoint): ComputePoint[] {
+  return points.filter((q) => q.tokens === p.tokens && q.precision === p.precision && q.activationCheckpoint === p.activationCheckpoint).sort((a, b) => a.samples - b.samples);
+}
+
+/** Whether interpolate can price p: its samples were calibrated, or two sample counts of its shape were. */
+function covers(points: ComputePoint[], p: CalibrationPoint): boolean {
+  const same = sameShape(points, p);
+  return same.some((q) => q.samples === p.samples) || new Set(same.map((q) => q.samples)).size > 1;
+}
+
 function interpolate(points: ComputePoint[]): (p: CalibrationPoint) => ComputePoint {
   return (p) => {
-    const same = points.filter((q) => q.tokens === p.tokens && q.precision === p.precision && q.activationCheckpoint === p.activationCheckpoint).sort((a, b) => a.samples - b.samples);
+    const same = sameShape(points, p);
     const exact = same.find((q) => q.samples === p.samples);
     if (exact) return exact;
     const lo = same[0]!, hi = same[same.length - 1]!;
@@ -85,16 +96,6 @@ function interpolate(points: ComputePoint[]): (p: CalibrationPoint) => ComputePo
     const mix = (a: PartTiming, b: PartTiming): PartTiming => ({ fwdMs: a.fwdMs + f * (b.fwdMs - a.fwdMs), bwdMs: a.bwdMs + f * (b.bwdMs - a.bwdMs), actBytes: a.actBytes + f * (b.actBytes - a.actBytes) });
     return { ...p, block: mix(lo.block, hi.block), rest: mix(lo.rest, hi.rest) };
   };
-}
-
-/** Whether a layout issues the in-step collectives a probe measures. */
-function usesProbe(l: PlanLayout, p: InStepProbe): boolean {
-  switch (p) {
-    case 'tp': return l.tp > 1 && !l.sequenceParallel;
-    case 'sp': return l.tp > 1 && l.sequenceParallel;
-    case 'cp': return l.cp > 1;
-    case 'zero2': return l.zero === 2;
-  }
 }
 
 /** Predicts every layout (or the given ones) and ranks them by step time. */
@@ -110,15 +111,12 @@ export async function plan(cfg: FlotillaConfig, o: PlanOptions): Promise<PlanRes
   const comm = await calibrateComm(cfg, o.nproc, log);
   const baseline = await calibrateBaseline(o.config, cfg, o.overrides, o.nproc, log);
   const m: Measurements = { compute: interpolate(compute.points), optimizerNsPerParam: compute.optimizerNsPerParam, comm, baseline, cores: machineCores() };
-  const probes = IN_STEP_PROBES.filter((p) => candidates.some((c) => usesProbe(c.layout, p)));
-  const inStep = await calibrateInStep(o.config, cfg, o.overrides, o.nproc, probes, log);
+  // The probes the candidates need: the in-step collectives their axes describe (stage 0 has them all).
+  const tagged = new Set(candidates.flatMap((c) => budgetOf(contextFor(cfg, c.layout, facts, world, 0)).comm.map((op) => op.inStep)));
+  const inStep = await calibrateInStep(o.config, cfg, o.overrides, o.nproc, IN_STEP_PROBES.filter((p) => tagged.has(p)), log);
   if (inStep.length > 0) {
     const one = loadConfig(o.config, [...o.overrides, ...ONE_BLOCK_FLAGS]);
-    const calibrated = (p: CalibrationPoint): boolean => {
-      const same = compute.points.filter((q) => q.tokens === p.tokens && q.precision === p.precision && q.activationCheckpoint === p.activationCheckpoint);
-      return same.some((q) => q.samples === p.samples) || new Set(same.map((q) => q.samples)).size > 1;
-    };
-    m.inStepCallMs = inStepCosts(inStep, one, modelFacts(one), world, m, calibrated);
+    m.inStepCallMs = inStepCosts(inStep, one, modelFacts(one), world, m, (p) => covers(compute.points, p));
     const said = Object.entries(m.inStepCallMs).map(([k, v]) => `${k} ${v.toFixed(2)} ms`);
     if (said.length > 0) log(`[plan] collectives inside the step cost beyond the table, per call: ${said.join(', ')}`);
   }
