@@ -85,6 +85,8 @@ const world4 = launch(4, [
   run('tp2_dp2_z3_sp_lp', { tp: 2, zero: 3, ...sp, ...lp }),
   run('tp2_pp2_sp_lp_tied', { tp: 2, pp: 2, ppSchedule: '1f1b', ...sp, ...lp }, { tie: true }),
   run('pp2_dp2_z2_zb', { pp: 2, zero: 2, ppSchedule: 'zb' }),
+  // Zero bubble splits the weight gradients of the prepared (plain) q, k, v, gate and up under tp.
+  run('tp2_pp2_zb_sp', { tp: 2, pp: 2, ppSchedule: 'zb', ...sp }),
 ]);
 
 const rel = (a: number, b: number): number => Math.abs(a - b) / Math.abs(b);
@@ -153,10 +155,11 @@ test('Llama: bf16-mixed under data parallel, ZeRO-3 and tp + sp equals one proce
   assert.throws(() => compare('ref', 1, 'ref_bf16', BF16_ROUNDED), /vs one process|differs from one process/);
 });
 
-test('Llama on 4 ranks: HSDP 2 x 2 (ZeRO-3), tp 2 x ZeRO-3 over dp 2 (sp, lp), tp 2 x pp 2 (sp, lp, tied), pp 2 x ZeRO-2 over dp 2 (zero bubble)', async () => {
+test('Llama on 4 ranks: HSDP 2 x 2 (ZeRO-3), tp 2 x ZeRO-3 over dp 2 (sp, lp), tp 2 x pp 2 (sp, lp, tied; sp under zero bubble), pp 2 x ZeRO-2 over dp 2 (zero bubble)', async () => {
   await Promise.all([reference, world4]);
   compare('hsdp_2x2_z3', 4);
   compare('tp2_dp2_z3_sp_lp', 4);
   compare('tp2_pp2_sp_lp_tied', 4, 'ref_tied');
   compare('pp2_dp2_z2_zb', 4);
+  compare('tp2_pp2_zb_sp', 4);
 });

@@ -47,6 +47,10 @@ test('colwise Linear with chunks=3 and its output gathered returns the one-proce
   await expectPassed(['layer.colwise_chunks3_gathered'], 4);
 });
 
+test('prepareInput: two colwise Linears on one prepared input (replicated and sequence-sharded) equal their one-process twin with one collective each way, not one per Linear', async () => {
+  await expectPassed(['layer.prepareInput.replicated', 'layer.prepareInput.sequenceSharded'], 2 * 7);
+});
+
 test('rowwise Linear (output replicated and sequence-sharded, with and without bias) equals its one-process twin; the replicated bias gets the whole gradient', async () => {
   await expectPassed(['layer.rowwise', 'layer.rowwise_noBias', 'layer.rowwise_seqOut'], 3 * 4);
 });

@@ -187,7 +187,7 @@ export class LlamaAttention extends Module {
     // One cast of the normed input for q, k and v (their own casts are then no-ops): under
     // bf16-mixed that is two casts fewer each way than autocast's cast per op, for one more
     // bfloat16 rounding of the input's gradient (summed in bfloat16; autocast sums in float32).
-    // Under tp the communication of the input then moves bfloat16 too.
+    // (Under tp the plan's prepareInput casts before communicating, and this cast is a no-op.)
     const [xc] = castFor('linear', x) as [Tensor];
     const q = this.q.call(xc), k = this.k.call(xc), v = this.v.call(xc);
     // Selective checkpointing recomputes the core (rotary, scores, softmax) in backward; it has no parameters.

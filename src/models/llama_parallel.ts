@@ -18,10 +18,11 @@ import { llamaHf } from './llama_hf.js';
  * The Llama's tensor-parallel plan ([Note: tp styles]): q, k, v, gate and up column-parallel (each
  * rank holds nHead / tp query heads, nKvHead / tp key/value heads and intermediateSize / tp MLP
  * units), o and down row-parallel, the embedding vocab-parallel, the head column-parallel over the
- * vocabulary (or left sharded for the vocab-parallel loss). With sequence parallelism the RMSNorms
- * run on this rank's tokens: the embedding's lookup is reduce-scattered over tokens, and each
- * column-parallel projection gathers them. Given a part (a pipeline stage), only the modules it
- * holds are named.
+ * vocabulary (or left sharded for the vocab-parallel loss). The attention and the MLP each prepare
+ * their input once for their column-parallel projections (one communication each way, not one per
+ * projection). With sequence parallelism the RMSNorms run on this rank's tokens: the embedding's
+ * lookup is reduce-scattered over tokens, and the attention and the MLP gather them. Given a part
+ * (a pipeline stage), only the modules it holds are named.
  */
 export function llamaTensorPlan(opts: { sequenceParallel?: boolean; lossParallel?: boolean } = {}): (part: Module) => TpPlan {
   const sp = opts.sequenceParallel ?? false;
@@ -32,17 +33,20 @@ export function llamaTensorPlan(opts: { sequenceParallel?: boolean; lossParallel
     if (has.has('wte')) plan.wte = { kind: 'vocabEmbedding', output: act };
     if (part.namedModules().some(([n]) => /^layers\.\d+$/.test(n))) {
       Object.assign(plan, {
-        'layers.*.attn.q': { kind: 'colwise', input: act },
-        'layers.*.attn.k': { kind: 'colwise', input: act },
-        'layers.*.attn.v': { kind: 'colwise', input: act },
+        'layers.*.attn': { kind: 'prepareInput', input: act },
+        'layers.*.attn.q': { kind: 'colwise', input: 'prepared' },
+        'layers.*.attn.k': { kind: 'colwise', input: 'prepared' },
+        'layers.*.attn.v': { kind: 'colwise', input: 'prepared' },
         'layers.*.attn.attnDrop': 'localRng',
         'layers.*.attn.o': { kind: 'rowwise', output: act },
       } satisfies TpPlan);
       // Dense MLPs only: an MoE block's experts stay whole on every tp rank.
-      if ([...has].some((n) => /^layers\.\d+\.mlp\.gate$/.test(n))) {
+      const dense = [...has].filter((n) => /^layers\.\d+\.mlp\.gate$/.test(n)).map((n) => n.slice(0, -'.gate'.length));
+      for (const mlp of dense) plan[mlp] = { kind: 'prepareInput', input: act };
+      if (dense.length) {
         Object.assign(plan, {
-          'layers.*.mlp.gate': { kind: 'colwise', input: act },
-          'layers.*.mlp.up': { kind: 'colwise', input: act },
+          'layers.*.mlp.gate': { kind: 'colwise', input: 'prepared' },
+          'layers.*.mlp.up': { kind: 'colwise', input: 'prepared' },
           'layers.*.mlp.down': { kind: 'rowwise', output: act },
         } satisfies TpPlan);
       }

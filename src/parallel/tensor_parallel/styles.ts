@@ -6,8 +6,15 @@
 //
 // [Note: tp styles] (g = the tensor-parallel group, n = its size, r = this rank)
 //   colwise         Linear (out, in): rows [r*out/n, (r+1)*out/n) (per chunk when the layer fuses
-//                   several outputs, e.g. q, k, v: `chunks: 3`). Input replicated (copyToRegion) or
-//                   sequence-sharded (gatherSequence); output sharded on its last dim, or gathered.
+//                   several outputs, e.g. q, k, v: `chunks: 3`). Input replicated (copyToRegion),
+//                   sequence-sharded (gatherSequence), or `prepared` by its parent (no communication
+//                   here); output sharded on its last dim, or gathered.
+//   prepareInput    a module whose Linears share one input (attention's q, k, v; an MLP's gate and
+//                   up): the input enters the region once, for all of them (torchtitan's
+//                   PrepareModuleInput). Their input gradients are summed locally and communicated
+//                   once, and under sequence parallelism one gathered copy is saved for their weight
+//                   gradients instead of one per Linear. The input is cast as the Linears cast it
+//                   first, so the collectives move the compute dtype.
 //   rowwise         Linear (out, in): columns [r*in/n, ...); input sharded on its last dim; the
 //                   partial outputs are summed (reduceFromRegion) or, with sequence parallelism,
 //                   reduce-scattered over tokens; the bias is replicated and added after the sum.
@@ -41,14 +48,15 @@ import { allReduceSum, copyToRegion, gatherLastDim, gatherSequence, reduceFromRe
 export type Activation = 'replicated' | 'sequenceSharded';
 
 export type TpStyle =
-  | { kind: 'colwise'; input?: Activation; output?: 'sharded' | 'replicated'; chunks?: number }
+  | { kind: 'colwise'; input?: Activation | 'prepared'; output?: 'sharded' | 'replicated'; chunks?: number }
+  | { kind: 'prepareInput'; input?: Activation }
   | { kind: 'rowwise'; output?: Activation }
   | { kind: 'vocabEmbedding'; output?: Activation }
   | { kind: 'sequenceParallel'; input?: Activation }
   | { kind: 'localRng' }
   | { kind: 'lossParallel'; input?: Activation };
 
-export type TpStyleName = 'colwise' | 'rowwise' | 'vocabEmbedding' | 'sequenceParallel' | 'localRng' | 'lossParallel';
+export type TpStyleName = 'colwise' | 'prepareInput' | 'rowwise' | 'vocabEmbedding' | 'sequenceParallel' | 'localRng' | 'lossParallel';
 
 /** Module path -> style. Paths are dotted module names; `*` matches one name (e.g. `layers.*.mlp.fc`). */
 export type TpPlan = Record<string, TpStyle | TpStyleName>;
@@ -122,7 +130,7 @@ export function parallelizeModule(module: Module, g: ProcessGroup, plan: TpPlan)
   const n = g.size;
   const placed = new Map<Tensor, TpPlacement>();
   const styled = new Set<Module>();
-  const wrap = (m: Module, make: (orig: (x: Tensor) => Tensor) => (x: Tensor) => Tensor): void => {
+  const wrap = (m: Module, make: (orig: Forward) => Forward): void => {
     styled.add(m);
     restyle(m, make);
   };
@@ -173,11 +181,22 @@ export function parallelizeModule(module: Module, g: ProcessGroup, plan: TpPlan)
         const gather = style.kind === 'colwise' && style.output === 'replicated';
         const chunks = style.kind === 'colwise' ? style.chunks ?? 1 : 1;
         if (style.kind === 'lossParallel') lossParallel = true;
+        // A prepared input needs nothing here: the Linear stays a plain matmul (the zero-bubble
+        // schedule can then split its weight gradient).
+        if (input === 'prepared' && !gather) break;
         wrap(lin, (orig) => (x: Tensor) => {
-          const y = orig(input === 'sequenceSharded' ? gatherSequence(x, g) : copyToRegion(x, g));
+          const y = orig(input === 'prepared' ? x : input === 'sequenceSharded' ? gatherSequence(x, g) : copyToRegion(x, g));
           if (!gather) return y;
           // A fused layer gathers each output separately: q, k, v, not rank 0's q k v then rank 1's.
           return chunks === 1 ? gatherLastDim(y, g) : cat(y.chunk(chunks, -1).map((c) => gatherLastDim(c, g)), -1);
+        });
+        break;
+      }
+      case 'prepareInput': {
+        const input = style.input ?? 'replicated';
+        wrap(m, (orig) => (x: Tensor, ...rest: unknown[]) => {
+          const [xc] = castFor('linear', x) as [Tensor];
+          return orig(input === 'sequenceSharded' ? gatherSequence(xc, g) : copyToRegion(xc, g), ...rest);
         });
         break;
       }
@@ -232,7 +251,7 @@ export function parallelizeModule(module: Module, g: ProcessGroup, plan: TpPlan)
         break;
       }
       default:
-        problems.push(`${where}: unknown style; use one of colwise, rowwise, vocabEmbedding, sequenceParallel, localRng, lossParallel`);
+        problems.push(`${where}: unknown style; use one of colwise, prepareInput, rowwise, vocabEmbedding, sequenceParallel, localRng, lossParallel`);
     }
   }
   if (problems.length) throw new TensorParallelError(problems);
@@ -255,9 +274,12 @@ export function parallelizeModule(module: Module, g: ProcessGroup, plan: TpPlan)
   };
 }
 
+/** A module's forward: a tensor first, then whatever else it takes (attention's position offset). */
+type Forward = (x: Tensor, ...rest: unknown[]) => Tensor;
+
 /** Replaces a module instance's forward with one built from the original. */
-function restyle(m: Module, make: (orig: (x: Tensor) => Tensor) => (x: Tensor) => Tensor): void {
-  const target = m as unknown as { forward: (x: Tensor) => Tensor };
+function restyle(m: Module, make: (orig: Forward) => Forward): void {
+  const target = m as unknown as { forward: Forward };
   const orig = target.forward.bind(m);
   target.forward = make(orig);
 }
