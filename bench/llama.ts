@@ -1,7 +1,8 @@
 // Benchmark: the Llama's training step (forward + backward + AdamW) against the PyTorch reference
 // Llama (bench/llama_peer.py, transformers' eager computation) on the same shapes, weights and batch,
 // one intra-op thread each, single process: float32 against float32, bf16-mixed against
-// torch.autocast('cpu', bfloat16). Both sides alternate in rounds; numbers are medians.
+// torch.autocast('cpu', bfloat16). Both sides alternate step by step; the ratio is the median over
+// pairs of adjacent steps.
 //
 //   node --import tsx bench/llama.ts [--width 256] [--steps 3] [--rounds 4] [--warmup 2] [--no-write]
 //
@@ -83,36 +84,46 @@ async function main(): Promise<void> {
       }
       return out;
     };
+    // Pairs of adjacent steps, one on each side, in alternating order: this machine's speed drifts by
+    // tens of percent within seconds, which a ratio of two steps a few hundred milliseconds apart
+    // mostly cancels and a ratio of medians taken over different seconds does not.
     const times = new Map<string, { wall: number[]; cpu: number[] }>();
-    const add = (k: string, xs: { wall: number[]; cpu: number[] }) => {
-      const t = times.get(k) ?? { wall: [], cpu: [] };
-      times.set(k, { wall: [...t.wall, ...xs.wall], cpu: [...t.cpu, ...xs.cpu] });
+    const ratios = new Map<string, { wall: number[]; cpu: number[] }>();
+    const add = (m: Map<string, { wall: number[]; cpu: number[] }>, k: string, xs: { wall: number[]; cpu: number[] }) => {
+      const t = m.get(k) ?? { wall: [], cpu: [] };
+      m.set(k, { wall: [...t.wall, ...xs.wall], cpu: [...t.cpu, ...xs.cpu] });
     };
     await ours(warmup, 'fp32', false);
     await ours(warmup, 'bf16-mixed', false);
     await peer.steps(warmup, 'fp32');
     await peer.steps(warmup, 'bf16');
+    const modes = [['flotilla fp32', 'PyTorch fp32', 'fp32', 'fp32'], ['flotilla bf16-mixed', 'PyTorch autocast bf16', 'bf16-mixed', 'bf16']] as const;
     for (let r = 0; r < rounds; r++) {
-      // The first step of each mode in a round is untimed on both sides: it follows the other mode's steps.
-      const rest = (t: { wall: number[]; cpu: number[] }) => ({ wall: t.wall.slice(1), cpu: t.cpu.slice(1) });
-      const jobs: [string, () => Promise<{ wall: number[]; cpu: number[] }>][] = [
-        ['flotilla fp32', () => ours(steps, 'fp32', true)],
-        ['flotilla bf16-mixed', () => ours(steps, 'bf16-mixed', true)],
-        ['PyTorch fp32', async () => rest(await peer.steps(steps + 1, 'fp32'))],
-        ['PyTorch autocast bf16', async () => rest(await peer.steps(steps + 1, 'bf16'))],
-      ];
-      if (r % 2 === 1) jobs.reverse();
-      for (const [k, f] of jobs) add(k, await f());
+      for (const [fk, pk, prec, mode] of r % 2 ? [...modes].reverse() : modes) {
+        // The first step of each mode in a round is untimed on both sides: it follows the other mode's steps.
+        await ours(0, prec, true);
+        await peer.steps(1, mode);
+        for (let s = 0; s < steps; s++) {
+          const first = (r + s) % 2 === 0;
+          const f = first ? await ours(1, prec, false) : undefined;
+          const p = await peer.steps(1, mode);
+          const f2 = f ?? await ours(1, prec, false);
+          add(times, fk, f2);
+          add(times, pk, p);
+          add(ratios, fk, { wall: [f2.wall[0]! / p.wall[0]!], cpu: [f2.cpu[0]! / p.cpu[0]!] });
+        }
+      }
     }
     const med = (k: string) => median(times.get(k)!.wall);
     const cmed = (k: string) => median(times.get(k)!.cpu);
     const ms = (s: number) => (s * 1e3).toFixed(1);
     const pairs = [['float32', 'flotilla fp32', 'PyTorch fp32', '<= 1.0'], ['bf16-mixed / autocast bf16', 'flotilla bf16-mixed', 'PyTorch autocast bf16', '<= 0.95']] as const;
+    const pr = (f: string) => median(ratios.get(f)!.wall), cpr = (f: string) => median(ratios.get(f)!.cpu);
     const rows = pairs.map(([what, f, p, target]) =>
-      `| ${what} | ${ms(med(f))} ms | ${ms(med(p))} ms | ${(med(f) / med(p)).toFixed(3)} | ${ms(cmed(f))} ms | ${ms(cmed(p))} ms | ${(cmed(f) / cmed(p)).toFixed(3)} | ${target} |`);
-    const table = ['| precision | flotilla step | PyTorch step | ratio | flotilla CPU time | PyTorch CPU time | CPU ratio | target |', '|---|---:|---:|---:|---:|---:|---:|---:|', ...rows].join('\n');
-    const ratio = (f: string, p: string) => `${(med(f) / med(p)).toFixed(3)}x (CPU time ${(cmed(f) / cmed(p)).toFixed(3)}x)`;
-    const summary = `Llama width ${nEmbd}: float32 ${ratio('flotilla fp32', 'PyTorch fp32')} PyTorch (target <= 1.0), bf16-mixed ${ratio('flotilla bf16-mixed', 'PyTorch autocast bf16')} autocast (target <= 0.95)`;
+      `| ${what} | ${ms(med(f))} ms | ${ms(med(p))} ms | ${pr(f).toFixed(3)} | ${(med(f) / med(p)).toFixed(3)} | ${ms(cmed(f))} ms | ${ms(cmed(p))} ms | ${cpr(f).toFixed(3)} | ${target} |`);
+    const table = ['| precision | flotilla step | PyTorch step | ratio (median of pairs) | ratio of medians | flotilla CPU time | PyTorch CPU time | CPU ratio (median of pairs) | target |', '|---|---:|---:|---:|---:|---:|---:|---:|---:|', ...rows].join('\n');
+    const ratio = (f: string) => `${pr(f).toFixed(3)}x (CPU time ${cpr(f).toFixed(3)}x)`;
+    const summary = `Llama width ${nEmbd}: float32 ${ratio('flotilla fp32')} PyTorch (target <= 1.0), bf16-mixed ${ratio('flotilla bf16-mixed')} autocast (target <= 0.95)`;
     console.log(summary);
     console.log(table);
     if (!a['no-write']) {
@@ -124,8 +135,10 @@ async function main(): Promise<void> {
           'PyTorch runs bench/llama_peer.py (the computation of transformers\' LlamaForCausalLM with eager attention: float32 RMSNorm and rotary tables, ' +
           'rotate_half, repeat_kv, an additive causal mask, softmax in float32) in float32 and under `torch.autocast(\'cpu\', dtype=torch.bfloat16)`; ' +
           'flotilla runs src/models/llama.ts on the single-process path of `flotilla train` (flat buckets, AdamW over them) with `precision` fp32 and bf16-mixed. ' +
-          `Same weights and batch (the first losses agree); both alternate in ${rounds} rounds of ${steps} timed steps per mode (each after one untimed step) ` +
-          `after ${warmup} warmup steps; medians. libtorch ${torchVersion()}, PyTorch ${ready.torch}.`,
+          `Same weights and batch (the first losses agree). After ${warmup} warmup steps, ${rounds} rounds; in each, per mode, one untimed step on each side, then ` +
+          `${steps} pairs of adjacent steps, one on each side, alternating which goes first. The ratio is the median over the pairs of flotilla's step over ` +
+          `PyTorch's (this machine's speed drifts by tens of percent within seconds, which two steps a few hundred milliseconds apart share); step times ` +
+          `are medians. libtorch ${torchVersion()}, PyTorch ${ready.torch}.`,
         '',
         `Reproduce: \`node --import tsx bench/llama.ts --width ${nEmbd} --steps ${steps} --rounds ${rounds} --warmup ${warmup}\`.`,
         '',

@@ -155,3 +155,29 @@ test('in-step collectives: a probe run\'s shortfall is spread over its in-step c
     assert.ok(Math.abs(more - expect) < 1e-9, `${c.overrides.join(' ')}: ${more} ms more, expected ${expect}`);
   }
 });
+
+test('sequence parallelism\'s activations: the norms\' inputs sharded, the column-parallel Linears\' gathered inputs whole; under full checkpointing only the sharded block input', () => {
+  // Constant calibration: a block keeps 16 MiB per micro-batch, the rest nothing.
+  const cfg = loadConfig(config(''), []);
+  const flat: [number, number][] = [[1, 0.5], [2 ** 40, 0.5]];
+  const comm: CommTable = { backend: 'gloo', worldSize: 2, table: Object.fromEntries(['allReduce', 'allGather', 'reduceScatter', 'sendRecv'].flatMap((op) => [2].map((g) => [`${op}:${g}`, flat]))) };
+  const block = 16 * 2 ** 20;
+  const m: Measurements = {
+    compute: (p) => ({ ...p, block: { fwdMs: 1, bwdMs: 1, actBytes: block }, rest: { fwdMs: 0, bwdMs: 0, actBytes: 0 } }), optimizerNsPerParam: 0, comm, cores: 2,
+    baseline: { bytes: 0, startupBytes: 0, stepMs: 0, zero3CallMs: 0, zero3MsPerMiB: 0 },
+  };
+  const w = { nproc: 2, nnodes: 1 };
+  const layouts = enumerateLayouts(cfg, 2).map((c) => c.layout).filter((l) => l.tp === 2 && l.pp === 1 && l.microBatches === 1 && l.precision === 'fp32');
+  const act = (sp: boolean, ac: string) => {
+    const l = layouts.find((x) => x.sequenceParallel === sp && x.activationCheckpoint === ac);
+    assert.ok(l, `a tp=2 layout with sequenceParallel ${sp} and checkpointing ${ac} is listed`);
+    return predict(cfg, l, modelFacts(cfg), w, m).stages[0]!.terms.activations;
+  };
+  const blocks = cfg.model.nLayer;
+  // [data] globalBatch 8 x seqLen 64 on one data-parallel rank, width 64, float32.
+  const normInput = 8 * 64 * 64 * 4;
+  assert.equal(act(false, 'none'), blocks * block * 0.75, 'tp alone: the split half of the activations divided by 2');
+  assert.equal(act(true, 'none'), blocks * (block * 0.75 - 2 * normInput / 2), 'sp: the two norms\' inputs halved besides');
+  assert.equal(act(true, 'selective'), blocks * (block * 0.75 - 2 * normInput / 2));
+  assert.equal(act(true, 'full'), blocks * block / 2, 'full checkpointing keeps the block input, sharded');
+});

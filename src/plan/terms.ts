@@ -100,6 +100,8 @@ export interface RankBudget {
   /** Share of a block's compute per token this rank does (tp divides it), and of its activations. */
   blockShare: number;
   activationShare: number;
+  /** Bytes per block and micro-batch an axis adds to (or takes from) the share of the calibrated activations. */
+  blockActivationBytes: number;
   /** Samples per micro-batch and tokens per sample this rank computes. */
   samples: number;
   tokens: number;
@@ -179,7 +181,7 @@ export function wholeModel(ctx: PlanContext): RankBudget {
   const l = ctx.layout;
   const memory = Object.fromEntries(MEMORY_TERMS.map((t) => [t, 0])) as Record<MemoryTerm, number>;
   return {
-    params: m.numParams, expertParams: m.blockExpertParams.reduce((a, b) => a + b, 0), blocks: m.blockParams.length, embed: true, head: true, blockShare: 1, activationShare: 1,
+    params: m.numParams, expertParams: m.blockExpertParams.reduce((a, b) => a + b, 0), blocks: m.blockParams.length, embed: true, head: true, blockShare: 1, activationShare: 1, blockActivationBytes: 0,
     samples: ctx.globalBatch / (l.dp * l.microBatches), tokens: ctx.seqLen, liveMicroBatches: 1, paramsHeld: 0, gradsHeld: 0, optimizerHeld: 0,
     memory, comm: [], notes: [],
   };

@@ -159,9 +159,11 @@ export class TensorParallelModel implements ParallelModel {
  * What tensor parallelism changes on a rank, for the planner ([Note: plan terms] in
  * src/plan/terms.ts; [Note: tp styles]): every split Linear and the vocabulary-parallel embedding
  * and head hold 1 / tp of their parameters (norms, counted as split too, are a rounding error; MoE
- * experts stay whole); a block's compute is divided by tp;
- * its activations too under sequence parallelism, and only the split half of them without it
- * (the residual stream and norms stay replicated). Per micro-batch each block sums two partial
+ * experts stay whole); a block's compute is divided by tp, and of its activations the split half
+ * (the residual stream and norms stay replicated). Sequence parallelism shards the two norms'
+ * inputs too, but not what the column-parallel Linears save: their input, gathered whole (one per
+ * attention and one per MLP, [Note: tp styles]); under full checkpointing only the block's input is
+ * kept, sharded. Per micro-batch each block sums two partial
  * outputs forward and two input gradients backward: four all-reduces of samples x tokens x width,
  * or under sequence parallelism an all-gather and a reduce-scatter for each; the embedding sums its
  * lookup, and the head gathers its logits unless lossParallel keeps them split.
@@ -175,10 +177,13 @@ export const tensorParallelPlanAxis: PlanAxis = {
     if (tp === 1) return;
     b.params = (b.params - b.expertParams) / tp + b.expertParams; // routed experts stay whole on every tp rank
     b.blockShare = b.blockShare / tp;
-    b.activationShare = l.sequenceParallel ? 1 / tp : (1 + 1 / tp) / 2;
     const m = ctx.model;
     const elem = l.precision === 'bf16-mixed' ? 2 : 4;
     const act = b.samples * b.tokens * m.nEmbd * elem;
+    const full = l.activationCheckpoint === 'full';
+    b.activationShare = l.sequenceParallel && full ? 1 / tp : (1 + 1 / tp) / 2;
+    // The norms' inputs (the residual stream, float32 under bf16-mixed too) are this rank's tokens only.
+    if (l.sequenceParallel && !full) b.blockActivationBytes -= 2 * (b.samples * b.tokens * m.nEmbd * 4) * (1 - 1 / tp);
     const cross = crossesHosts(1, tp, ctx.ranksPerHost);
     const n = l.microBatches;
     if (l.sequenceParallel) {
