@@ -75,6 +75,6 @@ test('vocab-parallel cross-entropy equals F.crossEntropy (mean, sum, none; ignor
   await expectPassed(['ce'], 5 * 2 + 3 + 1);
 });
 
-test('bad plans: an entry naming no module, a style on the wrong module class, a dimension tp does not divide, two entries for one module, an unknown style: TensorParallelError naming the entry and the fix; tp without a plan', async () => {
-  await expectPassed(['error'], 12 * 2 + 1);
+test('bad plans: an entry naming no module, a style on the wrong module class, a dimension tp does not divide, two entries for one module, an unknown style, a prepared input nothing prepares: TensorParallelError naming the entry and the fix; tp without a plan', async () => {
+  await expectPassed(['error'], 13 * 2 + 1);
 });

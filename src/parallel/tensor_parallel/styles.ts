@@ -163,7 +163,15 @@ export function parallelizeModule(module: Module, g: ProcessGroup, plan: TpPlan)
     placed.set(p, { kind: 'replicate', group: g, partialGrad: true });
   };
 
-  for (const [name, m, style] of resolvePlan(module, plan)) {
+  const entries = resolvePlan(module, plan);
+  // A prepared input is communicated by an enclosing prepareInput; without one it would not be at all.
+  const preparers = entries.filter(([, , st]) => st.kind === 'prepareInput').map(([nm]) => nm);
+  for (const [name, , st] of entries) {
+    if (st.kind === 'colwise' && st.input === 'prepared' && !preparers.some((p) => p === '' || name.startsWith(`${p}.`))) {
+      problems.push(`'${name}' (colwise) takes a prepared input, and no module enclosing it has the prepareInput style; add one for the module that shares its input, or give '${name}' input 'replicated' or 'sequenceSharded'`);
+    }
+  }
+  for (const [name, m, style] of entries) {
     const where = `'${name}' (${style.kind})`;
     const need = (cls: Function, what: string): boolean => {
       if (m instanceof cls) return true;
