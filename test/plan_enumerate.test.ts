@@ -181,3 +181,23 @@ test('sequence parallelism\'s activations: the norms\' inputs sharded, the colum
   assert.equal(act(true, 'selective'), blocks * (block * 0.75 - 2 * normInput / 2));
   assert.equal(act(true, 'full'), blocks * block / 2, 'full checkpointing keeps the block input, sharded');
 });
+
+test('zero bubble keeps, per deferred weight gradient, the output gradients of a block\'s Linears (read from the model) and of the head', () => {
+  const cfg = loadConfig(config(''), []);
+  const facts = modelFacts(cfg);
+  // The GPT's block: c_attn 3C, c_proj C, fc 4C, proj C.
+  assert.equal(facts.blockLinearOutputs, 9 * cfg.model.nEmbd);
+  const w = { nproc: 2, nnodes: 1 };
+  const layouts = enumerateLayouts(cfg, 2).map((c) => c.layout).filter((l) => l.pp === 2 && l.microBatches === 4 && l.precision === 'fp32' && l.activationCheckpoint === 'none');
+  const terms = (schedule: string, stage: number) => {
+    const l = layouts.find((x) => x.ppSchedule === schedule);
+    assert.ok(l, `pp=2 ${schedule} with 4 micro-batches is listed`);
+    return budgetOf(contextFor(cfg, l, facts, w, stage)).memory.activations;
+  };
+  // ZB-H1 on 2 stages defers one W at a time on the first and two on the last (F0 I0 F1 I1 W0 ...);
+  // micro-batches of 8 / 4 samples x 64 tokens; 2 blocks' Linears per stage, the head's logits on the last.
+  const tokens = (8 / 4) * 64;
+  assert.equal(terms('zb', 0), 1 * tokens * 4 * 2 * facts.blockLinearOutputs);
+  assert.equal(terms('zb', 1), 2 * tokens * 4 * (2 * facts.blockLinearOutputs + cfg.model.vocabSize));
+  assert.equal(terms('1f1b', 0), 0, 'a schedule without split backward keeps none');
+});

@@ -1,10 +1,11 @@
 // The model's sizes by part, read from the model itself: the architecture's spec builds it on
 // shapes only (deferInit: no parameter memory, [Note: deferred init]) and its parameters are sorted
 // into what comes before the first block (embeddings), each block (dense, and routed experts), and
-// what comes after the last (final norm, head). A registered architecture of one's own is read the
+// what comes after the last (final norm, head), and a block's Linears' output widths are summed. A registered architecture of one's own is read the
 // same way, as long as its blocks are named by index (`h.3.`, `layers.3.`).
 import { modelSpec } from '../models/registry.js';
 import { modelConfigOf, type FlotillaConfig } from '../config/schema.js';
+import { Linear } from '../nn/layers.js';
 import type { ModelFacts } from './terms.js';
 
 const BLOCK = /(?:^|\.)(\d+)\./;
@@ -28,10 +29,16 @@ export function modelFacts(cfg: FlotillaConfig): ModelFacts {
     } else if (seenBlock) headParams += n;
     else embedParams += n;
   }
+  const linearOutputs = new Map<number, number>();
+  for (const [name, mod] of model.namedModules()) {
+    const m = BLOCK.exec(`${name}.`);
+    if (m && mod instanceof Linear && !EXPERT.test(`${name}.`)) linearOutputs.set(Number(m[1]), (linearOutputs.get(Number(m[1])) ?? 0) + mod.weight.shape[0]!);
+  }
   const numParams = embedParams + headParams + blockParams.reduce((a, b) => a + b, 0) + blockExpertParams.reduce((a, b) => a + b, 0);
   return {
     arch: cfg.model.arch, numParams, embedParams, headParams, blockParams, blockExpertParams,
     largestUnitParams: Math.max(0, ...blockParams.map((d, i) => d + blockExpertParams[i]!)),
+    blockLinearOutputs: Math.max(0, ...linearOutputs.values()),
     nEmbd: cfg.model.nEmbd, vocabSize: cfg.model.vocabSize, topK: cfg.moe.experts > 0 ? cfg.moe.topK : 0,
   };
 }

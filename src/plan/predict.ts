@@ -94,7 +94,8 @@ export function predict(cfg: FlotillaConfig, layout: PlanLayout, facts: ModelFac
     if (fwd + bwd > slowest.fwd + slowest.bwd) slowest = { fwd, bwd };
     const terms = { ...b.memory };
     terms.baseline = m.baseline.bytes;
-    terms.activations = (share(cal.block, 'actBytes', true) + b.blocks * b.blockActivationBytes + rest('actBytes', true)) * b.liveMicroBatches;
+    // The calibrated activations of the live micro-batches, and what axes keep besides (b.memory.activations).
+    terms.activations += (share(cal.block, 'actBytes', true) + b.blocks * b.blockActivationBytes + rest('actBytes', true)) * b.liveMicroBatches;
     // Starting up (the data, the libraries) may reach higher than the loop ever does.
     const peakBytes = Math.max(m.baseline.startupBytes, MEMORY_TERMS.reduce((a, t) => a + terms[t], 0));
     stages.push({ stage: s, terms, peakBytes });

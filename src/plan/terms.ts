@@ -40,6 +40,11 @@ export interface ModelFacts {
   blockExpertParams: number[];
   /** The largest ZeRO-3 wrapping unit (a block), in parameters. */
   largestUnitParams: number;
+  /**
+   * Per token, the summed output widths of the Linears of the largest block (outside routed experts):
+   * the output gradients the zero-bubble schedule keeps for each weight gradient it defers.
+   */
+  blockLinearOutputs: number;
   nEmbd: number;
   vocabSize: number;
   /** Experts each token goes to (MoE models; 0 without experts). */

@@ -74,7 +74,7 @@ import { DataParallel, type AccumulateFlavour, type MemoryReport, type ZeroStage
 import { gradView, type ParamSlot } from '../grad_buffer.js';
 import { accumulateProblems } from '../layout.js';
 import { placementsOf, type ParamPlacement } from '../placement.js';
-import { buildSchedule, peakActivations, validateSchedule, type PipelineSchedule, type ScheduleName } from './schedule.js';
+import { buildSchedule, peakActivations, peakDeferredWeightGrads, validateSchedule, type PipelineSchedule, type ScheduleName } from './schedule.js';
 import { axisStride, crossesHosts, type PlanAxis } from '../../plan/terms.js';
 import { Stage } from './stage.js';
 import { Executor, type TraceEvent } from './executor.js';
@@ -602,7 +602,8 @@ class ShardedPipelineGrads implements GradientSource {
  * rank holds and computes its stages' blocks (the even split of [Note: stage split] in
  * src/models/gpt_parallel.ts: earlier stages take the remainder; stage s of pp x v runs on rank
  * s mod pp), the embeddings on the first rank and the head on the last; the schedule keeps
- * peakActivations micro-batches of its stages alive; each micro-batch's activation crosses every
+ * peakActivations micro-batches of its stages alive, and a split schedule (zero bubble) the output
+ * gradients of its deferred weight gradients besides; each micro-batch's activation crosses every
  * stage boundary forward and its gradient backward (a send/receive of samples x tokens x width).
  * The bubbles come from simulating the schedule itself (the planner's time model).
  */
@@ -627,6 +628,11 @@ export const pipelinePlanAxis: PlanAxis = {
     b.params = blocks.reduce((a, i) => a + m.blockParams[i]! + m.blockExpertParams[i]!, 0) + (b.embed ? m.embedParams : 0) + (b.head ? m.headParams : 0);
     const schedule = buildSchedule(l.ppSchedule, { pp: l.pp, micro: l.microBatches, ...(v > 1 ? { virtualStages: v } : {}) });
     b.liveMicroBatches = peakActivations(schedule)[ctx.stageRank]! / v;
+    // Zero bubble keeps each deferred weight gradient's output gradient (one per Linear, split over tp
+    // but for the row-parallel ones, counted as split) besides the activations.
+    const deferred = peakDeferredWeightGrads(schedule)[ctx.stageRank]! / v;
+    const gradElem = l.precision === 'bf16-mixed' ? 2 : 4;
+    b.memory.activations += deferred * b.samples * b.tokens * gradElem * (b.blocks * m.blockLinearOutputs + (b.head ? m.vocabSize : 0)) / l.tp;
     b.pipeline = { schedule: l.ppSchedule, pp: l.pp, micro: l.microBatches, virtualStages: v };
     const act = b.samples * b.tokens * m.nEmbd * (l.precision === 'bf16-mixed' ? 2 : 4);
     const boundaries = mine.filter((s) => s < S - 1).length + mine.filter((s) => s > 0).length; // sends and receives of this rank

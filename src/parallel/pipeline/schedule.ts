@@ -576,6 +576,22 @@ export function peakActivations(s: PipelineSchedule): number[] {
   });
 }
 
+/**
+ * Per rank, the most micro-batches whose weight gradients are deferred at once (input gradient done,
+ * W not yet): a split schedule keeps each one's output gradients until its W runs.
+ */
+export function peakDeferredWeightGrads(s: PipelineSchedule): number[] {
+  return s.compute.map((list) => {
+    let pending = 0;
+    let peak = 0;
+    for (const a of list) {
+      if (a.kind === 'I') peak = Math.max(peak, ++pending);
+      else if (a.kind === 'W') pending--;
+    }
+    return peak;
+  });
+}
+
 /** The bubble fraction theory predicts with unit costs: (p-1)/(m+p-1) for GPipe and 1F1B,
  *  (p-1)/(v*m+p-1) for interleaved 1F1B, (p-1)/(3m+p-1) for ZB-H1 (bubble (p-1)(F+B-W) instead of (p-1)(F+B+W)). */
 export function theoreticalBubble(name: ScheduleName, pp: number, micro: number, virtualStages = 1): number {
