@@ -563,17 +563,22 @@ export function simulate(s: PipelineSchedule, cost: UnitCosts = UNIT_COSTS): Sim
   return { grid, makespan, idle, bubbleFraction: makespan === 0 ? 0 : total / (pp * makespan) };
 }
 
-/** Peak number of micro-batch activations each rank holds (forwards run whose backward, or W, has not). */
-export function peakActivations(s: PipelineSchedule): number[] {
+/** Per rank, the most micro-batches at once between an action of kind `from` and one of `until`. */
+function peakBetween(s: PipelineSchedule, from: ComputeKind, until: readonly ComputeKind[]): number[] {
   return s.compute.map((list) => {
     let live = 0;
     let peak = 0;
     for (const a of list) {
-      if (a.kind === 'F') peak = Math.max(peak, ++live);
-      else if (a.kind === 'B' || a.kind === 'W') live--;
+      if (a.kind === from) peak = Math.max(peak, ++live);
+      else if ((until as readonly string[]).includes(a.kind)) live--;
     }
     return peak;
   });
+}
+
+/** Peak number of micro-batch activations each rank holds (forwards run whose backward, or W, has not). */
+export function peakActivations(s: PipelineSchedule): number[] {
+  return peakBetween(s, 'F', ['B', 'W']);
 }
 
 /**
@@ -581,15 +586,7 @@ export function peakActivations(s: PipelineSchedule): number[] {
  * W not yet): a split schedule keeps each one's output gradients until its W runs.
  */
 export function peakDeferredWeightGrads(s: PipelineSchedule): number[] {
-  return s.compute.map((list) => {
-    let pending = 0;
-    let peak = 0;
-    for (const a of list) {
-      if (a.kind === 'I') peak = Math.max(peak, ++pending);
-      else if (a.kind === 'W') pending--;
-    }
-    return peak;
-  });
+  return peakBetween(s, 'I', ['W']);
 }
 
 /** The bubble fraction theory predicts with unit costs: (p-1)/(m+p-1) for GPipe and 1F1B,
