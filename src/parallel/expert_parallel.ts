@@ -32,7 +32,7 @@ import type { MemoryReport } from './memory.js';
 import { placementsOf, type ParamPlacement } from './placement.js';
 import { DataParallelModel } from './data_parallel_model.js';
 import type { LossFn } from './parallel_model.js';
-import { axisStride, crossesHosts, type PlanAxis } from '../plan/terms.js';
+import { axisStride, computeBytes, crossesHosts, type PlanAxis } from '../plan/terms.js';
 
 // rows (n, C) to the group's ranks: `send[r]` rows to rank r, `recv[r]` rows from it; backward the reverse.
 const allToAllRows = defineFunction<[Tensor, ProcessGroup, number[], number[]]>({
@@ -289,7 +289,7 @@ export const expertParallelPlanAxis: PlanAxis = {
     b.expertParams -= moved;
     const m = ctx.model;
     const moeShare = m.blockExpertParams.filter((x) => x > 0).length / Math.max(1, m.blockParams.length);
-    const elem = l.precision === 'bf16-mixed' ? 2 : 4;
+    const elem = computeBytes(l);
     const rows = b.samples * b.tokens * m.topK;
     b.comm.push({
       what: 'expert all-to-alls (dispatch and combine, each way)', op: 'allToAll', group: l.ep, bytes: rows * m.nEmbd * elem, times: 4 * Math.round(b.blocks * moeShare) * l.microBatches, overlaps: 'none',

@@ -28,7 +28,7 @@ import type { ProcessGroup } from '../distributed/process_group.js';
 import { allocStorage, freeStorage, type Bucket } from './grad_buffer.js';
 import { gatherInPlace } from './zero_gathers.js';
 import { Bf16UnitCopy } from './fsdp_bf16.js';
-import { axisStride, crossesHosts, type PlanAxis } from '../plan/terms.js';
+import { axisStride, computeBytes, crossesHosts, type PlanAxis } from '../plan/terms.js';
 
 /** Whether a module (by dotted name) is a wrapping unit of its own. */
 export type UnitPolicy = (name: string, module: Module) => boolean;
@@ -392,7 +392,7 @@ export const zero3PlanAxis: PlanAxis = {
     if (l.zero !== 3) return;
     const shard = l.dpShard * l.cp;
     const P = b.paramsHeld;
-    const gathered = l.precision === 'bf16-mixed' ? 2 : 4;
+    const gathered = computeBytes(l);
     b.memory.parameters -= 4 * P - 4 * P / shard;
     if (shard > 1) b.memory.zero3Gathers += 2 * gathered * Math.min(ctx.model.largestUnitParams, P);
     if (shard === 1) return;

@@ -1,8 +1,9 @@
 // The model's sizes by part, read from the model itself: the architecture's spec builds it on
 // shapes only (deferInit: no parameter memory, [Note: deferred init]) and its parameters are sorted
 // into what comes before the first block (embeddings), each block (dense, and routed experts), and
-// what comes after the last (final norm, head), and a block's Linears' output widths are summed. A registered architecture of one's own is read the
-// same way, as long as its blocks are named by index (`h.3.`, `layers.3.`).
+// what comes after the last (final norm, head); a block's Linears' output widths are summed too. A
+// registered architecture of one's own is read the same way, as long as its blocks are named by index
+// (`h.3.`, `layers.3.`).
 import { modelSpec } from '../models/registry.js';
 import { modelConfigOf, type FlotillaConfig } from '../config/schema.js';
 import { Linear } from '../nn/layers.js';
@@ -29,10 +30,14 @@ export function modelFacts(cfg: FlotillaConfig): ModelFacts {
     } else if (seenBlock) headParams += n;
     else embedParams += n;
   }
+  // Per block, its Linears' output widths (routed experts aside).
   const linearOutputs = new Map<number, number>();
   for (const [name, mod] of model.namedModules()) {
-    const m = BLOCK.exec(`${name}.`);
-    if (m && mod instanceof Linear && !EXPERT.test(`${name}.`)) linearOutputs.set(Number(m[1]), (linearOutputs.get(Number(m[1])) ?? 0) + mod.weight.shape[0]!);
+    const path = `${name}.`;
+    const m = BLOCK.exec(path);
+    if (!m || !(mod instanceof Linear) || EXPERT.test(path)) continue;
+    const i = Number(m[1]);
+    linearOutputs.set(i, (linearOutputs.get(i) ?? 0) + mod.weight.shape[0]!);
   }
   const numParams = embedParams + headParams + blockParams.reduce((a, b) => a + b, 0) + blockExpertParams.reduce((a, b) => a + b, 0);
   return {

@@ -158,6 +158,11 @@ export interface PlanAxis {
   apply(b: RankBudget, ctx: PlanContext): void;
 }
 
+/** Bytes per element of what a layout computes and communicates in (activations, bf16 gathers): 2 under bf16-mixed, else 4. */
+export function computeBytes(l: PlanLayout): 2 | 4 {
+  return l.precision === 'bf16-mixed' ? 2 : 4;
+}
+
 /** Whether a group of `size` ranks whose members are `stride` ranks apart spans hosts. */
 export function crossesHosts(stride: number, size: number, ranksPerHost: number): boolean {
   return size > 1 && stride * size > ranksPerHost;

@@ -20,7 +20,7 @@ import type { MicroBatch, ParallelModel, StageValue } from '../parallel_model.js
 import type { ParamPlacement } from '../placement.js';
 import { meanOverRanks } from '../data_parallel_model.js';
 import { chunksOf, ringAttention } from './ring_attention.js';
-import { axisStride, crossesHosts, type PlanAxis } from '../../plan/terms.js';
+import { axisStride, computeBytes, crossesHosts, type PlanAxis } from '../../plan/terms.js';
 
 /** The sequence shard of cp rank group.rank: its chunks' global positions and the ring's attention (calls counted). */
 export function ringShard(group: ProcessGroup): SequenceShard & { attentionCalls: number } {
@@ -149,7 +149,7 @@ export const contextParallelPlanAxis: PlanAxis = {
     const l = ctx.layout;
     if (l.cp === 1) return;
     b.tokens = b.tokens / l.cp;
-    const elem = l.precision === 'bf16-mixed' ? 2 : 4;
+    const elem = computeBytes(l);
     const kv = 2 * b.samples * b.tokens * (ctx.model.nEmbd / l.tp) * elem;
     b.comm.push({
       what: 'ring attention keys/values (and their gradients)', op: 'sendRecv', group: l.cp, bytes: kv, times: 3 * (l.cp - 1) * b.blocks * l.microBatches, overlaps: 'none', inStep: 'cp',

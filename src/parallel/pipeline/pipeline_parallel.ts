@@ -75,7 +75,7 @@ import { gradView, type ParamSlot } from '../grad_buffer.js';
 import { accumulateProblems } from '../layout.js';
 import { placementsOf, type ParamPlacement } from '../placement.js';
 import { buildSchedule, peakActivations, peakDeferredWeightGrads, validateSchedule, type PipelineSchedule, type ScheduleName } from './schedule.js';
-import { axisStride, crossesHosts, type PlanAxis } from '../../plan/terms.js';
+import { axisStride, computeBytes, crossesHosts, type PlanAxis } from '../../plan/terms.js';
 import { Stage } from './stage.js';
 import { Executor, type TraceEvent } from './executor.js';
 import { ExpertStepPieces, expertPlacements, gatherExperts } from '../expert_parallel.js';
@@ -630,11 +630,11 @@ export const pipelinePlanAxis: PlanAxis = {
     b.liveMicroBatches = peakActivations(schedule)[ctx.stageRank]! / v;
     // Zero bubble keeps each deferred weight gradient's output gradient (one per Linear, split over tp
     // but for the row-parallel ones, counted as split) besides the activations.
+    const elem = computeBytes(l);
     const deferred = peakDeferredWeightGrads(schedule)[ctx.stageRank]! / v;
-    const gradElem = l.precision === 'bf16-mixed' ? 2 : 4;
-    b.memory.activations += deferred * b.samples * b.tokens * gradElem * (b.blocks * m.blockLinearOutputs + (b.head ? m.vocabSize : 0)) / l.tp;
+    b.memory.activations += deferred * b.samples * b.tokens * elem * (b.blocks * m.blockLinearOutputs + (b.head ? m.vocabSize : 0)) / l.tp;
     b.pipeline = { schedule: l.ppSchedule, pp: l.pp, micro: l.microBatches, virtualStages: v };
-    const act = b.samples * b.tokens * m.nEmbd * (l.precision === 'bf16-mixed' ? 2 : 4);
+    const act = b.samples * b.tokens * m.nEmbd * elem;
     const boundaries = mine.filter((s) => s < S - 1).length + mine.filter((s) => s > 0).length; // sends and receives of this rank
     b.comm.push({ what: 'stage activations and their gradients', op: 'sendRecv', group: 2, bytes: act, times: boundaries * l.microBatches, overlaps: 'none', crossHost: crossesHosts(axisStride(l, 'pp'), 2, ctx.ranksPerHost) });
   },

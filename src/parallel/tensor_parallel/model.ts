@@ -16,7 +16,7 @@ import type { MicroBatch, ParallelModel } from '../parallel_model.js';
 import { slicedOverTp, type ParamPlacement } from '../placement.js';
 import { allGatherDim } from './comm.js';
 import type { TensorParallelApplied, TpPlacement } from './styles.js';
-import { crossesHosts, type PlanAxis } from '../../plan/terms.js';
+import { computeBytes, crossesHosts, type PlanAxis } from '../../plan/terms.js';
 
 /** The whole tensor from this rank's slice of it (a collective over the placement's group). */
 export function gatherSlices(local: Tensor, pl: TpPlacement): Tensor {
@@ -178,7 +178,7 @@ export const tensorParallelPlanAxis: PlanAxis = {
     b.params = (b.params - b.expertParams) / tp + b.expertParams; // routed experts stay whole on every tp rank
     b.blockShare = b.blockShare / tp;
     const m = ctx.model;
-    const elem = l.precision === 'bf16-mixed' ? 2 : 4;
+    const elem = computeBytes(l);
     const act = b.samples * b.tokens * m.nEmbd * elem;
     const full = l.activationCheckpoint === 'full';
     b.activationShare = l.sequenceParallel && full ? 1 / tp : (1 + 1 / tp) / 2;
