@@ -104,7 +104,7 @@ test('views and copies: view, reshape, transpose, permute, split, chunk, narrow,
   }, [{ data: u(2 * 3 * 12, 75), shape: [2, 3, 12] }]);
 });
 
-test('arithmetic with broadcasting and scalars: add, sub, mul, div, pow', () => {
+test('arithmetic with broadcasting and scalars: add, sub, mul, div, pow, addcmul', () => {
   const a = { data: u(6, 80), shape: [2, 3] }, b = { data: u(3, 81, 0.5, 2), shape: [3] };
   gradcheck('add alpha', (x, y) => x.add(y, 0.5), [a, b]);
   gradcheck('sub', (x, y) => x.sub(y), [a, b]);
@@ -113,6 +113,7 @@ test('arithmetic with broadcasting and scalars: add, sub, mul, div, pow', () => 
   gradcheck('scalar ops', (x) => x.add(2).sub(0.5).mul(3).div(4), [a]);
   gradcheck('pow scalar', (x) => x.pow(3), [a]);
   gradcheck('pow tensor', (x, y) => x.pow(y), [{ data: u(3, 82, 0.5, 2) }, { data: u(3, 83) }]);
+  gradcheck('addcmul (broadcast, value)', (x, y, z) => x.addcmul(y, z, 0.5), [a, { data: u(6, 84), shape: [2, 3] }, b]);
 });
 
 test('unary functions: tanh, exp, log, sqrt, rsqrt, sigmoid, relu, silu, sin, cos, reciprocal, square, neg, abs', () => {

@@ -143,7 +143,7 @@ export function applyRotary(x: Tensor, cos: Tensor, sinSigned: Tensor): Tensor {
   const hd = x.shape[x.ndim - 1]!, half = hd / 2;
   const swapped = cat([x.narrow(-1, half, half), x.narrow(-1, 0, half)], -1);
   const c = cos.unsqueeze(-2), s = sinSigned.unsqueeze(-2); // (T, 1, hd) or (B, T, 1, hd): broadcast over heads
-  return x.mul(c).add(swapped.mul(s));
+  return x.mul(c).addcmul(swapped, s); // one pass for the product and the sum
 }
 
 export interface LlamaLayerConfig {

@@ -10,7 +10,7 @@ const OPS = {
   powScalar: ['aten::pow', 'Tensor_Scalar'], pow: ['aten::pow', 'Tensor_Tensor'], abs: ['aten::abs', ''], tanh: ['aten::tanh', ''],
   sigmoid: ['aten::sigmoid', ''], relu: ['aten::relu', ''], gelu: ['aten::gelu', ''], silu: ['aten::silu', ''],
   sin: ['aten::sin', ''], cos: ['aten::cos', ''], reciprocal: ['aten::reciprocal', ''], sign: ['aten::sign', ''],
-  square: ['aten::square', ''], maximum: ['aten::maximum', ''], minimum: ['aten::minimum', ''],
+  square: ['aten::square', ''], addcmul: ['aten::addcmul', ''], maximum: ['aten::maximum', ''], minimum: ['aten::minimum', ''],
   softmax: ['aten::softmax', 'int'], logSoftmax: ['aten::log_softmax', 'int'],
   // comparison and selection
   eq: ['aten::eq', 'Tensor'], eqScalar: ['aten::eq', 'Scalar'], ne: ['aten::ne', 'Tensor'], neScalar: ['aten::ne', 'Scalar'],

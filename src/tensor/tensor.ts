@@ -276,6 +276,8 @@ export class Tensor {
   reciprocal(): Tensor { return run('reciprocal', this); }
   sign(): Tensor { return run('sign', this); }
   square(): Tensor { return run('square', this); }
+  /** this + value * t1 * t2, one pass (broadcasting). */
+  addcmul(t1: Tensor, t2: Tensor, value = 1): Tensor { return run('addcmul', this, t1, t2, value); }
   maximum(other: Tensor): Tensor { return run('maximum', this, other); }
   minimum(other: Tensor): Tensor { return run('minimum', this, other); }
   softmax(dim: number): Tensor { return run('softmax', this, dim); }
