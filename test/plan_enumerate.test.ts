@@ -201,3 +201,30 @@ test('zero bubble keeps, per deferred weight gradient, the output gradients of a
   assert.equal(terms('zb', 1), 2 * tokens * 4 * (2 * facts.blockLinearOutputs + cfg.model.vocabSize));
   assert.equal(terms('1f1b', 0), 0, 'a schedule without split backward keeps none');
 });
+
+test('shared cores: a pipeline\'s ranks run alone on a core in its bubbles, so 4 ranks on 2 cores cost the whole work over the cores, not the crowded timeline', () => {
+  // [Note: shared cores] Constant calibration: 1 ms per block forward and backward with every rank of
+  // the host computing at once; free collectives, no optimizer or loop time.
+  const cfg = loadConfig(config(''), []);
+  const flat: [number, number][] = [[1, 0], [2 ** 40, 0]];
+  const comm: CommTable = { backend: 'gloo', worldSize: 4, table: Object.fromEntries(['allReduce', 'allGather', 'reduceScatter', 'sendRecv'].flatMap((op) => [2, 4].map((g) => [`${op}:${g}`, flat]))) };
+  const m = (cores: number): Measurements => ({
+    compute: (p) => ({ ...p, block: { fwdMs: 1, bwdMs: 1, actBytes: 0 }, rest: { fwdMs: 0, bwdMs: 0, actBytes: 0 } }), optimizerNsPerParam: 0, comm, cores,
+    baseline: { bytes: 0, startupBytes: 0, stepMs: 0, zero3CallMs: 0, zero3MsPerMiB: 0 },
+  });
+  const w = { nproc: 4, nnodes: 1 };
+  const all = enumerateLayouts(cfg, 4).map((c) => c.layout).filter((l) => l.precision === 'fp32' && l.activationCheckpoint === 'none' && l.tp === 1 && l.cp === 1);
+  const pipe = all.find((l) => l.pp === 2 && l.dp === 2 && l.ppSchedule === '1f1b' && l.microBatches === 4);
+  assert.ok(pipe, 'pp 2 x dp 2, 1F1B over 4 micro-batches is listed');
+  const compute = (l: typeof pipe, cores: number) => predict(cfg, l, modelFacts(cfg), w, m(cores)).time.computeMs;
+  // A stage holds 2 blocks: 2 ms forward and 2 backward per micro-batch. Uncrowded (4 cores), the
+  // 1F1B timeline of 2 stages is (4 + 1) x (2 + 2) = 20 ms. On 2 cores the calibration ran twice as
+  // slow as a rank alone: the timeline at 1 + 1 ms is 10 ms, each rank computes 8 ms of it, and 4
+  // ranks' 8 ms over 2 cores is 16 ms.
+  assert.equal(compute(pipe, 4), 20);
+  assert.equal(compute(pipe, 2), 16);
+  // Without a pipeline every rank computes all the time: the crowded calibration is the step.
+  const dp = all.find((l) => l.pp === 1 && l.dp === 4 && l.microBatches === 1);
+  assert.ok(dp);
+  assert.equal(compute(dp, 2), compute(dp, 4));
+});

@@ -13,7 +13,8 @@
 // plus the loop's own cost per step. A collective issued in pieces (buckets, ZeRO-3 units) pays each
 // piece's latency, and each ZeRO-3 unit call also its measured bookkeeping (calibrate.ts, baseline).
 // The compute times were measured with as many processes
-// running at once as the host runs ranks, so ranks that outnumber the cores are in them.
+// running at once as the host runs ranks, so ranks that outnumber the cores are in them (a
+// pipeline's bubbles give cores back: [Note: shared cores]).
 //
 // [Note: in-step collectives] A collective that the rank's compute waits on where it is issued
 // (tensor and sequence parallelism's sums and gathers, context parallelism's ring, ZeRO-2's buckets)
@@ -115,15 +116,23 @@ export function predict(cfg: FlotillaConfig, layout: PlanLayout, facts: ModelFac
   }
   let computeMs: number;
   if (layout.pp > 1) {
+    // [Note: shared cores] The compute was calibrated with every rank of the host computing at once;
+    // where ranks outnumber the cores each ran `crowd` times slower than alone. A pipeline's ranks
+    // are not all busy at once (its bubbles), and a rank alone on a core runs at its own speed: the
+    // timeline is simulated at that speed, and the step is the longer of it and the host's whole
+    // work spread over its cores.
+    const crowd = Math.max(1, (w.nproc * cfg.train.threads) / m.cores);
+    const alone = { fwd: slowest.fwd / crowd, bwd: slowest.bwd / crowd };
     // The schedule's own timeline with this stage's costs, in slots of an eighth of a forward.
-    const slot = Math.max(slowest.fwd / 8, 1e-3);
-    const F = Math.max(1, Math.round(slowest.fwd / slot)), B = Math.max(2, Math.round(slowest.bwd / slot));
+    const slot = Math.max(alone.fwd / 8, 1e-3);
+    const F = Math.max(1, Math.round(alone.fwd / slot)), B = Math.max(2, Math.round(alone.bwd / slot));
     const v = layout.ppSchedule === 'interleaved' ? layout.ppVirtualStages : 1;
     const sched = buildSchedule(layout.ppSchedule, { pp: layout.pp, micro: layout.microBatches, ...(v > 1 ? { virtualStages: v } : {}) });
     // Interleaving runs each of a rank's v stages as its own unit: a stage is 1 / v of the rank's work.
     const f = Math.max(1, Math.round(F / v)), bb = Math.max(2, Math.round(B / v));
     const sim = simulate(sched, { F: f, B: bb, I: Math.max(1, Math.round(bb / 2)), W: Math.max(1, bb - Math.round(bb / 2)) });
-    computeMs = sim.makespan * slot;
+    const busy = sim.idle.reduce((a, idle) => a + sim.makespan - idle, 0) / layout.pp; // a rank's compute slots, on average
+    computeMs = Math.max(sim.makespan, busy * crowd) * slot;
   } else {
     computeMs = layout.microBatches * (slowest.fwd + slowest.bwd);
   }
