@@ -275,13 +275,11 @@ export class LlamaMLP extends Module {
     this.down = this.registerModule('down', new Linear(cfg.intermediateSize, cfg.nEmbd, { bias: false }));
   }
   forward(x: Tensor): Tensor {
-    // One cast for gate and up (as in LlamaAttention.forward). Under bf16-mixed silu and the
-    // product run in float32, rounded once to bfloat16 by down's cast: libtorch's bfloat16 silu
-    // converts element by element, and the float32 path with its casts took half the time forward
-    // and backward (4.8 -> 2.2 ms per block at 8 x 128 x 704), where autocast rounds twice.
+    // One cast for gate and up (as in LlamaAttention.forward); silu and the product in the
+    // policy's dtype for SwiGLU (float32 under bf16-mixed), rounded once by down's cast.
     const [xc] = castFor('linear', x) as [Tensor];
-    const g = this.gate.call(xc), u = this.up.call(xc);
-    return this.down.call((g.dtype === 'bfloat16' ? g.to('float32') : g).silu().mul(u));
+    const [g] = castFor('swiglu', this.gate.call(xc)) as [Tensor];
+    return this.down.call(g.silu().mul(this.up.call(xc)));
   }
 }
 

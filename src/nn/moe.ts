@@ -104,7 +104,8 @@ export class GroupedExperts extends Module {
     const w = (p: Tensor) => castParam('linear', p);
     const addBias = (h: Tensor, b: Tensor | undefined) => (b ? h.add(castParam('linear', b).unsqueeze(1)) : h);
     if (this.kind === 'swiglu') {
-      const h = xc.bmm(w(this.w1)).silu().mul(xc.bmm(w(this.w3!))); // (G, L, H)
+      const [g] = castFor('swiglu', xc.bmm(w(this.w1))) as [Tensor];
+      const [h] = castFor('linear', g.silu().mul(xc.bmm(w(this.w3!)))) as [Tensor]; // (G, L, H)
       return h.bmm(w(this.w2));
     }
     let [h] = castFor('gelu', addBias(xc.bmm(w(this.w1)), this.b1)) as [Tensor];
