@@ -3,8 +3,8 @@
 // one intra-op thread each, single process: float32 against float32, bf16-mixed against
 // torch.autocast('cpu', bfloat16). Both sides alternate step by step; a process pair's ratio is the
 // median over pairs of adjacent steps, and the reported ratio the median over `--processes` fresh
-// pairs of processes, one after another (this machine runs a whole process, either framework's,
-// at one of two speeds: [Note: two speeds] below).
+// pairs of processes, one after another (this machine runs a whole process at one of two speeds:
+// [Note: two speeds] below).
 //
 //   node --import tsx bench/llama.ts [--width 256] [--steps 3] [--rounds 4] [--warmup 2] [--processes 5] [--no-write]
 //
@@ -147,10 +147,11 @@ async function main(): Promise<void> {
   }
   if (!(processes >= 1)) throw new Error(`--processes must be at least 1, not ${a.processes}`);
   const load0 = os.loadavg()[0]!;
-  // [Note: two speeds] On this machine a process of either framework runs the same step at one of
-  // two speeds, the slower 1.2-1.5x, often for its whole life (docs/BENCHMARKS.md, below the table):
-  // one pair of processes measures which speeds its two processes drew. The pairs run one after
-  // another, each a fresh flotilla process and a fresh PyTorch peer, and the ratio is their median.
+  // [Note: two speeds] On this machine a flotilla process runs the same step at one of two speeds,
+  // the slower 1.2-1.9x, for most of its life, and PyTorch's processes have slow steps and slow hours
+  // of their own (docs/BENCHMARKS.md, below the table): one pair of processes measures which speeds
+  // its two processes drew. The pairs run one after another, each a fresh flotilla process and a
+  // fresh PyTorch peer, and the ratio is their median.
   const pairs: PairResult[] = [];
   for (let k = 0; k < processes; k++) {
     const r = await pairInChild(['--width', String(nEmbd), '--steps', String(steps), '--rounds', String(rounds), '--warmup', String(warmup)]);
@@ -185,7 +186,7 @@ async function main(): Promise<void> {
       `In each pair, after ${warmup} warmup steps, ${rounds} rounds; in each round, per mode, one untimed step on each side, then ` +
       `${steps} pairs of adjacent steps, one on each side, alternating which goes first; the pair's ratio is the median over those of flotilla's step over ` +
       `PyTorch's (this machine's speed drifts by tens of percent within seconds, which two steps a few hundred milliseconds apart share). ` +
-      `The ratio is the median over the process pairs (a process of either framework runs at one of two speeds, below); step times are medians over all pairs' steps. ` +
+      `The ratio is the median over the process pairs (a flotilla process runs at one of two speeds, below); step times are medians over all pairs' steps. ` +
       `libtorch ${torchVersion()}, PyTorch ${torch}.`,
     '',
     `Reproduce: \`node --import tsx bench/llama.ts --width ${nEmbd} --steps ${steps} --rounds ${rounds} --warmup ${warmup} --processes ${processes}\`.`,
