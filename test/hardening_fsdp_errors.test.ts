@@ -11,16 +11,18 @@ import { Linear } from '../src/nn/layers.js';
 import * as T from '../src/tensor/index.js';
 
 /**
- * A group of two whose all-gathers fail at wait(), as timed-out collectives do: the first one
- * issued with `first`, every later one with an error of its own (the same one at every wait).
+ * A group of two whose gathers fail at wait(), as timed-out collectives do: the first gather issued
+ * with `first`, every later one with an error of its own (the same one at every wait). A unit's
+ * gather is one broadcast per rank ([Note: in-place gathers]); `issued` counts gathers.
  */
 function failingGroup(first: Error): { group: ProcessGroup; issued: () => number } {
   let n = 0;
   const group = {
     size: 2,
     rank: 0,
-    allGather: () => {
-      const err = n++ === 0 ? first : new Error(`a later all-gather (#${n}) failed too`);
+    broadcast: (_t: unknown, src: number) => {
+      if (src === 0) n++;
+      const err = n === 1 ? first : new Error(`a later gather (#${n}) failed too`);
       return { wait: () => { throw err; } };
     },
   } as unknown as ProcessGroup;

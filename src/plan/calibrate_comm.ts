@@ -7,6 +7,7 @@ import { writeFileSync } from 'node:fs';
 import { initProcessGroup, newGroup, destroyProcessGroup, type ProcessGroup } from '../distributed/process_group.js';
 import { empty, ones, setNumThreads, tensor } from '../tensor/index.js';
 import { COLLECTIVES, type Collective } from './terms.js';
+import { gatherInPlace } from '../parallel/zero_gathers.js';
 
 const [outPath, planText] = process.argv.slice(2);
 const plan = JSON.parse(planText!) as { sizes: number[]; reps: number; threads: number };
@@ -22,7 +23,8 @@ function once(g: ProcessGroup, op: Collective, bytes: number): () => void {
   const part = empty([n / g.size]);
   switch (op) {
     case 'allReduce': return () => g.allReduce(full).wait();
-    case 'allGather': return () => g.allGatherInto(full, part).wait();
+    // As the layouts gather parameters: one broadcast per rank into the bucket ([Note: in-place gathers]).
+    case 'allGather': return () => gatherInPlace(g, full, n / g.size).wait();
     case 'reduceScatter': return () => g.reduceScatter(part, full).wait();
     case 'allToAll': { const o = empty([n]); return () => g.allToAll(o, full).wait(); }
     case 'sendRecv': {
