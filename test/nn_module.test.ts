@@ -4,7 +4,9 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { randint, tidy, zeros, manualSeed, setNumThreads, liveTensors, type Tensor } from '../src/tensor/index.js';
+import { randint, tidy, zeros, manualSeed, setNumThreads, liveTensors, tensorCacheStats, type Tensor } from '../src/tensor/index.js';
+import { MoE } from '../src/nn/moe.js';
+import { defaultMoEConfig } from '../src/nn/moe_config.js';
 import { Module, Linear, LayerNorm, Dropout, ModuleList, Embedding } from '../src/nn/index.js';
 import { GPT, gptNumParams } from '../src/models/gpt.js';
 import { saveSafetensors, loadSafetensors } from '../src/checkpoint/safetensors.js';
@@ -217,4 +219,18 @@ test('a module call frees the intermediates of its forward at once; what the out
     m.b.forward(h).sum().backward();
   });
   m.parameters().forEach((p, i) => assert.deepEqual(p.grad!.toNumbers(), grads[i], `gradient ${i}`));
+});
+
+test('keepExperts (what an expert-parallel rank holds) frees the dropped experts at once, before any GC', () => {
+  const stats = tensorCacheStats();
+  assert.ok(stats.on, 'the tensor cache is off, so its byte count says nothing');
+  const before = stats.liveBytes;
+  // Two stacks (fc, proj) of 4 experts of 128 x 512 float32: 1 MiB each, held by the tensor cache.
+  const moe = new MoE({ ...defaultMoEConfig, experts: 4 }, 128, 512, 'gelu', false);
+  const built = tensorCacheStats().liveBytes - before;
+  moe.keepExperts(2, 2);
+  const held = tensorCacheStats().liveBytes - before;
+  assert.equal(built, 2 * 2 ** 20);
+  assert.equal(held, built / 2, `bytes of the expert stacks: ${built} built, ${held} held after keeping 2 of 4 experts`);
+  moe.dispose();
 });

@@ -67,6 +67,10 @@ test('lossParallel head leaves the logits sharded over the vocabulary, equal to 
   await expectPassed(['layer.lossParallel_head', 'layer.lossParallel_head_seqIn', 'layer.mlp'], 2 * 4 + 5);
 });
 
+test('sharding a Linear frees its unsharded weight at once: the tensor cache holds 1 / tp of the bytes right after parallelizeModule, before any GC', async () => {
+  await expectPassed(['layer.shardFrees'], 2);
+});
+
 test('each style leaves the documented slice shapes and placements', async () => {
   await expectPassed(['layer.shapes'], 4);
 });

@@ -32,7 +32,7 @@
 // pass-through node on the layer's output. So it reaches the router wherever the layer runs (any
 // pipeline stage) and whatever loss the layout applies. The trainer sets the scale (1 / micro-batches,
 // as it scales the loss) with withMoELossScale; outside it the scale is 1, as for loss + auxCoeff x aux.
-import { type Tensor, type DType, zeros, tensor, noGrad, isGradEnabled, defineFunction } from '../tensor/index.js';
+import { type Tensor, type DType, zeros, tensor, noGrad, isGradEnabled, defineFunction, tidy } from '../tensor/index.js';
 import { Module } from './module.js';
 import * as F from './functional.js';
 import { castFor, castParam, readsParametersThroughPolicy } from './precision.js';
@@ -87,8 +87,9 @@ export class GroupedExperts extends Module {
     super();
     const G = groups, C = nEmbd, H = hidden, src = opts.from, first = opts.first ?? 0;
     // PyTorch Linear's default init per expert; the models re-initialise by name.
-    const u = (shape: number[], fanIn: number, of: Tensor | undefined) => noGrad(() =>
-      of ? of.narrow(0, first, G).clone() : zeros(shape).uniform_(-1 / Math.sqrt(fanIn), 1 / Math.sqrt(fanIn)));
+    // tidy: the slice's view goes now; left to the GC it kept the whole stack resident after keepExperts.
+    const u = (shape: number[], fanIn: number, of: Tensor | undefined) => tidy(() => noGrad(() =>
+      of ? of.narrow(0, first, G).clone() : zeros(shape).uniform_(-1 / Math.sqrt(fanIn), 1 / Math.sqrt(fanIn))));
     const swiglu = kind === 'swiglu';
     this.w1 = this.registerParameter(swiglu ? 'gate' : 'fc', u([G, C, H], C, src?.w1));
     if (swiglu) this.w3 = this.registerParameter('up', u([G, C, H], C, src?.w3));

@@ -37,7 +37,7 @@
 // Weights: a style slices the tensor the model built, so a tp run starts from exactly the weights
 // of one process (GPT draws each parameter from its own seed). A parameter tensor keeps its
 // identity (set_ onto the slice), so tied uses stay tied and are sliced once.
-import { type Tensor, cat, manualSeed, noGrad, randint } from '../../tensor/index.js';
+import { type Tensor, cat, manualSeed, noGrad, randint, tidy } from '../../tensor/index.js';
 import type { ProcessGroup } from '../../distributed/process_group.js';
 import { Module } from '../../nn/module.js';
 import { Dropout, Embedding, LayerNorm, Linear, RMSNorm } from '../../nn/layers.js';
@@ -147,14 +147,14 @@ export function parallelizeModule(module: Module, g: ProcessGroup, plan: TpPlan)
       problems.push(`${where}: dimension ${dim} of size ${size} does not divide by ${chunks > 1 ? `${chunks} chunks x ` : ''}the tensor-parallel degree ${n}; choose parallel.tp dividing it`);
       return;
     }
-    noGrad(() => {
+    // In one tidy scope: every view and copy made on the way goes now, not when the GC collects its
+    // handle (a view left to the GC kept the whole unsharded weight resident through the first steps:
+    // 95 MiB of the 25M GPT at tp 2).
+    tidy(() => noGrad(() => {
       const part = size / chunks / n;
       const pieces = Array.from({ length: chunks }, (_, c) => p.narrow(dim, c * (size / chunks) + g.rank * part, part));
-      const local = pieces.length === 1 ? pieces[0]!.contiguous().clone() : catAlong(pieces, dim);
-      p.set_(local);
-      local.dispose();
-      for (const x of pieces) x.dispose();
-    });
+      p.set_(pieces.length === 1 ? pieces[0]!.contiguous().clone() : catAlong(pieces, dim));
+    }));
     sharded.add(p);
     placed.set(p, { kind: 'shard', group: g, dim, chunks });
   };
