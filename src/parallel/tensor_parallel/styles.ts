@@ -153,7 +153,8 @@ export function parallelizeModule(module: Module, g: ProcessGroup, plan: TpPlan)
     tidy(() => noGrad(() => {
       const part = size / chunks / n;
       const pieces = Array.from({ length: chunks }, (_, c) => p.narrow(dim, c * (size / chunks) + g.rank * part, part));
-      p.set_(pieces.length === 1 ? pieces[0]!.contiguous().clone() : catAlong(pieces, dim));
+      // A copy of its own in both cases (cat of one contiguous view may keep the whole weight's storage).
+      p.set_(pieces.length === 1 ? pieces[0]!.contiguous().clone() : cat(pieces, dim));
     }));
     sharded.add(p);
     placed.set(p, { kind: 'shard', group: g, dim, chunks });
@@ -290,10 +291,6 @@ function restyle(m: Module, make: (orig: Forward) => Forward): void {
   const target = m as unknown as { forward: Forward };
   const orig = target.forward.bind(m);
   target.forward = make(orig);
-}
-
-function catAlong(pieces: Tensor[], dim: number): Tensor {
-  return noGrad(() => cat(pieces, dim).contiguous());
 }
 
 const MIX = 0x9e3779b9;
