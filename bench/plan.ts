@@ -6,7 +6,9 @@
 // and measured peak memory per rank and step time with their errors, and whether the layout ranked
 // first was within 10% of the fastest measured. Each (model, world) pair is written as soon as it
 // is done, so a long run leaves what it finished.
-//   node --import tsx bench/plan.ts [--models tiny,25m] [--worlds 2,4] [--steps 4] [--write] [--resume] [--reprice]
+//   node --import tsx bench/plan.ts [--models tiny,25m] [--worlds 2,4] [--steps 4] [--rounds 3] [--write] [--resume] [--reprice]
+// --rounds K: fresh launches per measurement, the median kept, for the planner's calibration and
+// for each layout's measurement alike (what `flotilla plan --rounds K --measure` does).
 // --resume keeps the pairs already in bench/out/plan.json; --reprice prices them again with the
 // current planner and writes the table without training anything.
 import { mkdirSync, readFileSync, writeFileSync, existsSync } from 'node:fs';
@@ -27,6 +29,7 @@ const opt = (name: string, dflt: string): string => {
 const models = opt('--models', 'tiny,25m').split(',');
 const worlds = opt('--worlds', '2,4').split(',').map(Number);
 const steps = Number(opt('--steps', '4'));
+const rounds = Number(opt('--rounds', '3'));
 const write = argv.includes('--write');
 const reprice = argv.includes('--reprice');
 const CONFIG = 'examples/gpt-tiny.toml';
@@ -91,13 +94,13 @@ for (const model of reprice ? [] : models) {
       return { layout, overrides: overridesOf(cfg0, layout) };
     });
     console.log(`== ${model} on ${world} ranks: ${candidates.length} layouts`);
-    const r = await plan(cfg0, { config: CONFIG, overrides: base, nproc: world, nnodes: 1, candidates, log: (l) => console.log(l) });
+    const r = await plan(cfg0, { config: CONFIG, overrides: base, nproc: world, nnodes: 1, candidates, rounds, log: (l) => console.log(l) });
     const load: number[] = [];
     for (const row of r.rows) {
       load.push(loadavg()[0]!);
-      const m = await measureLayout(CONFIG, [...base, ...row.overrides], world, { steps });
-      row.measured = { peakMemoryMiB: Math.max(...m.peakMiB), rankMemoryMiB: m.peakMiB, stepMs: m.stepMs, steps: m.steps };
-      console.log(`${describePlanLayout(row.layout).padEnd(34)} memory ${row.peakMemoryMiB.toFixed(0)} vs ${row.measured.peakMemoryMiB.toFixed(0)} MiB (${signed(pct(row.peakMemoryMiB, row.measured.peakMemoryMiB))}), step ${row.stepMs.toFixed(0)} vs ${m.stepMs.toFixed(0)} ms (${signed(pct(row.stepMs, m.stepMs))}) [steps ${m.steps.map((s) => s.toFixed(0)).join(' ')}]`);
+      const m = await measureLayout(CONFIG, [...base, ...row.overrides], world, { steps, launches: rounds });
+      row.measured = { peakMemoryMiB: Math.max(...m.peakMiB), rankMemoryMiB: m.peakMiB, stepMs: m.stepMs, steps: m.steps, launchMs: m.launchMs };
+      console.log(`${describePlanLayout(row.layout).padEnd(34)} memory ${row.peakMemoryMiB.toFixed(0)} vs ${row.measured.peakMemoryMiB.toFixed(0)} MiB (${signed(pct(row.peakMemoryMiB, row.measured.peakMemoryMiB))}), step ${row.stepMs.toFixed(0)} vs ${m.stepMs.toFixed(0)} ms (${signed(pct(row.stepMs, m.stepMs))}) [launches ${m.launchMs.map((s) => s.toFixed(0)).join(' ')}]`);
     }
     const fastest = r.rows.reduce((a, b) => (b.measured!.stepMs < a.measured!.stepMs ? b : a));
     const first = r.rows.find((x) => x.fits) ?? r.rows[0]!;
@@ -115,9 +118,10 @@ function render(): string {
     reprice ? '### The same measurements priced again by the planner as it is now (`--reprice`)' : '## Layout planner: predicted against measured (`flotilla plan`)',
     '',
     ...(reprice ? ['The measured columns are the table\'s above, unchanged; the predictions are recomputed with the current calibration (measured again where the planner\'s code changed).', ''] : []),
-    `\`node --import tsx bench/plan.ts --models ${models.join(',')} --worlds ${worlds.join(',')} --steps ${steps}${reprice ? ' --resume --reprice' : ''} --write\` — each layout priced by the planner (src/plan; what`,
-    '`flotilla plan CONFIG --nproc N` prints), then trained through `flotilla train --nproc N` for ' + `${steps} steps and measured from outside (what \`--measure\` does):`,
-    'peak memory is the largest VmHWM over the ranks (the prediction is the largest rank\'s), step time the median over the steps after the first.',
+    `\`node --import tsx bench/plan.ts --models ${models.join(',')} --worlds ${worlds.join(',')} --steps ${steps} --rounds ${rounds}${reprice ? ' --resume --reprice' : ''} --write\` — each layout priced by the planner (src/plan; what`,
+    `\`flotilla plan CONFIG --nproc N --rounds ${rounds}\` prints), then trained through \`flotilla train --nproc N\` for ${steps} steps in ${rounds} fresh launch(es) and measured from outside (what \`--measure\` does):`,
+    'peak memory is the largest VmHWM over the ranks (the prediction is the largest rank\'s), step time the median over the steps after the first, and of the launches the one of median step time',
+    '(each launch\'s is listed; the planner\'s calibrations take the median of as many launches).',
     'Errors are (predicted - measured) / measured. The issue\'s bar: memory within 10%, step time within 15%, the layout ranked first within 10% of the fastest measured.',
     '',
   ];
@@ -125,9 +129,9 @@ function render(): string {
     const mem = r.rows.map((x) => Math.abs(pct(x.peakMemoryMiB, x.measured!.peakMemoryMiB)));
     const time = r.rows.map((x) => Math.abs(pct(x.stepMs, x.measured!.stepMs)));
     out.push(`${reprice ? '####' : '###'} ${MODELS[r.model]!.label}, ${r.world} ranks`, '');
-    out.push('| layout | predicted MiB | measured MiB (per rank) | error | predicted ms | measured ms (each step) | error |', '|---|---|---|---|---|---|---|');
+    out.push('| layout | predicted MiB | measured MiB (per rank) | error | predicted ms | measured ms (each launch) | error |', '|---|---|---|---|---|---|---|');
     for (const x of r.rows) {
-      out.push(`| ${describePlanLayout(x.layout)} | ${x.peakMemoryMiB.toFixed(0)} | ${x.measured!.peakMemoryMiB.toFixed(0)} (${x.measured!.rankMemoryMiB.map((v) => v.toFixed(0)).join(', ')}) | ${signed(pct(x.peakMemoryMiB, x.measured!.peakMemoryMiB))} | ${x.stepMs.toFixed(0)} | ${x.measured!.stepMs.toFixed(0)}${x.measured!.steps ? ` (${x.measured!.steps.map((v) => v.toFixed(0)).join(', ')})` : ''} | ${signed(pct(x.stepMs, x.measured!.stepMs))} |`);
+      out.push(`| ${describePlanLayout(x.layout)} | ${x.peakMemoryMiB.toFixed(0)} | ${x.measured!.peakMemoryMiB.toFixed(0)} (${x.measured!.rankMemoryMiB.map((v) => v.toFixed(0)).join(', ')}) | ${signed(pct(x.peakMemoryMiB, x.measured!.peakMemoryMiB))} | ${x.stepMs.toFixed(0)} | ${x.measured!.stepMs.toFixed(0)}${x.measured!.launchMs ? ` (${x.measured!.launchMs.map((v) => v.toFixed(0)).join(', ')})` : ''} | ${signed(pct(x.stepMs, x.measured!.stepMs))} |`);
     }
     const within = (xs: number[], b: number) => xs.filter((e) => e <= b).length;
     out.push('', `Memory within 10%: ${within(mem, 10)} of ${mem.length} (largest error ${Math.max(...mem).toFixed(0)}%); step time within 15%: ${within(time, 15)} of ${time.length} (largest ${Math.max(...time).toFixed(0)}%, median ${[...time].sort((a, b) => a - b)[Math.floor(time.length / 2)]!.toFixed(0)}%).`,

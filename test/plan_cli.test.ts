@@ -27,6 +27,7 @@ test('bad arguments: one message naming the fix, exit 2', async () => {
     [[cfgFile, '--nproc', '2', '--measure', 'x'], /--measure needs a whole number/],
     [[cfgFile, '--nproc', '2', '--nnodes', '1:2'], /plan for one number of hosts/],
     [[cfgFile, '--nproc', '2', '--nnodes', '2', '--measure', '1'], /--measure trains on this host only/],
+    [[cfgFile, '--nproc', '2', '--rounds', '0'], /--rounds needs a positive integer/],
     [[cfgFile, '--nproc', '2', '--fast'], /unknown option --fast/],
   ];
   for (const [args, re] of bad) assert.throws(() => parsePlanArgs(args), (e: Error) => e instanceof UsageError && re.test(e.message), args.join(' '));
@@ -43,8 +44,10 @@ test('bad arguments: one message naming the fix, exit 2', async () => {
 
 test('--json: every layout with its config-named fields, overrides that select it, memory, time and fit', async () => {
   const pin = ['--train.precision=fp32', '--train.activationCheckpoint=none', '--parallel.cp=1', '--data.microBatches=1'];
-  const r = await flotilla(['plan', cfgFile, '--nproc', '2', '--json', '--memory', '64', ...pin], { timeoutMs: 240_000, env: { FLOTILLA_CACHE_DIR: join(dir, 'cache') } });
+  // One launch per calibration measurement here (the suite's time); --measure below takes two.
+  const r = await flotilla(['plan', cfgFile, '--nproc', '2', '--json', '--memory', '64', '--rounds', '1', ...pin], { timeoutMs: 240_000, env: { FLOTILLA_CACHE_DIR: join(dir, 'cache') } });
   assert.equal(r.code, 0, r.err);
+  assert.match(r.err + r.out, /2 process\(es\) at once as the ranks run, 1 time\(s\)/);
   const rows = JSON.parse(r.out) as { layout: Record<string, unknown>; overrides: string[]; peakMemoryMiB: number; stepMs: number; fits: boolean; memoryMiB: Record<string, number> }[];
   assert.ok(rows.length >= 5, `${rows.length} rows`);
   const keys = ['dp', 'zero', 'dpShard', 'dpReplicate', 'pp', 'ppSchedule', 'ppVirtualStages', 'tp', 'sequenceParallel', 'microBatches', 'activationCheckpoint', 'precision'];
@@ -68,6 +71,15 @@ test('--json: every layout with its config-named fields, overrides that select i
   assert.match(t.out, /ranked by predicted step time/);
   assert.match(t.out, /^best: .*flotilla train \S+tiny\.toml --nproc 2/m);
   assert.equal(t.out.split('\n').filter((l) => /^\d+\s{2}/.test(l)).length, 3, t.out);
+  // --measure with --rounds 2: the first layout trained in two fresh launches, the median kept
+  // (of two, the slower); the calibration comes from the cache, measured with one.
+  const m = await flotilla(['plan', cfgFile, '--nproc', '2', '--json', '--measure', '1', '--rounds', '2', ...pin], { timeoutMs: 240_000, env: { FLOTILLA_CACHE_DIR: join(dir, 'cache') } });
+  assert.equal(m.code, 0, m.err);
+  assert.doesNotMatch(m.err + m.out, /calibrating|measuring a rank's baseline/);
+  const measured = (JSON.parse(m.out) as { measured?: { stepMs: number; launchMs: number[] } }[]).filter((x) => x.measured).map((x) => x.measured!);
+  assert.equal(measured.length, 1);
+  assert.equal(measured[0]!.launchMs.length, 2, JSON.stringify(measured[0]));
+  assert.equal(measured[0]!.stepMs, Math.max(...measured[0]!.launchMs));
 });
 
 test('train --plan trains with the layout the plan ranks first and says which (calibration cached by the test above)', async () => {

@@ -39,7 +39,7 @@ usage:
       With --resume: train S steps (default 2K) saving at step K, resume that checkpoint (under the
       layout after --then, or the same one) and compare steps K+1..S: bit-identical for the same
       layout, within 1e-5 (parameters 1e-4) for another; PASS or FAIL as above.
-  flotilla plan <config.toml> --nproc N [--nnodes M] [--memory GiB] [--json] [--top K] [--measure K] [--section.field=value ...]
+  flotilla plan <config.toml> --nproc N [--nnodes M] [--memory GiB] [--json] [--top K] [--measure K] [--rounds K] [--section.field=value ...]
       Which layouts the config's model can take on N ranks per host (x M hosts): data parallel,
       ZeRO 0-3, HSDP, pipeline schedules, tensor (+ sequence), context and expert parallelism,
       micro-batches, activation checkpointing, precision. Predicts each rank's peak memory and the
@@ -47,7 +47,9 @@ usage:
       what does not fit in --memory GiB per rank (default: this machine's memory over N), and
       prints the flags that select each. Flags of layout fields pin them. --json: every layout as
       JSON; --measure K: train the first K that fit for a few steps and print measured beside
-      predicted. Collectives across hosts are not measured here (step times marked >=).
+      predicted. --rounds K (default 3): each measurement is K fresh launches and their median,
+      since one process can run the whole of its life slower than the next (measurements already
+      cached are kept). Collectives across hosts are not measured here (step times marked >=).
       \`flotilla train --plan\` (or [parallel] auto = true) trains with the layout ranked first.
   flotilla run --nproc N <script.ts|script.js> [args ...]
       Start N ranks of a script with the launch environment (RANK, WORLD_SIZE, MASTER_ADDR, ...);

@@ -1,5 +1,5 @@
 // `flotilla plan CONFIG --nproc N [--nnodes M] [--memory GiB] [--json] [--top K] [--measure K]
-// [--section.field=value ...]`: which layouts the config's model can take on N x M ranks, their
+// [--rounds K] [--section.field=value ...]`: which layouts the config's model can take on N x M ranks, their
 // predicted peak memory per rank and step time, ranked (src/plan). Flags of layout fields pin them.
 import { UsageError, parseNnodes } from './usage.js';
 
@@ -11,10 +11,11 @@ export interface PlanArgs {
   json: boolean;
   top: number;
   measure: number;
+  rounds?: number;
   overrides: string[];
 }
 
-export const PLAN_USAGE = 'flotilla plan <config.toml> --nproc N [--nnodes M] [--memory GiB] [--json] [--top K] [--measure K] [--section.field=value ...]';
+export const PLAN_USAGE = 'flotilla plan <config.toml> --nproc N [--nnodes M] [--memory GiB] [--json] [--top K] [--measure K] [--rounds K] [--section.field=value ...]';
 
 export function parsePlanArgs(args: readonly string[]): PlanArgs {
   let config: string | undefined;
@@ -23,7 +24,7 @@ export function parsePlanArgs(args: readonly string[]): PlanArgs {
   const overrides: string[] = [];
   for (let i = 0; i < args.length; i++) {
     const a = args[i]!;
-    const m = /^--(nproc|nnodes|memory|top|measure)(?:=(.*))?$/s.exec(a);
+    const m = /^--(nproc|nnodes|memory|top|measure|rounds)(?:=(.*))?$/s.exec(a);
     if (a === '--json') json = true;
     else if (m) {
       const v = m[2] ?? args[++i];
@@ -60,7 +61,8 @@ export function parsePlanArgs(args: readonly string[]): PlanArgs {
   }
   const measure = count('measure', 0, 'a whole number of layouts to train and measure') ?? 0;
   if (measure > 0 && nnodes > 1) throw new UsageError(`plan: --measure trains on this host only; drop --nnodes ${nnodes} to measure, or --measure to plan for ${nnodes} hosts`);
-  return { config, nproc, nnodes, json, top: count('top', 1, 'a positive integer (rows to print)') ?? 20, measure, overrides, ...(memoryGiB !== undefined ? { memoryGiB } : {}) };
+  const rounds = count('rounds', 1, 'a positive integer (fresh launches per measurement)');
+  return { config, nproc, nnodes, json, top: count('top', 1, 'a positive integer (rows to print)') ?? 20, measure, overrides, ...(memoryGiB !== undefined ? { memoryGiB } : {}), ...(rounds !== undefined ? { rounds } : {}) };
 }
 
 export async function planCommand(args: readonly string[], print: (line: string) => void, log: (line: string) => void): Promise<number> {
@@ -69,7 +71,7 @@ export async function planCommand(args: readonly string[], print: (line: string)
   const cfg = loadConfig(a.config, a.overrides);
   const { plan, measureTop, formatPlan, planJson } = await import('../plan/plan.js');
   const world = a.nproc * a.nnodes;
-  const opts = { config: a.config, overrides: a.overrides, nproc: a.nproc, nnodes: a.nnodes, ...(a.memoryGiB !== undefined ? { memoryGiB: a.memoryGiB } : {}), log };
+  const opts = { config: a.config, overrides: a.overrides, nproc: a.nproc, nnodes: a.nnodes, ...(a.memoryGiB !== undefined ? { memoryGiB: a.memoryGiB } : {}), ...(a.rounds !== undefined ? { rounds: a.rounds } : {}), log };
   const { enumerateLayouts, layoutRefusals } = await import('../plan/enumerate.js');
   const { pinnedFields } = await import('../plan/plan.js');
   if (enumerateLayouts(cfg, world, pinnedFields(a.overrides)).length === 0) {

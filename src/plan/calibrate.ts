@@ -10,6 +10,9 @@
 //     runtime) and the loop's own cost per step, from a real `flotilla train` of a 1-block model
 //     of width 32 on the same ranks and data (measure.ts), and what ZeRO-3 adds per unit and call
 //     (the same model trained under ZeRO-3).
+// Each timing is taken over `rounds` fresh launches and the median kept ([Note: launches] in
+// measure.ts); the cache keeps what was measured whatever the rounds (they set its precision, not
+// what it depends on).
 // Every entry is keyed by what it depends on (the model's and data's config, threads, ranks,
 // backend, the machine's CPU, the addon's build and the code that measures), so a change of any is a
 // new measurement.
@@ -22,6 +25,7 @@ import { join } from 'node:path';
 import type { FlotillaConfig } from '../config/schema.js';
 import type { CalibrationPoint, DepthTiming, ModelCalibrationIn, ModelCalibrationOut } from './calibrate_model.js';
 import { measureLayout, planScript } from './measure.js';
+import { median } from './stats.js';
 import { commandFor } from '../launch/launcher.js';
 import { type Collective, type InStepProbe, type PlanLayout } from './terms.js';
 import { layoutRefusals, overridesOf } from './enumerate.js';
@@ -101,8 +105,8 @@ function split(cfg: FlotillaConfig, d: [DepthTiming, DepthTiming]): { block: Par
   };
 }
 
-/** Forward, backward and activation bytes per block and for the rest, at each point (measured, cached per point). */
-export async function calibrateCompute(cfg: FlotillaConfig, points: CalibrationPoint[], ranksPerHost: number, log: (l: string) => void): Promise<{ points: ComputePoint[]; optimizerNsPerParam: number }> {
+/** Forward, backward and activation bytes per block and for the rest, at each point (measured in `rounds` launches, the median kept; cached per point). */
+export async function calibrateCompute(cfg: FlotillaConfig, points: CalibrationPoint[], ranksPerHost: number, rounds: number, log: (l: string) => void): Promise<{ points: ComputePoint[]; optimizerNsPerParam: number }> {
   const modelKey = { model: cfg.model, moe: cfg.moe, threads: cfg.train.threads, seed: cfg.train.seed, machine: machine(), code: [codeOf('calibrate_model'), codeOf('calibrate')], depths: depthsOf(cfg), ranksPerHost };
   const dir = planCacheDir();
   const file = dir === undefined ? undefined : join(dir, `compute-${digest(modelKey)}.json`);
@@ -113,25 +117,30 @@ export async function calibrateCompute(cfg: FlotillaConfig, points: CalibrationP
   const keyOf = (p: CalibrationPoint) => `${p.samples}x${p.tokens}:${p.precision}:${p.activationCheckpoint}`;
   const missing = points.filter((p) => have.points[keyOf(p)] === undefined);
   if (missing.length > 0 || Number.isNaN(have.optimizerNsPerParam)) {
-    log(`[plan] calibrating the model's forward and backward at ${missing.length} shape(s), ${ranksPerHost} process(es) at once as the ranks run (once; cached${file ? ` in ${dir}` : ''})`);
+    log(`[plan] calibrating the model's forward and backward at ${missing.length} shape(s), ${ranksPerHost} process(es) at once as the ranks run, ${rounds} time(s) (once; cached${file ? ` in ${dir}` : ''})`);
     const tmp = mkdtempSync(join(tmpdir(), 'flotilla-plan-cal-'));
     try {
       const input: ModelCalibrationIn = { cfg, depths: depthsOf(cfg), points: missing.length > 0 ? missing : [points[0]!], reps: 5 };
       writeFileSync(join(tmp, 'in.json'), JSON.stringify(input));
       // As many processes as a host runs ranks, at once: they share the cores (and their caches and
-      // memory bandwidth) as the ranks will. Times are the mean over them; bytes are the first's.
-      const outs = await Promise.all(Array.from({ length: ranksPerHost }, (_, k) => new Promise<ModelCalibrationOut>((res, rej) => {
-        const [cmd, argv] = commandFor(planScript('calibrate_model'), [join(tmp, 'in.json'), join(tmp, `out${k}.json`)]);
-        execFile(cmd, argv, { maxBuffer: 1 << 24 }, (e, _o, err) => (e ? rej(new Error(`calibrating the model failed: ${err || e.message}`)) : res(JSON.parse(readFileSync(join(tmp, `out${k}.json`), 'utf8')) as ModelCalibrationOut)));
-      })));
-      const mean = (f: (o: ModelCalibrationOut) => number) => outs.reduce((a, o) => a + f(o), 0) / outs.length;
-      for (const [i, p] of outs[0]!.points.entries()) {
+      // memory bandwidth) as the ranks will. A round's times are the mean over its processes; the
+      // rounds are fresh processes, one after another, and each time is their median ([Note:
+      // launches] in measure.ts). Bytes are the first process's.
+      const perRound: ModelCalibrationOut[][] = [];
+      for (let r = 0; r < rounds; r++) {
+        perRound.push(await Promise.all(Array.from({ length: ranksPerHost }, (_, k) => new Promise<ModelCalibrationOut>((res, rej) => {
+          const [cmd, argv] = commandFor(planScript('calibrate_model'), [join(tmp, 'in.json'), join(tmp, `out${k}.json`)]);
+          execFile(cmd, argv, { maxBuffer: 1 << 24 }, (e, _o, err) => (e ? rej(new Error(`calibrating the model failed: ${err || e.message}`)) : res(JSON.parse(readFileSync(join(tmp, `out${k}.json`), 'utf8')) as ModelCalibrationOut)));
+        }))));
+      }
+      const time = (f: (o: ModelCalibrationOut) => number) => median(perRound.map((outs) => outs.reduce((a, o) => a + f(o), 0) / outs.length));
+      for (const [i, p] of perRound[0]![0]!.points.entries()) {
         const depth = p.depth.map((d, k) => ({
-          ...d, fwdMs: mean((o) => o.points[i]!.depth[k]!.fwdMs), bwdMs: mean((o) => o.points[i]!.depth[k]!.bwdMs), blocksFwdMs: mean((o) => o.points[i]!.depth[k]!.blocksFwdMs),
+          ...d, fwdMs: time((o) => o.points[i]!.depth[k]!.fwdMs), bwdMs: time((o) => o.points[i]!.depth[k]!.bwdMs), blocksFwdMs: time((o) => o.points[i]!.depth[k]!.blocksFwdMs),
         })) as [DepthTiming, DepthTiming];
         have.points[keyOf(p)] = { samples: p.samples, tokens: p.tokens, precision: p.precision, activationCheckpoint: p.activationCheckpoint, ...split(cfg, depth) };
       }
-      have.optimizerNsPerParam = mean((o) => o.optimizerNsPerParam);
+      have.optimizerNsPerParam = time((o) => o.optimizerNsPerParam);
     } finally {
       rmSync(tmp, { recursive: true, force: true });
     }
@@ -231,7 +240,7 @@ export interface InStepRun {
  * checks accept it; each cached on its own. predict.ts prices the same runs and charges what it
  * misses to their in-step calls.
  */
-export async function calibrateInStep(config: string, cfg: FlotillaConfig, overrides: readonly string[], nproc: number, probes: readonly InStepProbe[], log: (l: string) => void): Promise<InStepRun[]> {
+export async function calibrateInStep(config: string, cfg: FlotillaConfig, overrides: readonly string[], nproc: number, probes: readonly InStepProbe[], rounds: number, log: (l: string) => void): Promise<InStepRun[]> {
   const out: InStepRun[] = [];
   if (nproc < 2) return out;
   const one = loadConfig(config, [...overrides, ...ONE_BLOCK_FLAGS]);
@@ -243,7 +252,7 @@ export async function calibrateInStep(config: string, cfg: FlotillaConfig, overr
     try {
       const stepMs = await cached(`instep-${probe}`, key, async () => {
         log(`[plan] measuring ${probe} collectives inside the step with a 1-block model on ${nproc} rank(s) (once, cached)`);
-        return (await measureLayout(config, [...overrides, ...ONE_BLOCK_FLAGS, ...overridesOf(one, layout)], nproc, { steps: 5 })).stepMs;
+        return (await measureLayout(config, [...overrides, ...ONE_BLOCK_FLAGS, ...overridesOf(one, layout)], nproc, { steps: 5, launches: rounds })).stepMs;
       });
       out.push({ probe, layout, stepMs });
     } catch (e) { // not cached: measured again next time
@@ -279,12 +288,12 @@ export function probeLayout(probe: InStepProbe, cfg: FlotillaConfig, n: number):
  * step ([memory] line of the trainer) less the tiny model's state and the allocator's kept blocks
  * is what the loop keeps besides the layout's terms.
  */
-export function calibrateBaseline(config: string, cfg: FlotillaConfig, overrides: readonly string[], nproc: number, log: (l: string) => void): Promise<Baseline> {
+export function calibrateBaseline(config: string, cfg: FlotillaConfig, overrides: readonly string[], nproc: number, rounds: number, log: (l: string) => void): Promise<Baseline> {
   // The model and resharding too: ZeRO-3's cost per MiB is measured at the config's width.
   const key = { data: cfg.data, model: cfg.model, reshard: cfg.parallel.reshardAfterForward, backend: cfg.parallel.backend, nproc, threads: cfg.train.threads, machine: machine(), code: [codeOf('measure'), codeOf('calibrate')] };
   return cached('baseline', key, async () => {
     log(`[plan] measuring a rank's baseline with a 1-block model on ${nproc} rank(s) (once, cached)`);
-    const m = await measureLayout(config, [...overrides, ...TINY_FLAGS], nproc, { steps: 5, progress: true });
+    const m = await measureLayout(config, [...overrides, ...TINY_FLAGS], nproc, { steps: 5, progress: true, launches: rounds });
     const tinyParams = cfg.model.vocabSize * 32 * 2 + cfg.model.blockSize * 32 + 13 * 32 * 32;
     // Rank 0's resident size after step 2, less the tiny model's state and the freed tensor memory
     // the allocator's cache keeps for the next step (the activations' blocks: a layout's own
@@ -303,9 +312,9 @@ export function calibrateBaseline(config: string, cfg: FlotillaConfig, overrides
       const z3 = ['--parallel.zero=3', '--parallel.dpShard=-1'];
       const perUnit = (cfg.parallel.reshardAfterForward ? 2 : 1) + 1; // gathers and the reduce-scatter of one unit
       const calls = 2 * perUnit;
-      const z = await measureLayout(config, [...overrides, ...TINY_FLAGS, ...z3], nproc, { steps: 5 });
+      const z = await measureLayout(config, [...overrides, ...TINY_FLAGS, ...z3], nproc, { steps: 5, launches: rounds });
       zero3CallMs = Math.max(0, (z.stepMs - m.stepMs) / calls);
-      const [dpWide, z3Wide] = [await measureLayout(config, [...overrides, ...ONE_BLOCK_FLAGS], nproc, { steps: 5 }), await measureLayout(config, [...overrides, ...ONE_BLOCK_FLAGS, ...z3], nproc, { steps: 5 })];
+      const [dpWide, z3Wide] = [await measureLayout(config, [...overrides, ...ONE_BLOCK_FLAGS], nproc, { steps: 5, launches: rounds }), await measureLayout(config, [...overrides, ...ONE_BLOCK_FLAGS, ...z3], nproc, { steps: 5, launches: rounds })];
       const wideParams = modelFacts(loadConfig(config, [...overrides, ...ONE_BLOCK_FLAGS])).numParams;
       zero3MsPerMiB = Math.max(0, (z3Wide.stepMs - dpWide.stepMs - calls * zero3CallMs) / ((perUnit * 4 * wideParams) / 2 ** 20));
     }

@@ -8,12 +8,12 @@ import { initProcessGroup, newGroup, destroyProcessGroup, type ProcessGroup } fr
 import { empty, ones, setNumThreads, tensor } from '../tensor/index.js';
 import { COLLECTIVES, type Collective } from './terms.js';
 import { gatherInPlace } from '../parallel/zero_gathers.js';
+import { median } from './stats.js';
 
 const [outPath, planText] = process.argv.slice(2);
 const plan = JSON.parse(planText!) as { sizes: number[]; reps: number; threads: number };
 setNumThreads(plan.threads);
 const world = initProcessGroup();
-const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 const sizes = Array.from({ length: world.size }, (_, i) => i + 1).filter((g) => g > 1 && world.size % g === 0);
 const table: Record<string, [number, number][]> = {};
 

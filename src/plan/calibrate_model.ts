@@ -16,6 +16,7 @@ import { AdamW } from '../optim/index.js';
 import { modelSpec } from '../models/registry.js';
 import { procStatusBytes } from '../io/proc_status.js';
 import { modelConfigOf, type FlotillaConfig } from '../config/schema.js';
+import { median } from './stats.js';
 
 export interface CalibrationPoint {
   samples: number;
@@ -48,7 +49,6 @@ function resetPeak(): boolean {
     return false;
   }
 }
-const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 const [inPath, outPath] = process.argv.slice(2);
 const input = JSON.parse(readFileSync(inPath!, 'utf8')) as ModelCalibrationIn;

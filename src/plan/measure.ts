@@ -3,6 +3,12 @@
 // from /proc/<pid>/status of each rank process while it runs) and the median step time (from the
 // run's metrics.jsonl, the first step left out: it also learns gradient readiness and warms the
 // allocator). Linux only.
+//
+// [Note: launches] A process on a shared or virtual machine can run the same step 1.2-1.9x slower
+// for its whole life (docs/BENCHMARKS.md, the Llama's two speeds), and a synchronous step waits for
+// its slowest rank: one launch measures which speeds its ranks drew. `launches: K` trains K fresh
+// runs one after another and keeps the one of median step time (memory as that run measured it);
+// the planner's calibrations take the median over fresh launches the same way (`rounds`).
 import { spawn } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -12,6 +18,7 @@ import { readMetrics } from '../train/metrics.js';
 import { procStatusBytes } from '../io/proc_status.js';
 import { commandFor } from '../launch/launcher.js';
 import { processTree } from '../launch/heartbeat.js';
+import { median, medianBy } from './stats.js';
 
 const OWN_EXT = extname(fileURLToPath(import.meta.url));
 /** The CLI's entry point beside this module (main.ts under tsx, main.js compiled). */
@@ -25,6 +32,8 @@ export interface Measured {
   /** Median step time over the steps after the first, ms. */
   stepMs: number;
   steps: number[];
+  /** Each launch's median step time, in the order they ran ([Note: launches]; this run's among them). */
+  launchMs: number[];
   /** The end of what the run printed (with `progress`, rank 0's [memory] line among it). */
   output: string;
 }
@@ -47,11 +56,20 @@ function hwm(pid: number): number | undefined {
   return bytes === undefined ? undefined : bytes / MiB;
 }
 
+export interface MeasureOptions { steps?: number; env?: NodeJS.ProcessEnv; timeoutMs?: number; progress?: boolean; launches?: number }
+
 /**
  * Runs `flotilla train CONFIG --nproc N OVERRIDES` for `steps` steps (evaluation, checkpoints,
- * samples and the report off; the run directory temporary) and measures it.
+ * samples and the report off; the run directory temporary) and measures it; with `launches` K, K
+ * fresh runs and the median one ([Note: launches]).
  */
-export async function measureLayout(config: string, overrides: readonly string[], nproc: number, opts: { steps?: number; env?: NodeJS.ProcessEnv; timeoutMs?: number; progress?: boolean } = {}): Promise<Measured> {
+export async function measureLayout(config: string, overrides: readonly string[], nproc: number, opts: MeasureOptions = {}): Promise<Measured> {
+  const runs: Omit<Measured, 'launchMs'>[] = [];
+  for (let k = 0; k < Math.max(1, opts.launches ?? 1); k++) runs.push(await measureOnce(config, overrides, nproc, opts));
+  return { ...medianBy(runs, (r) => r.stepMs), launchMs: runs.map((r) => r.stepMs) };
+}
+
+async function measureOnce(config: string, overrides: readonly string[], nproc: number, opts: MeasureOptions): Promise<Omit<Measured, 'launchMs'>> {
   const steps = opts.steps ?? 5;
   const dir = mkdtempSync(join(tmpdir(), 'flotilla-plan-measure-'));
   try {
@@ -89,8 +107,7 @@ export async function measureLayout(config: string, overrides: readonly string[]
     const rows = readMetrics(join(dir, 'run', 'metrics.jsonl'));
     const times = rows.slice(1).map((r, i) => 1000 * (r.elapsedS - rows[i]!.elapsedS));
     if (times.length === 0) throw new Error('measuring: at least 2 steps are needed (the first is left out)');
-    const sorted = [...times].sort((a, b) => a - b);
-    return { peakMiB: peak, stepMs: sorted[Math.floor(sorted.length / 2)]!, steps: times, output };
+    return { peakMiB: peak, stepMs: median(times), steps: times, output };
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }

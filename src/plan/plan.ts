@@ -13,6 +13,7 @@ import type { CalibrationPoint } from './calibrate_model.js';
 import { IN_STEP_PROBES, type PlanField, type PlanLayout } from './terms.js';
 
 const MiB = 2 ** 20;
+export const DEFAULT_ROUNDS = 3;
 
 export interface PlanOptions {
   /** The config file and the flags given with it (they also pin those fields). */
@@ -22,6 +23,8 @@ export interface PlanOptions {
   nnodes: number;
   /** Memory per rank, GiB (default: this machine's memory over its ranks). */
   memoryGiB?: number;
+  /** Fresh launches per measurement, the median kept ([Note: launches] in measure.ts; default 3). */
+  rounds?: number;
   /** Layouts to price instead of every one (bench/plan.ts). */
   candidates?: Candidate[];
   log?: (line: string) => void;
@@ -39,7 +42,7 @@ export interface PlanRow {
   time: Prediction['time'];
   /** Step time priced with this host's collectives for groups that span hosts (a lower bound). */
   unmeasured: string[];
-  measured?: { peakMemoryMiB: number; rankMemoryMiB: number[]; stepMs: number; steps?: number[] };
+  measured?: { peakMemoryMiB: number; rankMemoryMiB: number[]; stepMs: number; steps?: number[]; launchMs?: number[] };
 }
 
 export interface PlanResult {
@@ -107,13 +110,14 @@ export async function plan(cfg: FlotillaConfig, o: PlanOptions): Promise<PlanRes
   if (candidates.length === 0) return { rows: [], memoryLimitMiB: 0, world, numParams: 0 };
   const facts = modelFacts(cfg);
   const needed = candidates.map((c) => pointOf(cfg, c.layout));
-  const compute = await calibrateCompute(cfg, calibrationPoints(needed), o.nproc, log);
+  const rounds = o.rounds ?? DEFAULT_ROUNDS;
+  const compute = await calibrateCompute(cfg, calibrationPoints(needed), o.nproc, rounds, log);
   const comm = await calibrateComm(cfg, o.nproc, log);
-  const baseline = await calibrateBaseline(o.config, cfg, o.overrides, o.nproc, log);
+  const baseline = await calibrateBaseline(o.config, cfg, o.overrides, o.nproc, rounds, log);
   const m: Measurements = { compute: interpolate(compute.points), optimizerNsPerParam: compute.optimizerNsPerParam, comm, baseline, cores: machineCores() };
   // The probes the candidates need: the in-step collectives their axes describe (stage 0 has them all).
   const tagged = new Set(candidates.flatMap((c) => budgetOf(contextFor(cfg, c.layout, facts, world, 0)).comm.map((op) => op.inStep)));
-  const inStep = await calibrateInStep(o.config, cfg, o.overrides, o.nproc, IN_STEP_PROBES.filter((p) => tagged.has(p)), log);
+  const inStep = await calibrateInStep(o.config, cfg, o.overrides, o.nproc, IN_STEP_PROBES.filter((p) => tagged.has(p)), rounds, log);
   if (inStep.length > 0) {
     const one = loadConfig(o.config, [...o.overrides, ...ONE_BLOCK_FLAGS]);
     m.inStepCallMs = inStepCosts(inStep, one, modelFacts(one), world, m, (p) => covers(compute.points, p));
@@ -133,14 +137,15 @@ export async function plan(cfg: FlotillaConfig, o: PlanOptions): Promise<PlanRes
   return { rows, memoryLimitMiB: limit, world, numParams: facts.numParams };
 }
 
-/** Trains the first K layouts that fit for a few steps each and records what they measured. */
+/** Trains the first K layouts that fit for a few steps each, `rounds` times, and records the median run. */
 export async function measureTop(r: PlanResult, o: PlanOptions, k: number, steps = 5): Promise<void> {
   const log = o.log ?? (() => {});
   if (o.nnodes > 1) throw new Error('--measure trains on this host only: drop --nnodes (or plan without --measure)');
+  const launches = o.rounds ?? DEFAULT_ROUNDS;
   for (const row of r.rows.filter((x) => x.fits).slice(0, k)) {
-    log(`[plan] measuring ${describePlanLayout(row.layout)} (${steps} steps)`);
-    const m: Measured = await measureLayout(o.config, [...o.overrides, ...row.overrides], o.nproc, { steps });
-    row.measured = { peakMemoryMiB: Math.max(...m.peakMiB), rankMemoryMiB: m.peakMiB, stepMs: m.stepMs, steps: m.steps };
+    log(`[plan] measuring ${describePlanLayout(row.layout)} (${steps} steps, ${launches} launch(es))`);
+    const m: Measured = await measureLayout(o.config, [...o.overrides, ...row.overrides], o.nproc, { steps, launches });
+    row.measured = { peakMemoryMiB: Math.max(...m.peakMiB), rankMemoryMiB: m.peakMiB, stepMs: m.stepMs, steps: m.steps, launchMs: m.launchMs };
   }
 }
 
@@ -200,7 +205,7 @@ export function planJson(r: PlanResult): object[] {
     layout: x.layout, overrides: x.overrides, peakMemoryMiB: round(x.peakMemoryMiB), stepMs: round(x.stepMs), fits: x.fits,
     memoryMiB: Object.fromEntries(Object.entries(x.memoryMiB).map(([k, v]) => [k, round(v)])), stageMemoryMiB: x.stageMemoryMiB.map(round),
     time: Object.fromEntries(Object.entries(x.time).map(([k, v]) => [k, round(v)])), ...(x.unmeasured.length > 0 ? { unmeasured: x.unmeasured } : {}),
-    ...(x.measured ? { measured: { peakMemoryMiB: round(x.measured.peakMemoryMiB), rankMemoryMiB: x.measured.rankMemoryMiB.map(round), stepMs: round(x.measured.stepMs) } } : {}),
+    ...(x.measured ? { measured: { peakMemoryMiB: round(x.measured.peakMemoryMiB), rankMemoryMiB: x.measured.rankMemoryMiB.map(round), stepMs: round(x.measured.stepMs), ...(x.measured.launchMs ? { launchMs: x.measured.launchMs.map(round) } : {}) } } : {}),
   }));
 }
 
