@@ -223,11 +223,11 @@ export interface Baseline {
    * parallelism, over its calls (ms; 0 on one rank).
    */
   zero3CallMs: number;
-  /** And what it costs per MiB of the unit's parameters (ms), from a 1-block model of the config's width. */
+  /** And what it costs per MiB of the unit's parameters (ms), from the probe model (probeFlags). */
   zero3MsPerMiB: number;
 }
 
-/** The 1-block model of the config's width under an in-step probe's layout, and its median step (ms). */
+/** The probe model (probeFlags) under an in-step probe's layout, and its median step (ms). */
 export interface InStepRun {
   probe: InStepProbe;
   layout: PlanLayout;
@@ -235,15 +235,16 @@ export interface InStepRun {
 }
 
 /**
- * The in-step probes the candidates need ([Note: in-step collectives] in predict.ts): the 1-block
- * model of the config's width under tp, tp + sp, cp or ZeRO-2 on these ranks, where the project's
+ * The in-step probes the candidates need ([Note: in-step collectives] in predict.ts): the probe
+ * model (probeFlags) under tp, tp + sp, cp or ZeRO-2 on these ranks, where the project's
  * checks accept it; each cached on its own. predict.ts prices the same runs and charges what it
  * misses to their in-step calls.
  */
 export async function calibrateInStep(config: string, cfg: FlotillaConfig, overrides: readonly string[], nproc: number, probes: readonly InStepProbe[], rounds: number, log: (l: string) => void): Promise<InStepRun[]> {
   const out: InStepRun[] = [];
   if (nproc < 2) return out;
-  const one = loadConfig(config, [...overrides, ...ONE_BLOCK_FLAGS]);
+  const flags = probeFlags(cfg);
+  const one = loadConfig(config, [...overrides, ...flags]);
   for (const probe of probes) {
     if (probe !== 'zero2' && nproc % 2 !== 0) continue;
     const layout = probeLayout(probe, one, nproc);
@@ -251,8 +252,8 @@ export async function calibrateInStep(config: string, cfg: FlotillaConfig, overr
     const key = { probe, layout, data: cfg.data, model: cfg.model, backend: cfg.parallel.backend, nproc, threads: cfg.train.threads, machine: machine(), code: [codeOf('measure'), codeOf('calibrate')] };
     try {
       const stepMs = await cached(`instep-${probe}`, key, async () => {
-        log(`[plan] measuring ${probe} collectives inside the step with a 1-block model on ${nproc} rank(s) (once, cached)`);
-        return (await measureLayout(config, [...overrides, ...ONE_BLOCK_FLAGS, ...overridesOf(one, layout)], nproc, { steps: 5, launches: rounds })).stepMs;
+        log(`[plan] measuring ${probe} collectives inside the step with a ${one.model.nLayer}-block model on ${nproc} rank(s) (once, cached)`);
+        return (await measureLayout(config, [...overrides, ...flags, ...overridesOf(one, layout)], nproc, { steps: 5, launches: rounds })).stepMs;
       });
       out.push({ probe, layout, stepMs });
     } catch (e) { // not cached: measured again next time
@@ -265,8 +266,15 @@ export async function calibrateInStep(config: string, cfg: FlotillaConfig, overr
 /** A 1-block model of width 32 on data parallelism alone: the baseline's model. */
 const TINY_FLAGS = ['--model.nLayer=1', '--model.nEmbd=32', '--model.nHead=1', '--moe.experts=0', '--parallel.dp=-1', '--parallel.zero=0', '--parallel.dpShard=-1', '--parallel.dpReplicate=1', '--parallel.pp=1', '--parallel.tp=1', '--parallel.cp=1', '--parallel.ep=1',
   '--parallel.sequenceParallel=false', '--parallel.lossParallel=false', '--parallel.auto=false', '--data.microBatches=1', '--train.activationCheckpoint=none', '--train.precision=fp32', '--parallel.accumulate=auto'];
-/** The same with the config's width and heads: one block of the config's own. */
-export const ONE_BLOCK_FLAGS = TINY_FLAGS.filter((o) => !/^--model\.(nEmbd|nHead)=/.test(o));
+/**
+ * The probes' model: the config's width and heads, 3 blocks (fewer when the model has fewer), on
+ * data parallelism alone. What a probe measures beyond its price is charged per call or per byte;
+ * one block would charge a step's fixed costs to one block's calls and bytes (a 1-block probe priced
+ * ZeRO-3 on the 25M GPT at 2x what it measured), and three spread them as a deeper model does.
+ */
+export function probeFlags(cfg: FlotillaConfig): string[] {
+  return [...TINY_FLAGS.filter((o) => !/^--model\.(nLayer|nEmbd|nHead)=/.test(o)), `--model.nLayer=${Math.min(3, cfg.model.nLayer)}`];
+}
 
 /** The layout of an in-step probe on n ranks ([Note: in-step collectives] in predict.ts): two ranks of the probed axis, the rest data parallel. */
 export function probeLayout(probe: InStepProbe, cfg: FlotillaConfig, n: number): PlanLayout {
@@ -304,19 +312,21 @@ export function calibrateBaseline(config: string, cfg: FlotillaConfig, overrides
     const bytes = (resident ? Number(resident[1]) * 2 ** 20 : startupBytes) - (kept ? Number(kept[1]) * 2 ** 20 : 0) - 16 * tinyParams;
     // ZeRO-3's own cost per unit call: the same model under ZeRO-3 (2 units, the block and the
     // root, each gathered for the forward, again for the backward when resharded, and its
-    // gradients reduce-scattered), against data parallelism, gives the cost of a call; a 1-block
-    // model of the config's width under both gives what it adds per byte of a unit.
+    // gradients reduce-scattered), against data parallelism, gives the cost of a call; the probe
+    // model (probeFlags: its blocks and the root, one unit each) under both gives what it adds per
+    // byte of a unit.
     let zero3CallMs = 0, zero3MsPerMiB = 0;
     if (nproc > 1) {
-      log(`[plan] measuring what ZeRO-3 costs per unit with 1-block models (once, cached)`);
+      log(`[plan] measuring what ZeRO-3 costs per unit with the 1-block model of width 32 and a model of the config's width (once, cached)`);
       const z3 = ['--parallel.zero=3', '--parallel.dpShard=-1'];
       const perUnit = (cfg.parallel.reshardAfterForward ? 2 : 1) + 1; // gathers and the reduce-scatter of one unit
-      const calls = 2 * perUnit;
       const z = await measureLayout(config, [...overrides, ...TINY_FLAGS, ...z3], nproc, { steps: 5, launches: rounds });
-      zero3CallMs = Math.max(0, (z.stepMs - m.stepMs) / calls);
-      const [dpWide, z3Wide] = [await measureLayout(config, [...overrides, ...ONE_BLOCK_FLAGS], nproc, { steps: 5, launches: rounds }), await measureLayout(config, [...overrides, ...ONE_BLOCK_FLAGS, ...z3], nproc, { steps: 5, launches: rounds })];
-      const wideParams = modelFacts(loadConfig(config, [...overrides, ...ONE_BLOCK_FLAGS])).numParams;
-      zero3MsPerMiB = Math.max(0, (z3Wide.stepMs - dpWide.stepMs - calls * zero3CallMs) / ((perUnit * 4 * wideParams) / 2 ** 20));
+      zero3CallMs = Math.max(0, (z.stepMs - m.stepMs) / (2 * perUnit));
+      const flags = probeFlags(cfg);
+      const [dpWide, z3Wide] = [await measureLayout(config, [...overrides, ...flags], nproc, { steps: 5, launches: rounds }), await measureLayout(config, [...overrides, ...flags, ...z3], nproc, { steps: 5, launches: rounds })];
+      const wide = loadConfig(config, [...overrides, ...flags]);
+      const wideCalls = (wide.model.nLayer + 1) * perUnit;
+      zero3MsPerMiB = Math.max(0, (z3Wide.stepMs - dpWide.stepMs - wideCalls * zero3CallMs) / ((perUnit * 4 * modelFacts(wide).numParams) / 2 ** 20));
     }
     return { bytes, startupBytes, stepMs: m.stepMs, zero3CallMs, zero3MsPerMiB };
   });

@@ -44,6 +44,6 @@ export function modelFacts(cfg: FlotillaConfig): ModelFacts {
     arch: cfg.model.arch, numParams, embedParams, headParams, blockParams, blockExpertParams,
     largestUnitParams: Math.max(0, ...blockParams.map((d, i) => d + blockExpertParams[i]!)),
     blockLinearOutputs: Math.max(0, ...linearOutputs.values()),
-    nEmbd: cfg.model.nEmbd, vocabSize: cfg.model.vocabSize, topK: cfg.moe.experts > 0 ? cfg.moe.topK : 0,
+    nEmbd: cfg.model.nEmbd, nHead: cfg.model.nHead, vocabSize: cfg.model.vocabSize, topK: cfg.moe.experts > 0 ? cfg.moe.topK : 0,
   };
 }

@@ -5,7 +5,7 @@ import { totalmem } from 'node:os';
 import type { FlotillaConfig } from '../config/schema.js';
 import { enumerateLayouts, overridesOf, FIELD_SECTION, LAYOUT_FIELDS, type Candidate } from './enumerate.js';
 import { modelFacts } from './facts.js';
-import { ONE_BLOCK_FLAGS, calibrateBaseline, calibrateInStep, calibrateComm, calibrateCompute, type ComputePoint, type PartTiming } from './calibrate.js';
+import { probeFlags, calibrateBaseline, calibrateInStep, calibrateComm, calibrateCompute, type ComputePoint, type PartTiming } from './calibrate.js';
 import { loadConfig } from '../config/index.js';
 import { budgetOf, contextFor, inStepCosts, machineCores, pointOf, predict, type Measurements, type Prediction, type World } from './predict.js';
 import { measureLayout, type Measured } from './measure.js';
@@ -119,7 +119,7 @@ export async function plan(cfg: FlotillaConfig, o: PlanOptions): Promise<PlanRes
   const tagged = new Set(candidates.flatMap((c) => budgetOf(contextFor(cfg, c.layout, facts, world, 0)).comm.map((op) => op.inStep)));
   const inStep = await calibrateInStep(o.config, cfg, o.overrides, o.nproc, IN_STEP_PROBES.filter((p) => tagged.has(p)), rounds, log);
   if (inStep.length > 0) {
-    const one = loadConfig(o.config, [...o.overrides, ...ONE_BLOCK_FLAGS]);
+    const one = loadConfig(o.config, [...o.overrides, ...probeFlags(cfg)]);
     m.inStepCallMs = inStepCosts(inStep, one, modelFacts(one), world, m, (p) => covers(compute.points, p));
     const said = Object.entries(m.inStepCallMs).map(([k, v]) => `${k} ${v.toFixed(2)} ms`);
     if (said.length > 0) log(`[plan] collectives inside the step cost beyond the table, per call: ${said.join(', ')}`);

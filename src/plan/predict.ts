@@ -20,7 +20,7 @@
 // (tensor and sequence parallelism's sums and gathers, context parallelism's ring, ZeRO-2's buckets)
 // costs more in a step than the table's time for idle ranks: the ranks reach it at different moments
 // and the slower one's lead is waited out, each time. The table cannot see that, so it is measured:
-// calibrateInStep trains a 1-block model of the config's width under each such layout the candidates
+// calibrateInStep trains a 3-block model of the config's width under each such layout the candidates
 // use (tp, tp + sp, cp on 2 ranks of the world, ZeRO-2), inStepCosts prices the same runs with this model, and what the
 // measurement exceeds the price by, over the runs' in-step calls, is what each such call costs beyond
 // the table (0 when the price was higher). Tensor parallelism predicted without it was 16-39% short.
@@ -145,7 +145,7 @@ export const machineCores = (): number => cpus().length;
 
 /**
  * What each in-step collective call costs beyond the table ([Note: in-step collectives]): the probe
- * runs of calibrate.ts (a 1-block model `one` of the config's width, its facts `oneFacts`), priced
+ * runs of calibrate.ts (the probe model `one` of the config's width, its facts `oneFacts`), priced
  * with `m` as it is, their shortfall over their in-step calls. A probe whose compute shape was not
  * calibrated (`calibrated` false) is left out.
  */

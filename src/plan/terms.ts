@@ -46,6 +46,8 @@ export interface ModelFacts {
    */
   blockLinearOutputs: number;
   nEmbd: number;
+  /** Query heads (the attention scores' count). */
+  nHead: number;
   vocabSize: number;
   /** Experts each token goes to (MoE models; 0 without experts). */
   topK: number;
@@ -82,7 +84,7 @@ export interface CommOp {
   crossHost: boolean;
 }
 
-/** The layouts whose in-step collectives are measured (calibrate.ts, with a 1-block model of the config's width). */
+/** The layouts whose in-step collectives are measured (calibrate.ts, with the probe model of the config's width: probeFlags). */
 export const IN_STEP_PROBES = ['tp', 'sp', 'cp', 'zero2'] as const;
 export type InStepProbe = (typeof IN_STEP_PROBES)[number];
 
