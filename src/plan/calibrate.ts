@@ -301,7 +301,8 @@ export function calibrateBaseline(config: string, cfg: FlotillaConfig, overrides
   const key = { data: cfg.data, model: cfg.model, reshard: cfg.parallel.reshardAfterForward, backend: cfg.parallel.backend, nproc, threads: cfg.train.threads, machine: machine(), code: [codeOf('measure'), codeOf('calibrate')] };
   return cached('baseline', key, async () => {
     log(`[plan] measuring a rank's baseline with a 1-block model on ${nproc} rank(s) (once, cached)`);
-    const m = await measureLayout(config, [...overrides, ...TINY_FLAGS], nproc, { steps: 5, progress: true, launches: rounds });
+    const run = { steps: 5, launches: rounds };
+    const m = await measureLayout(config, [...overrides, ...TINY_FLAGS], nproc, { ...run, progress: true });
     const tinyParams = cfg.model.vocabSize * 32 * 2 + cfg.model.blockSize * 32 + 13 * 32 * 32;
     // Rank 0's resident size after step 2, less the tiny model's state and the freed tensor memory
     // the allocator's cache keeps for the next step (the activations' blocks: a layout's own
@@ -320,10 +321,10 @@ export function calibrateBaseline(config: string, cfg: FlotillaConfig, overrides
       log(`[plan] measuring what ZeRO-3 costs per unit with the 1-block model of width 32 and a model of the config's width (once, cached)`);
       const z3 = ['--parallel.zero=3', '--parallel.dpShard=-1'];
       const perUnit = (cfg.parallel.reshardAfterForward ? 2 : 1) + 1; // gathers and the reduce-scatter of one unit
-      const z = await measureLayout(config, [...overrides, ...TINY_FLAGS, ...z3], nproc, { steps: 5, launches: rounds });
+      const z = await measureLayout(config, [...overrides, ...TINY_FLAGS, ...z3], nproc, run);
       zero3CallMs = Math.max(0, (z.stepMs - m.stepMs) / (2 * perUnit));
       const flags = probeFlags(cfg);
-      const [dpWide, z3Wide] = [await measureLayout(config, [...overrides, ...flags], nproc, { steps: 5, launches: rounds }), await measureLayout(config, [...overrides, ...flags, ...z3], nproc, { steps: 5, launches: rounds })];
+      const [dpWide, z3Wide] = [await measureLayout(config, [...overrides, ...flags], nproc, run), await measureLayout(config, [...overrides, ...flags, ...z3], nproc, run)];
       const wide = loadConfig(config, [...overrides, ...flags]);
       const wideCalls = (wide.model.nLayer + 1) * perUnit;
       zero3MsPerMiB = Math.max(0, (z3Wide.stepMs - dpWide.stepMs - wideCalls * zero3CallMs) / ((perUnit * 4 * modelFacts(wide).numParams) / 2 ** 20));
