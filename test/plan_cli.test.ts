@@ -48,6 +48,8 @@ test('--json: every layout with its config-named fields, overrides that select i
   const r = await flotilla(['plan', cfgFile, '--nproc', '2', '--json', '--memory', '64', '--rounds', '1', ...pin], { timeoutMs: 240_000, env: { FLOTILLA_CACHE_DIR: join(dir, 'cache') } });
   assert.equal(r.code, 0, r.err);
   assert.match(r.err + r.out, /2 process\(es\) at once as the ranks run, 1 time\(s\)/);
+  // The in-step probes the candidates need, data parallelism's buckets among them ([Note: in-step collectives]).
+  for (const probe of ['dp', 'tp', 'zero2']) assert.match(r.err + r.out, new RegExp(`measuring ${probe} collectives inside the step`));
   const rows = JSON.parse(r.out) as { layout: Record<string, unknown>; overrides: string[]; peakMemoryMiB: number; stepMs: number; fits: boolean; memoryMiB: Record<string, number> }[];
   assert.ok(rows.length >= 5, `${rows.length} rows`);
   const keys = ['dp', 'zero', 'dpShard', 'dpReplicate', 'pp', 'ppSchedule', 'ppVirtualStages', 'tp', 'sequenceParallel', 'microBatches', 'activationCheckpoint', 'precision'];

@@ -147,6 +147,15 @@ test('in-step collectives: a probe run\'s shortfall is spread over its in-step c
   assert.equal(costs.tp, 2, '8 ms more than priced, over 4 calls');
   // A measurement under the price charges nothing.
   assert.equal(inStepCosts([{ probe: 'tp', layout, stepMs: priced - 5 }], one, modelFacts(one), w, m, () => true).tp, 0);
+  // Data parallelism's buckets are probed too ('dp', plain dp on the 4 ranks), and priced first: the
+  // tp probe's own dp buckets (tp2 x dp2) pay what 'dp' measured, and only the rest is tp's.
+  const dpLayout = probeLayout('dp', one, 4);
+  assert.deepEqual([dpLayout.dp, dpLayout.tp, dpLayout.zero], [4, 1, 0]);
+  const dpCalls = (l: typeof layout) => budgetOf(contextFor(one, l, modelFacts(one), w, 0)).comm.filter((op) => op.inStep === 'dp').reduce((a, op) => a + (op.calls ?? 1) * op.times, 0);
+  assert.ok(dpCalls(dpLayout) > 0 && dpCalls(layout) > 0, 'plain dp and tp x dp both reduce gradient buckets');
+  const dpPriced = predict(one, dpLayout, modelFacts(one), w, m).stepMs;
+  const both = inStepCosts([{ probe: 'tp', layout, stepMs: priced + 8 + 3 * dpCalls(layout) }, { probe: 'dp', layout: dpLayout, stepMs: dpPriced + 3 * dpCalls(dpLayout) }], one, modelFacts(one), w, m, () => true);
+  assert.ok(Math.abs(both.dp! - 3) < 1e-9 && Math.abs(both.tp! - 2) < 1e-9, `dp ${both.dp}, tp ${both.tp}: 3 ms per dp call, 2 per tp call, whatever order the runs come in`);
   // The 4-block model's tp layouts pay 2 ms for each of their 16 in-step calls; the others nothing more.
   const withCost = { ...m, inStepCallMs: costs };
   for (const c of enumerateLayouts(cfg, 4).filter((x) => x.layout.pp === 1 && x.layout.microBatches === 1)) {

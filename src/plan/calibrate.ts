@@ -236,7 +236,7 @@ export interface InStepRun {
 
 /**
  * The in-step probes the candidates need ([Note: in-step collectives] in predict.ts): the probe
- * model (probeFlags) under tp, tp + sp, cp or ZeRO-2 on these ranks, where the project's
+ * model (probeFlags) under plain data parallelism, tp, tp + sp, cp or ZeRO-2 on these ranks, where the project's
  * checks accept it; each cached on its own. predict.ts prices the same runs and charges what it
  * misses to their in-step calls.
  */
@@ -246,7 +246,7 @@ export async function calibrateInStep(config: string, cfg: FlotillaConfig, overr
   const flags = probeFlags(cfg);
   const one = loadConfig(config, [...overrides, ...flags]);
   for (const probe of probes) {
-    if (probe !== 'zero2' && nproc % 2 !== 0) continue;
+    if ((probe === 'tp' || probe === 'sp' || probe === 'cp') && nproc % 2 !== 0) continue;
     const layout = probeLayout(probe, one, nproc);
     if (layoutRefusals(one, layout, nproc).length > 0) continue;
     const key = { probe, layout, data: cfg.data, model: cfg.model, backend: cfg.parallel.backend, nproc, threads: cfg.train.threads, machine: machine(), code: [codeOf('measure'), codeOf('calibrate')] };
@@ -283,6 +283,7 @@ export function probeLayout(probe: InStepProbe, cfg: FlotillaConfig, n: number):
     microBatches: 1, activationCheckpoint: 'none', precision: 'fp32',
   };
   switch (probe) {
+    case 'dp': return base;
     case 'tp': return { ...base, dp: n / 2, tp: 2 };
     case 'sp': return { ...base, dp: n / 2, tp: 2, sequenceParallel: true };
     case 'cp': return { ...base, dp: n / 2, cp: 2 };

@@ -17,13 +17,15 @@
 // pipeline's bubbles give cores back: [Note: shared cores]).
 //
 // [Note: in-step collectives] A collective that the rank's compute waits on where it is issued
-// (tensor and sequence parallelism's sums and gathers, context parallelism's ring, ZeRO-2's buckets)
-// costs more in a step than the table's time for idle ranks: the ranks reach it at different moments
-// and the slower one's lead is waited out, each time. The table cannot see that, so it is measured:
+// (tensor and sequence parallelism's sums and gathers, context parallelism's ring, ZeRO-2's buckets;
+// data parallelism's and ZeRO-1's buckets too where no core is spare to overlap them) costs more in
+// a step than the table's time for idle ranks: the ranks reach it at different moments and the
+// slower one's lead is waited out, each time. The table cannot see that, so it is measured:
 // calibrateInStep trains a 3-block model of the config's width under each such layout the candidates
-// use (tp, tp + sp, cp on 2 ranks of the world, ZeRO-2), inStepCosts prices the same runs with this model, and what the
-// measurement exceeds the price by, over the runs' in-step calls, is what each such call costs beyond
-// the table (0 when the price was higher). Tensor parallelism predicted without it was 16-39% short.
+// use (plain dp; tp, tp + sp, cp on 2 ranks of the world; ZeRO-2), inStepCosts prices the same runs
+// with this model, and what the measurement exceeds the price by, over the runs' in-step calls, is
+// what each such call costs beyond the table (0 when the price was higher). Tensor parallelism
+// predicted without it was 16-39% short; data parallelism on 4 ranks of 2 cores 13-33%.
 import { cpus } from 'node:os';
 import { buildSchedule, simulate } from '../parallel/pipeline/schedule.js';
 import { defaultBucketSizeMb } from '../parallel/layout.js';
@@ -31,7 +33,7 @@ import type { FlotillaConfig } from '../config/schema.js';
 import { PLAN_AXES } from './axes.js';
 import { commMs, type Baseline, type CommTable, type ComputePoint, type InStepRun, type PartTiming } from './calibrate.js';
 import type { CalibrationPoint } from './calibrate_model.js';
-import { MEMORY_TERMS, wholeModel, type InStepProbe, type MemoryTerm, type ModelFacts, type PlanContext, type PlanLayout, type RankBudget } from './terms.js';
+import { IN_STEP_PROBES, MEMORY_TERMS, wholeModel, type InStepProbe, type MemoryTerm, type ModelFacts, type PlanContext, type PlanLayout, type RankBudget } from './terms.js';
 
 export interface World {
   nproc: number;
@@ -147,13 +149,16 @@ export const machineCores = (): number => cpus().length;
  * What each in-step collective call costs beyond the table ([Note: in-step collectives]): the probe
  * runs of calibrate.ts (the probe model `one` of the config's width, its facts `oneFacts`), priced
  * with `m` as it is, their shortfall over their in-step calls. A probe whose compute shape was not
- * calibrated (`calibrated` false) is left out.
+ * calibrated (`calibrated` false) is left out. Probes are priced in IN_STEP_PROBES order, each with
+ * the costs found before it: a tp probe on 4 ranks has data parallelism's buckets too, and what they
+ * cost is 'dp''s, not tp's.
  */
 export function inStepCosts(runs: readonly InStepRun[], one: FlotillaConfig, oneFacts: ModelFacts, w: World, m: Measurements, calibrated: (p: CalibrationPoint) => boolean): Partial<Record<InStepProbe, number>> {
   const out: Partial<Record<InStepProbe, number>> = {};
-  for (const run of runs) {
+  const ordered = [...runs].sort((a, b) => IN_STEP_PROBES.indexOf(a.probe) - IN_STEP_PROBES.indexOf(b.probe));
+  for (const run of ordered) {
     if (!calibrated(pointOf(one, run.layout))) continue;
-    const priced = predict(one, run.layout, oneFacts, w, { ...m, inStepCallMs: {} }).stepMs;
+    const priced = predict(one, run.layout, oneFacts, w, { ...m, inStepCallMs: { ...out } }).stepMs;
     const b = budgetOf(contextFor(one, run.layout, oneFacts, w, 0));
     const calls = b.comm.filter((op) => op.inStep === run.probe).reduce((a, op) => a + (op.calls ?? 1) * op.times, 0);
     if (calls > 0) out[run.probe] = Math.max(0, (run.stepMs - priced) / calls);

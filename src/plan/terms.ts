@@ -74,7 +74,8 @@ export interface CommOp {
   /**
    * A collective the rank's compute waits on where it is issued (tensor, sequence and context
    * parallelism's inside forward and backward; ZeRO-2's gradient buckets, each finished before the
-   * next is launched). Each call also pays what that probe measured beyond the table ([Note: in-step
+   * next is launched; data parallelism's and ZeRO-1's gradient buckets on a host with no core to
+   * spare, where the ranks meet at each one). Each call also pays what that probe measured beyond the table ([Note: in-step
    * collectives] in src/plan/predict.ts).
    */
   inStep?: InStepProbe;
@@ -84,8 +85,12 @@ export interface CommOp {
   crossHost: boolean;
 }
 
-/** The layouts whose in-step collectives are measured (calibrate.ts, with the probe model of the config's width: probeFlags). */
-export const IN_STEP_PROBES = ['tp', 'sp', 'cp', 'zero2'] as const;
+/**
+ * The layouts whose in-step collectives are measured (calibrate.ts, with the probe model of the
+ * config's width: probeFlags), in the order they are priced: the later probes' layouts have data
+ * parallelism's buckets too (tp x dp on 4 ranks), priced with what 'dp' measured.
+ */
+export const IN_STEP_PROBES = ['dp', 'tp', 'sp', 'cp', 'zero2'] as const;
 export type InStepProbe = (typeof IN_STEP_PROBES)[number];
 
 /** The memory terms of a rank's peak, in bytes (their sum is the prediction). */
