@@ -6,7 +6,7 @@
 // and measured peak memory per rank and step time with their errors, and whether the layout ranked
 // first was within 10% of the fastest measured. Each (model, world) pair is written as soon as it
 // is done, so a long run leaves what it finished.
-//   node --import tsx bench/plan.ts [--models tiny,25m] [--worlds 2,4] [--steps 4] [--rounds 3] [--write] [--resume] [--reprice]
+//   node --import tsx bench/plan.ts [--models tiny,25m] [--worlds 2,4] [--steps 8] [--rounds 3] [--write] [--resume] [--reprice]
 // --rounds K: fresh launches per measurement, the median kept, for the planner's calibration and
 // for each layout's measurement alike (what `flotilla plan --rounds K --measure` does).
 // --resume keeps the pairs already in bench/out/plan.json; --reprice prices them again with the
@@ -17,7 +17,7 @@ import { cpus, loadavg } from 'node:os';
 import { loadConfig } from '../src/config/index.js';
 import { plan, describePlanLayout, type PlanRow } from '../src/plan/plan.js';
 import { LAYOUT_FIELDS, FIELD_SECTION, layoutRefusals, overridesOf } from '../src/plan/enumerate.js';
-import { measureLayout } from '../src/plan/measure.js';
+import { MEASURE_STEPS, measureLayout } from '../src/plan/measure.js';
 import type { PlanLayout } from '../src/plan/terms.js';
 import { writeSection } from './report.js';
 
@@ -28,7 +28,7 @@ const opt = (name: string, dflt: string): string => {
 };
 const models = opt('--models', 'tiny,25m').split(',');
 const worlds = opt('--worlds', '2,4').split(',').map(Number);
-const steps = Number(opt('--steps', '4'));
+const steps = Number(opt('--steps', String(MEASURE_STEPS)));
 const rounds = Number(opt('--rounds', '3'));
 const write = argv.includes('--write');
 const reprice = argv.includes('--reprice');
@@ -120,7 +120,7 @@ function render(): string {
     ...(reprice ? ['The measured columns are the table\'s above, unchanged; the predictions are recomputed with the current calibration (measured again where the planner\'s code changed).', ''] : []),
     `\`node --import tsx bench/plan.ts --models ${models.join(',')} --worlds ${worlds.join(',')} --steps ${steps} --rounds ${rounds}${reprice ? ' --resume --reprice' : ''} --write\` — each layout priced by the planner (src/plan; what`,
     `\`flotilla plan CONFIG --nproc N --rounds ${rounds}\` prints), then trained through \`flotilla train --nproc N\` for ${steps} steps in ${rounds} fresh launch(es) and measured from outside (what \`--measure\` does):`,
-    'peak memory is the largest VmHWM over the ranks (the prediction is the largest rank\'s), step time the median over the steps after the first, and of the launches the one of median step time',
+    'peak memory is the largest VmHWM over the ranks (the prediction is the largest rank\'s), step time the median of the steady steps (the first two, which warm up, and the last, which evaluates, left out), and of the launches the one of median step time',
     '(each launch\'s is listed; the planner\'s calibrations take the median of as many launches).',
     'Errors are (predicted - measured) / measured. The issue\'s bar: memory within 10%, step time within 15%, the layout ranked first within 10% of the fastest measured.',
     '',

@@ -49,7 +49,8 @@ test('--json: every layout with its config-named fields, overrides that select i
   assert.equal(r.code, 0, r.err);
   assert.match(r.err + r.out, /2 process\(es\) at once as the ranks run, 1 time\(s\)/);
   // The in-step probes the candidates need, data parallelism's buckets among them ([Note: in-step collectives]).
-  for (const probe of ['dp', 'tp', 'zero2']) assert.match(r.err + r.out, new RegExp(`measuring ${probe} collectives inside the step`));
+  assert.match(r.err + r.out, /measuring the in-step probes' reference, a \d-block model under data parallelism, on 2 rank/);
+  for (const probe of ['tp', 'zero2']) assert.match(r.err + r.out, new RegExp(`measuring ${probe} collectives inside the step`));
   const rows = JSON.parse(r.out) as { layout: Record<string, unknown>; overrides: string[]; peakMemoryMiB: number; stepMs: number; fits: boolean; memoryMiB: Record<string, number> }[];
   assert.ok(rows.length >= 5, `${rows.length} rows`);
   const keys = ['dp', 'zero', 'dpShard', 'dpReplicate', 'pp', 'ppSchedule', 'ppVirtualStages', 'tp', 'sequenceParallel', 'microBatches', 'activationCheckpoint', 'precision'];
@@ -78,10 +79,15 @@ test('--json: every layout with its config-named fields, overrides that select i
   const m = await flotilla(['plan', cfgFile, '--nproc', '2', '--json', '--measure', '1', '--rounds', '2', ...pin], { timeoutMs: 240_000, env: { FLOTILLA_CACHE_DIR: join(dir, 'cache') } });
   assert.equal(m.code, 0, m.err);
   assert.doesNotMatch(m.err + m.out, /calibrating|measuring a rank's baseline/);
-  const measured = (JSON.parse(m.out) as { measured?: { stepMs: number; launchMs: number[] } }[]).filter((x) => x.measured).map((x) => x.measured!);
+  const measured = (JSON.parse(m.out) as { measured?: { stepMs: number; launchMs: number[]; steps: number[] } }[]).filter((x) => x.measured).map((x) => x.measured!);
   assert.equal(measured.length, 1);
   assert.equal(measured[0]!.launchMs.length, 2, JSON.stringify(measured[0]));
   assert.equal(measured[0]!.stepMs, Math.max(...measured[0]!.launchMs));
+  // [Note: steady steps] 8 steps, 7 step times after the first; the median leaves out the second
+  // step (warming up) and the last (it evaluates): the upper middle of the five between.
+  const steps = measured[0]!.steps;
+  assert.equal(steps.length, 7, JSON.stringify(steps));
+  assert.equal(measured[0]!.stepMs, [...steps.slice(1, -1)].sort((a, b) => a - b)[2]);
 });
 
 test('train --plan trains with the layout the plan ranks first and says which (calibration cached by the test above)', async () => {

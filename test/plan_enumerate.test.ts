@@ -147,15 +147,18 @@ test('in-step collectives: a probe run\'s shortfall is spread over its in-step c
   assert.equal(costs.tp, 2, '8 ms more than priced, over 4 calls');
   // A measurement under the price charges nothing.
   assert.equal(inStepCosts([{ probe: 'tp', layout, stepMs: priced - 5 }], one, modelFacts(one), w, m, () => true).tp, 0);
-  // Data parallelism's buckets are probed too ('dp', plain dp on the 4 ranks), and priced first: the
-  // tp probe's own dp buckets (tp2 x dp2) pay what 'dp' measured, and only the rest is tp's.
-  const dpLayout = probeLayout('dp', one, 4);
-  assert.deepEqual([dpLayout.dp, dpLayout.tp, dpLayout.zero], [4, 1, 0]);
-  const dpCalls = (l: typeof layout) => budgetOf(contextFor(one, l, modelFacts(one), w, 0)).comm.filter((op) => op.inStep === 'dp').reduce((a, op) => a + (op.calls ?? 1) * op.times, 0);
-  assert.ok(dpCalls(dpLayout) > 0 && dpCalls(layout) > 0, 'plain dp and tp x dp both reduce gradient buckets');
-  const dpPriced = predict(one, dpLayout, modelFacts(one), w, m).stepMs;
-  const both = inStepCosts([{ probe: 'tp', layout, stepMs: priced + 8 + 3 * dpCalls(layout) }, { probe: 'dp', layout: dpLayout, stepMs: dpPriced + 3 * dpCalls(dpLayout) }], one, modelFacts(one), w, m, () => true);
-  assert.ok(Math.abs(both.dp! - 3) < 1e-9 && Math.abs(both.tp! - 2) < 1e-9, `dp ${both.dp}, tp ${both.tp}: 3 ms per dp call, 2 per tp call, whatever order the runs come in`);
+  // The reference ('dp': the same model under plain data parallelism, measured just before): what it
+  // exceeds its own price by is not the collectives' (the probe model's mispricing, the machine's
+  // speed in those minutes), and a probe is charged only what it exceeds its price by beyond that.
+  const ref = probeLayout('dp', one, 4);
+  assert.deepEqual([ref.dp, ref.tp, ref.zero], [4, 1, 0]);
+  const refPriced = predict(one, ref, modelFacts(one), w, m).stepMs;
+  const runs = [{ probe: 'dp' as const, layout: ref, stepMs: refPriced + 30 }, { probe: 'tp' as const, layout, stepMs: priced + 30 + 8 }];
+  const against = inStepCosts(runs, one, modelFacts(one), w, m, () => true);
+  assert.deepEqual(against, { tp: 2 }, '30 ms over price in both runs are not tp\'s; the 8 beyond are, over 4 calls; the reference is charged nothing');
+  assert.deepEqual(inStepCosts([runs[1]!, { ...runs[0]!, stepMs: refPriced - 10 }], one, modelFacts(one), w, m, () => true), { tp: 12 }, 'a reference under its price: (38 + 10) / 4');
+  // A reference whose shape was not calibrated is left out: the probe's own shortfall is charged.
+  assert.deepEqual(inStepCosts(runs, one, modelFacts(one), w, m, (p) => p.samples === one.data.globalBatch / layout.dp), { tp: 9.5 });
   // The 4-block model's tp layouts pay 2 ms for each of their 16 in-step calls; the others nothing more.
   const withCost = { ...m, inStepCallMs: costs };
   for (const c of enumerateLayouts(cfg, 4).filter((x) => x.layout.pp === 1 && x.layout.microBatches === 1)) {

@@ -657,7 +657,7 @@ export const dataParallelPlanAxis: PlanAxis = {
     const overlaps = ctx.overlap ? 'backward' : 'none';
     const buckets = Math.max(1, Math.ceil((elem * P) / bucket));
     if (l.zero === 0) {
-      b.comm.push({ what: 'gradient all-reduce', op: 'allReduce', group, bytes: elem * P, times: each, calls: buckets, overlaps, inStep: 'dp', crossHost: cross });
+      b.comm.push({ what: 'gradient all-reduce', op: 'allReduce', group, bytes: elem * P, times: each, calls: buckets, overlaps, crossHost: cross });
       return;
     }
     const sg = shard, rg = group / shard;
@@ -665,7 +665,7 @@ export const dataParallelPlanAxis: PlanAxis = {
     // Per bucket; under ZeRO-3 a bucket is a unit (each block, and the root).
     const pieces = l.zero === 3 ? { calls: b.blocks + 1, zero3Unit: true } : { calls: buckets };
     // ZeRO-2 finishes each bucket's reduce-scatter before launching the next ([Note: reduction window]).
-    b.comm.push({ what: 'gradient reduce-scatter', op: 'reduceScatter', group: sg, bytes: elem * P, times: each, ...pieces, overlaps, ...(l.zero < 3 ? { inStep: l.zero === 2 ? 'zero2' as const : 'dp' as const } : {}), crossHost: shardCross });
+    b.comm.push({ what: 'gradient reduce-scatter', op: 'reduceScatter', group: sg, bytes: elem * P, times: each, ...pieces, overlaps, ...(l.zero === 2 ? { inStep: 'zero2' as const } : {}), crossHost: shardCross });
     if (rg > 1) b.comm.push({ what: 'gradient all-reduce across replicas', op: 'allReduce', group: rg, bytes: elem * P / sg, times: 1, overlaps: 'none', crossHost: crossesHosts(axisStride(l, 'dpReplicate'), rg, ctx.ranksPerHost) });
     b.memory.commBuffers += bucket / sg; // the reduce-scatter's received shard of the bucket in flight
     if (l.zero < 3) b.comm.push({ what: 'updated parameter all-gather', op: 'allGather', group: sg, bytes: 4 * P, times: 1, overlaps: 'forward', crossHost: shardCross });

@@ -24,7 +24,7 @@ import { cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { FlotillaConfig } from '../config/schema.js';
 import type { CalibrationPoint, DepthTiming, ModelCalibrationIn, ModelCalibrationOut } from './calibrate_model.js';
-import { measureLayout, planScript } from './measure.js';
+import { MEASURE_STEPS, measureLayout, planScript } from './measure.js';
 import { median } from './stats.js';
 import { commandFor } from '../launch/launcher.js';
 import { type Collective, type InStepProbe, type PlanLayout } from './terms.js';
@@ -236,7 +236,8 @@ export interface InStepRun {
 
 /**
  * The in-step probes the candidates need ([Note: in-step collectives] in predict.ts): the probe
- * model (probeFlags) under plain data parallelism, tp, tp + sp, cp or ZeRO-2 on these ranks, where the project's
+ * model (probeFlags) under tp, tp + sp, cp or ZeRO-2 on these ranks, and under plain data
+ * parallelism ('dp', the reference the others are measured against), where the project's
  * checks accept it; each cached on its own. predict.ts prices the same runs and charges what it
  * misses to their in-step calls.
  */
@@ -252,8 +253,10 @@ export async function calibrateInStep(config: string, cfg: FlotillaConfig, overr
     const key = { probe, layout, data: cfg.data, model: cfg.model, backend: cfg.parallel.backend, nproc, threads: cfg.train.threads, machine: machine(), code: [codeOf('measure'), codeOf('calibrate')] };
     try {
       const stepMs = await cached(`instep-${probe}`, key, async () => {
-        log(`[plan] measuring ${probe} collectives inside the step with a ${one.model.nLayer}-block model on ${nproc} rank(s) (once, cached)`);
-        return (await measureLayout(config, [...overrides, ...flags, ...overridesOf(one, layout)], nproc, { steps: 5, launches: rounds })).stepMs;
+        log(probe === 'dp'
+          ? `[plan] measuring the in-step probes' reference, a ${one.model.nLayer}-block model under data parallelism, on ${nproc} rank(s) (once, cached)`
+          : `[plan] measuring ${probe} collectives inside the step with a ${one.model.nLayer}-block model on ${nproc} rank(s) (once, cached)`);
+        return (await measureLayout(config, [...overrides, ...flags, ...overridesOf(one, layout)], nproc, { steps: MEASURE_STEPS, launches: rounds })).stepMs;
       });
       out.push({ probe, layout, stepMs });
     } catch (e) { // not cached: measured again next time
@@ -302,7 +305,7 @@ export function calibrateBaseline(config: string, cfg: FlotillaConfig, overrides
   const key = { data: cfg.data, model: cfg.model, reshard: cfg.parallel.reshardAfterForward, backend: cfg.parallel.backend, nproc, threads: cfg.train.threads, machine: machine(), code: [codeOf('measure'), codeOf('calibrate')] };
   return cached('baseline', key, async () => {
     log(`[plan] measuring a rank's baseline with a 1-block model on ${nproc} rank(s) (once, cached)`);
-    const run = { steps: 5, launches: rounds };
+    const run = { steps: MEASURE_STEPS, launches: rounds };
     const m = await measureLayout(config, [...overrides, ...TINY_FLAGS], nproc, { ...run, progress: true });
     const tinyParams = cfg.model.vocabSize * 32 * 2 + cfg.model.blockSize * 32 + 13 * 32 * 32;
     // Rank 0's resident size after step 2, less the tiny model's state and the freed tensor memory

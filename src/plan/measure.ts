@@ -1,8 +1,15 @@
 // `flotilla plan --measure`: trains a layout for a few steps through `flotilla train --nproc N`,
 // as a user would, and measures it from outside: every rank's peak resident memory (VmHWM, read
-// from /proc/<pid>/status of each rank process while it runs) and the median step time (from the
-// run's metrics.jsonl, the first step left out: it also learns gradient readiness and warms the
-// allocator). Linux only.
+// from /proc/<pid>/status of each rank process while it runs) and the median step time of the
+// steady steps (from the run's metrics.jsonl; [Note: steady steps]). Linux only.
+//
+// [Note: steady steps] The first two steps and the last are left out of the median. The first also
+// learns gradient readiness and warms the allocator; the second still grows the tensor cache (the
+// demo model on 4 ranks: 212 ms against 132-171 for the steps after it); the last also evaluates
+// (a run's final step always does). A median of all but the first over 5 steps took the upper middle
+// of those four, the second step's: the in-step probes and the baseline's loop term, measured over 5
+// steps, came out slower than the same steps in the layouts measured over 8 (the demo model's
+// cp probe on 3 blocks at 185 ms, the 4-block model under cp minutes later at 153).
 //
 // [Note: launches] A process on a shared or virtual machine can run the same step 1.2-1.9x slower
 // for its whole life (docs/BENCHMARKS.md, the Llama's two speeds), and a synchronous step waits for
@@ -29,7 +36,7 @@ export const planScript = (name: string): string => fileURLToPath(new URL(`./${n
 export interface Measured {
   /** VmHWM per rank, MiB. */
   peakMiB: number[];
-  /** Median step time over the steps after the first, ms. */
+  /** Median step time over the steady steps ([Note: steady steps]), ms. */
   stepMs: number;
   steps: number[];
   /** Each launch's median step time, in the order they ran ([Note: launches]; this run's among them). */
@@ -56,6 +63,9 @@ function hwm(pid: number): number | undefined {
   return bytes === undefined ? undefined : bytes / MiB;
 }
 
+/** Steps a measurement trains: five steady ones between the two that warm up and the last ([Note: steady steps]). */
+export const MEASURE_STEPS = 8;
+
 export interface MeasureOptions { steps?: number; env?: NodeJS.ProcessEnv; timeoutMs?: number; progress?: boolean; launches?: number }
 
 /**
@@ -70,7 +80,7 @@ export async function measureLayout(config: string, overrides: readonly string[]
 }
 
 async function measureOnce(config: string, overrides: readonly string[], nproc: number, opts: MeasureOptions): Promise<Omit<Measured, 'launchMs'>> {
-  const steps = opts.steps ?? 5;
+  const steps = opts.steps ?? MEASURE_STEPS;
   const dir = mkdtempSync(join(tmpdir(), 'flotilla-plan-measure-'));
   try {
     const args = [
@@ -107,7 +117,8 @@ async function measureOnce(config: string, overrides: readonly string[], nproc: 
     const rows = readMetrics(join(dir, 'run', 'metrics.jsonl'));
     const times = rows.slice(1).map((r, i) => 1000 * (r.elapsedS - rows[i]!.elapsedS));
     if (times.length === 0) throw new Error('measuring: at least 2 steps are needed (the first is left out)');
-    return { peakMiB: peak, stepMs: median(times), steps: times, output };
+    const steady = times.length >= 3 ? times.slice(1, -1) : times; // [Note: steady steps]
+    return { peakMiB: peak, stepMs: median(steady), steps: times, output };
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }

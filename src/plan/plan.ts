@@ -8,7 +8,7 @@ import { modelFacts } from './facts.js';
 import { probeFlags, calibrateBaseline, calibrateInStep, calibrateComm, calibrateCompute, type ComputePoint, type PartTiming } from './calibrate.js';
 import { loadConfig } from '../config/index.js';
 import { budgetOf, contextFor, inStepCosts, machineCores, pointOf, predict, type Measurements, type Prediction, type World } from './predict.js';
-import { measureLayout, type Measured } from './measure.js';
+import { MEASURE_STEPS, measureLayout, type Measured } from './measure.js';
 import type { CalibrationPoint } from './calibrate_model.js';
 import { IN_STEP_PROBES, type PlanField, type PlanLayout } from './terms.js';
 
@@ -117,7 +117,9 @@ export async function plan(cfg: FlotillaConfig, o: PlanOptions): Promise<PlanRes
   const m: Measurements = { compute: interpolate(compute.points), optimizerNsPerParam: compute.optimizerNsPerParam, comm, baseline, cores: machineCores() };
   // The probes the candidates need: the in-step collectives their axes describe (stage 0 has them all).
   const tagged = new Set(candidates.flatMap((c) => budgetOf(contextFor(cfg, c.layout, facts, world, 0)).comm.map((op) => op.inStep)));
-  const inStep = await calibrateInStep(o.config, cfg, o.overrides, o.nproc, IN_STEP_PROBES.filter((p) => tagged.has(p)), rounds, log);
+  // Each probe is measured against the same model under plain data parallelism ('dp', measured first).
+  const probes = IN_STEP_PROBES.filter((p) => tagged.has(p));
+  const inStep = await calibrateInStep(o.config, cfg, o.overrides, o.nproc, probes.length > 0 ? ['dp', ...probes] : [], rounds, log);
   if (inStep.length > 0) {
     const one = loadConfig(o.config, [...o.overrides, ...probeFlags(cfg)]);
     m.inStepCallMs = inStepCosts(inStep, one, modelFacts(one), world, m, (p) => covers(compute.points, p));
@@ -138,7 +140,7 @@ export async function plan(cfg: FlotillaConfig, o: PlanOptions): Promise<PlanRes
 }
 
 /** Trains the first K layouts that fit for a few steps each, `rounds` times, and records the median run. */
-export async function measureTop(r: PlanResult, o: PlanOptions, k: number, steps = 5): Promise<void> {
+export async function measureTop(r: PlanResult, o: PlanOptions, k: number, steps = MEASURE_STEPS): Promise<void> {
   const log = o.log ?? (() => {});
   if (o.nnodes > 1) throw new Error('--measure trains on this host only: drop --nnodes (or plan without --measure)');
   const launches = o.rounds ?? DEFAULT_ROUNDS;
@@ -205,7 +207,7 @@ export function planJson(r: PlanResult): object[] {
     layout: x.layout, overrides: x.overrides, peakMemoryMiB: round(x.peakMemoryMiB), stepMs: round(x.stepMs), fits: x.fits,
     memoryMiB: Object.fromEntries(Object.entries(x.memoryMiB).map(([k, v]) => [k, round(v)])), stageMemoryMiB: x.stageMemoryMiB.map(round),
     time: Object.fromEntries(Object.entries(x.time).map(([k, v]) => [k, round(v)])), ...(x.unmeasured.length > 0 ? { unmeasured: x.unmeasured } : {}),
-    ...(x.measured ? { measured: { peakMemoryMiB: round(x.measured.peakMemoryMiB), rankMemoryMiB: x.measured.rankMemoryMiB.map(round), stepMs: round(x.measured.stepMs), ...(x.measured.launchMs ? { launchMs: x.measured.launchMs.map(round) } : {}) } } : {}),
+    ...(x.measured ? { measured: { peakMemoryMiB: round(x.measured.peakMemoryMiB), rankMemoryMiB: x.measured.rankMemoryMiB.map(round), stepMs: round(x.measured.stepMs), ...(x.measured.steps ? { steps: x.measured.steps.map(round) } : {}), ...(x.measured.launchMs ? { launchMs: x.measured.launchMs.map(round) } : {}) } } : {}),
   }));
 }
 

@@ -17,15 +17,18 @@
 // pipeline's bubbles give cores back: [Note: shared cores]).
 //
 // [Note: in-step collectives] A collective that the rank's compute waits on where it is issued
-// (tensor and sequence parallelism's sums and gathers, context parallelism's ring, ZeRO-2's buckets;
-// data parallelism's and ZeRO-1's buckets too where no core is spare to overlap them) costs more in
-// a step than the table's time for idle ranks: the ranks reach it at different moments and the
-// slower one's lead is waited out, each time. The table cannot see that, so it is measured:
+// (tensor and sequence parallelism's sums and gathers, context parallelism's ring, ZeRO-2's buckets)
+// costs more in a step than the table's time for idle ranks: the ranks reach it at different moments
+// and the slower one's lead is waited out, each time. The table cannot see that, so it is measured:
 // calibrateInStep trains a 3-block model of the config's width under each such layout the candidates
-// use (plain dp; tp, tp + sp, cp on 2 ranks of the world; ZeRO-2), inStepCosts prices the same runs
-// with this model, and what the measurement exceeds the price by, over the runs' in-step calls, is
-// what each such call costs beyond the table (0 when the price was higher). Tensor parallelism
-// predicted without it was 16-39% short; data parallelism on 4 ranks of 2 cores 13-33%.
+// use (tp, tp + sp, cp on 2 ranks of the world, ZeRO-2) and, just before, under plain data
+// parallelism (the reference, 'dp'). inStepCosts prices the same runs with this model; what a probe
+// exceeds its price by, less what the reference exceeds its own by, over the probe's in-step calls,
+// is what each such call costs beyond the table (0 when it comes out below). Tensor parallelism
+// predicted without it was 16-39% short. The reference takes out what is not the collectives': the
+// probe model's own mispricing (its compute, the loop) and the machine's speed in those minutes,
+// which a probe alone charged to its calls (the 25M GPT on 2 ranks: the reference measured 233 ms
+// over its price, spread over its 2 buckets a 117 ms "cost" per call that priced plain dp at 1.9x).
 import { cpus } from 'node:os';
 import { buildSchedule, simulate } from '../parallel/pipeline/schedule.js';
 import { defaultBucketSizeMb } from '../parallel/layout.js';
@@ -33,7 +36,7 @@ import type { FlotillaConfig } from '../config/schema.js';
 import { PLAN_AXES } from './axes.js';
 import { commMs, type Baseline, type CommTable, type ComputePoint, type InStepRun, type PartTiming } from './calibrate.js';
 import type { CalibrationPoint } from './calibrate_model.js';
-import { IN_STEP_PROBES, MEMORY_TERMS, wholeModel, type InStepProbe, type MemoryTerm, type ModelFacts, type PlanContext, type PlanLayout, type RankBudget } from './terms.js';
+import { MEMORY_TERMS, wholeModel, type InStepProbe, type MemoryTerm, type ModelFacts, type PlanContext, type PlanLayout, type RankBudget } from './terms.js';
 
 export interface World {
   nproc: number;
@@ -148,20 +151,22 @@ export const machineCores = (): number => cpus().length;
 /**
  * What each in-step collective call costs beyond the table ([Note: in-step collectives]): the probe
  * runs of calibrate.ts (the probe model `one` of the config's width, its facts `oneFacts`), priced
- * with `m` as it is, their shortfall over their in-step calls. A probe whose compute shape was not
- * calibrated (`calibrated` false) is left out. Probes are priced in IN_STEP_PROBES order, each with
- * the costs found before it: a tp probe on 4 ranks has data parallelism's buckets too, and what they
- * cost is 'dp''s, not tp's.
+ * with `m` as it is, their shortfall beyond the reference run's ('dp'), over their in-step calls. A
+ * run whose compute shape was not calibrated (`calibrated` false) is left out (without the
+ * reference, a probe's own shortfall is charged).
  */
 export function inStepCosts(runs: readonly InStepRun[], one: FlotillaConfig, oneFacts: ModelFacts, w: World, m: Measurements, calibrated: (p: CalibrationPoint) => boolean): Partial<Record<InStepProbe, number>> {
+  const shortfall = (run: InStepRun): number | undefined =>
+    (calibrated(pointOf(one, run.layout)) ? run.stepMs - predict(one, run.layout, oneFacts, w, { ...m, inStepCallMs: {} }).stepMs : undefined);
+  const ref = runs.find((r) => r.probe === 'dp');
+  const refShortfall = (ref && shortfall(ref)) ?? 0;
   const out: Partial<Record<InStepProbe, number>> = {};
-  const ordered = [...runs].sort((a, b) => IN_STEP_PROBES.indexOf(a.probe) - IN_STEP_PROBES.indexOf(b.probe));
-  for (const run of ordered) {
-    if (!calibrated(pointOf(one, run.layout))) continue;
-    const priced = predict(one, run.layout, oneFacts, w, { ...m, inStepCallMs: { ...out } }).stepMs;
+  for (const run of runs) {
+    const own = run.probe === 'dp' ? undefined : shortfall(run);
+    if (own === undefined) continue;
     const b = budgetOf(contextFor(one, run.layout, oneFacts, w, 0));
     const calls = b.comm.filter((op) => op.inStep === run.probe).reduce((a, op) => a + (op.calls ?? 1) * op.times, 0);
-    if (calls > 0) out[run.probe] = Math.max(0, (run.stepMs - priced) / calls);
+    if (calls > 0) out[run.probe] = Math.max(0, (own - refShortfall) / calls);
   }
   return out;
 }

@@ -74,8 +74,7 @@ export interface CommOp {
   /**
    * A collective the rank's compute waits on where it is issued (tensor, sequence and context
    * parallelism's inside forward and backward; ZeRO-2's gradient buckets, each finished before the
-   * next is launched; data parallelism's and ZeRO-1's gradient buckets on a host with no core to
-   * spare, where the ranks meet at each one). Each call also pays what that probe measured beyond the table ([Note: in-step
+   * next is launched). Each call also pays what that probe measured beyond the table ([Note: in-step
    * collectives] in src/plan/predict.ts).
    */
   inStep?: InStepProbe;
@@ -87,8 +86,8 @@ export interface CommOp {
 
 /**
  * The layouts whose in-step collectives are measured (calibrate.ts, with the probe model of the
- * config's width: probeFlags), in the order they are priced: the later probes' layouts have data
- * parallelism's buckets too (tp x dp on 4 ranks), priced with what 'dp' measured.
+ * config's width: probeFlags), and 'dp', the same model under plain data parallelism: the reference
+ * every probe is measured against ([Note: in-step collectives] in src/plan/predict.ts).
  */
 export const IN_STEP_PROBES = ['dp', 'tp', 'sp', 'cp', 'zero2'] as const;
 export type InStepProbe = (typeof IN_STEP_PROBES)[number];
