@@ -13,7 +13,7 @@ import { validateConfig } from '../src/config/validate.js';
 import { layoutProblems, PARALLEL_DEFAULTS } from '../src/parallel/layout.js';
 import { enumerateLayouts, LAYOUT_FIELDS, FIELD_SECTION } from '../src/plan/enumerate.js';
 import { PLAN_AXES, PLANNER_FIELDS } from '../src/plan/axes.js';
-import { budgetOf, contextFor, inStepCosts, predict, type Measurements } from '../src/plan/predict.js';
+import { budgetOf, computeScaleOf, contextFor, inStepCosts, predict, type Measurements } from '../src/plan/predict.js';
 import { probeLayout, type CommTable } from '../src/plan/calibrate.js';
 import { modelFacts } from '../src/plan/facts.js';
 import { pinnedFields } from '../src/plan/plan.js';
@@ -159,6 +159,13 @@ test('in-step collectives: a probe run\'s shortfall is spread over its in-step c
   assert.deepEqual(inStepCosts([runs[1]!, { ...runs[0]!, stepMs: refPriced - 10 }], one, modelFacts(one), w, m, () => true), { tp: 12 }, 'a reference under its price: (38 + 10) / 4');
   // A reference whose shape was not calibrated is left out: the probe's own shortfall is charged.
   assert.deepEqual(inStepCosts(runs, one, modelFacts(one), w, m, (p) => p.samples === one.data.globalBatch / layout.dp), { tp: 9.5 });
+  // [Note: trainer's pace] The reference's shortfall, over its priced compute, scales every layout's compute.
+  const refP = predict(one, ref, modelFacts(one), w, m);
+  const scale = computeScaleOf({ probe: 'dp', layout: ref, stepMs: refP.stepMs + 0.25 * refP.time.computeMs }, one, modelFacts(one), w, m);
+  assert.ok(Math.abs(scale - 1.25) < 1e-9, `${scale}`);
+  const paced = predict(cfg, layout, modelFacts(cfg), w, { ...m, computeScale: scale }), plain = predict(cfg, layout, modelFacts(cfg), w, m);
+  assert.ok(Math.abs(paced.time.computeMs - 1.25 * plain.time.computeMs) < 1e-9 && paced.time.commMs === plain.time.commMs, 'compute scaled, collectives not');
+  assert.equal(computeScaleOf({ probe: 'dp', layout: ref, stepMs: 100 * refP.stepMs }, one, modelFacts(one), w, m), 2, 'a reference far off what it could be is held to 2x');
   // The 4-block model's tp layouts pay 2 ms for each of their 16 in-step calls; the others nothing more.
   const withCost = { ...m, inStepCallMs: costs };
   for (const c of enumerateLayouts(cfg, 4).filter((x) => x.layout.pp === 1 && x.layout.microBatches === 1)) {

@@ -7,7 +7,7 @@ import { enumerateLayouts, overridesOf, FIELD_SECTION, LAYOUT_FIELDS, type Candi
 import { modelFacts } from './facts.js';
 import { probeFlags, calibrateBaseline, calibrateInStep, calibrateComm, calibrateCompute, type ComputePoint, type PartTiming } from './calibrate.js';
 import { loadConfig } from '../config/index.js';
-import { budgetOf, contextFor, inStepCosts, machineCores, pointOf, predict, type Measurements, type Prediction, type World } from './predict.js';
+import { budgetOf, computeScaleOf, contextFor, inStepCosts, machineCores, pointOf, predict, type Measurements, type Prediction, type World } from './predict.js';
 import { MEASURE_STEPS, measureLayout, type Measured } from './measure.js';
 import type { CalibrationPoint } from './calibrate_model.js';
 import { IN_STEP_PROBES, type PlanField, type PlanLayout } from './terms.js';
@@ -117,11 +117,17 @@ export async function plan(cfg: FlotillaConfig, o: PlanOptions): Promise<PlanRes
   const m: Measurements = { compute: interpolate(compute.points), optimizerNsPerParam: compute.optimizerNsPerParam, comm, baseline, cores: machineCores() };
   // The probes the candidates need: the in-step collectives their axes describe (stage 0 has them all).
   const tagged = new Set(candidates.flatMap((c) => budgetOf(contextFor(cfg, c.layout, facts, world, 0)).comm.map((op) => op.inStep)));
-  // Each probe is measured against the same model under plain data parallelism ('dp', measured first).
+  // Each probe is measured against the same model under plain data parallelism ('dp', measured first),
+  // which also gives the trainer's pace ([Note: trainer's pace] in predict.ts).
   const probes = IN_STEP_PROBES.filter((p) => tagged.has(p));
-  const inStep = await calibrateInStep(o.config, cfg, o.overrides, o.nproc, probes.length > 0 ? ['dp', ...probes] : [], rounds, log);
+  const inStep = await calibrateInStep(o.config, cfg, o.overrides, o.nproc, ['dp', ...probes], rounds, log);
   if (inStep.length > 0) {
     const one = loadConfig(o.config, [...o.overrides, ...probeFlags(cfg)]);
+    const ref = inStep.find((r) => r.probe === 'dp');
+    if (ref && covers(compute.points, pointOf(one, ref.layout))) {
+      m.computeScale = computeScaleOf(ref, one, modelFacts(one), world, m);
+      log(`[plan] the model's compute in a training run: ${m.computeScale.toFixed(2)}x its calibrated time`);
+    }
     m.inStepCallMs = inStepCosts(inStep, one, modelFacts(one), world, m, (p) => covers(compute.points, p));
     const said = Object.entries(m.inStepCallMs).map(([k, v]) => `${k} ${v.toFixed(2)} ms`);
     if (said.length > 0) log(`[plan] collectives inside the step cost beyond the table, per call: ${said.join(', ')}`);

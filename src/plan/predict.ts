@@ -82,6 +82,8 @@ export interface Measurements {
   cores: number;
   /** What each in-step collective call costs beyond the table, per probe ([Note: in-step collectives]; inStepCosts). */
   inStepCallMs?: Partial<Record<InStepProbe, number>>;
+  /** The compute's pace in a training run over its calibrated pace ([Note: trainer's pace]; computeScaleOf); 1 when not measured. */
+  computeScale?: number;
 }
 
 export function predict(cfg: FlotillaConfig, layout: PlanLayout, facts: ModelFacts, w: World, m: Measurements): Prediction {
@@ -142,11 +144,30 @@ export function predict(cfg: FlotillaConfig, layout: PlanLayout, facts: ModelFac
     computeMs = layout.microBatches * (slowest.fwd + slowest.bwd);
   }
   const peakBytes = Math.max(...stages.map((s) => s.peakBytes));
+  computeMs *= m.computeScale ?? 1; // [Note: trainer's pace]
   const loopMs = m.baseline.stepMs;
   return { stages, peakBytes, stepMs: computeMs + comm + optimizer + loopMs, time: { computeMs, commMs: comm, optimizerMs: optimizer, loopMs }, unmeasured: [...unmeasured] };
 }
 
 export const machineCores = (): number => cpus().length;
+
+/**
+ * [Note: trainer's pace] The compute is calibrated in processes that do nothing else
+ * (calibrate_model.ts, as many at once as the host runs ranks). In a training run the same forward
+ * and backward take longer: the ranks meet at each gradient bucket and wait out the slower one, and
+ * on a host with no spare core the collectives' own work, the loader and the trainer's bookkeeping
+ * take their time from it. The in-step probes' reference (the probe model under plain data
+ * parallelism, measured through `flotilla train`) shows by how much: its measured step less the
+ * price of everything but its compute, over its priced compute, scales every layout's compute on
+ * these ranks. Without it the 25M GPT on 2 ranks was priced 9-30% under every layout's measurement
+ * in one run (its dp2 1024 ms against 1154; two such runs in a row, each process alone, 1040).
+ * Kept within [0.5, 2]: a reference run outside that measured something else.
+ */
+export function computeScaleOf(ref: InStepRun, one: FlotillaConfig, oneFacts: ModelFacts, w: World, m: Measurements): number {
+  const p = predict(one, ref.layout, oneFacts, w, { ...m, inStepCallMs: {}, computeScale: 1 });
+  if (!(p.time.computeMs > 0)) return 1;
+  return Math.min(2, Math.max(0.5, (ref.stepMs - (p.stepMs - p.time.computeMs)) / p.time.computeMs));
+}
 
 /**
  * What each in-step collective call costs beyond the table ([Note: in-step collectives]): the probe
