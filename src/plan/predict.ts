@@ -159,8 +159,9 @@ export const machineCores = (): number => cpus().length;
  * take their time from it. The in-step probes' reference (the probe model under plain data
  * parallelism, measured through `flotilla train`) shows by how much: its measured step less the
  * price of everything but its compute, over its priced compute, scales every layout's compute on
- * these ranks. Without it the 25M GPT on 2 ranks was priced 9-30% under every layout's measurement
- * in one run (its dp2 1024 ms against 1154; two such runs in a row, each process alone, 1040).
+ * these ranks. Without it the 25M GPT on 2 ranks was priced 6-30% under every layout's measurement
+ * in one run (its dp2 at 1024 ms against 1154 measured; two processes of the same per-rank step at
+ * once, without collectives, ran 1040, as calibrated).
  * Kept within [0.5, 2]: a reference run outside that measured something else.
  */
 export function computeScaleOf(ref: InStepRun, one: FlotillaConfig, oneFacts: ModelFacts, w: World, m: Measurements): number {
