@@ -24,7 +24,7 @@ import { cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { FlotillaConfig } from '../config/schema.js';
 import type { CalibrationPoint, DepthTiming, ModelCalibrationIn, ModelCalibrationOut } from './calibrate_model.js';
-import { MEASURE_STEPS, measureLayout, planScript } from './measure.js';
+import { measureLayout, planScript } from './measure.js';
 import { median } from './stats.js';
 import { commandFor } from '../launch/launcher.js';
 import { type Collective, type InStepProbe, type PlanLayout } from './terms.js';
@@ -256,7 +256,7 @@ export async function calibrateInStep(config: string, cfg: FlotillaConfig, overr
         log(probe === 'dp'
           ? `[plan] measuring the in-step probes' reference, a ${one.model.nLayer}-block model under data parallelism, on ${nproc} rank(s) (once, cached)`
           : `[plan] measuring ${probe} collectives inside the step with a ${one.model.nLayer}-block model on ${nproc} rank(s) (once, cached)`);
-        return (await measureLayout(config, [...overrides, ...flags, ...overridesOf(one, layout)], nproc, { steps: MEASURE_STEPS, launches: rounds })).stepMs;
+        return (await measureLayout(config, [...overrides, ...flags, ...overridesOf(one, layout)], nproc, { launches: rounds })).stepMs; // MEASURE_STEPS steps
       });
       out.push({ probe, layout, stepMs });
     } catch (e) { // not cached: measured again next time
@@ -305,7 +305,7 @@ export function calibrateBaseline(config: string, cfg: FlotillaConfig, overrides
   const key = { data: cfg.data, model: cfg.model, reshard: cfg.parallel.reshardAfterForward, backend: cfg.parallel.backend, nproc, threads: cfg.train.threads, machine: machine(), code: [codeOf('measure'), codeOf('calibrate')] };
   return cached('baseline', key, async () => {
     log(`[plan] measuring a rank's baseline with a 1-block model on ${nproc} rank(s) (once, cached)`);
-    const run = { steps: MEASURE_STEPS, launches: rounds };
+    const run = { launches: rounds }; // MEASURE_STEPS steps each
     const m = await measureLayout(config, [...overrides, ...TINY_FLAGS], nproc, { ...run, progress: true });
     const tinyParams = cfg.model.vocabSize * 32 * 2 + cfg.model.blockSize * 32 + 13 * 32 * 32;
     // Rank 0's resident size after step 2, less the tiny model's state and the freed tensor memory

@@ -123,12 +123,14 @@ export async function plan(cfg: FlotillaConfig, o: PlanOptions): Promise<PlanRes
   const inStep = await calibrateInStep(o.config, cfg, o.overrides, o.nproc, ['dp', ...probes], rounds, log);
   if (inStep.length > 0) {
     const one = loadConfig(o.config, [...o.overrides, ...probeFlags(cfg)]);
+    const oneFacts = modelFacts(one);
+    const calibrated = (p: CalibrationPoint): boolean => covers(compute.points, p);
     const ref = inStep.find((r) => r.probe === 'dp');
-    if (ref && covers(compute.points, pointOf(one, ref.layout))) {
-      m.computeScale = computeScaleOf(ref, one, modelFacts(one), world, m);
+    if (ref && calibrated(pointOf(one, ref.layout))) {
+      m.computeScale = computeScaleOf(ref, one, oneFacts, world, m);
       log(`[plan] the model's compute in a training run: ${m.computeScale.toFixed(2)}x its calibrated time`);
     }
-    m.inStepCallMs = inStepCosts(inStep, one, modelFacts(one), world, m, (p) => covers(compute.points, p));
+    m.inStepCallMs = inStepCosts(inStep, one, oneFacts, world, m, calibrated);
     const said = Object.entries(m.inStepCallMs).map(([k, v]) => `${k} ${v.toFixed(2)} ms`);
     if (said.length > 0) log(`[plan] collectives inside the step cost beyond the table, per call: ${said.join(', ')}`);
   }
