@@ -5,7 +5,9 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
+import { existsSync } from 'node:fs';
 import { resolve } from 'node:path';
+import { spawnMpiJob } from '../src/launch/mpirun.js';
 import { runLauncher } from '../src/cli/run.js';
 import { assertMpiBuilt, isAlive, parseAllResults, REPO_ROOT, scriptCommand } from './helpers/world.js';
 import { suiteSlots } from './helpers/pool.js';
@@ -77,6 +79,31 @@ test('flotilla run --backend mpi: ranks end when the launcher is killed with SIG
   const until = Date.now() + 10_000;
   while (pids.some(isAlive) && Date.now() < until) await new Promise((res) => setTimeout(res, 100));
   assert.deepEqual(pids.filter(isAlive), [], 'ranks outlived their launcher');
+});
+
+test('mpirun jobs started at the same moment each keep their session files in a directory of their own, removed when the job ends', async () => {
+  // Four jobs at once: with one shared <tmp>/ompi.<host>.<uid> they raced to make it ("File exists").
+  assertMpiBuilt();
+  const jobs = await Promise.all([0, 1, 2, 3].map(() => new Promise<{ code: number | null; lines: string[] }>((done) => {
+    const lines: string[] = [];
+    spawnMpiJob({
+      nproc: 2, cmd: 'sh', args: ['-c', 'echo "$OMPI_MCA_orte_tmpdir_base"; ls "$OMPI_MCA_orte_tmpdir_base"'],
+      onLine: (rank, _stream, line) => void lines.push(`${rank} ${line}`),
+      onRankExit: () => {},
+      onClose: (code) => done({ code, lines }),
+    });
+  })));
+  const dirs = new Set<string>();
+  for (const j of jobs) {
+    assert.equal(j.code, 0, j.lines.join('\n'));
+    const own = j.lines.filter((l) => l.startsWith('0 /'))[0]?.slice(2);
+    assert.ok(own !== undefined, j.lines.join('\n'));
+    assert.ok(j.lines.includes(`1 ${own}`), 'both ranks of a job see the same directory');
+    assert.ok(j.lines.some((l) => /^0 ompi\./.test(l)), `mpirun's session files are in the job's directory:\n${j.lines.join('\n')}`);
+    assert.equal(existsSync(own), false, `${own} outlived its job`);
+    dirs.add(own);
+  }
+  assert.equal(dirs.size, 4, 'every job has a directory of its own');
 });
 
 test('backend errors a user can cause name the fix', async () => {

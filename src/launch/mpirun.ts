@@ -29,9 +29,16 @@
 // host's network (then mpirun listens on every interface); where no namespace can be made (no
 // unshare or ip, or user namespaces disabled) the launcher says so once and runs without one.
 // MCA settings already in the environment (OMPI_MCA_btl, OMPI_MCA_oob_tcp_if_include) win.
+//
+// [Note: MPI session directories] mpirun keeps its session files under <tmp>/ompi.<host>.<uid>, shared by every
+// job of the user on the host. Two mpiruns starting at the same moment race to make that directory
+// and the loser stops with "mkdir ... File exists" (seen with two test files at once; two users'
+// `flotilla run --backend mpi` on one host could meet it too). So each job gets a directory of its
+// own (orte_tmpdir_base), made before mpirun starts and removed when it ends; an
+// OMPI_MCA_orte_tmpdir_base in the environment wins.
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { existsSync, readFileSync } from 'node:fs';
-import { availableParallelism, constants as osConstants } from 'node:os';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { availableParallelism, constants as osConstants, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { Readable } from 'node:stream';
 import { MPI_INSTALL_HINT, onPath } from '../distributed/mpi_install.js';
@@ -156,6 +163,9 @@ export function spawnMpiJob(o: MpiJobOptions): ChildProcess {
   }
   // mpirun and its ranks in a process group of their own: a terminal's Ctrl-C reaches the launcher
   // only, which asks the ranks to stop after their step (mpirun would end them at once).
+  // A session directory of the job's own ([Note: MPI session directories]).
+  const sessionDir = c.env.OMPI_MCA_orte_tmpdir_base === undefined ? mkdtempSync(join(tmpdir(), 'flotilla-mpi-')) : undefined;
+  if (sessionDir !== undefined) c.env.OMPI_MCA_orte_tmpdir_base = sessionDir;
   const child = spawn(c.cmd, c.args, { env: c.env, cwd: o.cwd, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
   const deliver = (rank: number, stream: 'stdout' | 'stderr', line: string): void => {
     if (rank < 0) {
@@ -177,6 +187,7 @@ export function spawnMpiJob(o: MpiJobOptions): ChildProcess {
     startError = (e as NodeJS.ErrnoException).code === 'ENOENT' ? `mpirun is not installed (${MPI_INSTALL_HINT})` : e.message;
   });
   child.on('close', (code, signal) => {
+    if (sessionDir !== undefined) rmSync(sessionDir, { recursive: true, force: true });
     void Promise.all([outDone, errDone]).then(() => o.onClose(code, signal, startError));
   });
   return child;
