@@ -110,6 +110,26 @@ test('the terms add up: pipeline stages hold the whole model between them, tp sh
   assert.equal(b.memory.zero3Gathers, 2 * 4 * facts.largestUnitParams);
 });
 
+test('HSDP: every bucket reduce-scattered in its shard group is all-reduced across replicas, once per reduce-scatter (a unit under ZeRO-3)', () => {
+  const cfg = loadConfig(config(''), []);
+  const facts = modelFacts(cfg);
+  const hsdp = enumerateLayouts(cfg, 4).filter((x) => x.layout.dpReplicate === 2 && x.layout.dpShard === 2 && x.layout.pp === 1);
+  for (const zero of [2, 3]) {
+    for (const mb of [1, 2]) {
+      const c = hsdp.find((x) => x.layout.zero === zero && x.layout.microBatches === mb);
+      assert.ok(c, `HSDP 2 x 2 with ZeRO-${zero} and ${mb} micro-batches is listed`);
+      const ops = budgetOf(contextFor(cfg, c.layout, facts, { nproc: 4, nnodes: 1 }, 0)).comm;
+      const rs = ops.find((o) => o.what === 'gradient reduce-scatter')!;
+      const ar = ops.find((o) => o.what === 'gradient all-reduce across replicas')!;
+      assert.equal(ar.group, 2);
+      assert.equal(ar.calls, rs.calls, c.overrides.join(' '));
+      assert.equal(ar.times, rs.times, c.overrides.join(' '));
+      assert.equal(ar.bytes, rs.bytes / 2, 'the shard of each bucket');
+      if (zero === 3) assert.equal(ar.calls, cfg.model.nLayer + 1, 'one per unit: each block and the root');
+    }
+  }
+});
+
 test('groups that span hosts are marked: 2 hosts x 2 ranks', () => {
   const cfg = loadConfig(config(''), []);
   const facts = modelFacts(cfg);

@@ -666,7 +666,9 @@ export const dataParallelPlanAxis: PlanAxis = {
     const pieces = l.zero === 3 ? { calls: b.blocks + 1, zero3Unit: true } : { calls: buckets };
     // ZeRO-2 finishes each bucket's reduce-scatter before launching the next ([Note: reduction window]).
     b.comm.push({ what: 'gradient reduce-scatter', op: 'reduceScatter', group: sg, bytes: elem * P, times: each, ...pieces, overlaps, ...(l.zero === 2 ? { inStep: 'zero2' as const } : {}), crossHost: shardCross });
-    if (rg > 1) b.comm.push({ what: 'gradient all-reduce across replicas', op: 'allReduce', group: rg, bytes: elem * P / sg, times: 1, overlaps: 'none', crossHost: crossesHosts(axisStride(l, 'dpReplicate'), rg, ctx.ranksPerHost) });
+    // HSDP: each bucket's shard is all-reduced across replicas, every micro-batch as it arrives under
+    // reduceEach, else once after the last backward (finishGradSync); the step waits for them.
+    if (rg > 1) b.comm.push({ what: 'gradient all-reduce across replicas', op: 'allReduce', group: rg, bytes: elem * P / sg, times: each, calls: pieces.calls, overlaps: 'none', crossHost: crossesHosts(axisStride(l, 'dpReplicate'), rg, ctx.ranksPerHost) });
     b.memory.commBuffers += bucket / sg; // the reduce-scatter's received shard of the bucket in flight
     if (l.zero < 3) b.comm.push({ what: 'updated parameter all-gather', op: 'allGather', group: sg, bytes: 4 * P, times: 1, overlaps: 'forward', crossHost: shardCross });
   },
