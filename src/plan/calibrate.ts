@@ -27,7 +27,7 @@ import type { CalibrationPoint, DepthTiming, ModelCalibrationIn, ModelCalibratio
 import { measureLayout, planScript } from './measure.js';
 import { median } from './stats.js';
 import { commandFor } from '../launch/launcher.js';
-import { type Collective, type InStepProbe, type PlanLayout } from './terms.js';
+import { type Collective, type PlanLayout, type ProbeRunName } from './terms.js';
 import { layoutRefusals, overridesOf } from './enumerate.js';
 import { cacheDir } from '../io/cache_dir.js';
 import { loadConfig } from '../config/index.js';
@@ -229,7 +229,7 @@ export interface Baseline {
 
 /** The probe model (probeFlags) under an in-step probe's layout, and its median step (ms). */
 export interface InStepRun {
-  probe: InStepProbe;
+  probe: ProbeRunName;
   layout: PlanLayout;
   stepMs: number;
 }
@@ -241,7 +241,7 @@ export interface InStepRun {
  * checks accept it; each cached on its own. predict.ts prices the same runs and charges what it
  * misses to their in-step calls.
  */
-export async function calibrateInStep(config: string, cfg: FlotillaConfig, overrides: readonly string[], nproc: number, probes: readonly InStepProbe[], rounds: number, log: (l: string) => void): Promise<InStepRun[]> {
+export async function calibrateInStep(config: string, cfg: FlotillaConfig, overrides: readonly string[], nproc: number, probes: readonly ProbeRunName[], rounds: number, log: (l: string) => void): Promise<InStepRun[]> {
   const out: InStepRun[] = [];
   if (nproc < 2) return out;
   const flags = probeFlags(cfg);
@@ -280,7 +280,7 @@ export function probeFlags(cfg: FlotillaConfig): string[] {
 }
 
 /** The layout of an in-step probe on n ranks ([Note: in-step collectives] in predict.ts): two ranks of the probed axis, the rest data parallel. */
-export function probeLayout(probe: InStepProbe, cfg: FlotillaConfig, n: number): PlanLayout {
+export function probeLayout(probe: ProbeRunName, cfg: FlotillaConfig, n: number): PlanLayout {
   const base: PlanLayout = {
     dp: n, zero: 0, dpShard: -1, dpReplicate: 1, pp: 1, ppSchedule: cfg.parallel.ppSchedule, ppVirtualStages: 1, tp: 1, sequenceParallel: false, cp: 1, ep: 1,
     microBatches: 1, activationCheckpoint: 'none', precision: 'fp32',

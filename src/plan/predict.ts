@@ -184,7 +184,8 @@ export function inStepCosts(runs: readonly InStepRun[], one: FlotillaConfig, one
   const refShortfall = (ref && shortfall(ref)) ?? 0;
   const out: Partial<Record<InStepProbe, number>> = {};
   for (const run of runs) {
-    const own = run.probe === 'dp' ? undefined : shortfall(run);
+    if (run.probe === 'dp') continue;
+    const own = shortfall(run);
     if (own === undefined) continue;
     const b = budgetOf(contextFor(one, run.layout, oneFacts, w, 0));
     const calls = b.comm.filter((op) => op.inStep === run.probe).reduce((a, op) => a + (op.calls ?? 1) * op.times, 0);

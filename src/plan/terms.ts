@@ -86,11 +86,12 @@ export interface CommOp {
 
 /**
  * The layouts whose in-step collectives are measured (calibrate.ts, with the probe model of the
- * config's width: probeFlags), and 'dp', the same model under plain data parallelism: the reference
- * every probe is measured against ([Note: in-step collectives] in src/plan/predict.ts).
+ * config's width: probeFlags) ([Note: in-step collectives] in src/plan/predict.ts).
  */
-export const IN_STEP_PROBES = ['dp', 'tp', 'sp', 'cp', 'zero2'] as const;
+export const IN_STEP_PROBES = ['tp', 'sp', 'cp', 'zero2'] as const;
 export type InStepProbe = (typeof IN_STEP_PROBES)[number];
+/** A probe run: an in-step probe, or 'dp', the probe model under plain data parallelism: the reference every probe is measured against. */
+export type ProbeRunName = InStepProbe | 'dp';
 
 /** The memory terms of a rank's peak, in bytes (their sum is the prediction). */
 export const MEMORY_TERMS = [
