@@ -96,7 +96,7 @@ test('mpirun jobs started at the same moment each keep their session files in a 
   const dirs = new Set<string>();
   for (const j of jobs) {
     assert.equal(j.code, 0, j.lines.join('\n'));
-    const own = j.lines.filter((l) => l.startsWith('0 /'))[0]?.slice(2);
+    const own = j.lines.find((l) => l.startsWith('0 /'))?.slice(2);
     assert.ok(own !== undefined, j.lines.join('\n'));
     assert.ok(j.lines.includes(`1 ${own}`), 'both ranks of a job see the same directory');
     assert.ok(j.lines.some((l) => /^0 ompi\./.test(l)), `mpirun's session files are in the job's directory:\n${j.lines.join('\n')}`);

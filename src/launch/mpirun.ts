@@ -30,11 +30,11 @@
 // unshare or ip, or user namespaces disabled) the launcher says so once and runs without one.
 // MCA settings already in the environment (OMPI_MCA_btl, OMPI_MCA_oob_tcp_if_include) win.
 //
-// [Note: MPI session directories] mpirun keeps its session files under <tmp>/ompi.<host>.<uid>, shared by every
-// job of the user on the host. Two mpiruns starting at the same moment race to make that directory
-// and the loser stops with "mkdir ... File exists" (seen with two test files at once; two users'
-// `flotilla run --backend mpi` on one host could meet it too). So each job gets a directory of its
-// own (orte_tmpdir_base), made before mpirun starts and removed when it ends; an
+// [Note: MPI session directories] mpirun keeps its session files under <tmp>/ompi.<host>.<uid>,
+// shared by every job of the user on the host. Two mpiruns starting at the same moment race to make
+// that directory and the loser stops with "mkdir ... File exists" (seen with two test files at once;
+// two `flotilla run --backend mpi` on one host could meet it too). So each job gets a directory of
+// its own (orte_tmpdir_base), made before mpirun starts and removed when it ends; an
 // OMPI_MCA_orte_tmpdir_base in the environment wins.
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
@@ -161,11 +161,11 @@ export function spawnMpiJob(o: MpiJobOptions): ChildProcess {
     warnedNoNamespace = true;
     o.onLine(-1, 'stderr', `ranks share the host's network: ${c.why}; mpirun's out-of-band listener is open on every interface (see FLOTILLA_MPI_NETNS in the README)`);
   }
-  // mpirun and its ranks in a process group of their own: a terminal's Ctrl-C reaches the launcher
-  // only, which asks the ranks to stop after their step (mpirun would end them at once).
   // A session directory of the job's own ([Note: MPI session directories]).
   const sessionDir = c.env.OMPI_MCA_orte_tmpdir_base === undefined ? mkdtempSync(join(tmpdir(), 'flotilla-mpi-')) : undefined;
   if (sessionDir !== undefined) c.env.OMPI_MCA_orte_tmpdir_base = sessionDir;
+  // mpirun and its ranks in a process group of their own: a terminal's Ctrl-C reaches the launcher
+  // only, which asks the ranks to stop after their step (mpirun would end them at once).
   const child = spawn(c.cmd, c.args, { env: c.env, cwd: o.cwd, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
   const deliver = (rank: number, stream: 'stdout' | 'stderr', line: string): void => {
     if (rank < 0) {
