@@ -1,7 +1,7 @@
 // [Note: tensor cache] A caching allocator for CPU tensor storage, the mechanism PyTorch's GPU
 // allocator uses, on mapped pages. A training step allocates the same sizes in every step (each
 // block's activations, their gradients), so a freed block is kept, by its size class, and handed to
-// the next request of that class (or of a class up to half its size): no page faults and no zeroing
+// the next request of that class (or of a class up to half its size, cut to it): no page faults and no zeroing
 // in steady state, and no heap fragmentation, since every block is a mapping of its own. Blocks below
 // `minBytes` go to libtorch's own CPU allocation (malloc). Kept blocks go back to the OS, oldest
 // first, beyond `capBytes` of cache; and trimTensorCache() unmaps every block that has stayed unused
@@ -105,16 +105,20 @@ struct CachingCpuAllocator final : public c10::Allocator {
       if (c.cap_bytes > 0 && n >= c.min_bytes && n > 0) {
         size_t cls = ClassOf(n);
         // The request's class, or else the smallest kept class up to twice its size: a block kept
-        // idle while a fresh one is mapped would add to the resident size.
+        // idle while a fresh one is mapped would add to the resident size. A larger block is cut to
+        // the request's class and its tail unmapped: its pages were touched by the tensor that had
+        // it, and kept for a tensor that may live for the whole run (optimizer state made in the
+        // first step from blocks the first backward freed) they were resident memory no tensor used.
         auto q = c.by_class.lower_bound(cls);
         if (q != c.by_class.end() && q->first <= 2 * cls) {
-          cls = q->first;
+          const size_t kept = q->first;
           auto node = q->second.back();
           q->second.pop_back();
           if (q->second.empty()) c.by_class.erase(q);
           p = node->addr;
           c.lru.erase(node);
-          c.cached_bytes -= cls;
+          c.cached_bytes -= kept;
+          if (kept > cls) munmap(static_cast<char*>(p) + cls, kept - cls);
           ++c.hits;
         } else {
           p = mmap(nullptr, cls, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

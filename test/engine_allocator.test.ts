@@ -72,7 +72,8 @@ test('tuned: a 16 MiB tensor comes from the heap and its memory stays with the p
 // The tensor cache in a fresh process: where blocks come from, that a freed block serves the next
 // request of its size class at the same address without new resident memory, that blocks beyond the
 // cap are unmapped oldest first, that releaseIdleMemory returns the blocks nothing took since its
-// previous call, and that releaseFreedMemory hands the cache back.
+// previous call, that a larger kept block taken by a smaller request is cut to the request's class,
+// and that releaseFreedMemory hands the cache back.
 const CACHE_PROBE = `
 import { readFileSync } from 'node:fs';
 import { zeros, releaseFreedMemory, releaseIdleMemory } from '${SRC}/tensor/index.js';
@@ -118,11 +119,20 @@ const idle = zeros([MiB]), reused = zeros([2 * MiB]);
 idle.dispose(); reused.dispose();
 releaseIdleMemory();                              // marks: both were freed before this call
 const again = zeros([2 * MiB]);                   // takes the 8 MiB block back...
+const againPtr = again.dataPtr();
 again.dispose();                                  // ...and frees it after the mark
 const keptBefore = tensorCacheStats().cachedBytes;
 out.trimmed = releaseIdleMemory();
 out.keptAfterTrim = tensorCacheStats().cachedBytes;
 out.keptBeforeTrim = keptBefore;
+// A request that takes a larger kept block gets it cut to its own class, the tail unmapped.
+const r3 = rss();
+const cut = zeros([1.25 * MiB]);                  // class 5 MiB: the 8 MiB block, every page of it resident
+out.cutSameAddress = cut.dataPtr() === againPtr;
+out.rssDropOnCut = r3 - rss();
+out.liveAfterCut = tensorCacheStats().liveBytes;
+cut.dispose();
+out.keptAfterCut = tensorCacheStats().cachedBytes;
 const r2 = rss();
 out.released = releaseFreedMemory();
 out.rssDropOnRelease = r2 - rss();
@@ -131,7 +141,7 @@ out.on = tensorCacheStats().on;
 console.log(JSON.stringify(out));
 `;
 
-test('cache: a 16 MiB tensor has a mapping of its own, kept when freed and reused by the next request of its class; the cap unmaps the oldest; releaseIdleMemory gives back what a step left unused, releaseFreedMemory all of it', () => {
+test('cache: a 16 MiB tensor has a mapping of its own, kept when freed and reused by the next request of its class; the cap unmaps the oldest; releaseIdleMemory gives back what a step left unused; a smaller request cuts a larger block to its class; releaseFreedMemory gives back all of it', () => {
   assert.ok(16 * MiB >= TENSOR_CACHE.minBytes && 3 * 28 * MiB < TENSOR_CACHE.capBytes);
   const base = withoutAllocatorSettings(process.env);
   const r = spawnSync(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', CACHE_PROBE], { cwd: ROOT, encoding: 'utf8', env: base });
@@ -154,7 +164,13 @@ test('cache: a 16 MiB tensor has a mapping of its own, kept when freed and reuse
   assert.equal(o.keptBeforeTrim, 40 * MiB);
   assert.equal(o.trimmed, 32 * MiB, 'the blocks left unused since the previous call should go back, the reused one stay');
   assert.equal(o.keptAfterTrim, 8 * MiB);
+  // The 5 MiB-class request took the 8 MiB block and unmapped its last 3 MiB: resident memory no
+  // tensor uses is not kept live behind a smaller one (the optimizer state made in a first step).
+  assert.equal(o.cutSameAddress, true, 'a 5 MiB-class request did not take the kept 8 MiB block');
+  assert.ok(o.rssDropOnCut >= 2.5 * MiB, `cutting the 8 MiB block to 5 MiB returned only ${o.rssDropOnCut} resident bytes`);
+  assert.equal(o.liveAfterCut, 5 * MiB);
+  assert.equal(o.keptAfterCut, 5 * MiB);
   assert.equal(o.released, true);
-  assert.ok(o.rssDropOnRelease >= 7 * MiB, `releaseFreedMemory returned only ${o.rssDropOnRelease} resident bytes`);
+  assert.ok(o.rssDropOnRelease >= 4.5 * MiB, `releaseFreedMemory returned only ${o.rssDropOnRelease} resident bytes`);
   assert.equal(o.cachedAfterRelease, 0);
 });

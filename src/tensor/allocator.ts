@@ -11,9 +11,10 @@
 //
 // So by default (`cache`) tensor storage from TENSOR_CACHE.minBytes up comes from the tensor cache
 // ([Note: tensor cache] in native/tensor_cache.cc): every block a mapping of its own, kept when freed
-// for the next request of its size class (or one up to half its size), as PyTorch's GPU allocator
-// keeps its blocks. A step reuses the blocks of the step before (no faults), and the resident size
-// follows the sizes a step holds at once, not the heap's history. After every step the trainer calls
+// for the next request of its size class (or one up to half its size, which gets the block cut to
+// its class and the rest unmapped), as PyTorch's GPU allocator keeps its blocks. A step reuses the
+// blocks of the step before (no faults), and the resident size follows the sizes a step holds at
+// once, not the heap's history. After every step the trainer calls
 // releaseIdleMemory (native.ts), which unmaps the blocks no request took since its previous call:
 // construction's leftovers, an evaluation batch's. Freed blocks beyond the cap (1/8 of physical
 // memory, as a machine runs several ranks) are unmapped oldest first in any case. Smaller tensors stay
