@@ -268,3 +268,8 @@ export function layoutFor(req: LayoutRequest, worldSize: number): Layout {
 export function defaultBucketSizeMb(zero: ZeroStage): number {
   return zero === 2 ? 4 : 25;
 }
+
+/** The bucket size a config's `[parallel] bucketSizeMb` asks for: its value, or 0 for the stage's default. */
+export function configuredBucketSizeMb(bucketSizeMb: number, zero: ZeroStage): number {
+  return bucketSizeMb > 0 ? bucketSizeMb : defaultBucketSizeMb(zero);
+}

@@ -31,7 +31,7 @@
 // over its price, spread over its 2 buckets a 117 ms "cost" per call that priced plain dp at 1.9x).
 import { cpus } from 'node:os';
 import { buildSchedule, simulate } from '../parallel/pipeline/schedule.js';
-import { defaultBucketSizeMb } from '../parallel/layout.js';
+import { configuredBucketSizeMb } from '../parallel/layout.js';
 import type { FlotillaConfig } from '../config/schema.js';
 import { PLAN_AXES } from './axes.js';
 import { commMs, type Baseline, type CommTable, type ComputePoint, type InStepRun, type PartTiming } from './calibrate.js';
@@ -55,10 +55,9 @@ export interface Prediction {
 
 export function contextFor(cfg: FlotillaConfig, layout: PlanLayout, facts: ModelFacts, w: World, stageRank: number): PlanContext {
   const p = cfg.parallel;
-  const bucketMb = p.bucketSizeMb > 0 ? p.bucketSizeMb : defaultBucketSizeMb(layout.zero);
   return {
     layout, world: w.nproc * w.nnodes, ranksPerHost: w.nproc, stageRank, model: facts, globalBatch: cfg.data.globalBatch, seqLen: cfg.data.seqLen,
-    bucketBytes: bucketMb * 2 ** 20, reduceDtype: p.reduceDtype, overlap: p.overlap, accumulate: p.accumulate, reshardAfterForward: p.reshardAfterForward, lossParallel: p.lossParallel,
+    bucketBytes: configuredBucketSizeMb(p.bucketSizeMb, layout.zero) * 2 ** 20, reduceDtype: p.reduceDtype, overlap: p.overlap, accumulate: p.accumulate, reshardAfterForward: p.reshardAfterForward, lossParallel: p.lossParallel,
   };
 }
 

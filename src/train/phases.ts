@@ -14,7 +14,7 @@ import { initProcessGroup, destroyProcessGroup, describeBackend, getWorld, isIni
 import type { LaunchEnv } from '../distributed/env.js';
 import { verifyDataPartition } from '../distributed/partition.js';
 import { buildMesh, describeLayout, parallelize, resolveLayout, type Layout, type LayoutMesh } from '../parallel/parallelize.js';
-import { describeMesh } from '../parallel/layout.js';
+import { configuredBucketSizeMb, describeMesh } from '../parallel/layout.js';
 import type { ParallelModel } from '../parallel/parallel_model.js';
 import type { ParamPlacement } from '../parallel/placement.js';
 import { saveSafetensors } from '../checkpoint/safetensors.js';
@@ -113,7 +113,7 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     // ---- parallelize: pipeline, tensor parallel, then sharding or replication
     const model = parallelize(built, mesh, {
       layout, micro: cfg.data.microBatches, loss: spec.loss, units: spec.units,
-      ...(cfg.parallel.bucketSizeMb > 0 ? { bucketSizeMb: cfg.parallel.bucketSizeMb } : {}), reduceDtype: cfg.parallel.reduceDtype, overlap: cfg.parallel.overlap, reshardAfterForward: cfg.parallel.reshardAfterForward,
+      bucketSizeMb: configuredBucketSizeMb(cfg.parallel.bucketSizeMb, layout.zero), reduceDtype: cfg.parallel.reduceDtype, overlap: cfg.parallel.overlap, reshardAfterForward: cfg.parallel.reshardAfterForward,
       ...((layout.tp ?? 1) > 1 ? { tensorParallel: spec.tensorPlan(layout) } : {}),
     });
     closers.push(() => model.dispose()); // native memory goes back now, not whenever the GC gets to it
