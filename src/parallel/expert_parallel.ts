@@ -159,11 +159,34 @@ export class ExpertStepPieces {
   }
 }
 
+/** A gradient source's optimizer calls, passed to its ExpertStepPieces (both gradient sources under ep). */
+export abstract class ExpertPiecesSource {
+  constructor(protected readonly pieces: ExpertStepPieces) {}
+
+  stepPieces(): StepPiece[] {
+    return this.pieces.stepPieces();
+  }
+  pieceLayout(): StepPiece[] {
+    return this.pieces.pieceLayout();
+  }
+  usedParameters(): ReadonlySet<Tensor> | undefined {
+    return this.pieces.usedParameters();
+  }
+  pieceStepped(piece: StepPiece): void {
+    this.pieces.pieceStepped(piece);
+  }
+  afterStep(): void {
+    this.pieces.afterStep();
+  }
+  zeroGrad(): void {
+    this.pieces.zeroGrad();
+  }
+}
+
 /** The gradient API over the dense wrapper and the expert wrapper ([Note: expert parallelism]). */
-export class ExpertParallelGrads implements GradientSource {
-  private readonly pieces: ExpertStepPieces;
+export class ExpertParallelGrads extends ExpertPiecesSource implements GradientSource {
   constructor(readonly dense: DataParallel, readonly experts: DataParallel, readonly expertParams: ReadonlySet<Tensor>, readonly ep: ProcessGroup) {
-    this.pieces = new ExpertStepPieces(dense, experts, expertParams);
+    super(new ExpertStepPieces(dense, experts, expertParams));
   }
 
   private of(p: Tensor): DataParallel {
@@ -188,24 +211,6 @@ export class ExpertParallelGrads implements GradientSource {
   }
   clipTargets(): Tensor[] {
     return this.normGroups().flatMap((g) => g.tensors);
-  }
-  stepPieces(): StepPiece[] {
-    return this.pieces.stepPieces();
-  }
-  pieceLayout(): StepPiece[] {
-    return this.pieces.pieceLayout();
-  }
-  usedParameters(): ReadonlySet<Tensor> | undefined {
-    return this.pieces.usedParameters();
-  }
-  pieceStepped(piece: StepPiece): void {
-    this.pieces.pieceStepped(piece);
-  }
-  afterStep(): void {
-    this.pieces.afterStep();
-  }
-  zeroGrad(): void {
-    this.pieces.zeroGrad();
   }
 }
 

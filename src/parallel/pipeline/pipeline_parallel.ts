@@ -69,7 +69,7 @@ import type { DeviceMesh } from '../../distributed/mesh.js';
 import { Module } from '../../nn/module.js';
 import type { UnitPolicy } from '../fsdp.js';
 import type { MicroBatch, ParallelModel } from '../parallel_model.js';
-import type { GradShard, GradientSource, StepPiece } from '../grads.js';
+import type { GradShard, GradientSource } from '../grads.js';
 import { DataParallel, type AccumulateFlavour, type MemoryReport, type ZeroStage } from '../data_parallel.js';
 import { gradView, type ParamSlot } from '../grad_buffer.js';
 import { accumulateProblems } from '../layout.js';
@@ -78,7 +78,7 @@ import { buildSchedule, peakActivations, peakDeferredWeightGrads, validateSchedu
 import { axisStride, computeBytes, crossesHosts, type PlanAxis } from '../../plan/terms.js';
 import { Stage } from './stage.js';
 import { Executor, type TraceEvent } from './executor.js';
-import { ExpertStepPieces, expertPlacements, gatherExperts } from '../expert_parallel.js';
+import { ExpertPiecesSource, ExpertStepPieces, expertPlacements, gatherExperts } from '../expert_parallel.js';
 import type { PipelineModel, TiedParameter } from './model.js';
 
 export interface PipelineOptions {
@@ -526,14 +526,13 @@ export class PipelineGrads implements GradientSource {
  * is summed over the pipeline group (and the shard group when gradients are sharded) and counts the
  * tied parameter once.
  */
-class ShardedPipelineGrads implements GradientSource {
-  private readonly pieces: ExpertStepPieces;
+class ShardedPipelineGrads extends ExpertPiecesSource implements GradientSource {
   /** Under expert parallelism (every rank, experts on its stages or not): the norm's second group. */
   normGroups?: () => { tensors: Tensor[]; sumOver: ProcessGroup[] }[];
 
   constructor(private readonly pp: PipelineParallel, private readonly dp: DataParallel, private readonly edp?: DataParallel) {
+    super(new ExpertStepPieces(dp, edp, pp.expertParams));
     if (pp.epGroup) this.normGroups = () => [this.normPieces(), this.expertNormPieces()];
-    this.pieces = new ExpertStepPieces(dp, edp, pp.expertParams);
   }
 
   fullGrad(param: Tensor): Tensor {
@@ -576,24 +575,6 @@ class ShardedPipelineGrads implements GradientSource {
   clipTargets(): Tensor[] {
     // The buckets themselves (zero 1) or the shards (zero 2/3): tied copies are scaled too.
     return [...this.dp.normPieces().tensors, ...(this.edp?.normPieces().tensors ?? [])];
-  }
-  stepPieces(): StepPiece[] {
-    return this.pieces.stepPieces();
-  }
-  pieceLayout(): StepPiece[] {
-    return this.pieces.pieceLayout();
-  }
-  usedParameters(): ReadonlySet<Tensor> | undefined {
-    return this.pieces.usedParameters();
-  }
-  pieceStepped(piece: StepPiece): void {
-    this.pieces.pieceStepped(piece);
-  }
-  afterStep(): void {
-    this.pieces.afterStep();
-  }
-  zeroGrad(): void {
-    this.pieces.zeroGrad();
   }
 }
 
