@@ -8,28 +8,16 @@
 // sequence shard are refused with the reason.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { maxRelDiff } from './helpers/close.js';
-import { runWorld, describeWorld } from './helpers/world.js';
-import { readPipelineRun } from './helpers/pipeline_runs.js';
-import { pool, started } from './helpers/pool.js';
+import { equivalenceSuite } from './helpers/equivalence.js';
+import { pool } from './helpers/pool.js';
 import type { Out, Run } from './fixtures/cp_layouts_rank.js';
 
-const dir = mkdtempSync(join(tmpdir(), 'flotilla-cp-'));
-const script = 'test/fixtures/cp_layouts_rank.ts';
+const suite = equivalenceSuite<Run, Out>('cp', 'test/fixtures/cp_layouts_rank.ts', { queue: pool(1) });
 /** float64: a different summation order only. */
 const TOL = { loss: 1e-12, norm: 1e-11, param: 1e-10 };
 const steps = 3;
 
-const queue = pool(1);
-function launch(nproc: number, runs: Run[]): Promise<void> {
-  return started(queue(async () => {
-    const r = await runWorld({ nproc, script, args: [JSON.stringify({ out: dir, runs })], timeoutMs: 400_000 });
-    assert.deepEqual(r.codes, new Array(nproc).fill(0), describeWorld(r));
-  }));
-}
+const { launch } = suite;
 
 const reference = launch(1, [{ name: 'refG', micro: 1, steps }, { name: 'refL', micro: 1, steps, arch: 'llama' }]);
 const world2 = launch(2, [
@@ -117,14 +105,14 @@ test('cp = 2 x pp = 2 equals one process (GPT 1F1B, Llama zero bubble; ZeRO-2 sh
 
 test('the MLP-Mixer (tokens mixed by a Linear over the whole sequence, one label per sequence) is refused under cp, naming why', async () => {
   await world2;
-  for (const o of readPipelineRun<Out>(dir, 'cp2_mixer', 2)) {
+  for (const o of suite.read('cp2_mixer', 2)) {
     assert.match(o.error ?? '', /context parallelism cuts every micro-batch tensor along dim 1, the sequence, and a tensor of shape \[2\] has none: it applies to models whose inputs and targets are per token/);
   }
 });
 
 test('a model whose attention does not go through the sequence shard is refused after its first step, naming the fix', async () => {
   await world2;
-  for (const o of readPipelineRun<Out>(dir, 'cp2_noAttention', 2)) {
+  for (const o of suite.read('cp2_noAttention', 2)) {
     assert.match(o.error ?? '', /parallel\.cp = 2: the model ran no attention through the sequence shard.*Set parallel\.cp = 1/);
   }
 });

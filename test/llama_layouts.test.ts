@@ -9,26 +9,18 @@
 // heads whole fails the same comparison.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { maxRelDiff } from './helpers/close.js';
-import { runWorld, describeWorld } from './helpers/world.js';
-import { readPipelineRun } from './helpers/pipeline_runs.js';
-import { pool, started } from './helpers/pool.js';
+import { equivalenceSuite, type Tolerance } from './helpers/equivalence.js';
 import type { Out, Run } from './fixtures/llama_layouts_rank.js';
 
-const dir = mkdtempSync(join(tmpdir(), 'flotilla-llama-'));
-const script = 'test/fixtures/llama_layouts_rank.ts';
-interface Tol { loss: number; norm: number; param: number; scaled?: boolean }
+const suite = equivalenceSuite<Run, Out>('llama', 'test/fixtures/llama_layouts_rank.ts');
 /** float64: a different summation order only. */
-const F64: Tol = { loss: 1e-12, norm: 1e-12, param: 1e-10 };
+const F64: Tolerance = { loss: 1e-12, norm: 1e-12, param: 1e-10 };
 /**
  * bf16-mixed data parallel against one process in bf16-mixed with micro-batches of the same shape
  * (so every bfloat16 GEMM sees the same rows): float32 reduction order only, measured 0 on losses,
  * 5e-10 on norms, 2e-7 on parameters (the largest difference over a tensor's largest element).
  */
-const BF16_DP: Tol = { loss: 1e-6, norm: 1e-6, param: 1e-6, scaled: true };
+const BF16_DP: Tolerance = { loss: 1e-6, norm: 1e-6, param: 1e-6, scaled: true };
 /**
  * bf16-mixed ZeRO-3 reads RMSNorm and embedding weights from their bfloat16 gathered copy (a norm
  * weight of 1.003 reads as 1: [Note: bf16 gathers]) and tp sums bfloat16 partial products, where one
@@ -36,15 +28,9 @@ const BF16_DP: Tol = { loss: 1e-6, norm: 1e-6, param: 1e-6, scaled: true };
  * turn those roundings into parameter differences: measured 1.3e-4 on losses, 4e-3 on norms and
  * 0.12-0.15 on parameters (scaled as above), where float64 against bf16-mixed differs by 2.0.
  */
-const BF16_ROUNDED: Tol = { loss: 1e-3, norm: 1e-2, param: 0.3, scaled: true };
+const BF16_ROUNDED: Tolerance = { loss: 1e-3, norm: 1e-2, param: 0.3, scaled: true };
 
-const queue = pool();
-function launch(nproc: number, runs: Run[]): Promise<void> {
-  return started(queue(async () => {
-    const r = await runWorld({ nproc, script, args: [JSON.stringify({ out: dir, runs })], timeoutMs: 400_000 });
-    assert.deepEqual(r.codes, new Array(nproc).fill(0), describeWorld(r));
-  }));
-}
+const { launch } = suite;
 
 const base = { micro: 2, steps: 3 };
 const run = (name: string, layout: Run['layout'], extra: Partial<Run> = {}): Run => ({ name, layout, ...base, ...extra });
@@ -89,35 +75,7 @@ const world4 = launch(4, [
   run('tp2_pp2_zb_sp', { tp: 2, pp: 2, ppSchedule: 'zb', ...sp }),
 ]);
 
-const rel = (a: number, b: number): number => Math.abs(a - b) / Math.abs(b);
-
-/** The largest difference over the largest reference element: bf16 noise in a tensor's small elements is not relative to them. */
-function scaledDiff(a: number[], b: number[]): number {
-  let d = 0, m = 0;
-  for (let i = 0; i < a.length; i++) [d, m] = [Math.max(d, Math.abs(a[i]! - b[i]!)), Math.max(m, Math.abs(b[i]!))];
-  return m === 0 ? d : d / m;
-}
-
-/** Every rank's losses, norms and whole parameters against the reference; every parameter held by some rank. */
-function compare(name: string, nproc: number, refName = 'ref', tol = F64): void {
-  const ref = readPipelineRun<Out>(dir, refName, 1)[0]!;
-  const outs = readPipelineRun<Out>(dir, name, nproc);
-  const covered = new Set<string>();
-  for (const o of outs) {
-    const who = `${name}: rank ${o.rank}`;
-    assert.equal(o.losses.length, ref.losses.length);
-    o.norms.forEach((v, i) => assert.ok(rel(v, ref.norms[i]!) <= tol.norm, `${who}: gradient norm at step ${i} ${v} vs one process ${ref.norms[i]} (relative ${rel(v, ref.norms[i]!)})`));
-    o.losses.forEach((v, i) => assert.ok(rel(v, ref.losses[i]!) <= tol.loss, `${who}: loss at step ${i} ${v} vs one process ${ref.losses[i]} (relative ${rel(v, ref.losses[i]!)})`));
-    for (const [k, v] of Object.entries(o.params)) {
-      assert.ok(k in ref.params, `${who} holds ${k}, which the whole model does not have`);
-      assert.equal(v.length, ref.params[k]!.length, `${who}: ${k} is not whole (${v.length} of ${ref.params[k]!.length} elements)`);
-      const d = tol.scaled ? scaledDiff(v, ref.params[k]!) : maxRelDiff(v, ref.params[k]!);
-      assert.ok(d <= tol.param, `${who}: parameter ${k} differs from one process by ${d}`);
-      covered.add(k);
-    }
-  }
-  assert.deepEqual(Object.keys(ref.params).filter((k) => !covered.has(k)), [], `${name}: parameters no rank holds`);
-}
+const compare = (name: string, nproc: number, refName = 'ref', tol = F64): void => void suite.compare(name, nproc, refName, tol);
 
 test('Llama: data parallel and ZeRO-1/2/3 on 2 ranks equal one process (float64; ZeRO-3 also tied)', async () => {
   await Promise.all([reference, world2]);

@@ -8,27 +8,15 @@
 // tokens, shared experts, the GPT and the Llama. A wrong expert-gradient scale fails the comparison.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { maxRelDiff } from './helpers/close.js';
-import { runWorld, describeWorld } from './helpers/world.js';
-import { readPipelineRun } from './helpers/pipeline_runs.js';
-import { pool, started } from './helpers/pool.js';
+import { equivalenceSuite } from './helpers/equivalence.js';
+import { pool } from './helpers/pool.js';
 import type { Out, Run } from './fixtures/moe_layouts_rank.js';
 
-const dir = mkdtempSync(join(tmpdir(), 'flotilla-moe-'));
-const script = 'test/fixtures/moe_layouts_rank.ts';
+const suite = equivalenceSuite<Run, Out>('moe', 'test/fixtures/moe_layouts_rank.ts', { queue: pool(1) });
 /** float64: a different summation order only. */
 const TOL = { loss: 1e-12, norm: 1e-11, param: 1e-10 };
 
-const queue = pool(1);
-function launch(nproc: number, runs: Run[]): Promise<void> {
-  return started(queue(async () => {
-    const r = await runWorld({ nproc, script, args: [JSON.stringify({ out: dir, runs })], timeoutMs: 400_000 });
-    assert.deepEqual(r.codes, new Array(nproc).fill(0), describeWorld(r));
-  }));
-}
+const { launch } = suite;
 
 /** Two models: top-2 softmax router with the auxiliary loss and a shared expert; top-1 sigmoid with the expert bias and a capacity that drops tokens, every second block. */
 const A = { topK: 2, router: 'softmax', balance: 'aux', sharedExperts: 1 } as const;
@@ -83,27 +71,7 @@ const world4 = launch(4, [
   { name: 'cp2_tp2_A', layout: { cp: 2, tp: 2 }, micro: 4, steps, moe: A },
 ]);
 
-const rel = (a: number, b: number): number => Math.abs(a - b) / Math.abs(b);
-
-function compare(name: string, nproc: number, refName: string): void {
-  const ref = readPipelineRun<Out>(dir, refName, 1)[0]!;
-  const outs = readPipelineRun<Out>(dir, name, nproc);
-  const covered = new Set<string>();
-  for (const o of outs) {
-    const who = `${name}: rank ${o.rank}`;
-    assert.equal(o.losses.length, steps);
-    o.norms.forEach((v, i) => assert.ok(rel(v, ref.norms[i]!) <= TOL.norm, `${who}: gradient norm at step ${i} ${v} vs one process ${ref.norms[i]} (relative ${rel(v, ref.norms[i]!)})`));
-    o.losses.forEach((v, i) => assert.ok(rel(v, ref.losses[i]!) <= TOL.loss, `${who}: loss at step ${i} ${v} vs one process ${ref.losses[i]} (relative ${rel(v, ref.losses[i]!)})`));
-    for (const [k, v] of Object.entries(o.params)) {
-      assert.ok(k in ref.params, `${who} holds ${k}, which the whole model does not have`);
-      covered.add(k);
-      assert.equal(v.length, ref.params[k]!.length, `${who}: ${k} is not whole`);
-      const d = maxRelDiff(v, ref.params[k]!);
-      assert.ok(d <= TOL.param, `${who}: parameter ${k} differs from one process by ${d}`);
-    }
-  }
-  assert.deepEqual(Object.keys(ref.params).filter((k) => !covered.has(k)), [], `${name}: parameters no rank holds`);
-}
+const compare = (name: string, nproc: number, refName: string): void => void suite.compare(name, nproc, refName, TOL);
 
 test('MoE GPT under plain data parallelism (every rank holds every expert) equals one process', async () => {
   await Promise.all([reference, world2]);

@@ -12,30 +12,23 @@
 // at a time (test/helpers/pool.ts); each test awaits the ones it reads.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { existsSync, mkdtempSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { maxRelDiff } from './helpers/close.js';
-import { REPO_ROOT, runWorld, describeWorld } from './helpers/world.js';
+import { REPO_ROOT } from './helpers/world.js';
 import { BIN } from './helpers/cli.js';
-import { readPipelineRun } from './helpers/pipeline_runs.js';
 import { pool, spawnAsync, started } from './helpers/pool.js';
+import { equivalenceSuite } from './helpers/equivalence.js';
 import type { Out, Run } from './fixtures/tp_gpt_rank.js';
 
-const dir = mkdtempSync(join(tmpdir(), 'flotilla-tp-'));
-const script = 'test/fixtures/tp_gpt_rank.ts';
+const queue = pool();
+const suite = equivalenceSuite<Run, Out>('tp', 'test/fixtures/tp_gpt_rank.ts', { timeoutMs: 240_000, queue });
+const { dir, launch } = suite;
 /** Losses and norms: float64 rounding of a different summation order. */
 const TOL_SCALAR = 1e-12;
 /** Parameters after 3 AdamW steps (Adam divides by sqrt(v), which magnifies rounding in tiny gradients). */
 const TOL_PARAM = 1e-10;
 
-const queue = pool();
-function launch(nproc: number, runs: Run[]): Promise<void> {
-  return started(queue(async () => {
-    const r = await runWorld({ nproc, script, args: [JSON.stringify({ out: dir, runs })], timeoutMs: 240_000 });
-    assert.deepEqual(r.codes, new Array(nproc).fill(0), describeWorld(r));
-  }));
-}
 
 const base = { micro: 2, steps: 3 };
 const run = (name: string, layout: Run['layout'], extra: Partial<Run> = {}): Run => ({ name, layout, ...base, ...extra });
@@ -72,31 +65,17 @@ const rel = (a: number, b: number): number => Math.abs(a - b) / Math.abs(b);
 
 /** Every rank's losses, norms and whole parameters against the reference; every parameter held by some rank. */
 function compare(name: string, nproc: number, refName = 'ref', opts: { split?: boolean } = {}): void {
-  const ref = readPipelineRun<Out>(dir, refName, 1)[0]!;
-  const outs = readPipelineRun<Out>(dir, name, nproc);
-  const covered = new Set<string>();
+  const who = (o: Out): string => `${name}: rank ${o.rank} (tp ${o.tpRank}, pp ${o.ppRank}, dp ${o.dpRank})`;
+  const { ref, outs } = suite.compare(name, nproc, refName, { loss: TOL_SCALAR, norm: TOL_SCALAR, param: TOL_PARAM }, who);
   for (const o of outs) {
-    const who = `${name}: rank ${o.rank} (tp ${o.tpRank}, pp ${o.ppRank}, dp ${o.dpRank})`;
-    // Norms first: a wrong step-0 norm is the cause of every later difference.
-    o.norms.forEach((v, i) => assert.ok(rel(v, ref.norms[i]!) <= TOL_SCALAR, `${who}: gradient norm at step ${i} ${v} vs one process ${ref.norms[i]} (relative ${rel(v, ref.norms[i]!)})`));
-    o.losses.forEach((v, i) => assert.ok(rel(v, ref.losses[i]!) <= TOL_SCALAR, `${who}: loss at step ${i} ${v} vs one process ${ref.losses[i]} (relative ${rel(v, ref.losses[i]!)})`));
-    assert.equal(o.losses.length, ref.losses.length);
-    for (const [k, v] of Object.entries(o.params)) {
-      assert.ok(k in ref.params, `${who} holds ${k}, which the whole model does not have`);
-      assert.equal(v.length, ref.params[k]!.length, `${who}: ${k} is not whole (${v.length} of ${ref.params[k]!.length} elements)`);
-      const d = maxRelDiff(v, ref.params[k]!);
-      assert.ok(d <= TOL_PARAM, `${who}: parameter ${k} differs from one process by ${d}`);
-      covered.add(k);
-    }
     // The gradient API: fullGrad(p) is the whole gradient (slices gathered over tp) after clipping.
     for (const [k, v] of Object.entries(o.grads0)) {
       const d = maxRelDiff(v, ref.grads0[k]!);
-      assert.ok(d <= TOL_PARAM, `${who}: grads.fullGrad(${k}) at step 0 differs from one process's gradient by ${d}`);
+      assert.ok(d <= TOL_PARAM, `${who(o)}: grads.fullGrad(${k}) at step 0 differs from one process's gradient by ${d}`);
     }
     assert.deepEqual(Object.keys(o.grads0).sort(), Object.keys(o.params).sort());
-    if (opts.split) assert.ok(Object.keys(o.params).length < Object.keys(ref.params).length, `${who} holds the whole model`);
+    if (opts.split) assert.ok(Object.keys(o.params).length < Object.keys(ref.params).length, `${who(o)} holds the whole model`);
   }
-  assert.deepEqual(Object.keys(ref.params).filter((k) => !covered.has(k)), [], `${name}: parameters no rank holds`);
 }
 
 test('GPT at tp=2, 3 steps x 2 micro-batches, AdamW + clipping, float64: every rank\'s losses, gradient norms and whole parameters equal one process (plain, sequence parallel, loss parallel, both)', async () => {
@@ -106,7 +85,7 @@ test('GPT at tp=2, 3 steps x 2 micro-batches, AdamW + clipping, float64: every r
 
 test('grads.localGradShard(p).tp names the slice a tp rank holds: fused q, k, v in 3 chunks along dim 0, row-parallel weights along dim 1, vocabulary rows of the embedding; none for LayerNorms, position embeddings and row-parallel biases', async () => {
   await world2;
-  for (const o of readPipelineRun<Out>(dir, 'tp2_sp_lp', 2)) {
+  for (const o of suite.read('tp2_sp_lp', 2)) {
     const t = o.shards!;
     const at = (dim: number, chunks = 1) => ({ dim, index: o.tpRank, parts: 2, chunks });
     assert.deepEqual(t['layers.0.attn.qkv.weight'], at(0, 3));
@@ -128,10 +107,10 @@ test('tied embeddings under tp=2 (also with sequence and loss parallelism): the 
 
 test('a norm that counts the replicated final LayerNorm on every tp rank (or every replicated parameter) fails the comparison: double counting over tp is caught', async () => {
   await Promise.all([reference, world2]);
-  const ref = readPipelineRun<Out>(dir, 'ref', 1)[0]!;
+  const ref = suite.read('ref', 1)[0]!;
   for (const name of ['tp2_wrong_lnF', 'tp2_wrong_all']) {
     assert.throws(() => compare(name, 2), /rank 0 .*gradient norm at step 0/, `${name}: the wrong norm passed the comparison`);
-    const o = readPipelineRun<Out>(dir, name, 2)[0]!;
+    const o = suite.read(name, 2)[0]!;
     const err = rel(o.norms[0]!, ref.norms[0]!);
     assert.ok(o.norms[0]! > ref.norms[0]!, `${name}: double counting makes the norm larger`);
     // The final LayerNorm alone is a small error, far above float64 rounding all the same.
@@ -161,15 +140,15 @@ test('tp=2 x pp=2 x dp=2 (ZeRO-1, sequence parallel) on 8 ranks: equal to one pr
 
 test('dropout under tp=2: masks in replicated regions are equal on both tp ranks, masks of sharded activations differ; the same seed gives the same run', async () => {
   await world2;
-  const [a, b, s] = ['drop_a', 'drop_b', 'drop_sp'].map((n) => readPipelineRun<Out>(dir, n, 2));
-  const plain = readPipelineRun<Out>(dir, 'tp2', 2);
+  const [a, b, s] = ['drop_a', 'drop_b', 'drop_sp'].map((n) => suite.read(n, 2));
+  const plain = suite.read('tp2', 2);
   // Two runs of one config: bit-identical, on every rank.
   for (let r = 0; r < 2; r++) {
     assert.deepEqual(a![r]!.losses, b![r]!.losses, `rank ${r}: two runs with the same seed give other losses`);
     assert.deepEqual(a![r]!.params, b![r]!.params, `rank ${r}: two runs with the same seed end with other parameters`);
     assert.notDeepEqual(a![r]!.losses, plain[r]!.losses, 'dropout changed nothing');
   }
-  const ac = readPipelineRun<Out>(dir, 'drop_ac', 2), sel = readPipelineRun<Out>(dir, 'drop_sp_sel', 2);
+  const ac = suite.read('drop_ac', 2), sel = suite.read('drop_sp_sel', 2);
   for (const [runs, name] of [[a!, 'drop_a'], [s!, 'drop_sp'], [ac, 'drop_ac'], [sel, 'drop_sp_sel']] as const) {
     const [m0, m1] = [runs[0]!.masks!, runs[1]!.masks!];
     assert.deepEqual(Object.keys(m0).sort(), Object.keys(m1).sort());
@@ -193,7 +172,7 @@ test('dropout under tp=2: masks in replicated regions are equal on both tp ranks
 test('dropout under tp=2 with activation checkpointing (full; selective with sequence parallelism): each block\'s recompute replays the masks of its forward on every rank', async () => {
   await world2;
   for (const name of ['drop_ac', 'drop_sp_sel']) {
-    for (const o of readPipelineRun<Out>(dir, name, 2)) {
+    for (const o of suite.read(name, 2)) {
       const blocks = Object.keys(o.masks!).filter((k) => k.startsWith('layers.'));
       assert.equal(blocks.length, 6, `${name}: ${blocks.join(', ')}`);
       // A recomputed dropout is called twice for the first micro-batch: forward, then recompute. The
@@ -211,7 +190,7 @@ test('dropout under tp=2 with activation checkpointing (full; selective with seq
     }
   }
   // Without checkpointing, the second call is the next micro-batch everywhere: a fresh mask.
-  for (const o of readPipelineRun<Out>(dir, 'drop_a', 2)) {
+  for (const o of suite.read('drop_a', 2)) {
     for (const k of Object.keys(o.masks!)) assert.notDeepEqual(o.second![k], o.masks![k], `drop_a: rank ${o.rank}: ${k} drew one mask for two micro-batches`);
   }
 });
