@@ -42,27 +42,7 @@ const world4 = launch(4, [
   { name: 'cp2_pp2_z2_G', layout: { cp: 2, pp: 2, zero: 2 }, micro: 2, steps },
 ]);
 
-const rel = (a: number, b: number): number => Math.abs(a - b) / Math.abs(b);
-
-function compare(name: string, nproc: number, refName: string): void {
-  const ref = readPipelineRun<Out>(dir, refName, 1)[0]!;
-  const outs = readPipelineRun<Out>(dir, name, nproc);
-  const covered = new Set<string>();
-  for (const o of outs) {
-    const who = `${name}: rank ${o.rank}`;
-    assert.equal(o.losses.length, steps);
-    o.norms.forEach((v, i) => assert.ok(rel(v, ref.norms[i]!) <= TOL.norm, `${who}: gradient norm at step ${i} ${v} vs one process ${ref.norms[i]} (relative ${rel(v, ref.norms[i]!)})`));
-    o.losses.forEach((v, i) => assert.ok(rel(v, ref.losses[i]!) <= TOL.loss, `${who}: loss at step ${i} ${v} vs one process ${ref.losses[i]} (relative ${rel(v, ref.losses[i]!)})`));
-    for (const [k, v] of Object.entries(o.params)) {
-      assert.ok(k in ref.params, `${who} holds ${k}, which the whole model does not have`);
-      covered.add(k);
-      assert.equal(v.length, ref.params[k]!.length, `${who}: ${k} is not whole`);
-      const d = maxRelDiff(v, ref.params[k]!);
-      assert.ok(d <= TOL.param, `${who}: parameter ${k} differs from one process by ${d}`);
-    }
-  }
-  assert.deepEqual(Object.keys(ref.params).filter((k) => !covered.has(k)), [], `${name}: parameters no rank holds`);
-}
+const compare = (name: string, nproc: number, refName: string): void => void suite.compare(name, nproc, refName, TOL);
 
 test('cp = 2 on 2 ranks equals one process (GPT, Llama; ZeRO-2 over the cp ranks, reducing each of 2 micro-batches)', async () => {
   await Promise.all([reference, world2]);
