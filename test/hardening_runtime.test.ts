@@ -327,18 +327,6 @@ test('an unresolvable MASTER_ADDR fails at once, naming the host (rank 0 and the
   }
 });
 
-test('destroyProcessGroup releases sockets, threads and the listening port at once (4 cycles on one port)', async () => {
-  const res = await runWorld({ nproc: 2, script: RANK_SCRIPT, args: ['cycles', '4'], store: 'socket' });
-  assert.deepEqual(res.codes, [0, 0], describeWorld(res));
-  for (const { rank, after } of parseResults<{ rank: number; after: { fds: number; threads: number; listeners: number }[] }>(res.outputs)) {
-    assert.equal(after.length, 4);
-    for (const a of after) assert.equal(a.listeners, 0, `rank ${rank}: listening sockets left after destroyProcessGroup: ${JSON.stringify(after)}`);
-    const [first, last] = [after[0]!, after[3]!];
-    assert.ok(last.fds <= first.fds + 1, `rank ${rank}: open files grew over cycles: ${JSON.stringify(after)}`);
-    assert.ok(last.threads <= first.threads, `rank ${rank}: threads grew over cycles: ${JSON.stringify(after)}`);
-  }
-});
-
 // Side by side: both wait out a short timeout (the rendezvous', the collective's), idle.
 sideBySide('rendezvous and collective timeouts name the culprit: a duplicate RANK, a stalled rank', [
   ['a duplicate RANK is detected at rendezvous and named', async () => {

@@ -5,9 +5,8 @@
 //   join             join and all-reduce once; report the sum
 //   stall <rank>     that rank never enters the all-reduce (but stays alive); the others time out
 //   prejoin          print "PID <rank> <pid>" and compute forever without joining a world
-//   cycles <n>       n cycles of initProcessGroup / all-reduce / destroyProcessGroup on one
-//                    MASTER_PORT; report open fds, threads and listening sockets after each cycle
-import { existsSync, readdirSync, readFileSync, readlinkSync } from 'node:fs';
+// (Cycles of initProcessGroup / destroyProcessGroup are test/helpers/ranks/teardown.ts's.)
+import { existsSync } from 'node:fs';
 import { emitResult } from '../rank.js';
 
 const [mode = 'join', arg] = process.argv.slice(2);
@@ -15,31 +14,6 @@ const rank = Number(process.env.RANK ?? 0);
 
 async function untilExists(path: string): Promise<void> {
   while (!existsSync(path)) await new Promise((r) => setTimeout(r, 50));
-}
-
-/** Inodes of this process's sockets that are listening (from /proc/net/tcp and tcp6). */
-function listeners(): number {
-  const mine = new Set<string>();
-  for (const fd of readdirSync('/proc/self/fd')) {
-    try {
-      const m = /^socket:\[(\d+)\]$/.exec(readlinkSync(`/proc/self/fd/${fd}`));
-      if (m) mine.add(m[1]!);
-    } catch {
-      // closed meanwhile
-    }
-  }
-  let n = 0;
-  for (const f of ['/proc/net/tcp', '/proc/net/tcp6']) {
-    for (const line of readFileSync(f, 'utf8').split('\n').slice(1)) {
-      const cols = line.trim().split(/\s+/);
-      if (cols[3] === '0A' && mine.has(cols[9]!)) n++;
-    }
-  }
-  return n;
-}
-
-function usage(): { fds: number; threads: number; listeners: number } {
-  return { fds: readdirSync('/proc/self/fd').length, threads: readdirSync('/proc/self/task').length, listeners: listeners() };
 }
 
 if (mode === 'prejoin') {
@@ -54,27 +28,6 @@ if (mode === 'prejoin') {
 const { initProcessGroup, destroyProcessGroup, newGroup } = await import('../../../src/distributed/process_group.js');
 const T = await import('../../../src/tensor/index.js');
 const timeoutMs = Number(process.env.TEST_TIMEOUT_MS ?? 20_000);
-
-if (mode === 'cycles') {
-  const after: ReturnType<typeof usage>[] = [];
-  for (let c = 0; c < Number(arg ?? 4); c++) {
-    const world = initProcessGroup({ timeoutMs });
-    const t = T.full([1024], world.rank + 1);
-    world.allReduce(t).wait();
-    const g = newGroup([0, 1]);
-    g?.allReduce(t).wait();
-    t.dispose();
-    destroyProcessGroup();
-    // A worker thread ends shortly after it was told to; wait for that, nothing else.
-    const base = after[0]?.threads;
-    for (let i = 0; i < 40 && base !== undefined && readdirSync('/proc/self/task').length > base; i++) {
-      await new Promise((r) => setTimeout(r, 50));
-    }
-    after.push(usage());
-  }
-  emitResult({ rank, after });
-  process.exit(0);
-}
 
 const world = initProcessGroup({ timeoutMs });
 const x = T.full([4], world.rank + 1);
