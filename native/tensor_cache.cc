@@ -1,13 +1,13 @@
 // [Note: tensor cache] A caching allocator for CPU tensor storage, the mechanism PyTorch's GPU
-// allocator uses, on mapped pages. A training step allocates the same sizes in every step (each
-// block's activations, their gradients), so a freed block is kept, by its size class, and handed to
-// the next request of that class (or of a class up to half its size, cut to it): no page faults and no zeroing
+// allocator uses, on mapped pages. A training step allocates the same sizes in every step (each block's
+// activations, their gradients), so a freed block is kept, by its size class, and handed to the next
+// request of that class (or of a class up to half its size, cut to it): no page faults and no zeroing
 // in steady state, and no heap fragmentation, since every block is a mapping of its own. Blocks below
-// `minBytes` go to libtorch's own CPU allocation (malloc). Kept blocks go back to the OS, oldest
-// first, beyond `capBytes` of cache; and trimTensorCache() unmaps every block that has stayed unused
-// since the call before, so memory whose shapes a run no longer uses (construction, an evaluation
-// batch) is returned at the next call. Whether the cache is on, the two numbers and when to trim are
-// decided in TypeScript (src/tensor/allocator.ts).
+// `minBytes` go to libtorch's own CPU allocation (malloc). Kept blocks go back to the OS, oldest first,
+// beyond `capBytes` of cache; and trimTensorCache() unmaps every block that has stayed unused since the
+// call before, so memory whose shapes a run no longer uses (construction, an evaluation batch) is
+// returned at the next call. Whether the cache is on, the two numbers and when to trim are decided in
+// TypeScript (src/tensor/allocator.ts).
 #include <sys/mman.h>
 
 #include <c10/core/CPUAllocator.h>

@@ -11,19 +11,18 @@
 //
 // So by default (`cache`) tensor storage from TENSOR_CACHE.minBytes up comes from the tensor cache
 // ([Note: tensor cache] in native/tensor_cache.cc): every block a mapping of its own, kept when freed
-// for the next request of its size class (or one up to half its size, which gets the block cut to
-// its class and the rest unmapped), as PyTorch's GPU allocator keeps its blocks. A step reuses the
-// blocks of the step before (no faults), and the resident size follows the sizes a step holds at
-// once, not the heap's history. After every step the trainer calls
-// releaseIdleMemory (native.ts), which unmaps the blocks no request took since its previous call:
-// construction's leftovers, an evaluation batch's. Freed blocks beyond the cap (1/8 of physical
-// memory, as a machine runs several ranks) are unmapped oldest first in any case. Smaller tensors stay
-// with malloc, tuned as above. At the end of a run releaseFreedMemory empties the cache and trims the
-// heap. What the cache cannot do is lend a block kept from one phase to another of other sizes (weight
-// gradients of backward to activations of forward), as a heap does: a width-512 step keeps 40-50 MiB
-// more resident than lean settings would, still less than `tuned`.
-// Buffers that ZeRO allocates and frees around every use live on mapped pages of their own
-// (emptyMapped, [Note: mapped storage] in native/tensor.cc), unmapped at once when freed.
+// for the next request of its size class (or one up to half its size, which gets the block cut to its
+// class and the rest unmapped), as PyTorch's GPU allocator keeps its blocks. A step reuses the blocks
+// of the step before (no faults), and the resident size follows the sizes a step holds at once, not the
+// heap's history. After every step the trainer calls releaseIdleMemory (native.ts), which unmaps the
+// blocks no request took since its previous call: construction's leftovers, an evaluation batch's.
+// Freed blocks beyond the cap (1/8 of physical memory, as a machine runs several ranks) are unmapped
+// oldest first in any case. Smaller tensors stay with malloc, tuned as above. At the end of a run
+// releaseFreedMemory empties the cache and trims the heap. What the cache cannot do is lend a block
+// kept from one phase to another of other sizes (weight gradients of backward to activations of
+// forward), as a heap does: a width-512 step keeps 40-50 MiB more resident than lean settings would,
+// still less than `tuned`. Buffers that ZeRO allocates and frees around every use live on mapped pages
+// of their own (emptyMapped, [Note: mapped storage] in native/tensor.cc), unmapped at once when freed.
 //
 // FLOTILLA_MALLOC picks another mode: `tuned` (malloc only, thresholds as above), `lean` (malloc
 // only, LEAN_MALLOC_OPTIONS: blocks from 256 KiB get mappings of their own, unmapped when freed, so the
