@@ -6,6 +6,7 @@
 // accumulation of [Note: norm precision] at 10M parameters.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { relDiff as rel } from './helpers/close.js';
 import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -29,8 +30,6 @@ interface ClipOut {
 function run(name: string, pp: number, dp: number, tie: boolean, zero: Run['zero'] = 0): Run {
   return { name, pp, dp, schedule: '1f1b', tie, steps: 1, micro: 2, b: 2, nLayer: 4, dtype: 'float32', zero };
 }
-
-const rel = (a: number, b: number): number => Math.abs(a - b) / Math.abs(b);
 
 function checkAgainstTorch(name: string, nproc: number): void {
   const outs = Array.from({ length: nproc }, (_, r) => JSON.parse(readFileSync(join(dir, `${name}.${r}.json`), 'utf8')) as ClipOut);

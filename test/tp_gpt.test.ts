@@ -14,7 +14,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
-import { maxRelDiff } from './helpers/close.js';
+import { maxRelDiff, relDiff as rel } from './helpers/close.js';
 import { REPO_ROOT } from './helpers/world.js';
 import { BIN } from './helpers/cli.js';
 import { pool, spawnAsync, started } from './helpers/pool.js';
@@ -60,8 +60,6 @@ const world4 = launch(4, [
   run('tp2_pp2_zb_sp', { tp: 2, pp: 2, ppSchedule: 'zb', ...sp }),
 ]);
 const world8 = launch(8, [run('tp2_pp2_dp2', { tp: 2, pp: 2, zero: 1, ...sp })]);
-
-const rel = (a: number, b: number): number => Math.abs(a - b) / Math.abs(b);
 
 /** Every rank's losses, norms and whole parameters against the reference; every parameter held by some rank. */
 function compare(name: string, nproc: number, refName = 'ref', opts: { split?: boolean } = {}): void {

@@ -1,4 +1,4 @@
-// Test-side comparison of number arrays: the worst relative difference, named in the failure.
+// Test-side comparison of numbers and number arrays: relative and scaled differences, named in the failure.
 import assert from 'node:assert/strict';
 
 /**
@@ -22,4 +22,14 @@ export function maxRelDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
   let w = 0;
   for (let i = 0; i < a.length; i++) w = Math.max(w, Math.abs(a[i]! - b[i]!) / Math.max(1e-3, Math.abs(b[i]!)));
   return w;
+}
+
+/** |a - b| / |b|: one number against its reference, no floor. */
+export const relDiff = (a: number, b: number): number => Math.abs(a - b) / Math.abs(b);
+
+/** The largest |a - b| over the largest |b|: bf16 noise in a tensor's small elements is not relative to them. */
+export function scaledDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
+  let d = 0, m = 0;
+  for (let i = 0; i < a.length; i++) [d, m] = [Math.max(d, Math.abs(a[i]! - b[i]!)), Math.max(m, Math.abs(b[i]!))];
+  return m === 0 ? d : d / m;
 }

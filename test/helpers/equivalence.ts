@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { maxRelDiff } from './close.js';
+import { maxRelDiff, relDiff as rel, scaledDiff } from './close.js';
 import { runWorld, describeWorld } from './world.js';
 import { readPipelineRun } from './pipeline_runs.js';
 import { pool, started } from './pool.js';
@@ -27,15 +27,6 @@ export interface Tolerance {
   /** Per parameter: the largest relative difference (maxRelDiff), or with `scaled` the largest difference over the reference's largest element. */
   param: number;
   scaled?: boolean;
-}
-
-const rel = (a: number, b: number): number => Math.abs(a - b) / Math.abs(b);
-
-/** The largest difference over the largest reference element: bf16 noise in a tensor's small elements is not relative to them. */
-export function scaledDiff(a: number[], b: number[]): number {
-  let d = 0, m = 0;
-  for (let i = 0; i < a.length; i++) [d, m] = [Math.max(d, Math.abs(a[i]! - b[i]!)), Math.max(m, Math.abs(b[i]!))];
-  return m === 0 ? d : d / m;
 }
 
 /**
