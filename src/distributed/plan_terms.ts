@@ -11,9 +11,9 @@
 // These are the terms every layer prices itself in (src/nn's precision and activation
 // checkpointing, src/parallel's wrappers), so they sit in the runtime, below all of them, and
 // import nothing above it: they are ranks, groups and collectives, the mesh's vocabulary. The
-// layout's choices are therefore written out here rather than imported from src/parallel
-// (ppSchedule, accumulate); src/plan/terms.ts makes the compiler hold them equal to the
-// pipeline's ScheduleName and the layout's AccumulateFlavour.
+// layout's choices are therefore written out here rather than imported from src/parallel and
+// src/config (ppSchedule, accumulate, reduceDtype, precision, activationCheckpoint);
+// TERMS_AGREE in src/plan/terms.ts makes the compiler hold them equal to the originals.
 import { meshStride, type MeshAxis, type MeshDegrees } from './mesh_axes.js';
 
 /** What a layout sets, in the config's own field names (the `layout` of `flotilla plan --json`). */
