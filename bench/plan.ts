@@ -18,7 +18,7 @@ import { loadConfig } from '../src/config/index.js';
 import { plan, describePlanLayout, type PlanRow } from '../src/plan/plan.js';
 import { LAYOUT_FIELDS, FIELD_SECTION, layoutRefusals, overridesOf } from '../src/plan/enumerate.js';
 import { MEASURE_STEPS, measureLayout } from '../src/plan/measure.js';
-import type { PlanLayout } from '../src/plan/terms.js';
+import type { PlanLayout } from '../src/distributed/plan_terms.js';
 import { writeSection } from './report.js';
 
 const argv = process.argv.slice(2);

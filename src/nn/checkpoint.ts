@@ -36,7 +36,7 @@
 import { type Tensor, defineFunction, grad, keep, manualSeed, randint } from '../tensor/index.js';
 import { native } from '../tensor/native.js';
 import type { Module } from './module.js';
-import type { PlanAxis } from '../plan/terms.js';
+import type { PlanAxis } from '../distributed/plan_terms.js';
 
 export type ActivationCheckpoint = 'none' | 'full' | 'selective';
 export const ACTIVATION_CHECKPOINTS: readonly ActivationCheckpoint[] = ['none', 'full', 'selective'];
@@ -181,14 +181,15 @@ export function checkpointBlock(block: Module, x: Tensor, body: (x: Tensor) => T
 }
 
 /**
- * Activation checkpointing, for the planner ([Note: plan terms] in src/plan/terms.ts): it holds no
- * state and sends nothing; what it saves in activations and costs in recomputation is measured by
- * running the model's forward and backward under the mode (the planner's calibration), per block.
+ * Activation checkpointing, for the planner ([Note: plan terms] in src/distributed/plan_terms.ts):
+ * it holds no state and sends nothing; what it saves in activations and costs in recomputation is
+ * measured by running the model's forward and backward under the mode (the planner's calibration),
+ * per block.
  */
-export const activationCheckpointPlanAxis: PlanAxis = {
+export const activationCheckpointPlanAxis = {
   name: 'activation checkpointing',
-  fields: ['activationCheckpoint'],
+  fields: ['activationCheckpoint'] as const,
   apply(b, ctx) {
     if (ctx.layout.activationCheckpoint !== 'none') b.notes.push(`activations kept under activationCheckpoint = "${ctx.layout.activationCheckpoint}" (measured)`);
   },
-};
+} satisfies PlanAxis;

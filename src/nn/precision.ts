@@ -42,7 +42,7 @@
 // (readsParametersThroughPolicy); a unit holding a parameter of any other module is gathered in
 // float32 and gets the per-step copies described above.
 import { type Tensor, type DType, isGradEnabled, keep } from '../tensor/index.js';
-import type { PlanAxis } from '../plan/terms.js';
+import type { PlanAxis } from '../distributed/plan_terms.js';
 
 export type Precision = 'fp32' | 'bf16-mixed';
 export const PRECISIONS: readonly Precision[] = ['fp32', 'bf16-mixed'];
@@ -186,17 +186,17 @@ function isFloatingDtype(d: DType): boolean {
 }
 
 /**
- * What bf16-mixed changes on a rank, for the planner ([Note: plan terms] in src/plan/terms.ts): the
- * float32 masters, gradients and optimizer state stay as they are, and the step holds a bfloat16 copy
- * of every parameter it computes with (made once per step, dropped before the optimizer step). Its
- * speed and activation bytes are measured, not derived: the planner calibrates the model under the
- * policy itself.
+ * What bf16-mixed changes on a rank, for the planner ([Note: plan terms] in
+ * src/distributed/plan_terms.ts): the float32 masters, gradients and optimizer state stay as they
+ * are, and the step holds a bfloat16 copy of every parameter it computes with (made once per step,
+ * dropped before the optimizer step). Its speed and activation bytes are measured, not derived: the
+ * planner calibrates the model under the policy itself.
  */
-export const precisionPlanAxis: PlanAxis = {
+export const precisionPlanAxis = {
   name: 'precision',
-  fields: ['precision'],
+  fields: ['precision'] as const,
   apply(b, ctx) {
     // ZeRO-3 copies the gathered units only (counted with its gathers).
     if (ctx.layout.precision === 'bf16-mixed' && ctx.layout.zero !== 3) b.memory.bf16Copies += 2 * b.params;
   },
-};
+} satisfies PlanAxis;

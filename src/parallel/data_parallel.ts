@@ -42,7 +42,7 @@ import { fullGradOf, localGradShardOf, normPiecesOf, pieceLayoutOf } from './gra
 
 export type { MemoryReport } from './memory.js';
 import { defaultBucketSizeMb, resolveAccumulate, type AccumulateFlavour, type ZeroStage } from './layout.js';
-import { axisStride, crossesHosts, type PlanAxis } from '../plan/terms.js';
+import { axisStride, crossesHosts, type PlanAxis } from '../distributed/plan_terms.js';
 
 export type { ZeroStage, AccumulateFlavour } from './layout.js';
 
@@ -624,16 +624,16 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
 
 /**
  * What data parallelism and ZeRO-1/2 hold and send on a rank, for the planner ([Note: plan terms]
- * in src/plan/terms.ts): parameters whole; gradients whole (zero 0/1) or a shard plus two full
- * buckets, the one backward fills and the one in reduction (zero 2); AdamW's two float32 moments for the parameters this rank updates (a 1 /
- * (dpShard x cp) shard under ZeRO). The gradient buckets are all-reduced (zero 0), or reduce-
- * scattered over the shard group and all-reduced over replicas, and the updated shards all-gathered
- * (zero 1/2); the reduction overlaps backward when parallel.overlap is on. ZeRO-3 adds its own terms
- * (zero3PlanAxis in fsdp.ts).
+ * in src/distributed/plan_terms.ts): parameters whole; gradients whole (zero 0/1) or a shard plus
+ * two full buckets, the one backward fills and the one in reduction (zero 2); AdamW's two float32
+ * moments for the parameters this rank updates (a 1 / (dpShard x cp) shard under ZeRO). The
+ * gradient buckets are all-reduced (zero 0), or reduce-scattered over the shard group and
+ * all-reduced over replicas, and the updated shards all-gathered (zero 1/2); the reduction overlaps
+ * backward when parallel.overlap is on. ZeRO-3 adds its own terms (zero3PlanAxis in fsdp.ts).
  */
-export const dataParallelPlanAxis: PlanAxis = {
+export const dataParallelPlanAxis = {
   name: 'data parallel / ZeRO',
-  fields: ['dp', 'zero', 'dpShard', 'dpReplicate', 'accumulate', 'bucketSizeMb', 'overlap', 'reduceDtype', 'microBatches'],
+  fields: ['dp', 'zero', 'dpShard', 'dpReplicate', 'accumulate', 'bucketSizeMb', 'overlap', 'reduceDtype', 'microBatches'] as const,
   apply(b, ctx) {
     const l = ctx.layout;
     // The cp ranks of a data-parallel rank reduce and shard with it ([Note: context parallelism]).
@@ -672,4 +672,4 @@ export const dataParallelPlanAxis: PlanAxis = {
     b.memory.commBuffers += bucket / sg; // the reduce-scatter's received shard of the bucket in flight
     if (l.zero < 3) b.comm.push({ what: 'updated parameter all-gather', op: 'allGather', group: sg, bytes: 4 * P, times: 1, overlaps: 'forward', crossHost: shardCross });
   },
-};
+} satisfies PlanAxis;

@@ -32,7 +32,7 @@ import type { MemoryReport } from './memory.js';
 import { placementsOf, type ParamPlacement } from './placement.js';
 import { DataParallelModel } from './data_parallel_model.js';
 import type { LossFn } from './parallel_model.js';
-import { axisStride, computeBytes, crossesHosts, type PlanAxis } from '../plan/terms.js';
+import { axisStride, computeBytes, crossesHosts, type PlanAxis } from '../distributed/plan_terms.js';
 
 // rows (n, C) to the group's ranks: `send[r]` rows to rank r, `recv[r]` rows from it; backward the reverse.
 const allToAllRows = defineFunction<[Tensor, ProcessGroup, number[], number[]]>({
@@ -276,16 +276,16 @@ export class ExpertParallelModel extends DataParallelModel {
 
 /**
  * What expert parallelism changes on a rank, for the planner ([Note: plan terms] in
- * src/plan/terms.ts; [Note: expert parallelism]): the rank holds 1 / ep of every MoE layer's routed
- * experts (the router and shared experts stay whole) and computes its experts for the ep group's
- * tokens, so the expert compute per rank is unchanged on a balanced load; each MoE block moves
- * every kept row (tokens x topK x width) to its experts' rank and back by all-to-all, forward and
- * backward. Expert gradients are reduced over the ranks holding the same experts (a data-parallel
- * reduction of 1 / ep of them, counted with the dense ones).
+ * src/distributed/plan_terms.ts; [Note: expert parallelism]): the rank holds 1 / ep of every MoE
+ * layer's routed experts (the router and shared experts stay whole) and computes its experts for
+ * the ep group's tokens, so the expert compute per rank is unchanged on a balanced load; each MoE
+ * block moves every kept row (tokens x topK x width) to its experts' rank and back by all-to-all,
+ * forward and backward. Expert gradients are reduced over the ranks holding the same experts (a
+ * data-parallel reduction of 1 / ep of them, counted with the dense ones).
  */
-export const expertParallelPlanAxis: PlanAxis = {
+export const expertParallelPlanAxis = {
   name: 'expert parallel',
-  fields: ['ep'],
+  fields: ['ep'] as const,
   apply(b, ctx) {
     const l = ctx.layout;
     if (l.ep === 1 || b.expertParams === 0) return;
@@ -301,4 +301,4 @@ export const expertParallelPlanAxis: PlanAxis = {
       crossHost: crossesHosts(axisStride(l, 'dpShard'), l.ep, ctx.ranksPerHost),
     });
   },
-};
+} satisfies PlanAxis;

@@ -28,7 +28,7 @@ import type { ProcessGroup } from '../distributed/process_group.js';
 import { allocStorage, freeStorage, type Bucket } from './grad_buffer.js';
 import { gatherInPlace } from './zero_gathers.js';
 import { Bf16UnitCopy } from './fsdp_bf16.js';
-import { axisStride, computeBytes, crossesHosts, type PlanAxis } from '../plan/terms.js';
+import { axisStride, computeBytes, crossesHosts, type PlanAxis } from '../distributed/plan_terms.js';
 
 /** Whether a module (by dotted name) is a wrapping unit of its own. */
 export type UnitPolicy = (name: string, module: Module) => boolean;
@@ -378,15 +378,16 @@ function policyReaderParams(model: Module): Set<Tensor> {
 }
 
 /**
- * What ZeRO-3 changes on a rank, for the planner ([Note: plan terms] in src/plan/terms.ts): the
- * parameters are a 1 / (dpShard x cp) shard, and around each unit's forward and backward its full
- * parameters exist too (the unit being computed and the one prefetched: two of the largest, in
- * bfloat16 under bf16-mixed, [Note: unit lifecycle]); each unit is all-gathered in forward and again
- * in backward (once when reshardAfterForward is off), every micro-batch.
+ * What ZeRO-3 changes on a rank, for the planner ([Note: plan terms] in
+ * src/distributed/plan_terms.ts): the parameters are a 1 / (dpShard x cp) shard, and around each
+ * unit's forward and backward its full parameters exist too (the unit being computed and the one
+ * prefetched: two of the largest, in bfloat16 under bf16-mixed, [Note: unit lifecycle]); each unit
+ * is all-gathered in forward and again in backward (once when reshardAfterForward is off), every
+ * micro-batch.
  */
-export const zero3PlanAxis: PlanAxis = {
+export const zero3PlanAxis = {
   name: 'ZeRO-3',
-  fields: ['reshardAfterForward'],
+  fields: ['reshardAfterForward'] as const,
   apply(b, ctx) {
     const l = ctx.layout;
     if (l.zero !== 3) return;
@@ -401,4 +402,4 @@ export const zero3PlanAxis: PlanAxis = {
     // One gather per wrapping unit (each block, and the root's parameters outside them).
     b.comm.push({ what: 'ZeRO-3 unit all-gathers', op: 'allGather', group: shard, bytes: gathered * P, times: passes * l.microBatches, calls: b.blocks + 1, zero3Unit: true, overlaps: 'backward', crossHost: cross });
   },
-};
+} satisfies PlanAxis;

@@ -3,13 +3,15 @@
 // here: the config (src/config/schema.ts takes its defaults and choices), the trainer, parallelize.ts
 // and DataParallel's accumulation default.
 //
-// Mesh dims, outermost first: pp (pipeline), dpReplicate, dpShard, cp (context parallel), tp
-// (tensor parallel, innermost so a tensor-parallel group is neighbouring ranks). The data-parallel
-// rank, which decides what data a rank reads, is the flattened (dpReplicate, dpShard) mesh rank:
-// replicateRank * dpShard + shardRank (the Lingua lesson; DeviceMesh.flatten computes it, and no
-// one else does). Every pipeline rank, context-parallel rank and tensor-parallel rank of one
-// replica reads the same samples (a cp rank then keeps its chunks of each sequence).
+// Mesh dims, outermost first, are the table in src/distributed/mesh_axes.ts ([Note: mesh axes]):
+// pp (pipeline), dpReplicate, dpShard, cp (context parallel), tp (tensor parallel, innermost so a
+// tensor-parallel group is neighbouring ranks). The data-parallel rank, which decides what data a
+// rank reads, is the flattened (dpReplicate, dpShard) mesh rank: replicateRank * dpShard +
+// shardRank (the Lingua lesson; DeviceMesh.flatten computes it, and no one else does). Every
+// pipeline rank, context-parallel rank and tensor-parallel rank of one replica reads the same
+// samples (a cp rank then keeps its chunks of each sequence).
 import { SCHEDULE_NAMES, type ScheduleName } from './pipeline/schedule.js';
+import { meshDims } from '../distributed/mesh_axes.js';
 
 export type ZeroStage = 0 | 1 | 2 | 3;
 export type AccumulateFlavour = 'reduceLast' | 'reduceEach' | 'reduceScatterEachAllReduceLast';
@@ -237,7 +239,7 @@ export function describeLayout(l: Layout): string {
 
 /** The mesh's degrees, outermost first, for the run's header and its report. */
 export function describeMesh(l: Layout): string {
-  return `mesh pp ${l.pp} x dpReplicate ${l.dpReplicate} x dpShard ${l.dpShard} x cp ${l.cp ?? 1} x tp ${l.tp ?? 1}`;
+  return `mesh ${meshDims(l).map(([a, d]) => `${a} ${d}`).join(' x ')}`;
 }
 
 /** The layout fields a script sets; the rest take the config's defaults. */

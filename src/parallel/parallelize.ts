@@ -16,6 +16,7 @@
 import type { Tensor } from '../tensor/index.js';
 import type { Module } from '../nn/module.js';
 import { DeviceMesh } from '../distributed/mesh.js';
+import { expertMeshDims, meshDims, type MeshDegrees } from '../distributed/mesh_axes.js';
 import type { ProcessGroup } from '../distributed/process_group.js';
 import { DataParallel } from './data_parallel.js';
 import { DataParallelModel } from './data_parallel_model.js';
@@ -63,12 +64,13 @@ export interface LayoutMesh {
 }
 
 /** Builds the mesh and its groups (collective: every rank calls it with the same layout). */
-export function buildMesh(layout: Pick<Layout, 'pp' | 'dpReplicate' | 'dpShard'> & { tp?: number; ep?: number; cp?: number }, world: ProcessGroup): LayoutMesh {
-  const ep = layout.ep ?? 1, cp = layout.cp ?? 1, tp = layout.tp ?? 1;
+export function buildMesh(layout: MeshDegrees, world: ProcessGroup): LayoutMesh {
+  const ep = layout.ep ?? 1, cp = layout.cp ?? 1;
+  // The axes and their order are the table's ([Note: mesh axes] in src/distributed/mesh_axes.ts).
   // Expert parallelism borrows its ranks from the ranks that hold the same dense parameters of one
   // replica, dpShard x cp in mesh order, split into (outer, ep): ep ranks are neighbours, and the
   // ranks holding the same experts (edp) are the replicas x outer ([Note: expert parallelism]).
-  const expertMesh = () => DeviceMesh.build([['pp', layout.pp], ['dpReplicate', layout.dpReplicate], ['dpShardOuter', (layout.dpShard * cp) / ep], ['ep', ep], ['tp', tp]], world);
+  const expertMesh = () => DeviceMesh.build(expertMeshDims(layout), world);
   const expertGroups = (m: DeviceMesh): Pick<LayoutMesh, 'ep' | 'edp' | 'edpShard'> =>
     ({ ep: m.dim('ep').group, edp: m.flatten(['dpReplicate', 'dpShardOuter'], 'edp').group, edpShard: m.dim('dpShardOuter').group });
   if (cp > 1) {
@@ -76,7 +78,7 @@ export function buildMesh(layout: Pick<Layout, 'pp' | 'dpReplicate' | 'dpShard'>
     // are reduced and sharded over dpShard x cp ([Note: context parallelism]); the data-parallel
     // rank stays the (dpReplicate, dpShard) rank, so every cp rank reads the same samples. The
     // expert groups come from a second grid over the same ranks (ep need not divide cp or dpShard).
-    const mesh = DeviceMesh.build([['pp', layout.pp], ['dpReplicate', layout.dpReplicate], ['dpShard', layout.dpShard], ['cp', cp], ['tp', tp]], world);
+    const mesh = DeviceMesh.build(meshDims(layout), world);
     const data = mesh.flatten(['dpReplicate', 'dpShard'], 'data');
     return {
       mesh, dp: mesh.flatten(['dpReplicate', 'dpShard', 'cp'], 'dp').group, shard: mesh.flatten(['dpShard', 'cp'], 'dpShardCp').group, data: data.group,
@@ -94,7 +96,8 @@ export function buildMesh(layout: Pick<Layout, 'pp' | 'dpReplicate' | 'dpShard'>
       tp: mesh.dim('tp').group, dpRank: dp.rank, ...expertGroups(mesh),
     };
   }
-  const mesh = DeviceMesh.build([['pp', layout.pp], ['dpReplicate', layout.dpReplicate], ['dpShard', layout.dpShard], ['tp', tp]], world);
+  // Without cp the mesh has no cp axis, so no group of one rank is built for it.
+  const mesh = DeviceMesh.build(meshDims(layout).filter(([a]) => a !== 'cp'), world);
   // The data-parallel rank is the flattened mesh rank and nothing else (see layout.ts).
   const dp = mesh.flatten(['dpReplicate', 'dpShard'], 'dp');
   return {

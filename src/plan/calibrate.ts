@@ -27,7 +27,8 @@ import type { CalibrationPoint, DepthTiming, ModelCalibrationIn, ModelCalibratio
 import { measureLayout, planScript } from './measure.js';
 import { median } from './stats.js';
 import { commandFor } from '../launch/launcher.js';
-import { type Collective, type PlanLayout, type ProbeRunName } from './terms.js';
+import type { Collective, PlanLayout } from '../distributed/plan_terms.js';
+import type { ProbeRunName } from './terms.js';
 import { layoutRefusals, overridesOf } from './enumerate.js';
 import { cacheDir } from '../io/cache_dir.js';
 import { loadConfig } from '../config/index.js';

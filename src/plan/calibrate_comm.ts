@@ -6,7 +6,8 @@
 import { writeFileSync } from 'node:fs';
 import { initProcessGroup, newGroup, destroyProcessGroup, type ProcessGroup } from '../distributed/process_group.js';
 import { empty, ones, setNumThreads, tensor } from '../tensor/index.js';
-import { COLLECTIVES, type Collective } from './terms.js';
+import type { Collective } from '../distributed/plan_terms.js';
+import { COLLECTIVES } from './terms.js';
 import { gatherInPlace } from '../parallel/zero_gathers.js';
 import { median } from './stats.js';
 

@@ -6,7 +6,8 @@ import { validateConfig } from '../config/validate.js';
 import { layoutProblems } from '../parallel/layout.js';
 import { SCHEDULE_NAMES, buildSchedule } from '../parallel/pipeline/schedule.js';
 import type { FlotillaConfig } from '../config/schema.js';
-import type { PlanLayout, PlanField } from './terms.js';
+import type { PlanLayout } from '../distributed/plan_terms.js';
+import type { PlanField } from './terms.js';
 
 export interface Candidate {
   layout: PlanLayout;

@@ -7,7 +7,7 @@
 import { modelSpec } from '../models/registry.js';
 import { modelConfigOf, type FlotillaConfig } from '../config/schema.js';
 import { Linear } from '../nn/layers.js';
-import type { ModelFacts } from './terms.js';
+import type { ModelFacts } from '../distributed/plan_terms.js';
 
 const BLOCK = /(?:^|\.)(\d+)\./;
 const EXPERT = /(?:^|\.)experts\./;

@@ -10,7 +10,8 @@ import { loadConfig } from '../config/index.js';
 import { budgetOf, computeScaleOf, contextFor, inStepCosts, machineCores, pointOf, predict, type Measurements, type Prediction, type World } from './predict.js';
 import { MEASURE_STEPS, measureLayout, type Measured } from './measure.js';
 import type { CalibrationPoint } from './calibrate_model.js';
-import { IN_STEP_PROBES, type PlanField, type PlanLayout } from './terms.js';
+import { IN_STEP_PROBES, type PlanLayout } from '../distributed/plan_terms.js';
+import type { PlanField } from './terms.js';
 
 const MiB = 2 ** 20;
 export const DEFAULT_ROUNDS = 3;

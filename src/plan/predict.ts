@@ -36,7 +36,8 @@ import type { FlotillaConfig } from '../config/schema.js';
 import { PLAN_AXES } from './axes.js';
 import { commMs, type Baseline, type CommTable, type ComputePoint, type InStepRun, type PartTiming } from './calibrate.js';
 import type { CalibrationPoint } from './calibrate_model.js';
-import { MEMORY_TERMS, wholeModel, type InStepProbe, type MemoryTerm, type ModelFacts, type PlanContext, type PlanLayout, type RankBudget } from './terms.js';
+import { MEMORY_TERMS, type InStepProbe, type MemoryTerm, type ModelFacts, type PlanContext, type PlanLayout, type RankBudget } from '../distributed/plan_terms.js';
+import { wholeModel } from './terms.js';
 
 export interface World {
   nproc: number;

@@ -1,196 +1,30 @@
-// [Note: plan terms] The one model of a layout's memory and step time. Every layout axis describes,
-// beside its own code, what it does to one rank: which part of the model the rank holds and
-// computes, which bytes it keeps (parameters, gradients, optimizer state, gathered units, buffers),
-// how many micro-batches of activations stay alive, and which collectives it sends per step over
-// which group. The planner folds those descriptions in mesh order (PLAN_AXES in axes.ts) into a
-// RankBudget and turns the budget into bytes and milliseconds with what this machine measured (the
-// model's own forward and backward, and the collectives' latency and bandwidth: calibrate.ts).
-// Nothing here knows a wrapper's internals; a new [parallel] field without an axis that claims it
-// fails test/plan_enumerate.test.ts.
-import type { AccumulateFlavour, ParallelConfig } from '../parallel/layout.js';
+// What only the planner uses of its terms. The terms every layout prices itself in (PlanAxis,
+// RankBudget, PlanContext, axisStride, ...) live in src/distributed/plan_terms.ts ([Note: plan
+// terms]), below every layer that declares an axis; this file adds the planner's own: the config
+// fields an axis may claim, the collectives and probe runs calibration measures, and the budget the
+// axes start from.
+import type { ParallelConfig } from '../parallel/layout.js';
+import type { TrainConfig } from '../config/schema.js';
 import type { ScheduleName } from '../parallel/pipeline/schedule.js';
-
-/** What a layout sets, in the config's own field names (the `layout` of `flotilla plan --json`). */
-export interface PlanLayout {
-  dp: number;
-  zero: 0 | 1 | 2 | 3;
-  dpShard: number;
-  dpReplicate: number;
-  pp: number;
-  ppSchedule: ScheduleName;
-  ppVirtualStages: number;
-  tp: number;
-  sequenceParallel: boolean;
-  cp: number;
-  ep: number;
-  microBatches: number;
-  activationCheckpoint: 'none' | 'full' | 'selective';
-  precision: 'fp32' | 'bf16-mixed';
-}
-
-/** The model's sizes, counted from its own parameters (facts.ts), by part. */
-export interface ModelFacts {
-  arch: string;
-  numParams: number;
-  /** Parameters before the first block (embeddings) and after the last (final norm, head). */
-  embedParams: number;
-  headParams: number;
-  /** Per block: its dense parameters, and those in routed experts. */
-  blockParams: number[];
-  blockExpertParams: number[];
-  /** The largest ZeRO-3 wrapping unit (a block), in parameters. */
-  largestUnitParams: number;
-  /**
-   * Per token, the summed output widths of the Linears of the largest block (outside routed experts):
-   * the output gradients the zero-bubble schedule keeps for each weight gradient it defers.
-   */
-  blockLinearOutputs: number;
-  nEmbd: number;
-  /** Query heads (the attention scores' count). */
-  nHead: number;
-  vocabSize: number;
-  /** Experts each token goes to (MoE models; 0 without experts). */
-  topK: number;
-}
-
-/** A collective this layout issues per step. */
-export type Collective = 'allReduce' | 'allGather' | 'reduceScatter' | 'sendRecv' | 'allToAll';
-export const COLLECTIVES: readonly Collective[] = ['allReduce', 'allGather', 'reduceScatter', 'sendRecv', 'allToAll'];
-
-export interface CommOp {
-  /** Which axis sends it and why (shown in --json). */
-  what: string;
-  op: Collective;
-  /** Ranks in the group. */
-  group: number;
-  /** Bytes of one call's input (the whole buffer reduced or gathered, or the message sent). */
-  bytes: number;
-  /** Calls per step. */
-  times: number;
-  /** Each call is issued as this many collectives of bytes / calls each (gradient buckets, ZeRO-3 units); default 1. */
-  calls?: number;
-  /** ZeRO-3's own work per unit collective (gathering into and freeing the unit's parameters), priced from the baseline's measurement. */
-  zero3Unit?: boolean;
-  /**
-   * A collective the rank's compute waits on where it is issued (tensor, sequence and context
-   * parallelism's inside forward and backward; ZeRO-2's gradient buckets, each finished before the
-   * next is launched). Each call also pays what that probe measured beyond the table ([Note: in-step
-   * collectives] in src/plan/predict.ts).
-   */
-  inStep?: InStepProbe;
-  /** What it can hide behind: the backward pass (gradient buckets, ZeRO-3 prefetch), or nothing. */
-  overlaps: 'backward' | 'forward' | 'none';
-  /** The group spans hosts (measured apart, when it could be). */
-  crossHost: boolean;
-}
-
-/**
- * The layouts whose in-step collectives are measured (calibrate.ts, with the probe model of the
- * config's width: probeFlags) ([Note: in-step collectives] in src/plan/predict.ts).
- */
-export const IN_STEP_PROBES = ['tp', 'sp', 'cp', 'zero2'] as const;
-export type InStepProbe = (typeof IN_STEP_PROBES)[number];
-/** A probe run: an in-step probe, or 'dp', the probe model under plain data parallelism: the reference every probe is measured against. */
-export type ProbeRunName = InStepProbe | 'dp';
-
-/** The memory terms of a rank's peak, in bytes (their sum is the prediction). */
-export const MEMORY_TERMS = [
-  'baseline', 'parameters', 'gradients', 'optimizer', 'zero3Gathers', 'bf16Copies', 'activations', 'commBuffers',
-] as const;
-export type MemoryTerm = (typeof MEMORY_TERMS)[number];
-
-/** One rank's share of a layout, built by the axes in mesh order. */
-export interface RankBudget {
-  /** Parameters of the model piece this rank computes with (after pp, tp and ep split the model). */
-  params: number;
-  /** Of which in routed experts. */
-  expertParams: number;
-  /** Blocks this rank computes (its pipeline stages'), and whether it holds the embedding and the head. */
-  blocks: number;
-  embed: boolean;
-  head: boolean;
-  /** Share of a block's compute per token this rank does (tp divides it), and of its activations. */
-  blockShare: number;
-  activationShare: number;
-  /** Bytes per block and micro-batch an axis adds to (or takes from) the share of the calibrated activations. */
-  blockActivationBytes: number;
-  /** Samples per micro-batch and tokens per sample this rank computes. */
-  samples: number;
-  tokens: number;
-  /** Micro-batches whose activations are alive at the peak (a pipeline schedule keeps several). */
-  liveMicroBatches: number;
-  /** Parameter, gradient and optimizer bytes per held parameter (fp32: 4, 4, 8) and the parameters each covers. */
-  paramsHeld: number;
-  gradsHeld: number;
-  optimizerHeld: number;
-  /** Bytes by term (the baseline and activations are filled in by the planner from measurements). */
-  memory: Record<MemoryTerm, number>;
-  comm: CommOp[];
-  /** A pipeline's schedule (its bubbles come from the project's simulator). */
-  pipeline?: { schedule: ScheduleName; pp: number; micro: number; virtualStages: number };
-  /** What the axes want said beside the numbers. */
-  notes: string[];
-}
-
-/** What an axis reads: the layout, the world, the model and the batch. */
-export interface PlanContext {
-  layout: PlanLayout;
-  world: number;
-  ranksPerHost: number;
-  /** This rank's pipeline stage (0..pp-1): stages differ in what they hold. */
-  stageRank: number;
-  model: ModelFacts;
-  globalBatch: number;
-  seqLen: number;
-  /** [parallel] knobs every layout keeps from the config. */
-  bucketBytes: number;
-  reduceDtype: 'fp32' | 'bf16';
-  overlap: boolean;
-  accumulate: 'auto' | AccumulateFlavour;
-  reshardAfterForward: boolean;
-  lossParallel: boolean;
-}
+import { MEMORY_TERMS, type Collective, type InStepProbe, type MemoryTerm, type PlanContext, type PlanLayout, type RankBudget } from '../distributed/plan_terms.js';
 
 /** The [parallel] fields and the two [train] fields and one [data] field a layout sets. */
 export type PlanField = keyof ParallelConfig | 'microBatches' | 'activationCheckpoint' | 'precision';
 
-/**
- * One layout axis's description of itself: the config fields it owns and what it does to a rank.
- * Axes run in mesh order (pipeline, tensor, context, expert, data parallelism, then the step's
- * policies), each on what the previous ones left.
- */
-export interface PlanAxis {
-  name: string;
-  fields: readonly PlanField[];
-  apply(b: RankBudget, ctx: PlanContext): void;
-}
+/** Every collective calibration measures. */
+export const COLLECTIVES: readonly Collective[] = ['allReduce', 'allGather', 'reduceScatter', 'sendRecv', 'allToAll'];
 
-/** Bytes per element of what a layout computes and communicates in (activations, bf16 gathers): 2 under bf16-mixed, else 4. */
-export function computeBytes(l: PlanLayout): 2 | 4 {
-  return l.precision === 'bf16-mixed' ? 2 : 4;
-}
+/** A probe run: an in-step probe, or 'dp', the probe model under plain data parallelism: the reference every probe is measured against. */
+export type ProbeRunName = InStepProbe | 'dp';
 
-/** Whether a group of `size` ranks whose members are `stride` ranks apart spans hosts. */
-export function crossesHosts(stride: number, size: number, ranksPerHost: number): boolean {
-  return size > 1 && stride * size > ranksPerHost;
-}
-
-/**
- * The ranks between neighbours of each mesh axis' group (torchtitan's order, outermost first: pp,
- * dpReplicate, dpShard, cp, tp; tp is innermost, so its ranks are neighbours on one host).
- */
-export function axisStride(l: PlanLayout, axis: 'pp' | 'dpReplicate' | 'dpShard' | 'dp' | 'cp' | 'tp'): number {
-  const shard = l.zero === 0 ? l.dp : l.dpShard;
-  switch (axis) {
-    case 'tp': return 1;
-    case 'cp': return l.tp;
-    // The data-parallel and shard groups take the cp ranks in ([Note: context parallelism]): they
-    // span dp x cp (dpShard x cp) neighbouring blocks of tp ranks.
-    case 'dpShard': case 'dp': return l.tp;
-    case 'dpReplicate': return l.tp * l.cp * shard;
-    case 'pp': return l.tp * l.cp * l.dp;
-  }
-}
+// The price terms write the layout's choices out (they sit below src/parallel and src/config); the
+// compiler holds them equal to the pipeline's schedules, the layout's accumulation flavours and the
+// config's choices (a type error here means the lists have drifted apart).
+type Same<A, B> = [A] extends [B] ? ([B] extends [A] ? true : false) : false;
+export const TERMS_AGREE: [
+  Same<PlanLayout['ppSchedule'], ScheduleName>, Same<PlanContext['accumulate'], ParallelConfig['accumulate']>, Same<PlanContext['reduceDtype'], ParallelConfig['reduceDtype']>,
+  Same<PlanLayout['precision'], TrainConfig['precision']>, Same<PlanLayout['activationCheckpoint'], TrainConfig['activationCheckpoint']>,
+] = [true, true, true, true, true];
 
 /** An empty budget: the whole model on one rank, one micro-batch alive. */
 export function wholeModel(ctx: PlanContext): RankBudget {

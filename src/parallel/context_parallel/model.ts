@@ -20,7 +20,7 @@ import type { MicroBatch, ParallelModel, StageValue } from '../parallel_model.js
 import type { ParamPlacement } from '../placement.js';
 import { meanOverRanks } from '../data_parallel_model.js';
 import { chunksOf, ringAttention } from './ring_attention.js';
-import { axisStride, computeBytes, crossesHosts, type PlanAxis } from '../../plan/terms.js';
+import { axisStride, computeBytes, crossesHosts, type PlanAxis } from '../../distributed/plan_terms.js';
 
 /** The sequence shard of cp rank group.rank: its chunks' global positions and the ring's attention (calls counted). */
 export function ringShard(group: ProcessGroup): SequenceShard & { attentionCalls: number } {
@@ -136,15 +136,15 @@ export class ContextParallelModel implements ParallelModel {
 
 /**
  * What context parallelism changes on a rank, for the planner ([Note: plan terms] in
- * src/plan/terms.ts; [Note: context parallelism]): the rank computes 1 / cp of each sequence's
- * tokens (its two chunks) with every parameter; its gradients are reduced and sharded with the
- * data-parallel ranks (the data-parallel axis counts cp in). Ring attention passes this rank's keys
- * and values around the ring in forward (cp - 1 steps per block) and keys, values and their
- * gradients in backward (twice that).
+ * src/distributed/plan_terms.ts; [Note: context parallelism]): the rank computes 1 / cp of each
+ * sequence's tokens (its two chunks) with every parameter; its gradients are reduced and sharded
+ * with the data-parallel ranks (the data-parallel axis counts cp in). Ring attention passes this
+ * rank's keys and values around the ring in forward (cp - 1 steps per block) and keys, values and
+ * their gradients in backward (twice that).
  */
-export const contextParallelPlanAxis: PlanAxis = {
+export const contextParallelPlanAxis = {
   name: 'context parallel',
-  fields: ['cp'],
+  fields: ['cp'] as const,
   apply(b, ctx) {
     const l = ctx.layout;
     if (l.cp === 1) return;
@@ -156,4 +156,4 @@ export const contextParallelPlanAxis: PlanAxis = {
       crossHost: crossesHosts(axisStride(l, 'cp'), l.cp, ctx.ranksPerHost),
     });
   },
-};
+} satisfies PlanAxis;

@@ -75,7 +75,7 @@ import { gradView, type ParamSlot } from '../grad_buffer.js';
 import { accumulateProblems } from '../layout.js';
 import { placementsOf, type ParamPlacement } from '../placement.js';
 import { buildSchedule, peakActivations, peakDeferredWeightGrads, validateSchedule, type PipelineSchedule, type ScheduleName } from './schedule.js';
-import { axisStride, computeBytes, crossesHosts, type PlanAxis } from '../../plan/terms.js';
+import { axisStride, computeBytes, crossesHosts, type PlanAxis } from '../../distributed/plan_terms.js';
 import { Stage } from './stage.js';
 import { Executor, type TraceEvent } from './executor.js';
 import { ExpertPiecesSource, ExpertStepPieces, expertPlacements, gatherExperts } from '../expert_parallel.js';
@@ -579,18 +579,19 @@ class ShardedPipelineGrads extends ExpertPiecesSource implements GradientSource 
 }
 
 /**
- * What a pipeline changes on a rank, for the planner ([Note: plan terms] in src/plan/terms.ts): the
- * rank holds and computes its stages' blocks (the even split of [Note: stage split] in
- * src/models/gpt_parallel.ts: earlier stages take the remainder; stage s of pp x v runs on rank
- * s mod pp), the embeddings on the first rank and the head on the last; the schedule keeps
- * peakActivations micro-batches of its stages alive, and a split schedule (zero bubble) the output
- * gradients of its deferred weight gradients besides; each micro-batch's activation crosses every
- * stage boundary forward and its gradient backward (a send/receive of samples x tokens x width).
- * The bubbles come from simulating the schedule itself (the planner's time model).
+ * What a pipeline changes on a rank, for the planner ([Note: plan terms] in
+ * src/distributed/plan_terms.ts): the rank holds and computes its stages' blocks (the even split of
+ * [Note: stage split] in src/models/gpt_parallel.ts: earlier stages take the remainder; stage s of
+ * pp x v runs on rank s mod pp), the embeddings on the first rank and the head on the last; the
+ * schedule keeps peakActivations micro-batches of its stages alive, and a split schedule (zero
+ * bubble) the output gradients of its deferred weight gradients besides; each micro-batch's
+ * activation crosses every stage boundary forward and its gradient backward (a send/receive of
+ * samples x tokens x width). The bubbles come from simulating the schedule itself (the planner's
+ * time model).
  */
-export const pipelinePlanAxis: PlanAxis = {
+export const pipelinePlanAxis = {
   name: 'pipeline',
-  fields: ['pp', 'ppSchedule', 'ppVirtualStages'],
+  fields: ['pp', 'ppSchedule', 'ppVirtualStages'] as const,
   apply(b, ctx) {
     const l = ctx.layout;
     if (l.pp === 1) return;
@@ -619,4 +620,4 @@ export const pipelinePlanAxis: PlanAxis = {
     const boundaries = mine.filter((s) => s < S - 1).length + mine.filter((s) => s > 0).length; // sends and receives of this rank
     b.comm.push({ what: 'stage activations and their gradients', op: 'sendRecv', group: 2, bytes: act, times: boundaries * l.microBatches, overlaps: 'none', crossHost: crossesHosts(axisStride(l, 'pp'), 2, ctx.ranksPerHost) });
   },
-};
+} satisfies PlanAxis;

@@ -16,7 +16,7 @@ import type { MicroBatch, ParallelModel } from '../parallel_model.js';
 import { slicedOverTp, type ParamPlacement } from '../placement.js';
 import { allGatherDim } from './comm.js';
 import type { TensorParallelApplied, TpPlacement } from './styles.js';
-import { computeBytes, crossesHosts, type PlanAxis } from '../../plan/terms.js';
+import { axisStride, computeBytes, crossesHosts, type PlanAxis } from '../../distributed/plan_terms.js';
 
 /** The whole tensor from this rank's slice of it (a collective over the placement's group). */
 export function gatherSlices(local: Tensor, pl: TpPlacement): Tensor {
@@ -157,16 +157,16 @@ export class TensorParallelModel implements ParallelModel {
 
 /**
  * What tensor parallelism changes on a rank, for the planner ([Note: plan terms] in
- * src/plan/terms.ts; [Note: tp styles]): every split Linear and the vocabulary-parallel embedding
- * and head hold 1 / tp of their parameters (norms, counted as split too, are a rounding error; MoE
- * experts stay whole); a block's compute is divided by tp, and of its activations the split half
- * (the residual stream and norms stay replicated). Sequence parallelism shards the two norms'
- * inputs too, but not what the column-parallel Linears save: their input, gathered whole (one per
- * attention and one per MLP, [Note: tp styles]); under full checkpointing only the block's input is
- * kept, sharded. Per micro-batch each block sums two partial
- * outputs forward and two input gradients backward: four all-reduces of samples x tokens x width,
- * or under sequence parallelism an all-gather and a reduce-scatter for each; the embedding sums its
- * lookup, and the head gathers its logits unless lossParallel keeps them split.
+ * src/distributed/plan_terms.ts; [Note: tp styles]): every split Linear and the vocabulary-parallel
+ * embedding and head hold 1 / tp of their parameters (norms, counted as split too, are a rounding
+ * error; MoE experts stay whole); a block's compute is divided by tp, and of its activations the
+ * split half (the residual stream and norms stay replicated). Sequence parallelism shards the two
+ * norms' inputs too, but not what the column-parallel Linears save: their input, gathered whole
+ * (one per attention and one per MLP, [Note: tp styles]); under full checkpointing only the block's
+ * input is kept, sharded. Per micro-batch each block sums two partial outputs forward and two input
+ * gradients backward: four all-reduces of samples x tokens x width, or under sequence parallelism
+ * an all-gather and a reduce-scatter for each; the embedding sums its lookup, and the head gathers
+ * its logits unless lossParallel keeps them split.
  */
 /**
  * The share of a block's activations a tensor-parallel rank keeps, after Megatron's count for a GPT
@@ -183,9 +183,9 @@ function tpActivationShare(h: number, heads: number, tokens: number, tp: number,
   return (kept + (whole - kept) / tp) / whole;
 }
 
-export const tensorParallelPlanAxis: PlanAxis = {
+export const tensorParallelPlanAxis = {
   name: 'tensor parallel',
-  fields: ['tp', 'sequenceParallel', 'lossParallel'],
+  fields: ['tp', 'sequenceParallel', 'lossParallel'] as const,
   apply(b, ctx) {
     const l = ctx.layout;
     const tp = l.tp;
@@ -197,7 +197,7 @@ export const tensorParallelPlanAxis: PlanAxis = {
     const act = b.samples * b.tokens * m.nEmbd * elem;
     const full = l.activationCheckpoint === 'full';
     b.activationShare = full ? (l.sequenceParallel ? 1 / tp : (1 + 1 / tp) / 2) : tpActivationShare(m.nEmbd, m.nHead, b.tokens, tp, l.sequenceParallel);
-    const cross = crossesHosts(1, tp, ctx.ranksPerHost);
+    const cross = crossesHosts(axisStride(l, 'tp'), tp, ctx.ranksPerHost);
     const n = l.microBatches;
     if (l.sequenceParallel) {
       b.comm.push({ what: 'sequence-parallel all-gathers (2 per block each way)', op: 'allGather', group: tp, bytes: act / tp, times: 4 * b.blocks * n, overlaps: 'none', inStep: 'sp', crossHost: cross });
@@ -208,4 +208,4 @@ export const tensorParallelPlanAxis: PlanAxis = {
     if (b.embed) b.comm.push({ what: 'vocabulary-parallel embedding sum', op: 'allReduce', group: tp, bytes: act, times: n, overlaps: 'none', crossHost: cross });
     if (b.head && !ctx.lossParallel) b.comm.push({ what: 'head logits all-gather', op: 'allGather', group: tp, bytes: b.samples * b.tokens * m.vocabSize * 4 / tp, times: n, overlaps: 'none', crossHost: cross });
   },
-};
+} satisfies PlanAxis;
