@@ -4,7 +4,7 @@
 import type { Tensor } from '../tensor/index.js';
 import type { Module } from '../nn/module.js';
 import type { GradientSource } from './grads.js';
-import type { MemoryReport } from './memory.js';
+import type { MemoryReport } from './data_parallel/memory.js';
 import type { ParamPlacement } from './placement.js';
 
 /**

@@ -17,9 +17,9 @@ import type { Tensor } from '../tensor/index.js';
 import type { Module } from '../nn/module.js';
 import { DeviceMesh } from '../distributed/mesh.js';
 import type { ProcessGroup } from '../distributed/process_group.js';
-import type { DataParallel } from './data_parallel.js';
-import { buildDataParallel, type DataParallelGroups, type DataParallelKnobs, type DataParallelSpec } from './data_parallel_wrappers.js';
-import { DataParallelModel } from './data_parallel_model.js';
+import type { DataParallel } from './data_parallel/data_parallel.js';
+import { buildDataParallel, type DataParallelGroups, type DataParallelKnobs, type DataParallelSpec } from './data_parallel/wrappers.js';
+import { DataParallelModel } from './data_parallel/model.js';
 import { ExpertParallelModel, applyExpertParallel } from './expert_parallel.js';
 import type { Layout } from './layout.js';
 import type { LossFn, ParallelModel } from './parallel_model.js';
@@ -32,7 +32,7 @@ import { TensorParallelModel } from './tensor_parallel/model.js';
 import { ContextParallelModel } from './context_parallel/model.js';
 
 export { resolveLayout, describeLayout, type Layout } from './layout.js';
-export type { DataParallelKnobs } from './data_parallel_wrappers.js';
+export type { DataParallelKnobs } from './data_parallel/wrappers.js';
 
 export interface LayoutMesh {
   mesh: DeviceMesh;

@@ -7,7 +7,7 @@ import { writeFileSync } from 'node:fs';
 import { initProcessGroup, newGroup, destroyProcessGroup, type ProcessGroup } from '../distributed/process_group.js';
 import { empty, ones, setNumThreads, tensor } from '../tensor/index.js';
 import { COLLECTIVES, type Collective } from './terms.js';
-import { gatherInPlace } from '../parallel/zero_gathers.js';
+import { gatherInPlace } from '../parallel/data_parallel/zero_gathers.js';
 import { median } from './stats.js';
 
 const [outPath, planText] = process.argv.slice(2);

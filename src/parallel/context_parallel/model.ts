@@ -14,7 +14,7 @@ import { type Tensor, arange, cat, empty } from '../../tensor/index.js';
 import type { ProcessGroup } from '../../distributed/process_group.js';
 import { withSequenceShard, type SequenceShard } from '../../nn/sequence_shard.js';
 import { WrappedModel, type MicroBatch, type ParallelModel, type StageValue } from '../parallel_model.js';
-import { meanOverRanks } from '../data_parallel_model.js';
+import { meanOverRanks } from '../data_parallel/model.js';
 import { chunksOf, ringAttention } from './ring_attention.js';
 import { axisStride, computeBytes, crossesHosts, type PlanAxis } from '../../plan/terms.js';
 

@@ -47,7 +47,7 @@
 // and the parameter all-gather after the step is DataParallel's (pieceStepped/afterStep). The norm
 // counts each element of the whole model once: pieces summed over the pipeline group and, when
 // gradients are sharded (zero 2, 3), the shard group; tied copies other than the first are left out.
-// Zero 3: FSDP's module hooks (fsdp.ts) gather a unit before each forward call and again, through
+// Zero 3: FSDP's module hooks (data_parallel/fsdp.ts) gather a unit before each forward call and again, through
 // the hook on that call's output, before its backward, so micro-batches in flight each find their
 // unit gathered; every backward pass of the schedule frees the units at its end, and W needs no
 // parameters (dW = dy^T x). Parameters outside every unit (a user's embedding and head when the
@@ -67,12 +67,12 @@ import { Tensor, elementSize, noGrad, tensor, tidy } from '../../tensor/index.js
 import type { ProcessGroup } from '../../distributed/process_group.js';
 import type { DeviceMesh } from '../../distributed/mesh.js';
 import { Module } from '../../nn/module.js';
-import type { UnitPolicy } from '../fsdp.js';
+import type { UnitPolicy } from '../data_parallel/fsdp.js';
 import type { MicroBatch, ParallelModel } from '../parallel_model.js';
 import type { GradShard, GradientSource } from '../grads.js';
-import type { DataParallel, AccumulateFlavour, MemoryReport, ZeroStage } from '../data_parallel.js';
-import { buildDataParallel, type DataParallelSpec } from '../data_parallel_wrappers.js';
-import { gradView, type ParamSlot } from '../grad_buffer.js';
+import type { DataParallel, AccumulateFlavour, MemoryReport, ZeroStage } from '../data_parallel/data_parallel.js';
+import { buildDataParallel, type DataParallelSpec } from '../data_parallel/wrappers.js';
+import { gradView, type ParamSlot } from '../data_parallel/grad_buffer.js';
 import { accumulateProblems } from '../layout.js';
 import { placementsOf, type ParamPlacement } from '../placement.js';
 import { buildSchedule, peakActivations, peakDeferredWeightGrads, validateSchedule, type PipelineSchedule, type ScheduleName } from './schedule.js';
@@ -110,7 +110,7 @@ export interface PipelineOptions {
   reduceDtype?: 'fp32' | 'bf16';
   /** With zero = 3: free a unit's gathered parameters after each forward (default true). */
   reshardAfterForward?: boolean;
-  /** With zero = 3: the wrapping units among the stage modules (fsdp.ts; paths start with 'stage<s>.'). */
+  /** With zero = 3: the wrapping units among the stage modules (data_parallel/fsdp.ts; paths start with 'stage<s>.'). */
   units?: UnitPolicy;
   /**
    * The stages' data-parallel wrapping as parallelize builds it from the layout and the mesh (its

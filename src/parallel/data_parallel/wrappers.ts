@@ -1,13 +1,13 @@
 // The one place DataParallel wrappers are built for a layout: a whole model's, or a pipeline rank's
 // stages under one container; with expert parallelism, a second wrapper over the experts
-// ([Note: expert parallelism] in expert_parallel.ts). parallelize() passes the mesh's groups
-// (dataParallelGroups in parallelize.ts); PipelineParallel used on its own passes its options'.
-import type { Tensor } from '../tensor/index.js';
-import type { Module } from '../nn/module.js';
-import type { ProcessGroup } from '../distributed/process_group.js';
+// ([Note: expert parallelism] in ../expert_parallel.ts). parallelize() passes the mesh's groups
+// (dataParallelGroups in ../parallelize.ts); PipelineParallel used on its own passes its options'.
+import type { Tensor } from '../../tensor/index.js';
+import type { Module } from '../../nn/module.js';
+import type { ProcessGroup } from '../../distributed/process_group.js';
 import { DataParallel, type DataParallelOptions } from './data_parallel.js';
 import type { UnitPolicy } from './fsdp.js';
-import type { Layout } from './layout.js';
+import type { Layout } from '../layout.js';
 
 /** Knobs of the data-parallel wrapping that are not part of the layout. */
 export interface DataParallelKnobs {
