@@ -11,7 +11,7 @@ import { native, tensorCacheStats } from '../src/tensor/native.js';
 import { TENSOR_CACHE } from '../src/tensor/allocator.js';
 import { GPT } from '../src/models/gpt.js';
 import { AdamW } from '../src/optim/index.js';
-import { DataParallel } from '../src/parallel/data_parallel.js';
+import { DataParallel } from '../src/parallel/data_parallel/data_parallel.js';
 import { initProcessGroup } from '../src/distributed/process_group.js';
 import { autocast, type Precision } from '../src/nn/precision.js';
 import { withActivationCheckpoint, type ActivationCheckpoint } from '../src/nn/checkpoint.js';

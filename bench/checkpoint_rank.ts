@@ -10,7 +10,7 @@ import { GPT, type GPTConfig } from '../src/models/gpt.js';
 import { gptUnits } from '../src/models/gpt_parallel.js';
 import { AdamW } from '../src/optim/index.js';
 import { initProcessGroup, destroyProcessGroup } from '../src/distributed/process_group.js';
-import { DataParallel, type ZeroStage } from '../src/parallel/data_parallel.js';
+import { DataParallel, type ZeroStage } from '../src/parallel/data_parallel/data_parallel.js';
 import { placementsOf } from '../src/parallel/placement.js';
 import { Checkpointer, loadCheckpoint } from '../src/checkpoint/checkpoint.js';
 

@@ -11,7 +11,7 @@ import { AdamW } from '../src/optim/index.js';
 import { initProcessGroup, destroyProcessGroup } from '../src/distributed/process_group.js';
 import { buildMesh, parallelize } from '../src/parallel/parallelize.js';
 import { layoutFor, type LayoutRequest } from '../src/parallel/layout.js';
-import { processMemory } from '../src/parallel/memory.js';
+import { processMemory } from '../src/parallel/data_parallel/memory.js';
 
 export interface Opts {
   layout: LayoutRequest;

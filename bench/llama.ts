@@ -20,7 +20,7 @@ import { randint, manualSeed, setNumThreads, tidy, torchVersion } from '../src/t
 import { Llama, type LlamaConfig } from '../src/models/llama.js';
 import { llamaCriterion } from '../src/models/llama_parallel.js';
 import { AdamW, type AdamWOptions } from '../src/optim/index.js';
-import { DataParallel } from '../src/parallel/data_parallel.js';
+import { DataParallel } from '../src/parallel/data_parallel/data_parallel.js';
 import { initProcessGroup } from '../src/distributed/process_group.js';
 import { saveSafetensors } from '../src/checkpoint/safetensors.js';
 import { autocast, type Precision } from '../src/nn/precision.js';

@@ -12,7 +12,7 @@ import { GPT, type GPTConfig } from '../src/models/gpt.js';
 import { gptPipeline } from '../src/models/gpt_parallel.js';
 import { AdamW } from '../src/optim/index.js';
 import { initProcessGroup, destroyProcessGroup } from '../src/distributed/process_group.js';
-import { DataParallel } from '../src/parallel/data_parallel.js';
+import { DataParallel } from '../src/parallel/data_parallel/data_parallel.js';
 import { PipelineParallel, buildSchedule, simulate, theoreticalBubble, peakActivations, type ScheduleName, type TraceEvent } from '../src/parallel/pipeline/index.js';
 
 interface Opts {

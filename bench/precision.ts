@@ -17,7 +17,7 @@ import { parseArgs } from 'node:util';
 import { randint, manualSeed, setNumThreads, tidy, torchVersion } from '../src/tensor/index.js';
 import { GPT, type GPTConfig } from '../src/models/gpt.js';
 import { AdamW, type AdamWOptions } from '../src/optim/index.js';
-import { DataParallel } from '../src/parallel/data_parallel.js';
+import { DataParallel } from '../src/parallel/data_parallel/data_parallel.js';
 import { initProcessGroup } from '../src/distributed/process_group.js';
 import { saveSafetensors } from '../src/checkpoint/safetensors.js';
 import { autocast, type Precision } from '../src/nn/precision.js';

@@ -7,7 +7,7 @@
 import { randint, manualSeed, releaseIdleMemory, setNumThreads, tidy } from '../src/tensor/index.js';
 import { GPT } from '../src/models/gpt.js';
 import { AdamW } from '../src/optim/index.js';
-import { DataParallel } from '../src/parallel/data_parallel.js';
+import { DataParallel } from '../src/parallel/data_parallel/data_parallel.js';
 import { initProcessGroup } from '../src/distributed/process_group.js';
 import { autocast, type Precision } from '../src/nn/precision.js';
 import { withActivationCheckpoint, type ActivationCheckpoint } from '../src/nn/checkpoint.js';

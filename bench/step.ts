@@ -15,7 +15,7 @@ import { PerformanceObserver, type PerformanceEntry } from 'node:perf_hooks';
 import { randint, manualSeed, setNumThreads, getNumThreads, tidy, noGrad, torchVersion, describeBlas } from '../src/tensor/index.js';
 import { GPT, type GPTConfig } from '../src/models/gpt.js';
 import { AdamW, type AdamWOptions } from '../src/optim/index.js';
-import { DataParallel } from '../src/parallel/data_parallel.js';
+import { DataParallel } from '../src/parallel/data_parallel/data_parallel.js';
 import { initProcessGroup } from '../src/distributed/process_group.js';
 import { saveSafetensors } from '../src/checkpoint/safetensors.js';
 import { PythonPeer, median, writeSection } from './report.js';

@@ -7,7 +7,7 @@ import { GPT } from '../src/models/gpt.js';
 import { gptUnits } from '../src/models/gpt_parallel.js';
 import { AdamW } from '../src/optim/index.js';
 import { initProcessGroup, destroyProcessGroup } from '../src/distributed/process_group.js';
-import { DataParallel, type ZeroStage } from '../src/parallel/data_parallel.js';
+import { DataParallel, type ZeroStage } from '../src/parallel/data_parallel/data_parallel.js';
 
 const { steps, warmup, bucketMb, stages } = JSON.parse(process.argv[2] ?? '{}') as { steps: number; warmup: number; bucketMb: number; stages: ZeroStage[] };
 ft.setNumThreads(1);

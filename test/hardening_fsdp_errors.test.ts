@@ -4,8 +4,8 @@
 // iterable", raised by the second gather of a unit the failed one had left marked as gathering.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { FsdpUnits } from '../src/parallel/fsdp.js';
-import type { Bucket } from '../src/parallel/grad_buffer.js';
+import { FsdpUnits } from '../src/parallel/data_parallel/fsdp.js';
+import type { Bucket } from '../src/parallel/data_parallel/grad_buffer.js';
 import type { ProcessGroup } from '../src/distributed/process_group.js';
 import { Linear } from '../src/nn/layers.js';
 import * as T from '../src/tensor/index.js';

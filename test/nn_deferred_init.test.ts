@@ -6,7 +6,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { GPT } from '../src/models/gpt.js';
 import { gptUnits } from '../src/models/gpt_parallel.js';
-import { DataParallel } from '../src/parallel/data_parallel.js';
+import { DataParallel } from '../src/parallel/data_parallel/data_parallel.js';
 import { initProcessGroup, destroyProcessGroup } from '../src/distributed/process_group.js';
 import { zeros, type Tensor } from '../src/tensor/index.js';
 

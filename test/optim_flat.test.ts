@@ -7,7 +7,7 @@ import { GPT } from '../src/models/gpt.js';
 import { AdamW, SGD } from '../src/optim/index.js';
 import { UPDATE_CHUNK } from '../src/optim/optimizer.js';
 import { initProcessGroup, destroyProcessGroup } from '../src/distributed/process_group.js';
-import { DataParallel } from '../src/parallel/data_parallel.js';
+import { DataParallel } from '../src/parallel/data_parallel/data_parallel.js';
 
 ft.setNumThreads(1);
 const cfg = { vocabSize: 64, blockSize: 16, nLayer: 2, nHead: 2, nEmbd: 32 };

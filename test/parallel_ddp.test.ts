@@ -125,7 +125,7 @@ test('DDP gradient-norm clipping matches single-process clipping', async () => {
   assertClose(run.params, base.params, 1e-5, 'final parameters');
 });
 
-const SCENARIOS = ['unused-error', 'unused-ok', 'late-grad', 'nonfinite-skip', 'nonfinite-raise', 'unused-changing', 'recover', 'layout-mismatch', 'frozen-broadcast'];
+const SCENARIOS = ['unused-error', 'unused-ok', 'late-grad', 'nonfinite-skip', 'nonfinite-raise', 'unused-changing', 'recover', 'layout-mismatch', 'frozen-broadcast', 'pipeline-unused'];
 /** One 2-rank world of ddp_cases.ts running every scenario (each in a group of its own), queued when the file loads. */
 const scenarioWorld = started(queue(async () => {
   const { codes, outputs } = await runWorld({ nproc: 2, script: join(import.meta.dirname, 'fixtures', 'ddp_cases.ts'), args: [SCENARIOS.join(',')], timeoutMs: 120_000 });
@@ -147,6 +147,15 @@ test('findUnusedParameters reduces zero gradients for unused parameters and keep
   assert.equal(a!.spareGradZero, true);
   assert.deepEqual(a!.usedGrad, b!.usedGrad);
   assert.deepEqual(a!.weights, b!.weights);
+});
+
+test('parallelize passes findUnusedParameters to a pipeline\'s data-parallel wrapper: an unused stage parameter trains with zero gradients', async () => {
+  const [a, b] = await scenario('pipeline-unused');
+  assert.equal(a!.error, undefined, String(a!.error));
+  assert.equal(b!.error, undefined, String(b!.error));
+  assert.equal(a!.spareGradZero, true);
+  assert.deepEqual(a!.losses, b!.losses);
+  assert.deepEqual(a!.usedGrad, b!.usedGrad);
 });
 
 test('a gradient arriving for a bucket already in flight raises an error naming the parameter', async () => {

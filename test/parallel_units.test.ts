@@ -6,8 +6,8 @@ import assert from 'node:assert/strict';
 import { tidy } from '../src/tensor/index.js';
 import { Module, Linear, LayerNorm } from '../src/nn/index.js';
 import { initProcessGroup, destroyProcessGroup } from '../src/distributed/process_group.js';
-import { DataParallel } from '../src/parallel/data_parallel.js';
-import { FsdpUnits, unitsByClass, unitsByPath } from '../src/parallel/fsdp.js';
+import { DataParallel } from '../src/parallel/data_parallel/data_parallel.js';
+import { FsdpUnits, unitsByClass, unitsByPath } from '../src/parallel/data_parallel/fsdp.js';
 import { GPT } from '../src/models/gpt.js';
 import { gptUnits } from '../src/models/gpt_parallel.js';
 

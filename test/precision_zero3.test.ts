@@ -1,4 +1,4 @@
-// ZeRO-3 under bf16-mixed ([Note: bf16 gathers] in src/parallel/fsdp_bf16.ts) on 2 real ranks:
+// ZeRO-3 under bf16-mixed ([Note: bf16 gathers] in src/parallel/data_parallel/fsdp_bf16.ts) on 2 real ranks:
 // - against one process training bf16-mixed on the same weights and batches (tied GPT, two
 //   micro-batches per step): every rank's own losses, the gradient norms and every rank's final
 //   parameters, within float32 noise when the one process reads its LayerNorm and embedding

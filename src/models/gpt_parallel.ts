@@ -12,7 +12,7 @@ import { type Tensor, arange, randint, tidy } from '../tensor/index.js';
 import { Block, Embedding, type Module } from '../nn/index.js';
 import { evenSplitPoints, type PipelineModel } from '../parallel/pipeline/model.js';
 import type { StageValue } from '../parallel/parallel_model.js';
-import { unitsByClass, type UnitPolicy } from '../parallel/fsdp.js';
+import { unitsByClass, type UnitPolicy } from '../parallel/data_parallel/fsdp.js';
 import type { TpPlan } from '../parallel/tensor_parallel/styles.js';
 import { GPT, GPTStage, gptLoss, type GPTConfig, type GPTStageSpec } from './gpt.js';
 import { gptRules } from './gpt_config.js';

@@ -5,7 +5,7 @@ import type { Tensor } from '../tensor/index.js';
 import { Embedding, type Module } from '../nn/index.js';
 import type { PipelineModel } from '../parallel/pipeline/model.js';
 import type { StageValue } from '../parallel/parallel_model.js';
-import { unitsByClass, type UnitPolicy } from '../parallel/fsdp.js';
+import { unitsByClass, type UnitPolicy } from '../parallel/data_parallel/fsdp.js';
 import type { TpPlan } from '../parallel/tensor_parallel/styles.js';
 import { gptLoss } from './gpt.js';
 import { planStages, type PartCosts } from './gpt_parallel.js';

@@ -2,7 +2,7 @@
 import type { Module } from '../nn/module.js';
 import type { PipelineModel } from '../parallel/pipeline/model.js';
 import type { LossFn } from '../parallel/parallel_model.js';
-import type { UnitPolicy } from '../parallel/fsdp.js';
+import type { UnitPolicy } from '../parallel/data_parallel/fsdp.js';
 import type { TpPlan } from '../parallel/tensor_parallel/styles.js';
 
 /** What a layout asks of the model's shapes (config field values, before any rank starts). */

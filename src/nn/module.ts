@@ -9,7 +9,7 @@ export type Parameter = Tensor;
 // registerParameter frees each parameter's storage as soon as the layer has made it (one
 // parameter exists at full size at a time), and the model sets `deferredInit`, which writes the
 // initial values of any parameter by name. A sharding wrapper then materialises one bucket at a
-// time and keeps only its shard (ZeRO-3: grad_buffer.ts), so no rank ever holds the whole model;
+// time and keeps only its shard (ZeRO-3: data_parallel/grad_buffer.ts), so no rank ever holds the whole model;
 // any other user calls materialize() first. Calling a module whose parameters have no storage yet
 // is an error that names both ways out.
 /** How a model built under deferParameters() produces its initial values (see [Note: deferred init]). */

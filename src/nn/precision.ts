@@ -33,7 +33,7 @@
 // anyway. Running them in bfloat16 saves two casts of the largest activations each way (about 10% of
 // a bf16 step at width 256).
 // Reductions (norms, clipping) are outside forward and stay float32/float64 as before.
-// Under ZeRO-3 ([Note: bf16 gathers] in src/parallel/fsdp_bf16.ts) a unit's parameters are all
+// Under ZeRO-3 ([Note: bf16 gathers] in src/parallel/data_parallel/fsdp_bf16.ts) a unit's parameters are all
 // gathered in bfloat16, as FSDP2's MixedPrecisionPolicy(param_dtype=bf16) does: layers read the
 // gathered copy itself (no per-step copy), and the float32 ops above (layerNorm, rmsNorm,
 // embedding) read an upcast of the bfloat16 weight, not the float32 master (their float32 weight
@@ -80,7 +80,7 @@ export function parsePrecision(p: string): Precision {
 export type GatheredSource = (dtype: DType) => Tensor | undefined;
 const gatheredSources = new WeakMap<Tensor, GatheredSource>();
 
-/** Registers (or, with undefined, removes) the gathered-copy source of a parameter (src/parallel/fsdp.ts). */
+/** Registers (or, with undefined, removes) the gathered-copy source of a parameter (src/parallel/data_parallel/fsdp.ts). */
 export function setGatheredSource(p: Tensor, source: GatheredSource | undefined): void {
   if (source) gatheredSources.set(p, source);
   else gatheredSources.delete(p);

@@ -26,11 +26,11 @@ import { type Tensor, cat, defineFunction, empty, tensor, noGrad, tidy, zeros } 
 import type { Module } from '../nn/module.js';
 import { MoE, applyGrouped, moeLayers, type ExpertDispatch } from '../nn/moe.js';
 import type { ProcessGroup } from '../distributed/process_group.js';
-import type { DataParallel } from './data_parallel.js';
+import type { DataParallel } from './data_parallel/data_parallel.js';
 import type { GradShard, GradientSource, StepPiece } from './grads.js';
-import type { MemoryReport } from './memory.js';
+import type { MemoryReport } from './data_parallel/memory.js';
 import { placementsOf, type ParamPlacement } from './placement.js';
-import { DataParallelModel } from './data_parallel_model.js';
+import { DataParallelModel } from './data_parallel/model.js';
 import type { LossFn } from './parallel_model.js';
 import { axisStride, computeBytes, crossesHosts, type PlanAxis } from '../distributed/plan_terms.js';
 

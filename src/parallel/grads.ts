@@ -1,6 +1,6 @@
 // [Note: gradient API] One public way to read gradients under every parallel mode: a parameter's
 // full gradient (a collective when it is sharded), its local shard with offsets, and the global
-// norm. Every mode implements GradientSource over the flat buffer of grad_buffer.ts; nobody keeps
+// norm. Every mode implements GradientSource over the flat buffer of data_parallel/grad_buffer.ts; nobody keeps
 // a private gradient store.
 import { Tensor, noGrad, tidy, tensor } from '../tensor/index.js';
 import type { Module } from '../nn/module.js';

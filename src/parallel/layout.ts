@@ -16,7 +16,7 @@ import { meshDims } from '../distributed/mesh_axes.js';
 export type ZeroStage = 0 | 1 | 2 | 3;
 export type AccumulateFlavour = 'reduceLast' | 'reduceEach' | 'reduceScatterEachAllReduceLast';
 
-/** The accumulation flavours ([Note: accumulation] in data_parallel.ts). */
+/** The accumulation flavours ([Note: accumulation] in data_parallel/data_parallel.ts). */
 export const ACCUMULATE_FLAVOURS: readonly AccumulateFlavour[] = ['reduceLast', 'reduceEach', 'reduceScatterEachAllReduceLast'];
 /** What [parallel] accumulate, reduceDtype, backend and ppSchedule accept. */
 export const PARALLEL_CHOICES = {
@@ -35,7 +35,7 @@ export interface ParallelConfig {
   dpShard: number;
   /** Replicas of the sharded state (HSDP when > 1). */
   dpReplicate: number;
-  /** When gradients are reduced under accumulation (data_parallel.ts, [Note: accumulation]). */
+  /** When gradients are reduced under accumulation (data_parallel/data_parallel.ts, [Note: accumulation]). */
   accumulate: 'auto' | AccumulateFlavour;
   /** ZeRO-3: free a unit's gathered parameters after its forward (false keeps them until its backward). */
   reshardAfterForward: boolean;
@@ -257,7 +257,7 @@ export function layoutFor(req: LayoutRequest, worldSize: number): Layout {
 /**
  * The bucket size when none is given: 25 MiB (PyTorch DDP's), but 4 MiB under ZeRO-2. A ZeRO-2 rank
  * holds full gradients only for the buckets in reduction: the one backward is filling, the one
- * being reduce-scattered and that one's staging ([Note: reduction window] in data_parallel.ts),
+ * being reduce-scattered and that one's staging ([Note: reduction window] in data_parallel/data_parallel.ts),
  * about three buckets at full size. At 25 MiB that is more than the 2 B/param the sharded gradients
  * save on a model of 25M parameters; at 4 MiB it is 12 MiB whatever the model (measured in
  * docs/BENCHMARKS.md, "ZeRO peak memory"). The price is time: under plain data parallelism a step

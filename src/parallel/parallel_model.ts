@@ -4,7 +4,7 @@
 import type { Tensor } from '../tensor/index.js';
 import type { Module } from '../nn/module.js';
 import type { GradientSource } from './grads.js';
-import type { MemoryReport } from './memory.js';
+import type { MemoryReport } from './data_parallel/memory.js';
 import type { ParamPlacement } from './placement.js';
 
 /**
@@ -69,4 +69,56 @@ export interface ParallelModel {
   /** Runs fn with every local parameter materialised and current (every rank calls it). */
   withFullParameters<T>(fn: () => T): T;
   dispose(): void;
+}
+
+/**
+ * A layer that wraps the layout's model and changes some of what it does (tensor parallelism's
+ * gradients and placements, context parallelism's micro-batches): every member it does not
+ * override is the inner model's.
+ */
+export abstract class WrappedModel implements ParallelModel {
+  constructor(protected readonly inner: ParallelModel) {}
+
+  get parts(): Module[] {
+    return this.inner.parts;
+  }
+  get grads(): GradientSource {
+    return this.inner.grads;
+  }
+  get optimizerGrads(): GradientSource | undefined {
+    return this.inner.optimizerGrads;
+  }
+  get tiedCopiesLeftOutOfNorm(): ReadonlySet<Tensor> {
+    return this.inner.tiedCopiesLeftOutOfNorm;
+  }
+  summary(): string {
+    return this.inner.summary();
+  }
+  namedParameters(): [string, Tensor][] {
+    return this.inner.namedParameters();
+  }
+  placements(): ParamPlacement[] {
+    return this.inner.placements();
+  }
+  whole(param: Tensor): Tensor {
+    return this.inner.whole(param);
+  }
+  finishParameterGathers(): void {
+    this.inner.finishParameterGathers();
+  }
+  step(microBatches: MicroBatch[]): { loss: number } {
+    return this.inner.step(microBatches);
+  }
+  evaluate(microBatches: MicroBatch[]): number {
+    return this.inner.evaluate(microBatches);
+  }
+  memory(optimizerBytes?: number): MemoryReport {
+    return this.inner.memory(optimizerBytes);
+  }
+  withFullParameters<T>(fn: () => T): T {
+    return this.inner.withFullParameters(fn);
+  }
+  dispose(): void {
+    this.inner.dispose();
+  }
 }

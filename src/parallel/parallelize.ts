@@ -18,14 +18,14 @@ import type { Module } from '../nn/module.js';
 import { DeviceMesh } from '../distributed/mesh.js';
 import { expertMeshDims, meshDims, type MeshDegrees } from '../distributed/mesh_axes.js';
 import type { ProcessGroup } from '../distributed/process_group.js';
-import { DataParallel } from './data_parallel.js';
-import { DataParallelModel } from './data_parallel_model.js';
+import type { DataParallel } from './data_parallel/data_parallel.js';
+import { buildDataParallel, type DataParallelGroups, type DataParallelKnobs, type DataParallelSpec } from './data_parallel/wrappers.js';
+import { DataParallelModel } from './data_parallel/model.js';
 import { ExpertParallelModel, applyExpertParallel } from './expert_parallel.js';
-import type { UnitPolicy } from './fsdp.js';
 import type { Layout } from './layout.js';
 import type { LossFn, ParallelModel } from './parallel_model.js';
 import type { PipelineModel } from './pipeline/model.js';
-import { PipelineParallel } from './pipeline/pipeline_parallel.js';
+import { PipelineParallel, type PipelineOptions } from './pipeline/pipeline_parallel.js';
 import { withCrossEntropy } from '../nn/functional.js';
 import { parallelizeModule, TensorParallelError, type TensorParallelApplied, type TpPlan } from './tensor_parallel/styles.js';
 import { vocabParallelCrossEntropy } from './tensor_parallel/loss.js';
@@ -33,6 +33,7 @@ import { TensorParallelModel } from './tensor_parallel/model.js';
 import { ContextParallelModel } from './context_parallel/model.js';
 
 export { resolveLayout, describeLayout, type Layout } from './layout.js';
+export type { DataParallelKnobs } from './data_parallel/wrappers.js';
 
 export interface LayoutMesh {
   mesh: DeviceMesh;
@@ -105,20 +106,16 @@ export function buildMesh(layout: MeshDegrees, world: ProcessGroup): LayoutMesh 
   };
 }
 
-/** Knobs of the data-parallel wrapping that are not part of the layout. */
-export interface DataParallelKnobs {
-  bucketSizeMb?: number;
-  /** What gradient collectives move: 'fp32' (default) or 'bf16' (DataParallelOptions.reduceDtype). */
-  reduceDtype?: 'fp32' | 'bf16';
-  overlap?: boolean;
-  findUnusedParameters?: boolean;
-  nonFinite?: 'off' | 'raise' | 'skip';
-  /** ZeRO-3: free each unit's gathered parameters after its forward (default true). */
-  reshardAfterForward?: boolean;
-  /** ZeRO-3: gather the next unit while the current one computes (default true). */
-  prefetch?: boolean;
-  /** ZeRO-3: the wrapping units (fsdp.ts: unitsByClass, unitsByPath; a GPT's are gptUnits). */
-  units?: UnitPolicy;
+/**
+ * The data-parallel groups of a layout's mesh: ZeRO's shard and replicate groups when zero >= 1,
+ * and under expert parallelism the experts' (their shard group is edpShard under HSDP, else edp).
+ */
+export function dataParallelGroups(mesh: LayoutMesh, layout: Layout): DataParallelGroups {
+  return {
+    dp: mesh.dp,
+    ...(layout.zero >= 1 ? { shard: mesh.shard, replicate: mesh.replicate } : {}),
+    ...((layout.ep ?? 1) > 1 ? { edp: mesh.edp!, ...(layout.dpReplicate > 1 ? { edpShard: mesh.edpShard! } : {}) } : {}),
+  };
 }
 
 export interface ParallelPlan extends DataParallelKnobs {
@@ -144,7 +141,8 @@ function isPipelineModel(m: Module | PipelineModel): m is PipelineModel {
  * sharding or replication. Takes ownership of the model: the result's dispose() frees it.
  */
 export function parallelize(model: Module | PipelineModel, mesh: LayoutMesh, plan: ParallelPlan): ParallelModel {
-  const cp = plan.layout.cp ?? 1;
+  const { cp = 1, ep = 1 } = plan.layout;
+  if (ep > 1 && (!mesh.ep || !mesh.edp)) throw new Error(`parallelize: layout.ep = ${ep} needs the mesh built from the same layout (buildMesh(layout, world))`);
   if (cp === 1) return parallelizeLayers(model, mesh, plan);
   if (!mesh.cp || mesh.cp.size !== cp) throw new Error(`parallelize: layout.cp = ${cp} needs the mesh built from the same layout (buildMesh(layout, world))`);
   return new ContextParallelModel(parallelizeLayers(model, mesh, plan), mesh.cp, mesh.pp);
@@ -156,11 +154,7 @@ function parallelizeLayers(model: Module | PipelineModel, mesh: LayoutMesh, plan
   const tp = layout.tp ?? 1;
   // Experts are cut to this rank's share first, so that the tensor-parallel placements see the
   // parameters the model ends up with ([Note: expert parallelism] in expert_parallel.ts).
-  let experts: Set<Tensor> | undefined;
-  if ((layout.ep ?? 1) > 1 && !isPipelineModel(model)) {
-    if (!mesh.ep || !mesh.edp) throw new Error(`parallelize: layout.ep = ${layout.ep} needs the mesh built from the same layout (buildMesh(layout, world))`);
-    experts = applyExpertParallel(model, mesh.ep);
-  }
+  const experts = (layout.ep ?? 1) > 1 && !isPipelineModel(model) ? applyExpertParallel(model, mesh.ep!) : undefined;
   if (tp === 1) return parallelizeParts(model, mesh, plan, { experts });
   if (!plan.tensorParallel) throw new TensorParallelError([`parallel.tp = ${tp} needs a tensor-parallel plan: pass plan.tensorParallel (module path -> style; a GPT's is gptTensorPlan)`]);
   if (mesh.tp.size !== tp) throw new TensorParallelError([`the mesh's tp group has ${mesh.tp.size} rank(s), the layout says tp = ${tp}: build the mesh from the same layout`]);
@@ -194,15 +188,15 @@ function parallelizeLayers(model: Module | PipelineModel, mesh: LayoutMesh, plan
  * Pipeline, then data parallelism, of the (tensor-parallel) parts; `restyled`: the modules tp styles
  * rewrote; `experts`: a whole model's expert parameters that expert parallelism cut.
  */
-function parallelizeParts(model: Module | PipelineModel, mesh: LayoutMesh, plan: ParallelPlan, cut: { restyled?: (m: Module) => boolean; experts?: Set<Tensor> } = {}): ParallelModel {
+function parallelizeParts(model: Module | PipelineModel, mesh: LayoutMesh, plan: ParallelPlan, cut: { restyled?: (m: Module) => boolean; experts?: Set<Tensor> | undefined } = {}): ParallelModel {
   const { restyled } = cut;
   const { layout } = plan;
+  const dataParallel: DataParallelSpec = { layout, groups: dataParallelGroups(mesh, layout), knobs: plan };
   if (isPipelineModel(model)) {
     // Expert parallelism in a pipeline: each stage's experts are cut as the stage is built.
-    let experts: { params: Set<Tensor>; ep: ProcessGroup; edp: ProcessGroup; edpShard?: ProcessGroup; replicate?: ProcessGroup } | undefined;
+    let experts: PipelineOptions['experts'];
     if ((layout.ep ?? 1) > 1) {
-      if (!mesh.ep || !mesh.edp) throw new Error(`parallelize: layout.ep = ${layout.ep} needs the mesh built from the same layout (buildMesh(layout, world))`);
-      const ex = (experts = { params: new Set<Tensor>(), ep: mesh.ep, edp: mesh.edp, ...(layout.dpReplicate > 1 ? { edpShard: mesh.edpShard!, replicate: mesh.replicate } : {}) });
+      const ex = (experts = { params: new Set<Tensor>(), ep: mesh.ep! });
       const stage = model.stage.bind(model);
       model = { ...model, stage: (i, n) => {
         const s = stage(i, n);
@@ -212,14 +206,10 @@ function parallelizeParts(model: Module | PipelineModel, mesh: LayoutMesh, plan:
     }
     return new PipelineParallel(model, {
       ...(experts ? { experts } : {}),
-      pp: mesh.pp, ...(mesh.dp.size > 1 ? { dp: mesh.dp } : {}),
-      schedule: layout.schedule ?? '1f1b', ...(layout.virtualStages !== undefined ? { virtualStages: layout.virtualStages } : {}),
-      micro: plan.micro, zero: layout.zero, accumulate: layout.accumulate,
-      ...(layout.zero >= 1 ? { shardGroup: mesh.shard, replicateGroup: mesh.replicate } : {}),
-      ...(plan.bucketSizeMb !== undefined ? { bucketSizeMb: plan.bucketSizeMb } : {}),
-      ...(plan.reduceDtype !== undefined ? { reduceDtype: plan.reduceDtype } : {}),
-      ...(plan.reshardAfterForward !== undefined ? { reshardAfterForward: plan.reshardAfterForward } : {}),
-      ...(plan.units ? { units: plan.units } : {}),
+      pp: mesh.pp, schedule: layout.schedule ?? '1f1b', ...(layout.virtualStages !== undefined ? { virtualStages: layout.virtualStages } : {}),
+      micro: plan.micro,
+      // nonFinite stays off: its verdict would be one stage's dp ranks', and the other stages would step on.
+      dataParallel: { ...dataParallel, knobs: { ...plan, nonFinite: 'off' } },
       ...(restyled ? { restyled } : {}),
     });
   }
@@ -227,44 +217,13 @@ function parallelizeParts(model: Module | PipelineModel, mesh: LayoutMesh, plan:
     throw new Error(`parallelize: pp = ${layout.pp} needs the model as pipeline stages, not one module: pass a PipelineModel (sequentialStages({ layers, layer, loss }), or gptPipeline(cfg, { initSeed }) for a GPT)`);
   }
   if (!plan.loss) throw new Error('parallelize: a whole-module model needs plan.loss, the criterion (output, target) => scalar loss');
-  if ((layout.ep ?? 1) > 1) {
-    // [Note: expert parallelism] in expert_parallel.ts: this rank's experts, then one wrapper each.
-    const expertParams = cut.experts;
-    if (!expertParams || !mesh.ep || !mesh.edp) throw new Error(`parallelize: layout.ep = ${layout.ep} with a pipeline is not supported yet; set parallel.ep = 1 or parallel.pp = 1`);
-    const denseParams = new Set(model.parameters().filter((p) => !expertParams.has(p)));
-    const dense = wrapDataParallel(model, mesh, layout, { ...plan, exclude: expertParams });
-    const experts = new DataParallel(model, {
-      group: mesh.edp, zero: layout.zero, accumulate: layout.accumulate,
-      // Sharded over the expert-holding ranks of a replica; HSDP replicas hold the same shard.
-      ...(layout.zero >= 1 ? { shardGroup: layout.dpReplicate > 1 ? mesh.edpShard! : mesh.edp, ...(layout.dpReplicate > 1 ? { replicateGroup: mesh.replicate } : {}) } : {}),
-      exclude: denseParams, gradScale: 1 / mesh.dp.size,
-      ...(plan.units ? { units: plan.units } : {}),
-      ...(plan.reshardAfterForward !== undefined ? { reshardAfterForward: plan.reshardAfterForward } : {}),
-      ...(plan.prefetch !== undefined ? { prefetch: plan.prefetch } : {}),
-      ...(plan.bucketSizeMb !== undefined ? { bucketSizeMb: plan.bucketSizeMb } : {}),
-      ...(plan.reduceDtype !== undefined ? { reduceDtype: plan.reduceDtype } : {}),
-      ...(plan.overlap !== undefined ? { overlap: plan.overlap } : {}),
-    });
-    return new ExpertParallelModel(model, dense, experts, expertParams, mesh.ep, plan.loss);
-  }
-  return new DataParallelModel(model, wrapDataParallel(model, mesh, layout, plan), plan.loss);
+  const { dense, experts } = buildDataParallel(model, dataParallel, cut.experts ? { experts: cut.experts } : {});
+  // [Note: expert parallelism] in expert_parallel.ts: this rank's experts in a wrapper of their own.
+  if (experts) return new ExpertParallelModel(model, dense, experts, cut.experts!, mesh.ep!, plan.loss);
+  return new DataParallelModel(model, dense, plan.loss);
 }
 
-/** Wraps a whole model for the layout's data parallelism (plain, ZeRO-1/2/3, HSDP): the lower-level DataParallel. */
-export function wrapDataParallel<M extends Module>(model: M, m: LayoutMesh, layout: Layout, opts: DataParallelKnobs & { exclude?: ReadonlySet<Tensor> } = {}): DataParallel<M> {
-  return new DataParallel(model, {
-    ...(opts.exclude ? { exclude: opts.exclude } : {}),
-    group: m.dp,
-    zero: layout.zero,
-    ...(layout.zero >= 1 ? { shardGroup: m.shard, replicateGroup: m.replicate } : {}),
-    accumulate: layout.accumulate,
-    ...(opts.bucketSizeMb !== undefined ? { bucketSizeMb: opts.bucketSizeMb } : {}),
-    ...(opts.reduceDtype !== undefined ? { reduceDtype: opts.reduceDtype } : {}),
-    ...(opts.overlap !== undefined ? { overlap: opts.overlap } : {}),
-    ...(opts.findUnusedParameters !== undefined ? { findUnusedParameters: opts.findUnusedParameters } : {}),
-    ...(opts.nonFinite !== undefined ? { nonFinite: opts.nonFinite } : {}),
-    ...(opts.reshardAfterForward !== undefined ? { reshardAfterForward: opts.reshardAfterForward } : {}),
-    ...(opts.prefetch !== undefined ? { prefetch: opts.prefetch } : {}),
-    ...(opts.units ? { units: opts.units } : {}),
-  });
+/** A whole model's data-parallel wrapper for the layout (plain, ZeRO-1/2/3, HSDP; no experts): the lower-level DataParallel. */
+export function wrapDataParallel<M extends Module>(model: M, mesh: LayoutMesh, layout: Layout, knobs: DataParallelKnobs = {}): DataParallel<M> {
+  return buildDataParallel(model, { layout, groups: dataParallelGroups(mesh, layout), knobs }).dense;
 }

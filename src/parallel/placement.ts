@@ -19,8 +19,8 @@
 // plan made); readers only consume them.
 import type { Tensor, DType } from '../tensor/index.js';
 import type { ProcessGroup } from '../distributed/process_group.js';
-import type { DataParallel } from './data_parallel.js';
-import { shardRange, type ParamSlot } from './grad_buffer.js';
+import type { DataParallel } from './data_parallel/data_parallel.js';
+import { shardRange, type ParamSlot } from './data_parallel/grad_buffer.js';
 import type { TpPlacement } from './tensor_parallel/styles.js';
 
 /** A range [offset, offset + numel) of a flattened parameter. */

@@ -8,7 +8,7 @@ import { initProcessGroup, newGroup, destroyProcessGroup, type ProcessGroup } fr
 import { empty, ones, setNumThreads, tensor } from '../tensor/index.js';
 import type { Collective } from '../distributed/plan_terms.js';
 import { COLLECTIVES } from './terms.js';
-import { gatherInPlace } from '../parallel/zero_gathers.js';
+import { gatherInPlace } from '../parallel/data_parallel/zero_gathers.js';
 import { median } from './stats.js';
 
 const [outPath, planText] = process.argv.slice(2);

@@ -13,7 +13,7 @@ import { randint, releaseFreedMemory, setNumThreads, tidy } from '../tensor/inde
 import { autocast } from '../nn/precision.js';
 import { withActivationCheckpoint } from '../nn/checkpoint.js';
 import { AdamW } from '../optim/index.js';
-import { DataParallel } from '../parallel/data_parallel.js';
+import { DataParallel } from '../parallel/data_parallel/data_parallel.js';
 import { clipGradNorm } from '../parallel/grads.js';
 import { initProcessGroup } from '../distributed/process_group.js';
 import { modelSpec } from '../models/registry.js';

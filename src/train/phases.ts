@@ -2,7 +2,7 @@
 // on rank 0: world -> mesh -> data -> model -> parallelize -> optimizer -> checkpoint state. The
 // model comes from the registry by `[model] arch` ([Note: model registry]); parallelism is applied
 // from outside it (src/parallel/parallelize.ts); the optimizer is built after parallelisms because
-// they re-point parameters into flat buffers ([Note: flat buffers] in src/parallel/grad_buffer.ts)
+// they re-point parameters into flat buffers ([Note: flat buffers] in src/parallel/data_parallel/grad_buffer.ts)
 // and hand it the ranges this rank updates.
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { elasticMicroBatches } from './elastic.js';

@@ -16,7 +16,7 @@ import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { configToToml } from '../config/parse.js';
 import type { FlotillaConfig } from '../config/schema.js';
-import type { MemoryReport } from '../parallel/memory.js';
+import type { MemoryReport } from '../parallel/data_parallel/memory.js';
 import type { TensorCacheStats } from '../tensor/allocator.js';
 import { MetricsWriter, type StepMetrics } from './metrics.js';
 import { broadcastJson } from '../checkpoint/replicas.js';

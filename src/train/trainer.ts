@@ -7,7 +7,7 @@ import { withActivationCheckpoint } from '../nn/checkpoint.js';
 import { withMoELossScale } from '../nn/moe.js';
 import { readLaunchEnv } from '../distributed/env.js';
 import { clipGradNorm, gradNorm } from '../parallel/grads.js';
-import { processMemory, type MemoryReport } from '../parallel/memory.js';
+import { processMemory, type MemoryReport } from '../parallel/data_parallel/memory.js';
 import type { FlotillaConfig } from '../config/schema.js';
 import { StopRequest, stepSeed } from './checkpointing.js';
 import { tellLauncher } from '../distributed/launcher_channel.js';

@@ -12,13 +12,9 @@
 // over the whole sequences, and the averaged gradient is one process's.
 import { type Tensor, arange, cat, empty } from '../../tensor/index.js';
 import type { ProcessGroup } from '../../distributed/process_group.js';
-import type { Module } from '../../nn/module.js';
 import { withSequenceShard, type SequenceShard } from '../../nn/sequence_shard.js';
-import type { GradientSource } from '../grads.js';
-import type { MemoryReport } from '../memory.js';
-import type { MicroBatch, ParallelModel, StageValue } from '../parallel_model.js';
-import type { ParamPlacement } from '../placement.js';
-import { meanOverRanks } from '../data_parallel_model.js';
+import { WrappedModel, type MicroBatch, type ParallelModel, type StageValue } from '../parallel_model.js';
+import { meanOverRanks } from '../data_parallel/model.js';
 import { chunksOf, ringAttention } from './ring_attention.js';
 import { axisStride, computeBytes, crossesHosts, type PlanAxis } from '../../distributed/plan_terms.js';
 
@@ -68,12 +64,13 @@ function chunksOfValue(v: StageValue, group: ProcessGroup): StageValue {
   return Array.isArray(v) ? (v as readonly Tensor[]).map((t) => sequenceChunks(t, group)) : sequenceChunks(v as Tensor, group);
 }
 
-export class ContextParallelModel implements ParallelModel {
+export class ContextParallelModel extends WrappedModel {
   private readonly shard: ReturnType<typeof ringShard>;
   private attentionSeen = false;
 
   /** `stages`: the pipeline ranks of this rank's position (a group of one without a pipeline). */
-  constructor(private readonly inner: ParallelModel, readonly group: ProcessGroup, private readonly stages: ProcessGroup) {
+  constructor(inner: ParallelModel, readonly group: ProcessGroup, private readonly stages: ProcessGroup) {
+    super(inner);
     this.shard = ringShard(group);
   }
 
@@ -81,7 +78,7 @@ export class ContextParallelModel implements ParallelModel {
     return microBatches.map((mb) => ({ x: chunksOfValue(mb.x, this.group), y: chunksOfValue(mb.y, this.group) }));
   }
 
-  step(microBatches: MicroBatch[]): { loss: number } {
+  override step(microBatches: MicroBatch[]): { loss: number } {
     const r = withSequenceShard(this.shard, () => this.inner.step(this.local(microBatches)));
     // A model whose attention does not go through the shard would attend within its own chunks
     // only: wrong without any error, so it is refused after the first step. Counted over the
@@ -92,45 +89,11 @@ export class ContextParallelModel implements ParallelModel {
     }
     return r;
   }
-  evaluate(microBatches: MicroBatch[]): number {
+  override evaluate(microBatches: MicroBatch[]): number {
     return withSequenceShard(this.shard, () => this.inner.evaluate(this.local(microBatches)));
   }
-  summary(): string {
+  override summary(): string {
     return `context parallel ${this.group.size} (ring attention over ${2 * this.group.size} chunks); ${this.inner.summary()}`;
-  }
-
-  get parts(): Module[] {
-    return this.inner.parts;
-  }
-  get grads(): GradientSource {
-    return this.inner.grads;
-  }
-  get optimizerGrads(): GradientSource | undefined {
-    return this.inner.optimizerGrads;
-  }
-  get tiedCopiesLeftOutOfNorm(): ReadonlySet<Tensor> {
-    return this.inner.tiedCopiesLeftOutOfNorm;
-  }
-  namedParameters(): [string, Tensor][] {
-    return this.inner.namedParameters();
-  }
-  placements(): ParamPlacement[] {
-    return this.inner.placements();
-  }
-  whole(param: Tensor): Tensor {
-    return this.inner.whole(param);
-  }
-  finishParameterGathers(): void {
-    this.inner.finishParameterGathers();
-  }
-  memory(optimizerBytes?: number): MemoryReport {
-    return this.inner.memory(optimizerBytes);
-  }
-  withFullParameters<T>(fn: () => T): T {
-    return this.inner.withFullParameters(fn);
-  }
-  dispose(): void {
-    this.inner.dispose();
   }
 }
 

@@ -47,7 +47,7 @@
 // and the parameter all-gather after the step is DataParallel's (pieceStepped/afterStep). The norm
 // counts each element of the whole model once: pieces summed over the pipeline group and, when
 // gradients are sharded (zero 2, 3), the shard group; tied copies other than the first are left out.
-// Zero 3: FSDP's module hooks (fsdp.ts) gather a unit before each forward call and again, through
+// Zero 3: FSDP's module hooks (data_parallel/fsdp.ts) gather a unit before each forward call and again, through
 // the hook on that call's output, before its backward, so micro-batches in flight each find their
 // unit gathered; every backward pass of the schedule frees the units at its end, and W needs no
 // parameters (dW = dy^T x). Parameters outside every unit (a user's embedding and head when the
@@ -67,11 +67,12 @@ import { Tensor, elementSize, noGrad, tensor, tidy } from '../../tensor/index.js
 import type { ProcessGroup } from '../../distributed/process_group.js';
 import type { DeviceMesh } from '../../distributed/mesh.js';
 import { Module } from '../../nn/module.js';
-import type { UnitPolicy } from '../fsdp.js';
+import type { UnitPolicy } from '../data_parallel/fsdp.js';
 import type { MicroBatch, ParallelModel } from '../parallel_model.js';
 import type { GradShard, GradientSource } from '../grads.js';
-import { DataParallel, type AccumulateFlavour, type MemoryReport, type ZeroStage } from '../data_parallel.js';
-import { gradView, type ParamSlot } from '../grad_buffer.js';
+import type { DataParallel, AccumulateFlavour, MemoryReport, ZeroStage } from '../data_parallel/data_parallel.js';
+import { buildDataParallel, type DataParallelSpec } from '../data_parallel/wrappers.js';
+import { gradView, type ParamSlot } from '../data_parallel/grad_buffer.js';
 import { accumulateProblems } from '../layout.js';
 import { placementsOf, type ParamPlacement } from '../placement.js';
 import { buildSchedule, peakActivations, peakDeferredWeightGrads, validateSchedule, type PipelineSchedule, type ScheduleName } from './schedule.js';
@@ -109,16 +110,23 @@ export interface PipelineOptions {
   reduceDtype?: 'fp32' | 'bf16';
   /** With zero = 3: free a unit's gathered parameters after each forward (default true). */
   reshardAfterForward?: boolean;
-  /** With zero = 3: the wrapping units among the stage modules (fsdp.ts; paths start with 'stage<s>.'). */
+  /** With zero = 3: the wrapping units among the stage modules (data_parallel/fsdp.ts; paths start with 'stage<s>.'). */
   units?: UnitPolicy;
+  /**
+   * The stages' data-parallel wrapping as parallelize builds it from the layout and the mesh (its
+   * zero stage and accumulation, groups and knobs): given, it stands for dp, zero, accumulate,
+   * shardGroup, replicateGroup and the knobs above. Both ways build through buildDataParallel.
+   */
+  dataParallel?: DataParallelSpec;
   /** Modules whose forward a tensor-parallel style replaced (see Stage): parallelize passes them. */
   restyled?: (m: Module) => boolean;
   /**
    * Expert parallelism ([Note: expert parallelism] in ../expert_parallel.ts): the stage builder has
    * cut each stage's experts to this rank's share and collected them in `params` (filled while the
-   * stages are built); their gradients live in a second DataParallel over `edp`, scaled by 1 / dp.
+   * stages are built); their gradients live in a second DataParallel over dataParallel.groups.edp,
+   * scaled by 1 / dp.
    */
-  experts?: { params: ReadonlySet<Tensor>; ep: ProcessGroup; edp: ProcessGroup; edpShard?: ProcessGroup; replicate?: ProcessGroup };
+  experts?: { params: ReadonlySet<Tensor>; ep: ProcessGroup };
 }
 
 /** This rank's stage modules under one parent, so one DataParallel holds all of them. */
@@ -185,7 +193,6 @@ export class PipelineParallel implements ParallelModel {
     }
     this.model = model;
     this.ppGroup = opts.pp;
-    this.dpGroup = opts.dp && opts.dp.size > 1 ? opts.dp : undefined;
     this.schedule = buildSchedule(opts.schedule, {
       pp: opts.pp.size, micro: opts.micro,
       virtualStages: opts.schedule === 'interleaved' ? (opts.virtualStages ?? 2) : opts.virtualStages,
@@ -204,40 +211,28 @@ export class PipelineParallel implements ParallelModel {
       });
     }
     this.tiedCopiesLeftOutOfNorm = leftOut;
-    const zero = opts.zero ?? 0;
-    if (this.dpGroup) {
-      const [problem] = accumulateProblems(zero, opts.accumulate ?? 'reduceLast', (opts.replicateGroup?.size ?? 1) > 1, Math.max(2, opts.pp.size) /* a pipeline, even on one rank */, 'api');
-      if (problem) throw new Error(`PipelineParallel: ${problem}`);
-      const experts = opts.experts?.params ?? new Set<Tensor>();
-      this.dp = new DataParallel(new LocalStages(this.stages), {
-        group: this.dpGroup, zero, accumulate: opts.accumulate ?? 'reduceLast',
-        ...(experts.size > 0 ? { exclude: experts } : {}),
-        ...(opts.shardGroup ? { shardGroup: opts.shardGroup } : {}),
-        ...(opts.replicateGroup ? { replicateGroup: opts.replicateGroup } : {}),
-        ...(opts.bucketSizeMb !== undefined ? { bucketSizeMb: opts.bucketSizeMb } : {}),
-        ...(opts.reduceDtype !== undefined ? { reduceDtype: opts.reduceDtype } : {}),
-        ...(opts.reshardAfterForward !== undefined ? { reshardAfterForward: opts.reshardAfterForward } : {}),
-        ...(opts.units ? { units: opts.units } : {}),
-        entries: this.stages.map((st) => st.module), // the executor calls the stages, never LocalStages
-      });
-      for (const s of this.dp.parametersWithSlots()) this.slotOf.set(s.param, s);
-      if (experts.size > 0) {
-        const dense = new Set(this.stages.flatMap((st) => st.params).filter((p) => !experts.has(p)));
-        this.edp = new DataParallel(new LocalStages(this.stages), {
-          group: opts.experts!.edp, zero, accumulate: opts.accumulate ?? 'reduceLast', exclude: dense, gradScale: 1 / this.dpGroup.size,
-          ...(zero >= 1 ? { shardGroup: opts.experts!.edpShard ?? opts.experts!.edp, ...(opts.experts!.replicate ? { replicateGroup: opts.experts!.replicate } : {}) } : {}),
-          ...(opts.bucketSizeMb !== undefined ? { bucketSizeMb: opts.bucketSizeMb } : {}),
-          ...(opts.reduceDtype !== undefined ? { reduceDtype: opts.reduceDtype } : {}),
-          ...(opts.reshardAfterForward !== undefined ? { reshardAfterForward: opts.reshardAfterForward } : {}),
-          ...(opts.units ? { units: opts.units } : {}),
-          entries: this.stages.map((st) => st.module),
-        });
-        for (const s of this.edp.parametersWithSlots()) this.slotOf.set(s.param, s);
-      }
-    }
+    const spec: DataParallelSpec | undefined = opts.dataParallel ?? (opts.dp && {
+      layout: { zero: opts.zero ?? 0, accumulate: opts.accumulate ?? 'reduceLast' },
+      groups: { dp: opts.dp, ...(opts.shardGroup ? { shard: opts.shardGroup } : {}), ...(opts.replicateGroup ? { replicate: opts.replicateGroup } : {}) },
+      knobs: opts,
+    });
+    this.dpGroup = spec && spec.groups.dp.size > 1 ? spec.groups.dp : undefined;
     this.expertParams = opts.experts?.params ?? new Set();
     this.epGroup = opts.experts?.ep;
-    this.edpGroup = opts.experts?.edpShard ?? opts.experts?.edp; // the experts' shard group
+    this.edpGroup = spec?.groups.edpShard ?? spec?.groups.edp; // the experts' shard group
+    if (this.epGroup && !this.edpGroup) throw new Error('PipelineParallel: experts need the ranks holding the same experts: pass dataParallel.groups.edp (parallelize does)');
+    if (spec && this.dpGroup) {
+      const { zero, accumulate } = spec.layout;
+      const [problem] = accumulateProblems(zero, accumulate, (spec.groups.replicate?.size ?? 1) > 1, Math.max(2, opts.pp.size) /* a pipeline, even on one rank */, 'api');
+      if (problem) throw new Error(`PipelineParallel: ${problem}`);
+      const { dense, experts } = buildDataParallel(new LocalStages(this.stages), spec, {
+        experts: this.expertParams,
+        entries: this.stages.map((st) => st.module), // the executor calls the stages, never LocalStages
+      });
+      this.dp = dense;
+      this.edp = experts;
+      for (const w of [dense, experts]) for (const s of w?.parametersWithSlots() ?? []) this.slotOf.set(s.param, s);
+    }
     this.executor = new Executor({
       schedule: this.schedule, rank, group: opts.pp, loss: model.loss,
       stages: new Map(this.stages.map((st) => [st.index, st])),

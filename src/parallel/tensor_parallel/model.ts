@@ -9,10 +9,8 @@
 //     biases) only on tp rank 0; the sums run over the inner groups and the tp group, in float64.
 import { type Tensor, cat } from '../../tensor/index.js';
 import type { ProcessGroup } from '../../distributed/process_group.js';
-import type { Module } from '../../nn/module.js';
 import type { GradShard, GradientSource, StepPiece } from '../grads.js';
-import type { MemoryReport } from '../data_parallel.js';
-import type { MicroBatch, ParallelModel } from '../parallel_model.js';
+import { WrappedModel, type ParallelModel } from '../parallel_model.js';
 import { slicedOverTp, type ParamPlacement } from '../placement.js';
 import { allGatherDim } from './comm.js';
 import type { TensorParallelApplied, TpPlacement } from './styles.js';
@@ -95,61 +93,38 @@ export class TensorParallelGrads implements GradientSource {
   }
 }
 
-/** The inner layout's model with tensor-parallel gradients, header line and teardown. */
-export class TensorParallelModel implements ParallelModel {
-  readonly grads: GradientSource;
+/** The inner layout's model with tensor-parallel gradients, placements, header line and teardown. */
+export class TensorParallelModel extends WrappedModel {
+  private readonly tpGrads: GradientSource;
   /** Every local parameter's placement, over all parts (a pipeline rank may hold several stages). */
   private readonly tpPlacements = new Map<Tensor, TpPlacement>();
 
-  constructor(private readonly inner: ParallelModel, private readonly applied: TensorParallelApplied[], private readonly opts: { sequenceParallel: boolean }) {
+  constructor(inner: ParallelModel, private readonly applied: TensorParallelApplied[], private readonly opts: { sequenceParallel: boolean }) {
+    super(inner);
     for (const a of applied) for (const [p, pl] of a.placements) this.tpPlacements.set(p, pl);
-    this.grads = new TensorParallelGrads(inner.grads, () => inner.namedParameters().map(([, p]) => p), inner.tiedCopiesLeftOutOfNorm, this.tpPlacements, applied[0]!.group);
+    this.tpGrads = new TensorParallelGrads(inner.grads, () => inner.namedParameters().map(([, p]) => p), inner.tiedCopiesLeftOutOfNorm, this.tpPlacements, applied[0]!.group);
   }
 
-  get parts(): Module[] {
-    return this.inner.parts;
-  }
-  get optimizerGrads(): GradientSource | undefined {
-    return this.inner.optimizerGrads;
-  }
-  get tiedCopiesLeftOutOfNorm(): ReadonlySet<Tensor> {
-    return this.inner.tiedCopiesLeftOutOfNorm;
+  override get grads(): GradientSource {
+    return this.tpGrads;
   }
   /** The inner layout's placements with each parameter's tensor-parallel slice (or tp rank 0 writing a replicated one). */
-  placements(): ParamPlacement[] {
+  override placements(): ParamPlacement[] {
     return slicedOverTp(this.inner.placements(), this.tpPlacements);
   }
   /** The whole parameter from this rank's slice (a collective over tp for a sharded one). */
-  whole(p: Tensor): Tensor {
+  override whole(p: Tensor): Tensor {
     const pl = this.tpPlacements.get(p);
     if (pl?.kind === 'shard') return gatherSlices(p.detach(), pl);
     const w = this.inner.whole(p); // expert parallelism gathers its expert slices
     return w === p && pl ? p.detach() : w;
   }
-  finishParameterGathers(): void {
-    this.inner.finishParameterGathers();
-  }
-  summary(): string {
+  override summary(): string {
     const a = this.applied[0]!;
     const sharded = [...this.tpPlacements.values()].filter((p) => p.kind === 'shard').length;
     return `tensor parallel ${a.group.size} (${sharded} sharded parameter(s)${this.opts.sequenceParallel ? ', sequence parallel' : ''}${a.lossParallel ? ', loss parallel' : ''}); ${this.inner.summary()}`;
   }
-  namedParameters(): [string, Tensor][] {
-    return this.inner.namedParameters();
-  }
-  step(microBatches: MicroBatch[]): { loss: number } {
-    return this.inner.step(microBatches);
-  }
-  evaluate(microBatches: MicroBatch[]): number {
-    return this.inner.evaluate(microBatches);
-  }
-  memory(optimizerBytes?: number): MemoryReport {
-    return this.inner.memory(optimizerBytes);
-  }
-  withFullParameters<T>(fn: () => T): T {
-    return this.inner.withFullParameters(fn);
-  }
-  dispose(): void {
+  override dispose(): void {
     for (const a of this.applied) a.dispose();
     this.inner.dispose();
   }

@@ -2,9 +2,9 @@
 // after the optimizer step every bucket's shards are all-gathered. A bucket's gather starts as soon
 // as the optimizer finished it (overlapping its other buckets and then the next forward), and each
 // module waits, just before its forward, for the buckets that hold its own parameters.
-import { noGrad, type Tensor } from '../tensor/index.js';
-import type { Module } from '../nn/module.js';
-import type { ProcessGroup, Work } from '../distributed/process_group.js';
+import { noGrad, type Tensor } from '../../tensor/index.js';
+import type { Module } from '../../nn/module.js';
+import type { ProcessGroup, Work } from '../../distributed/process_group.js';
 import type { Bucket, ParamSlot } from './grad_buffer.js';
 
 // [Note: in-place gathers] c10d's all-gather, Gloo's and MPI's alike, stages its output in a flat

@@ -15,8 +15,8 @@
 // has 0 bytes while every view keeps its shape (Tensor.resizeStorage_), and it is re-allocated in
 // place, so views handed out earlier (param.grad, tensors autograd saved) see the new bytes.
 // DataParallel all-reduces `grad`; ZeRO reduce-scatters it into `shardGrad`; clipping, the gradient
-// API and the optimizer read the same memory through GradientSource (grads.ts).
-import { Tensor, zeros, emptyMapped, noGrad, keep, elementSize, type DType } from '../tensor/index.js';
+// API and the optimizer read the same memory through GradientSource (../grads.ts).
+import { Tensor, zeros, emptyMapped, noGrad, keep, elementSize, type DType } from '../../tensor/index.js';
 
 export interface ParamSlot {
   readonly name: string;

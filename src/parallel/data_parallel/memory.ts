@@ -1,10 +1,10 @@
 // Memory accounting of the data-parallel wrappers: the bytes a rank holds for parameters,
 // gradients and optimizer state (resident storage, so freed ZeRO buckets count zero), and the
 // step's peak, sampled whenever a bucket is allocated or freed.
-import { procStatusBytes } from '../io/proc_status.js';
+import { procStatusBytes } from '../../io/proc_status.js';
 import { isAllocated } from './grad_buffer.js';
 import type { Bucket } from './grad_buffer.js';
-import type { Tensor } from '../tensor/index.js';
+import type { Tensor } from '../../tensor/index.js';
 
 /** Bytes this rank holds now, by kind (resident storage, not nominal sizes). */
 export interface MemoryReport {

@@ -1,12 +1,12 @@
-// The gradient API of the data-parallel wrapper ([Note: gradient API] in grads.ts), as functions of
+// The gradient API of the data-parallel wrapper ([Note: gradient API] in ../grads.ts), as functions of
 // the layout: what a parameter's full gradient, its local shard, the norm's pieces and the
 // optimizer's ranges are, read from the flat buckets (grad_buffer.ts) whether they are replicated
 // (zero 0/1) or sharded over the shard group (zero 2/3).
-import { type Tensor, empty } from '../tensor/index.js';
-import type { ProcessGroup } from '../distributed/process_group.js';
+import { type Tensor, empty } from '../../tensor/index.js';
+import type { ProcessGroup } from '../../distributed/process_group.js';
 import { gradView, shardRange, type Bucket, type ParamSlot } from './grad_buffer.js';
-import type { GradShard, StepPiece } from './grads.js';
-import type { ZeroStage } from './layout.js';
+import type { GradShard, StepPiece } from '../grads.js';
+import type { ZeroStage } from '../layout.js';
 
 /**
  * The parameter's full, reduced gradient, shaped like it. Replicated gradients (zero 0/1) are a

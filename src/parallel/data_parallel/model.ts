@@ -1,13 +1,13 @@
 // A whole model under data parallelism (plain, ZeRO-1/2/3, HSDP) as a ParallelModel: the
 // micro-batch loop of one step, with every micro-batch but the last inside noSync, so that what is
 // reduced when is the layout's accumulation flavour ([Note: accumulation] in data_parallel.ts).
-import { type Tensor, noGrad, tensor, tidy } from '../tensor/index.js';
-import type { Module } from '../nn/module.js';
-import type { ProcessGroup } from '../distributed/process_group.js';
+import { type Tensor, noGrad, tensor, tidy } from '../../tensor/index.js';
+import type { Module } from '../../nn/module.js';
+import type { ProcessGroup } from '../../distributed/process_group.js';
 import type { DataParallel, MemoryReport } from './data_parallel.js';
-import { placementsOf, type ParamPlacement } from './placement.js';
-import type { GradientSource } from './grads.js';
-import { asList, type LossFn, type MicroBatch, type ParallelModel, type StageValue } from './parallel_model.js';
+import { placementsOf, type ParamPlacement } from '../placement.js';
+import type { GradientSource } from '../grads.js';
+import { asList, type LossFn, type MicroBatch, type ParallelModel, type StageValue } from '../parallel_model.js';
 
 /** The mean of a per-rank scalar over the group (no collective for one rank). */
 export function meanOverRanks(group: ProcessGroup, v: number): number {

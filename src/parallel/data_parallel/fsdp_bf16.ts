@@ -29,7 +29,7 @@
 // once per backward that reaches it, all uses summed first; a backward with `inputs` naming the
 // parameters (activation checkpointing's recompute asks for them) reaches them too. For an upcast the forward returns a float32 copy and its gradient, already float32,
 // goes to the parameter without being rounded to bfloat16.
-import { type Tensor, type DType, defineFunction, emptyMapped, noGrad, keep } from '../tensor/index.js';
+import { type Tensor, type DType, defineFunction, emptyMapped, noGrad, keep } from '../../tensor/index.js';
 import { freeStorage, type Bucket } from './grad_buffer.js';
 
 // [Note: alias gradient]

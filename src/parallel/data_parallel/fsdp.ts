@@ -21,14 +21,14 @@
 // Under bf16-mixed what is gathered, freed and regathered is the unit's bfloat16 copy instead of
 // its float32 bucket ([Note: bf16 gathers] in fsdp_bf16.ts); the step's forward decides which, and
 // the unit's backward regathers the same one.
-import { isGradEnabled, Tensor, elementSize, type DType } from '../tensor/index.js';
-import type { Module } from '../nn/module.js';
-import { currentPrecision, isPolicyReader, setGatheredSource } from '../nn/precision.js';
-import type { ProcessGroup } from '../distributed/process_group.js';
+import { isGradEnabled, Tensor, elementSize, type DType } from '../../tensor/index.js';
+import type { Module } from '../../nn/module.js';
+import { currentPrecision, isPolicyReader, setGatheredSource } from '../../nn/precision.js';
+import type { ProcessGroup } from '../../distributed/process_group.js';
 import { allocStorage, freeStorage, type Bucket } from './grad_buffer.js';
 import { gatherInPlace } from './zero_gathers.js';
 import { Bf16UnitCopy } from './fsdp_bf16.js';
-import { axisStride, computeBytes, crossesHosts, type PlanAxis } from '../distributed/plan_terms.js';
+import { axisStride, computeBytes, crossesHosts, type PlanAxis } from '../../distributed/plan_terms.js';
 
 /** Whether a module (by dotted name) is a wrapping unit of its own. */
 export type UnitPolicy = (name: string, module: Module) => boolean;

@@ -1,11 +1,11 @@
 // Wrap-time checks and set-up of the data-parallel wrapper: options that cannot work are one clear
 // error, every rank must hold the same parameters in the same buckets (checked by a digest), and
 // every rank starts from rank 0's parameters and buffers.
-import { type Tensor, tensor, zeros } from '../tensor/index.js';
-import type { Module } from '../nn/module.js';
-import type { ProcessGroup, Work } from '../distributed/process_group.js';
+import { type Tensor, tensor, zeros } from '../../tensor/index.js';
+import type { Module } from '../../nn/module.js';
+import type { ProcessGroup, Work } from '../../distributed/process_group.js';
 import type { Bucket, LayoutDescription } from './grad_buffer.js';
-import { accumulateProblems, type AccumulateFlavour, type ZeroStage } from './layout.js';
+import { accumulateProblems, type AccumulateFlavour, type ZeroStage } from '../layout.js';
 
 /** One clear error per combination of options that cannot work, at wrap time. */
 export function checkOptions(zero: ZeroStage, acc: AccumulateFlavour, group: ProcessGroup, shard: ProcessGroup, replicate: ProcessGroup | undefined): void {

@@ -16,7 +16,7 @@
 // A gradient that arrives for a bucket whose reduction already ran since the last finish() (a
 // second backward in one step where the mode reduces once per step) is an error naming the
 // parameter, never a silent reduction of stale data.
-import { native } from '../tensor/native.js';
+import { native } from '../../tensor/native.js';
 import type { Bucket, ParamSlot } from './grad_buffer.js';
 
 export interface ReducerHooks {

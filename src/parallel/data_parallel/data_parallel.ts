@@ -13,7 +13,7 @@
 // readiness]), in bucket order, while backward runs.
 //
 // Split by concern, as FSDP2's _fully_shard/ is: this file is the public wrapper and the gradient
-// reduction (launch, accumulate, finish); dp_checks.ts the wrap-time checks and the initial
+// reduction (launch, accumulate, finish); checks.ts the wrap-time checks and the initial
 // broadcast; zero_gathers.ts ZeRO-1/2's parameter all-gathers after the step; fsdp.ts ZeRO-3's
 // units; grad_reads.ts the gradient API over the buckets; memory.ts the memory accounting.
 //
@@ -28,23 +28,23 @@
 // All give the same numbers: the average is taken by pre-scaling each bucket by 1/(dp size) before
 // it is summed. noSync() always means "not the last micro-batch"; what it saves depends on the
 // flavour chosen at wrap time, never silently nothing.
-import { Tensor, noGrad, tidy, zeros, tensor, emptyMapped, keep } from '../tensor/index.js';
-import type { Module } from '../nn/module.js';
-import type { ProcessGroup, Work } from '../distributed/process_group.js';
+import { Tensor, noGrad, tidy, zeros, tensor, emptyMapped, keep } from '../../tensor/index.js';
+import type { Module } from '../../nn/module.js';
+import type { ProcessGroup, Work } from '../../distributed/process_group.js';
 import { GradBuffer, buildGradBuffers, describeLayout, allocStorage, freeStorage, isAllocated, type Bucket, type ParamSlot } from './grad_buffer.js';
 import { Reducer } from './reducer.js';
 import { FsdpUnits, singleUnitWarning, type UnitPolicy } from './fsdp.js';
-import type { GradientSource, GradShard, StepPiece } from './grads.js';
+import type { GradientSource, GradShard, StepPiece } from '../grads.js';
 import { MemoryMeter, type MemoryReport } from './memory.js';
-import { checkOptions, verifySameLayout, broadcastState } from './dp_checks.js';
+import { checkOptions, verifySameLayout, broadcastState } from './checks.js';
 import { ParamGathers } from './zero_gathers.js';
 import { fullGradOf, localGradShardOf, normPiecesOf, pieceLayoutOf } from './grad_reads.js';
 
 export type { MemoryReport } from './memory.js';
-import { defaultBucketSizeMb, resolveAccumulate, type AccumulateFlavour, type ZeroStage } from './layout.js';
-import { axisStride, crossesHosts, type PlanAxis } from '../distributed/plan_terms.js';
+import { defaultBucketSizeMb, resolveAccumulate, type AccumulateFlavour, type ZeroStage } from '../layout.js';
+import { axisStride, crossesHosts, type PlanAxis } from '../../distributed/plan_terms.js';
 
-export type { ZeroStage, AccumulateFlavour } from './layout.js';
+export type { ZeroStage, AccumulateFlavour } from '../layout.js';
 
 export interface DataParallelOptions {
   /** Every data-parallel rank (for HSDP: shard x replicate ranks). */
@@ -514,7 +514,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     this.gathers?.waitAll();
   }
 
-  // ---- GradientSource: the public gradient API reads the same buckets (see grads.ts)
+  // ---- GradientSource: the public gradient API reads the same buckets (see ../grads.ts)
 
   parametersWithSlots(): ParamSlot[] {
     return [...this.slotOf.values()];
