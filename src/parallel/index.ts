@@ -4,7 +4,7 @@ export { FsdpUnits, unitsByClass, unitsByPath, singleUnitWarning, type UnitPolic
 export { asList, type ParallelModel, type MicroBatch, type StageValue, type LossFn } from './parallel_model.js';
 export { Reducer } from './reducer.js';
 export { parallelize, wrapDataParallel, buildMesh, type LayoutMesh, type ParallelPlan, type DataParallelKnobs } from './parallelize.js';
-export { resolveLayout, layoutFor, describeLayout, layoutProblems, resolveAccumulate, accumulateProblems, dataParallelDegree, LayoutError, type Layout, type LayoutRequest, type ParallelConfig } from './layout.js';
+export { resolveLayout, layoutFor, describeLayout, defersInit, layoutProblems, resolveAccumulate, accumulateProblems, dataParallelDegree, LayoutError, type Layout, type LayoutRequest, type ParallelConfig } from './layout.js';
 export { DataParallelModel } from './data_parallel_model.js';
 export { LocalGrads, gradNorm, clipGradNorm, type GradientSource, type GradShard, type ClipResult, type StepPiece } from './grads.js';
 export * from './pipeline/index.js';

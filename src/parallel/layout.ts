@@ -222,6 +222,16 @@ export function resolveLayout(p: ParallelConfig, worldSize: number): Layout {
   };
 }
 
+/**
+ * Whether the whole model is built without parameter memory ([Note: deferred init] in
+ * src/nn/module.ts): under ZeRO-3, where each rank then makes only its shards, unless tensor or
+ * expert parallelism first cuts its slices or its experts from the built tensors. (A pipeline
+ * rank builds only its stages, whole.)
+ */
+export function defersInit(l: Pick<Layout, 'zero' | 'tp' | 'ep'>): boolean {
+  return l.zero === 3 && (l.tp ?? 1) === 1 && (l.ep ?? 1) === 1;
+}
+
 /** One line for the run's header. */
 export function describeLayout(l: Layout): string {
   const parts: string[] = [];

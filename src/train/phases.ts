@@ -14,7 +14,7 @@ import { initProcessGroup, destroyProcessGroup, describeBackend, getWorld, isIni
 import type { LaunchEnv } from '../distributed/env.js';
 import { verifyDataPartition } from '../distributed/partition.js';
 import { buildMesh, describeLayout, parallelize, resolveLayout, type Layout, type LayoutMesh } from '../parallel/parallelize.js';
-import { configuredBucketSizeMb, describeMesh } from '../parallel/layout.js';
+import { configuredBucketSizeMb, defersInit, describeMesh } from '../parallel/layout.js';
 import type { ParallelModel } from '../parallel/parallel_model.js';
 import type { ParamPlacement } from '../parallel/placement.js';
 import { saveSafetensors } from '../checkpoint/safetensors.js';
@@ -102,13 +102,12 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
 
     // ---- model: weights are drawn per parameter from the seed and its name, so every layout starts
     // from the same whole-model weights. A pipeline rank builds only its stages; under ZeRO-3 the
-    // model is built without memory and each rank makes only its shards ([Note: deferred init]),
-    // except under expert parallelism, which first cuts the experts from the built stacks.
+    // model is built without memory and each rank makes only its shards (defersInit, src/parallel/layout.ts).
     const spec = modelSpec(cfg.model.arch);
     const modelCfg = modelConfigOf(cfg);
     const numParams = spec.numParams(modelCfg);
     const initSeed = cfg.train.seed;
-    const built = layout.pp > 1 ? spec.pipeline(modelCfg, { initSeed }) : spec.build(modelCfg, { initSeed, deferInit: layout.zero === 3 && layout.tp === 1 && (layout.ep ?? 1) === 1 });
+    const built = layout.pp > 1 ? spec.pipeline(modelCfg, { initSeed }) : spec.build(modelCfg, { initSeed, deferInit: defersInit(layout) });
 
     // ---- parallelize: pipeline, tensor parallel, then sharding or replication
     const model = parallelize(built, mesh, {
