@@ -207,7 +207,7 @@ export class LayoutError extends Error {
 }
 
 /** Resolves -1 and 'auto' in the [parallel] section for a world; throws LayoutError when it does not fit. */
-export function resolveLayout(p: ParallelConfig, worldSize: number): Layout {
+export function resolveLayout(p: ParallelConfig, worldSize: number): Required<Layout> {
   const problems = layoutProblems(p, worldSize);
   if (problems.length > 0) throw new LayoutError(problems);
   const dp = dataParallelDegree(p, worldSize);
@@ -258,7 +258,7 @@ export type LayoutRequest = Partial<Pick<ParallelConfig, 'dp' | 'zero' | 'dpShar
  * Unset fields default as in [parallel] (dp and dpShard take the rest of the ranks); validated
  * like a config.
  */
-export function layoutFor(req: LayoutRequest, worldSize: number): Layout {
+export function layoutFor(req: LayoutRequest, worldSize: number): Required<Layout> {
   return resolveLayout({ ...PARALLEL_DEFAULTS, ...req }, worldSize);
 }
 

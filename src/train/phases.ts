@@ -160,10 +160,7 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
       header('init', `weights from ${cfg.train.initFrom}; step 0, fresh optimizer state`);
     }
     const runInfo = (step: number, expertBias?: Record<string, number[]>): RunInfo => ({
-      layout: {
-        worldSize: env.worldSize, description: describeLayout(layout), pp: layout.pp, dpReplicate: layout.dpReplicate, dpShard: layout.dpShard,
-        zero: layout.zero, ppSchedule: cfg.parallel.ppSchedule, ppVirtualStages: cfg.parallel.ppVirtualStages, tp: layout.tp ?? 1, cp: layout.cp ?? 1,
-      },
+      layout: { worldSize: env.worldSize, description: describeLayout(layout), ...layout },
       config: cfg as unknown as Record<string, Record<string, unknown>>,
       data: loader.stateDict(),
       rng: { kind: 'seed-per-step' as const, seed: cfg.train.seed },
