@@ -72,6 +72,16 @@ test('cross-field rules', () => {
   assert.throws(() => parseConfig('[parallel]\ndp = 0\n'), /parallel\.dp must be -1/);
 });
 
+test('[optim] name chooses the optimizer; an unknown name is a config error listing the known ones', () => {
+  assert.equal(parseConfig('').optim.name, 'adamw');
+  assert.equal(parseConfig('[optim]\nname = "sgd"\n').optim.name, 'sgd');
+  assert.throws(() => parseConfig('[optim]\nname = "adam"\n'), (e: unknown) => {
+    assert.ok(e instanceof ConfigError);
+    assert.match(e.message, /optim\.name = "adam" is not a known optimizer; choose one of "adamw", "sgd"/);
+    return true;
+  });
+});
+
 test('several problems are reported together', () => {
   assert.throws(() => parseConfig('[model]\nnLayers = 1\n[optim]\nlr = -1\n'), (e: unknown) => {
     assert.ok(e instanceof ConfigError);

@@ -35,6 +35,8 @@ export interface DataConfig {
 }
 
 export interface OptimConfig {
+  /** The optimizer, by name (src/optim/registry.ts). */
+  name: string;
   lr: number;
   minLr: number;
   schedule: 'cosine' | 'constant';
@@ -176,16 +178,17 @@ export const configSchema: Schema<FlotillaConfig> = {
     },
   },
   optim: {
-    doc: 'AdamW and the learning-rate schedule (src/optim).',
+    doc: 'The optimizer and the learning-rate schedule (src/optim).',
     fields: {
+      name: { kind: 'string', default: 'adamw', doc: 'The optimizer (src/optim/registry.ts): "adamw" (decoupled weight decay, optim.beta1, beta2, eps) or "sgd" (plain SGD, weight decay added to the gradient), or one a script registered with registerOptimizer. It updates the parameters that train (requiresGrad); a resume needs the optimizer that saved the checkpoint.' },
       lr: { kind: 'float', default: 1e-3, above: 0, doc: 'Peak learning rate (reached after the warmup).' },
       minLr: { kind: 'float', default: 1e-4, min: 0, doc: 'Learning rate at the end of the cosine decay; at most optim.lr.' },
       schedule: { kind: 'string', default: 'cosine', choices: ['cosine', 'constant'], doc: '"cosine": linear warmup then cosine decay to optim.minLr; "constant": optim.lr throughout.' },
       warmupSteps: { kind: 'int', default: 20, min: 0, doc: 'Steps of linear warmup from 0 to optim.lr (cosine schedule).' },
-      beta1: { kind: 'float', default: 0.9, min: 0, below: 1, doc: 'AdamW first-moment decay.' },
-      beta2: { kind: 'float', default: 0.95, min: 0, below: 1, doc: 'AdamW second-moment decay.' },
-      eps: { kind: 'float', default: 1e-8, above: 0, doc: 'AdamW denominator epsilon.' },
-      weightDecay: { kind: 'float', default: 0.1, min: 0, doc: 'Decoupled weight decay, applied to matrices only (not biases, norms).' },
+      beta1: { kind: 'float', default: 0.9, min: 0, below: 1, doc: '(adamw) First-moment decay.' },
+      beta2: { kind: 'float', default: 0.95, min: 0, below: 1, doc: '(adamw) Second-moment decay.' },
+      eps: { kind: 'float', default: 1e-8, above: 0, doc: '(adamw) Denominator epsilon.' },
+      weightDecay: { kind: 'float', default: 0.1, min: 0, doc: 'Weight decay, applied to matrices only (not biases, norms): decoupled under adamw, added to the gradient (L2) under sgd.' },
       gradClip: { kind: 'float', default: 1, min: 0, doc: 'Clip the global gradient norm to this value (0 turns clipping off).' },
     },
   },

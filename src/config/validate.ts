@@ -5,6 +5,7 @@ import { checkDataConfig } from '../data/sources.js';
 import { globalBatchProblem } from '../data/batch_split.js';
 import { layoutProblems, dataParallelDegree } from '../parallel/layout.js';
 import { modelArchs, modelRules, unknownArch } from '../models/rules.js';
+import { optimizerNames, unknownOptimizer } from '../optim/names.js';
 import { modelConfigOf, type FlotillaConfig } from './schema.js';
 import { explainPaths } from './paths.js';
 
@@ -31,6 +32,7 @@ function contextParallelProblems(c: FlotillaConfig): string[] {
 export function validateConfig(c: FlotillaConfig): string[] {
   const p: string[] = [];
   if (!modelArchs().includes(c.model.arch)) p.push(unknownArch(c.model.arch));
+  if (!optimizerNames().includes(c.optim.name)) p.push(unknownOptimizer(c.optim.name));
   if (c.optim.minLr > c.optim.lr) p.push(`optim.minLr (${c.optim.minLr}) must be <= optim.lr (${c.optim.lr})`);
   p.push(...layoutProblems(c.parallel));
   p.push(...shapeProblems(c));
