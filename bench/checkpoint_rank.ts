@@ -12,6 +12,7 @@ import { AdamW } from '../src/optim/index.js';
 import { initProcessGroup, destroyProcessGroup } from '../src/distributed/process_group.js';
 import { DataParallel, type ZeroStage } from '../src/parallel/data_parallel/data_parallel.js';
 import { placementsOf } from '../src/parallel/placement.js';
+import { layoutFor } from '../src/parallel/layout.js';
 import { Checkpointer, loadCheckpoint } from '../src/checkpoint/checkpoint.js';
 
 const { models, stages, saves } = JSON.parse(process.argv[2] ?? '{}') as { models: Record<string, Partial<GPTConfig>>; stages: ZeroStage[]; saves: number };
@@ -19,7 +20,7 @@ ft.setNumThreads(1);
 const world = initProcessGroup();
 const out: Record<string, unknown> = { rank: world.rank };
 const root = world.rank === 0 ? mkdtempSync(join(tmpdir(), 'flotilla-bench-ckpt-')) : '';
-const info = { layout: { worldSize: world.size, description: '', pp: 1, dpReplicate: 1, dpShard: world.size, zero: 0, ppSchedule: '1f1b', ppVirtualStages: 1 }, config: {}, data: { step: 0, micro: 0, seed: 0, globalBatch: 8, seqLen: 128 }, rng: { kind: 'seed-per-step' as const, seed: 0 }, schedule: { step: 0 } };
+const info = { layout: { worldSize: world.size, description: '', ...layoutFor({}, world.size) }, config: {}, data: { step: 0, micro: 0, seed: 0, globalBatch: 8, seqLen: 128 }, rng: { kind: 'seed-per-step' as const, seed: 0 }, schedule: { step: 0 } };
 // Every rank learns rank 0's directory through a broadcast of its bytes.
 const dirT = ft.zeros([256], { dtype: 'uint8' });
 if (world.rank === 0) ft.noGrad(() => dirT.narrow(0, 0, root.length).copy_(ft.tensor(Uint8Array.from(Buffer.from(root)), { dtype: 'uint8' })));

@@ -9,7 +9,10 @@
 // references alongside; the resumes in one process last. Each test awaits the runs it compares.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { cpSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { readMeta } from '../src/checkpoint/format.js';
+import { layoutFor } from '../src/parallel/layout.js';
 import { CONFIG, flotilla, runOf, same, trainSeries, withoutNproc, work, type RunResult } from './helpers/ckpt_runs.js';
 import { pool, started } from './helpers/pool.js';
 
@@ -124,4 +127,28 @@ test('flotilla verify --resume K: PASS for the same layout (bit-identical) and i
   const wrong = await verifyWrong;
   assert.equal(wrong.code, 1, wrong.out + wrong.err);
   assert.match(wrong.out, /^FAIL/m);
+});
+
+// Expert parallelism's checkpoint records its whole resolved layout, ep included; the same
+// checkpoint with meta.json's layout as it was written before (no dp, accumulate or ep;
+// ppSchedule and ppVirtualStages) reads back the same, from its saved config, and resumes.
+const MOE = ['--moe.experts=2', '--moe.topK=1'];
+const epRun = started(launch(() => flotilla(['train', CONFIG, '--nproc', '2', '--parallel.ep=2', ...MOE, `--train.runDir=${join(work, 'ep2')}`])));
+
+test('a checkpoint records the resolved layout, ep included; one written without it reads back from its config and resumes', async () => {
+  const r = await epRun;
+  assert.equal(r.code, 0, r.out + r.err);
+  const ckpt = join(work, 'ep2', 'checkpoints', 'step-000006');
+  const meta = readMeta(ckpt);
+  assert.deepEqual(meta.layout, { worldSize: 2, description: 'data parallel 2, expert parallel 2, accumulate reduceLast', ...layoutFor({ ep: 2 }, 2) });
+  assert.equal(meta.layout.ep, 2);
+  const old = join(work, 'ep2-old');
+  cpSync(ckpt, old, { recursive: true });
+  const raw = JSON.parse(readFileSync(join(old, 'meta.json'), 'utf8')) as Record<string, unknown>;
+  raw.layout = { worldSize: 2, description: meta.layout.description, pp: 1, dpReplicate: 1, dpShard: 2, zero: 0, ppSchedule: '1f1b', ppVirtualStages: 1, tp: 1, cp: 1 };
+  writeFileSync(join(old, 'meta.json'), JSON.stringify(raw));
+  assert.deepEqual(readMeta(old).layout, meta.layout);
+  const resumed = await started(launch(() => flotilla(['train', CONFIG, ...MOE, `--train.runDir=${join(work, 'ep2-resumed')}`, '--train.steps=7', '--resume', old])));
+  assert.equal(resumed.code, 0, resumed.out + resumed.err);
+  assert.match(resumed.out, /\[resume\] resumed from step 6 .*saved by 2 rank\(s\), data parallel 2, expert parallel 2/);
 });

@@ -73,6 +73,8 @@ const single = flotilla(['train', config, `--train.runDir=${join(dir, 'single')}
 const dp2 = [1, 2].map((mb) => [mb, flotilla(['train', config, '--nproc', '2', `--train.runDir=${join(dir, `dp2-mb${mb}`)}`, `--data.microBatches=${mb}`], (c) => {
   if (mb === 1) launcherMapped = launcherLoadsLibtorch(c);
 })] as const);
+// Plain SGD (`[optim] name = "sgd"`) at an SGD learning rate, saving its last step.
+const sgd = flotilla(['train', config, '--optim.name=sgd', '--optim.lr=1', '--optim.minLr=0.1', '--checkpoint.every=20', `--train.runDir=${join(dir, 'sgd')}`]);
 const tinyArgs = ['train', 'examples/gpt-tiny.toml', '--train.steps=4', '--train.evalEvery=2'];
 const tinyOne = flotilla([...tinyArgs, `--train.runDir=${join(dir, 'tiny-one')}`]);
 const tinyPp2 = flotilla([...tinyArgs, '--nproc', '2', '--parallel.pp=2', `--train.runDir=${join(dir, 'tiny-pp2')}`]);
@@ -154,6 +156,21 @@ test('flotilla train --nproc 2 --parallel.pp=2 reports validation losses and the
       assert.ok(Math.abs(row.valLoss! - want.valLoss) / want.valLoss < 1e-5, `step ${i + 1}: val loss ${row.valLoss} vs one process ${want.valLoss}`);
     }
   });
+});
+
+test('[optim] name = "sgd" trains with SGD; resuming its checkpoint under AdamW is refused, naming the way out', async () => {
+  const r = await sgd;
+  assert.equal(r.code, 0, r.out + r.err);
+  assert.match(r.out, /^\[optimizer\] SGD, weight decay 0\.1 on \d+ matrices; lr 1 /m);
+  const m = readMetrics(join(dir, 'sgd', 'metrics.jsonl'));
+  assert.equal(m.length, 20);
+  assert.ok(m[19]!.loss < m[0]!.loss - 1, `loss ${m[0]!.loss} -> ${m[19]!.loss}`);
+  assert.equal((await single).code, 0);
+  const adamw = readMetrics(join(dir, 'single', 'metrics.jsonl'));
+  assert.notEqual(m[1]!.loss, adamw[1]!.loss, 'another optimizer, another second step');
+  const resumed = await flotilla(['train', config, '--train.steps=22', '--resume', join(dir, 'sgd', 'checkpoints', 'step-000020'), `--train.runDir=${join(dir, 'sgd-as-adamw')}`]);
+  assert.equal(resumed.code, 2, resumed.out + resumed.err);
+  assert.match(resumed.err, /holds SGD optimizer state, and optim\.name chooses AdamW: set optim\.name to the optimizer that saved it, or start a new run from its weights with train\.initFrom/);
 });
 
 test('bad usage exits 2 with one message', async () => {

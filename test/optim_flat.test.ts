@@ -6,6 +6,8 @@ import * as ft from '../src/tensor/index.js';
 import { GPT } from '../src/models/gpt.js';
 import { AdamW, SGD } from '../src/optim/index.js';
 import { UPDATE_CHUNK } from '../src/optim/optimizer.js';
+import { optimizerSpec } from '../src/optim/registry.js';
+import { trainedParameters } from '../src/train/phases.js';
 import { initProcessGroup, destroyProcessGroup } from '../src/distributed/process_group.js';
 import { DataParallel } from '../src/parallel/data_parallel/data_parallel.js';
 
@@ -114,4 +116,24 @@ test('optimizer state saved by parameter name loads into a fresh wrapper and tra
   } finally {
     destroyProcessGroup();
   }
+});
+
+test('[optim] name chooses from the registry; the trainer hands the optimizer the parameters that train, decay on matrices only', () => {
+  const w = ft.zeros([3, 4], { requiresGrad: true }), frozen = ft.zeros([4, 4]), b = ft.zeros([4], { requiresGrad: true });
+  const { decay, noDecay } = trainedParameters([['w', w], ['frozen', frozen], ['b', b]]);
+  assert.equal(decay.length, 1);
+  assert.equal(decay[0], w, 'the frozen matrix is left out');
+  assert.equal(noDecay.length, 1);
+  assert.equal(noDecay[0], b);
+  const settings = { lr: 0.1, beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1 };
+  const groups = [{ params: decay, weightDecay: 0.1 }, { params: noDecay, weightDecay: 0 }];
+  const sgd = optimizerSpec('sgd').build(groups, settings, {});
+  const adamw = optimizerSpec('adamw').build(groups, settings, {});
+  assert.ok(sgd instanceof SGD && adamw instanceof AdamW);
+  assert.equal(optimizerSpec('sgd').describe(settings), 'SGD');
+  assert.equal(optimizerSpec('adamw').describe(settings), 'AdamW betas (0.9, 0.95)');
+  assert.throws(() => optimizerSpec('adam'), /optim\.name = "adam" is not a known optimizer; choose one of "adamw", "sgd"/);
+  sgd.dispose();
+  adamw.dispose();
+  for (const t of [w, frozen, b]) t.dispose();
 });

@@ -9,6 +9,10 @@ import {
   ConfigError, checkRunnable, configSchema, configToToml, defaultConfig, loadConfig, parseConfig, parseOverrides,
 } from '../src/config/index.js';
 import { runDirOf } from '../src/train/run_dir.js';
+import { schemaDefaults } from '../src/config/schema.js';
+import { modelArchs, modelSpec, registerModel } from '../src/models/registry.js';
+import { defaultGPTConfig } from '../src/models/gpt_config.js';
+import { defaultLlamaConfig } from '../src/models/llama_config.js';
 
 test('every field has a doc line and a default, and the defaults validate', () => {
   for (const [section, spec] of Object.entries(configSchema)) {
@@ -70,6 +74,32 @@ test('cross-field rules', () => {
   assert.throws(() => parseConfig('[optim]\nlr = 1e-4\nminLr = 1e-3\n'), /optim\.minLr \(0\.001\) must be <= optim\.lr \(0\.0001\)/);
   assert.throws(() => parseConfig('[data]\nglobalBatch = 10\n[parallel]\ndp = 4\n'), /data\.globalBatch \(10\) must be a multiple of parallel\.dp x data\.microBatches \(4 x 1 = 4\)/);
   assert.throws(() => parseConfig('[parallel]\ndp = 0\n'), /parallel\.dp must be -1/);
+});
+
+test('the [model] defaults are the models\' own configs (vocabSize 0: the tokenizer\'s)', () => {
+  const m = schemaDefaults().model as unknown as Record<string, unknown>;
+  for (const [k, v] of Object.entries({ ...defaultLlamaConfig, ...defaultGPTConfig })) assert.equal(m[k], k === 'vocabSize' ? 0 : v, `model.${k}`);
+  assert.equal(m.arch, 'gpt');
+});
+
+test('one map of architectures: a registered spec is a choice of model.arch for the validation and the registry alike', () => {
+  assert.deepEqual(modelArchs(), ['gpt', 'llama']);
+  assert.throws(() => parseConfig('', ['--model.arch=mine']), /model\.arch = "mine" is not a known architecture; choose one of "gpt", "llama"/);
+  const mine = { ...modelSpec('gpt'), arch: 'mine' };
+  registerModel(mine);
+  assert.equal(parseConfig('', ['--model.arch=mine']).model.arch, 'mine');
+  assert.equal(modelSpec('mine'), mine);
+  assert.throws(() => registerModel({ ...modelSpec('gpt') }), /a model architecture "gpt" is already registered/);
+});
+
+test('[optim] name chooses the optimizer; an unknown name is a config error listing the known ones', () => {
+  assert.equal(parseConfig('').optim.name, 'adamw');
+  assert.equal(parseConfig('[optim]\nname = "sgd"\n').optim.name, 'sgd');
+  assert.throws(() => parseConfig('[optim]\nname = "adam"\n'), (e: unknown) => {
+    assert.ok(e instanceof ConfigError);
+    assert.match(e.message, /optim\.name = "adam" is not a known optimizer; choose one of "adamw", "sgd"/);
+    return true;
+  });
 });
 
 test('several problems are reported together', () => {

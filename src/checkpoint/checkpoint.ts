@@ -29,6 +29,7 @@ import { dtypeCode, elementSize, type DType } from '../tensor/dtype.js';
 import type { ProcessGroup } from '../distributed/process_group.js';
 import type { Optimizer } from '../optim/optimizer.js';
 import { wholeRuns, type ElementRange, type ParamPlacement, type Run } from '../parallel/placement.js';
+import { layoutFor } from '../parallel/layout.js';
 import { encodeSafetensorsHeader, readSafetensorsHeader, type SafetensorsEntry } from './safetensors.js';
 import { BackgroundWriter, type WrittenFile } from './writer.js';
 import { exchangeReplica, gatherJson } from './replicas.js';
@@ -216,7 +217,7 @@ export class Checkpointer {
     const t0 = performance.now();
     // What a script that is not the trainer does not say is recorded as unknown, not invented.
     const info: RunInfo = {
-      layout: { worldSize: this.opts.world.size, description: 'unspecified', pp: 1, dpReplicate: 1, dpShard: this.opts.world.size, zero: 0, ppSchedule: '', ppVirtualStages: 1 },
+      layout: { worldSize: this.opts.world.size, description: 'unspecified', ...layoutFor({}, this.opts.world.size) },
       config: {}, data: { step, micro: 0, seed: 0, globalBatch: 0, seqLen: 0 }, rng: { kind: 'seed-per-step', seed: 0 }, schedule: { step },
       ...runInfo,
     };

@@ -18,6 +18,8 @@
 import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { basename, join, resolve } from 'node:path';
 import { DTYPES as DTYPE_NAMES, type DType, elementSize } from '../tensor/dtype.js';
+import { ACCUMULATE_FLAVOURS, PARALLEL_DEFAULTS, resolveAccumulate, type AccumulateFlavour, type Layout, type ZeroStage } from '../parallel/layout.js';
+import { SCHEDULE_NAMES, type ScheduleName } from '../parallel/pipeline/schedule.js';
 
 export const CHECKPOINT_FORMAT = 'flotilla.checkpoint.v1';
 export const META_FILE = 'meta.json';
@@ -41,6 +43,12 @@ export interface Piece {
   runs?: { count: number; stride: number };
 }
 
+/**
+ * The layout a checkpoint was saved under: the resolved Layout (src/parallel/layout.ts, every degree
+ * given), the world size and its one-line description.
+ */
+export type SavedLayout = Required<Layout> & { worldSize: number; description: string };
+
 export interface ParamInfo {
   shape: number[];
   dtype: DType;
@@ -52,7 +60,7 @@ export interface CheckpointMeta {
   step: number;
   savedAt: string;
   /** The layout that saved it (loading may use another). */
-  layout: { worldSize: number; description: string; pp: number; dpReplicate: number; dpShard: number; zero: number; ppSchedule: string; ppVirtualStages: number; tp?: number; cp?: number };
+  layout: SavedLayout;
   /** The resolved config of the run (sections and fields as in the TOML). */
   config: Record<string, Record<string, unknown>>;
   /** Data loader position in the global sample order. */
@@ -165,7 +173,32 @@ export function readMeta(dir: string, opts: { partial?: boolean } = {}): Checkpo
       }
     }
   }
+  m.layout = savedLayout(m.layout as Record<string, unknown>, m.config as Record<string, Record<string, unknown> | undefined>);
   return m as unknown as CheckpointMeta;
+}
+
+/**
+ * meta.json's layout as this version records it. Checkpoints written before the whole resolved
+ * Layout was recorded hold only worldSize, description, pp, dpReplicate, dpShard, zero, ppSchedule,
+ * ppVirtualStages and sometimes tp and cp: the rest is resolved as the run resolved it, from the
+ * [parallel] section of their saved config (the defaults for a script that saved none).
+ */
+function savedLayout(l: Record<string, unknown>, config: Record<string, Record<string, unknown> | undefined>): SavedLayout {
+  const given = config.parallel ?? {};
+  const num = (v: unknown, fallback: number): number => (typeof v === 'number' ? v : fallback);
+  const pp = num(l.pp, 1), dpReplicate = num(l.dpReplicate, 1), dpShard = num(l.dpShard, num(l.worldSize, 1));
+  const zero = (num(l.zero, 0) as ZeroStage), tp = num(l.tp, 1);
+  const flavour = (v: unknown): v is AccumulateFlavour | 'auto' => v === 'auto' || ACCUMULATE_FLAVOURS.includes(v as AccumulateFlavour);
+  const schedule = [l.schedule, l.ppSchedule, given.ppSchedule].find((v): v is ScheduleName => SCHEDULE_NAMES.includes(v as ScheduleName)) ?? PARALLEL_DEFAULTS.ppSchedule;
+  return {
+    worldSize: num(l.worldSize, 1), description: typeof l.description === 'string' ? l.description : 'unspecified',
+    pp, dp: num(l.dp, dpReplicate * dpShard), dpReplicate, dpShard, zero,
+    accumulate: resolveAccumulate(zero, [l.accumulate, given.accumulate].find(flavour) ?? 'auto', { pipeline: pp > 1 }),
+    tp, sequenceParallel: typeof l.sequenceParallel === 'boolean' ? l.sequenceParallel : tp > 1 && given.sequenceParallel === true,
+    lossParallel: typeof l.lossParallel === 'boolean' ? l.lossParallel : tp > 1 && given.lossParallel === true,
+    schedule, virtualStages: num(l.virtualStages, num(l.ppVirtualStages, 1)),
+    ep: num(l.ep, num(given.ep, 1)), cp: num(l.cp, num(given.cp, 1)),
+  };
 }
 
 /** Strided pieces as their runs (plain pieces unchanged). */

@@ -1,10 +1,11 @@
 // The training job's config schema: one section per component, every field typed, documented and
 // defaulted (torchtitan's job config). Everything else reads it: parsing and overrides (parse.ts),
 // the saved config.toml, `flotilla config`. The [parallel] defaults and choices come from the layouts
-// (src/parallel/layout.ts), the [model] architectures from the model registry.
+// (src/parallel/layout.ts), the [model] defaults from the models' configs (src/models/*_config.ts,
+// the GPT's for the fields both architectures have), the [model] architectures from the model registry.
 import { PARALLEL_CHOICES, PARALLEL_DEFAULTS, type ParallelConfig } from '../parallel/layout.js';
-import type { GPTConfig } from '../models/gpt.js';
-import type { LlamaConfig } from '../models/llama.js';
+import { defaultGPTConfig as gpt, gptRules, type GPTConfig } from '../models/gpt_config.js';
+import { defaultLlamaConfig as llama, type LlamaConfig } from '../models/llama_config.js';
 import { defaultMoEConfig, type MoEConfig } from '../nn/moe_config.js';
 import type { SourceEntry } from '../data/sources.js';
 import { tokenizerIdentity } from '../data/tokenizer.js';
@@ -34,6 +35,8 @@ export interface DataConfig {
 }
 
 export interface OptimConfig {
+  /** The optimizer, by name (src/optim/registry.ts). */
+  name: string;
   lr: number;
   minLr: number;
   schedule: 'cosine' | 'constant';
@@ -118,25 +121,25 @@ export const configSchema: Schema<FlotillaConfig> = {
     doc: 'The model: its architecture (src/models/registry.ts) and that architecture\'s sizes.',
     fields: {
       vocabSize: { kind: 'int', default: 0, min: 0, doc: 'Token ids the model embeds; 0 = the vocabulary of data.tokenizer (256 for bytes). Resolved when the config is read.' },
-      blockSize: { kind: 'int', default: 128, min: 1, doc: 'Longest context in tokens (the GPT\'s learned positions; the Llama\'s max_position_embeddings).' },
-      nLayer: { kind: 'int', default: 4, min: 1, doc: 'Transformer blocks.' },
-      nHead: { kind: 'int', default: 4, min: 1, doc: 'Attention heads per block; must divide model.nEmbd.' },
-      nEmbd: { kind: 'int', default: 128, min: 1, doc: 'Width of the residual stream.' },
-      dropout: { kind: 'float', default: 0, min: 0, below: 1, doc: 'Dropout probability in training (0 turns it off).' },
-      bias: { kind: 'bool', default: true, doc: '(gpt) Biases in Linear and LayerNorm layers (the Llama has none).' },
-      tieEmbeddings: { kind: 'bool', default: false, doc: 'Share the token embedding with the output head.' },
-      arch: { kind: 'string', default: 'gpt', doc: 'The architecture: "gpt" (GPT-2 style: learned positions, LayerNorm, GELU MLP; src/models/gpt.ts), "llama" (RMSNorm, rotary positions, grouped-query attention, SwiGLU, no biases; src/models/llama.ts), or one a script registered with registerModel. Fields marked (gpt) or (llama) apply to that architecture only.' },
-      gelu: { kind: 'string', default: 'exact', choices: ['exact', 'tanh'], doc: '(gpt) The MLP\'s GELU: "exact" (erf), or "tanh" (the approximation GPT-2 was trained with, transformers\' gelu_new).' },
-      nKvHead: { kind: 'int', default: 0, min: 0, doc: '(llama) Key/value heads (grouped-query attention): 1 = multi-query, model.nHead = multi-head; must divide model.nHead; 0 = model.nHead.' },
-      headDim: { kind: 'int', default: 0, min: 0, doc: '(llama) Width of one attention head; 0 = model.nEmbd / model.nHead.' },
-      intermediateSize: { kind: 'int', default: 0, min: 0, doc: '(llama) Hidden width of the SwiGLU MLP; 0 = 8/3 x model.nEmbd rounded up to a multiple of 64 (Llama\'s rule).' },
-      rmsNormEps: { kind: 'float', default: 1e-5, above: 0, doc: '(llama) RMSNorm epsilon.' },
-      ropeTheta: { kind: 'float', default: 10000, above: 0, doc: '(llama) Rotary embedding base (Llama 2: 10000, Llama 3: 500000).' },
-      ropeScaling: { kind: 'string', default: 'none', choices: ['none', 'llama3'], doc: '(llama) Rotary frequency scaling: "none", or "llama3" (Llama 3.1\'s long-context rule, with the four rope* fields below).' },
-      ropeFactor: { kind: 'float', default: 8, above: 0, doc: '(llama, ropeScaling = "llama3") Scaling factor of low frequencies (rope_scaling.factor).' },
-      ropeLowFreqFactor: { kind: 'float', default: 1, above: 0, doc: '(llama, ropeScaling = "llama3") rope_scaling.low_freq_factor.' },
-      ropeHighFreqFactor: { kind: 'float', default: 4, above: 0, doc: '(llama, ropeScaling = "llama3") rope_scaling.high_freq_factor; above model.ropeLowFreqFactor.' },
-      ropeOriginalMaxPositions: { kind: 'int', default: 8192, min: 1, doc: '(llama, ropeScaling = "llama3") rope_scaling.original_max_position_embeddings.' },
+      blockSize: { kind: 'int', default: gpt.blockSize, min: 1, doc: 'Longest context in tokens (the GPT\'s learned positions; the Llama\'s max_position_embeddings).' },
+      nLayer: { kind: 'int', default: gpt.nLayer, min: 1, doc: 'Transformer blocks.' },
+      nHead: { kind: 'int', default: gpt.nHead, min: 1, doc: 'Attention heads per block; must divide model.nEmbd.' },
+      nEmbd: { kind: 'int', default: gpt.nEmbd, min: 1, doc: 'Width of the residual stream.' },
+      dropout: { kind: 'float', default: gpt.dropout, min: 0, below: 1, doc: 'Dropout probability in training (0 turns it off).' },
+      bias: { kind: 'bool', default: gpt.bias, doc: '(gpt) Biases in Linear and LayerNorm layers (the Llama has none).' },
+      tieEmbeddings: { kind: 'bool', default: gpt.tieEmbeddings, doc: 'Share the token embedding with the output head.' },
+      arch: { kind: 'string', default: gptRules.arch, doc: 'The architecture: "gpt" (GPT-2 style: learned positions, LayerNorm, GELU MLP; src/models/gpt.ts), "llama" (RMSNorm, rotary positions, grouped-query attention, SwiGLU, no biases; src/models/llama.ts), or one a script registered with registerModel. Fields marked (gpt) or (llama) apply to that architecture only.' },
+      gelu: { kind: 'string', default: gpt.gelu!, choices: ['exact', 'tanh'], doc: '(gpt) The MLP\'s GELU: "exact" (erf), or "tanh" (the approximation GPT-2 was trained with, transformers\' gelu_new).' },
+      nKvHead: { kind: 'int', default: llama.nKvHead, min: 0, doc: '(llama) Key/value heads (grouped-query attention): 1 = multi-query, model.nHead = multi-head; must divide model.nHead; 0 = model.nHead.' },
+      headDim: { kind: 'int', default: llama.headDim, min: 0, doc: '(llama) Width of one attention head; 0 = model.nEmbd / model.nHead.' },
+      intermediateSize: { kind: 'int', default: llama.intermediateSize, min: 0, doc: '(llama) Hidden width of the SwiGLU MLP; 0 = 8/3 x model.nEmbd rounded up to a multiple of 64 (Llama\'s rule).' },
+      rmsNormEps: { kind: 'float', default: llama.rmsNormEps, above: 0, doc: '(llama) RMSNorm epsilon.' },
+      ropeTheta: { kind: 'float', default: llama.ropeTheta, above: 0, doc: '(llama) Rotary embedding base (Llama 2: 10000, Llama 3: 500000).' },
+      ropeScaling: { kind: 'string', default: llama.ropeScaling, choices: ['none', 'llama3'], doc: '(llama) Rotary frequency scaling: "none", or "llama3" (Llama 3.1\'s long-context rule, with the four rope* fields below).' },
+      ropeFactor: { kind: 'float', default: llama.ropeFactor, above: 0, doc: '(llama, ropeScaling = "llama3") Scaling factor of low frequencies (rope_scaling.factor).' },
+      ropeLowFreqFactor: { kind: 'float', default: llama.ropeLowFreqFactor, above: 0, doc: '(llama, ropeScaling = "llama3") rope_scaling.low_freq_factor.' },
+      ropeHighFreqFactor: { kind: 'float', default: llama.ropeHighFreqFactor, above: 0, doc: '(llama, ropeScaling = "llama3") rope_scaling.high_freq_factor; above model.ropeLowFreqFactor.' },
+      ropeOriginalMaxPositions: { kind: 'int', default: llama.ropeOriginalMaxPositions, min: 1, doc: '(llama, ropeScaling = "llama3") rope_scaling.original_max_position_embeddings.' },
     },
   },
   moe: {
@@ -175,16 +178,17 @@ export const configSchema: Schema<FlotillaConfig> = {
     },
   },
   optim: {
-    doc: 'AdamW and the learning-rate schedule (src/optim).',
+    doc: 'The optimizer and the learning-rate schedule (src/optim).',
     fields: {
+      name: { kind: 'string', default: 'adamw', doc: 'The optimizer (src/optim/registry.ts): "adamw" (decoupled weight decay, optim.beta1, beta2, eps) or "sgd" (plain SGD, weight decay added to the gradient), or one a script registered with registerOptimizer. It updates the parameters that train (requiresGrad); a resume needs the optimizer that saved the checkpoint.' },
       lr: { kind: 'float', default: 1e-3, above: 0, doc: 'Peak learning rate (reached after the warmup).' },
       minLr: { kind: 'float', default: 1e-4, min: 0, doc: 'Learning rate at the end of the cosine decay; at most optim.lr.' },
       schedule: { kind: 'string', default: 'cosine', choices: ['cosine', 'constant'], doc: '"cosine": linear warmup then cosine decay to optim.minLr; "constant": optim.lr throughout.' },
       warmupSteps: { kind: 'int', default: 20, min: 0, doc: 'Steps of linear warmup from 0 to optim.lr (cosine schedule).' },
-      beta1: { kind: 'float', default: 0.9, min: 0, below: 1, doc: 'AdamW first-moment decay.' },
-      beta2: { kind: 'float', default: 0.95, min: 0, below: 1, doc: 'AdamW second-moment decay.' },
-      eps: { kind: 'float', default: 1e-8, above: 0, doc: 'AdamW denominator epsilon.' },
-      weightDecay: { kind: 'float', default: 0.1, min: 0, doc: 'Decoupled weight decay, applied to matrices only (not biases, norms).' },
+      beta1: { kind: 'float', default: 0.9, min: 0, below: 1, doc: '(adamw) First-moment decay.' },
+      beta2: { kind: 'float', default: 0.95, min: 0, below: 1, doc: '(adamw) Second-moment decay.' },
+      eps: { kind: 'float', default: 1e-8, above: 0, doc: '(adamw) Denominator epsilon.' },
+      weightDecay: { kind: 'float', default: 0.1, min: 0, doc: 'Weight decay, applied to matrices only (not biases, norms): decoupled under adamw, added to the gradient (L2) under sgd.' },
       gradClip: { kind: 'float', default: 1, min: 0, doc: 'Clip the global gradient norm to this value (0 turns clipping off).' },
     },
   },

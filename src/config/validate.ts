@@ -2,8 +2,10 @@
 // that layout (its rules, src/models/rules.ts), the batch split; checkRunnable adds the world size
 // and the data files.
 import { checkDataConfig } from '../data/sources.js';
+import { globalBatchProblem } from '../data/batch_split.js';
 import { layoutProblems, dataParallelDegree } from '../parallel/layout.js';
 import { modelArchs, modelRules, unknownArch } from '../models/rules.js';
+import { optimizerNames, unknownOptimizer } from '../optim/names.js';
 import { modelConfigOf, type FlotillaConfig } from './schema.js';
 import { explainPaths } from './paths.js';
 
@@ -30,6 +32,7 @@ function contextParallelProblems(c: FlotillaConfig): string[] {
 export function validateConfig(c: FlotillaConfig): string[] {
   const p: string[] = [];
   if (!modelArchs().includes(c.model.arch)) p.push(unknownArch(c.model.arch));
+  if (!optimizerNames().includes(c.optim.name)) p.push(unknownOptimizer(c.optim.name));
   if (c.optim.minLr > c.optim.lr) p.push(`optim.minLr (${c.optim.minLr}) must be <= optim.lr (${c.optim.lr})`);
   p.push(...layoutProblems(c.parallel));
   p.push(...shapeProblems(c));
@@ -37,11 +40,8 @@ export function validateConfig(c: FlotillaConfig): string[] {
   if (c.parallel.ep > 1 && c.moe.experts > 0 && c.moe.experts % c.parallel.ep !== 0) p.push(`moe.experts (${c.moe.experts}) must divide by parallel.ep (${c.parallel.ep}): every expert-parallel rank holds the same number of experts`);
   if (c.moe.experts > 0 && c.parallel.tp > 1 && c.parallel.sequenceParallel) p.push('moe.experts > 0 does not run with parallel.sequenceParallel yet (MoE blocks would route each tensor-parallel rank\'s tokens apart); set parallel.sequenceParallel = false');
   p.push(...contextParallelProblems(c));
-  const parts = c.data.microBatches * (c.parallel.dp > 0 ? c.parallel.dp : 1);
-  if (c.data.globalBatch % parts !== 0) {
-    const by = c.parallel.dp > 0 ? `parallel.dp x data.microBatches (${c.parallel.dp} x ${c.data.microBatches} = ${parts})` : `data.microBatches (${parts})`;
-    p.push(`data.globalBatch (${c.data.globalBatch}) must be a multiple of ${by}`);
-  }
+  const split = globalBatchProblem({ globalBatch: c.data.globalBatch, microBatches: c.data.microBatches, dp: c.parallel.dp }, 'config');
+  if (split) p.push(split);
   return p;
 }
 
@@ -52,15 +52,8 @@ export function validateConfig(c: FlotillaConfig): string[] {
  */
 export function checkRunnable(c: FlotillaConfig, worldSize: number): string[] {
   const p = layoutProblems(c.parallel, worldSize);
-  const dp = dataParallelDegree(c.parallel, worldSize);
-  const parts = dp * c.data.microBatches;
-  if (c.data.globalBatch % parts !== 0) {
-    const lower = Math.floor(c.data.globalBatch / parts) * parts;
-    p.push(
-      `data.globalBatch=${c.data.globalBatch} does not split over ${dp} data-parallel rank(s) x ${c.data.microBatches} micro-batch(es) = ` +
-        `${parts} equal parts; set data.globalBatch to a multiple of ${parts} (e.g. ${lower > 0 ? `${lower} or ` : ''}${lower + parts})`,
-    );
-  }
+  const split = globalBatchProblem({ globalBatch: c.data.globalBatch, microBatches: c.data.microBatches, dp: dataParallelDegree(c.parallel, worldSize) });
+  if (split) p.push(split);
   // Again with the vocabulary resolved from the tokenizer (model.vocabSize = 0 when validated).
   p.push(...shapeProblems(c).filter((x) => x.includes('model.vocabSize')));
   // Sources, manifests, the tokenizer and the vocabulary (src/data/sources.ts); no tokenizing.

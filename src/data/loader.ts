@@ -21,6 +21,7 @@ import { type Tensor, tensor } from '../tensor/index.js';
 import type { TokenArray } from './tokenizer.js';
 import { TokenCorpus } from './corpus_files.js';
 import { Prefetcher } from './prefetch.js';
+import { globalBatchProblem } from './batch_split.js';
 import { Sampler, type LoaderSource, type Sample, type SamplerSpec } from './sampler.js';
 
 export { sampleStream, uniformStream, blendedSource, Sampler, type LoaderSource, type Sample, type SamplerSpec } from './sampler.js';
@@ -108,16 +109,8 @@ export class DataLoader {
     if (!Number.isInteger(this.dpRank) || this.dpRank < 0 || this.dpRank >= this.dpSize) {
       throw new Error(`loader: dpRank ${this.dpRank} is outside 0..${this.dpSize - 1} (dpSize ${this.dpSize})`);
     }
-    const parts = this.dpSize * this.microBatches;
-    if (this.globalBatch % parts !== 0) {
-      const lower = Math.floor(this.globalBatch / parts) * parts;
-      const upper = lower + parts;
-      throw new Error(
-        `data.globalBatch=${this.globalBatch} does not split over ${this.dpSize} data-parallel rank(s) x ` +
-          `${this.microBatches} micro-batch(es) = ${parts} equal parts; set data.globalBatch to a multiple of ${parts} ` +
-          `(e.g. ${lower > 0 ? `${lower} or ` : ''}${upper}) or change data.microBatches`,
-      );
-    }
+    const split = globalBatchProblem({ globalBatch: this.globalBatch, microBatches: this.microBatches, dp: this.dpSize });
+    if (split) throw new Error(split);
     this.localBatch = this.globalBatch / this.dpSize;
     this.microBatchSize = this.localBatch / this.microBatches;
     for (const s of this.sources) {

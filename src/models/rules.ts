@@ -1,25 +1,31 @@
 // The architectures `[model] arch` accepts and their shape rules, without the models' code: the
 // config's validation imports this, so a launcher checks a config before any rank starts without
-// loading the tensor library. registry.ts adds the builders ([Note: model registry]).
+// loading the tensor library. registry.ts completes each entry with its builders ([Note: model
+// registry]); this map is the one list of architectures either reads.
 import type { ModelRules } from './spec.js';
 import { gptRules } from './gpt_config.js';
 import { llamaRules } from './llama_config.js';
 
-const rules = new Map<string, ModelRules>([gptRules, llamaRules].map((r) => [r.arch, r]));
+/** The built-in architectures by name; registry.ts gives each its spec (typed by this list). */
+export const builtinRules = { gpt: gptRules, llama: llamaRules } as const;
+export type BuiltinArch = keyof typeof builtinRules;
 
-/** Makes an architecture's rules known (registerModel calls it with the whole spec). */
+/** Every known architecture: its rules, or its whole spec once registry.ts (or registerModel) gave it. */
+const known = new Map<string, ModelRules>(Object.entries(builtinRules));
+
+/** Makes an architecture known, or completes its rules with the whole spec (registry.ts). */
 export function registerRules(r: ModelRules): void {
-  rules.set(r.arch, r);
+  known.set(r.arch, r);
 }
 
 /** The architectures `[model] arch` accepts. */
 export function modelArchs(): string[] {
-  return [...rules.keys()];
+  return [...known.keys()];
 }
 
-/** The rules of an architecture; an unknown name is an error listing the known ones. */
+/** The rules of an architecture (its spec once the registry is loaded); an unknown name is an error listing the known ones. */
 export function modelRules(arch: string): ModelRules {
-  const r = rules.get(arch);
+  const r = known.get(arch);
   if (!r) throw new Error(unknownArch(arch));
   return r;
 }

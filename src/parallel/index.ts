@@ -5,7 +5,7 @@ export { asList, WrappedModel, type ParallelModel, type MicroBatch, type StageVa
 export { Reducer } from './data_parallel/reducer.js';
 export { parallelize, wrapDataParallel, dataParallelGroups, buildMesh, type LayoutMesh, type ParallelPlan } from './parallelize.js';
 export { buildDataParallel, type DataParallelKnobs, type DataParallelGroups, type DataParallelSpec, type DataParallelWrappers } from './data_parallel/wrappers.js';
-export { resolveLayout, layoutFor, describeLayout, layoutProblems, resolveAccumulate, accumulateProblems, dataParallelDegree, LayoutError, type Layout, type LayoutRequest, type ParallelConfig } from './layout.js';
+export { resolveLayout, layoutFor, describeLayout, defersInit, layoutProblems, resolveAccumulate, accumulateProblems, dataParallelDegree, LayoutError, type Layout, type LayoutRequest, type ParallelConfig } from './layout.js';
 export { DataParallelModel } from './data_parallel/model.js';
 export { LocalGrads, gradNorm, clipGradNorm, type GradientSource, type GradShard, type ClipResult, type StepPiece } from './grads.js';
 export * from './pipeline/index.js';

@@ -209,7 +209,7 @@ export class LayoutError extends Error {
 }
 
 /** Resolves -1 and 'auto' in the [parallel] section for a world; throws LayoutError when it does not fit. */
-export function resolveLayout(p: ParallelConfig, worldSize: number): Layout {
+export function resolveLayout(p: ParallelConfig, worldSize: number): Required<Layout> {
   const problems = layoutProblems(p, worldSize);
   if (problems.length > 0) throw new LayoutError(problems);
   const dp = dataParallelDegree(p, worldSize);
@@ -222,6 +222,16 @@ export function resolveLayout(p: ParallelConfig, worldSize: number): Layout {
     pp: p.pp, dp, dpReplicate, dpShard, zero, accumulate, tp, sequenceParallel: tp > 1 && !!p.sequenceParallel, lossParallel: tp > 1 && !!p.lossParallel,
     schedule: p.ppSchedule, virtualStages: p.ppVirtualStages, ep: p.ep ?? 1, cp: p.cp ?? 1,
   };
+}
+
+/**
+ * Whether the whole model is built without parameter memory ([Note: deferred init] in
+ * src/nn/module.ts): under ZeRO-3, where each rank then makes only its shards, unless tensor or
+ * expert parallelism first cuts its slices or its experts from the built tensors. (A pipeline
+ * rank builds only its stages, whole.)
+ */
+export function defersInit(l: Pick<Layout, 'zero' | 'tp' | 'ep'>): boolean {
+  return l.zero === 3 && (l.tp ?? 1) === 1 && (l.ep ?? 1) === 1;
 }
 
 /** One line for the run's header. */
@@ -250,7 +260,7 @@ export type LayoutRequest = Partial<Pick<ParallelConfig, 'dp' | 'zero' | 'dpShar
  * Unset fields default as in [parallel] (dp and dpShard take the rest of the ranks); validated
  * like a config.
  */
-export function layoutFor(req: LayoutRequest, worldSize: number): Layout {
+export function layoutFor(req: LayoutRequest, worldSize: number): Required<Layout> {
   return resolveLayout({ ...PARALLEL_DEFAULTS, ...req }, worldSize);
 }
 

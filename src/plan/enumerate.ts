@@ -46,8 +46,8 @@ export function overridesOf(cfg: FlotillaConfig, l: PlanLayout): string[] {
 /** Why a layout cannot run on this world (empty when it can): the project's own checks. */
 export function layoutRefusals(cfg: FlotillaConfig, l: PlanLayout, world: number): string[] {
   const c = withLayout(cfg, l);
+  // validateConfig checks the batch split too: the layout's dp is explicit here.
   const p = [...validateConfig(c), ...layoutProblems(c.parallel, world)];
-  if (c.data.globalBatch % (l.dp * l.microBatches) !== 0) p.push(`data.globalBatch (${c.data.globalBatch}) does not split over ${l.dp} x ${l.microBatches}`);
   if (l.pp > 1) {
     try {
       buildSchedule(l.ppSchedule, { pp: l.pp, micro: l.microBatches, ...(l.ppVirtualStages > 1 ? { virtualStages: l.ppVirtualStages } : {}) });

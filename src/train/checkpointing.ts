@@ -6,7 +6,8 @@ import { tensor } from '../tensor/index.js';
 import type { ProcessGroup } from '../distributed/process_group.js';
 import type { ParamPlacement } from '../parallel/placement.js';
 import { Checkpointer, removeInterruptedSaves, loadCheckpoint, loadWeights, type RankState, type RunInfo, type SaveReport } from '../checkpoint/checkpoint.js';
-import { CheckpointError, type CheckpointMeta } from '../checkpoint/format.js';
+import { CheckpointError, readMeta, type CheckpointMeta } from '../checkpoint/format.js';
+import { ConfigError } from '../config/error.js';
 import { initFromHf, isHfDir } from '../checkpoint/hf.js';
 import type { FlotillaConfig } from '../config/schema.js';
 import { checkpointDirOf, resumeTarget } from './run_dir.js';
@@ -118,6 +119,11 @@ export class RunCheckpoints {
 
 /** Restores a resumed run's parameters and optimizer state (weights only for initFrom). */
 export function restore(target: string, state: RankState, numParams: number): CheckpointMeta {
+  // Optimizer state is only meaningful to the optimizer that wrote it (AdamW's moments are not SGD's).
+  const saved = state.optimizer && state.optimizerName ? readMeta(target).optimizer?.name : undefined;
+  if (saved !== undefined && saved !== state.optimizerName) {
+    throw new ConfigError([`the checkpoint ${target} holds ${saved} optimizer state, and optim.name chooses ${state.optimizerName}: set optim.name to the optimizer that saved it, or start a new run from its weights with train.initFrom (fresh optimizer state)`]);
+  }
   return loadCheckpoint(target, state.placements, { ...(state.optimizer ? { optimizer: state.optimizer } : {}), numParams });
 }
 

@@ -1,20 +1,23 @@
 // The trainer's phases before the loop, in torchtitan's order, each announced by a one-line header
 // on rank 0: world -> mesh -> data -> model -> parallelize -> optimizer -> checkpoint state. The
-// model comes from the registry by `[model] arch` ([Note: model registry]); parallelism is applied
-// from outside it (src/parallel/parallelize.ts); the optimizer is built after parallelisms because
-// they re-point parameters into flat buffers ([Note: flat buffers] in src/parallel/data_parallel/grad_buffer.ts)
-// and hand it the ranges this rank updates.
+// model comes from the registry by `[model] arch` ([Note: model registry]), the optimizer from
+// its own by `[optim] name` ([Note: optimizer registry]); parallelism is applied from outside the
+// model (src/parallel/parallelize.ts); the optimizer is built after parallelisms because they
+// re-point parameters into flat buffers ([Note: flat buffers] in src/parallel/data_parallel/grad_buffer.ts) and
+// hand it the ranges this rank updates.
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { elasticMicroBatches } from './elastic.js';
 import { join } from 'node:path';
 import { type Tensor, describeBlas, setNumThreads, tidy, torchVersion } from '../tensor/index.js';
 import { autocast } from '../nn/precision.js';
-import { AdamW, warmupCosine, constant } from '../optim/index.js';
+import { warmupCosine, constant } from '../optim/schedule.js';
+import { optimizerSpec } from '../optim/registry.js';
+import type { Optimizer } from '../optim/optimizer.js';
 import { initProcessGroup, destroyProcessGroup, describeBackend, getWorld, isInitialized, type ProcessGroup } from '../distributed/process_group.js';
 import type { LaunchEnv } from '../distributed/env.js';
 import { verifyDataPartition } from '../distributed/partition.js';
 import { buildMesh, describeLayout, parallelize, resolveLayout, type Layout, type LayoutMesh } from '../parallel/parallelize.js';
-import { configuredBucketSizeMb, describeMesh } from '../parallel/layout.js';
+import { configuredBucketSizeMb, defersInit, describeMesh } from '../parallel/layout.js';
 import type { ParallelModel } from '../parallel/parallel_model.js';
 import type { ParamPlacement } from '../parallel/placement.js';
 import { saveSafetensors } from '../checkpoint/safetensors.js';
@@ -43,7 +46,7 @@ export interface RunParts {
   numParams: number;
   model: ParallelModel;
   named: [string, Tensor][];
-  optimizer: AdamW;
+  optimizer: Optimizer<{ lr: number }>;
   schedule: (step: number) => number;
   ckpts: RunCheckpoints;
   /** Mixture of experts: tokens per expert, the auxiliary loss and the expert biases over every rank. */
@@ -102,13 +105,12 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
 
     // ---- model: weights are drawn per parameter from the seed and its name, so every layout starts
     // from the same whole-model weights. A pipeline rank builds only its stages; under ZeRO-3 the
-    // model is built without memory and each rank makes only its shards ([Note: deferred init]),
-    // except under expert parallelism, which first cuts the experts from the built stacks.
+    // model is built without memory and each rank makes only its shards (defersInit, src/parallel/layout.ts).
     const spec = modelSpec(cfg.model.arch);
     const modelCfg = modelConfigOf(cfg);
     const numParams = spec.numParams(modelCfg);
     const initSeed = cfg.train.seed;
-    const built = layout.pp > 1 ? spec.pipeline(modelCfg, { initSeed }) : spec.build(modelCfg, { initSeed, deferInit: layout.zero === 3 && layout.tp === 1 && (layout.ep ?? 1) === 1 });
+    const built = layout.pp > 1 ? spec.pipeline(modelCfg, { initSeed }) : spec.build(modelCfg, { initSeed, deferInit: defersInit(layout) });
 
     // ---- parallelize: pipeline, tensor parallel, then sharding or replication
     const model = parallelize(built, mesh, {
@@ -121,18 +123,18 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     header('model', `${spec.describe(modelCfg)}${modelCfg.moe ? `, ${modelCfg.moe.experts} experts (top ${modelCfg.moe.topK}) every ${modelCfg.moe.every} block(s)` : ''}: ${numParams.toLocaleString('en-US')} parameters; this rank holds ${named.reduce((a, [, p]) => a + p.numel(), 0).toLocaleString('en-US')}`);
     header('parallelize', model.summary());
 
-    // ---- optimizer + schedule (weight decay on matrices only, as nanoGPT/GPT-2)
+    // ---- optimizer + schedule: `[optim] name` from the registry ([Note: optimizer registry]), over
+    // the parameters that train
     const o = cfg.optim;
-    const decay = named.filter(([, p]) => p.ndim >= 2).map(([, p]) => p);
-    const noDecay = named.filter(([, p]) => p.ndim < 2).map(([, p]) => p);
-    const optimizer = new AdamW(
-      [{ params: decay, options: { weightDecay: o.weightDecay } }, { params: noDecay, options: { weightDecay: 0 } }].filter((g) => g.params.length > 0),
-      { lr: o.lr, betas: [o.beta1, o.beta2], eps: o.eps, weightDecay: o.weightDecay },
-      model.optimizerGrads ? { grads: model.optimizerGrads } : {},
+    const optimSpec = optimizerSpec(o.name);
+    const { decay, noDecay } = trainedParameters(named);
+    const optimizer = optimSpec.build(
+      [{ params: decay, weightDecay: o.weightDecay }, { params: noDecay, weightDecay: 0 }].filter((g) => g.params.length > 0),
+      o, model.optimizerGrads ? { grads: model.optimizerGrads } : {},
     );
     closers.push(() => optimizer.dispose());
     const schedule = o.schedule === 'cosine' ? warmupCosine({ warmupSteps: o.warmupSteps, maxSteps: cfg.train.steps, maxLr: o.lr, minLr: o.minLr }) : constant(o.lr);
-    header('optimizer', `AdamW betas (${o.beta1}, ${o.beta2}), weight decay ${o.weightDecay} on ${decay.length} matrices; lr ${o.lr} ` +
+    header('optimizer', `${optimSpec.describe(o)}, weight decay ${o.weightDecay} on ${decay.length} matrices; lr ${o.lr} ` +
       (o.schedule === 'cosine' ? `warmup ${o.warmupSteps} steps, cosine to ${o.minLr}` : 'constant') +
       (o.gradClip > 0 ? `; clip grad norm at ${o.gradClip}` : '') + (layout.zero >= 1 ? `; state sharded over ${layout.dpShard} rank(s)` : ''));
 
@@ -143,7 +145,7 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     const resumedFrom = ckpts.resumeTarget(opts.resume);
     let startStep = 0;
     if (resumedFrom !== undefined) {
-      const meta = restore(resumedFrom, { placements: placements(), optimizer }, numParams);
+      const meta = restore(resumedFrom, { placements: placements(), optimizer, optimizerName: optimSpec.label }, numParams);
       startStep = meta.step;
       if (meta.moe && moe) moe.loadExpertBiases(meta.moe.expertBias);
       if (startStep >= cfg.train.steps) throw new ConfigError([`the checkpoint ${resumedFrom} is at step ${startStep}, and train.steps is ${cfg.train.steps}: nothing is left to train; raise --train.steps`]);
@@ -161,10 +163,7 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
       header('init', `weights from ${cfg.train.initFrom}; step 0, fresh optimizer state`);
     }
     const runInfo = (step: number, expertBias?: Record<string, number[]>): RunInfo => ({
-      layout: {
-        worldSize: env.worldSize, description: describeLayout(layout), pp: layout.pp, dpReplicate: layout.dpReplicate, dpShard: layout.dpShard,
-        zero: layout.zero, ppSchedule: cfg.parallel.ppSchedule, ppVirtualStages: cfg.parallel.ppVirtualStages, tp: layout.tp ?? 1, cp: layout.cp ?? 1,
-      },
+      layout: { worldSize: env.worldSize, description: describeLayout(layout), ...layout },
       config: cfg as unknown as Record<string, Record<string, unknown>>,
       data: loader.stateDict(),
       rng: { kind: 'seed-per-step' as const, seed: cfg.train.seed },
@@ -185,13 +184,23 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
       async saveCheckpoint(step) {
         model.finishParameterGathers(); // ZeRO-1/2: the last step's parameter gathers land first
         const expertBias = moe?.expertBiases(world); // a collective: every rank saves
-        await ckpts.save(step, { placements: placements(), optimizer, optimizerName: 'AdamW' }, runInfo(step, expertBias));
+        await ckpts.save(step, { placements: placements(), optimizer, optimizerName: optimSpec.label }, runInfo(step, expertBias));
       },
     };
   } catch (e) {
     close();
     throw e;
   }
+}
+
+/**
+ * The parameters the optimizer updates: those that train (requiresGrad; a frozen one gets no
+ * optimizer state), split into the matrices that take weight decay and the rest (biases, norms),
+ * as nanoGPT and GPT-2 decay.
+ */
+export function trainedParameters(named: readonly [string, Tensor][]): { decay: Tensor[]; noDecay: Tensor[] } {
+  const trained = named.map(([, p]) => p).filter((p) => p.requiresGrad);
+  return { decay: trained.filter((p) => p.ndim >= 2), noDecay: trained.filter((p) => p.ndim < 2) };
 }
 
 /**
