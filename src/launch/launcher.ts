@@ -57,6 +57,7 @@ import { runDirect } from './direct.js';
 import { runMpirun } from './mpirun.js';
 import { heartbeatConfig, NodeLink, type Grow, type HeartbeatConfig } from './heartbeat.js';
 import { regrouped } from '../distributed/launcher_channel.js';
+import { jobIdentity, launcherVars } from '../distributed/launcher_env.js';
 import { Supervisor, describeFailure, signalCode, type Outcome, type SupervisorIO } from './supervisor.js';
 
 export interface RunOptions {
@@ -151,6 +152,8 @@ interface AttemptControl {
   attempt?: number;
   /** An elastic job: the world size of its first meeting (FLOTILLA_ELASTIC_WORLD, [Note: elastic micro-batches]). */
   firstWorld?: number;
+  /** The job's identity, the same on every host ([Note: run lock]). */
+  job: string;
 }
 
 /** The file whose presence asks attempt k's ranks to stop at their next checkpoint (a host joins). */
@@ -162,12 +165,11 @@ async function runAttempt(o: RunOptions, attempt: number, port: number, io: Supe
   const [cmd, args] = commandFor(o.script, o.scriptArgs);
   const env: NodeJS.ProcessEnv = {
     ...process.env,
-    ...(ctl.elastic !== undefined ? { FLOTILLA_ELASTIC: ctl.elastic } : {}),
-    ...(ctl.firstWorld !== undefined ? { FLOTILLA_ELASTIC_WORLD: String(ctl.firstWorld) } : {}),
-    FLOTILLA_REGROUP_FILE: regroupFile(dir, attempt),
-    FLOTILLA_RESTART_COUNT: String(attempt), FLOTILLA_MAX_RESTARTS: String(o.maxRestarts),
-    FLOTILLA_STATUS_FILE: statusFile,
-    FLOTILLA_LAUNCHER_TTY: launcherTerminal(), // rank 0 may draw a progress bar on it
+    ...launcherVars({
+      attempt, maxRestarts: o.maxRestarts, job: ctl.job, statusFile, regroupFile: regroupFile(dir, attempt),
+      terminal: launcherTerminal(), // rank 0 may draw a progress bar on it
+      ...(ctl.elastic !== undefined ? { elastic: ctl.elastic } : {}), ...(ctl.firstWorld !== undefined ? { firstWorld: ctl.firstWorld } : {}),
+    }),
   };
   const ranks = Array.from({ length: o.nproc }, (_, local) => o.nodeRank * o.nproc + local);
   const sup = new Supervisor({ io, ranks, heartbeat: ctl.heartbeat, statusFile, onLocalFailure: ctl.onLocalFailure });
@@ -251,6 +253,9 @@ function storePort(o: RunOptions, attempt: number, hbPort: number): number {
 // keeps its port (on the new node 0). The ranks start on the smaller world as a restarted group:
 // `flotilla train` derives the layout again and resumes from the newest checkpoint, and
 // FLOTILLA_ELASTIC tells rank 0 what happened for its [elastic] line. No host is special after the start.
+// A meeting's first attempt that fails is retried once, not counted against --max-restarts, as the
+// meeting itself is not: what the lost host left behind may take a moment to go. The new rank 0 takes
+// over the run directory's lock its job's earlier rank 0 left ([Note: run lock]).
 //
 // [Note: elastic grow] A host started with the job's command while it runs on fewer than MAX hosts
 // (a lost one restarted, or a new one with a --node-rank not in the job) proves the secret to node 0
@@ -283,6 +288,7 @@ async function attempts(o: RunOptions, io: SupervisorIO, dir: string, heartbeat:
   const say = (msg: string): void => void io.stderr.write(`flotilla run: ${msg}\n`);
   const hbPort = heartbeatPort(o);
   const minNodes = o.minNodes ?? o.nnodes;
+  const job = jobIdentity({ nnodes: o.nnodes, masterAddrs: o.masterAddrs ?? [o.masterAddr], masterPort: o.masterPort, secret: process.env.FLOTILLA_JOB_SECRET ?? '' });
   let cur = o;
   let firstAttempt = 0;
   let elastic: string | undefined;
@@ -290,7 +296,7 @@ async function attempts(o: RunOptions, io: SupervisorIO, dir: string, heartbeat:
   let joining = false; // this host asked to join a running job, and is bound for the meeting node 0 named
   for (;;) {
     const ctl: AttemptControl = {
-      heartbeat, onLocalFailure: () => undefined, ...(elastic !== undefined ? { elastic } : {}), ...(minNodes < o.nnodes ? { firstWorld: o.nnodes * o.nproc } : {}),
+      heartbeat, job, onLocalFailure: () => undefined, ...(elastic !== undefined ? { elastic } : {}), ...(minNodes < o.nnodes ? { firstWorld: o.nnodes * o.nproc } : {}),
     };
     let link: NodeLink | undefined;
     let lost: { why: string; node: number | undefined } | undefined; // a node was lost: no restart can bring it back
@@ -348,7 +354,7 @@ async function attempts(o: RunOptions, io: SupervisorIO, dir: string, heartbeat:
     }
     let r: number | { lostAt: number } | { regroup: true };
     try {
-      r = await attemptLoop(cur, io, dir, ctl, () => lost?.why, link, firstAttempt, minNodes < cur.nnodes, () => grow !== undefined, hbPort);
+      r = await attemptLoop(cur, io, dir, ctl, () => lost?.why, link, firstAttempt, minNodes < cur.nnodes, () => grow !== undefined, hbPort, firstAttempt > 0);
       // The roster of the first meeting names every host; later ones are its survivors.
       if (members === undefined && link?.roster) members = { ids: link.roster.map((_, k) => k), addrs: [...link.roster] };
     } finally {
@@ -391,9 +397,12 @@ async function attempts(o: RunOptions, io: SupervisorIO, dir: string, heartbeat:
 /** Attempts of one membership; `{ lostAt }` when a host was lost and the job may shrink (elastic). */
 async function attemptLoop(
   o: RunOptions, io: SupervisorIO, dir: string, ctl: AttemptControl, lost: () => string | undefined, link: NodeLink | undefined,
-  first: number, elastic: boolean, growing: () => boolean, hbPort: number,
+  first: number, elastic: boolean, growing: () => boolean, hbPort: number, met: boolean,
 ): Promise<number | { lostAt: number } | { regroup: true }> {
   const say = (msg: string): void => void io.stderr.write(`flotilla run: ${msg}\n`);
+  // The first attempt of an elastic meeting (met: after a shrink or a grow) that fails is retried
+  // once, as the meeting was, not counted against --max-restarts ([Note: elastic shrink]).
+  const again = (attempt: number): string | undefined => (met && attempt === first ? 'the first attempt after the hosts met again' : undefined);
   for (let attempt = first; ; attempt++) {
     if (lost() !== undefined) {
       if (elastic) return { lostAt: attempt - 1 };
@@ -441,6 +450,10 @@ async function attemptLoop(
     if (elastic && lost() !== undefined) return { lostAt: attempt };
     if (outcome.kind === 'peer') {
       if (outcome.fatal && elastic) return { lostAt: attempt };
+      if (!outcome.fatal && again(attempt)) {
+        say(`${outcome.why}; restarting all ${o.nproc} local rank${o.nproc > 1 ? 's' : ''} (${again(attempt)})`);
+        continue;
+      }
       if (outcome.fatal || attempt >= o.maxRestarts) {
         say(`failed: ${outcome.why}`);
         return 1;
@@ -449,6 +462,10 @@ async function attemptLoop(
       continue;
     }
     const what = describeFailure(outcome);
+    if (again(attempt)) {
+      say(`${what}; restarting all ${o.nproc} local rank${o.nproc > 1 ? 's' : ''} (${again(attempt)})`);
+      continue;
+    }
     if (attempt < o.maxRestarts) {
       say(`${what}; restarting all ${o.nproc} local rank${o.nproc > 1 ? 's' : ''} (restart ${attempt + 1} of ${o.maxRestarts})`);
       continue;
