@@ -86,10 +86,10 @@ export function forgetLauncherFiles(env: Env = process.env): void {
 
 /**
  * The job's identity as its launchers agree on it without talking: on several nodes, from what every
- * host's command gives (the job secret, the master address(es) and port of the first meeting, none
+ * host's command gives (the job secret, the address and port of the first meeting's node 0, none
  * of which an elastic meeting changes), keyed so the lock shows no secret; on one node, the launcher's own.
  */
-export function jobIdentity(o: { nnodes: number; masterAddrs: readonly string[]; masterPort: number | undefined; secret: string }): string {
+export function jobIdentity(o: { nnodes: number; masterAddr: string; masterPort: number | undefined; secret: string }): string {
   if (o.nnodes === 1) return randomBytes(16).toString('hex');
-  return createHmac('sha256', o.secret).update(`flotilla-job:${o.masterAddrs.join(',')}:${o.masterPort ?? ''}`).digest('hex').slice(0, 32);
+  return createHmac('sha256', o.secret).update(`flotilla-job:${o.masterAddr}:${o.masterPort ?? ''}`).digest('hex').slice(0, 32);
 }

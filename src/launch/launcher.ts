@@ -284,7 +284,7 @@ async function attempts(o: RunOptions, io: SupervisorIO, dir: string, heartbeat:
   const say = (msg: string): void => void io.stderr.write(`flotilla run: ${msg}\n`);
   const hbPort = heartbeatPort(o);
   const limits: RestartLimits = { nproc: o.nproc, maxNodes: o.nnodes, minNodes: o.minNodes ?? o.nnodes, maxRestarts: o.maxRestarts };
-  const job = jobIdentity({ nnodes: o.nnodes, masterAddrs: o.masterAddrs ?? [o.masterAddr], masterPort: o.masterPort, secret: process.env.FLOTILLA_JOB_SECRET ?? '' });
+  const job = jobIdentity({ nnodes: o.nnodes, masterAddr: o.masterAddr, masterPort: o.masterPort, secret: process.env.FLOTILLA_JOB_SECRET ?? '' });
   let s = initialState(o);
   let act: RestartAction = { do: 'meet', patient: false };
   const apply = (e: RestartEvent): RestartAction => {
