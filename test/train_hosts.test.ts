@@ -10,7 +10,7 @@
 // node 0 through --master-addr A,B,C ([Note: master address list]), and with per-host run
 // directories every host's holds the whole metrics.jsonl ([Note: run record on every host]).
 import { test } from 'node:test';
-import type { ChildProcess } from 'node:child_process';
+import { spawnSync, type ChildProcess } from 'node:child_process';
 import assert from 'node:assert/strict';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -184,7 +184,7 @@ test('heartbeat of a later meeting: node 0 tells the next meeting also to a node
 });
 
 /** Starts `flotilla train` on host k; `seen(re)` resolves once its output matches. */
-function startNode(hosts: Hosts, k: number, args: string[], env: Record<string, string> = {}) {
+function startNode(hosts: Pick<Hosts, 'exec'>, k: number, args: string[], env: Record<string, string> = {}) {
   let child: ChildProcess | undefined;
   let text = '';
   const waiters: { re: RegExp; resolve: () => void }[] = [];
@@ -351,4 +351,33 @@ test('two hosts, --nnodes 1:2: host 1 is killed and host 0 carries on alone; hos
   } finally {
     hosts.drop();
   }
+});
+
+test('three hosts on loopback sharing one run directory, --nnodes 2:3: node 0 (the host of rank 0) is killed; the new rank 0 takes over the lock its own job\'s earlier rank 0 left on another host, and the run finishes every step', async (t) => {
+  // Each node has a host name of its own (a UTS namespace) on this machine's loopback, so the run
+  // directory is shared storage seen from three hosts: the lock the killed rank 0 leaves names
+  // another host, which no pid check can reach ([Note: run lock]).
+  if (process.getuid?.() !== 0 || spawnSync('unshare', ['--uts', 'true']).status !== 0) {
+    t.skip('a host name per node needs root and unshare (util-linux)');
+    return;
+  }
+  const onHost = { exec: (k: number, cmd: string, a: string[]): [string, string[]] => ['unshare', ['--uts', 'sh', '-c', 'hostname "$0" && exec "$@"', `flotilla-test-node${k}`, cmd, ...a]] };
+  const steps = 21;
+  const run = join(dir, 'lost-master-shared');
+  const ckpt = (k: number): string => join(dir, `lost-master-shared-node${k}`);
+  const port = await freePort();
+  const args = (k: number): string[] => ['train', config, '--nnodes', '2:3', '--node-rank', String(k), '--nproc', '1', '--master-addr', '127.0.0.1',
+    '--master-port', String(port), `--train.runDir=${run}`, `--train.steps=${steps}`, '--checkpoint.keep=20', `--checkpoint.dir=${ckpt(k)}`];
+  const nodes = [0, 1, 2].map((k) => startNode(onHost, k, args(k)));
+  await nodes[0]!.seen(new RegExp(`step +10/${steps}`));
+  nodes[0]!.kill();
+  await nodes[0]!.done;
+  const rs = await Promise.all([1, 2].map((k) => nodes[k]!.done));
+  for (const r of rs) assert.equal(r.code, 0, r.out + r.err);
+  const out = rs[0]!.out + rs[0]!.err;
+  const m = /\[elastic\] lost node 0 .*; resumed from step (\d+)/.exec(out);
+  assert.ok(m, `no [elastic] line of the new rank 0:\n${out}`);
+  t.diagnostic(`node 0 lost at step 10; the survivors resumed from step ${m[1]} and finished`);
+  assert.deepEqual(readMetrics(join(run, 'metrics.jsonl')).map((r) => r.step), Array.from({ length: steps }, (_, i) => i + 1));
+  assert.ok(!existsSync(join(run, '.lock')), 'the run directory is still locked');
 });

@@ -1,4 +1,4 @@
-// One live run per run directory ([Note: run lock] in src/train/run_record.ts): a second run into a
+// One live run per run directory ([Note: run lock] in src/train/run_dir.ts): a second run into a
 // directory a live run holds is refused before it starts, naming the holder, and nothing in the
 // directory changes; a stale lock of a dead run is taken over.
 import { test } from 'node:test';
@@ -79,4 +79,50 @@ test('a lock taken over from a reused pid: the start time decides, not the pid a
   assert.equal(runDirProblem(cfg), undefined);
   const { release } = lockRunDir(dir);
   release();
+});
+
+test('a zombie holds nothing: the lock of a killed process its parent has not reaped yet is stale', async () => {
+  const dir = join(root, 'zombie');
+  mkdirSync(dir);
+  // sh starts a child that exits at once, then becomes a process that never reaps it: a zombie for 30 s.
+  const parent = spawn('sh', ['-c', 'sleep 0 & echo $!; exec sleep 30'], { stdio: ['ignore', 'pipe', 'inherit'] });
+  try {
+    const [chunk] = (await once(parent.stdout!, 'data')) as [Buffer];
+    const pid = Number(chunk.toString().trim());
+    const stat = (): string[] => { const s = readFileSync(`/proc/${pid}/stat`, 'utf8'); return s.slice(s.lastIndexOf(')') + 2).split(' '); };
+    for (const end = Date.now() + 10_000; stat()[0] !== 'Z'; await new Promise((r) => setTimeout(r, 20))) assert.ok(Date.now() < end, 'no zombie');
+    writeFileSync(join(dir, LOCK_FILE), JSON.stringify({ pid, host: hostname(), startTicks: stat()[19], since: 'then' }));
+    assert.equal(runDirProblem(parseConfig('', [`--train.runDir=${dir}`])), undefined);
+    const { release } = lockRunDir(dir);
+    release();
+  } finally {
+    parent.kill('SIGKILL');
+  }
+});
+
+test('a later attempt of the same job takes over its earlier attempt\'s lock on any host; another job\'s, or the same attempt\'s, from another host is refused', () => {
+  const dir = join(root, 'same-job');
+  mkdirSync(dir);
+  const lock = (holder: object): void => writeFileSync(join(dir, LOCK_FILE), JSON.stringify({ pid: 1, host: 'another-host', startTicks: '1', since: 'then', ...holder }));
+  const cfg = parseConfig('', [`--train.runDir=${dir}`]);
+  const saved = { job: process.env.FLOTILLA_JOB, attempt: process.env.FLOTILLA_RESTART_COUNT };
+  Object.assign(process.env, { FLOTILLA_JOB: 'job-a', FLOTILLA_RESTART_COUNT: '3' });
+  try {
+    lock({ job: 'job-a', attempt: 2 });
+    assert.equal(runDirProblem(cfg), undefined, 'its own job\'s earlier attempt holds nothing');
+    const { release } = lockRunDir(dir);
+    assert.deepEqual(JSON.parse(readFileSync(join(dir, LOCK_FILE), 'utf8')).job, 'job-a');
+    release();
+    assert.ok(!existsSync(join(dir, LOCK_FILE)));
+    for (const other of [{ job: 'job-b', attempt: 2 }, { job: 'job-a', attempt: 3 }, {}]) {
+      lock(other);
+      assert.match(runDirProblem(cfg) ?? '', /in use by a live run \(pid 1 on host another-host/, JSON.stringify(other));
+      assert.throws(() => lockRunDir(dir), /in use by a live run \(pid 1 on host another-host/);
+    }
+  } finally {
+    for (const [k, v] of [['FLOTILLA_JOB', saved.job], ['FLOTILLA_RESTART_COUNT', saved.attempt]] as const) {
+      if (v === undefined) delete process.env[k];
+      else process.env[k] = v;
+    }
+  }
 });

@@ -10,15 +10,14 @@
 // The other way, FLOTILLA_REGROUP_FILE names a file the launcher of an elastic job creates when a
 // host joins: the ranks look for it at each step boundary and stop at their next checkpoint.
 //
-// The variables are read and removed once, when this module loads, so processes a rank starts do
-// not use them.
+// The variables (launcher_env.ts) are read and removed once, when this module loads, so processes a
+// rank starts do not use them.
 import { appendFileSync, existsSync, readFileSync } from 'node:fs';
+import { forgetLauncherFiles, launcherEnv } from './launcher_env.js';
 
-const regroupFile = (() => {
-  const file = process.env.FLOTILLA_REGROUP_FILE;
-  delete process.env.FLOTILLA_REGROUP_FILE;
-  return file || undefined;
-})();
+const told = launcherEnv();
+forgetLauncherFiles();
+const regroupFile = told.regroupFile;
 
 /** Whether this rank's launcher asks the run to stop at its next checkpoint (a host joins). */
 export function regroupAsked(): boolean {
@@ -26,10 +25,8 @@ export function regroupAsked(): boolean {
 }
 
 let target: { file: string; rank: number } | undefined = (() => {
-  const file = process.env.FLOTILLA_STATUS_FILE;
-  delete process.env.FLOTILLA_STATUS_FILE;
   const rank = Number(process.env.RANK ?? process.env.OMPI_COMM_WORLD_RANK);
-  return file && Number.isInteger(rank) && rank >= 0 ? { file, rank } : undefined;
+  return told.statusFile !== undefined && Number.isInteger(rank) && rank >= 0 ? { file: told.statusFile, rank } : undefined;
 })();
 
 export type RankEvent =

@@ -1,13 +1,15 @@
 // `flotilla run`: start N ranks of a script on this host with the launch contract set
 // (src/distributed/env.ts). The command line is parsed in src/cli/run.ts; this file runs the
-// attempts: ports, rendezvous files, the heartbeat between nodes, restarts and the exit code. Ranks
+// attempts: ports, rendezvous files, the heartbeat between nodes, and what restarts.ts decides
+// after each (another attempt, another meeting of the hosts, or the exit code). Ranks
 // start directly (direct.ts, Gloo) or through mpirun (mpirun.ts); either way one supervisor
 // (supervisor.ts) watches them.
 //
 // Every rank gets RANK = node_rank * N + local_rank, WORLD_SIZE = M * N, LOCAL_RANK,
-// LOCAL_WORLD_SIZE = N, GROUP_RANK = node_rank, MASTER_ADDR, MASTER_PORT, and
-// FLOTILLA_RESTART_COUNT / FLOTILLA_MAX_RESTARTS. .ts scripts run under tsx, .js under node, and
-// anything else is executed as it is (so `flotilla run --nproc 2 python3 peer.py` works too).
+// LOCAL_WORLD_SIZE = N, GROUP_RANK = node_rank, MASTER_ADDR, MASTER_PORT, and the launcher's own
+// variables (src/distributed/launcher_env.ts: FLOTILLA_RESTART_COUNT, FLOTILLA_MAX_RESTARTS, ...).
+// .ts scripts run under tsx, .js under node, and anything else is executed as it is (so
+// `flotilla run --nproc 2 python3 peer.py` works too).
 // Each output line is prefixed with `[rank k]`. SIGINT/SIGTERM are forwarded to the ranks (a second
 // one kills them). When a rank exits non-zero or is killed, the others are stopped (SIGTERM, then
 // SIGKILL after a grace period) and the launcher reports the rank and its exit code or signal.
@@ -56,8 +58,10 @@ import { DEFAULT_MASTER_PORT, isLoopback } from '../distributed/env.js';
 import { runDirect } from './direct.js';
 import { runMpirun } from './mpirun.js';
 import { heartbeatConfig, NodeLink, type Grow, type HeartbeatConfig } from './heartbeat.js';
+import { canShrink, heardRoster, initialState, nextStep, type RestartAction, type RestartEvent, type RestartLimits, type RestartState } from './restarts.js';
 import { regrouped } from '../distributed/launcher_channel.js';
-import { Supervisor, describeFailure, signalCode, type Outcome, type SupervisorIO } from './supervisor.js';
+import { jobIdentity, launcherVars } from '../distributed/launcher_env.js';
+import { Supervisor, type Outcome, type SupervisorIO } from './supervisor.js';
 
 export interface RunOptions {
   nproc: number;
@@ -151,6 +155,8 @@ interface AttemptControl {
   attempt?: number;
   /** An elastic job: the world size of its first meeting (FLOTILLA_ELASTIC_WORLD, [Note: elastic micro-batches]). */
   firstWorld?: number;
+  /** The job's identity, the same on every host ([Note: run lock]). */
+  job: string;
 }
 
 /** The file whose presence asks attempt k's ranks to stop at their next checkpoint (a host joins). */
@@ -162,12 +168,11 @@ async function runAttempt(o: RunOptions, attempt: number, port: number, io: Supe
   const [cmd, args] = commandFor(o.script, o.scriptArgs);
   const env: NodeJS.ProcessEnv = {
     ...process.env,
-    ...(ctl.elastic !== undefined ? { FLOTILLA_ELASTIC: ctl.elastic } : {}),
-    ...(ctl.firstWorld !== undefined ? { FLOTILLA_ELASTIC_WORLD: String(ctl.firstWorld) } : {}),
-    FLOTILLA_REGROUP_FILE: regroupFile(dir, attempt),
-    FLOTILLA_RESTART_COUNT: String(attempt), FLOTILLA_MAX_RESTARTS: String(o.maxRestarts),
-    FLOTILLA_STATUS_FILE: statusFile,
-    FLOTILLA_LAUNCHER_TTY: launcherTerminal(), // rank 0 may draw a progress bar on it
+    ...launcherVars({
+      attempt, maxRestarts: o.maxRestarts, job: ctl.job, statusFile, regroupFile: regroupFile(dir, attempt),
+      terminal: launcherTerminal(), // rank 0 may draw a progress bar on it
+      ...(ctl.elastic !== undefined ? { elastic: ctl.elastic } : {}), ...(ctl.firstWorld !== undefined ? { firstWorld: ctl.firstWorld } : {}),
+    }),
   };
   const ranks = Array.from({ length: o.nproc }, (_, local) => o.nodeRank * o.nproc + local);
   const sup = new Supervisor({ io, ranks, heartbeat: ctl.heartbeat, statusFile, onLocalFailure: ctl.onLocalFailure });
@@ -251,6 +256,9 @@ function storePort(o: RunOptions, attempt: number, hbPort: number): number {
 // keeps its port (on the new node 0). The ranks start on the smaller world as a restarted group:
 // `flotilla train` derives the layout again and resumes from the newest checkpoint, and
 // FLOTILLA_ELASTIC tells rank 0 what happened for its [elastic] line. No host is special after the start.
+// A meeting's first attempt that fails is retried once, not counted against --max-restarts, as the
+// meeting itself is not: what the lost host left behind may take a moment to go. The new rank 0 takes
+// over the run directory's lock its job's earlier rank 0 left ([Note: run lock]).
 //
 // [Note: elastic grow] A host started with the job's command while it runs on fewer than MAX hosts
 // (a lost one restarted, or a new one with a --node-rank not in the job) proves the secret to node 0
@@ -265,196 +273,147 @@ function storePort(o: RunOptions, attempt: number, hbPort: number): number {
 // to one host keeps node 0's heartbeat listening at its address of the first meeting (its ranks meet
 // on loopback), so a host can still ask it.
 
-/** Where this host stands in the current membership of an elastic job. */
-interface Membership {
-  /** Node ranks of the first meeting, of the hosts still in the job, in order. */
-  ids: number[];
-  /** Their addresses (the roster), in the same order. */
-  addrs: string[];
+/** What the heartbeat of one meeting heard: a host lost, a host that joins (the next meeting). */
+interface Heard {
+  lost?: { why: string; node: number | undefined };
+  grow?: Grow;
 }
 
-/** The [elastic] words for a meeting that took a host in. */
-function joined(g: Grow, nproc: number): string {
-  return `first-meeting node ${g.ids[g.ids.length - 1]} joined at ${g.addrs[g.addrs.length - 1]}; continuing on ${g.ids.length} host(s), ` +
-    `${g.ids.length * nproc} rank(s) (first-meeting nodes ${g.ids.join(', ')}; node 0 at ${g.addrs[0]})`;
-}
-
+/** The attempts of the job, meeting after meeting, as the restart state machine (restarts.ts) decides. */
 async function attempts(o: RunOptions, io: SupervisorIO, dir: string, heartbeat: HeartbeatConfig): Promise<number> {
   const say = (msg: string): void => void io.stderr.write(`flotilla run: ${msg}\n`);
   const hbPort = heartbeatPort(o);
-  const minNodes = o.minNodes ?? o.nnodes;
-  let cur = o;
-  let firstAttempt = 0;
-  let elastic: string | undefined;
-  let members: Membership | undefined;
-  let joining = false; // this host asked to join a running job, and is bound for the meeting node 0 named
+  const limits: RestartLimits = { nproc: o.nproc, maxNodes: o.nnodes, minNodes: o.minNodes ?? o.nnodes, maxRestarts: o.maxRestarts };
+  const job = jobIdentity({ nnodes: o.nnodes, masterAddr: o.masterAddr, masterPort: o.masterPort, secret: process.env.FLOTILLA_JOB_SECRET ?? '' });
+  let s = initialState(o);
+  let act: RestartAction = { do: 'meet', patient: false };
+  const apply = (e: RestartEvent): RestartAction => {
+    const t = nextStep(s, e, limits);
+    if (t.say !== undefined) say(t.say);
+    s = t.state;
+    return t.act;
+  };
   for (;;) {
+    if (act.do === 'exit') return act.code;
+    const patient = act.do === 'meet' && act.patient;
+    const here = s;
+    const cur: RunOptions = here.first === 0 ? o : { ...o, nnodes: here.nnodes, nodeRank: here.nodeRank, masterAddr: here.masterAddr, masterPort: o.masterPort ?? DEFAULT_MASTER_PORT };
     const ctl: AttemptControl = {
-      heartbeat, onLocalFailure: () => undefined, ...(elastic !== undefined ? { elastic } : {}), ...(minNodes < o.nnodes ? { firstWorld: o.nnodes * o.nproc } : {}),
+      heartbeat, job, onLocalFailure: () => undefined, ...(here.elastic !== undefined ? { elastic: here.elastic } : {}),
+      ...(limits.minNodes < o.nnodes ? { firstWorld: o.nnodes * o.nproc } : {}),
     };
+    const heard: Heard = {};
     let link: NodeLink | undefined;
-    let lost: { why: string; node: number | undefined } | undefined; // a node was lost: no restart can bring it back
-    let grow: Grow | undefined; // a host joins: the next meeting, once the ranks have saved and stopped
-    const regroup = (g: Grow): void => {
-      grow = g;
-      if (ctl.attempt !== undefined) writeFileSync(regroupFile(dir, ctl.attempt), '');
-      say(`[elastic] first-meeting node ${g.ids[g.ids.length - 1]} (${g.addrs[g.addrs.length - 1]}) joins: the ranks stop at their next checkpoint and the job meets again on ${g.ids.length} hosts`);
-    };
-    const me = members !== undefined ? members.ids[cur.nodeRank]! : cur.nodeRank;
     // Down to one host below MAX: its heartbeat still listens, where the others knew it, for a host that asks.
-    const alone = cur.nnodes === 1 && members !== undefined && o.nnodes > 1;
-    if (cur.nnodes > 1 || alone) {
+    const alone = here.nnodes === 1 && here.members !== undefined && o.nnodes > 1;
+    if (here.nnodes > 1 || alone) {
       try {
-        link = await NodeLink.start({
-          nodeRank: cur.nodeRank, nnodes: cur.nnodes, nproc: cur.nproc, host: alone ? members!.addrs[0]! : cur.masterAddr, port: hbPort,
-          secret: process.env.FLOTILLA_JOB_SECRET ?? '', config: heartbeat,
-          joinTimeoutMs: Number(process.env.FLOTILLA_TIMEOUT_MS?.trim() || 300_000), generation: firstAttempt,
-          ...(firstAttempt === 0 && o.masterAddrs ? { hosts: o.masterAddrs } : {}), patient: joining,
-          onPeerDown: (why, fatal, node) => {
-            if (fatal) lost = { why, node };
-            if (ctl.abort) ctl.abort(why, fatal);
-            else if (fatal && minNodes >= cur.nnodes) say(why);
-          },
-          onGrow: regroup,
-          ...(cur.nodeRank === 0 && members !== undefined ? {
-            onAsk: (node: number, addr: string): Grow | string => {
-              if (grow !== undefined) return 'another host is joining; start this one again after it has';
-              if (cur.nnodes >= o.nnodes) return `the job runs on ${cur.nnodes} hosts, its --nnodes maximum`;
-              if (members!.ids.includes(node)) return `node ${node} of the first meeting is in the job; give a joining host the --node-rank it had, or one not in the job`;
-              const g: Grow = { addrs: [...members!.addrs, addr], ids: [...members!.ids, node], generation: (ctl.attempt ?? firstAttempt) + 1 };
-              regroup(g);
-              return g;
-            },
-          } : {}),
-        });
-        joining = false;
-        if (link.grow !== undefined) {
-          // This host joined a running job: it comes in at the meeting node 0 announced.
-          const g = link.grow;
-          await link.close();
-          joining = true;
-          members = { ids: g.ids, addrs: g.addrs };
-          firstAttempt = g.generation;
-          elastic = joined(g, o.nproc);
-          say(`[elastic] joined a running job: this host is node ${g.ids.length - 1} of ${g.ids.length}; its ranks start once the others have saved`);
-          cur = { ...o, nnodes: g.ids.length, nodeRank: g.ids.length - 1, masterAddr: g.addrs[0]!, masterPort: o.masterPort ?? DEFAULT_MASTER_PORT };
-          continue;
-        }
+        link = await startLink(cur, here, { patient, alone, heartbeat, hbPort, limits, ctl, heard, dir, say });
       } catch (e) {
         say((e as Error).message);
         return 1;
       }
-      ctl.onLocalFailure = (what) => link!.announceFailure(`node ${cur.nodeRank}: ${what}`);
+      if (link.grow !== undefined) {
+        // This host joined a running job: it comes in at the meeting node 0 announced.
+        const g = link.grow;
+        await link.close();
+        act = apply({ on: 'joined', grow: g });
+        continue;
+      }
+      const l = link;
+      ctl.onLocalFailure = (what) => l.announceFailure(`node ${cur.nodeRank}: ${what}`);
     }
-    let r: number | { lostAt: number } | { regroup: true };
     try {
-      r = await attemptLoop(cur, io, dir, ctl, () => lost?.why, link, firstAttempt, minNodes < cur.nnodes, () => grow !== undefined, hbPort);
-      // The roster of the first meeting names every host; later ones are its survivors.
-      if (members === undefined && link?.roster) members = { ids: link.roster.map((_, k) => k), addrs: [...link.roster] };
+      act = { do: 'run' };
+      while (act.do === 'run') {
+        const e = await runOne(cur, s, io, dir, ctl, heard, link, hbPort, limits);
+        if (typeof e === 'number') return e;
+        s = heardRoster(s, link?.roster);
+        act = apply(e);
+      }
     } finally {
       await link?.close();
     }
-    if (typeof r === 'number') return r;
-    if ('regroup' in r) {
-      // [Note: elastic grow] The ranks saved and stopped; meet again with the joining host.
-      const g = grow!;
-      members = { ids: g.ids, addrs: g.addrs };
-      firstAttempt = g.generation;
-      const nodeRank = g.ids.indexOf(me);
-      elastic = joined(g, o.nproc);
-      say(`[elastic] ${elastic}; this host is node ${nodeRank} now; restarting its ${o.nproc} rank(s) from the checkpoint just saved`);
-      cur = { ...o, nnodes: g.ids.length, nodeRank, masterAddr: g.addrs[0]!, masterPort: o.masterPort ?? DEFAULT_MASTER_PORT };
-      continue;
-    }
-    // A host was lost and the job may shrink: who is left, and where do they meet?
-    const gone = lost?.node;
-    if (members === undefined || gone === undefined || gone >= members.ids.length) {
-      say(`failed: ${lost?.why ?? 'a node was lost'} (the hosts' addresses were not all known yet, so the others cannot meet again)`);
-      return 1;
-    }
-    const lostId = members.ids[gone]!;
-    members = { ids: members.ids.filter((_, k) => k !== gone), addrs: members.addrs.filter((_, k) => k !== gone) };
-    if (members.ids.length < minNodes) {
-      say(`failed: ${lost!.why}; ${members.ids.length} host(s) left, fewer than --nnodes ${minNodes}:${o.nnodes} allows`);
-      return 1;
-    }
-    const nodeRank = members.ids.indexOf(me);
-    const nnodes = members.ids.length;
-    const masterAddr = nnodes === 1 ? '127.0.0.1' : members.addrs[0]!;
-    firstAttempt = r.lostAt + 1;
-    elastic = `lost node ${lostId} (${lost!.why}); continuing on ${nnodes} host(s), ${nnodes * o.nproc} rank(s) (first-meeting nodes ${members.ids.join(', ')}; node 0 at ${masterAddr})`;
-    say(`[elastic] ${elastic}; this host is node ${nodeRank} now; restarting its ${o.nproc} rank(s) from the latest checkpoint`);
-    cur = { ...o, nnodes, nodeRank, masterAddr, masterPort: o.masterPort ?? DEFAULT_MASTER_PORT };
   }
 }
 
-/** Attempts of one membership; `{ lostAt }` when a host was lost and the job may shrink (elastic). */
-async function attemptLoop(
-  o: RunOptions, io: SupervisorIO, dir: string, ctl: AttemptControl, lost: () => string | undefined, link: NodeLink | undefined,
-  first: number, elastic: boolean, growing: () => boolean, hbPort: number,
-): Promise<number | { lostAt: number } | { regroup: true }> {
-  const say = (msg: string): void => void io.stderr.write(`flotilla run: ${msg}\n`);
-  for (let attempt = first; ; attempt++) {
-    if (lost() !== undefined) {
-      if (elastic) return { lostAt: attempt - 1 };
-      say(`failed: ${lost()}`);
+/** Starts a meeting's heartbeat (heartbeat.ts); what it hears goes into `heard` and the attempt running. */
+function startLink(
+  cur: RunOptions, here: RestartState,
+  m: { patient: boolean; alone: boolean; heartbeat: HeartbeatConfig; hbPort: number; limits: RestartLimits; ctl: AttemptControl; heard: Heard; dir: string; say: (msg: string) => void },
+): Promise<NodeLink> {
+  const { ctl, heard, say } = m;
+  const regroup = (g: Grow): void => {
+    heard.grow = g;
+    if (ctl.attempt !== undefined) writeFileSync(regroupFile(m.dir, ctl.attempt), '');
+    say(`[elastic] first-meeting node ${g.ids[g.ids.length - 1]} (${g.addrs[g.addrs.length - 1]}) joins: the ranks stop at their next checkpoint and the job meets again on ${g.ids.length} hosts`);
+  };
+  const members = here.members;
+  return NodeLink.start({
+    nodeRank: cur.nodeRank, nnodes: cur.nnodes, nproc: cur.nproc, host: m.alone ? members!.addrs[0]! : cur.masterAddr, port: m.hbPort,
+    secret: process.env.FLOTILLA_JOB_SECRET ?? '', config: m.heartbeat,
+    joinTimeoutMs: Number(process.env.FLOTILLA_TIMEOUT_MS?.trim() || 300_000), generation: here.first,
+    ...(here.first === 0 && cur.masterAddrs ? { hosts: cur.masterAddrs } : {}), patient: m.patient,
+    onPeerDown: (why, fatal, node) => {
+      if (fatal) heard.lost = { why, node };
+      if (ctl.abort) ctl.abort(why, fatal);
+      else if (fatal && !canShrink(here, m.limits)) say(why);
+    },
+    onGrow: regroup,
+    ...(cur.nodeRank === 0 && members !== undefined ? {
+      onAsk: (node: number, addr: string): Grow | string => {
+        if (heard.grow !== undefined) return 'another host is joining; start this one again after it has';
+        if (cur.nnodes >= m.limits.maxNodes) return `the job runs on ${cur.nnodes} hosts, its --nnodes maximum`;
+        if (members.ids.includes(node)) return `node ${node} of the first meeting is in the job; give a joining host the --node-rank it had, or one not in the job`;
+        const g: Grow = { addrs: [...members.addrs, addr], ids: [...members.ids, node], generation: (ctl.attempt ?? here.first) + 1 };
+        regroup(g);
+        return g;
+      },
+    } : {}),
+  });
+}
+
+/**
+ * Runs attempt s.attempt of a meeting, unless a host was lost already, and says what happened as the
+ * state machine's event; a number is an exit code (no free port).
+ */
+async function runOne(
+  o: RunOptions, s: RestartState, io: SupervisorIO, dir: string, ctl: AttemptControl, heard: Heard, link: NodeLink | undefined, hbPort: number, limits: RestartLimits,
+): Promise<RestartEvent | number> {
+  const attempt = s.attempt;
+  const lost = (): Heard['lost'] => heard.lost; // set by the heartbeat meanwhile
+  const lostEvent = (started: boolean): RestartEvent => ({ on: 'lost', ...lost()!, started });
+  if (lost() !== undefined) return lostEvent(false);
+  let port: number;
+  if (o.nnodes > 1 || s.first > 0) port = storePort(o, attempt, hbPort);
+  else if (o.masterPort !== undefined) port = o.masterPort;
+  else {
+    try {
+      port = await freePort(o.masterAddr);
+    } catch (e) {
+      io.stderr.write(`flotilla run: could not find a free port on --master-addr ${o.masterAddr} (${(e as Error).message}); is it an address of this host? Pass --master-port\n`);
       return 1;
     }
-    let port: number;
-    if (o.nnodes > 1 || first > 0) port = storePort(o, attempt, hbPort);
-    else if (o.masterPort !== undefined) port = o.masterPort;
-    else {
-      try {
-        port = await freePort(o.masterAddr);
-      } catch (e) {
-        say(`could not find a free port on --master-addr ${o.masterAddr} (${(e as Error).message}); is it an address of this host? Pass --master-port`);
-        return 1;
-      }
-    }
-    ctl.attempt = attempt;
-    if (growing()) writeFileSync(regroupFile(dir, attempt), ''); // a host asked to join between attempts
-    const outcome = await runAttempt(o, attempt, port, io, dir, ctl);
-    // The ranks stopped at a checkpoint for a host that joins: not done, meet again. They stop so
-    // only when some launcher was told of the next meeting, and node 0 tells every one; should this
-    // one not have heard yet, it waits a heartbeat timeout for it rather than end the run.
-    if (outcome.kind === 'ok' && regrouped(join(dir, `status.${attempt}`))) {
-      const until = Date.now() + ctl.heartbeat.timeoutMs;
-      while (!growing() && lost() === undefined && Date.now() < until) await new Promise((r) => setTimeout(r, 100));
-      if (growing()) {
-        link?.announceDone(); // its connection closing now is the meeting ending, not a lost host
-        return { regroup: true };
-      }
-      say(`failed: the ranks stopped at a checkpoint for a host that joins, but node 0 never named the next meeting${lost() !== undefined ? ` (${lost()})` : ''}`);
-      return 1;
-    }
-    if (outcome.kind === 'ok') {
-      link?.announceDone();
-      return 0;
-    }
-    if (outcome.kind === 'interrupted') return signalCode(outcome.signal);
-    // Elastic: ranks that lost a peer host often fail (a broken connection) before the heartbeat
-    // names the host; give it the time it takes to, then shrink instead of failing.
-    if (elastic && lost() === undefined) {
-      const until = Date.now() + ctl.heartbeat.timeoutMs + 2 * ctl.heartbeat.intervalMs;
-      while (lost() === undefined && Date.now() < until) await new Promise((r) => setTimeout(r, 100));
-    }
-    if (elastic && lost() !== undefined) return { lostAt: attempt };
-    if (outcome.kind === 'peer') {
-      if (outcome.fatal && elastic) return { lostAt: attempt };
-      if (outcome.fatal || attempt >= o.maxRestarts) {
-        say(`failed: ${outcome.why}`);
-        return 1;
-      }
-      say(`${outcome.why}; restarting all ${o.nproc} local rank${o.nproc > 1 ? 's' : ''} (restart ${attempt + 1} of ${o.maxRestarts})`);
-      continue;
-    }
-    const what = describeFailure(outcome);
-    if (attempt < o.maxRestarts) {
-      say(`${what}; restarting all ${o.nproc} local rank${o.nproc > 1 ? 's' : ''} (restart ${attempt + 1} of ${o.maxRestarts})`);
-      continue;
-    }
-    say(`failed: ${what}${o.maxRestarts > 0 ? ` (after ${o.maxRestarts} restart${o.maxRestarts > 1 ? 's' : ''})` : ''}`);
-    if (outcome.signal) return signalCode(outcome.signal);
-    return outcome.code !== null && outcome.code > 0 && outcome.code < 256 ? outcome.code : 1;
   }
+  ctl.attempt = attempt;
+  if (heard.grow !== undefined) writeFileSync(regroupFile(dir, attempt), ''); // a host asked to join between attempts
+  const outcome = await runAttempt(o, attempt, port, io, dir, ctl);
+  const wait = async (ms: number, done: () => boolean): Promise<void> => {
+    for (const until = Date.now() + ms; !done() && Date.now() < until;) await new Promise((r) => setTimeout(r, 100));
+  };
+  // The ranks stopped at a checkpoint for a host that joins: not done, meet again. They stop so
+  // only when some launcher was told of the next meeting, and node 0 tells every one; should this
+  // one not have heard yet, it waits a heartbeat timeout for it rather than end the run.
+  if (outcome.kind === 'ok' && regrouped(join(dir, `status.${attempt}`))) {
+    await wait(ctl.heartbeat.timeoutMs, () => heard.grow !== undefined || lost() !== undefined);
+    if (heard.grow === undefined) return { on: 'regroupUnheard', ...(lost() !== undefined ? { lost: lost()!.why } : {}) };
+    link?.announceDone(); // its connection closing now is the meeting ending, not a lost host
+    return { on: 'regrouped', grow: heard.grow };
+  }
+  if (outcome.kind === 'ok') link?.announceDone();
+  if (outcome.kind === 'ok' || outcome.kind === 'interrupted' || !canShrink(s, limits)) return { on: 'ended', outcome };
+  // Elastic: ranks that lost a peer host often fail (a broken connection) before the heartbeat
+  // names the host; give it the time it takes to, then shrink instead of failing.
+  await wait(ctl.heartbeat.timeoutMs + 2 * ctl.heartbeat.intervalMs, () => lost() !== undefined);
+  return lost() !== undefined ? lostEvent(true) : { on: 'ended', outcome };
 }

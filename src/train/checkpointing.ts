@@ -13,6 +13,7 @@ import type { FlotillaConfig } from '../config/schema.js';
 import { checkpointDirOf, resumeTarget } from './run_dir.js';
 import { gatherNewest } from '../checkpoint/replicas.js';
 import { regroupAsked } from '../distributed/launcher_channel.js';
+import { launcherEnv, restarted } from '../distributed/launcher_env.js';
 
 /** A seed for step `step`'s random draws (dropout), so a resumed run draws what the straight run drew. */
 export function stepSeed(seed: number, step: number): number {
@@ -68,8 +69,7 @@ export class RunCheckpoints {
    */
   resumeTarget(resume: string | undefined): string | undefined {
     const { world, ranksPerHost } = this.opts;
-    const restarted = Number(process.env.FLOTILLA_RESTART_COUNT ?? 0) > 0;
-    const latest = resume === undefined ? restarted : resume === '' || resume === 'latest';
+    const latest = resume === undefined ? restarted() : resume === '' || resume === 'latest';
     if (!latest || replicasOf(this.cfg, world.size, ranksPerHost) === 0) return resumeTarget(this.cfg, resume);
     const g = gatherNewest(world, this.dir, ranksPerHost);
     if (g.path === undefined) {
@@ -145,7 +145,7 @@ export function initFrom(path: string, placements: readonly ParamPlacement[], nu
 export class StopRequest {
   private requested = false;
   private readonly handler: (sig: NodeJS.Signals) => void;
-  private readonly launched = process.env.FLOTILLA_RESTART_COUNT !== undefined;
+  private readonly launched = launcherEnv().attempt !== undefined;
 
   constructor(private readonly log: (line: string) => void) {
     this.handler = (sig) => {

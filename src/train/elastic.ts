@@ -5,14 +5,15 @@
 // first meeting): the smallest count, at least the config's, that divides the rank's share and keeps
 // its micro-batches that small. The global batch and the sample order stay; the numbers are those of a
 // plain run with that data.microBatches. When no count fits, the config's stays.
+import { launcherEnv } from '../distributed/launcher_env.js';
 import { resolveLayout } from '../parallel/layout.js';
 import type { FlotillaConfig } from '../config/schema.js';
 
 /** The micro-batches per step on `worldSize` ranks of an elastic job, and why when raised. */
 export function elasticMicroBatches(cfg: FlotillaConfig, worldSize: number, env: Record<string, string | undefined> = process.env): { microBatches: number; why?: string } {
   const M = cfg.data.microBatches;
-  const first = Number(env.FLOTILLA_ELASTIC_WORLD ?? NaN);
-  if (!Number.isInteger(first) || first <= worldSize) return { microBatches: M };
+  const first = launcherEnv(env).firstWorld;
+  if (first === undefined || first <= worldSize) return { microBatches: M };
   let dpFirst: number, dpNow: number;
   try {
     dpFirst = resolveLayout(cfg.parallel, first).dp;

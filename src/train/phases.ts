@@ -7,6 +7,7 @@
 // hand it the ranges this rank updates.
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { elasticMicroBatches } from './elastic.js';
+import { launcherEnv } from '../distributed/launcher_env.js';
 import { join } from 'node:path';
 import { type Tensor, describeBlas, setNumThreads, tidy, torchVersion } from '../tensor/index.js';
 import { autocast } from '../nn/precision.js';
@@ -154,9 +155,9 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
       verifyDataPartition(mesh.data, loader.localSampleIds(startStep), cfg.data.globalBatch);
       header('resume', `resumed from step ${startStep} (${resumedFrom}; saved by ${meta.layout.worldSize} rank(s), ${meta.layout.description})`);
       // After a lost host (src/launch/launcher.ts, [Note: elastic shrink]): the launcher said what happened.
-      if (process.env.FLOTILLA_ELASTIC) header('elastic', `${process.env.FLOTILLA_ELASTIC}; ${describeLayout(layout)}${micro.why ? `; ${micro.why}` : ''}; resumed from step ${startStep}`);
-    } else if (process.env.FLOTILLA_ELASTIC) {
-      header('elastic', `${process.env.FLOTILLA_ELASTIC}; ${describeLayout(layout)}${micro.why ? `; ${micro.why}` : ''}; no checkpoint yet: started again from step 0`);
+      if (launcherEnv().elastic) header('elastic', `${launcherEnv().elastic}; ${describeLayout(layout)}${micro.why ? `; ${micro.why}` : ''}; resumed from step ${startStep}`);
+    } else if (launcherEnv().elastic) {
+      header('elastic', `${launcherEnv().elastic}; ${describeLayout(layout)}${micro.why ? `; ${micro.why}` : ''}; no checkpoint yet: started again from step 0`);
     }
     if (resumedFrom === undefined && cfg.train.initFrom !== '') {
       initFrom(cfg.train.initFrom, placements(), numParams, cfg.model as unknown as Record<string, unknown>);

@@ -4,6 +4,7 @@ import { MultiBar, type SingleBar } from 'cli-progress';
 import { openSync } from 'node:fs';
 import { WriteStream } from 'node:tty';
 import type { StepMetrics } from './metrics.js';
+import { launcherEnv } from '../distributed/launcher_env.js';
 
 export type ProgressMode = 'bar' | 'plain' | 'off';
 
@@ -24,7 +25,7 @@ let ttyStream: NodeJS.WriteStream | undefined | null = null;
 
 /** The launcher's terminal: a device path, or '1' for this process's controlling terminal. */
 function launcherTerminal(): string | undefined {
-  const t = process.env.FLOTILLA_LAUNCHER_TTY?.trim();
+  const t = launcherEnv().terminal;
   if (t === '1') return '/dev/tty';
   return t !== undefined && /^\/dev\/(pts\/\d+|tty\w*)$/.test(t) ? t : undefined;
 }

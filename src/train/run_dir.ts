@@ -4,15 +4,19 @@
 // before any rank starts without loading the addon.
 //
 // [Note: run lock] RUN/.lock names the live run holding the directory (pid, host, the process's
-// start time, since when). A second run is refused before it starts, naming the holder; a lock
-// whose process is gone (same host: no such pid, or a new process under a reused pid) is stale
-// and taken over. The lock goes when the holder ends, by close() or from its exit handler; a
-// killed holder leaves a stale lock, which the next run takes over. A lock from another host
-// cannot be checked from here: it is refused and the message says how to remove it.
+// start time, since when, and under `flotilla run` its job and attempt). A second run is refused
+// before it starts, naming the holder; a lock whose process is gone (same host: no such pid, a new
+// process under a reused pid, or a zombie: killed, not yet reaped) is stale and taken over. A rank of
+// a later attempt of the same job (a restarted group, or an elastic meeting after its rank 0's host
+// was lost) takes over the lock of an earlier one on any host: that rank is gone or going. The lock
+// goes when the holder ends, by close() or from its exit handler; a killed holder leaves a stale
+// lock, which the next run takes over. Any other lock from another host cannot be checked from
+// here: it is refused and the message says how to remove it.
 import { randomBytes } from 'node:crypto';
 import { closeSync, existsSync, mkdirSync, openSync, readdirSync, readFileSync, statSync, unlinkSync, writeFileSync, writeSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { join, resolve } from 'node:path';
+import { launcherEnv, restarted } from '../distributed/launcher_env.js';
 import { CheckpointError, listCheckpoints, resolveCheckpoint } from '../checkpoint/format.js';
 import { ConfigError } from '../config/error.js';
 import type { FlotillaConfig } from '../config/schema.js';
@@ -45,15 +49,26 @@ interface LockHolder {
   since: string;
   /** Random, per lock: whether another host's rank sees this very lock (a shared directory). */
   token?: string;
+  /** Under `flotilla run`: the job (the same on every host and attempt) and the attempt that took the lock. */
+  job?: string;
+  attempt?: number;
 }
 
+/** A live process's start time (/proc/PID/stat field 22); undefined when there is no such process, or only its zombie. */
 function startTicksOf(pid: number): string | undefined {
   try {
     const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19];
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return fields[0] === 'Z' || fields[0] === 'X' ? undefined : fields[19];
   } catch {
     return undefined;
   }
+}
+
+/** Whether `h` was taken by an earlier attempt of this process's own job ([Note: run lock]). */
+function ownEarlierAttempt(h: LockHolder): boolean {
+  const me = launcherEnv();
+  return me.job !== undefined && h.job === me.job && me.attempt !== undefined && typeof h.attempt === 'number' && h.attempt < me.attempt;
 }
 
 function readHolder(path: string): LockHolder | undefined {
@@ -68,7 +83,7 @@ function readHolder(path: string): LockHolder | undefined {
 /** The live run holding `dir`, or undefined when the directory is free or its lock is stale. */
 function liveHolder(dir: string): LockHolder | undefined {
   const h = readHolder(join(dir, LOCK_FILE));
-  if (!h) return undefined;
+  if (!h || ownEarlierAttempt(h)) return undefined;
   if (h.host !== hostname()) return h; // cannot be checked from here
   if (h.pid === process.pid) return undefined;
   const ticks = startTicksOf(h.pid);
@@ -112,10 +127,9 @@ export function runDirProblem(c: FlotillaConfig, opts: { resume?: boolean } = {}
  * reuses the directory its first attempt created.
  */
 export function prepareRunDir(c: FlotillaConfig, opts: { resume?: boolean } = {}): string {
-  const restarted = Number(process.env.FLOTILLA_RESTART_COUNT ?? 0) > 0;
   const dir = runDirOf(c);
   const problem = runDirProblem(c, { resume: opts.resume });
-  if (problem !== undefined && !(restarted && existsSync(dir) && !liveHolder(dir))) throw new ConfigError([problem]);
+  if (problem !== undefined && !(restarted() && existsSync(dir) && !liveHolder(dir))) throw new ConfigError([problem]);
   mkdirSync(dir, { recursive: true });
   return dir;
 }
@@ -127,7 +141,11 @@ export function prepareRunDir(c: FlotillaConfig, opts: { resume?: boolean } = {}
 export function lockRunDir(dir: string): { release: () => void; token: string } {
   const path = join(dir, LOCK_FILE);
   const token = randomBytes(16).toString('hex');
-  const me: LockHolder = { pid: process.pid, host: hostname(), startTicks: startTicksOf(process.pid) ?? '', since: new Date().toISOString(), token };
+  const run = launcherEnv();
+  const me: LockHolder = {
+    pid: process.pid, host: hostname(), startTicks: startTicksOf(process.pid) ?? '', since: new Date().toISOString(), token,
+    ...(run.job !== undefined && run.attempt !== undefined ? { job: run.job, attempt: run.attempt } : {}),
+  };
   for (let attempt = 0; ; attempt++) {
     try {
       const fd = openSync(path, 'wx'); // atomic: of two runs starting together, one gets it
@@ -141,7 +159,7 @@ export function lockRunDir(dir: string): { release: () => void; token: string } 
       }
       const h = liveHolder(dir);
       if (h) throw new ConfigError([lockMessage(dir, h)]);
-      unlinkSync(path); // stale: its run is gone
+      unlinkSync(path); // stale: its run is gone, or its job's earlier attempt
     }
   }
   let held = true;
@@ -150,7 +168,7 @@ export function lockRunDir(dir: string): { release: () => void; token: string } 
     held = false;
     process.off('exit', release);
     try {
-      if (readHolder(path)?.pid === process.pid) unlinkSync(path);
+      if (readHolder(path)?.token === token) unlinkSync(path); // not one a later attempt took over
     } catch {
       // already gone
     }
@@ -175,9 +193,8 @@ export function checkpointDirOf(cfg: FlotillaConfig): string {
  * directory. A group restarted by `--max-restarts` resumes from the latest one when there is one.
  */
 export function resumeTarget(cfg: FlotillaConfig, resume: string | undefined): string | undefined {
-  const restarted = Number(process.env.FLOTILLA_RESTART_COUNT ?? 0) > 0;
   const dir = checkpointDirOf(cfg);
-  if (resume === undefined) return restarted && listCheckpoints(dir).length > 0 ? resolveCheckpoint(dir) : undefined;
+  if (resume === undefined) return restarted() && listCheckpoints(dir).length > 0 ? resolveCheckpoint(dir) : undefined;
   if (resume === '' || resume === 'latest') {
     if (listCheckpoints(dir).length === 0) {
       throw new CheckpointError(`--resume latest: no complete checkpoint in ${dir}; start the run without --resume, or name a checkpoint: --resume PATH`);
