@@ -11,32 +11,13 @@ import { join } from 'node:path';
 import { readMetrics } from '../src/train/metrics.js';
 import { flotilla as flotillaNow } from './helpers/cli.js';
 import { pool, started } from './helpers/pool.js';
+import { tinyGptToml } from './fixtures/tiny_gpt.js';
 import { processTree } from '../src/launch/heartbeat.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'flotilla-cli-'));
 
 const config = join(dir, 'tiny.toml');
-writeFileSync(config, `# a tiny GPT for a quick smoke run
-[model]
-nLayer = 1
-nHead = 2
-nEmbd = 32
-blockSize = 32
-[data]
-seqLen = 32
-globalBatch = 8
-[optim]
-lr = 3e-3
-minLr = 3e-4
-warmupSteps = 2
-[train]
-name = "smoke"
-steps = 20
-evalEvery = 10
-evalBatches = 2
-[log]
-every = 5
-`);
+writeFileSync(config, tinyGptToml({ train: { name: 'smoke', steps: 20, evalEvery: 10, evalBatches: 2 }, log: { every: 5 } }, 'a tiny GPT for a quick smoke run'));
 
 const queue = pool();
 const flotilla = (args: string[], onStart?: (c: ChildProcess) => void): ReturnType<typeof flotillaNow> => started(queue(() => flotillaNow(args, { onStart })));

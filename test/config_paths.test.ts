@@ -12,6 +12,7 @@ import { parse as parseToml } from 'smol-toml';
 import { ConfigError, checkRunnable, loadConfig } from '../src/config/index.js';
 import { loadMobyDick } from '../src/data/corpus.js';
 import { NO_REPORT } from './helpers/cli.js';
+import { tinyGptToml } from './fixtures/tiny_gpt.js';
 
 const ROOT = resolve(import.meta.dirname, '..');
 const BIN = join(ROOT, 'bin', 'flotilla.js');
@@ -24,25 +25,11 @@ mkdirSync(elsewhere);
 copyFileSync(join(ROOT, 'examples', 'moby-dick-bpe512.json'), join(cfgDir, 'tok', 'bpe.json'));
 writeFileSync(join(cfgDir, 'text', 'book.txt'), loadMobyDick().slice(0, 40_000));
 
-const small = `[model]
-nLayer = 1
-nHead = 2
-nEmbd = 32
-blockSize = 32
-[data]
-seqLen = 32
-globalBatch = 4
-[train]
-steps = 2
-evalEvery = 0
-evalBatches = 1
-[checkpoint]
-every = 2
-[log]
-progress = "plain"
-`;
 const config = join(cfgDir, 'run.toml');
-writeFileSync(config, `${small}`.replace('[data]\n', '[data]\ntokenizer = "tok/bpe.json"\nsource = "text/book.txt"\n'));
+writeFileSync(config, tinyGptToml({
+  data: { tokenizer: 'tok/bpe.json', source: 'text/book.txt', globalBatch: 4 }, optim: undefined,
+  train: { steps: 2, evalEvery: 0, evalBatches: 1 }, checkpoint: { every: 2 }, log: { progress: 'plain' },
+}));
 
 /** Runs `fn` with the current directory set to `cwd`. */
 function inDir<T>(cwd: string, fn: () => T): T {

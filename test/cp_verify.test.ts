@@ -11,23 +11,10 @@ import { join } from 'node:path';
 import { REPO_ROOT } from './helpers/world.js';
 import { BIN } from './helpers/cli.js';
 import { pool, spawnAsync, started } from './helpers/pool.js';
+import { tinyGptToml } from './fixtures/tiny_gpt.js';
 
 const config = join(mkdtempSync(join(tmpdir(), 'flotilla-cp-verify-')), 'cp.toml');
-writeFileSync(config, `
-[model]
-nLayer = 2
-nHead = 2
-nEmbd = 32
-blockSize = 32
-[data]
-seqLen = 32
-globalBatch = 4
-[optim]
-lr = 3e-3
-warmupSteps = 2
-[parallel]
-backend = "gloo"
-`);
+writeFileSync(config, tinyGptToml({ model: { nLayer: 2 }, data: { globalBatch: 4 }, optim: { minLr: undefined }, parallel: { backend: 'gloo' } }));
 
 const queue = pool(1);
 function verify(args: string[]): Promise<{ code: number | null; out: string }> {

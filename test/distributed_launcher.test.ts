@@ -3,7 +3,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { runLauncher, parseRunArgs, RunUsageError } from '../src/cli/run.js';
+import { runLauncher, parseRunArgs } from '../src/cli/run.js';
 import { parseTrainArgs } from '../src/cli/train_args.js';
 import { UsageError } from '../src/cli/usage.js';
 import { freePort, parseAllResults, REPO_ROOT, scriptCommand } from './helpers/world.js';
@@ -56,7 +56,7 @@ test('parseRunArgs: options, aliases, script arguments, and clear usage errors',
     [['--nproc', '2', '--nnodes', '3', '--master-addr', 'a,b', 's.ts'], /--master-addr a,b: a list of addresses is for an elastic job, whose node 0 moves when a host is lost; give --nnodes MIN:MAX, or one address/],
     [['--nproc', '2', '--nnodes', '2:3', '--master-addr', 'a,,b', 's.ts'], /--master-addr "a,,b": expected a host name or address, or a list of them \(A,B,C\)/],
   ];
-  for (const [argv, re] of bad) assert.throws(() => parseRunArgs(argv), (e: Error) => e instanceof RunUsageError && re.test(e.message), argv.join(' '));
+  for (const [argv, re] of bad) assert.throws(() => parseRunArgs(argv), (e: Error) => e instanceof UsageError && re.test(e.message), argv.join(' '));
   assert.equal(parseRunArgs(['--nproc', '1', '--nnodes', '2:3', 's.ts']).minNodes, 2);
   assert.equal(parseRunArgs(['--nproc', '1', '--nnodes', '3:3', 's.ts']).minNodes, undefined, 'MIN = MAX is a fixed job');
   // An elastic job's list of master addresses: node 0 first; the ranks meet at the first.

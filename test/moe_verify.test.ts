@@ -13,49 +13,15 @@ import { join } from 'node:path';
 import { REPO_ROOT } from './helpers/world.js';
 import { BIN, verifyBlock } from './helpers/cli.js';
 import { pool, spawnAsync, started } from './helpers/pool.js';
+import { tinyGptToml } from './fixtures/tiny_gpt.js';
 
 const config = join(mkdtempSync(join(tmpdir(), 'flotilla-moe-verify-')), 'moe.toml');
-writeFileSync(config, `
-[model]
-nLayer = 2
-nHead = 2
-nEmbd = 32
-blockSize = 32
-[moe]
-experts = 4
-topK = 2
-sharedExperts = 1
-capacityFactor = 1.25
-[data]
-seqLen = 32
-globalBatch = 8
-[optim]
-lr = 3e-3
-warmupSteps = 2
-`);
+const moeToml = (moe: Record<string, string | number>): string => tinyGptToml({ model: { nLayer: 2 }, optim: { minLr: undefined }, moe });
+writeFileSync(config, moeToml({ experts: 4, topK: 2, sharedExperts: 1, capacityFactor: 1.25 }));
 
 // balance = "bias": the selection biases are state outside the gradient, saved with the checkpoint.
 const biasConfig = config.replace(/moe\.toml$/, 'moe-bias.toml');
-writeFileSync(biasConfig, `
-[model]
-nLayer = 2
-nHead = 2
-nEmbd = 32
-blockSize = 32
-[moe]
-experts = 4
-topK = 1
-router = "sigmoid"
-balance = "bias"
-biasRate = 0.05
-capacityFactor = 1.0
-[data]
-seqLen = 32
-globalBatch = 8
-[optim]
-lr = 3e-3
-warmupSteps = 2
-`);
+writeFileSync(biasConfig, moeToml({ experts: 4, topK: 1, router: 'sigmoid', balance: 'bias', biasRate: 0.05, capacityFactor: 1.0 }));
 
 const queue = pool(1);
 function verify(args: string[], file = config): Promise<{ code: number | null; out: string }> {

@@ -14,32 +14,13 @@ import { PNG } from 'pngjs';
 import { RUN_COLORS } from '../src/report/charts.js';
 import { flotilla as run } from './helpers/cli.js';
 import { started } from './helpers/pool.js';
+import { tinyGptToml } from './fixtures/tiny_gpt.js';
 
 const ROOT = resolve(import.meta.dirname, '..');
 const dir = mkdtempSync(join(tmpdir(), 'flotilla-report-'));
 
 const config = join(dir, 'tiny.toml');
-writeFileSync(config, `# a tiny GPT: a few steps with two evaluations
-[model]
-nLayer = 1
-nHead = 2
-nEmbd = 32
-blockSize = 32
-[data]
-seqLen = 32
-globalBatch = 8
-[optim]
-lr = 3e-3
-minLr = 3e-4
-warmupSteps = 2
-[train]
-steps = 6
-evalEvery = 3
-evalBatches = 1
-[log]
-every = 1
-progress = "plain"
-`);
+writeFileSync(config, tinyGptToml({ train: { steps: 6, evalEvery: 3, evalBatches: 1 }, log: { every: 1, progress: 'plain' } }, 'a tiny GPT: a few steps with two evaluations'));
 
 /** flotilla from the test's directory, stdout and stderr together. */
 async function flotilla(args: string[]): Promise<{ code: number | null; out: string }> {

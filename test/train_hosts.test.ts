@@ -14,6 +14,7 @@ import { spawnSync, type ChildProcess } from 'node:child_process';
 import assert from 'node:assert/strict';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
+import { tinyGptToml } from './fixtures/tiny_gpt.js';
 import { join } from 'node:path';
 import { checkCheckpoint } from '../src/checkpoint/checkpoint.js';
 import { readMetrics } from '../src/train/metrics.js';
@@ -30,30 +31,10 @@ await suiteSlots.holdAll();
 
 const dir = mkdtempSync(join(tmpdir(), 'flotilla-hosts-'));
 const config = join(dir, 'tiny.toml');
-writeFileSync(config, `# a tiny GPT across hosts
-[model]
-nLayer = 1
-nHead = 2
-nEmbd = 32
-blockSize = 16
-[data]
-seqLen = 16
-globalBatch = 12
-[optim]
-lr = 3e-3
-minLr = 3e-4
-warmupSteps = 2
-[train]
-steps = 6
-evalEvery = 0
-[parallel]
-backend = "gloo"
-[checkpoint]
-every = 3
-[log]
-progress = "plain"
-every = 1
-`);
+writeFileSync(config, tinyGptToml({
+  model: { blockSize: 16 }, data: { seqLen: 16, globalBatch: 12 }, train: { steps: 6, evalEvery: 0 },
+  parallel: { backend: 'gloo' }, checkpoint: { every: 3 }, log: { progress: 'plain', every: 1 },
+}, 'a tiny GPT across hosts'));
 
 const SECRET = 'hosts-test-secret-0123456789abcdef';
 /**

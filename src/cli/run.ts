@@ -4,7 +4,7 @@
 import { DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, checkFlotillaEnv } from '../distributed/env.js';
 import { mpiInstalled, MPI_INSTALL_HINT } from '../distributed/mpi_install.js';
 import { launch, type LauncherIO, type RunOptions } from '../launch/launcher.js';
-import { parseNnodes } from './usage.js';
+import { UsageError, parseNnodes } from './usage.js';
 
 export type { LauncherIO, RunOptions };
 
@@ -28,23 +28,15 @@ options:
                        auto (mpi when Open MPI is installed, else gloo)
   -h, --help           show this help`;
 
-/** A malformed `flotilla run` command line; the message says what to fix. */
-export class RunUsageError extends Error {
-  constructor(message: string, readonly help = false) {
-    super(message);
-    this.name = 'RunUsageError';
-  }
-}
-
 const OPTIONS: Record<string, keyof RunOptions> = {
   'nproc': 'nproc', 'nproc-per-node': 'nproc', 'nnodes': 'nnodes', 'node-rank': 'nodeRank',
   'master-addr': 'masterAddr', 'master-port': 'masterPort', 'max-restarts': 'maxRestarts', 'backend': 'backend',
 };
 
 function parseInt(flag: string, raw: string, min: number, max = Number.MAX_SAFE_INTEGER): number {
-  if (!/^\d+$/.test(raw.trim())) throw new RunUsageError(`--${flag} ${JSON.stringify(raw)}: expected an integer`);
+  if (!/^\d+$/.test(raw.trim())) throw new UsageError(`--${flag} ${JSON.stringify(raw)}: expected an integer`);
   const v = Number(raw);
-  if (v < min || v > max) throw new RunUsageError(`--${flag} ${v}: must be ${max === Number.MAX_SAFE_INTEGER ? `at least ${min}` : `between ${min} and ${max}`}`);
+  if (v < min || v > max) throw new UsageError(`--${flag} ${v}: must be ${max === Number.MAX_SAFE_INTEGER ? `at least ${min}` : `between ${min} and ${max}`}`);
   return v;
 }
 
@@ -57,7 +49,7 @@ export function parseRunArgs(argv: readonly string[]): RunOptions {
   let i = 0;
   for (; i < argv.length; i++) {
     const a = argv[i]!;
-    if (a === '-h' || a === '--help') throw new RunUsageError('', true);
+    if (a === '-h' || a === '--help') throw new UsageError('', true);
     if (a === '--') {
       i++;
       break;
@@ -67,35 +59,35 @@ export function parseRunArgs(argv: readonly string[]): RunOptions {
     const flag = (eq >= 0 ? a.slice(2, eq) : a.slice(2)).replace(/_/g, '-');
     const key = OPTIONS[flag];
     if (!a.startsWith('--') || key === undefined) {
-      throw new RunUsageError(`unknown option ${a} (options: ${Object.keys(OPTIONS).map((o) => `--${o}`).join(', ')}; the script and its arguments come last)`);
+      throw new UsageError(`unknown option ${a} (options: ${Object.keys(OPTIONS).map((o) => `--${o}`).join(', ')}; the script and its arguments come last)`);
     }
     let value: string | undefined;
     if (eq >= 0) value = a.slice(eq + 1);
     else {
       value = argv[++i];
-      if (value === undefined) throw new RunUsageError(`--${flag} needs a value`);
+      if (value === undefined) throw new UsageError(`--${flag} needs a value`);
     }
     raw[key] = value;
   }
   const script = argv[i];
-  if (script === undefined) throw new RunUsageError('no script given: flotilla run --nproc N script.ts [args...]');
-  if (raw.nproc === undefined) throw new RunUsageError('--nproc N is required (ranks to start on this node)');
+  if (script === undefined) throw new UsageError('no script given: flotilla run --nproc N script.ts [args...]');
+  if (raw.nproc === undefined) throw new UsageError('--nproc N is required (ranks to start on this node)');
   const nproc = parseInt('nproc', raw.nproc, 1);
-  const { nnodes, minNodes = nnodes } = raw.nnodes === undefined ? { nnodes: 1 } : parseNnodes(raw.nnodes, (m) => new RunUsageError(m));
+  const { nnodes, minNodes = nnodes } = raw.nnodes === undefined ? { nnodes: 1 } : parseNnodes(raw.nnodes, (m) => new UsageError(m));
   const nodeRank = raw.nodeRank === undefined ? 0 : parseInt('node-rank', raw.nodeRank, 0);
-  if (nodeRank >= nnodes) throw new RunUsageError(`--node-rank ${nodeRank} must be below --nnodes ${nnodes}`);
+  if (nodeRank >= nnodes) throw new UsageError(`--node-rank ${nodeRank} must be below --nnodes ${nnodes}`);
   const masterAddrs = (raw.masterAddr ?? DEFAULT_MASTER_ADDR).split(',');
   if (masterAddrs.some((a) => a.trim() === '' || /\s/.test(a))) {
-    throw new RunUsageError(`--master-addr ${JSON.stringify(raw.masterAddr)}: expected a host name or address, or a list of them (A,B,C)`);
+    throw new UsageError(`--master-addr ${JSON.stringify(raw.masterAddr)}: expected a host name or address, or a list of them (A,B,C)`);
   }
   if (masterAddrs.length > 1 && minNodes === nnodes) {
-    throw new RunUsageError(`--master-addr ${raw.masterAddr}: a list of addresses is for an elastic job, whose node 0 moves when a host is lost; give --nnodes MIN:MAX, or one address`);
+    throw new UsageError(`--master-addr ${raw.masterAddr}: a list of addresses is for an elastic job, whose node 0 moves when a host is lost; give --nnodes MIN:MAX, or one address`);
   }
   const masterAddr = masterAddrs[0]!;
   const maxRestarts = raw.maxRestarts === undefined ? 0 : parseInt('max-restarts', raw.maxRestarts, 0);
   const masterPort = raw.masterPort === undefined ? undefined : parseInt('master-port', raw.masterPort, 1, 65535);
   if (masterPort !== undefined && nnodes > 1 && masterPort + maxRestarts > 65535) {
-    throw new RunUsageError(`--master-port ${masterPort} + --max-restarts ${maxRestarts} exceeds 65535 (attempt k uses port P + k on several nodes)`);
+    throw new UsageError(`--master-port ${masterPort} + --max-restarts ${maxRestarts} exceeds 65535 (attempt k uses port P + k on several nodes)`);
   }
   const backend = parseBackend(raw.backend, nnodes);
   return { nproc, nnodes, ...(minNodes < nnodes ? { minNodes } : {}), nodeRank, masterAddr, ...(masterAddrs.length > 1 ? { masterAddrs } : {}), masterPort, maxRestarts, backend, script, scriptArgs: argv.slice(i + 1) };
@@ -103,10 +95,10 @@ export function parseRunArgs(argv: readonly string[]): RunOptions {
 
 function parseBackend(raw: string | undefined, nnodes: number): 'gloo' | 'mpi' {
   const b = raw ?? 'gloo';
-  if (b !== 'gloo' && b !== 'mpi' && b !== 'auto') throw new RunUsageError(`--backend ${JSON.stringify(b)}: expected gloo, mpi or auto`);
+  if (b !== 'gloo' && b !== 'mpi' && b !== 'auto') throw new UsageError(`--backend ${JSON.stringify(b)}: expected gloo, mpi or auto`);
   if (b === 'gloo' || (b === 'auto' && (nnodes > 1 || !mpiInstalled()))) return 'gloo';
-  if (nnodes > 1) throw new RunUsageError('--backend mpi starts ranks on one node; across hosts run mpirun with a hostfile yourself (each rank picks MPI under mpirun), or use --backend gloo');
-  if (!mpiInstalled()) throw new RunUsageError(`--backend mpi: Open MPI is not available here (${MPI_INSTALL_HINT})`);
+  if (nnodes > 1) throw new UsageError('--backend mpi starts ranks on one node; across hosts run mpirun with a hostfile yourself (each rank picks MPI under mpirun), or use --backend gloo');
+  if (!mpiInstalled()) throw new UsageError(`--backend mpi: Open MPI is not available here (${MPI_INSTALL_HINT})`);
   return 'mpi';
 }
 
@@ -128,7 +120,7 @@ export async function runLauncher(argv: readonly string[], ioOpts: LauncherIO = 
   try {
     o = parseRunArgs(argv[0] === 'run' ? argv.slice(1) : argv);
   } catch (e) {
-    if (!(e instanceof RunUsageError)) throw e;
+    if (!(e instanceof UsageError)) throw e;
     if (e.help) {
       stdout.write(`${RUN_USAGE}\n`);
       return 0;

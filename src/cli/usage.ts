@@ -1,13 +1,21 @@
 // The one error class for a bad command line: every command throws it, main() prints its message
 // and exits 2. A module of its own so commands need not import main.ts (which imports them).
 
-/** Bad command-line usage: one message, exit code 2. */
+/**
+ * Bad command-line usage: one message, exit code 2. `help`: the command line asked for the
+ * command's help (flotilla run -h), which its command prints to stdout with exit code 0.
+ */
 export class UsageError extends Error {
-  constructor(message: string) {
+  constructor(message: string, readonly help = false) {
     super(message);
     this.name = 'UsageError';
   }
 }
+
+/** @deprecated `flotilla run`'s usage errors are UsageErrors; this is the same class under its old name. */
+export const RunUsageError = UsageError;
+/** @deprecated Use UsageError. */
+export type RunUsageError = UsageError;
 
 /**
  * `--nnodes M` or `--nnodes MIN:MAX` (flotilla run and flotilla train): the hosts to start on, and
