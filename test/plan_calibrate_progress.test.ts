@@ -1,13 +1,13 @@
 // What `flotilla plan` says while it calibrates ([Note: measuring progress] in src/plan/progress.ts)
 // and how it prices bf16-mixed on a CPU without native bfloat16 ([Note: bf16 without native
-// support] in src/plan/calibrate.ts), with the CPU's answer given instead of read from /proc/cpuinfo.
+// support] in src/plan/calibrate_compute.ts), with the CPU's answer given instead of read from /proc/cpuinfo.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Progress, formatDuration } from '../src/plan/progress.js';
-import { bf16Pricing, priceFromProbe, calibrateCompute, computeWeights, type ComputePoint } from '../src/plan/calibrate.js';
+import { bf16Pricing, priceFromProbe, calibrateCompute, computeWeights, type ComputePoint } from '../src/plan/calibrate_compute.js';
 import type { CalibrationPoint } from '../src/plan/calibrate_model.js';
 import { cpuFlags, bf16Support } from '../src/tensor/cpu_features.js';
 import { loadConfig } from '../src/config/index.js';

@@ -34,7 +34,8 @@ import { buildSchedule, simulate } from '../parallel/pipeline/schedule.js';
 import { configuredBucketSizeMb } from '../parallel/layout.js';
 import type { FlotillaConfig } from '../config/schema.js';
 import { PLAN_AXES } from './axes.js';
-import { commMs, type Baseline, type CommTable, type ComputePoint, type InStepRun, type PartTiming } from './calibrate.js';
+import { commMs, type Baseline, type CommTable, type InStepRun } from './calibrate.js';
+import type { ComputePoint, PartTiming } from './calibrate_compute.js';
 import type { CalibrationPoint } from './calibrate_model.js';
 import { MEMORY_TERMS, wholeModel, type InStepProbe, type MemoryTerm, type ModelFacts, type PlanContext, type PlanLayout, type RankBudget } from './terms.js';
 

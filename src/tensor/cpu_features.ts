@@ -2,7 +2,7 @@
 // unreadable file reads as a CPU with neither feature).
 // - native: avx512_bf16 or amx_bf16, instructions that compute in bfloat16. Without them every bf16
 //   op converts to float32 and back around each step: bf16 layouts ran about 15x slower than float32
-//   on an AVX2 EPYC, so the planner prices them from a short probe (src/plan/calibrate.ts).
+//   on an AVX2 EPYC, so the planner prices them from a short probe (src/plan/calibrate_compute.ts).
 // - oneDnnGemm: avx512bw, avx512vl and avx512dq, what libtorch requires to send bf16 matmuls to
 //   oneDNN (float32 accumulation). Without them its fallback gemm rounds the accumulator to bfloat16
 //   after every term when neither operand is transposed, so a bf16 matmul's error grows with its
