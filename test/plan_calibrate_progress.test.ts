@@ -21,18 +21,19 @@ test('durations read as a person would say them', () => {
   assert.equal(formatDuration(3_900_000), '1 h 05 min');
 });
 
-test('progress: which measurement, n of m, elapsed and the time left from the work left; at most a line per interval, always the first and last', () => {
+test('progress: which measurement, n of m, elapsed and the time left at the pace since the first; at most a line per interval, always the first and last', () => {
   let t = 0;
   const lines: string[] = [];
-  const p = new Progress('compute', [1, 1, 2, 4], (l) => lines.push(l), () => t, 5_000);
-  t = 1_000; p.step('1x16 fp32, 1 block(s)');
-  t = 2_000; p.step('2x16 fp32, 1 block(s)'); // 1 s after the last line: quiet
-  t = 7_000; p.step('1x16 fp32, 2 block(s)');
-  t = 9_000; p.step('2x16 fp32, 2 block(s)');
+  const p = new Progress('compute', [1, 1, 2, 4, 2], (l) => lines.push(l), () => t, 5_000);
+  t = 7_000; p.step('1x16 fp32, 1 block(s)'); // starting the processes is in this one
+  t = 8_000; p.step('2x16 fp32, 1 block(s)'); // 1 s after the last line: quiet
+  t = 13_000; p.step('1x16 fp32, 2 block(s)');
+  t = 14_000; p.step('2x16 fp32, 2 block(s)'); // quiet
+  t = 15_000; p.step('4x16 fp32, 2 block(s)');
   assert.deepEqual(lines, [
-    '[plan] compute: measured 1 of 4 (1x16 fp32, 1 block(s)); 1 s elapsed, about 7 s left', // 1 of 8 units in 1 s
-    '[plan] compute: measured 3 of 4 (1x16 fp32, 2 block(s)); 7 s elapsed, about 7 s left', // 4 of 8 in 7 s
-    '[plan] compute: measured 4 of 4 (2x16 fp32, 2 block(s)); 9 s elapsed, done',
+    '[plan] compute: measured 1 of 5 (1x16 fp32, 1 block(s)); 7 s elapsed, the time left follows the next one',
+    '[plan] compute: measured 3 of 5 (1x16 fp32, 2 block(s)); 13 s elapsed, about 12 s left', // 3 units in 6 s since the first; 6 left
+    '[plan] compute: measured 5 of 5 (4x16 fp32, 2 block(s)); 15 s elapsed, done',
   ]);
   // Weights in the order the measurements finish: rounds, then depths, then shapes.
   assert.deepEqual(computeWeights([1, 3], [pt(1, 16, 'fp32'), pt(2, 16, 'fp32', 'full')], 2).map((w) => Math.round(w)), [16, 43, 48, 128, 16, 43, 48, 128]);
@@ -78,7 +79,8 @@ test('calibrating on a CPU without bfloat16: says what it measures as it goes, a
     // One block at both depths (the model has one): 2 shapes x 2 depths, each said as it finishes.
     const said = lines.filter((l) => l.startsWith('[plan] compute: measured'));
     assert.equal(said.length, 4, all);
-    assert.match(said[0]!, /^\[plan\] compute: measured 1 of 4 \(1x16 fp32, 1 block\(s\)\); \d+ (ms|s) elapsed, about .+ left$/);
+    assert.match(said[0]!, /^\[plan\] compute: measured 1 of 4 \(1x16 fp32, 1 block\(s\)\); \d+ (ms|s) elapsed, the time left follows the next one$/);
+    assert.match(said[1]!, /^\[plan\] compute: measured 2 of 4 \(2x16 fp32, 1 block\(s\)\); .+ elapsed, about .+ left$/);
     assert.match(said[3]!, /measured 4 of 4 .*, done$/);
     assert.ok(said.every((l) => !l.includes('bf16')), `the bf16 shape was measured at full length:\n${all}`);
     assert.match(all, /bf16-mixed took [\d.]+x float32's forward and backward at 2x16; its 1 shape\(s\) are priced/);

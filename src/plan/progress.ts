@@ -1,7 +1,9 @@
 // [Note: measuring progress] A command that measures says what it measures as it goes: which
 // measurement, n of m, the time so far and roughly how long the rest takes. Each measurement of a
 // series carries a weight proportional to its expected work (its tokens times the blocks it runs),
-// and the time left is the time so far scaled by the weight left over the weight done. A line is
+// and the time left is the pace since the first one finished (the first also pays for starting the
+// processes: counting it, a 72-shape series first said 2 hours where 12 minutes were left) times
+// the weight left. A line is
 // written for the first measurement, the last, and otherwise at most every `everyMs`, so a long
 // series says it is alive without a line per forward pass. `flotilla plan` once printed one line
 // and then nothing for 18 minutes on a CPU where every bf16 measurement ran 15x slower than float32.
@@ -24,6 +26,7 @@ export class Progress {
   private count = 0;
   private doneWeight = 0;
   private lastLine = -Infinity;
+  private first?: { t: number; weight: number };
   private readonly start: number;
   private readonly total: number;
 
@@ -45,10 +48,17 @@ export class Progress {
     this.count++;
     const t = this.now();
     const last = this.count >= this.weights.length;
-    if (this.count > 1 && !last && t - this.lastLine < this.everyMs) return;
+    if (this.first !== undefined && !last && t - this.lastLine < this.everyMs) return;
     this.lastLine = t;
     const elapsed = t - this.start;
-    const left = last ? 'done' : this.doneWeight > 0 ? `about ${formatDuration((elapsed * (this.total - this.doneWeight)) / this.doneWeight)} left` : 'time left unknown';
+    let left = 'done';
+    if (this.first === undefined) {
+      this.first = { t, weight: this.doneWeight };
+      if (!last) left = 'the time left follows the next one';
+    } else if (!last) {
+      const pace = (t - this.first.t) / (this.doneWeight - this.first.weight);
+      left = Number.isFinite(pace) ? `about ${formatDuration(pace * (this.total - this.doneWeight))} left` : 'time left unknown';
+    }
     this.log(`[plan] ${this.what}: measured ${this.count} of ${this.weights.length} (${label}); ${formatDuration(elapsed)} elapsed, ${left}`);
   }
 }
