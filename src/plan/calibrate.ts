@@ -197,7 +197,7 @@ export function calibrateBaseline(config: string, cfg: FlotillaConfig, overrides
   // The model and resharding too: ZeRO-3's cost per MiB is measured at the config's width.
   const key = { data: cfg.data, model: cfg.model, reshard: cfg.parallel.reshardAfterForward, backend: cfg.parallel.backend, nproc, threads: cfg.train.threads, machine: machine(), code: [codeOf('measure'), codeOf('calibrate')] };
   return cached('baseline', key, async () => {
-    log(`[plan] measuring a rank's baseline with a 1-block model on ${nproc} rank(s), ${rounds} launch(es)${nproc > 1 ? ', then what ZeRO-3 costs in 3 more runs of as many' : ''} (once, cached)`);
+    log(`[plan] measuring a rank's baseline with a 1-block model on ${nproc} rank(s), ${rounds} launch(es) (once, cached)`);
     const t0 = performance.now();
     const run = { launches: rounds }; // MEASURE_STEPS steps each
     const m = await measureLayout(config, [...overrides, ...TINY_FLAGS], nproc, { ...run, progress: true });
