@@ -52,7 +52,9 @@ test('softmax in bfloat16 equals float32 softmax then a cast, forward bit for bi
 //   |ddx| <= |g|*(1.984 + 1.105 + 1.129)u + u*|g|*1.129 = 5.347u*|g|: bound 5.35u*|g|.
 // A kernel that computes in float32 and rounds once is within u*|y| and u*|dx|, inside both bounds.
 // The float32 erf/exp underneath are accurate to a float32 ulp (2^-24), far below u: the bounds
-// carry 1% for those and the second-order terms.
+// carry 1% for those and the second-order terms. Rounding is relative only above bfloat16's
+// subnormals (|x| < 2^-126, where it is absolute); randn inputs stay clear of them. Over every
+// bfloat16 x in [-20, 20] with normal magnitude, libtorch 1.13's AVX2 kernels came to 2.48 and 5.03.
 test('GELU in bfloat16 is within the roundings of its steps from exact GELU, forward and backward', (t) => tidy(() => {
   manualSeed(8);
   const h = randn([8, 32, 256]).mul(3).to('bfloat16');
