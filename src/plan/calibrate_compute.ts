@@ -184,7 +184,7 @@ export async function calibrateCompute(cfg: FlotillaConfig, points: CalibrationP
       if (probe !== undefined) {
         const probeFp32 = have.points[keyOf(fp32Twin(probe))]!;
         for (const p of choice.priced) have.points[keyOf(p)] = priceFromProbe(p, have.points[keyOf(fp32Twin(p))]!, probe, probeFp32);
-        log(`[plan] bf16-mixed took ${(totalMs(probe) / totalMs(probeFp32)).toFixed(1)}x float32's forward and backward at ${describePoint(fp32Twin(probe)).replace(' fp32', '')}; its ${choice.priced.length} shape(s) are priced at that ratio, part by part`);
+        log(`[plan] bf16-mixed took ${(totalMs(probe) / totalMs(probeFp32)).toFixed(1)}x float32's forward and backward at ${probe.samples}x${probe.tokens}; its ${choice.priced.length} shape(s) are priced at that ratio, part by part`);
       }
     } finally {
       rmSync(tmp, { recursive: true, force: true });
