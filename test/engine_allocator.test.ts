@@ -86,8 +86,11 @@ const out = {};
 const a = zeros([4 * MiB]);                       // 16 MiB, touched
 const pa = a.dataPtr();
 out.bigInHeap = inHeap(pa);
+const s0 = tensorCacheStats();
 const small = zeros([1024]);                      // 4 KiB: malloc's
 out.smallInHeap = inHeap(small.dataPtr());
+const s0b = tensorCacheStats();
+out.smallFromMalloc = s0b.liveBytes === s0.liveBytes && s0b.misses === s0.misses && s0b.hits === s0.hits;
 small.dispose();
 const r1 = rss();
 a.dispose();
@@ -149,7 +152,10 @@ test('cache: a 16 MiB tensor has a mapping of its own, kept when freed and reuse
   const o = JSON.parse(r.stdout.trim().split('\n').pop()!);
   assert.equal(o.on, true, 'the cache is on by default');
   assert.equal(o.bigInHeap, false, 'the 16 MiB tensor was inside the [heap] mapping (expected a mapping of its own)');
-  assert.equal(o.smallInHeap, true, 'a 4 KiB tensor should come from malloc\'s heap');
+  // Below minBytes the cache hands the request to malloc: it neither maps nor counts the block. Where
+  // malloc puts it is not asserted: its main arena is the [heap] until something is mapped just above
+  // the program break, and then it continues in mappings of its own (seen under load).
+  assert.equal(o.smallFromMalloc, true, `a 4 KiB tensor should come from malloc, not the tensor cache (inside [heap]: ${o.smallInHeap})`);
   assert.ok(o.rssDropOnFree < MiB, `freeing the tensor returned ${o.rssDropOnFree} resident bytes (expected it kept)`);
   assert.equal(o.sameAddress, true, 'the next request of the same class did not get the freed block');
   assert.equal(o.hit, 1);

@@ -5,7 +5,7 @@
 // tables themselves against transformers' formulas, and the attention core's position offset.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { arange, randint, manualSeed, setNumThreads, setDefaultDtype, tidy, noGrad, randn, type Tensor } from '../src/tensor/index.js';
+import { arange, randint, manualSeed, setNumThreads, setDefaultDtype, tidy, noGrad, randn, bf16Support, type Tensor } from '../src/tensor/index.js';
 import { autocast } from '../src/nn/precision.js';
 import { Llama, ropeInverseFrequencies, resolveLlamaConfig, llamaNumParams, type LlamaConfig } from '../src/models/llama.js';
 import { llamaSpec } from '../src/models/llama_parallel.js';
@@ -92,7 +92,17 @@ test('Llama 3.1 rotary scaling: every band of the formula is exercised', () => {
   assert.ok(kept > 0 && divided > 0 && kept + divided < scaled.length, `kept ${kept}, divided ${divided} of ${scaled.length}`);
 });
 
-test('bf16-mixed Llama is as close to torch.autocast as bfloat16 allows', { skip }, () => {
+// The tolerances below were set where libtorch sends bf16 matmuls to oneDNN (AVX-512), which
+// accumulates in float32. Without it libtorch 1.13 runs its own bf16 kernels (src/tensor/cpu_features.ts):
+// its fallback gemm rounds the accumulator to bfloat16 after every term in one operand layout (7u
+// times the sum of |terms| at inner dimension 64, against 0.9u transposed, on an AVX2 EPYC) and its
+// elementwise kernels round each step (GELU: [Note: bf16 GELU bound] in precision_kernels.test.ts).
+// There each side's logits lie 0.04-0.06 from float32's, and the two 0.033-0.037 apart whichever
+// way autocast's SwiGLU or att@v is computed: the distance is that noise, not the op table this
+// test checks, so it is not judged there.
+const noOneDnn = bf16Support().oneDnnGemm ? false
+  : 'this CPU lacks avx512bw/vl/dq: libtorch 1.13 multiplies bfloat16 without oneDNN, accumulating in bfloat16 in one operand layout';
+test('bf16-mixed Llama is as close to torch.autocast as bfloat16 allows', { skip: skip || noOneDnn }, () => {
   const model = build({ nKvHead: 2, nEmbd: 32, intermediateSize: 64 });
   tidy(() => {
     const idx = randint(0, 37, [2, 16]);

@@ -48,6 +48,9 @@ test('--json: every layout with its config-named fields, overrides that select i
   const r = await flotilla(['plan', cfgFile, '--nproc', '2', '--json', '--memory', '64', '--rounds', '1', ...pin], { timeoutMs: 240_000, env: { FLOTILLA_CACHE_DIR: join(dir, 'cache') } });
   assert.equal(r.code, 0, r.err);
   assert.match(r.err + r.out, /2 process\(es\) at once as the ranks run, 1 time\(s\)/);
+  // And then what it measures as it goes, n of m and elapsed ([Note: measuring progress]).
+  assert.match(r.err + r.out, /\[plan\] compute: measured 1 of \d+ \(.+\); .+ elapsed/);
+  assert.match(r.err + r.out, /\[plan\] compute: measured (\d+) of \1 \(.+\); .+ elapsed, done/);
   // The in-step probes the candidates need, data parallelism's buckets among them ([Note: in-step collectives]).
   assert.match(r.err + r.out, /measuring the in-step probes' reference, a \d-block model under data parallelism, on 2 rank/);
   for (const probe of ['tp', 'zero2']) assert.match(r.err + r.out, new RegExp(`measuring ${probe} collectives inside the step`));

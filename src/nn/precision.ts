@@ -27,11 +27,13 @@
 //   embedding   float32      float32              a gather from the float32 master weight
 //   loss        float32      float32              cross-entropy is on autocast's float32 list
 //   router      float32      (none)               an MoE router's scores (src/nn/moe.ts): a bf16 rounding can flip a choice
-// Softmax and GELU still compute in float32, where precision matters: inside libtorch's
-// bf16 kernels. Forward (and GELU's backward) are bit-identical to float32 then a cast, softmax's
-// backward is within a bf16 ulp or two; their outputs feed bf16 matmuls, so the rounding happens
-// anyway. Running them in bfloat16 saves two casts of the largest activations each way (about 10% of
-// a bf16 step at width 256).
+// Softmax still computes in float32, where precision matters: inside libtorch's bf16 kernel. Its
+// forward is bit-identical to float32 then a cast, its backward within a bf16 ulp or two. libtorch
+// 1.13's bf16 GELU (AVX2 and default kernels) rounds each of its steps to bfloat16 instead, as
+// autocast's does: within 3u*|x| of exact forward and 5.35u*|g| backward (u = 2^-9; [Note: bf16 GELU
+// bound] in test/precision_kernels.test.ts), against u*|y| for float32 then a cast. Their outputs
+// feed bf16 matmuls, so a rounding happens anyway. Running them in bfloat16 saves two casts of the
+// largest activations each way (about 10% of a bf16 step at width 256).
 // Reductions (norms, clipping) are outside forward and stay float32/float64 as before.
 // Under ZeRO-3 ([Note: bf16 gathers] in src/parallel/data_parallel/fsdp_bf16.ts) a unit's parameters are all
 // gathered in bfloat16, as FSDP2's MixedPrecisionPolicy(param_dtype=bf16) does: layers read the

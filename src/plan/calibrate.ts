@@ -1,160 +1,39 @@
 // What the planner measures on this machine, once, and keeps under the project's cache directory
 // ($FLOTILLA_CACHE_DIR/plan, else $XDG_CACHE_HOME/flotilla/plan, else ~/.cache/flotilla/plan;
 // FLOTILLA_CACHE_DIR=off measures every time):
-//   - compute: the config's own model, forward and backward at each shape the layouts need
-//     (calibrate_model.ts: as many processes at once as the host runs ranks, each with a rank's
-//     threads, so they share the cores as the ranks will), per block and for the rest;
+//   - compute (calibrate_compute.ts): the config's own model, forward and backward at each shape
+//     the layouts need (calibrate_model.ts: as many processes at once as the host runs ranks, each
+//     with a rank's threads, so they share the cores as the ranks will), per block and for the
+//     rest; on a CPU without native bfloat16, bf16 shapes are priced from a short probe ([Note:
+//     bf16 without native support]);
 //   - communication: each collective's time by group size and bytes on this host, under the
-//     backend the config uses, with every rank busy (calibrate_comm.ts through `flotilla run`);
+//     backend the config uses, with every rank busy (calibrate_comm.ts on ranks the launcher starts);
 //   - baseline: what a rank holds before any model state (Node, libtorch, the data, the collective
 //     runtime) and the loop's own cost per step, from a real `flotilla train` of a 1-block model
 //     of width 32 on the same ranks and data (measure.ts), and what ZeRO-3 adds per unit and call
 //     (the same model trained under ZeRO-3).
+// Each says what it measures as it goes ([Note: measuring progress] in progress.ts).
 // Each timing is taken over `rounds` fresh launches and the median kept ([Note: launches] in
 // measure.ts); the cache keeps what was measured whatever the rounds (they set its precision, not
 // what it depends on).
 // Every entry is keyed by what it depends on (the model's and data's config, threads, ranks,
 // backend, the machine's CPU, the addon's build and the code that measures), so a change of any is a
-// new measurement.
-import { createHash } from 'node:crypto';
-import { execFile } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
-import { fileURLToPath } from 'node:url';
-import { cpus, tmpdir } from 'node:os';
+// new measurement (calibration_cache.ts).
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { FlotillaConfig } from '../config/schema.js';
-import type { CalibrationPoint, DepthTiming, ModelCalibrationIn, ModelCalibrationOut } from './calibrate_model.js';
 import { measureLayout, planScript } from './measure.js';
-import { median } from './stats.js';
-import { commandFor } from '../launch/launcher.js';
+import { launch } from '../launch/launcher.js';
+import { mpiInstalled, MPI_INSTALL_HINT } from '../distributed/mpi_install.js';
+import { DEFAULT_MASTER_ADDR } from '../distributed/env.js';
+import { formatDuration } from './progress.js';
 import type { Collective, PlanLayout } from '../distributed/plan_terms.js';
 import type { ProbeRunName } from './terms.js';
 import { layoutRefusals, overridesOf } from './enumerate.js';
-import { cacheDir } from '../io/cache_dir.js';
 import { loadConfig } from '../config/index.js';
 import { modelFacts } from './facts.js';
-
-/** The planner's cache directory, or undefined when FLOTILLA_CACHE_DIR=off. */
-export function planCacheDir(env: NodeJS.ProcessEnv = process.env): string | undefined {
-  return cacheDir('plan', env);
-}
-
-const digest = (x: unknown): string => createHash('sha256').update(JSON.stringify(x)).digest('hex').slice(0, 16);
-// The addon's build is part of the machine: its kernels and allocator set what every step costs.
-const ADDON = fileURLToPath(new URL('../../native/build/Release/flotilla.node', import.meta.url));
-function addonStamp(): string {
-  try {
-    const s = statSync(ADDON);
-    return `${s.size}:${s.mtimeMs}`;
-  } catch {
-    return '?';
-  }
-}
-const machine = (): string => `${cpus()[0]?.model ?? '?'} x${cpus().length} addon ${addonStamp()}`;
-function codeOf(name: string): string {
-  try {
-    return digest(readFileSync(planScript(name), 'utf8'));
-  } catch {
-    return '?';
-  }
-}
-
-function cached<T>(name: string, key: unknown, make: () => Promise<T>): Promise<T> {
-  const dir = planCacheDir();
-  const file = dir === undefined ? undefined : join(dir, `${name}-${digest(key)}.json`);
-  if (file !== undefined) {
-    try {
-      return Promise.resolve(JSON.parse(readFileSync(file, 'utf8')) as T);
-    } catch { /* not measured yet */ }
-  }
-  return make().then((v) => {
-    if (file !== undefined) {
-      try {
-        mkdirSync(dir!, { recursive: true });
-        const tmp = `${file}.${process.pid}.tmp`;
-        writeFileSync(tmp, JSON.stringify(v));
-        renameSync(tmp, file);
-      } catch { /* a cache that cannot be written only costs a measurement next time */ }
-    }
-    return v;
-  });
-}
-
-// ---- compute
-
-export interface PartTiming { fwdMs: number; bwdMs: number; actBytes: number }
-export interface ComputePoint extends CalibrationPoint { block: PartTiming; rest: PartTiming }
-
-function depthsOf(cfg: FlotillaConfig): [number, number] {
-  const e = cfg.moe.experts > 0 ? cfg.moe.every : 1;
-  // Depths far apart, so that one block's time stands out of the noise (3 blocks when the model has them).
-  const n = Math.floor(cfg.model.nLayer / e);
-  return n >= 3 ? [e, 3 * e] : n === 2 ? [e, 2 * e] : [cfg.model.nLayer, cfg.model.nLayer];
-}
-
-function split(cfg: FlotillaConfig, d: [DepthTiming, DepthTiming]): { block: PartTiming; rest: PartTiming } {
-  const [a, b] = depthsOf(cfg);
-  // Bytes: the difference of the two depths is (b - a) blocks.
-  const blockAct = a === b ? d[0].actBytes / a : Math.max(0, (d[1].actBytes - d[0].actBytes) / (b - a));
-  const restAct = Math.max(0, d[1].actBytes - b * blockAct);
-  // Time, at the deeper model: the blocks' forward from their hooks; backward split as forward is.
-  const t = d[1];
-  const share = t.fwdMs > 0 ? Math.min(1, t.blocksFwdMs / t.fwdMs) : 1;
-  return {
-    block: { fwdMs: t.blocksFwdMs / b, bwdMs: (t.bwdMs * share) / b, actBytes: blockAct },
-    rest: { fwdMs: Math.max(0, t.fwdMs - t.blocksFwdMs), bwdMs: t.bwdMs * (1 - share), actBytes: restAct },
-  };
-}
-
-/** Forward, backward and activation bytes per block and for the rest, at each point (measured in `rounds` launches, the median kept; cached per point). */
-export async function calibrateCompute(cfg: FlotillaConfig, points: CalibrationPoint[], ranksPerHost: number, rounds: number, log: (l: string) => void): Promise<{ points: ComputePoint[]; optimizerNsPerParam: number }> {
-  const modelKey = { model: cfg.model, moe: cfg.moe, threads: cfg.train.threads, seed: cfg.train.seed, machine: machine(), code: [codeOf('calibrate_model'), codeOf('calibrate')], depths: depthsOf(cfg), ranksPerHost };
-  const dir = planCacheDir();
-  const file = dir === undefined ? undefined : join(dir, `compute-${digest(modelKey)}.json`);
-  let have: { points: Record<string, ComputePoint>; optimizerNsPerParam: number } = { points: {}, optimizerNsPerParam: NaN };
-  if (file !== undefined) {
-    try { have = JSON.parse(readFileSync(file, 'utf8')) as typeof have; } catch { /* nothing yet */ }
-  }
-  const keyOf = (p: CalibrationPoint) => `${p.samples}x${p.tokens}:${p.precision}:${p.activationCheckpoint}`;
-  const missing = points.filter((p) => have.points[keyOf(p)] === undefined);
-  if (missing.length > 0 || Number.isNaN(have.optimizerNsPerParam)) {
-    log(`[plan] calibrating the model's forward and backward at ${missing.length} shape(s), ${ranksPerHost} process(es) at once as the ranks run, ${rounds} time(s) (once; cached${file ? ` in ${dir}` : ''})`);
-    const tmp = mkdtempSync(join(tmpdir(), 'flotilla-plan-cal-'));
-    try {
-      const input: ModelCalibrationIn = { cfg, depths: depthsOf(cfg), points: missing.length > 0 ? missing : [points[0]!], reps: 5 };
-      writeFileSync(join(tmp, 'in.json'), JSON.stringify(input));
-      // As many processes as a host runs ranks, at once: they share the cores (and their caches and
-      // memory bandwidth) as the ranks will. A round's times are the mean over its processes; the
-      // rounds are fresh processes, one after another, and each time is their median ([Note:
-      // launches] in measure.ts). Bytes are the first process's.
-      const perRound: ModelCalibrationOut[][] = [];
-      for (let r = 0; r < rounds; r++) {
-        perRound.push(await Promise.all(Array.from({ length: ranksPerHost }, (_, k) => new Promise<ModelCalibrationOut>((res, rej) => {
-          const [cmd, argv] = commandFor(planScript('calibrate_model'), [join(tmp, 'in.json'), join(tmp, `out${k}.json`)]);
-          execFile(cmd, argv, { maxBuffer: 1 << 24 }, (e, _o, err) => (e ? rej(new Error(`calibrating the model failed: ${err || e.message}`)) : res(JSON.parse(readFileSync(join(tmp, `out${k}.json`), 'utf8')) as ModelCalibrationOut)));
-        }))));
-      }
-      const time = (f: (o: ModelCalibrationOut) => number) => median(perRound.map((outs) => outs.reduce((a, o) => a + f(o), 0) / outs.length));
-      for (const [i, p] of perRound[0]![0]!.points.entries()) {
-        const depth = p.depth.map((d, k) => ({
-          ...d, fwdMs: time((o) => o.points[i]!.depth[k]!.fwdMs), bwdMs: time((o) => o.points[i]!.depth[k]!.bwdMs), blocksFwdMs: time((o) => o.points[i]!.depth[k]!.blocksFwdMs),
-        })) as [DepthTiming, DepthTiming];
-        have.points[keyOf(p)] = { samples: p.samples, tokens: p.tokens, precision: p.precision, activationCheckpoint: p.activationCheckpoint, ...split(cfg, depth) };
-      }
-      have.optimizerNsPerParam = time((o) => o.optimizerNsPerParam);
-    } finally {
-      rmSync(tmp, { recursive: true, force: true });
-    }
-    if (file !== undefined) {
-      try {
-        mkdirSync(dir!, { recursive: true });
-        writeFileSync(`${file}.${process.pid}.tmp`, JSON.stringify(have));
-        renameSync(`${file}.${process.pid}.tmp`, file);
-      } catch { /* see cached() */ }
-    }
-  }
-  return { points: points.map((p) => have.points[keyOf(p)]!), optimizerNsPerParam: have.optimizerNsPerParam };
-}
+import { cached, codeOf, machine } from './calibration_cache.js';
 
 // ---- communication
 
@@ -189,6 +68,13 @@ export function commMs(t: CommTable, op: Collective, group: number, bytes: numbe
 
 export const COMM_SIZES = [16 * 1024, 256 * 1024, 2 * 2 ** 20, 16 * 2 ** 20];
 
+/** The backend the collectives are measured under: the config's, 'auto' as the launcher reads it on one host. */
+function commBackend(b: string): 'gloo' | 'mpi' {
+  if (b === 'gloo') return 'gloo';
+  if (b === 'mpi' && !mpiInstalled()) throw new Error(`[parallel] backend = "mpi": Open MPI is not available here (${MPI_INSTALL_HINT}); install it, or set backend = "gloo" or "auto"`);
+  return mpiInstalled() ? 'mpi' : 'gloo';
+}
+
 /** The collectives' table for this host's ranks under the config's backend (measured, cached). */
 export function calibrateComm(cfg: FlotillaConfig, nproc: number, log: (l: string) => void): Promise<CommTable> {
   if (nproc < 2) return Promise.resolve({ backend: 'local', worldSize: 1, table: {} });
@@ -197,10 +83,14 @@ export function calibrateComm(cfg: FlotillaConfig, nproc: number, log: (l: strin
     log(`[plan] measuring collectives on ${nproc} ranks (${cfg.parallel.backend} backend; once, cached)`);
     const tmp = mkdtempSync(join(tmpdir(), 'flotilla-plan-comm-'));
     try {
-      const { runLauncher } = await import('../cli/run.js');
       let output = '';
       const sink = { write: (s: string) => { output = (output + s).slice(-4000); return true; } };
-      const code = await runLauncher(['--nproc', String(nproc), '--backend', cfg.parallel.backend, planScript('calibrate_comm'), join(tmp, 'out.json'), JSON.stringify({ sizes: COMM_SIZES, reps: 5, threads: cfg.train.threads })], { stdout: sink, stderr: sink, handleSignals: false });
+      const t0 = performance.now();
+      const code = await launch({
+        nproc, nnodes: 1, nodeRank: 0, masterAddr: DEFAULT_MASTER_ADDR, masterPort: undefined, maxRestarts: 0, backend: commBackend(cfg.parallel.backend),
+        script: planScript('calibrate_comm'), scriptArgs: [join(tmp, 'out.json'), JSON.stringify({ sizes: COMM_SIZES, reps: 5, threads: cfg.train.threads })],
+      }, { stdout: sink, stderr: sink, handleSignals: false });
+      log(`[plan] collectives measured in ${formatDuration(performance.now() - t0)}`);
       if (code !== 0) throw new Error(`measuring the collectives failed (status ${code}):\n${output}`);
       return JSON.parse(readFileSync(join(tmp, 'out.json'), 'utf8')) as CommTable;
     } finally {
@@ -247,17 +137,20 @@ export async function calibrateInStep(config: string, cfg: FlotillaConfig, overr
   if (nproc < 2) return out;
   const flags = probeFlags(cfg);
   const one = loadConfig(config, [...overrides, ...flags]);
-  for (const probe of probes) {
-    if ((probe === 'tp' || probe === 'sp' || probe === 'cp') && nproc % 2 !== 0) continue;
+  const runnable = probes.filter((probe) => !((probe === 'tp' || probe === 'sp' || probe === 'cp') && nproc % 2 !== 0) && layoutRefusals(one, probeLayout(probe, one, nproc), nproc).length === 0);
+  for (const [n, probe] of runnable.entries()) {
     const layout = probeLayout(probe, one, nproc);
-    if (layoutRefusals(one, layout, nproc).length > 0) continue;
+    const of = `in-step probe ${n + 1} of ${runnable.length}, ${rounds} launch(es)`;
     const key = { probe, layout, data: cfg.data, model: cfg.model, backend: cfg.parallel.backend, nproc, threads: cfg.train.threads, machine: machine(), code: [codeOf('measure'), codeOf('calibrate')] };
     try {
       const stepMs = await cached(`instep-${probe}`, key, async () => {
         log(probe === 'dp'
-          ? `[plan] measuring the in-step probes' reference, a ${one.model.nLayer}-block model under data parallelism, on ${nproc} rank(s) (once, cached)`
-          : `[plan] measuring ${probe} collectives inside the step with a ${one.model.nLayer}-block model on ${nproc} rank(s) (once, cached)`);
-        return (await measureLayout(config, [...overrides, ...flags, ...overridesOf(one, layout)], nproc, { launches: rounds })).stepMs; // MEASURE_STEPS steps
+          ? `[plan] measuring the in-step probes' reference, a ${one.model.nLayer}-block model under data parallelism, on ${nproc} rank(s) (${of}; once, cached)`
+          : `[plan] measuring ${probe} collectives inside the step with a ${one.model.nLayer}-block model on ${nproc} rank(s) (${of}; once, cached)`);
+        const t0 = performance.now();
+        const ms = (await measureLayout(config, [...overrides, ...flags, ...overridesOf(one, layout)], nproc, { launches: rounds })).stepMs; // MEASURE_STEPS steps
+        log(`[plan] ${probe} probe measured in ${formatDuration(performance.now() - t0)}`);
+        return ms;
       });
       out.push({ probe, layout, stepMs });
     } catch (e) { // not cached: measured again next time
@@ -305,7 +198,8 @@ export function calibrateBaseline(config: string, cfg: FlotillaConfig, overrides
   // The model and resharding too: ZeRO-3's cost per MiB is measured at the config's width.
   const key = { data: cfg.data, model: cfg.model, reshard: cfg.parallel.reshardAfterForward, backend: cfg.parallel.backend, nproc, threads: cfg.train.threads, machine: machine(), code: [codeOf('measure'), codeOf('calibrate')] };
   return cached('baseline', key, async () => {
-    log(`[plan] measuring a rank's baseline with a 1-block model on ${nproc} rank(s) (once, cached)`);
+    log(`[plan] measuring a rank's baseline with a 1-block model on ${nproc} rank(s), ${rounds} launch(es) (once, cached)`);
+    const t0 = performance.now();
     const run = { launches: rounds }; // MEASURE_STEPS steps each
     const m = await measureLayout(config, [...overrides, ...TINY_FLAGS], nproc, { ...run, progress: true });
     const tinyParams = cfg.model.vocabSize * 32 * 2 + cfg.model.blockSize * 32 + 13 * 32 * 32;
@@ -334,6 +228,7 @@ export function calibrateBaseline(config: string, cfg: FlotillaConfig, overrides
       const wideCalls = (wide.model.nLayer + 1) * perUnit;
       zero3MsPerMiB = Math.max(0, (z3Wide.stepMs - dpWide.stepMs - wideCalls * zero3CallMs) / ((perUnit * 4 * modelFacts(wide).numParams) / 2 ** 20));
     }
+    log(`[plan] baseline measured in ${formatDuration(performance.now() - t0)}`);
     return { bytes, startupBytes, stepMs: m.stepMs, zero3CallMs, zero3MsPerMiB };
   });
 }

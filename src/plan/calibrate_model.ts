@@ -6,7 +6,8 @@
 // embeddings and the head. Time: the blocks' forward is timed between their own forward hooks, and
 // the backward is split between blocks and the rest as the forward is (differences of whole-model
 // times drown in the noise of a shared machine). Also times AdamW's step and a gradient-norm pass
-// per parameter, as the trainer runs them (flat buckets).
+// per parameter, as the trainer runs them (flat buckets). Writes a line on stdout after each shape at
+// each depth ([Note: measuring progress] in progress.ts).
 //   node calibrate_model.js IN.json OUT.json
 import { readFileSync, writeFileSync } from 'node:fs';
 import { randint, releaseFreedMemory, setNumThreads, tidy } from '../tensor/index.js';
@@ -20,6 +21,7 @@ import { modelSpec } from '../models/registry.js';
 import { procStatusBytes } from '../io/proc_status.js';
 import { modelConfigOf, type FlotillaConfig } from '../config/schema.js';
 import { median } from './stats.js';
+import { PROGRESS_TAG } from './progress.js';
 
 export interface CalibrationPoint {
   samples: number;
@@ -97,6 +99,7 @@ for (const [d, depth] of input.depths.entries()) {
     const reps = Array.from({ length: input.reps }, () => run(false));
     const mem = run(true);
     out.points[i]!.depth[d] = { fwdMs: median(reps.map((r) => r.fwdMs)), bwdMs: median(reps.map((r) => r.bwdMs)), actBytes: mem.actBytes, blocksFwdMs: median(reps.map((r) => r.blocksFwdMs)) };
+    process.stdout.write(`${PROGRESS_TAG}${JSON.stringify({ depth: d, point: i })}\n`); // [Note: measuring progress]
   }
   if (d === 1) {
     // The optimizer pass as the trainer runs it: the gradient-norm clip and AdamW over the flat

@@ -35,3 +35,4 @@ export function describeBlas(): string {
   return `OpenBLAS${version ? ` ${version}` : ''} ${info.core} kernels${pinned}`;
 }
 export { defineFunction, type FunctionCtx, type FunctionDef } from './function.js';
+export { bf16Support, cpuFlags, type Bf16Support } from './cpu_features.js';
