@@ -1,7 +1,7 @@
 // The optimizers `[optim] name` accepts, without their code: the config's validation imports this,
 // so a launcher checks a config without loading the tensor library. registry.ts completes each
 // entry with what builds it ([Note: optimizer registry]); this map is the one list either reads.
-import type { OptimizerSpec } from './registry.js';
+import type { OptimizerSpec } from './spec.js';
 
 /** The built-in optimizers by `[optim] name`; registry.ts gives each its spec (typed by this list). */
 export const builtinOptimizers = ['adamw', 'sgd'] as const;

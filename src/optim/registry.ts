@@ -5,37 +5,12 @@
 // validating a config loads no optimizer; this file completes each built-in name there with its
 // spec. A new optimizer is its class, one name in builtinOptimizers (names.ts) and one entry in
 // builtinSpecs below (which the type requires); a user's own is registerOptimizer(spec).
-import type { Tensor } from '../tensor/index.js';
 import { AdamW } from './adamw.js';
 import { SGD } from './sgd.js';
-import type { Optimizer, OptimizerExtras } from './optimizer.js';
+import type { OptimizerGroup, OptimizerSettings, OptimizerSpec } from './spec.js';
 import { knownOptimizer, optimizerNames, registerOptimizerSpec, type BuiltinOptimizer } from './names.js';
 
-/** The [optim] settings a spec may read (fields of that section). */
-export interface OptimizerSettings {
-  lr: number;
-  beta1: number;
-  beta2: number;
-  eps: number;
-  weightDecay: number;
-}
-
-/** Parameters that share settings: the trainer decays matrices only. */
-export interface OptimizerGroup {
-  params: Tensor[];
-  weightDecay: number;
-}
-
-export interface OptimizerSpec {
-  /** The `[optim] name`. */
-  readonly name: string;
-  /** The optimizer's class name, recorded in checkpoints (a resume needs the same optimizer's state). */
-  readonly label: string;
-  /** The optimizer over these groups (non-empty), stepping the ranges `extras.grads` gives (ZeRO). */
-  build(groups: OptimizerGroup[], s: OptimizerSettings, extras: OptimizerExtras): Optimizer<{ lr: number }>;
-  /** Its words in the run's header, before the weight decay and the schedule (e.g. "AdamW betas (0.9, 0.95)"). */
-  describe(s: OptimizerSettings): string;
-}
+export type { OptimizerGroup, OptimizerSettings, OptimizerSpec } from './spec.js';
 
 const groupsOf = (groups: OptimizerGroup[]) => groups.map((g) => ({ params: g.params, options: { weightDecay: g.weightDecay } }));
 
