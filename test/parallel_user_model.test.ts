@@ -18,7 +18,7 @@ const dir = mkdtempSync(join(tmpdir(), 'flotilla-user-'));
 const script = 'test/fixtures/user_model_rank.ts';
 
 interface Out { rank: number; losses: number[]; params: Record<string, number[]>; held: number; written: Record<string, number>; frozenMoved?: string[]; frozenHeld?: Record<string, number> }
-interface Run { name: string; layout?: Record<string, unknown>; micro: number; frozen?: string[] }
+interface Run { name: string; layout?: Record<string, unknown>; micro: number; frozen?: string[]; save?: string; load?: string }
 
 async function launch(nproc: number, runs: Run[]): Promise<void> {
   const r = await runWorld({ nproc, script, args: [JSON.stringify({ out: dir, runs })], timeoutMs: 240_000 });
@@ -64,8 +64,11 @@ test('your own model on 2 ranks: data parallel, ZeRO-3 with units by class, pp=2
     { name: 'pp2_1f1b', layout: { pp: 2, ppSchedule: '1f1b' }, micro: 4 },
     { name: 'pp2_zb', layout: { pp: 2, ppSchedule: 'zb' }, micro: 4 },
     { name: 'tp2', layout: { tp: 2 }, micro: 2 },
-    { name: 'frozen_dp', layout: {}, micro: 2, frozen: FROZEN },
-    { name: 'frozen_z3', layout: { zero: 3 }, micro: 2, frozen: FROZEN },
+    { name: 'frozen_dp', layout: {}, micro: 2, frozen: FROZEN, save: 'ck_dp' },
+    { name: 'frozen_z3', layout: { zero: 3 }, micro: 2, frozen: FROZEN, save: 'ck_z3' },
+    // The checkpoints loaded under the other layout (frozen parameters sharded one way, whole the other).
+    { name: 'frozen_load_z3_into_dp', layout: {}, micro: 2, frozen: FROZEN, load: 'ck_z3' },
+    { name: 'frozen_load_dp_into_z3', layout: { zero: 3 }, micro: 2, frozen: FROZEN, load: 'ck_dp' },
     { name: 'frozen_pp2', layout: { pp: 2, ppSchedule: '1f1b' }, micro: 4, frozen: FROZEN },
     { name: 'frozen_tp2', layout: { tp: 2 }, micro: 2, frozen: FROZEN },
   ])]);
@@ -85,6 +88,11 @@ test('your own model on 2 ranks: data parallel, ZeRO-3 with units by class, pp=2
       assert.deepEqual(o.frozenMoved, [], `${name}: rank ${o.rank} moved frozen parameters`);
       for (const k of Object.keys(o.params).filter(isFrozen)) assert.deepEqual(o.params[k], fref.params[k], `${name}: rank ${o.rank}: frozen ${k} changed`);
     }
+  }
+  // Checkpoint round trips of the partly frozen model across layouts: every parameter comes back.
+  for (const [from, into] of [['frozen_z3', 'frozen_load_z3_into_dp'], ['frozen_dp', 'frozen_load_dp_into_z3']]) {
+    const saved = readPipelineRun<Out>(dir, from!, 2)[0]!.params;
+    for (const o of readPipelineRun<Out>(dir, into!, 2)) assert.deepEqual(o.params, saved, `${into}: rank ${o.rank} loaded other values than ${from} saved`);
   }
   const z3 = readPipelineRun<Out>(dir, 'frozen_z3', 2);
   for (const [k, v] of Object.entries(fref.params).filter(([k]) => isFrozen(k))) {
