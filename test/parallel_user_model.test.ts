@@ -70,6 +70,7 @@ test('your own model on 2 ranks: data parallel, ZeRO-3 with units by class, pp=2
     { name: 'frozen_load_z3_into_dp', layout: {}, micro: 2, frozen: FROZEN, load: 'ck_z3' },
     { name: 'frozen_load_dp_into_z3', layout: { zero: 3 }, micro: 2, frozen: FROZEN, load: 'ck_dp' },
     { name: 'frozen_pp2', layout: { pp: 2, ppSchedule: '1f1b' }, micro: 4, frozen: FROZEN },
+    { name: 'frozen_pp2_zb', layout: { pp: 2, ppSchedule: 'zb' }, micro: 4, frozen: FROZEN },
     { name: 'frozen_tp2', layout: { tp: 2 }, micro: 2, frozen: FROZEN },
   ])]);
   compare('dp', 2);
@@ -82,7 +83,7 @@ test('your own model on 2 ranks: data parallel, ZeRO-3 with units by class, pp=2
   const fref = readPipelineRun<Out>(dir, 'ref_frozen', 1)[0]!;
   assert.equal(Object.keys(fref.params).filter(isFrozen).length, 14);
   assert.notDeepEqual(fref.params['1.fc.weight'], readPipelineRun<Out>(dir, 'ref', 1)[0]!.params['1.fc.weight'], 'freezing changed nothing');
-  for (const [name, opts] of [['frozen_dp', {}], ['frozen_z3', {}], ['frozen_pp2', { split: true }], ['frozen_tp2', { sliced: 4 * (72 + 64) }]] as const) {
+  for (const [name, opts] of [['frozen_dp', {}], ['frozen_z3', {}], ['frozen_pp2', { split: true }], ['frozen_pp2_zb', { split: true }], ['frozen_tp2', { sliced: 4 * (72 + 64) }]] as const) {
     compare(name, 2, { ...opts, ref: 'ref_frozen' });
     for (const o of readPipelineRun<Out>(dir, name, 2)) {
       assert.deepEqual(o.frozenMoved, [], `${name}: rank ${o.rank} moved frozen parameters`);
