@@ -99,7 +99,12 @@ test('your own model on 2 ranks: data parallel, ZeRO-3 with units by class, pp=2
   for (const [k, v] of Object.entries(fref.params).filter(([k]) => isFrozen(k))) {
     const held = z3.map((o) => o.frozenHeld![k]!);
     assert.equal(held[0]! + held[1]!, v.length, `frozen_z3: ${k} held ${held.join(' + ')} of ${v.length}`);
-    if (v.length >= 32) assert.ok(held.every((h) => h < v.length), `frozen_z3: a rank holds all of ${k} (${held.join(', ')})`);
+  }
+  // Each rank holds half of the frozen elements (its shard of each unit's frozen region; a small parameter may lie in one shard).
+  const total = Object.entries(fref.params).filter(([k]) => isFrozen(k)).reduce((a, [, v]) => a + v.length, 0);
+  for (const o of z3) {
+    const mine = Object.values(o.frozenHeld!).reduce((a, b) => a + b, 0);
+    assert.ok(mine <= total / 2 + 8 && mine > 0, `frozen_z3: rank ${o.rank} holds ${mine} of the ${total} frozen elements`);
   }
 });
 
