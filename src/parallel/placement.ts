@@ -9,6 +9,9 @@
 // replicas (data-parallel copies, HSDP replicas, a tied embedding's second pipeline copy) split the
 // work or stay silent instead of writing the same bytes twice.
 //
+// Frozen parameters (requiresGrad = false) are placed like the rest: in their unit's bucket under
+// ZeRO-3, else whole on every data-parallel rank, which write even shares.
+//
 // Under tensor parallelism a rank holds a slice of the whole parameter (rows, columns, or a part of
 // each fused chunk): `shape` is still the whole parameter's, the ranges above are in the local
 // slice's flattened order, and `tp` maps them to runs of the whole flattened parameter

@@ -7,7 +7,8 @@
 // equal shards: shard k of a bucket is [k * shardNumel, (k + 1) * shardNumel) of it. Padding is
 // zero and stays zero (nothing writes to it).
 //
-// Storage. Every bucket owns two flat tensors of its padded size, `data` and `grad`; each parameter
+// Storage. Every bucket owns two flat tensors of its padded size, `data` and `grad` (under ZeRO-3
+// `data` also holds the unit's frozen parameters after that size: [Note: frozen parameters]); each parameter
 // is a shaped view of `data` (its old storage is released) and each `param.grad` is a view of
 // `grad`, assigned once, so autograd accumulates into the bucket in place and a gradient is never
 // missing. Sharded modes own, per bucket, this rank's shard of the gradient (`shardGrad`) and under
