@@ -190,11 +190,9 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     // they stay whole outside the buckets.
     const all = module.namedParameters().filter(([, p]) => !this.exclude.has(p));
     const named = all.filter(([, p]) => p.requiresGrad);
-    if (named.length === 0) {
-      throw new Error(all.length > 0
-        ? `DataParallel: every parameter of the module is frozen (requiresGrad = false), so there is nothing to train; unfreeze some (e.g. ${all[0]![0]}) or run it without a data-parallel wrapper`
-        : 'DataParallel: the module has no trainable parameters');
-    }
+    // Only frozen parameters (a pipeline stage or the experts of a partly frozen model) is allowed:
+    // they are placed, and no gradient is waited for.
+    if (all.length === 0) throw new Error('DataParallel: the module has no parameters');
     const placed = this.zero === 3 ? uniqueParams(all) : named;
     const sharded = this.zero >= 1;
     const units = this.zero === 3 ? FsdpUnits.plan(module, placed, opts.units) : undefined;
@@ -268,6 +266,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
         prefetch: opts.prefetch ?? true,
         onMemoryChange: () => this.notePeak(),
         ...(opts.entries ? { entries: opts.entries } : {}),
+        ...(this.runs.length === 0 ? { ownBackwardEnd: true } : {}),
       });
     } else if (this.zero >= 1 && this.shardGroup.size > 1) {
       this.gathers = new ParamGathers(this.shardGroup);
@@ -429,6 +428,11 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
   finishGradSync(): boolean {
     if (!this.lastMicroBatch) {
       throw new Error('DataParallel: finishGradSync() called while gradient sync is off (inside noSync / requireGradientSync(false))');
+    }
+    if (this.runs.length === 0) {
+      // Frozen parameters only: no gradient to wait for or reduce.
+      this.window = 'ready';
+      return true;
     }
     try {
       this.reducer.settle();

@@ -22,6 +22,7 @@
 // its float32 bucket ([Note: bf16 gathers] in fsdp_bf16.ts); the step's forward decides which, and
 // the unit's backward regathers the same one.
 import { isGradEnabled, Tensor, elementSize, type DType } from '../../tensor/index.js';
+import { native } from '../../tensor/native.js';
 import type { Module } from '../../nn/module.js';
 import { currentPrecision, isPolicyReader, setGatheredSource } from '../../nn/precision.js';
 import type { ProcessGroup } from '../../distributed/process_group.js';
@@ -160,6 +161,11 @@ export class FsdpUnits {
       onMemoryChange: () => void;
       /** Modules a forward enters through instead of the model itself (a pipeline's stages). */
       entries?: readonly Module[];
+      /**
+       * No gradient reduction tells the units that a backward ended (every parameter is frozen:
+       * [Note: frozen parameters] in grad_buffer.ts), so they learn it from the engine themselves.
+       */
+      ownBackwardEnd?: boolean;
     },
   ) {
     if (buckets.length !== plan.units.length) throw new Error(`FSDP: ${plan.units.length} units but ${buckets.length} buckets (one dtype per unit is supported)`);
@@ -247,6 +253,7 @@ export class FsdpUnits {
 
   private preBackward(u: UnitState): void {
     if (this.backwardSeen.has(u)) return;
+    if (this.opts.ownBackwardEnd && this.backwardSeen.size === 0) native.queueBackwardCallback(() => this.afterBackward());
     this.backwardSeen.add(u);
     if (!this.backwardOrder) this.recordingBackward.push(u);
     this.gather(u, this.copyFor(u, 'backward'));
