@@ -207,7 +207,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     verifySameLayout(this.group, describeLayout(placed, layout), `zero${this.zero}:${this.accumulate}`);
     const broadcast = (opts.broadcastFromRank0 ?? true) && this.group.size > 1;
     // A model built with deferred init ([Note: deferred init] in src/nn/module.ts) gets its values
-    // bucket by bucket here; parameters outside the buckets (frozen ones) are made whole first.
+    // bucket by bucket here; parameters outside the buckets (frozen ones under zero 0/1/2) are made whole first.
     const deferred = module.deferredInit;
     if (deferred) {
       const inBuckets = new Set(placed.map(([, p]) => p));
@@ -239,7 +239,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
       for (const slot of buffer.slots) this.slotOf.set(slot.param, slot);
       for (const slot of buffer.frozenSlots) this.frozenSlotOf.set(slot.param, slot);
     }
-    this.frozenOutside = all.filter(([, p]) => !p.requiresGrad && !this.frozenSlotOf.has(p)).map(([, p]) => p);
+    this.frozenOutside = uniqueParams(all).filter(([, p]) => !p.requiresGrad && !this.frozenSlotOf.has(p)).map(([, p]) => p);
     // ZeRO-3 broadcast each bucket while it was whole, above.
     if (broadcast) broadcastState(this.group, module, this.zero === 3 ? [] : this.runs.map((r) => r.bucket), new Set([...this.slotOf.keys(), ...this.frozenSlotOf.keys(), ...this.exclude]));
 
