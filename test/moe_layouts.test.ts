@@ -24,10 +24,17 @@ const B = { topK: 1, router: 'sigmoid', balance: 'bias', capacityFactor: 1, ever
 const L = { topK: 2, router: 'sigmoid', balance: 'aux', capacityFactor: 1.25 } as const;
 const steps = 3;
 
+// Frozen before parallelize (requiresGrad = false): the embeddings, block 0's attention and block 1's experts.
+const FROZEN = ['^wte\\.', '^wpe\\.', '^layers\\.0\\.attn\\.', '^layers\\.1\\.mlp\\.experts\\.'];
+// Every expert frozen: the experts' data-parallel wrapper has nothing to reduce.
+const EXPERTS_FROZEN = ['^layers\\.\\d+\\.mlp\\.experts\\.'];
+
 // The reference reads micro-batches of 2 rows: what each rank of dp 2 x micro 2 and of dp 4 x micro 1 reads.
 const reference = launch(1, [
   { name: 'refA', micro: 4, steps, moe: A }, { name: 'refB', micro: 4, steps, moe: B },
   { name: 'refL', micro: 4, steps, moe: L, arch: 'llama' },
+  { name: 'refA_frozen', micro: 4, steps, moe: A, frozen: FROZEN },
+  { name: 'refA_experts_frozen', micro: 4, steps, moe: A, frozen: EXPERTS_FROZEN },
 ]);
 const world2 = launch(2, [
   { name: 'dp2_A', layout: { dp: 2 }, micro: 2, steps, moe: A },
@@ -46,6 +53,12 @@ const world2 = launch(2, [
   { name: 'cp2_A', layout: { cp: 2 }, micro: 4, steps, moe: A },
   { name: 'cp2_B', layout: { cp: 2 }, micro: 4, steps, moe: B },
   { name: 'cp2_L', layout: { cp: 2 }, micro: 4, steps, moe: L, arch: 'llama' },
+  // Frozen parameters, dense and experts.
+  { name: 'ep2_frozen_A', layout: { ep: 2 }, micro: 2, steps, moe: A, frozen: FROZEN },
+  { name: 'ep2_z3_frozen_A', layout: { ep: 2, zero: 3 }, micro: 2, steps, moe: A, frozen: FROZEN },
+  { name: 'cp2_frozen_A', layout: { cp: 2 }, micro: 4, steps, moe: A, frozen: FROZEN },
+  { name: 'ep2_experts_frozen_A', layout: { ep: 2 }, micro: 2, steps, moe: A, frozen: EXPERTS_FROZEN },
+  { name: 'ep2_z3_experts_frozen_A', layout: { ep: 2, zero: 3 }, micro: 2, steps, moe: A, frozen: EXPERTS_FROZEN },
 ]);
 const world4 = launch(4, [
   { name: 'ep2_dp4_A', layout: { ep: 2 }, micro: 1, steps, moe: A },
@@ -151,6 +164,26 @@ test('cp = 2 with expert parallelism (ep = 2, ep = 4 over dpShard x cp), with Ze
   compare('cp2_z3_A', 4, 'refA');
   compare('cp2_pp2_B', 4, 'refB');
   compare('cp2_tp2_A', 4, 'refA');
+});
+
+test('frozen parameters (embeddings, a block\'s attention, a block\'s experts; or every expert) under ep = 2, ep = 2 with ZeRO-3 and cp = 2 equal one process training the same frozen model; frozen values never move and frozen experts live with their expert-parallel rank', async () => {
+  await Promise.all([reference, world2]);
+  for (const name of ['ep2_frozen_A', 'ep2_z3_frozen_A', 'cp2_frozen_A']) {
+    compare(name, 2, 'refA_frozen');
+    for (const o of suite.read(name, 2)) {
+      assert.deepEqual(o.frozenMoved, [], `${name}: rank ${o.rank} moved frozen parameters`);
+      // Under ep = 2 a rank holds (and places) half of the frozen experts, like the trainable ones.
+      if (name.startsWith('ep2')) assert.equal(o.frozenHeld!['layers.1.mlp.experts.fc'], 2 * 16 * 64, `${name}: rank ${o.rank} holds another part of the frozen experts`);
+    }
+  }
+  // Every expert frozen (the experts' wrapper reduces nothing, and under ZeRO-3 its units are gathered and freed all the same).
+  for (const name of ['ep2_experts_frozen_A', 'ep2_z3_experts_frozen_A']) {
+    compare(name, 2, 'refA_experts_frozen');
+    for (const o of suite.read(name, 2)) assert.deepEqual(o.frozenMoved, [], `${name}: rank ${o.rank} moved frozen experts`);
+  }
+  const ref = suite.read('refA_frozen', 1)[0]!;
+  assert.equal(ref.frozenMoved!.length, 0);
+  assert.notDeepEqual(ref.params['layers.1.attn.qkv.weight'], suite.read('refA', 1)[0]!.params['layers.1.attn.qkv.weight'], 'freezing changed nothing');
 });
 
 test('expert gradients averaged like dense ones (not scaled by 1 / every data-parallel rank) fail the comparison', async () => {

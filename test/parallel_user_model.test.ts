@@ -17,16 +17,16 @@ import { readPipelineRun } from './helpers/pipeline_runs.js';
 const dir = mkdtempSync(join(tmpdir(), 'flotilla-user-'));
 const script = 'test/fixtures/user_model_rank.ts';
 
-interface Out { rank: number; losses: number[]; params: Record<string, number[]>; held: number; written: Record<string, number> }
-interface Run { name: string; layout?: Record<string, unknown>; micro: number }
+interface Out { rank: number; losses: number[]; params: Record<string, number[]>; held: number; written: Record<string, number>; frozenMoved?: string[]; frozenHeld?: Record<string, number> }
+interface Run { name: string; layout?: Record<string, unknown>; micro: number; frozen?: string[]; save?: string; load?: string }
 
 async function launch(nproc: number, runs: Run[]): Promise<void> {
   const r = await runWorld({ nproc, script, args: [JSON.stringify({ out: dir, runs })], timeoutMs: 240_000 });
   assert.deepEqual(r.codes, new Array(nproc).fill(0), describeWorld(r));
 }
 
-function compare(name: string, nproc: number, opts: { split?: boolean; sliced?: number } = {}): void {
-  const ref = readPipelineRun<Out>(dir, 'ref', 1)[0]!;
+function compare(name: string, nproc: number, opts: { split?: boolean; sliced?: number; ref?: string } = {}): void {
+  const ref = readPipelineRun<Out>(dir, opts.ref ?? 'ref', 1)[0]!;
   const covered = new Set<string>();
   const written = new Map<string, number>();
   for (const o of readPipelineRun<Out>(dir, name, nproc)) {
@@ -51,7 +51,11 @@ function compare(name: string, nproc: number, opts: { split?: boolean; sliced?: 
   for (const [k, v] of Object.entries(ref.params)) assert.equal(written.get(k), v.length, `${name}: placements() write ${written.get(k)} of ${k}'s ${v.length} elements`);
 }
 
-const ref = launch(1, [{ name: 'ref', micro: 1 }]);
+// Frozen before parallelize (requiresGrad = false): the input projection (outside the units), all of
+// block 2 (a ZeRO-3 unit with nothing to train) and one matrix of block 3.
+const FROZEN = ['^0\\.', '^2\\.', '^3\\.fc\\.weight$'];
+const isFrozen = (k: string): boolean => FROZEN.some((f) => new RegExp(f).test(k));
+const ref = launch(1, [{ name: 'ref', micro: 1 }, { name: 'ref_frozen', micro: 1, frozen: FROZEN }]);
 
 test('your own model on 2 ranks: data parallel, ZeRO-3 with units by class, pp=2 with 1F1B and zero bubble, tp=2 with its own plan: equal to one process', async () => {
   await Promise.all([ref, launch(2, [
@@ -60,12 +64,48 @@ test('your own model on 2 ranks: data parallel, ZeRO-3 with units by class, pp=2
     { name: 'pp2_1f1b', layout: { pp: 2, ppSchedule: '1f1b' }, micro: 4 },
     { name: 'pp2_zb', layout: { pp: 2, ppSchedule: 'zb' }, micro: 4 },
     { name: 'tp2', layout: { tp: 2 }, micro: 2 },
+    { name: 'frozen_dp', layout: {}, micro: 2, frozen: FROZEN, save: 'ck_dp' },
+    { name: 'frozen_z3', layout: { zero: 3 }, micro: 2, frozen: FROZEN, save: 'ck_z3' },
+    // The checkpoints loaded under the other layout (frozen parameters sharded one way, whole the other).
+    { name: 'frozen_load_z3_into_dp', layout: {}, micro: 2, frozen: FROZEN, load: 'ck_z3' },
+    { name: 'frozen_load_dp_into_z3', layout: { zero: 3 }, micro: 2, frozen: FROZEN, load: 'ck_dp' },
+    { name: 'frozen_pp2', layout: { pp: 2, ppSchedule: '1f1b' }, micro: 4, frozen: FROZEN },
+    { name: 'frozen_pp2_zb', layout: { pp: 2, ppSchedule: 'zb' }, micro: 4, frozen: FROZEN },
+    { name: 'frozen_tp2', layout: { tp: 2 }, micro: 2, frozen: FROZEN },
   ])]);
   compare('dp', 2);
   compare('z3', 2);
   compare('pp2_1f1b', 2, { split: true });
   compare('pp2_zb', 2, { split: true });
   compare('tp2', 2, { sliced: 4 * (72 + 64) }); // per block: half of fc's 16 x 8 weight and 16 biases, half of out's 8 x 16 weight
+  // Frozen parameters: against one process training the same frozen model; placed (every element
+  // written once), unchanged to the bit on every rank, and under ZeRO-3 split over the ranks.
+  const fref = readPipelineRun<Out>(dir, 'ref_frozen', 1)[0]!;
+  assert.equal(Object.keys(fref.params).filter(isFrozen).length, 14);
+  assert.notDeepEqual(fref.params['1.fc.weight'], readPipelineRun<Out>(dir, 'ref', 1)[0]!.params['1.fc.weight'], 'freezing changed nothing');
+  for (const [name, opts] of [['frozen_dp', {}], ['frozen_z3', {}], ['frozen_pp2', { split: true }], ['frozen_pp2_zb', { split: true }], ['frozen_tp2', { sliced: 4 * (72 + 64) }]] as const) {
+    compare(name, 2, { ...opts, ref: 'ref_frozen' });
+    for (const o of readPipelineRun<Out>(dir, name, 2)) {
+      assert.deepEqual(o.frozenMoved, [], `${name}: rank ${o.rank} moved frozen parameters`);
+      for (const k of Object.keys(o.params).filter(isFrozen)) assert.deepEqual(o.params[k], fref.params[k], `${name}: rank ${o.rank}: frozen ${k} changed`);
+    }
+  }
+  // Checkpoint round trips of the partly frozen model across layouts: every parameter comes back.
+  for (const [from, into] of [['frozen_z3', 'frozen_load_z3_into_dp'], ['frozen_dp', 'frozen_load_dp_into_z3']]) {
+    const saved = readPipelineRun<Out>(dir, from!, 2)[0]!.params;
+    for (const o of readPipelineRun<Out>(dir, into!, 2)) assert.deepEqual(o.params, saved, `${into}: rank ${o.rank} loaded other values than ${from} saved`);
+  }
+  const z3 = readPipelineRun<Out>(dir, 'frozen_z3', 2);
+  for (const [k, v] of Object.entries(fref.params).filter(([k]) => isFrozen(k))) {
+    const held = z3.map((o) => o.frozenHeld![k]!);
+    assert.equal(held[0]! + held[1]!, v.length, `frozen_z3: ${k} held ${held.join(' + ')} of ${v.length}`);
+  }
+  // Each rank holds half of the frozen elements (its shard of each unit's frozen region; a small parameter may lie in one shard).
+  const total = Object.entries(fref.params).filter(([k]) => isFrozen(k)).reduce((a, [, v]) => a + v.length, 0);
+  for (const o of z3) {
+    const mine = Object.values(o.frozenHeld!).reduce((a, b) => a + b, 0);
+    assert.ok(mine <= total / 2 + 8 && mine > 0, `frozen_z3: rank ${o.rank} holds ${mine} of the ${total} frozen elements`);
+  }
 });
 
 test('your own model on 4 ranks: pp=2 x ZeRO-2 over dp=2 (1F1B), pp=2 x ZeRO-3 with parameters outside the units, pp=2 x HSDP accumulating reduceScatterEachAllReduceLast, tp=2 x pp=2: equal to one process', async () => {

@@ -34,7 +34,11 @@ const base = { micro: 2, steps: 3 };
 const run = (name: string, layout: Run['layout'], extra: Partial<Run> = {}): Run => ({ name, layout, ...base, ...extra });
 
 // The one-process references (one process), then the worlds.
-const reference = launch(1, [{ name: 'ref', ...base }, { name: 'ref_tied', ...base, tie: true }]);
+// Frozen parameters (requiresGrad = false before parallelize): the embeddings, all of block 1 (a
+// ZeRO-3 unit with nothing to train) and one matrix of block 0 (a unit partly frozen).
+const FROZEN = ['^wte\\.', '^wpe\\.', '^layers\\.1\\.', '^layers\\.0\\.mlp\\.fc\\.weight$'];
+const frozen = { frozen: FROZEN };
+const reference = launch(1, [{ name: 'ref', ...base }, { name: 'ref_tied', ...base, tie: true }, { name: 'ref_frozen', ...base, ...frozen }]);
 const sp = { sequenceParallel: true }, lp = { lossParallel: true };
 const world2 = launch(2, [
   run('tp2', { tp: 2 }),
@@ -50,6 +54,12 @@ const world2 = launch(2, [
   run('drop_sp', { tp: 2, ...sp }, { dropout: 0.2 }),
   run('drop_ac', { tp: 2 }, { dropout: 0.2, ac: 'full' }),
   run('drop_sp_sel', { tp: 2, ...sp }, { dropout: 0.2, ac: 'selective' }),
+  run('frozen_dp2', {}, frozen),
+  run('frozen_z1', { zero: 1 }, frozen),
+  run('frozen_z2', { zero: 2 }, frozen),
+  run('frozen_z3', { zero: 3 }, frozen),
+  run('frozen_pp2', { pp: 2, ppSchedule: '1f1b' }, frozen),
+  run('frozen_tp2', { tp: 2 }, frozen),
 ]);
 const world4 = launch(4, [
   run('tp2_dp2_z3', { tp: 2, zero: 3 }),
@@ -58,6 +68,7 @@ const world4 = launch(4, [
   run('tp2_pp2_sp_lp_tied', { tp: 2, pp: 2, ppSchedule: '1f1b', ...sp, ...lp }, { tie: true }),
   run('tp2_pp2_tied', { tp: 2, pp: 2, ppSchedule: '1f1b' }, { tie: true }),
   run('tp2_pp2_zb_sp', { tp: 2, pp: 2, ppSchedule: 'zb', ...sp }),
+  run('frozen_hsdp', { zero: 3, dpShard: 2, dpReplicate: 2 }, frozen),
 ]);
 const world8 = launch(8, [run('tp2_pp2_dp2', { tp: 2, pp: 2, zero: 1, ...sp })]);
 
@@ -94,6 +105,65 @@ test('grads.localGradShard(p).tp names the slice a tp rank holds: fused q, k, v 
     assert.deepEqual(t['wte.weight'], at(0));
     assert.deepEqual(t['head.weight'], at(0));
     for (const k of ['wpe.weight', 'lnF.weight', 'lnF.bias', 'layers.0.ln1.weight', 'layers.1.ln2.bias', 'layers.0.attn.proj.bias', 'layers.1.mlp.proj.bias']) assert.equal(t[k], null, `${k} is whole on every tp rank`);
+  }
+});
+
+/**
+ * A run with FROZEN parameters against one process training the same frozen model: losses, norms,
+ * whole parameters and the trainable parameters' gradients; frozen parameters unchanged to the bit
+ * and without gradients; the memory report's gradient bytes those of the trainable parameters
+ * (over `shards` ranks when sharded).
+ */
+function compareFrozen(name: string, nproc: number, shards: number, opts: { split?: boolean } = {}): Out[] {
+  const who = (o: Out): string => `${name}: rank ${o.rank} (tp ${o.tpRank}, pp ${o.ppRank}, dp ${o.dpRank})`;
+  const { ref, outs } = suite.compare(name, nproc, 'ref_frozen', { loss: TOL_SCALAR, norm: TOL_SCALAR, param: TOL_PARAM }, who);
+  const isFrozen = (k: string): boolean => FROZEN.some((f) => new RegExp(f).test(k));
+  assert.deepEqual(ref.frozenMoved, [], 'one process moved a frozen parameter');
+  assert.equal(Object.keys(ref.params).filter(isFrozen).length, 15, 'frozen parameters of the reference');
+  assert.ok(Object.keys(ref.grads0).every((k) => !isFrozen(k)), 'one process has gradients for frozen parameters');
+  for (const o of outs) {
+    for (const [k, v] of Object.entries(o.grads0)) {
+      const d = maxRelDiff(v, ref.grads0[k]!);
+      assert.ok(d <= TOL_PARAM, `${who(o)}: grads.fullGrad(${k}) at step 0 differs from one process's gradient by ${d}`);
+    }
+    // Every parameter the rank holds is placed (frozen ones too); only the trainable ones have gradients.
+    assert.deepEqual(Object.keys(o.grads0).sort(), Object.keys(o.params).filter((k) => !isFrozen(k)).sort(), `${who(o)}: gradients`);
+    assert.deepEqual(Object.keys(o.frozenHeld!).sort(), Object.keys(o.params).filter(isFrozen).sort(), `${who(o)}: placements of frozen parameters`);
+    assert.deepEqual(o.frozenMoved, [], `${who(o)}: frozen parameters changed in training`);
+    for (const k of Object.keys(o.params).filter(isFrozen)) assert.deepEqual(o.params[k], ref.params[k], `${who(o)}: frozen ${k} is not the initial value`);
+    // Gradient storage for the trainable parameters only: padding (under 64 elements per bucket) aside.
+    const m = o.memory!;
+    const grads = m.gradBytes * shards;
+    assert.ok(grads >= m.trainableBytes && grads < m.trainableBytes + 8 * 64 * shards && m.frozenBytes > 8 * 64 * shards,
+      `${who(o)}: ${m.gradBytes} gradient bytes over ${shards} shard(s) for ${m.trainableBytes} bytes of trainable and ${m.frozenBytes} of frozen parameters`);
+    if (opts.split) assert.ok(Object.keys(o.params).length < Object.keys(ref.params).length, `${who(o)} holds the whole model`);
+  }
+  return outs;
+}
+
+test('frozen parameters (embeddings, a whole block, one matrix) under dp, ZeRO-1/2/3, pp=2 (1F1B) and tp=2 on 2 ranks: equal to one process training the same frozen model; frozen values never move, have no gradients and no gradient bytes', async () => {
+  await Promise.all([reference, world2]);
+  compareFrozen('frozen_dp2', 2, 1);
+  compareFrozen('frozen_z1', 2, 1);
+  compareFrozen('frozen_z2', 2, 2);
+  compareFrozen('frozen_pp2', 2, 1, { split: true });
+  compareFrozen('frozen_tp2', 2, 1);
+  // ZeRO-3: a frozen parameter is sharded with its unit: between steps the ranks hold disjoint parts of it.
+  const ref = suite.read('ref_frozen', 1)[0]!;
+  for (const [name, nproc, replicas] of [['frozen_z3', 2, 1], ['frozen_hsdp', 4, 2]] as const) {
+    if (name === 'frozen_hsdp') await world4;
+    const outs = compareFrozen(name, nproc, nproc / replicas);
+    for (const k of Object.keys(outs[0]!.frozenHeld!)) {
+      const held = outs.map((o) => o.frozenHeld![k]!);
+      const whole = ref.params[k]!.length;
+      assert.equal(held.reduce((a, b) => a + b, 0), whole * replicas, `${name}: ${k} held ${held.join(' + ')} of ${whole} elements x ${replicas} replica(s)`);
+    }
+    // Each rank holds its shard of the frozen elements (a small parameter may lie in one shard): about 1 / shards of them.
+    const total = Object.keys(outs[0]!.frozenHeld!).reduce((a, k) => a + ref.params[k]!.length, 0);
+    for (const o of outs) {
+      const mine = Object.values(o.frozenHeld!).reduce((a, b) => a + b, 0);
+      assert.ok(mine <= total / (nproc / replicas) + 16 && mine > 0, `${name}: rank ${o.rank} holds ${mine} of the ${total} frozen elements`);
+    }
   }
 });
 

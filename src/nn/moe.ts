@@ -201,6 +201,9 @@ export class MoE extends Module {
   keepExperts(first: number, count: number): void {
     const all = this.experts;
     const kept = new GroupedExperts(count, all.nEmbd, all.hidden, all.kind, all.b1 !== undefined, { from: all, first });
+    // A slice of a frozen parameter (requiresGrad = false) is frozen too.
+    const frozen = new Set(all.namedParameters().filter(([, p]) => !p.requiresGrad).map(([n]) => n));
+    for (const [n, p] of kept.namedParameters()) if (frozen.has(n)) p.requiresGrad = false;
     (this as { experts: GroupedExperts }).experts = this.registerModule('experts', kept);
     this.firstExpert = first;
     all.dispose();

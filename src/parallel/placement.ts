@@ -9,6 +9,9 @@
 // replicas (data-parallel copies, HSDP replicas, a tied embedding's second pipeline copy) split the
 // work or stay silent instead of writing the same bytes twice.
 //
+// Frozen parameters (requiresGrad = false) are placed like the rest: in their unit's bucket under
+// ZeRO-3, else whole on every data-parallel rank, which write even shares.
+//
 // Under tensor parallelism a rank holds a slice of the whole parameter (rows, columns, or a part of
 // each fused chunk): `shape` is still the whole parameter's, the ranges above are in the local
 // slice's flattened order, and `tp` maps them to runs of the whole flattened parameter
@@ -116,6 +119,10 @@ const NONE: ElementRange = { offset: 0, numel: 0 };
 export function placementsOf(named: readonly [string, Tensor][], opts: PlacementOptions = {}): ParamPlacement[] {
   const slots = new Map<Tensor, ParamSlot>();
   for (const s of opts.dp?.parametersWithSlots() ?? []) slots.set(s.param, s);
+  // Frozen parameters: in their unit's bucket under ZeRO-3, else whole on every data-parallel rank
+  // ([Note: frozen parameters] in data_parallel/grad_buffer.ts).
+  const frozenSlots = new Map<Tensor, ParamSlot>();
+  for (const s of opts.dp?.frozenParameterSlots() ?? []) frozenSlots.set(s.param, s);
   const seen = new Set<Tensor>();
   const out: ParamPlacement[] = [];
   for (const [name, param] of named) {
@@ -123,7 +130,9 @@ export function placementsOf(named: readonly [string, Tensor][], opts: Placement
     seen.add(param);
     const silent = opts.silent?.has(param) ?? false;
     const slot = slots.get(param);
-    const p = slot && opts.dp ? inBucket(name, slot, opts.dp) : replicated(name, param, opts.replicas);
+    const frozen = frozenSlots.get(param);
+    const replicas = opts.replicas ?? (!param.requiresGrad ? opts.dp?.group : undefined);
+    const p = slot && opts.dp ? inBucket(name, slot, opts.dp) : frozen && opts.dp ? frozenInBucket(name, frozen, opts.dp) : replicated(name, param, replicas);
     out.push(silent ? { ...p, writes: NONE } : p);
   }
   return out;
@@ -155,6 +164,21 @@ function replicated(name: string, param: Tensor, replicas: ProcessGroup | undefi
     name, param, shape: param.shape, dtype: param.dtype, held: all, stateHeld: all,
     values: () => param.view(-1),
     writes: replicas && replicas.size > 1 ? evenRange(n, replicas.size, replicas.rank) : all,
+  };
+}
+
+/** A frozen parameter in the frozen region of a ZeRO-3 bucket: this rank holds its part of the region's shard. */
+function frozenInBucket(name: string, slot: ParamSlot, dp: DataParallel): ParamPlacement {
+  const b = slot.bucket;
+  const fs = b.frozenNumel / dp.shardGroup.size; // the frozen region's shard
+  const at = slot.offset - b.offset - b.numel; // the parameter's start inside the frozen region
+  const s = dp.shardGroup.rank * fs;
+  const lo = Math.max(s, at), hi = Math.min(s + fs, at + slot.numel);
+  const shard = hi > lo ? { offset: lo - at, numel: hi - lo } : NONE;
+  const writes = !dp.replicateGroup || dp.replicateGroup.rank === 0 ? shard : NONE;
+  return {
+    name, param: slot.param, shape: slot.shape, dtype: slot.param.dtype, held: shard, stateHeld: shard, writes,
+    values: () => b.shardData!.narrow(0, shard.numel > 0 ? b.shardNumel + lo - s : 0, shard.numel),
   };
 }
 

@@ -124,6 +124,12 @@ interface BucketRun {
 
 type Window = 'idle' | 'ready' | 'stepped';
 
+/** Each parameter once (a tensor registered under two names, tied in one module, is placed once). */
+function uniqueParams(named: [string, Tensor][]): [string, Tensor][] {
+  const seen = new Set<Tensor>();
+  return named.filter(([, p]) => !seen.has(p) && (seen.add(p), true));
+}
+
 export class DataParallel<M extends Module = Module> implements GradientSource {
   readonly module: M;
   private readonly reduceDtype: 'fp32' | 'bf16';
@@ -142,6 +148,12 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
   private readonly runs: BucketRun[] = [];
   private readonly runOf = new Map<Bucket, BucketRun>();
   private readonly slotOf = new Map<Tensor, ParamSlot>();
+  /** Every bucket, those of frozen parameters only included (ZeRO-3 gathers them; runs are the ones reduced). */
+  private readonly allBuckets: Bucket[] = [];
+  /** ZeRO-3: frozen parameters in their unit's bucket ([Note: frozen parameters] in grad_buffer.ts). */
+  private readonly frozenSlotOf = new Map<Tensor, ParamSlot>();
+  /** Zero 0/1/2: frozen parameters, whole on every rank outside the buckets. */
+  private readonly frozenOutside: Tensor[];
   private readonly reducer: Reducer;
   private readonly fsdp: FsdpUnits | undefined;
   private gathers: ParamGathers | undefined; // zero 1/2: the parameter all-gathers after the step
@@ -150,7 +162,10 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
   private holding = false; // holdReductions() until reduceAccumulated()
   private window: Window = 'idle';
   private usedThisStep: Set<Tensor> | undefined; // parameters with a gradient on some rank (findUnusedParameters)
-  private readonly meter = new MemoryMeter(() => this.runs.map((r) => ({ ...r, copy: this.fsdp?.bf16CopyOf(r.bucket) })));
+  private readonly meter = new MemoryMeter(
+    () => this.allBuckets.map((bucket) => ({ bucket, recv: this.runOf.get(bucket)?.recv, copy: this.fsdp?.bf16CopyOf(bucket) })),
+    () => this.frozenOutside,
+  );
   private readonly gradScale: number;
   private readonly exclude: ReadonlySet<Tensor>;
   private readonly inFlight: BucketRun[] = []; // sharded reductions not yet completed, in launch order ([Note: reduction window])
@@ -170,10 +185,17 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
 
     this.gradScale = opts.gradScale ?? 1 / this.group.size;
     this.exclude = opts.exclude ?? new Set();
-    const named = module.namedParameters().filter(([, p]) => p.requiresGrad && !this.exclude.has(p));
-    if (named.length === 0) throw new Error('DataParallel: the module has no trainable parameters');
+    // [Note: frozen parameters] in grad_buffer.ts: the buckets' gradients are the trainable
+    // parameters'; under ZeRO-3 the frozen ones are sharded in their unit's bucket too, otherwise
+    // they stay whole outside the buckets.
+    const all = module.namedParameters().filter(([, p]) => !this.exclude.has(p));
+    const named = all.filter(([, p]) => p.requiresGrad);
+    // Only frozen parameters (a pipeline stage or the experts of a partly frozen model) is allowed:
+    // they are placed, and no gradient is waited for.
+    if (all.length === 0) throw new Error('DataParallel: the module has no parameters');
+    const placed = this.zero === 3 ? uniqueParams(all) : named;
     const sharded = this.zero >= 1;
-    const units = this.zero === 3 ? FsdpUnits.plan(module, named, opts.units) : undefined;
+    const units = this.zero === 3 ? FsdpUnits.plan(module, placed, opts.units) : undefined;
     if (units && units.units.length === 1 && this.group.rank === 0) {
       process.emitWarning(singleUnitWarning(module), { type: 'FlotillaWarning', code: 'FLOTILLA_SINGLE_UNIT' });
     }
@@ -182,13 +204,13 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
       padMultiple: sharded ? this.shardGroup.size : this.group.size,
       ...(units ? { groups: units.groups } : {}),
     };
-    verifySameLayout(this.group, describeLayout(named, layout), `zero${this.zero}:${this.accumulate}`);
+    verifySameLayout(this.group, describeLayout(placed, layout), `zero${this.zero}:${this.accumulate}`);
     const broadcast = (opts.broadcastFromRank0 ?? true) && this.group.size > 1;
     // A model built with deferred init ([Note: deferred init] in src/nn/module.ts) gets its values
-    // bucket by bucket here; parameters outside the buckets (frozen ones) are made whole first.
+    // bucket by bucket here; parameters outside the buckets (frozen ones under zero 0/1/2) are made whole first.
     const deferred = module.deferredInit;
     if (deferred) {
-      const inBuckets = new Set(named.map(([, p]) => p));
+      const inBuckets = new Set(placed.map(([, p]) => p));
       noGrad(() => {
         for (const [n, p] of module.namedParameters()) {
           if (inBuckets.has(p) || isAllocated(p) || p.numel() === 0) continue;
@@ -197,7 +219,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
         }
       });
     }
-    this.buffers = buildGradBuffers(named, {
+    this.buffers = buildGradBuffers(placed, {
       ...layout,
       // ZeRO-2/3: full gradient buckets exist only while a backward fills them.
       lazyGrad: this.zero >= 2,
@@ -208,14 +230,18 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     module.deferredInit = undefined;
     for (const buffer of this.buffers) {
       for (const bucket of buffer.buckets) {
+        this.allBuckets.push(bucket);
+        if (bucket.numel === 0) continue; // a unit of frozen parameters only: nothing to reduce
         const run: BucketRun = { bucket, nonFinite: false };
         this.runs.push(run);
         this.runOf.set(bucket, run);
       }
       for (const slot of buffer.slots) this.slotOf.set(slot.param, slot);
+      for (const slot of buffer.frozenSlots) this.frozenSlotOf.set(slot.param, slot);
     }
+    this.frozenOutside = uniqueParams(all).filter(([, p]) => !p.requiresGrad && !this.frozenSlotOf.has(p)).map(([, p]) => p);
     // ZeRO-3 broadcast each bucket while it was whole, above.
-    if (broadcast) broadcastState(this.group, module, this.zero === 3 ? [] : this.runs.map((r) => r.bucket), new Set([...this.slotOf.keys(), ...this.exclude]));
+    if (broadcast) broadcastState(this.group, module, this.zero === 3 ? [] : this.runs.map((r) => r.bucket), new Set([...this.slotOf.keys(), ...this.frozenSlotOf.keys(), ...this.exclude]));
 
     if (this.zero >= 2) {
       for (const { bucket } of this.runs) bucket.shardGrad = keep(zeros([bucket.shardNumel], { dtype: bucket.grad.dtype }));
@@ -235,11 +261,12 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     this.reducer.syncEnabled = this.reducesNow();
 
     if (units) {
-      this.fsdp = new FsdpUnits(module, units, this.runs.map((r) => r.bucket), this.shardGroup, {
+      this.fsdp = new FsdpUnits(module, units, this.allBuckets, this.shardGroup, {
         reshardAfterForward: opts.reshardAfterForward ?? true,
         prefetch: opts.prefetch ?? true,
         onMemoryChange: () => this.notePeak(),
         ...(opts.entries ? { entries: opts.entries } : {}),
+        ...(this.runs.length === 0 ? { ownBackwardEnd: true } : {}),
       });
     } else if (this.zero >= 1 && this.shardGroup.size > 1) {
       this.gathers = new ParamGathers(this.shardGroup);
@@ -402,6 +429,11 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
     if (!this.lastMicroBatch) {
       throw new Error('DataParallel: finishGradSync() called while gradient sync is off (inside noSync / requireGradientSync(false))');
     }
+    if (this.runs.length === 0) {
+      // Frozen parameters only: no gradient to wait for or reduce.
+      this.window = 'ready';
+      return true;
+    }
     try {
       this.reducer.settle();
       if (this.reducer.failure) {
@@ -495,7 +527,8 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
    */
   pieceStepped(piece: StepPiece): void {
     if (this.zero !== 1 && this.zero !== 2) return;
-    const run = this.runs[Number(piece.key.slice('bucket'.length))];
+    const index = Number(piece.key.slice('bucket'.length));
+    const run = this.runs.find((r) => r.bucket.index === index);
     if (run) this.gathers?.gather(run.bucket);
   }
 
@@ -518,6 +551,11 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
 
   parametersWithSlots(): ParamSlot[] {
     return [...this.slotOf.values()];
+  }
+
+  /** ZeRO-3: the frozen parameters in the buckets, where each lies (placements read them; they have no gradient). */
+  frozenParameterSlots(): ParamSlot[] {
+    return [...this.frozenSlotOf.values()];
   }
 
   private requireWindow(what: string): void {
@@ -568,8 +606,10 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
 
   private requireSlot(param: Tensor): ParamSlot {
     const slot = this.slotOf.get(param);
-    if (!slot) throw new Error('DataParallel: this tensor is not a parameter of the wrapped module');
-    return slot;
+    if (slot) return slot;
+    const frozen = this.frozenSlotOf.get(param)?.name ?? (this.frozenOutside.includes(param) ? this.module.namedParameters().find(([, p]) => p === param)?.[0] : undefined);
+    if (frozen !== undefined) throw new Error(`DataParallel: parameter '${frozen}' is frozen (requiresGrad = false) and has no gradient; read gradients of trainable parameters only`);
+    throw new Error('DataParallel: this tensor is not a parameter of the wrapped module');
   }
 
   // ---- memory accounting (memory.ts)

@@ -22,6 +22,7 @@
 // its float32 bucket ([Note: bf16 gathers] in fsdp_bf16.ts); the step's forward decides which, and
 // the unit's backward regathers the same one.
 import { isGradEnabled, Tensor, elementSize, type DType } from '../../tensor/index.js';
+import { native } from '../../tensor/native.js';
 import type { Module } from '../../nn/module.js';
 import { currentPrecision, isPolicyReader, setGatheredSource } from '../../nn/precision.js';
 import type { ProcessGroup } from '../../distributed/process_group.js';
@@ -160,6 +161,11 @@ export class FsdpUnits {
       onMemoryChange: () => void;
       /** Modules a forward enters through instead of the model itself (a pipeline's stages). */
       entries?: readonly Module[];
+      /**
+       * No gradient reduction tells the units that a backward ended (every parameter is frozen:
+       * [Note: frozen parameters] in grad_buffer.ts), so they learn it from the engine themselves.
+       */
+      ownBackwardEnd?: boolean;
     },
   ) {
     if (buckets.length !== plan.units.length) throw new Error(`FSDP: ${plan.units.length} units but ${buckets.length} buckets (one dtype per unit is supported)`);
@@ -168,10 +174,10 @@ export class FsdpUnits {
       const bucket = buckets[i]!;
       const unit: UnitState = { ...u, bucket, isRoot: u.module === model, full: { data: bucket.data, state: 'free' } };
       // [Note: bf16 gathers]: only float32 units whose every parameter is read through the policy.
-      if (bucket.data.dtype === 'float32' && bucket.slots.every((s) => readers.has(s.param))) {
+      if (bucket.data.dtype === 'float32' && [...bucket.slots, ...bucket.frozenSlots].every((s) => readers.has(s.param))) {
         const copy = new Bf16UnitCopy(bucket);
         unit.bf16 = { data: copy.data, state: 'free', copy };
-        for (const s of bucket.slots) setGatheredSource(s.param, (dtype) => this.gatheredCopy(unit, s.param, dtype));
+        for (const s of [...bucket.slots, ...bucket.frozenSlots]) setGatheredSource(s.param, (dtype) => this.gatheredCopy(unit, s.param, dtype));
       }
       return unit;
     });
@@ -247,6 +253,7 @@ export class FsdpUnits {
 
   private preBackward(u: UnitState): void {
     if (this.backwardSeen.has(u)) return;
+    if (this.opts.ownBackwardEnd && this.backwardSeen.size === 0) native.queueBackwardCallback(() => this.afterBackward());
     this.backwardSeen.add(u);
     if (!this.backwardOrder) this.recordingBackward.push(u);
     this.gather(u, this.copyFor(u, 'backward'));
@@ -264,10 +271,15 @@ export class FsdpUnits {
   private issueGather(u: UnitState, c: Gathered): void {
     const b = u.bucket;
     if (allocStorage(c.data)) this.opts.onMemoryChange();
-    // This rank's float32 shard goes in cast to the copy's dtype ([Note: bf16 gathers]).
-    c.work = gatherInPlace(this.group, c.data, b.shardNumel, b.shardData!); // [Note: in-place gathers]
+    // This rank's float32 shard goes in cast to the copy's dtype ([Note: bf16 gathers]); the
+    // trainable and the frozen regions are gathered each into its place ([Note: frozen parameters]).
+    const works: { wait(): void }[] = [];
+    const fs = b.frozenNumel / this.group.size;
+    if (b.numel > 0) works.push(gatherRegion(this.group, c.data, 0, b.shardNumel, b.shardData!, 0)); // [Note: in-place gathers]
+    if (fs > 0) works.push(gatherRegion(this.group, c.data, b.numel, fs, b.shardData!, b.shardNumel));
+    c.work = { wait: () => works.forEach((w) => w.wait()) };
     c.state = 'gathering';
-    this.gatheredBytes += (b.numel - b.shardNumel) * elementSize(c.data.dtype);
+    this.gatheredBytes += (b.numel + b.frozenNumel - b.shardNumel - fs) * elementSize(c.data.dtype);
   }
 
   // [Note: failed gather] After a failed all-gather the group is unusable (a timed-out or broken
@@ -356,6 +368,18 @@ export class FsdpUnits {
       }
     }
     this.removers.length = 0;
+  }
+}
+
+/** Gathers one region of a unit's flat copy: every rank's `shardNumel` elements at `at`, this rank's taken from `own` at `ownAt`. */
+function gatherRegion(group: ProcessGroup, data: Tensor, at: number, shardNumel: number, own: Tensor, ownAt: number): { wait(): void } {
+  const region = data.narrow(0, at, shardNumel * group.size);
+  const mine = own.narrow(0, ownAt, shardNumel);
+  try {
+    return gatherInPlace(group, region, shardNumel, mine);
+  } finally {
+    region.dispose();
+    mine.dispose();
   }
 }
 

@@ -48,9 +48,9 @@ export class Bf16UnitCopy {
   private readonly aliases = new Map<Tensor, Tensor>();
 
   constructor(bucket: Bucket) {
-    this.data = keep(emptyMapped([bucket.numel], { dtype: 'bfloat16' }));
+    this.data = keep(emptyMapped([bucket.numel + bucket.frozenNumel], { dtype: 'bfloat16' }));
     noGrad(() => {
-      for (const s of bucket.slots) {
+      for (const s of [...bucket.slots, ...bucket.frozenSlots]) {
         const v = this.data.narrow(0, s.offset - bucket.offset, s.numel).view(...s.shape);
         this.aliases.set(s.param, keep(v.variableData())); // the same storage, its own version counter
         v.dispose();

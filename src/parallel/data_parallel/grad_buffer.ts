@@ -7,7 +7,8 @@
 // equal shards: shard k of a bucket is [k * shardNumel, (k + 1) * shardNumel) of it. Padding is
 // zero and stays zero (nothing writes to it).
 //
-// Storage. Every bucket owns two flat tensors of its padded size, `data` and `grad`; each parameter
+// Storage. Every bucket owns two flat tensors of its padded size, `data` and `grad` (under ZeRO-3
+// `data` also holds the unit's frozen parameters after that size: [Note: frozen parameters]); each parameter
 // is a shaped view of `data` (its old storage is released) and each `param.grad` is a view of
 // `grad`, assigned once, so autograd accumulates into the bucket in place and a gradient is never
 // missing. Sharded modes own, per bucket, this rank's shard of the gradient (`shardGrad`) and under
@@ -16,7 +17,18 @@
 // place, so views handed out earlier (param.grad, tensors autograd saved) see the new bytes.
 // DataParallel all-reduces `grad`; ZeRO reduce-scatters it into `shardGrad`; clipping, the gradient
 // API and the optimizer read the same memory through GradientSource (../grads.ts).
-import { Tensor, zeros, emptyMapped, noGrad, keep, elementSize, type DType } from '../../tensor/index.js';
+//
+// [Note: frozen parameters] A parameter with requiresGrad = false has values but no gradient, no
+// optimizer state and no reduction, so the gradient layout is built from the trainable set only.
+// Under ZeRO-3 a frozen parameter must still be sharded and gathered with its unit, so a bucket's
+// `data` is two regions: the trainable parameters ([0, numel), matching `grad` element for element,
+// so a shard of one is the shard of the other) and after them the frozen ones ([numel, numel +
+// frozenNumel), padded and sharded the same way); `shardData` is this rank's shard of each, end to
+// end. A unit with only frozen parameters is a bucket with numel 0: it is gathered and freed like
+// any other but has no gradient and joins no reduction. The other modes keep frozen parameters
+// whole outside the buckets (every rank holds them, as it holds the trainable ones), and only
+// DataParallel passes frozen parameters here, under ZeRO-3.
+import { Tensor, zeros, emptyMapped, noGrad, keep, cat, elementSize, type DType } from '../../tensor/index.js';
 
 export interface ParamSlot {
   readonly name: string;
@@ -37,13 +49,17 @@ export interface Bucket {
   /** numel / shard count. */
   readonly shardNumel: number;
   readonly slots: ParamSlot[];
-  /** The full parameter values (a flat tensor of numel; its storage may be freed under ZeRO-3). */
+  /** ZeRO-3: the frozen parameters' region after the trainable ones in `data` (padded; 0 for none) ([Note: frozen parameters]). */
+  readonly frozenNumel: number;
+  /** The frozen parameters in `data` (no gradient); a slot's offset - the bucket's is its place in `data`. */
+  readonly frozenSlots: ParamSlot[];
+  /** The full parameter values (numel + frozenNumel; its storage may be freed under ZeRO-3). */
   readonly data: Tensor;
   /** The full gradient (its storage may be freed under ZeRO-2/3 between backward passes). */
   readonly grad: Tensor;
   /** This rank's reduced gradient shard (sharded gradients only). */
   shardGrad?: Tensor;
-  /** This rank's parameter shard, the values the optimizer updates (ZeRO-3 only). */
+  /** This rank's parameter shard (ZeRO-3 only): shardNumel trainable values the optimizer updates, then frozenNumel / shards frozen ones. */
   shardData?: Tensor;
 }
 
@@ -92,30 +108,31 @@ export class GradBuffer {
   readonly shards: number;
   readonly buckets: Bucket[] = [];
   readonly slots: ParamSlot[] = [];
+  readonly frozenSlots: ParamSlot[] = [];
 
   constructor(params: [string, Tensor][], opts: GradBufferOptions = {}) {
     const plan = planLayout(params, opts);
     const dtype = (this.dtype = plan.dtype);
     const pad = (this.shards = plan.pad);
     noGrad(() => {
-      for (const { members, offset, numel } of plan.buckets) {
+      for (const { members, frozen, offset, numel, frozenNumel } of plan.buckets) {
         const bucket: Bucket = {
           index: this.buckets.length,
           offset,
           numel,
           shardNumel: numel / pad,
           slots: [],
+          frozenNumel,
+          frozenSlots: [],
           // Storage that is freed and allocated again around every use lives on mapped pages
           // ([Note: mapped storage] in native/tensor.cc): given back to the OS when freed, it leaves
           // no bucket-sized holes in the malloc heap. lazyGrad's bytes are never touched here.
-          data: keep(opts.shard ? emptyMapped([numel], { dtype }).zero_() : zeros([numel], { dtype })),
+          data: keep(opts.shard ? emptyMapped([numel + frozenNumel], { dtype }).zero_() : zeros([numel + frozenNumel], { dtype })),
           grad: keep(opts.lazyGrad ? emptyMapped([numel], { dtype }) : zeros([numel], { dtype })),
         };
-        let at = 0;
-        for (const [name, p] of members) {
-          const shape = p.shape;
+        const place = (name: string, p: Tensor, at: number): void => {
           const n = p.numel();
-          const dataView = bucket.data.narrow(0, at, n).view(...shape);
+          const dataView = bucket.data.narrow(0, at, n).view(...p.shape);
           if (isAllocated(p) || n === 0) {
             dataView.copy_(p);
           } else {
@@ -127,6 +144,12 @@ export class GradBuffer {
           // only its storage moves into the bucket.
           p.set_(dataView);
           dataView.dispose();
+        };
+        let at = 0;
+        for (const [name, p] of members) {
+          const shape = p.shape;
+          const n = p.numel();
+          place(name, p, at);
           const gradView = bucket.grad.narrow(0, at, n).view(...shape);
           p.grad = gradView;
           gradView.dispose();
@@ -135,12 +158,26 @@ export class GradBuffer {
           this.slots.push(slot);
           at += n;
         }
+        // [Note: frozen parameters] values only, after the trainable region.
+        at = numel;
+        for (const [name, p] of frozen) {
+          place(name, p, at);
+          const slot: ParamSlot = { name, param: p, shape: p.shape, offset: offset + at, numel: p.numel(), bucket };
+          bucket.frozenSlots.push(slot);
+          this.frozenSlots.push(slot);
+          at += p.numel();
+        }
         if (opts.lazyGrad) freeStorage(bucket.grad); // allocated (zeroed) when a backward reaches the bucket
         if (opts.shard) {
           // [Note: sharded build]
           opts.shard.beforeShard?.(bucket);
           const [lo] = shardRange(bucket, opts.shard.rank);
-          bucket.shardData = keep(bucket.data.narrow(0, lo, bucket.shardNumel).clone());
+          const fs = frozenNumel / pad;
+          const own = bucket.data.narrow(0, lo, bucket.shardNumel);
+          const ownFrozen = bucket.data.narrow(0, numel + opts.shard.rank * fs, fs);
+          bucket.shardData = keep(noGrad(() => (fs > 0 ? cat([own, ownFrozen]) : own.clone())));
+          own.dispose();
+          ownFrozen.dispose();
           freeStorage(bucket.data);
         }
         this.buckets.push(bucket);
@@ -239,7 +276,7 @@ interface LayoutPlan {
   dtype: DType;
   pad: number;
   numel: number;
-  buckets: { members: [string, Tensor][]; offset: number; numel: number }[];
+  buckets: { members: [string, Tensor][]; frozen: [string, Tensor][]; offset: number; numel: number; frozenNumel: number }[];
 }
 
 // Where every parameter goes, without allocating anything (the constructor and describeLayout share it).
@@ -253,10 +290,14 @@ function planLayout(params: [string, Tensor][], opts: GradBufferOptions): Layout
   const pad = opts.padMultiple ?? 1;
   const plans = opts.groups ? planGroups(params, opts.groups) : planBySize(params, Math.max(1, Math.floor((opts.bucketBytes ?? 25 * 2 ** 20) / elementSize(dtype))));
   let offset = 0;
-  const buckets = plans.map((members) => {
+  const buckets = plans.map((all) => {
+    // [Note: frozen parameters] the gradient layout is the trainable members'.
+    const members = all.filter(([, p]) => p.requiresGrad);
+    const frozen = all.filter(([, p]) => !p.requiresGrad);
     const used = members.reduce((a, [, p]) => a + p.numel(), 0);
-    const numel = Math.max(pad, roundUp(used, pad));
-    const b = { members, offset, numel };
+    const numel = members.length === 0 ? 0 : Math.max(pad, roundUp(used, pad));
+    const frozenNumel = roundUp(frozen.reduce((a, [, p]) => a + p.numel(), 0), pad);
+    const b = { members, frozen, offset, numel, frozenNumel };
     offset += numel;
     return b;
   });
@@ -276,11 +317,14 @@ export function describeLayout(params: [string, Tensor][], opts: GradBufferOptio
     const plan = planLayout(ps, o);
     const slots = plan.buckets.flatMap((b) => {
       let at = b.offset;
-      return b.members.map(([name, p]) => {
+      const place = ([name, p]: [string, Tensor]) => {
         const slot = { name, shape: p.shape, offset: at };
         at += p.numel();
         return slot;
-      });
+      };
+      const trained = b.members.map(place);
+      at = b.offset + b.numel;
+      return [...trained, ...b.frozen.map(place)];
     });
     return { dtype: plan.dtype, numel: plan.numel, slots };
   });

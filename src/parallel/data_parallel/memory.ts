@@ -4,7 +4,7 @@
 import { procStatusBytes } from '../../io/proc_status.js';
 import { isAllocated } from './grad_buffer.js';
 import type { Bucket } from './grad_buffer.js';
-import type { Tensor } from '../../tensor/index.js';
+import { elementSize, type Tensor } from '../../tensor/index.js';
 
 /** Bytes this rank holds now, by kind (resident storage, not nominal sizes). */
 export interface MemoryReport {
@@ -20,7 +20,11 @@ export class MemoryMeter {
   private peak = 0;
 
   /** `held()` lists the buckets, any receive buffers in flight and any ZeRO-3 bfloat16 copy of a bucket. */
-  constructor(private readonly held: () => { bucket: Bucket; recv?: Tensor; copy?: Tensor }[]) {}
+  constructor(
+    private readonly held: () => { bucket: Bucket; recv?: Tensor | undefined; copy?: Tensor | undefined }[],
+    /** Parameters held outside the buckets (frozen ones under zero 0/1/2): counted as parameter bytes. */
+    private readonly outside: () => readonly Tensor[] = () => [],
+  ) {}
 
   /** Bytes held now for parameters and gradients (resident storage), and the peak since reset. */
   report(optimizerBytes = 0): MemoryReport {
@@ -46,6 +50,7 @@ export class MemoryMeter {
       params += b.data.storageNbytes() + (b.shardData ? b.shardData.storageNbytes() : 0) + (copy ? copy.storageNbytes() : 0);
       grads += b.grad.storageNbytes() + (b.shardGrad ? b.shardGrad.storageNbytes() : 0) + (recv && isAllocated(recv) ? recv.storageNbytes() : 0);
     }
+    for (const p of this.outside()) params += p.numel() * elementSize(p.dtype);
     return { params, grads };
   }
 }

@@ -38,8 +38,9 @@ export class DataParallelModel implements ParallelModel {
     return `${buckets} bucket(s)${this.dp.zero === 3 ? ' (one per wrapping unit)' : ''}, overlap ${this.dp.overlap ? 'on' : 'off'}`;
   }
 
+  /** Every parameter, frozen ones included (placed like the rest; the optimizer takes the trainable ones). */
   namedParameters(): [string, Tensor][] {
-    return this.module.namedParameters().filter(([, p]) => p.requiresGrad);
+    return this.module.namedParameters();
   }
 
   placements(): ParamPlacement[] {

@@ -410,7 +410,7 @@ export class Executor {
         // Split Linears inside checkpointed blocks were not captured: their parameters join I's
         // inputs, since the block's recompute forms every gradient of the block at once.
         const captured = new Set((sl.captures ?? []).map((c) => c.weight));
-        const inCheckpoint = st.splitLinears.filter((l) => !captured.has(l.weight)).flatMap((l) => (l.bias ? [l.weight, l.bias] : [l.weight]));
+        const inCheckpoint = st.splitLinears.filter((l) => !captured.has(l.weight)).flatMap((l) => (l.bias ? [l.weight, l.bias] : [l.weight])).filter((p) => p.requiresGrad);
         const inputs = [...carrying, ...st.inputPassParams, ...inCheckpoint, ...(sl.captures ?? []).map((c) => c.out)];
         if (inputs.length === 0) throw new Error('the input-gradient pass has nothing to compute (a first stage with only split layers)');
         backward(roots, gradOut, { inputs });
@@ -435,8 +435,9 @@ export class Executor {
           const dy = c.dy!.reshape(-1, out), x = c.x.reshape(-1, inn);
           // Under bf16-mixed the Linear ran in bfloat16 on its input cast (src/nn/precision.ts): so does
           // its weight gradient, converted to the float32 gradient as autograd's copy node does.
-          this.accumulate(c.weight, dy.t().mm(x.to(dy.dtype)));
-          if (c.bias) this.accumulate(c.bias, dy.sum(0));
+          // A frozen weight or bias (requiresGrad = false) gets no gradient.
+          if (c.weight.requiresGrad) this.accumulate(c.weight, dy.t().mm(x.to(dy.dtype)));
+          if (c.bias?.requiresGrad) this.accumulate(c.bias, dy.sum(0));
         });
         c.x.dispose();
         c.out.dispose();

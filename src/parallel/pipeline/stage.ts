@@ -21,7 +21,7 @@ export class Stage {
   readonly params: Tensor[];
   /** Linear layers whose weight (and bias) gradients come from W when the backward is split. */
   readonly splitLinears: SplitLinear[];
-  /** Parameters that get their gradient in I (everything not in splitLinears). */
+  /** Parameters that get their gradient in I (everything not in splitLinears but frozen ones, which get none). */
   readonly inputPassParams: Tensor[];
 
   /**
@@ -42,7 +42,7 @@ export class Stage {
       if (m instanceof Linear && uses.get(m.weight) === 1 && !restyled(m)) this.splitLinears.push({ module: m, weight: m.weight, bias: m.bias });
     }
     const split = new Set<Tensor>(this.splitLinears.flatMap((l) => (l.bias ? [l.weight, l.bias] : [l.weight])));
-    this.inputPassParams = this.params.filter((p) => !split.has(p));
+    this.inputPassParams = this.params.filter((p) => !split.has(p) && p.requiresGrad);
   }
 
   dispose(): void {

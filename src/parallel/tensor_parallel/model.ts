@@ -102,7 +102,7 @@ export class TensorParallelModel extends WrappedModel {
   constructor(inner: ParallelModel, private readonly applied: TensorParallelApplied[], private readonly opts: { sequenceParallel: boolean }) {
     super(inner);
     for (const a of applied) for (const [p, pl] of a.placements) this.tpPlacements.set(p, pl);
-    this.tpGrads = new TensorParallelGrads(inner.grads, () => inner.namedParameters().map(([, p]) => p), inner.tiedCopiesLeftOutOfNorm, this.tpPlacements, applied[0]!.group);
+    this.tpGrads = new TensorParallelGrads(inner.grads, () => inner.namedParameters().flatMap(([, p]) => (p.requiresGrad ? [p] : [])), inner.tiedCopiesLeftOutOfNorm, this.tpPlacements, applied[0]!.group);
   }
 
   override get grads(): GradientSource {
