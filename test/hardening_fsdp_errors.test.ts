@@ -32,7 +32,7 @@ function failingGroup(first: Error): { group: ProcessGroup; issued: () => number
 function bucket(): Bucket {
   const data = T.zeros([8]);
   data.resizeStorage_(0); // a sharded unit: full parameters freed between uses
-  return { index: 0, offset: 0, numel: 8, shardNumel: 4, slots: [], data, grad: T.zeros([8]), shardData: T.zeros([4]) } as unknown as Bucket;
+  return { index: 0, offset: 0, numel: 8, shardNumel: 4, slots: [], frozenNumel: 0, frozenSlots: [], data, grad: T.zeros([8]), shardData: T.zeros([4]) } as unknown as Bucket;
 }
 
 /** A root unit (the model) and, with `block`, a unit of its own for another module. */
