@@ -5,6 +5,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { manualSeed, noGrad, randint, setDefaultDtype, setNumThreads, tidy, type Tensor } from '../src/tensor/index.js';
 import { Linear } from '../src/nn/layers.js';
+import { autocast } from '../src/nn/precision.js';
 import { applyLora, hfModuleNames, loraAdapters, mergeLora, unmergeLora, withAdaptersDisabled, type AppliedLora } from '../src/nn/lora.js';
 import { Llama, ropeInverseFrequencies, type LlamaConfig } from '../src/models/llama.js';
 import { GPT, type GPTConfig } from '../src/models/gpt.js';
@@ -171,6 +172,32 @@ test('only the adapters train: the base keeps its names and gets no gradient', (
     const { loss } = model.forward(randint(0, 29, [2, 5]), randint(0, 29, [2, 5]));
     loss!.backward();
     for (const [n, p] of model.namedParameters()) assert.equal(p.grad !== undefined, applied.trainable.includes(n), n);
+  });
+  model.dispose();
+});
+
+test('under bf16-mixed an adapter runs through the precision policy: step 0 is the base bit for bit, and A and B get float32 gradients', () => {
+  const model = llama();
+  const idx = randint(0, 29, [2, 6]), targets = randint(0, 29, [2, 6]);
+  const base = autocast('bf16-mixed', () => model.forward(idx).logits);
+  const applied = applyLora(model, { rank: 2, alpha: 4, targets: ['all-linear'], initSeed: 5 });
+  assert.ok(same(autocast('bf16-mixed', () => model.forward(idx).logits), base), 'B = 0: the bfloat16 forward is the base');
+  trainedLook(applied);
+  tidy(() => {
+    const loss = autocast('bf16-mixed', () => {
+      const out = model.forward(idx, targets);
+      out.loss!.backward();
+      return out.loss!;
+    });
+    const f32 = model.forward(idx, targets).loss!;
+    assert.ok(Math.abs(loss.item() - f32.item()) / f32.item() < 2e-2, `bf16-mixed loss ${loss.item()} vs float32 ${f32.item()}`);
+    for (const a of applied.adapters.values()) {
+      for (const p of [a.A.weight, a.B.weight]) {
+        assert.equal(p.dtype, 'float32');
+        assert.equal(p.grad!.dtype, 'float32');
+        assert.ok(p.grad!.abs().sum().item() > 0 && Number.isFinite(p.grad!.sum().item()));
+      }
+    }
   });
   model.dispose();
 });
