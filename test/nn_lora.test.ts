@@ -11,6 +11,9 @@ import { Llama, ropeInverseFrequencies, type LlamaConfig } from '../src/models/l
 import { GPT, type GPTConfig } from '../src/models/gpt.js';
 import { llamaHf } from '../src/models/llama_hf.js';
 import { gpt2Hf } from '../src/models/gpt_hf.js';
+import { llamaTensorPlan } from '../src/models/llama_parallel.js';
+import { parallelizeModule } from '../src/parallel/tensor_parallel/styles.js';
+import type { ProcessGroup } from '../src/distributed/process_group.js';
 import { runOracle, oracleMissing } from './oracle/oracle.js';
 import { scaledErr } from './oracle/check.js';
 
@@ -216,5 +219,9 @@ test('LoRA errors name the fix', () => {
   assert.ok(model.namedParameters().every(([, p]) => p.requiresGrad), 'and freezes nothing');
   applyLora(model, { rank: 2, targets: ['q'] });
   assert.throws(() => applyLora(model, { rank: 2, targets: ['q'] }), /already has an adapter; apply LoRA once/);
+  // Tensor parallelism does not split adapters yet: refused before anything is sharded.
+  const g = { rank: 0, size: 2 } as ProcessGroup;
+  assert.throws(() => parallelizeModule(model, g, llamaTensorPlan()(model)), /module 'layers\.0\.attn\.q' has a LoRA adapter, which tensor parallelism does not split yet/);
+  assert.equal(model.layers.items[0]!.attn.q.weight.shape[0], 16, 'nothing was sharded');
   model.dispose();
 });
