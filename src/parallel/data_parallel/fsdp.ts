@@ -320,10 +320,16 @@ export class FsdpUnits {
     return this.unitOfBucket.get(bucket)?.bf16?.data;
   }
 
-  /** The unit's gradient bucket was launched for reduction: its backward is done. */
+  /**
+   * The unit's gradient bucket was launched for reduction: its backward is done, unless it holds
+   * frozen parameters. Their part of backward (the gradient of the unit's input through a frozen
+   * weight, e.g. a LoRA base beside its adapters) can still be to come after every trainable
+   * gradient of the unit is ready, so such a unit is freed once the gradient of its inputs is
+   * complete ([Note: post-backward free]) or at the end of backward.
+   */
   onReduced(bucket: Bucket): void {
     const u = this.unitOfBucket.get(bucket);
-    if (u && !u.isRoot) this.free(u);
+    if (u && !u.isRoot && bucket.frozenNumel === 0) this.free(u);
   }
 
   /** End of a backward pass: nothing but the root stays gathered. */

@@ -25,7 +25,9 @@
 // so a shard of one is the shard of the other) and after them the frozen ones ([numel, numel +
 // frozenNumel), padded and sharded the same way); `shardData` is this rank's shard of each, end to
 // end. A unit with only frozen parameters is a bucket with numel 0: it is gathered and freed like
-// any other but has no gradient and joins no reduction. The other modes keep frozen parameters
+// any other but has no gradient and joins no reduction. A unit holding frozen parameters is not
+// freed when its gradient bucket launches (its frozen weights may still be needed for the gradient
+// of its input, as a LoRA base is beside its adapters; FsdpUnits.onReduced). The other modes keep frozen parameters
 // whole outside the buckets (every rank holds them, as it holds the trainable ones), and only
 // DataParallel passes frozen parameters here, under ZeRO-3.
 import { Tensor, zeros, emptyMapped, noGrad, keep, cat, elementSize, type DType } from '../../tensor/index.js';

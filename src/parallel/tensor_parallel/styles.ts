@@ -44,6 +44,7 @@ import { Dropout, Embedding, LayerNorm, Linear, RMSNorm } from '../../nn/layers.
 import * as F from '../../nn/functional.js';
 import { castFor, castParam } from '../../nn/precision.js';
 import { allReduceSum, copyToRegion, gatherLastDim, gatherSequence, reduceFromRegion, reduceScatterSequence, scatterSequence } from './comm.js';
+import { loraAdapterOf } from '../../nn/lora.js';
 
 export type Activation = 'replicated' | 'sequenceSharded';
 
@@ -115,6 +116,8 @@ function resolvePlan(module: Module, plan: TpPlan): [string, Module, TpStyle][] 
     for (const [name, m] of hits) {
       if (taken.has(name)) problems.push(`module '${name}' is named by two plan entries ('${taken.get(name)}' and '${key}')`);
       taken.set(name, key);
+      // Splitting an adapter with its base (B by rows under a column-parallel base, A by columns under a row-parallel one) is not built yet.
+      if (loraAdapterOf(m)) problems.push(`module '${name}' has a LoRA adapter, which tensor parallelism does not split yet; train LoRA under a layout without tp (dp, ZeRO)`);
       out.push([name, m, styleOf(s)]);
     }
   }

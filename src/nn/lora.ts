@@ -1,0 +1,263 @@
+// Low-rank adapters (LoRA, Hu et al. 2021, as PEFT defines them): a Linear y = W x + b gains
+// y = W x + b + scale * B(A(dropout(x))), A (r, in) and B (out, r) trained, W and b frozen.
+//
+// [Note: LoRA] An adapter attaches to the Linear in place instead of replacing it in its parent:
+// the Linear stays the same object under the same path, with loraA, loraB (and loraDropout) added
+// as its children, and only the instance's forward is wrapped (as tensor-parallel styles wrap it).
+// So `layers.0.attn.q.weight` is still that name and that tensor, and everything keyed by module
+// path or by the Linear object keeps working untouched: the Hugging Face name maps and base
+// checkpoints (a base's state is a subset of the adapted model's), ZeRO-3 unit policies (the
+// adapters live inside their Linear's unit and are gathered with it) and the parents' own fields
+// (`this.q.call(x)` still reaches the wrapped forward). The adapted model's new parameters are
+// exactly `<linear>.loraA.weight` (r, in) and `<linear>.loraB.weight` (out, r), PEFT's lora_A and
+// lora_B. A and B are Linears themselves, so they read their weights through the precision policy
+// (castParam) and a unit holding them is still gathered in bfloat16 under bf16-mixed ZeRO-3.
+//
+// Initialisation is PEFT's default (init_lora_weights=True): A = kaiming_uniform_(a=sqrt(5)),
+// whose bound is gain * sqrt(3 / fan_in) with gain = sqrt(2 / (1 + a^2)) = sqrt(1/3), i.e.
+// U(-1/sqrt(in), 1/sqrt(in)) -- the same as a Linear's default weight; B = 0, so an adapted model
+// equals its base exactly until B has trained.
+import { type Tensor, manualSeed, noGrad } from '../tensor/index.js';
+import { Module } from './module.js';
+import { Dropout, Linear } from './layers.js';
+
+export interface LoraOptions {
+  /** The adapters' rank r (> 0, at most the smaller dimension of each target). */
+  rank: number;
+  /** The scale's numerator: scale = alpha / rank (alpha / sqrt(rank) with rsLora). Default: rank (scale 1). */
+  alpha?: number;
+  /** Dropout on the adapter's input (PEFT's lora_dropout). Default 0. */
+  dropout?: number;
+  /** Rank-stabilised scaling, alpha / sqrt(rank) (PEFT's use_rslora). */
+  rsLora?: boolean;
+}
+
+type Forward = (x: Tensor) => Tensor;
+
+/** The adapter of one Linear ([Note: LoRA]); made by applyLora (or attach). */
+export class LoraAdapter {
+  readonly A: Linear; // in -> r: weight (r, in)
+  readonly B: Linear; // r -> out: weight (out, r)
+  readonly dropout: Dropout;
+  readonly rank: number;
+  readonly alpha: number;
+  readonly scale: number;
+  /** When false the Linear computes its base alone (how a DPO reference is the same weights). */
+  enabled = true;
+  private mergedIn = false;
+  private readonly baseForward: Forward;
+
+  /** Attaches an adapter to `base` in place (it must not have one already). */
+  constructor(readonly base: Linear, opts: LoraOptions) {
+    if (adapters.has(base)) throw new Error('LoRA: this Linear already has an adapter');
+    checkRank(opts.rank, base, '');
+    this.rank = opts.rank;
+    this.alpha = opts.alpha ?? opts.rank;
+    this.scale = opts.rsLora ? this.alpha / Math.sqrt(this.rank) : this.alpha / this.rank;
+    this.A = new Linear(base.inFeatures, this.rank, { bias: false }); // Linear's default init is PEFT's for A
+    this.B = new Linear(this.rank, base.outFeatures, { bias: false });
+    noGrad(() => this.B.weight.zero_());
+    this.dropout = new Dropout(opts.dropout ?? 0);
+    const dtype = base.weight.dtype;
+    if (this.A.weight.dtype !== dtype) throw new Error(`LoRA: the base weight is ${dtype} but new parameters are ${this.A.weight.dtype}; build the adapters under the same default dtype as the model`);
+    const reg = base as unknown as { registerModule(name: string, m: Module): Module };
+    reg.registerModule('loraA', this.A);
+    reg.registerModule('loraB', this.B);
+    reg.registerModule('loraDropout', this.dropout);
+    this.dropout.training = base.training;
+    const target = base as unknown as { forward: Forward };
+    this.baseForward = target.forward.bind(base);
+    target.forward = (x: Tensor) => {
+      const y = this.baseForward(x);
+      if (!this.enabled || this.mergedIn) return y;
+      return y.add(this.delta(x));
+    };
+    adapters.set(base, this);
+  }
+
+  /** scale * B(A(dropout(x))): what the adapter adds to the base's output. */
+  delta(x: Tensor): Tensor {
+    const d = this.B.call(this.A.call(this.dropout.call(x)));
+    return this.scale === 1 ? d : d.mul(this.scale);
+  }
+
+  /** Whether W holds scale * B A now (merge()). */
+  get merged(): boolean {
+    return this.mergedIn;
+  }
+
+  /** W += scale * B A; the forward then computes the base alone (which now includes the adapter). */
+  merge(): void {
+    if (this.mergedIn) throw new Error('LoRA: the adapter is already merged; unmerge() it first');
+    noGrad(() => this.base.weight.add_(this.product()));
+    this.mergedIn = true;
+  }
+
+  /** W -= scale * B A: W back to the base within one rounding of each element (not bit for bit). */
+  unmerge(): void {
+    if (!this.mergedIn) throw new Error('LoRA: the adapter is not merged');
+    noGrad(() => this.base.weight.sub_(this.product()));
+    this.mergedIn = false;
+  }
+
+  /** scale * B A, (out, in), computed in the base weight's dtype. */
+  private product(): Tensor {
+    const w = this.base.weight;
+    if (w.storageNbytes() === 0) throw new Error('LoRA: merge needs the full base weight; this one has no storage here (sharded under ZeRO-3): merge on a whole model');
+    const ba = this.B.weight.to(w.dtype).matmul(this.A.weight.to(w.dtype));
+    return this.scale === 1 ? ba : ba.mul(this.scale);
+  }
+}
+
+const adapters = new WeakMap<Linear, LoraAdapter>();
+
+/** The adapter attached to a Linear, if any. */
+export function loraAdapterOf(m: Module): LoraAdapter | undefined {
+  return m instanceof Linear ? adapters.get(m) : undefined;
+}
+
+/** Every adapter in a model, by its Linear's module path. */
+export function loraAdapters(model: Module): [string, LoraAdapter][] {
+  const out: [string, LoraAdapter][] = [];
+  for (const [path, m] of model.namedModules()) {
+    const a = loraAdapterOf(m);
+    if (a) out.push([path, a]);
+  }
+  return out;
+}
+
+/** Runs fn with every adapter of the model off (the base alone), restoring each one's switch after. */
+export function withAdaptersDisabled<T>(model: Module, fn: () => T): T {
+  const all = loraAdapters(model).map(([, a]) => a);
+  const before = all.map((a) => a.enabled);
+  for (const a of all) a.enabled = false;
+  try {
+    const r = fn();
+    if (r instanceof Promise) throw new Error('withAdaptersDisabled() takes a synchronous function');
+    return r;
+  } finally {
+    all.forEach((a, i) => (a.enabled = before[i]!));
+  }
+}
+
+/** Merges every adapter of the model into its base weight. */
+export function mergeLora(model: Module): void {
+  for (const [, a] of loraAdapters(model)) a.merge();
+}
+
+/** Takes every merged adapter back out of its base weight. */
+export function unmergeLora(model: Module): void {
+  for (const [, a] of loraAdapters(model)) if (a.merged) a.unmerge();
+}
+
+function checkRank(rank: number, m: Linear, path: string): void {
+  if (!Number.isInteger(rank) || rank <= 0) throw new Error(`LoRA: rank must be a positive whole number, got ${rank}`);
+  const most = Math.min(m.inFeatures, m.outFeatures);
+  if (rank > most) {
+    throw new Error(`LoRA: rank ${rank} is larger than the smaller dimension of ${path || 'the target'} (${m.outFeatures} x ${m.inFeatures}); use a rank of at most ${most}`);
+  }
+}
+
+export interface ApplyLoraOptions extends LoraOptions {
+  /**
+   * Which Linears get an adapter: each entry is a module name (the last component of a module
+   * path, e.g. "q" or Hugging Face's "q_proj"), a whole module path ("layers.0.attn.q" or
+   * "model.layers.0.self_attn.q_proj"), or "all-linear" (every Linear but the output head).
+   */
+  targets: readonly string[];
+  /**
+   * Hugging Face module paths by flotilla module path (e.g. "layers.0.attn.q" ->
+   * "model.layers.0.self_attn.q_proj"), so targets can use either; hfModuleNames() makes it from a
+   * model's name map.
+   */
+  hfNames?: ReadonlyMap<string, string>;
+  /** Draws each A from (initSeed, its parameter name), independent of order and rank. */
+  initSeed?: number;
+  /** The output head's module path, left out of "all-linear" (default "head"). */
+  head?: string;
+}
+
+/** What applyLora did. */
+export interface AppliedLora {
+  /** The adapters, by their Linear's module path. */
+  adapters: Map<string, LoraAdapter>;
+  /** The names of the parameters now trainable (the adapters') and of those frozen. */
+  trainable: string[];
+  frozen: string[];
+}
+
+/**
+ * Hugging Face module paths by flotilla module path, from a model's tensor name map (the entries of
+ * Linear weights: "<path>.weight" -> "<hf path>.weight").
+ */
+export function hfModuleNames(tensors: readonly { name: string; hf: string }[]): Map<string, string> {
+  const out = new Map<string, string>();
+  for (const t of tensors) {
+    if (t.name.endsWith('.weight') && t.hf.endsWith('.weight')) out.set(t.name.slice(0, -7), t.hf.slice(0, -7));
+  }
+  return out;
+}
+
+const last = (path: string): string => path.slice(path.lastIndexOf('.') + 1);
+
+/**
+ * Injects adapters around the model's Linears that `targets` names ([Note: LoRA]) and freezes every
+ * other parameter of the model (requiresGrad = false), so only the adapters train. A target that
+ * matches no Linear, or a rank that a target cannot hold, is an error naming the fix.
+ */
+export function applyLora(model: Module, opts: ApplyLoraOptions): AppliedLora {
+  if (!Number.isInteger(opts.rank) || opts.rank <= 0) throw new Error(`LoRA: rank must be a positive whole number, got ${opts.rank}`);
+  if (opts.targets.length === 0) throw new Error('LoRA: no targets; name the modules to adapt (e.g. ["q_proj", "v_proj"]) or "all-linear"');
+  const head = opts.head ?? 'head';
+  const linears = model.namedModules().filter((e): e is [string, Linear] => e[1] instanceof Linear && e[0] !== '');
+  for (const [path, m] of linears) if (adapters.has(m)) throw new Error(`LoRA: ${path} already has an adapter; apply LoRA once`);
+  const hf = opts.hfNames ?? new Map<string, string>();
+  const namesOf = (path: string): string[] => {
+    const h = hf.get(path);
+    return h === undefined ? [path] : [path, h];
+  };
+  const chosen = new Set<string>();
+  for (const target of opts.targets) {
+    const hits = linears.filter(([path]) =>
+      target === 'all-linear' ? path !== head : namesOf(path).some((n) => n === target || last(n) === target),
+    );
+    if (hits.length === 0) {
+      const names = [...new Set(linears.flatMap(([p]) => namesOf(p).map(last)))].sort();
+      throw new Error(`LoRA: target "${target}" matches no Linear of this model; its Linears are named ${names.map((n) => `"${n}"`).join(', ')} (or use "all-linear")`);
+    }
+    for (const [path] of hits) chosen.add(path);
+  }
+  for (const [path, m] of linears) if (chosen.has(path)) checkRank(opts.rank, m, path);
+
+  const made = new Map<string, LoraAdapter>();
+  for (const [path, m] of linears) {
+    if (!chosen.has(path)) continue;
+    const a = noGrad(() => {
+      if (opts.initSeed !== undefined) manualSeed(((opts.initSeed >>> 0) + fnv1a(`${path}.loraA.weight`)) % 2 ** 32);
+      return new LoraAdapter(m, opts);
+    });
+    made.set(path, a);
+  }
+  const own = new Set<Tensor>();
+  for (const a of made.values()) own.add(a.A.weight).add(a.B.weight);
+  const trainable: string[] = [], frozen: string[] = [];
+  for (const [name, p] of model.namedParameters()) {
+    if (own.has(p)) trainable.push(name);
+    else {
+      if (p.requiresGrad) p.requiresGrad = false;
+      frozen.push(name);
+    }
+  }
+  return { adapters: made, trainable, frozen };
+}
+
+/** 32-bit FNV-1a of a string (the per-name seed, as the models draw their parameters). */
+function fnv1a(s: string): number {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < s.length; i++) {
+    h ^= s.charCodeAt(i);
+    h = Math.imul(h, 0x01000193) >>> 0;
+  }
+  return h;
+}
+
