@@ -4,7 +4,8 @@
 // this stage does not own": GPTStage holds some blocks (named by their global index), the
 // embeddings only on the first stage and the final norm + head only on the last. The loss lives
 // outside forward (gptLoss), applied by whoever holds the head.
-import { type Tensor, manualSeed, noGrad } from '../tensor/index.js';
+import { type Tensor, noGrad } from '../tensor/index.js';
+import { seedParameter } from '../nn/init.js';
 import { Module, Embedding, LayerNorm, Linear, Dropout, Block, F, deferParameters } from '../nn/index.js';
 import { castFor } from '../nn/precision.js';
 import { isMoELayer } from '../nn/moe_config.js';
@@ -51,15 +52,6 @@ export class BlockRange extends Module {
   }
 }
 
-/** 32-bit FNV-1a of a string, for per-parameter seeds. */
-function fnv1a(s: string): number {
-  let h = 0x811c9dc5;
-  for (let i = 0; i < s.length; i++) {
-    h ^= s.charCodeAt(i);
-    h = Math.imul(h, 0x01000193) >>> 0;
-  }
-  return h;
-}
 
 /** The parts a GPT (or one stage of it) is made of; forward lives in the subclasses. */
 abstract class GPTParts extends Module {
@@ -132,7 +124,7 @@ abstract class GPTParts extends Module {
 
   /** One parameter's initial values, by full-model name, into `p` (its own tensor or a view of the same shape). */
   private initParameter(name: string, p: Tensor, initSeed: number | undefined): void {
-    if (initSeed !== undefined) manualSeed(((initSeed >>> 0) + fnv1a(name)) % 2 ** 32);
+    if (initSeed !== undefined) seedParameter(initSeed, name);
     if (name.endsWith('.bias') || name.endsWith('Bias')) p.zero_(); // experts' biases are fcBias, projBias
     else if (/ln1|ln2|lnF/.test(name)) p.fill_(1);
     else if (/(attn\.proj\.weight|mlp\.proj\.weight|mlp\.(experts|shared)\.proj)$/.test(name)) p.normal_(0, 0.02 / Math.sqrt(2 * this.cfg.nLayer));

@@ -13,7 +13,8 @@
 //   layers.{i}.mlp.{gate,up,down}  model.layers.{i}.mlp.{gate,up,down}_proj
 //   norm                           model.norm
 //   head                           lm_head (absent when tied: it reuses wte.weight)
-import { type Tensor, type DType, cat, keep, manualSeed, noGrad, ones, tensor, isGradEnabled, zerosLike } from '../tensor/index.js';
+import { type Tensor, type DType, cat, keep, noGrad, ones, tensor, isGradEnabled, zerosLike } from '../tensor/index.js';
+import { seedParameter } from '../nn/init.js';
 import { Module, Embedding, Linear, RMSNorm, Dropout, deferParameters } from '../nn/index.js';
 import { castFor } from '../nn/precision.js';
 import { activationCheckpointMode, checkpointBlock, checkpointRegion } from '../nn/checkpoint.js';
@@ -320,15 +321,6 @@ export class LlamaLayers extends Module {
   }
 }
 
-/** 32-bit FNV-1a of a string, for per-parameter seeds (the GPT's rule, so seeds mean the same). */
-function fnv1a(s: string): number {
-  let h = 0x811c9dc5;
-  for (let i = 0; i < s.length; i++) {
-    h ^= s.charCodeAt(i);
-    h = Math.imul(h, 0x01000193) >>> 0;
-  }
-  return h;
-}
 
 /** What a whole Llama or one stage of it is made of; forward lives in the subclasses. */
 abstract class LlamaParts extends Module {
@@ -390,7 +382,7 @@ abstract class LlamaParts extends Module {
 
   /** transformers' Llama init: N(0, 0.02) matrices, RMSNorm weights 1; seeded by name when initSeed is given. */
   private initParameter(name: string, p: Tensor, initSeed: number | undefined): void {
-    if (initSeed !== undefined) manualSeed(((initSeed >>> 0) + fnv1a(name)) % 2 ** 32);
+    if (initSeed !== undefined) seedParameter(initSeed, name);
     if (/(^|\.)(attnNorm|mlpNorm|norm)\.weight$/.test(name)) p.fill_(1);
     else p.normal_(0, 0.02);
   }

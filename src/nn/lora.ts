@@ -17,7 +17,8 @@
 // whose bound is gain * sqrt(3 / fan_in) with gain = sqrt(2 / (1 + a^2)) = sqrt(1/3), i.e.
 // U(-1/sqrt(in), 1/sqrt(in)) -- the same as a Linear's default weight; B = 0, so an adapted model
 // equals its base exactly until B has trained.
-import { type Tensor, manualSeed, noGrad } from '../tensor/index.js';
+import { type Tensor, noGrad } from '../tensor/index.js';
+import { seedParameter } from './init.js';
 import { Module } from './module.js';
 import { Dropout, Linear } from './layers.js';
 
@@ -233,7 +234,7 @@ export function applyLora(model: Module, opts: ApplyLoraOptions): AppliedLora {
   for (const [path, m] of linears) {
     if (!chosen.has(path)) continue;
     const a = noGrad(() => {
-      if (opts.initSeed !== undefined) manualSeed(((opts.initSeed >>> 0) + fnv1a(`${path}.loraA.weight`)) % 2 ** 32);
+      if (opts.initSeed !== undefined) seedParameter(opts.initSeed, `${path}.loraA.weight`);
       return new LoraAdapter(m, opts);
     });
     made.set(path, a);
@@ -251,13 +252,4 @@ export function applyLora(model: Module, opts: ApplyLoraOptions): AppliedLora {
   return { adapters: made, trainable, frozen };
 }
 
-/** 32-bit FNV-1a of a string (the per-name seed, as the models draw their parameters). */
-function fnv1a(s: string): number {
-  let h = 0x811c9dc5;
-  for (let i = 0; i < s.length; i++) {
-    h ^= s.charCodeAt(i);
-    h = Math.imul(h, 0x01000193) >>> 0;
-  }
-  return h;
-}
 
