@@ -4,12 +4,12 @@
 // modes, with and without shared experts, and with a capacity that drops tokens.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { manualSeed, noGrad, randn, randint, setDefaultDtype, setNumThreads, tidy, zerosLike, type Tensor } from '../src/tensor/index.js';
+import { manualSeed, noGrad, randn, randint, setNumThreads, tidy, zerosLike, type Tensor } from '../src/tensor/index.js';
 import { MoE, type MoEConfig, type ExpertKind, defaultMoEConfig } from '../src/nn/moe.js';
 import { GPT, gptNumParams } from '../src/models/gpt.js';
 import { Llama, llamaNumParams } from '../src/models/llama.js';
 import { runOracle, oracleMissing } from './oracle/oracle.js';
-import { assertClose } from './oracle/check.js';
+import { assertClose, withFloat64 } from './oracle/check.js';
 
 setNumThreads(1);
 const skip = oracleMissing();
@@ -38,14 +38,6 @@ function compareGrads(params: Record<string, Tensor>, ref: Record<string, Tensor
   }
 }
 
-function withFloat64<T>(fn: () => T): T {
-  setDefaultDtype('float64');
-  try {
-    return fn();
-  } finally {
-    setDefaultDtype('float32');
-  }
-}
 
 function compareLayer(m: MoEConfig, kind: ExpertKind = 'gelu', bias = true): void {
   withFloat64(() => {

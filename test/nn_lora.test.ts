@@ -3,7 +3,7 @@
 // B); step 0 equals the base; merge, unmerge and the off switch; the errors a user can cause.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { manualSeed, noGrad, randint, setDefaultDtype, setNumThreads, tidy, type Tensor } from '../src/tensor/index.js';
+import { manualSeed, noGrad, randint, setNumThreads, tidy, type Tensor } from '../src/tensor/index.js';
 import { Linear } from '../src/nn/layers.js';
 import { autocast } from '../src/nn/precision.js';
 import { applyLora, hfModuleNames, loraAdapters, mergeLora, unmergeLora, withAdaptersDisabled, type AppliedLora } from '../src/nn/lora.js';
@@ -15,21 +15,12 @@ import { llamaTensorPlan } from '../src/models/llama_parallel.js';
 import { parallelizeModule } from '../src/parallel/tensor_parallel/styles.js';
 import type { ProcessGroup } from '../src/distributed/process_group.js';
 import { runOracle, oracleMissing } from './oracle/oracle.js';
-import { scaledErr } from './oracle/check.js';
+import { scaledErr, withFloat64 } from './oracle/check.js';
 
 setNumThreads(1);
 const skip = oracleMissing();
 const TOL = 1e-12; // float64 rounding, scaled by each tensor's largest magnitude
 
-/** Runs fn with float64 as the default dtype. */
-function f64<T>(fn: () => T): T {
-  setDefaultDtype('float64');
-  try {
-    return fn();
-  } finally {
-    setDefaultDtype('float32');
-  }
-}
 
 const LLAMA: Partial<LlamaConfig> = { vocabSize: 29, blockSize: 16, nLayer: 2, nHead: 4, nKvHead: 2, nEmbd: 16, intermediateSize: 24 };
 const GPT_CFG: Partial<GPTConfig> = { vocabSize: 31, blockSize: 16, nLayer: 2, nHead: 2, nEmbd: 12, gelu: 'tanh' };
@@ -93,7 +84,7 @@ function againstOracle(model: Llama | GPT, applied: AppliedLora, extra: Record<s
 }
 
 test('a Llama with adapters on every linear layer matches the float64 oracle: logits, loss, adapter gradients', { skip }, () => {
-  f64(() => {
+  withFloat64(() => {
     const model = llama();
     const applied = applyLora(model, { rank: 3, alpha: 5, targets: ['all-linear'], initSeed: 11 });
     const expected = [0, 1].flatMap((i) => ['attn.q', 'attn.k', 'attn.v', 'attn.o', 'mlp.gate', 'mlp.up', 'mlp.down'].map((n) => `layers.${i}.${n}`));
@@ -107,7 +98,7 @@ test('a Llama with adapters on every linear layer matches the float64 oracle: lo
 });
 
 test('a GPT with adapters on c_attn, c_proj and c_fc (Hugging Face names) matches the float64 oracle, rsLora', { skip }, () => {
-  f64(() => {
+  withFloat64(() => {
     const model = gpt();
     const applied = applyLora(model, { rank: 2, alpha: 3, rsLora: true, targets: ['c_attn', 'c_proj', 'c_fc'], hfNames: hfModuleNames(gpt2Hf.tensors(model.cfg)), initSeed: 3 });
     const expected = [0, 1].flatMap((i) => ['attn.qkv', 'attn.proj', 'mlp.fc', 'mlp.proj'].map((n) => `layers.${i}.${n}`));
@@ -121,7 +112,7 @@ test('a GPT with adapters on c_attn, c_proj and c_fc (Hugging Face names) matche
 });
 
 test('step 0 equals the base exactly; merge, unmerge and disabled adapters', () => {
-  f64(() => {
+  withFloat64(() => {
     const model = llama();
     const idx = randint(0, 29, [2, 7]);
     const base = model.forward(idx).logits;

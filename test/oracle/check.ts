@@ -1,7 +1,17 @@
 // Numeric checks shared by the tests: closeness with a report of the worst element, a seeded JS
 // random source, and a central-difference gradient check in float64.
 import assert from 'node:assert/strict';
-import { Tensor, tensor, tidy, noGrad, keep } from '../../src/tensor/index.js';
+import { Tensor, tensor, tidy, noGrad, keep, setDefaultDtype } from '../../src/tensor/index.js';
+
+/** Runs fn with float64 as the default dtype (the oracles' precision), float32 again after. */
+export function withFloat64<T>(fn: () => T): T {
+  setDefaultDtype('float64');
+  try {
+    return fn();
+  } finally {
+    setDefaultDtype('float32');
+  }
+}
 
 /** Deterministic uniform [0, 1) numbers (mulberry32), independent of the tensor generator. */
 export function seededRandom(seed: number): () => number {
