@@ -71,7 +71,12 @@ export interface CheckpointMeta {
   schedule: { step: number };
   /** Mixture of experts with balance = "bias": each MoE block's selection bias (state outside the gradient), by block name. */
   moe?: { expertBias: Record<string, number[]> };
-  /** Every parameter of the whole model. */
+  /**
+   * A LoRA run's frozen base (train.initFrom), which its checkpoints do not hold: where it was and
+   * each of its files' size and SHA-256, checked when the run resumes.
+   */
+  base?: BaseIdentity;
+  /** Every parameter of the whole model (of a LoRA run: the adapters only). */
   params: Record<string, ParamInfo>;
   /** Optimizer: its name, update count, and each parameter's own update count. */
   optimizer: { name: string; stepCount: number; paramSteps: Record<string, number> } | undefined;
@@ -82,6 +87,12 @@ export interface CheckpointMeta {
    * directories holds the files of its own `ranksPerHost` ranks and a copy of the previous host's.
    */
   storage?: { hosts: number; ranksPerHost: number; replicas: number };
+}
+
+/** The files of a frozen base a LoRA checkpoint trained on. */
+export interface BaseIdentity {
+  path: string;
+  files: { name: string; bytes: number; sha256: string }[];
 }
 
 /** A checkpoint that cannot be used: one message naming the file and the problem. */

@@ -81,6 +81,9 @@ function checkField(key: string, f: AnyField, v: unknown): string | undefined {
       }
       return undefined;
     }
+    case 'strings':
+      if (!Array.isArray(v) || v.some((e) => typeof e !== 'string' || e === '')) return `${key} must be an array of names, e.g. ["q_proj", "v_proj"], got ${describe(v)}`;
+      return undefined;
     case 'string':
       if (typeof v !== 'string') return `${key} must be a string, got ${describe(v)}`;
       if (f.choices && !f.choices.includes(v)) return `${key} must be one of ${f.choices.map((c) => JSON.stringify(c)).join(', ')}, got ${JSON.stringify(v)}`;
@@ -114,6 +117,16 @@ function parseCliValue(key: string, f: AnyField, text: string): { value?: unknow
     }
     case 'string':
       return { value: text };
+    case 'strings':
+      // --lora.targets=q_proj,v_proj (or a JSON array)
+      if (text.trim().startsWith('[')) {
+        try {
+          return { value: JSON.parse(text) as unknown };
+        } catch (e) {
+          return { problem: `--${key} is not a JSON array (${(e as Error).message}); write --${key}=a,b` };
+        }
+      }
+      return { value: text.split(',').map((x) => x.trim()).filter((x) => x !== '') };
     case 'sources':
       return parseSourcesText(text);
   }
@@ -245,7 +258,7 @@ export function loadConfig(path: string, overrides: readonly string[] = []): Flo
 
 function tomlValue(v: unknown): string {
   if (typeof v === 'string') return JSON.stringify(v); // JSON string escapes are valid TOML basic-string escapes
-  if (Array.isArray(v)) return `[${v.map((e: SourceEntry) => `{ path = ${JSON.stringify(e.path)}, weight = ${e.weight} }`).join(', ')}]`;
+  if (Array.isArray(v)) return `[${v.map((e: SourceEntry | string) => (typeof e === 'string' ? JSON.stringify(e) : `{ path = ${JSON.stringify(e.path)}, weight = ${e.weight} }`)).join(', ')}]`;
   return String(v);
 }
 

@@ -86,9 +86,24 @@ export interface LogConfig {
 
 export type { MoEConfig } from '../nn/moe_config.js';
 
+/** Low-rank adapters on a frozen base (src/nn/lora.ts, [Note: LoRA]); rank 0 = off. */
+export interface LoraConfig {
+  rank: number;
+  alpha: number;
+  dropout: number;
+  /** Module names to adapt, as the Hugging Face model names them (q_proj, c_attn, ...), or "all-linear". */
+  targets: string[];
+  rsLora: boolean;
+  /** The frozen base's storage: "fp32" or "bf16". */
+  baseDtype: 'fp32' | 'bf16';
+  /** A PEFT adapter directory to continue training ("" = new adapters). */
+  adapter: string;
+}
+
 export interface FlotillaConfig {
   model: ModelConfig;
   moe: MoEConfig;
+  lora: LoraConfig;
   data: DataConfig;
   optim: OptimConfig;
   train: TrainConfig;
@@ -97,7 +112,7 @@ export interface FlotillaConfig {
   log: LogConfig;
 }
 
-type KindOf<T> = T extends boolean ? 'bool' : T extends number ? 'int' | 'float' : T extends readonly unknown[] ? 'sources' : 'string';
+type KindOf<T> = T extends boolean ? 'bool' : T extends number ? 'int' | 'float' : T extends readonly string[] ? 'strings' : T extends readonly unknown[] ? 'sources' : 'string';
 
 export interface Field<T> {
   doc: string;
@@ -155,6 +170,18 @@ export const configSchema: Schema<FlotillaConfig> = {
       auxCoeff: { kind: 'float', default: defaultMoEConfig.auxCoeff, min: 0, doc: 'Weight of the auxiliary loss (moe.balance = "aux"), per MoE block.' },
       biasRate: { kind: 'float', default: defaultMoEConfig.biasRate, min: 0, doc: 'Step of the selection-bias update (moe.balance = "bias"): each expert\'s bias moves by this much after each optimizer step, up when it got fewer tokens than the mean, down when more.' },
       capacityFactor: { kind: 'float', default: defaultMoEConfig.capacityFactor, min: 0, doc: 'Assignments an expert takes per micro-batch, as a multiple of an even share (moe.topK x tokens / moe.experts); the rest are dropped (their tokens keep the residual only). 0 = no limit (dropless).' },
+    },
+  },
+  lora: {
+    doc: 'Low-rank adaptation (LoRA, as PEFT defines it: y = W x + alpha / rank x B A dropout(x), src/nn/lora.ts): with lora.rank > 0 the weights of train.initFrom (a Hugging Face directory or a flotilla checkpoint) stay frozen and only the adapters of the lora.targets modules train; checkpoints hold the adapters and their optimizer state, and `flotilla export --format peft` writes a PEFT adapter.',
+    fields: {
+      rank: { kind: 'int', default: 0, min: 0, doc: 'The adapters\' rank r; 0 = no adapters (every parameter trains). At most the smaller dimension of every target.' },
+      alpha: { kind: 'float', default: 16, above: 0, doc: 'Scale numerator: the adapter\'s output is multiplied by alpha / rank (alpha / sqrt(rank) with lora.rsLora); PEFT\'s lora_alpha.' },
+      dropout: { kind: 'float', default: 0, min: 0, below: 1, doc: 'Dropout on each adapter\'s input in training (PEFT\'s lora_dropout).' },
+      targets: { kind: 'strings', default: ['all-linear'], doc: 'Modules that get adapters, named as the Hugging Face model names them (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj for a Llama; c_attn, c_proj, c_fc for a GPT-2), or flotilla module paths, or "all-linear" (every Linear but the output head); e.g. ["q_proj", "v_proj"] (on the command line: --lora.targets=q_proj,v_proj).' },
+      rsLora: { kind: 'bool', default: false, doc: 'Rank-stabilised scaling alpha / sqrt(rank) instead of alpha / rank (PEFT\'s use_rslora).' },
+      baseDtype: { kind: 'string', default: 'fp32', choices: ['fp32', 'bf16'], doc: 'How the frozen base is stored: "fp32" (4 bytes a parameter) or "bf16" (2; computed in the run\'s precision). The adapters are float32 either way.' },
+      adapter: { kind: 'string', default: '', doc: 'A PEFT adapter directory (adapter_config.json + adapter_model.safetensors) to continue training on train.initFrom, its base; its rank, alpha and targets must equal lora\'s. "" = new adapters (A drawn from train.seed, B zero).' },
     },
   },
   data: {
@@ -253,7 +280,7 @@ export const configSchema: Schema<FlotillaConfig> = {
   },
 };
 
-export type AnyField = Omit<Field<unknown>, 'kind'> & { kind: 'int' | 'float' | 'bool' | 'string' | 'sources' };
+export type AnyField = Omit<Field<unknown>, 'kind'> & { kind: 'int' | 'float' | 'bool' | 'string' | 'strings' | 'sources' };
 export type RawConfig = Record<string, Record<string, unknown>>;
 
 export const sections = Object.keys(configSchema) as (keyof FlotillaConfig)[];

@@ -176,6 +176,8 @@ export interface ApplyLoraOptions extends LoraOptions {
   initSeed?: number;
   /** The output head's module path, left out of "all-linear" (default "head"). */
   head?: string;
+  /** Storage of the frozen parameters (default: as built). */
+  baseDtype?: 'float32' | 'bfloat16';
 }
 
 /** What applyLora did. */
