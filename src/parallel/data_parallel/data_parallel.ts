@@ -225,7 +225,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
       lazyGrad: this.zero >= 2,
       ...(deferred ? { init: (n: string, out: Tensor) => deferred.init(n, out) } : {}),
       // ZeRO-3: a bucket at a time, broadcast from rank 0 and cut to this rank's shard ([Note: sharded build]).
-      ...(this.zero === 3 ? { shard: { rank: this.shardGroup.rank, ...(broadcast ? { beforeShard: (b: Bucket) => this.group.broadcast(b.data, 0).wait() } : {}) } } : {}),
+      ...(this.zero === 3 ? { shard: { rank: this.shardGroup.rank, ...(broadcast ? { beforeShard: (b: Bucket) => this.broadcastBucket(b) } : {}) } } : {}),
     });
     module.deferredInit = undefined;
     for (const buffer of this.buffers) {
@@ -273,6 +273,12 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
       this.removeHooks.push(...this.gathers.installWaits(module, this.slotOf));
     }
     this.resetPeak();
+  }
+
+  /** ZeRO-3's build: rank 0's full values of a bucket, both regions ([Note: sharded build] in grad_buffer.ts). */
+  private broadcastBucket(b: Bucket): void {
+    const works = [...(b.numel > 0 ? [this.group.broadcast(b.data, 0)] : []), ...(b.frozenData ? [this.group.broadcast(b.frozenData, 0)] : [])];
+    for (const w of works) w.wait();
   }
 
   // ---- forward and micro-batches
