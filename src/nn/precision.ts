@@ -222,6 +222,8 @@ export const precisionPlanAxis = {
   fields: ['precision'] as const,
   apply(b, ctx) {
     // ZeRO-3 copies the gathered units only (counted with its gathers).
-    if (ctx.layout.precision === 'bf16-mixed' && ctx.layout.zero !== 3) b.memory.bf16Copies += 2 * b.params;
+    // A LoRA base stored in bfloat16 is its own copy ([Note: bf16 base]).
+    const own = ctx.model.lora?.baseBytes === 2 ? b.frozenParams : 0;
+    if (ctx.layout.precision === 'bf16-mixed' && ctx.layout.zero !== 3) b.memory.bf16Copies += 2 * (b.params - own);
   },
 } satisfies PlanAxis;

@@ -29,7 +29,7 @@ import type { ProcessGroup } from '../../distributed/process_group.js';
 import { allocStorage, freeStorage, type Bucket } from './grad_buffer.js';
 import { gatherInPlace } from './zero_gathers.js';
 import { Bf16UnitCopy } from './fsdp_bf16.js';
-import { axisStride, computeBytes, crossesHosts, type PlanAxis } from '../../distributed/plan_terms.js';
+import { axisStride, computeBytes, crossesHosts, heldParamBytes, type PlanAxis } from '../../distributed/plan_terms.js';
 
 /** Whether a module (by dotted name) is a wrapping unit of its own. */
 export type UnitPolicy = (name: string, module: Module) => boolean;
@@ -430,8 +430,11 @@ export const zero3PlanAxis = {
     if (l.zero !== 3) return;
     const shard = l.dpShard * l.cp;
     const P = b.paramsHeld;
-    const gathered = computeBytes(l);
-    b.memory.parameters -= 4 * P - 4 * P / shard;
+    // Bytes of the rank's parameters as held, and as gathered: bfloat16 under bf16-mixed, else as
+    // stored (a LoRA base in its own dtype, [Note: LoRA plan]).
+    const held = heldParamBytes(ctx.model, P, b.frozenParams);
+    const gathered = computeBytes(l) === 2 ? 2 : P > 0 ? held / P : 4;
+    b.memory.parameters -= held - held / shard;
     if (shard > 1) b.memory.zero3Gathers += 2 * gathered * Math.min(ctx.model.largestUnitParams, P);
     if (shard === 1) return;
     const passes = ctx.reshardAfterForward ? 2 : 1;
