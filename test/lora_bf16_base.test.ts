@@ -5,7 +5,8 @@
 // process takes 4 micro-batches of 2 rows, the rows each rank's micro-batch holds, so the bfloat16
 // roundings are the same ones and the results agree as closely. On every rank the base stays
 // bfloat16 and never moves, and the memory report counts 2 bytes per frozen element it holds and 4
-// per adapter element. Also the fp32 base under ZeRO-3 x bf16-mixed (its units gathered in bfloat16).
+// per adapter element. Also the fp32 base under ZeRO-3 x bf16-mixed (its units gathered in bfloat16),
+// and a float32 base checkpoint loaded into the bfloat16 placements under dp and ZeRO-3.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { pool } from './helpers/pool.js';
@@ -26,6 +27,9 @@ const reference = suite.launch(1, [
   { name: 'ref_fp32_base_mixed', ...fp32BaseMixed, micro: 4 },
 ]);
 const world2 = suite.launch(2, [
+  { name: 'base', saveBase: 'base_ckpt', ...gpt },
+  { name: 'z3_load', layout: { zero: 3 }, loadBase: 'base_ckpt', ...gpt },
+  { name: 'dp2_load', layout: {}, loadBase: 'base_ckpt', ...gpt },
   { name: 'dp2', layout: {}, ...gpt },
   { name: 'z1', layout: { zero: 1 }, ...gpt },
   { name: 'z2', layout: { zero: 2 }, ...gpt },
@@ -80,4 +84,20 @@ test('ZeRO-3 x bf16-mixed with a frozen base, bfloat16 or float32, on 2 ranks eq
   await Promise.all([reference, world2]);
   checkBase('z3_mixed', suite.compare('z3_mixed', 2, 'ref_gpt_mixed', TOL).outs, 'bfloat16');
   checkBase('z3_mixed_fp32_base', suite.compare('z3_mixed_fp32_base', 2, 'ref_fp32_base_mixed', TOL).outs, 'float32');
+});
+
+test('a float32 base checkpoint loads into the bfloat16 base through the placements under dp and ZeRO-3: every base element is the saved one rounded to bfloat16', async () => {
+  await world2;
+  const saved = suite.read('base', 2);
+  for (const name of ['dp2_load', 'z3_load']) {
+    for (const o of suite.read(name, 2)) {
+      const who = `${name}: rank ${o.rank}`;
+      const base = Object.keys(o.params).filter(isBase);
+      assert.equal(base.length, Object.keys(saved[0]!.params).length, `${who}: every base parameter, whole`);
+      for (const k of base) {
+        assert.equal(o.dtypes[k], 'bfloat16', `${who}: ${k} is ${o.dtypes[k]}`);
+        assert.deepEqual(o.params[k], saved[o.rank]!.params[k], `${who}: ${k} is not the saved base rounded to bfloat16`);
+      }
+    }
+  }
 });
