@@ -1,5 +1,5 @@
 // LoRA with the frozen base stored in bfloat16 (applyLora's baseDtype, test/fixtures/lora_bf16_rank.ts)
-// under dp, ZeRO-1/2/3, ZeRO-3 x bf16-mixed and pp on 2 ranks, a GPT and the Mixer user model,
+// under dp, ZeRO-1/2/3, ZeRO-3 x bf16-mixed and pp on 2 ranks, HSDP and pp x ZeRO-3 on 4, a GPT and the Mixer user model,
 // against one process with the same bfloat16 base. Under fp32 both sides widen the same bfloat16
 // values to float32, so only float32 reduction order separates them; under bf16-mixed the one
 // process takes 4 micro-batches of 2 rows, the rows each rank's micro-batch holds, so the bfloat16
@@ -12,6 +12,12 @@ import assert from 'node:assert/strict';
 import { pool } from './helpers/pool.js';
 import { equivalenceSuite } from './helpers/equivalence.js';
 import type { Out, Run } from './fixtures/lora_bf16_rank.js';
+import { maxRelDiff } from './helpers/close.js';
+import { withFloat64 } from './oracle/check.js';
+import { manualSeed, noGrad, randint, setNumThreads, tidy } from '../src/tensor/index.js';
+import { applyLora } from '../src/nn/lora.js';
+import { defaultMoEConfig } from '../src/nn/moe.js';
+import { GPT } from '../src/models/gpt.js';
 
 const suite = equivalenceSuite<Run, Out>('lora-bf16', 'test/fixtures/lora_bf16_rank.ts', { timeoutMs: 240_000, queue: pool() });
 const TOL = { loss: 1e-6, norm: 1e-5, param: 1e-5, scaled: true };
@@ -39,6 +45,12 @@ const world2 = suite.launch(2, [
   { name: 'mixer_dp2', layout: {}, ...mixer },
   { name: 'mixer_z3', layout: { zero: 3 }, ...mixer },
   { name: 'z3_mixed_fp32_base', layout: { zero: 3 }, ...fp32BaseMixed },
+]);
+
+// HSDP (2 shards x 2 replicas) and a pipeline of ZeRO-3 stages.
+const world4 = suite.launch(4, [
+  { name: 'hsdp', layout: { zero: 3, dpReplicate: 2 }, ...gpt },
+  { name: 'pp2_z3', layout: { pp: 2, zero: 3 }, ...gpt },
 ]);
 
 const isBase = (k: string): boolean => !/\.lora[AB]\.weight$/.test(k);
@@ -100,4 +112,44 @@ test('a float32 base checkpoint loads into the bfloat16 base through the placeme
       }
     }
   }
+});
+
+// One process, float64: every layer that reads a weight (Embedding, LayerNorm, the Linears, the tied
+// head, the MoE experts and router) widens a bfloat16 base to the compute dtype, float64 here.
+// Widening is exact, so the model equals one whose float64 base holds the same bfloat16 values:
+// the loss and every adapter gradient agree to float64 rounding (the frozen Linears' input gradient
+// is computed from the bfloat16 weight widened again in backward).
+test('a bfloat16 base computes in the compute dtype (float64) through every layer: equal to a float64 base of the same values', () => {
+  setNumThreads(1);
+  const run = (bf16: boolean): { loss: number; grads: Record<string, number[]>; dtypes: Record<string, string> } => withFloat64(() => tidy(() => {
+    const m = new GPT({ vocabSize: 29, blockSize: 8, nLayer: 2, nHead: 2, nEmbd: 12, tieEmbeddings: true, moe: { ...defaultMoEConfig, experts: 4, topK: 2, every: 2 } }, { initSeed: 5 });
+    applyLora(m, { rank: 2, alpha: 4, targets: ['all-linear'], initSeed: 6, ...(bf16 ? { baseDtype: 'bfloat16' as const } : {}) });
+    noGrad(() => {
+      for (const [n, p] of m.namedParameters()) {
+        if (p.requiresGrad) { if (n.endsWith('loraB.weight')) p.normal_(0, 0.3); } // B away from zero: the adapters' gradients depend on the base
+        else if (!bf16) p.copy_(p.to('bfloat16'));
+      }
+    });
+    manualSeed(8);
+    const x = randint(0, 29, [3, 8]), y = randint(0, 29, [3, 8]);
+    const loss = m.call(x, y).loss!;
+    loss.backward();
+    const grads = Object.fromEntries(m.namedParameters().filter(([, p]) => p.requiresGrad).map(([n, p]) => [n, p.grad!.toNumbers()]));
+    const dtypes = Object.fromEntries(m.namedParameters().filter(([, p]) => !p.requiresGrad).map(([n, p]) => [n, p.dtype as string]));
+    const out = { loss: loss.item(), grads, dtypes };
+    m.dispose();
+    return out;
+  }));
+  const a = run(true), b = run(false);
+  assert.deepEqual([...new Set(Object.values(a.dtypes))], ['bfloat16']);
+  assert.deepEqual([...new Set(Object.values(b.dtypes))], ['float64']);
+  assert.ok(Object.keys(a.dtypes).some((k) => k.includes('.experts.')) && Object.keys(a.dtypes).some((k) => k.includes('router')), `the base has MoE experts and a router: ${Object.keys(a.dtypes).join(', ')}`);
+  assert.ok(Math.abs(a.loss - b.loss) <= 1e-13 * Math.abs(b.loss), `loss ${a.loss} vs ${b.loss}`);
+  assert.deepEqual(Object.keys(a.grads).sort(), Object.keys(b.grads).sort());
+  for (const [k, g] of Object.entries(a.grads)) assert.ok(maxRelDiff(g, b.grads[k]!) <= 1e-10, `${k}: ${maxRelDiff(g, b.grads[k]!)}`);
+});
+
+test('a bfloat16 LoRA base under HSDP and a pipeline of ZeRO-3 stages on 4 ranks equals one process', async () => {
+  await Promise.all([reference, world4]);
+  for (const name of ['hsdp', 'pp2_z3']) checkBase(name, suite.compare(name, 4, 'ref_gpt', TOL).outs, 'bfloat16');
 });
