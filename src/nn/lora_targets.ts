@@ -61,3 +61,16 @@ export function loraTargetProblems(linears: readonly LinearShape[], opts: { rank
 export function loraParamCount(linears: readonly LinearShape[], chosen: ReadonlySet<string>, rank: number): number {
   return linears.reduce((a, l) => a + (chosen.has(l.path) ? rank * (l.inFeatures + l.outFeatures) : 0), 0);
 }
+
+/** A LoRA model's parameters: how many Linears are adapted, the adapters' parameters, the frozen base's. */
+export interface LoraCounts {
+  modules: number;
+  trainable: number;
+  frozen: number;
+}
+
+/** The counts of adapters of `rank` on `targets` of these Linears, over a base of `frozen` parameters. */
+export function loraCounts(linears: readonly LinearShape[], opts: { rank: number; targets: readonly string[] }, frozen: number): LoraCounts {
+  const { chosen } = loraTargetProblems(linears, opts);
+  return { modules: chosen.size, trainable: loraParamCount(linears, chosen, opts.rank), frozen };
+}

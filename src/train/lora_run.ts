@@ -14,7 +14,7 @@ import { existsSync, readFileSync, readdirSync, statSync } from 'node:fs';
 import { basename, join, resolve } from 'node:path';
 import type { Module } from '../nn/module.js';
 import { applyLora, drawLoraParameter, hfModuleNames, type ApplyLoraOptions } from '../nn/lora.js';
-import { loraParamCount, loraTargetProblems } from '../nn/lora_targets.js';
+import { loraCounts as countLora, type LoraCounts } from '../nn/lora_targets.js';
 import type { PipelineModel } from '../parallel/pipeline/model.js';
 import type { ParamPlacement } from '../parallel/placement.js';
 import type { ModelSpec } from '../models/spec.js';
@@ -33,13 +33,6 @@ export function loraOptionsOf(cfg: FlotillaConfig, spec: ModelSpec, modelCfg: un
     baseDtype: l.baseDtype === 'bf16' ? 'bfloat16' : 'float32',
     ...(spec.hf ? { hfNames: hfModuleNames(spec.hf.tensors(modelCfg)) } : {}),
   };
-}
-
-/** The whole model's adapters: how many Linears, trainable parameters, frozen parameters. */
-export interface LoraCounts {
-  modules: number;
-  trainable: number;
-  frozen: number;
 }
 
 /**
@@ -76,9 +69,7 @@ function adaptModule(m: Module, opts: ApplyLoraOptions): void {
 /** The whole model's adapter counts from the architecture's list of Linears (undefined when it has none). */
 export function loraCounts(cfg: FlotillaConfig, spec: ModelSpec, modelCfg: unknown, numParams: number): LoraCounts | undefined {
   const linears = spec.linears?.(modelCfg);
-  if (!linears) return undefined;
-  const { chosen } = loraTargetProblems(linears, { rank: cfg.lora.rank, targets: cfg.lora.targets });
-  return { modules: chosen.size, trainable: loraParamCount(linears, chosen, cfg.lora.rank), frozen: numParams };
+  return linears ? countLora(linears, cfg.lora, numParams) : undefined;
 }
 
 /** A count for a header: 1.2M, 24M, 950K. */
