@@ -8,7 +8,8 @@
 import { modelSpec } from '../models/registry.js';
 import { modelConfigOf, type FlotillaConfig } from '../config/schema.js';
 import { Linear } from '../nn/layers.js';
-import { applyLora, hfModuleNames } from '../nn/lora.js';
+import { applyLora } from '../nn/lora.js';
+import { loraOptionsOf } from '../train/lora_run.js';
 import type { ModelFacts } from '../distributed/plan_terms.js';
 
 const BLOCK = /(?:^|\.)(\d+)\./;
@@ -20,10 +21,7 @@ export function modelFacts(cfg: FlotillaConfig): ModelFacts {
   const model = spec.build(mc, { initSeed: 0, deferInit: true });
   // A LoRA run's model is the base with its adapters ([Note: LoRA plan] in src/distributed/plan_terms.ts).
   const lora = cfg.lora.rank > 0;
-  if (lora) {
-    const hfNames = spec.hf ? hfModuleNames(spec.hf.tensors(mc)) : undefined;
-    applyLora(model, { rank: cfg.lora.rank, targets: cfg.lora.targets, ...(hfNames ? { hfNames } : {}) });
-  }
+  if (lora) applyLora(model, loraOptionsOf(cfg, spec, mc));
   const blockParams: number[] = [], blockExpertParams: number[] = [], blockAdapterParams: number[] = [];
   let embedParams = 0, headParams = 0, embedAdapterParams = 0, headAdapterParams = 0, seenBlock = false;
   for (const [name, p] of model.namedParameters()) {
