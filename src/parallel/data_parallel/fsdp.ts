@@ -418,7 +418,8 @@ function policyReaderParams(model: Module): Set<Tensor> {
  * What ZeRO-3 changes on a rank, for the planner ([Note: plan terms] in
  * src/distributed/plan_terms.ts): the parameters are a 1 / (dpShard x cp) shard, and around each
  * unit's forward and backward its full parameters exist too (the unit being computed and the one
- * prefetched: two of the largest, in bfloat16 under bf16-mixed, [Note: unit lifecycle]); each unit
+ * prefetched: two of the largest, three with frozen parameters, in bfloat16 under bf16-mixed,
+ * [Note: unit lifecycle]); each unit
  * is all-gathered in forward and again in backward (once when reshardAfterForward is off), every
  * micro-batch.
  */
@@ -435,7 +436,11 @@ export const zero3PlanAxis = {
     const held = heldParamBytes(ctx.model, P, b.frozenParams);
     const gathered = computeBytes(l) === 2 ? 2 : P > 0 ? held / P : 4;
     b.memory.parameters -= held - held / shard;
-    if (shard > 1) b.memory.zero3Gathers += 2 * gathered * Math.min(ctx.model.largestUnitParams, P);
+    // A unit holding frozen parameters is freed only once the gradient of its input is complete
+    // (onReduced, [Note: post-backward free]), by when backward has gathered the next unit and
+    // prefetched the one after: three of the largest then, not two.
+    const units = b.frozenParams > 0 ? 3 : 2;
+    if (shard > 1) b.memory.zero3Gathers += units * gathered * Math.min(ctx.model.largestUnitParams, P);
     if (shard === 1) return;
     const passes = ctx.reshardAfterForward ? 2 : 1;
     const cross = crossesHosts(axisStride(l, 'dpShard'), shard, ctx.ranksPerHost);
