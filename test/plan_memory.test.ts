@@ -17,6 +17,7 @@ import { enumerateLayouts } from '../src/plan/enumerate.js';
 import { modelFacts } from '../src/plan/facts.js';
 import { budgetOf, contextFor } from '../src/plan/predict.js';
 import { train } from '../src/train/trainer.js';
+import { probeFlags } from '../src/plan/calibrate.js';
 
 const MODEL = ['--model.nLayer=4', '--model.nEmbd=64', '--model.nHead=2', '--model.vocabSize=256', '--model.blockSize=32', '--data.seqLen=32', '--data.globalBatch=4', '--data.tokenizer=byte'];
 const RUN = ['--train.steps=3', '--train.evalEvery=0', '--train.evalBatches=1', '--log.progress=off', '--checkpoint.every=0', '--parallel.backend=gloo'];
@@ -68,4 +69,12 @@ test('the planned bytes of a LoRA run with a bfloat16 base under ZeRO-3 match ea
   // fc 64 -> 256, proj 256 -> 64): 16,384 trainable at 16 bytes; the base at 2 bytes instead of 16.
   assert.ok(lora.planned < 0.2 * full.planned, `LoRA planned ${lora.planned} B, full fine-tuning ${full.planned} B`);
   assert.ok(lora.held < 0.2 * full.held, `LoRA holds ${lora.held} B, full fine-tuning ${full.held} B`);
+});
+
+test('calibration\'s probe models start from random weights: a LoRA config\'s probes leave out its base and adapters', () => {
+  const cfg = parseConfig('', [...MODEL, '--lora.rank=4', '--lora.baseDtype=bf16', `--train.initFrom=${dir}`], 'test');
+  assert.equal(modelFacts(cfg).lora?.baseBytes, 2);
+  const probe = parseConfig('', [...MODEL, '--lora.rank=4', '--lora.baseDtype=bf16', `--train.initFrom=${dir}`, ...probeFlags(cfg)], 'test');
+  assert.equal(probe.lora.rank, 0);
+  assert.equal(probe.train.initFrom, '');
 });
