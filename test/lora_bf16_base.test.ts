@@ -96,6 +96,14 @@ test('ZeRO-3 x bf16-mixed with a frozen base, bfloat16 or float32, on 2 ranks eq
   await Promise.all([reference, world2]);
   checkBase('z3_mixed', suite.compare('z3_mixed', 2, 'ref_gpt_mixed', TOL).outs, 'bfloat16');
   checkBase('z3_mixed_fp32_base', suite.compare('z3_mixed_fp32_base', 2, 'ref_fp32_base_mixed', TOL).outs, 'float32');
+  // Under bf16-mixed every unit is gathered in bfloat16: the same bytes whether the base is stored
+  // in bfloat16 or float32, and fewer than fp32 compute gathers (its adapters in float32).
+  for (const rank of [0, 1]) {
+    const bytes = (name: string) => suite.read(name, 2)[rank]!.gatheredBytes!;
+    assert.ok(bytes('z3_mixed') > 0, `rank ${rank} gathered nothing`);
+    assert.equal(bytes('z3_mixed_fp32_base'), bytes('z3_mixed'), `rank ${rank}: a float32 base is gathered in bfloat16 too`);
+    assert.ok(bytes('z3_mixed') < bytes('z3'), `rank ${rank}: bf16-mixed gathered ${bytes('z3_mixed')} B, fp32 compute ${bytes('z3')} B`);
+  }
 });
 
 test('a float32 base checkpoint loads into the bfloat16 base through the placements under dp and ZeRO-3: every base element is the saved one rounded to bfloat16', async () => {
