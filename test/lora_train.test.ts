@@ -6,7 +6,8 @@
 // refused at resume; the mistakes a user can make are one message before any rank starts, with no
 // run directory written. Also: each architecture's list of Linears (what the launcher checks
 // targets against) is the built model's, and adapters of a model built without memory are drawn as
-// a whole model draws them.
+// a whole model draws them; a LoRA checkpoint loads as one whole model (its base and adapters), which
+// sampling from the run reads.
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
@@ -27,7 +28,8 @@ import { consolidate } from '../src/checkpoint/export.js';
 import { readMeta } from '../src/checkpoint/format.js';
 import { parseConfig } from '../src/config/index.js';
 import { modelConfigOf } from '../src/config/schema.js';
-import { applyRunLora } from '../src/train/lora_run.js';
+import { applyRunLora, loraRunModel } from '../src/train/lora_run.js';
+import { generate } from '../src/cli/checkpoint.js';
 import { writeReport } from '../src/report/index.js';
 import { flotilla, ROOT } from './helpers/cli.js';
 
@@ -120,6 +122,15 @@ test('a LoRA checkpoint holds the adapters and their optimizer state only, and n
     }
   }
   start.dispose();
+
+  // The checkpoint as one whole model (generate, export): the run's base with the adapters it saved,
+  // which is what the ranks held at the end; sampling from the run reads it.
+  const whole = loraRunModel(ckpt);
+  const final = loadSafetensors(join(root, 'straight-record', 'rank0.safetensors'));
+  for (const [name, p] of whole.model.namedParameters()) assert.deepEqual(p.toNumbers(), final[name]!.toNumbers(), name);
+  whole.model.dispose();
+  const [sample] = await generate(straight, { prompts: ['Call me Ishmael. '], tokens: 6, temperature: 0.8, topK: 40, topP: 1, seed: 3, ignoreEos: true });
+  assert.ok(sample!.text.length > 0);
 
   // The report gives the trainable and frozen counts: per layer r (in + out) of q, k, v, o (32 -> 32, 16, 16; 32 -> 32) and gate, up, down (32 <-> 64).
   const page = readFileSync(writeReport([straight], { out: join(root, 'report.html') }), 'utf8');
