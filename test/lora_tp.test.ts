@@ -1,0 +1,122 @@
+// LoRA adapters under tensor parallelism against one process, in float64 ([Note: LoRA under tp] in
+// src/parallel/tensor_parallel/styles.ts): 3 AdamW steps with clipping, 2 micro-batches per step.
+// A GPT with rank-4 adapters on every linear layer but the head (the fused q, k, v split by head
+// group, attention's and the MLP's projections; test/fixtures/tp_gpt_rank.ts) and a Llama with
+// adapters on q, k, v, o, gate, up and down, named as Hugging Face names them
+// (test/fixtures/llama_layouts_rank.ts). Every rank's losses, gradient norms, step 0's adapter
+// gradients (whole, through grads.fullGrad) and every whole parameter equal one process's at tp=2:
+// plain, sequence parallel, loss parallel, with the adapters' dropout, tp x dp, tp x ZeRO-3 and
+// tp x pp on 4 ranks; the frozen base never moves on any rank. The adapters lie over tp as their
+// base does: B by rows under a column-parallel base, A by columns under a row-parallel one.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { maxRelDiff } from './helpers/close.js';
+import { pool } from './helpers/pool.js';
+import { equivalenceSuite, type Tolerance } from './helpers/equivalence.js';
+import type { Out as GptOut, Run as GptRun } from './fixtures/tp_gpt_rank.js';
+import type { Out as LlamaOut, Run as LlamaRun } from './fixtures/llama_layouts_rank.js';
+
+const queue = pool();
+const gpt = equivalenceSuite<GptRun, GptOut>('lora-tp-gpt', 'test/fixtures/tp_gpt_rank.ts', { timeoutMs: 300_000, queue });
+const llama = equivalenceSuite<LlamaRun, LlamaOut>('lora-tp-llama', 'test/fixtures/llama_layouts_rank.ts', { timeoutMs: 300_000, queue });
+/** float64: a different summation order only. */
+const F64: Tolerance = { loss: 1e-12, norm: 1e-12, param: 1e-10 };
+
+/** Every parameter but the adapters' (applyLora freezes them; the fixture checks they never move). */
+const BASE = ['^(?!.*\\.lora[AB]\\.weight$)'];
+const isAdapter = (k: string): boolean => /\.lora[AB]\.weight$/.test(k);
+const sp = { sequenceParallel: true }, lp = { lossParallel: true };
+
+const gptLora = { rank: 4, alpha: 8, targets: ['all-linear'] };
+const g = (name: string, layout: GptRun['layout'], lora: GptRun['lora'] = gptLora): GptRun => ({ name, layout, micro: 2, steps: 3, lora, frozen: BASE });
+const gptDrop = { ...gptLora, dropout: 0.25 };
+// The head too: its B is split over the vocabulary like the head's weight (left split under loss parallelism).
+const gptHead = { ...gptLora, targets: ['all-linear', 'head'] };
+const gptRef = gpt.launch(1, [g('ref', undefined), g('ref_drop', undefined, gptDrop), g('ref_head', undefined, gptHead)]);
+const gpt2 = gpt.launch(2, [
+  g('tp2', { tp: 2 }),
+  g('tp2_sp', { tp: 2, ...sp }),
+  g('tp2_lp_head', { tp: 2, ...lp }, gptHead),
+  g('tp2_sp_lp_head', { tp: 2, ...sp, ...lp }, gptHead),
+  g('tp2_drop', { tp: 2 }, gptDrop),
+  g('tp2_sp_drop', { tp: 2, ...sp }, gptDrop),
+]);
+const gpt4 = gpt.launch(4, [
+  g('tp2_dp2', { tp: 2, dp: 2 }),
+  g('tp2_z3_sp', { tp: 2, zero: 3, ...sp }),
+  g('tp2_pp2', { tp: 2, pp: 2, ppSchedule: '1f1b' }),
+  g('tp2_pp2_zb_sp', { tp: 2, pp: 2, ppSchedule: 'zb', ...sp }),
+]);
+
+const HF_TARGETS = ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'];
+const llamaLora = { rank: 4, alpha: 8, targets: HF_TARGETS };
+const l = (name: string, layout: LlamaRun['layout']): LlamaRun => ({ name, layout, micro: 2, steps: 3, lora: llamaLora });
+const llamaRef = llama.launch(1, [l('ref', undefined)]);
+const llama2 = llama.launch(2, [l('tp2', { tp: 2 }), l('tp2_sp_lp', { tp: 2, ...sp, ...lp })]);
+const llama4 = llama.launch(4, [l('tp2_z3_sp', { tp: 2, zero: 3, ...sp }), l('tp2_pp2', { tp: 2, pp: 2, ppSchedule: '1f1b' })]);
+
+/**
+ * Run `name` against the reference: the suite's comparison (every rank's losses, norms, whole
+ * parameters), then step 0's adapter gradients, and the frozen base unmoved on every rank.
+ */
+function compareLora<O extends GptOut | LlamaOut>(suite: { compare: typeof gpt.compare } | { compare: typeof llama.compare }, name: string, nproc: number, refName: string, adapters: number): O[] {
+  const { ref, outs } = (suite.compare as (n: string, p: number, r: string, t: Tolerance) => { ref: O; outs: O[] })(name, nproc, refName, F64);
+  const trained = Object.keys(ref.params).filter(isAdapter).sort();
+  assert.equal(trained.length, adapters, `${refName}: adapters`);
+  assert.deepEqual(Object.keys(ref.grads0!).sort(), trained, `${refName}: one process has gradients for the adapters only`);
+  for (const k of trained.filter((n) => n.endsWith('loraB.weight'))) assert.ok(ref.params[k]!.some((x) => x !== 0), `${refName}: ${k} trained away from zero`);
+  assert.deepEqual(ref.frozenMoved, []);
+  for (const o of outs) {
+    const who = `${name}: rank ${o.rank}`;
+    assert.deepEqual(Object.keys(o.grads0!).sort(), Object.keys(o.params).filter(isAdapter).sort(), `${who}: gradients for the adapters it holds, and only for them`);
+    for (const [k, v] of Object.entries(o.grads0!)) {
+      const d = maxRelDiff(v, ref.grads0![k]!);
+      assert.ok(d <= F64.param, `${who}: step 0 gradient of ${k} differs from one process's by ${d}`);
+    }
+    assert.deepEqual(o.frozenMoved, [], `${who}: the frozen base moved`);
+    for (const k of Object.keys(o.params).filter((n) => !isAdapter(n))) assert.deepEqual(o.params[k], ref.params[k], `${who}: frozen ${k} is not the base`);
+  }
+  return outs;
+}
+
+test('LoRA on a GPT at tp=2 (plain; sequence parallel; loss parallel with an adapted head, with and without sequence parallelism) equals one process on every rank; the adapters lie over tp as their base does', async () => {
+  await Promise.all([gptRef, gpt2]);
+  compareLora(gpt, 'tp2', 2, 'ref', 16);
+  compareLora(gpt, 'tp2_sp', 2, 'ref', 16);
+  compareLora(gpt, 'tp2_lp_head', 2, 'ref_head', 18);
+  const outs = compareLora<GptOut>(gpt, 'tp2_sp_lp_head', 2, 'ref_head', 18);
+  for (const o of outs) {
+    const t = o.shards!;
+    const at = (dim: number, chunks = 1) => ({ dim, index: o.tpRank, parts: 2, chunks });
+    // Column-parallel bases split B's rows (per q, k, v chunk for the fused projection), A whole.
+    assert.deepEqual(t['layers.0.attn.qkv.loraB.weight'], at(0, 3));
+    assert.deepEqual(t['layers.1.mlp.fc.loraB.weight'], at(0));
+    assert.deepEqual(t['head.loraB.weight'], at(0));
+    for (const k of ['layers.0.attn.qkv.loraA.weight', 'layers.1.mlp.fc.loraA.weight', 'head.loraA.weight']) assert.equal(t[k], null, `${k} is whole on every tp rank`);
+    // Row-parallel bases split A's columns, B whole.
+    assert.deepEqual(t['layers.0.attn.proj.loraA.weight'], at(1));
+    assert.deepEqual(t['layers.1.mlp.proj.loraA.weight'], at(1));
+    for (const k of ['layers.0.attn.proj.loraB.weight', 'layers.1.mlp.proj.loraB.weight']) assert.equal(t[k], null, `${k} is whole on every tp rank`);
+  }
+});
+
+test('LoRA dropout on a GPT at tp=2 (with and without sequence parallelism) draws the masks one process draws: equal to one process', async () => {
+  await Promise.all([gptRef, gpt2]);
+  const ref = gpt.read('ref_drop', 1)[0]!, plain = gpt.read('ref', 1)[0]!;
+  assert.ok(Math.abs(ref.losses[1]! - plain.losses[1]!) > 1e-6, 'the adapters\' dropout changes training');
+  compareLora(gpt, 'tp2_drop', 2, 'ref_drop', 16);
+  compareLora(gpt, 'tp2_sp_drop', 2, 'ref_drop', 16);
+});
+
+test('LoRA on a GPT at tp=2 x dp=2, tp=2 x ZeRO-3 (sequence parallel) and tp=2 x pp=2 (1F1B; zero bubble with sequence parallelism) on 4 ranks equals one process on every rank', async () => {
+  await Promise.all([gptRef, gpt4]);
+  compareLora(gpt, 'tp2_dp2', 4, 'ref', 16);
+  compareLora(gpt, 'tp2_z3_sp', 4, 'ref', 16);
+  compareLora(gpt, 'tp2_pp2', 4, 'ref', 16);
+  compareLora(gpt, 'tp2_pp2_zb_sp', 4, 'ref', 16);
+});
+
+test('LoRA on a Llama (q, k, v, o, gate, up, down by their Hugging Face names) at tp=2 (plain; sequence + loss parallel), tp=2 x ZeRO-3 and tp=2 x pp=2 equals one process on every rank', async () => {
+  await Promise.all([llamaRef, llama2, llama4]);
+  for (const [name, nproc] of [['tp2', 2], ['tp2_sp_lp', 2], ['tp2_z3_sp', 4], ['tp2_pp2', 4]] as const) compareLora(llama, name, nproc, 'ref', 4 * 7 * 2);
+});
