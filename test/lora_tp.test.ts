@@ -7,14 +7,19 @@
 // gradients (whole, through grads.fullGrad) and every whole parameter equal one process's at tp=2:
 // plain, sequence parallel, loss parallel, with the adapters' dropout, tp x dp, tp x ZeRO-3 and
 // tp x pp on 4 ranks; the frozen base never moves on any rank. The adapters lie over tp as their
-// base does: B by rows under a column-parallel base, A by columns under a row-parallel one.
+// base does: B by rows under a column-parallel base, A by columns under a row-parallel one. A LoRA
+// checkpoint (the adapters and their optimizer state) saved at tp=2 resumes at tp=1, and one saved
+// at tp=1 resumes at tp=2 with sequence parallelism, continuing exactly as one process does.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { readFileSync, readdirSync } from 'node:fs';
+import { join } from 'node:path';
 import { maxRelDiff } from './helpers/close.js';
 import { pool } from './helpers/pool.js';
 import { equivalenceSuite, type Tolerance } from './helpers/equivalence.js';
 import type { Out as GptOut, Run as GptRun } from './fixtures/tp_gpt_rank.js';
 import type { Out as LlamaOut, Run as LlamaRun } from './fixtures/llama_layouts_rank.js';
+import type { Out as ResumeOut, Run as ResumeRun } from './fixtures/lora_tp_resume_rank.js';
 
 const queue = pool();
 const gpt = equivalenceSuite<GptRun, GptOut>('lora-tp-gpt', 'test/fixtures/tp_gpt_rank.ts', { timeoutMs: 300_000, queue });
@@ -119,4 +124,58 @@ test('LoRA on a GPT at tp=2 x dp=2, tp=2 x ZeRO-3 (sequence parallel) and tp=2 x
 test('LoRA on a Llama (q, k, v, o, gate, up, down by their Hugging Face names) at tp=2 (plain; sequence + loss parallel), tp=2 x ZeRO-3 and tp=2 x pp=2 equals one process on every rank', async () => {
   await Promise.all([llamaRef, llama2, llama4]);
   for (const [name, nproc] of [['tp2', 2], ['tp2_sp_lp', 2], ['tp2_z3_sp', 4], ['tp2_pp2', 4]] as const) compareLora(llama, name, nproc, 'ref', 4 * 7 * 2);
+});
+
+// Checkpoints across layouts (test/fixtures/lora_tp_resume_rank.ts): 4 steps in one process; 2 steps
+// at tp=2 saved and resumed for steps 2-3 in one process; 2 steps in one process saved and resumed
+// at tp=2 with sequence parallelism.
+const resume = equivalenceSuite<ResumeRun, ResumeOut>('lora-tp-resume', 'test/fixtures/lora_tp_resume_rank.ts', { timeoutMs: 300_000, queue });
+const firstHalves = Promise.all([
+  resume.launch(1, [{ name: 'ref', from: 0, to: 4 }, { name: 'one_0_2', from: 0, to: 2, save: 'ck_one' }]),
+  resume.launch(2, [{ name: 'tp2_0_2', layout: { tp: 2 }, from: 0, to: 2, save: 'ck_tp2' }]),
+]);
+const secondHalves = firstHalves.then(() => Promise.all([
+  resume.launch(1, [{ name: 'one_2_4', from: 2, to: 4, load: 'ck_tp2' }]),
+  resume.launch(2, [{ name: 'tp2_sp_2_4', layout: { tp: 2, ...sp }, from: 2, to: 4, load: 'ck_one' }]),
+]));
+
+test('a LoRA checkpoint saved at tp=2 resumes at tp=1, and one saved at tp=1 resumes at tp=2 (+ sequence parallel): it holds the adapters whole-shaped and only them, and training continues as one process\'s', async () => {
+  await secondHalves;
+  const ref = resume.read('ref', 1)[0]!;
+  const meta = (ck: string) => {
+    const dir = join(resume.dir, ck);
+    const step = readdirSync(dir).find((d) => d.startsWith('step-'))!;
+    return JSON.parse(readFileSync(join(dir, step, 'meta.json'), 'utf8')) as { params: Record<string, { shape: number[] }>; pieces: { name: string; kind: string; file: string }[] };
+  };
+  for (const ck of ['ck_tp2', 'ck_one']) {
+    const m = meta(ck);
+    const names = Object.keys(m.params).sort();
+    assert.deepEqual(names, Object.keys(ref.params).filter(isAdapter).sort(), `${ck}: the adapters and nothing else`);
+    assert.deepEqual(m.params['layers.0.attn.qkv.loraB.weight']!.shape, [48, 4], `${ck}: the fused projection's B, whole`);
+    assert.deepEqual(m.params['layers.1.mlp.proj.loraA.weight']!.shape, [4, 64], `${ck}: a row-parallel base's A, whole`);
+    assert.ok(m.pieces.some((p) => p.kind !== 'param' && p.name === 'layers.0.attn.qkv.loraB.weight'), `${ck}: optimizer state saved`);
+    if (ck === 'ck_tp2') {
+      // Split adapters are written by both tp ranks (a slice each), replicated ones by tp rank 0.
+      const files = (name: string) => new Set(m.pieces.filter((p) => p.kind === 'param' && p.name === name).map((p) => p.file)).size;
+      assert.equal(files('layers.0.attn.qkv.loraB.weight'), 2);
+      assert.equal(files('layers.0.attn.proj.loraA.weight'), 2);
+      assert.equal(files('layers.0.attn.qkv.loraA.weight'), 1);
+    }
+  }
+  for (const [first, second, nproc] of [['tp2_0_2', 'one_2_4', 1], ['one_0_2', 'tp2_sp_2_4', 2]] as const) {
+    const a = resume.read(first, first.startsWith('tp2') ? 2 : 1), b = resume.read(second, nproc);
+    for (const [outs, at] of [[a, 0], [b, 2]] as const) {
+      for (const o of outs) {
+        const who = `${at === 0 ? first : second}: rank ${o.rank}`;
+        o.losses.forEach((v, i) => assert.ok(Math.abs(v - ref.losses[at + i]!) <= F64.loss * Math.abs(ref.losses[at + i]!), `${who}: loss at step ${at + i} ${v} vs one process ${ref.losses[at + i]}`));
+        o.norms.forEach((v, i) => assert.ok(Math.abs(v - ref.norms[at + i]!) <= F64.norm * ref.norms[at + i]!, `${who}: norm at step ${at + i} ${v} vs one process ${ref.norms[at + i]}`));
+      }
+    }
+    for (const o of b) {
+      for (const [k, v] of Object.entries(ref.params)) {
+        const d = maxRelDiff(o.params[k]!, v);
+        assert.ok(d <= F64.param, `${second}: rank ${o.rank}: ${k} after step 3 differs from one process's by ${d}`);
+      }
+    }
+  }
 });
