@@ -37,7 +37,7 @@ const g = (name: string, layout: GptRun['layout'], lora: GptRun['lora'] = gptLor
 const gptDrop = { ...gptLora, dropout: 0.25 };
 // The head too: its B is split over the vocabulary like the head's weight (left split under loss parallelism).
 const gptHead = { ...gptLora, targets: ['all-linear', 'head'] };
-const gptRef = gpt.launch(1, [g('ref', undefined), g('ref_drop', undefined, gptDrop), g('ref_head', undefined, gptHead)]);
+const gptRef = gpt.launch(1, [g('ref', undefined), g('ref_drop', undefined, gptDrop), { ...g('ref_drop_ac', undefined, gptDrop), ac: 'full' }, g('ref_head', undefined, gptHead)]);
 const gpt2 = gpt.launch(2, [
   g('tp2', { tp: 2 }),
   g('tp2_sp', { tp: 2, ...sp }),
@@ -45,6 +45,9 @@ const gpt2 = gpt.launch(2, [
   g('tp2_sp_lp_head', { tp: 2, ...sp, ...lp }, gptHead),
   g('tp2_drop', { tp: 2 }, gptDrop),
   g('tp2_sp_drop', { tp: 2, ...sp }, gptDrop),
+  // A block's recompute replays its adapters' masks (against one process checkpointing alike: a
+  // checkpointed block draws from a seed of its own).
+  { ...g('tp2_drop_ac', { tp: 2 }, gptDrop), ac: 'full' },
 ]);
 const gpt4 = gpt.launch(4, [
   g('tp2_dp2', { tp: 2, dp: 2 }),
@@ -105,12 +108,13 @@ test('LoRA on a GPT at tp=2 (plain; sequence parallel; loss parallel with an ada
   }
 });
 
-test('LoRA dropout on a GPT at tp=2 (with and without sequence parallelism) draws the masks one process draws: equal to one process', async () => {
+test('LoRA dropout on a GPT at tp=2 (with and without sequence parallelism; under full activation checkpointing) draws the masks one process draws: equal to one process', async () => {
   await Promise.all([gptRef, gpt2]);
   const ref = gpt.read('ref_drop', 1)[0]!, plain = gpt.read('ref', 1)[0]!;
   assert.ok(Math.abs(ref.losses[1]! - plain.losses[1]!) > 1e-6, 'the adapters\' dropout changes training');
   compareLora(gpt, 'tp2_drop', 2, 'ref_drop', 16);
   compareLora(gpt, 'tp2_sp_drop', 2, 'ref_drop', 16);
+  compareLora(gpt, 'tp2_drop_ac', 2, 'ref_drop_ac', 16);
 });
 
 test('LoRA on a GPT at tp=2 x dp=2, tp=2 x ZeRO-3 (sequence parallel) and tp=2 x pp=2 (1F1B; zero bubble with sequence parallelism) on 4 ranks equals one process on every rank', async () => {
