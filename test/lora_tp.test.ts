@@ -41,6 +41,7 @@ const gptRef = gpt.launch(1, [g('ref', undefined), g('ref_drop', undefined, gptD
 const gpt2 = gpt.launch(2, [
   g('tp2', { tp: 2 }),
   g('tp2_sp', { tp: 2, ...sp }),
+  g('tp2_sp_head', { tp: 2, ...sp }, gptHead),
   g('tp2_lp_head', { tp: 2, ...lp }, gptHead),
   g('tp2_sp_lp_head', { tp: 2, ...sp, ...lp }, gptHead),
   g('tp2_drop', { tp: 2 }, gptDrop),
@@ -87,10 +88,11 @@ function compareLora<O extends GptOut | LlamaOut>(suite: { compare: typeof gpt.c
   return outs;
 }
 
-test('LoRA on a GPT at tp=2 (plain; sequence parallel; loss parallel with an adapted head, with and without sequence parallelism) equals one process on every rank; the adapters lie over tp as their base does', async () => {
+test('LoRA on a GPT at tp=2 (plain; sequence parallel; an adapted head gathered, and left split under loss parallelism) equals one process on every rank; the adapters lie over tp as their base does', async () => {
   await Promise.all([gptRef, gpt2]);
   compareLora(gpt, 'tp2', 2, 'ref', 16);
   compareLora(gpt, 'tp2_sp', 2, 'ref', 16);
+  compareLora(gpt, 'tp2_sp_head', 2, 'ref_head', 18);
   compareLora(gpt, 'tp2_lp_head', 2, 'ref_head', 18);
   const outs = compareLora<GptOut>(gpt, 'tp2_sp_lp_head', 2, 'ref_head', 18);
   for (const o of outs) {
