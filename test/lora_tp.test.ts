@@ -9,11 +9,18 @@
 // tp x pp on 4 ranks; the frozen base never moves on any rank. The adapters lie over tp as their
 // base does: B by rows under a column-parallel base, A by columns under a row-parallel one. A LoRA
 // checkpoint (the adapters and their optimizer state) saved at tp=2 resumes at tp=1, and one saved
-// at tp=1 resumes at tp=2 with sequence parallelism, continuing exactly as one process does.
+// at tp=1 resumes at tp=2 with sequence parallelism, continuing exactly as one process does. Through
+// the trainer: `flotilla verify` of a LoRA run from a Hugging Face Llama directory passes at tp=2
+// with sequence parallelism, and across a resume from tp=2 to one process.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { readFileSync, readdirSync } from 'node:fs';
+import { mkdtempSync, readFileSync, readdirSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { Llama } from '../src/models/llama.js';
+import { savePretrained } from '../src/checkpoint/hf.js';
+import { flotilla, ROOT } from './helpers/cli.js';
+import { started } from './helpers/pool.js';
 import { maxRelDiff } from './helpers/close.js';
 import { pool } from './helpers/pool.js';
 import { equivalenceSuite, type Tolerance } from './helpers/equivalence.js';
@@ -184,4 +191,37 @@ test('a LoRA checkpoint saved at tp=2 resumes at tp=1, and one saved at tp=1 res
       }
     }
   }
+});
+
+// The trainer's LoRA run ([lora] rank > 0 on train.initFrom, a Hugging Face Llama directory) under
+// tp=2 with sequence parallelism, against one process and across a resume into one process.
+const work = mkdtempSync(join(tmpdir(), 'flotilla-lora-tp-cli-'));
+const hfDir = join(work, 'base');
+{
+  const src = new Llama({ vocabSize: 512, blockSize: 32, nLayer: 2, nHead: 4, nKvHead: 2, nEmbd: 32, intermediateSize: 64 }, { initSeed: 8 });
+  savePretrained(src, hfDir, { tokenizer: join(ROOT, 'examples', 'moby-dick-bpe512.json') });
+  src.dispose();
+}
+const LORA_RUN = [
+  '--model.blockSize=32', '--model.nLayer=2', '--model.nEmbd=32', '--model.intermediateSize=64', '--data.seqLen=32', '--data.globalBatch=4',
+  '--train.evalEvery=0', '--log.progress=plain', '--log.sampleTokens=0', `--train.initFrom=${hfDir}`, '--lora.rank=4', '--lora.alpha=8',
+];
+const verify = (args: string[]) => started(queue(() => flotilla(['verify', join(ROOT, 'examples', 'llama-tiny.toml'), '--steps', '4', ...LORA_RUN, ...args], { timeoutMs: 300_000 })));
+const TP_SP = ['--parallel.tp=2', '--parallel.sequenceParallel=true'];
+const verifyTpSp = verify(['--nproc', '2', ...TP_SP]);
+const resumeTpIntoOne = verify(['--nproc', '2', ...TP_SP, '--resume', '2', '--then', '--nproc', '1', '--parallel.tp=1', '--parallel.sequenceParallel=false']);
+
+test('flotilla verify PASSes for a LoRA run from a Hugging Face Llama directory at tp=2 with sequence parallelism; only adapters differ from one process at all', async () => {
+  const r = await verifyTpSp;
+  assert.equal(r.code, 0, r.out + r.err);
+  assert.match(r.out, /tp 2 \+ sequence parallel/);
+  assert.match(r.out, /^PASS \(tolerance/m);
+  assert.match(r.out, /worst tensor .*\.lora[AB]\.weight\)/);
+});
+
+test('a LoRA run\'s checkpoint saved by the trainer at tp=2 (+ sequence parallel) resumes in one process with the straight run\'s numbers', async () => {
+  const r = await resumeTpIntoOne;
+  assert.equal(r.code, 0, r.out + r.err);
+  assert.match(r.out, /^PASS \(tolerance: loss 0\.00001/m);
+  assert.match(r.out, /lora[AB]\.weight/);
 });
