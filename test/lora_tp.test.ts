@@ -7,7 +7,8 @@
 // gradients (whole, through grads.fullGrad) and every whole parameter equal one process's at tp=2:
 // plain, sequence parallel, loss parallel, with the adapters' dropout, tp x dp, tp x ZeRO-3 and
 // tp x pp on 4 ranks; the frozen base never moves on any rank. The adapters lie over tp as their
-// base does: B by rows under a column-parallel base, A by columns under a row-parallel one. A LoRA
+// base does: B by rows under a column-parallel base, A by columns under a row-parallel one, and
+// merging them on a rank merges its slice of the whole merged weight. A LoRA
 // checkpoint (the adapters and their optimizer state) saved at tp=2 resumes at tp=1, and one saved
 // at tp=1 resumes at tp=2 with sequence parallelism, continuing exactly as one process does. Through
 // the trainer: `flotilla verify` of a LoRA run from a Hugging Face Llama directory passes at tp=2
@@ -18,6 +19,10 @@ import { mkdtempSync, readFileSync, readdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Llama } from '../src/models/llama.js';
+import { noGrad, tidy } from '../src/tensor/index.js';
+import { applyLora, loraAdapterOf, mergeLora } from '../src/nn/lora.js';
+import { parallelizeModule } from '../src/parallel/tensor_parallel/styles.js';
+import type { ProcessGroup } from '../src/distributed/process_group.js';
 import { savePretrained } from '../src/checkpoint/hf.js';
 import { flotilla, ROOT } from './helpers/cli.js';
 import { started } from './helpers/pool.js';
@@ -27,6 +32,30 @@ import { equivalenceSuite, type Tolerance } from './helpers/equivalence.js';
 import type { Out as GptOut, Run as GptRun } from './fixtures/tp_gpt_rank.js';
 import type { Out as LlamaOut, Run as LlamaRun } from './fixtures/llama_layouts_rank.js';
 import type { Out as ResumeOut, Run as ResumeRun } from './fixtures/lora_tp_resume_rank.js';
+
+test('merging adapters split by tp merges each rank\'s slice: W_r + scale B_r A under a column-parallel base, W_r + scale B A_r under a row-parallel one', () => {
+  const model = new Llama({ vocabSize: 32, blockSize: 8, nLayer: 1, nHead: 4, nKvHead: 2, nEmbd: 16, intermediateSize: 24 }, { initSeed: 3 });
+  applyLora(model, { rank: 2, alpha: 3, targets: ['q', 'k', 'o'], initSeed: 3 });
+  const attn = model.layers.items[0]!.attn;
+  for (const lin of [attn.q, attn.k, attn.o]) noGrad(() => loraAdapterOf(lin)!.B.weight.uniform_(-1, 1)); // B = 0 would merge nothing
+  // The whole merged weights, then rank 1 of 2's slices of them: q's and k's rows, o's columns.
+  const whole = [attn.q, attn.k, attn.o].map((lin) => tidy(() => {
+    const a = loraAdapterOf(lin)!;
+    return lin.weight.add(a.B.weight.matmul(a.A.weight).mul(a.scale)).toNumbers();
+  }));
+  const rows = (t: number[], c: number, lo: number, n: number) => t.slice(lo * c, (lo + n) * c);
+  const cols = (t: number[], r: number, c: number, lo: number, n: number) => Array.from({ length: r }, (_, i) => t.slice(i * c + lo, i * c + lo + n)).flat();
+  const want = [rows(whole[0]!, 16, 8, 8), rows(whole[1]!, 16, 4, 4), cols(whole[2]!, 16, 16, 8, 8)];
+  const g = { rank: 1, size: 2 } as ProcessGroup; // shapes only: nothing is communicated without a forward
+  const applied = parallelizeModule(model, g, { 'layers.*.attn': 'prepareInput', 'layers.*.attn.q': { kind: 'colwise', input: 'prepared' }, 'layers.*.attn.k': { kind: 'colwise', input: 'prepared' }, 'layers.*.attn.o': 'rowwise' });
+  mergeLora(model);
+  [attn.q, attn.k, attn.o].forEach((lin, i) => {
+    const d = maxRelDiff(lin.weight.toNumbers(), want[i]!);
+    assert.ok(d <= 1e-6, `${['q', 'k', 'o'][i]}: the merged slice differs from the slice of the merged weight by ${d}`);
+  });
+  applied.dispose();
+  model.dispose();
+});
 
 const queue = pool();
 const gpt = equivalenceSuite<GptRun, GptOut>('lora-tp-gpt', 'test/fixtures/tp_gpt_rank.ts', { timeoutMs: 300_000, queue });

@@ -37,8 +37,9 @@
 //   rowwise  A (r, in) by W's input columns, B whole. A_r x_r is partial, and B (sum_r A_r x_r) =
 //            sum_r B A_r x_r, so each rank's delta is added before the base's all-reduce (or
 //            reduce-scatter) and summed with it; dB is partial and all-reduced. The adapter's
-//            dropout draws the mask one process draws for the whole input, from the common stream,
-//            and keeps this rank's columns, so any lora dropout gives one process's numbers.
+//            dropout draws the mask for the whole input from the common stream, as one process
+//            draws it, and keeps this rank's columns: tp draws one process's masks (data-parallel
+//            ranks, as for any dropout, each draw for their own rows).
 // Both adapter Linears count as styled: their gradients, partly reduced by hooks, stay in I.
 // Merging works on the slices (B_r A, or B A_r, is W's slice of B A).
 //
