@@ -1,5 +1,5 @@
 // LoRA with the frozen base stored in bfloat16 (applyLora's baseDtype, test/fixtures/lora_bf16_rank.ts)
-// under dp, ZeRO-1/2/3, ZeRO-3 x bf16-mixed and pp on 2 ranks, HSDP and pp x ZeRO-3 on 4, a GPT and the Mixer user model,
+// under dp, ZeRO-1/2/3, ZeRO-3 x bf16-mixed, pp and tp on 2 ranks, HSDP and pp x ZeRO-3 on 4, a GPT and the Mixer user model,
 // against one process with the same bfloat16 base. Under fp32 both sides widen the same bfloat16
 // values to float32, so only float32 reduction order separates them; under bf16-mixed the one
 // process takes 4 micro-batches of 2 rows, the rows each rank's micro-batch holds, so the bfloat16
@@ -41,6 +41,7 @@ const world2 = suite.launch(2, [
   { name: 'z2', layout: { zero: 2 }, ...gpt },
   { name: 'z3', layout: { zero: 3 }, ...gpt },
   { name: 'pp2', layout: { pp: 2 }, ...gpt },
+  { name: 'tp2', layout: { tp: 2 }, ...gpt },
   { name: 'z3_mixed', layout: { zero: 3 }, ...gptMixed },
   { name: 'mixer_dp2', layout: {}, ...mixer },
   { name: 'mixer_z3', layout: { zero: 3 }, ...mixer },
@@ -76,7 +77,7 @@ function checkBase(name: string, outs: Out[], dtype: 'bfloat16' | 'float32'): vo
   }
 }
 
-test('a bfloat16 LoRA base under dp, ZeRO-1/2/3 and pp on 2 ranks equals one process with the same base (fp32 compute): adapters train, the base stays bfloat16, unmoved, at 2 bytes an element', async () => {
+test('a bfloat16 LoRA base under dp, ZeRO-1/2/3, pp and tp on 2 ranks equals one process with the same base (fp32 compute): adapters train, the base stays bfloat16, unmoved, at 2 bytes an element', async () => {
   await Promise.all([reference, world2]);
   const ref = suite.read('ref_gpt', 1)[0]!;
   for (const [k, d] of Object.entries(ref.dtypes)) assert.equal(d, isBase(k) ? 'bfloat16' : 'float32', `one process: ${k} is ${d}`);
@@ -84,7 +85,7 @@ test('a bfloat16 LoRA base under dp, ZeRO-1/2/3 and pp on 2 ranks equals one pro
   const adapters = Object.keys(ref.params).filter((k) => !isBase(k));
   assert.equal(adapters.length, 2 * 2 * 4, 'A and B on qkv, attn.proj, mlp.fc and mlp.proj of 2 blocks');
   for (const k of adapters.filter((n) => n.endsWith('loraB.weight'))) assert.ok(ref.params[k]!.some((x) => x !== 0), `${k} trained away from zero`);
-  for (const name of ['dp2', 'z1', 'z2', 'z3', 'pp2']) checkBase(name, suite.compare(name, 2, 'ref_gpt', TOL).outs, 'bfloat16');
+  for (const name of ['dp2', 'z1', 'z2', 'z3', 'pp2', 'tp2']) checkBase(name, suite.compare(name, 2, 'ref_gpt', TOL).outs, 'bfloat16');
 });
 
 test('the Mixer user model with a bfloat16 LoRA base under dp and ZeRO-3 on 2 ranks equals one process', async () => {
