@@ -18,6 +18,7 @@ import { manualSeed, noGrad, randint, setNumThreads, tidy } from '../src/tensor/
 import { applyLora } from '../src/nn/lora.js';
 import { defaultMoEConfig } from '../src/nn/moe.js';
 import { GPT } from '../src/models/gpt.js';
+import { Llama } from '../src/models/llama.js';
 
 const suite = equivalenceSuite<Run, Out>('lora-bf16', 'test/fixtures/lora_bf16_rank.ts', { timeoutMs: 240_000, queue: pool() });
 const TOL = { loss: 1e-6, norm: 1e-5, param: 1e-5, scaled: true };
@@ -123,40 +124,45 @@ test('a float32 base checkpoint loads into the bfloat16 base through the placeme
   }
 });
 
-// One process, float64: every layer that reads a weight (Embedding, LayerNorm, the Linears, the tied
-// head, the MoE experts and router) widens a bfloat16 base to the compute dtype, float64 here.
+// One process, float64: every layer that reads a weight (Embedding, LayerNorm and RMSNorm, the
+// Linears, the tied head, the MoE experts and router) widens a bfloat16 base to the compute dtype,
+// float64 here: a GPT with tied embeddings and an MoE block, and a Llama (RMSNorm, SwiGLU).
 // Widening is exact, so the model equals one whose float64 base holds the same bfloat16 values:
 // the loss and every adapter gradient agree to float64 rounding (the frozen Linears' input gradient
 // is computed from the bfloat16 weight widened again in backward).
-test('a bfloat16 base computes in the compute dtype (float64) through every layer: equal to a float64 base of the same values', () => {
-  setNumThreads(1);
-  const run = (bf16: boolean): { loss: number; grads: Record<string, number[]>; dtypes: Record<string, string> } => withFloat64(() => tidy(() => {
-    const m = new GPT({ vocabSize: 29, blockSize: 8, nLayer: 2, nHead: 2, nEmbd: 12, tieEmbeddings: true, moe: { ...defaultMoEConfig, experts: 4, topK: 2, every: 2 } }, { initSeed: 5 });
-    applyLora(m, { rank: 2, alpha: 4, targets: ['all-linear'], initSeed: 6, ...(bf16 ? { baseDtype: 'bfloat16' as const } : {}) });
-    noGrad(() => {
-      for (const [n, p] of m.namedParameters()) {
-        if (p.requiresGrad) { if (n.endsWith('loraB.weight')) p.normal_(0, 0.3); } // B away from zero: the adapters' gradients depend on the base
-        else if (!bf16) p.copy_(p.to('bfloat16'));
-      }
-    });
-    manualSeed(8);
-    const x = randint(0, 29, [3, 8]), y = randint(0, 29, [3, 8]);
-    const loss = m.call(x, y).loss!;
-    loss.backward();
-    const grads = Object.fromEntries(m.namedParameters().filter(([, p]) => p.requiresGrad).map(([n, p]) => [n, p.grad!.toNumbers()]));
-    const dtypes = Object.fromEntries(m.namedParameters().filter(([, p]) => !p.requiresGrad).map(([n, p]) => [n, p.dtype as string]));
-    const out = { loss: loss.item(), grads, dtypes };
-    m.dispose();
-    return out;
-  }));
-  const a = run(true), b = run(false);
-  assert.deepEqual([...new Set(Object.values(a.dtypes))], ['bfloat16']);
-  assert.deepEqual([...new Set(Object.values(b.dtypes))], ['float64']);
-  assert.ok(Object.keys(a.dtypes).some((k) => k.includes('.experts.')) && Object.keys(a.dtypes).some((k) => k.includes('router')), `the base has MoE experts and a router: ${Object.keys(a.dtypes).join(', ')}`);
-  assert.ok(Math.abs(a.loss - b.loss) <= 1e-13 * Math.abs(b.loss), `loss ${a.loss} vs ${b.loss}`);
-  assert.deepEqual(Object.keys(a.grads).sort(), Object.keys(b.grads).sort());
-  for (const [k, g] of Object.entries(a.grads)) assert.ok(maxRelDiff(g, b.grads[k]!) <= 1e-10, `${k}: ${maxRelDiff(g, b.grads[k]!)}`);
-});
+for (const arch of ['gpt', 'llama'] as const) {
+  test(`a bfloat16 base computes in the compute dtype (float64) through every layer of a ${arch}: equal to a float64 base of the same values`, () => {
+    setNumThreads(1);
+    const run = (bf16: boolean): { loss: number; grads: Record<string, number[]>; dtypes: Record<string, string> } => withFloat64(() => tidy(() => {
+      const m = arch === 'gpt'
+        ? new GPT({ vocabSize: 29, blockSize: 8, nLayer: 2, nHead: 2, nEmbd: 12, tieEmbeddings: true, moe: { ...defaultMoEConfig, experts: 4, topK: 2, every: 2 } }, { initSeed: 5 })
+        : new Llama({ vocabSize: 29, blockSize: 8, nLayer: 2, nHead: 4, nKvHead: 2, nEmbd: 16, intermediateSize: 24 }, { initSeed: 5 });
+      applyLora(m, { rank: 2, alpha: 4, targets: ['all-linear'], initSeed: 6, ...(bf16 ? { baseDtype: 'bfloat16' as const } : {}) });
+      noGrad(() => {
+        for (const [n, p] of m.namedParameters()) {
+          if (p.requiresGrad) { if (n.endsWith('loraB.weight')) p.normal_(0, 0.3); } // B away from zero: the adapters' gradients depend on the base
+          else if (!bf16) p.copy_(p.to('bfloat16'));
+        }
+      });
+      manualSeed(8);
+      const x = randint(0, 29, [3, 8]), y = randint(0, 29, [3, 8]);
+      const loss = m.call(x, y).loss!;
+      loss.backward();
+      const grads = Object.fromEntries(m.namedParameters().filter(([, p]) => p.requiresGrad).map(([n, p]) => [n, p.grad!.toNumbers()]));
+      const dtypes = Object.fromEntries(m.namedParameters().filter(([, p]) => !p.requiresGrad).map(([n, p]) => [n, p.dtype as string]));
+      const out = { loss: loss.item(), grads, dtypes };
+      m.dispose();
+      return out;
+    }));
+    const a = run(true), b = run(false);
+    assert.deepEqual([...new Set(Object.values(a.dtypes))], ['bfloat16']);
+    assert.deepEqual([...new Set(Object.values(b.dtypes))], ['float64']);
+    if (arch === 'gpt') assert.ok(Object.keys(a.dtypes).some((k) => k.includes('.experts.')) && Object.keys(a.dtypes).some((k) => k.includes('router')), `the base has MoE experts and a router: ${Object.keys(a.dtypes).join(', ')}`);
+    assert.ok(Math.abs(a.loss - b.loss) <= 1e-13 * Math.abs(b.loss), `loss ${a.loss} vs ${b.loss}`);
+    assert.deepEqual(Object.keys(a.grads).sort(), Object.keys(b.grads).sort());
+    for (const [k, g] of Object.entries(a.grads)) assert.ok(maxRelDiff(g, b.grads[k]!) <= 1e-10, `${k}: ${maxRelDiff(g, b.grads[k]!)}`);
+  });
+}
 
 test('a bfloat16 LoRA base under HSDP and a pipeline of ZeRO-3 stages on 4 ranks equals one process', async () => {
   await Promise.all([reference, world4]);
