@@ -98,7 +98,7 @@ const llamaLora = { rank: 4, alpha: 8, targets: HF_TARGETS };
 const l = (name: string, layout: LlamaRun['layout']): LlamaRun => ({ name, layout, micro: 2, steps: 3, lora: llamaLora });
 const llamaRef = llama.launch(1, [l('ref', undefined)]);
 const llama2 = llama.launch(2, [l('tp2', { tp: 2 }), l('tp2_sp_lp', { tp: 2, ...sp, ...lp })]);
-const llama4 = llama.launch(4, [l('tp2_z3_sp', { tp: 2, zero: 3, ...sp }), l('tp2_pp2', { tp: 2, pp: 2, ppSchedule: '1f1b' })]);
+const llama4 = llama.launch(4, [l('tp2_z3_sp', { tp: 2, zero: 3, ...sp }), l('tp2_pp2', { tp: 2, pp: 2, ppSchedule: '1f1b' }), l('tp2_pp2_zb_sp', { tp: 2, pp: 2, ppSchedule: 'zb', ...sp })]);
 
 /**
  * Run `name` against the reference: the suite's comparison (every rank's losses, norms, whole
@@ -163,9 +163,9 @@ test('LoRA on a GPT at tp=2 x dp=2, tp=2 x ZeRO-3 (sequence parallel) and tp=2 x
   compareLora(gpt, 'tp2_pp2_zb_sp', 4, 'ref', 16);
 });
 
-test('LoRA on a Llama (q, k, v, o, gate, up, down by their Hugging Face names) at tp=2 (plain; sequence + loss parallel), tp=2 x ZeRO-3 and tp=2 x pp=2 equals one process on every rank', async () => {
+test('LoRA on a Llama (q, k, v, o, gate, up, down by their Hugging Face names) at tp=2 (plain; sequence + loss parallel), tp=2 x ZeRO-3 and tp=2 x pp=2 (1F1B; zero bubble with sequence parallelism) equals one process on every rank', async () => {
   await Promise.all([llamaRef, llama2, llama4]);
-  for (const [name, nproc] of [['tp2', 2], ['tp2_sp_lp', 2], ['tp2_z3_sp', 4], ['tp2_pp2', 4]] as const) compareLora(llama, name, nproc, 'ref', 4 * 7 * 2);
+  for (const [name, nproc] of [['tp2', 2], ['tp2_sp_lp', 2], ['tp2_z3_sp', 4], ['tp2_pp2', 4], ['tp2_pp2_zb_sp', 4]] as const) compareLora(llama, name, nproc, 'ref', 4 * 7 * 2);
 });
 
 // Checkpoints across layouts (test/fixtures/lora_tp_resume_rank.ts): 4 steps in one process; 2 steps
