@@ -12,7 +12,8 @@
 // checkpoint (the adapters and their optimizer state) saved at tp=2 resumes at tp=1, and one saved
 // at tp=1 resumes at tp=2 with sequence parallelism, continuing exactly as one process does. Through
 // the trainer: `flotilla verify` of a LoRA run from a Hugging Face Llama directory passes at tp=2
-// with sequence parallelism, and across a resume from tp=2 to one process.
+// with sequence parallelism, and across a resume from tp=2 to one process; verify of a run with
+// adapter dropout under dp sets it to 0 for both runs, as it does the model's dropout.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync, readdirSync } from 'node:fs';
@@ -238,6 +239,7 @@ const LORA_RUN = [
 const verify = (args: string[]) => started(queue(() => flotilla(['verify', join(ROOT, 'examples', 'llama-tiny.toml'), '--steps', '4', ...LORA_RUN, ...args], { timeoutMs: 300_000 })));
 const TP_SP = ['--parallel.tp=2', '--parallel.sequenceParallel=true'];
 const verifyTpSp = verify(['--nproc', '2', ...TP_SP]);
+const verifyDpDropout = verify(['--nproc', '2', '--lora.dropout=0.1']);
 const resumeTpIntoOne = verify(['--nproc', '2', ...TP_SP, '--resume', '2', '--then', '--nproc', '1', '--parallel.tp=1', '--parallel.sequenceParallel=false']);
 
 test('flotilla verify PASSes for a LoRA run from a Hugging Face Llama directory at tp=2 with sequence parallelism; only adapters differ from one process at all', async () => {
@@ -253,4 +255,11 @@ test('a LoRA run\'s checkpoint saved by the trainer at tp=2 (+ sequence parallel
   assert.equal(r.code, 0, r.out + r.err);
   assert.match(r.out, /^PASS \(tolerance: loss 0\.00001/m);
   assert.match(r.out, /lora[AB]\.weight/);
+});
+
+test('flotilla verify of a LoRA run with lora.dropout > 0 under dp sets it to 0 for both runs, as it does model.dropout, and PASSes', async () => {
+  const r = await verifyDpDropout;
+  assert.equal(r.code, 0, r.out + r.err);
+  assert.match(r.out, /verify: lora\.dropout=0\.1 set to 0 for both runs/);
+  assert.match(r.out, /^PASS \(tolerance/m);
 });
