@@ -74,13 +74,18 @@ const g = (name: string, layout: GptRun['layout'], lora: GptRun['lora'] = gptLor
 const gptDrop = { ...gptLora, dropout: 0.25 };
 // The head too: its B is split over the vocabulary like the head's weight (left split under loss parallelism).
 const gptHead = { ...gptLora, targets: ['all-linear', 'head'] };
-const gptRef = gpt.launch(1, [g('ref', undefined), g('ref_drop', undefined, gptDrop), { ...g('ref_drop_ac', undefined, gptDrop), ac: 'full' }, g('ref_head', undefined, gptHead)]);
+// A base stored in bfloat16 (computed in float64), split like a float64 one.
+const gptBf16 = { ...gptLora, baseDtype: 'bfloat16' as const };
+const gptRef = gpt.launch(1, [
+  g('ref', undefined), g('ref_drop', undefined, gptDrop), { ...g('ref_drop_ac', undefined, gptDrop), ac: 'full' }, g('ref_head', undefined, gptHead), g('ref_bf16', undefined, gptBf16),
+]);
 const gpt2 = gpt.launch(2, [
   g('tp2', { tp: 2 }),
   g('tp2_sp', { tp: 2, ...sp }),
   g('tp2_sp_head', { tp: 2, ...sp }, gptHead),
   g('tp2_lp_head', { tp: 2, ...lp }, gptHead),
   g('tp2_sp_lp_head', { tp: 2, ...sp, ...lp }, gptHead),
+  g('tp2_sp_bf16', { tp: 2, ...sp }, gptBf16),
   g('tp2_drop', { tp: 2 }, gptDrop),
   g('tp2_sp_drop', { tp: 2, ...sp }, gptDrop),
   // A block's recompute replays its adapters' masks (against one process checkpointing alike: a
@@ -262,4 +267,11 @@ test('flotilla verify of a LoRA run with lora.dropout > 0 under dp sets it to 0 
   assert.equal(r.code, 0, r.out + r.err);
   assert.match(r.out, /verify: lora\.dropout=0\.1 set to 0 for both runs/);
   assert.match(r.out, /^PASS \(tolerance/m);
+});
+
+test('LoRA on a GPT whose base is stored in bfloat16, at tp=2 with sequence parallelism, equals one process with the same base', async () => {
+  await Promise.all([gptRef, gpt2]);
+  const ref = gpt.read('ref_bf16', 1)[0]!, f64 = gpt.read('ref', 1)[0]!;
+  assert.notDeepEqual(ref.params['layers.0.attn.qkv.weight'], f64.params['layers.0.attn.qkv.weight'], 'the base is rounded to bfloat16');
+  compareLora(gpt, 'tp2_sp_bf16', 2, 'ref_bf16', 16);
 });
