@@ -439,6 +439,8 @@ export class PipelineParallel implements ParallelModel {
    * holders and receives theirs (tags above every activation tag of a step).
    */
   private sumTied(t: TiedGroup, gi: number): void {
+    // A frozen tied parameter (a LoRA run's base embedding) has no gradient: its copies stay equal.
+    if (t.local.every((p) => p === undefined || !p.requiresGrad)) return;
     const mine = t.local.flatMap((p, c) => (p ? [{ c, g: this.accumulatingGrad(p) }] : []));
     if (mine.length === 0) return;
     const tag = (c: number) => TIED_TAG + gi * 256 + c;
