@@ -223,6 +223,12 @@ test('LoRA mistakes are one message before any rank starts, and no run directory
   assert.notEqual(r.code, 0);
   assert.match(r.err, /train\.initFrom: .*step-000002 is a LoRA checkpoint \(adapters on the base .*llama-base\), not a model; merge its adapters into the base first \(flotilla export .* OUT --format hf --merge\)/);
   assert.ok(!existsSync(run));
+  // A LoRA checkpoint resumed without [lora]: its adapters are not a model either.
+  const run2 = join(root, 'refused-lora-resume');
+  const r2 = await flotilla(['train', llamaConfig, ...llamaArgs(llamaDir), '--lora.rank=0', '--train.steps=3', `--train.runDir=${run2}`, `--resume=${join(straight, 'checkpoints', 'step-000002')}`]);
+  assert.notEqual(r2.code, 0);
+  assert.match(r2.err, /the checkpoint .*step-000002 holds LoRA adapters \(rank 4\) on the base .*llama-base, and this run has lora\.rank = 0; resume it with the \[lora\] section and train\.initFrom it was saved with/);
+  assert.ok(!existsSync(run2));
 });
 
 test('each architecture\'s list of Linears is the built model\'s (paths, shapes, Hugging Face names)', () => {
