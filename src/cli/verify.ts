@@ -54,6 +54,8 @@ export interface VerifyArgs {
 interface Record_ {
   rank: number;
   steps: { step: number; loss: number; gradNorm: number }[];
+  /** The parameters the rank trains (requiresGrad); the rest are frozen (a LoRA run's base). */
+  trained?: string[];
 }
 
 /** Overrides that make both runs comparable and keep them out of the user's run directory. */
@@ -158,9 +160,12 @@ async function compare(layoutDir: string, refDir: string, nproc: number, print: 
     print(`${String(s.step).padStart(4)}  ${s.loss.toFixed(6).padStart(16)}  ${dl.toExponential(2).padStart(15)}  ${s.gradNorm.toFixed(6).padStart(21)}  ${dn.toExponential(2).padStart(15)}`);
   }
   // Parameters: every rank's copy (a pipeline rank holds its stages) against the single process:
-  // ||Δθ|| / ||θ|| over all the tensors a rank holds decides; the worst single tensor is shown.
+  // ||Δθ|| / ||θ|| over all the tensors a rank holds decides; the worst single tensor is shown. With
+  // frozen parameters (a LoRA run) the trained ones are also measured on their own: a large frozen
+  // base in the same norm would hide a wrong adapter, and a frozen one must not move at all.
   const refParams = loadSafetensors(join(refDir, 'rank0.safetensors'));
-  let worstRank = 0;
+  const trained = ref.trained && ref.trained.length < Object.keys(refParams).length ? new Set(ref.trained) : undefined;
+  let worstRank = 0, worstTrained = 0, frozenMoved = 0;
   let worstTensor = 0;
   let where = 'every tensor equal';
   for (let r = 0; r < nproc; r++) {
@@ -170,8 +175,7 @@ async function compare(layoutDir: string, refDir: string, nproc: number, print: 
       return 1;
     }
     const mine = loadSafetensors(file);
-    let d2 = 0;
-    let n2 = 0;
+    let d2 = 0, n2 = 0, td2 = 0, tn2 = 0;
     for (const [name, t] of Object.entries(mine)) {
       const b = refParams[name];
       if (!b) {
@@ -184,14 +188,22 @@ async function compare(layoutDir: string, refDir: string, nproc: number, print: 
       });
       d2 += dd;
       n2 += nn;
+      if (trained?.has(name)) [td2, tn2] = [td2 + dd, tn2 + nn];
+      else if (trained && dd > 0) frozenMoved++;
       const d = Math.sqrt(dd / Math.max(nn, 1e-24));
       if (d > worstTensor) [worstTensor, where] = [d, `rank ${r}, ${name}`];
     }
     const d = Math.sqrt(d2 / Math.max(n2, 1e-24));
     if (!(d <= worstRank)) worstRank = d;
+    const td = Math.sqrt(td2 / Math.max(tn2, 1e-24));
+    if (!(td <= worstTrained)) worstTrained = td;
   }
   if (!(worstRank <= tol.params)) ok = false;
   print(`max parameter difference ||Δθ|| / ||θ|| over a rank's parameters: ${worstRank.toExponential(2)}; worst tensor ${worstTensor.toExponential(2)} (${where})`);
+  if (trained) {
+    if (!(worstTrained <= tol.params) || frozenMoved > 0) ok = false;
+    print(`trained parameters alone (${trained.size} tensors): ${worstTrained.toExponential(2)}; frozen tensors that differ from the single process: ${frozenMoved}`);
+  }
   print(
     `${ok ? 'PASS' : 'FAIL'} (tolerance: loss ${tol.loss}, grad norm ${tol.gradNorm}, parameters ${tol.params}, all relative${why ? `; ${why}` : ''})`,
   );

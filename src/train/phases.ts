@@ -231,13 +231,15 @@ export function trainedParameters(named: readonly [string, Tensor][]): { decay: 
 }
 
 /**
- * `flotilla verify`'s record: every rank writes its per-step loss and gradient norm (rank<r>.json)
- * and its whole parameters by model name (rank<r>.safetensors; tensor-parallel slices gathered).
+ * `flotilla verify`'s record: every rank writes its per-step loss and gradient norm and the names
+ * of the parameters it trains (rank<r>.json), and its whole parameters by model name
+ * (rank<r>.safetensors; tensor-parallel slices gathered).
  */
 export function writeRankRecord(dir: string, rank: number, steps: { step: number; loss: number; gradNorm: number }[], parts: Pick<RunParts, 'model' | 'named'>): void {
   mkdirSync(dir, { recursive: true });
-  writeFileSync(join(dir, `rank${rank}.json`), JSON.stringify({ rank, steps }));
   const { model, named } = parts;
+  const trained = named.filter(([, p]) => p.requiresGrad).map(([n]) => n);
+  writeFileSync(join(dir, `rank${rank}.json`), JSON.stringify({ rank, steps, trained }));
   const whole = (p: Tensor) => model.whole(p); // tensor-parallel slices gathered
   const save = () => tidy(() => saveSafetensors(join(dir, `rank${rank}.safetensors`), Object.fromEntries(named.map(([n, p]) => [n, whole(p)])), { format: 'pt' }));
   model.withFullParameters(save);
