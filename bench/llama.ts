@@ -234,7 +234,7 @@ async function main(): Promise<void> {
       'flotilla runs `applyLora` (src/nn/lora.ts: the adapter attached to the Linear in place, the base frozen) on src/models/llama.ts, on the single-process path of ' +
       '`flotilla train` (flat buckets holding the adapters only, AdamW over them), in float32. PyTorch runs bench/llama_peer.py (the Llama section\'s reference Llama) with its own ' +
       'LoRA layer around each nn.Linear (y = W x + alpha / r B(A x), W with requires_grad False, A and B nn.Linear), AdamW over A and B only, in float32. ' +
-      'Same weights, adapters and batch: B starts nonzero here (PEFT starts it at zero) so that the first losses, which must agree, check the adapters too. ' +
+      'Same weights, adapters and batch: B starts nonzero here (PEFT starts it at zero) so that the first loss and logits, which must agree, check the adapters too. ' +
       `Float32 only: this CPU (${cpus()[0]?.model.trim() ?? 'cpu'}) has ${bf16Support().native ? '' : 'no '}native bfloat16, so a bf16 step measures conversions more than the step. ` +
       method,
   ] : [

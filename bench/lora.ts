@@ -1,7 +1,8 @@
 // LoRA fine-tuning against a full fine-tune of the same model and layout, measured from outside: a
 // random Llama written as a Hugging Face directory is the base (`train.initFrom`), and real 2-rank
 // trainer runs (Gloo, one thread each) under ZeRO-2 and ZeRO-3 either train all of it or only rank-R
-// adapters on every Linear but the head ([lora]). Per run: each rank's peak resident memory (VmHWM),
+// adapters on every Linear but the head ([lora]), the frozen base in float32 or in bfloat16
+// (`lora.baseDtype`). Per run: each rank's peak resident memory (VmHWM),
 // the parameters + gradients + optimizer state its layout holds (the wrapper's memory report, what
 // the [memory] line prints) and the step time (median of the steps after the first, wall and CPU).
 //   node --import tsx bench/lora.ts [--layers 8] [--width 512] [--kv-heads 4] [--rank 8] [--steps 6] [--batch 8] [--write]
@@ -10,7 +11,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { Llama, llamaNumParams, type LlamaConfig } from '../src/models/llama.js';
+import { Llama, llamaNumParams, resolveLlamaConfig, type LlamaConfig } from '../src/models/llama.js';
 import { savePretrained } from '../src/checkpoint/hf.js';
 import { bf16Support } from '../src/tensor/index.js';
 import { measureRss, rssTimeline, stepSeconds, MiB, type RankRss } from '../test/helpers/rss.js';
@@ -25,7 +26,8 @@ const env: Record<string, string> = process.env.FLOTILLA_MALLOC ? { FLOTILLA_MAL
 const dir = mkdtempSync(join(os.tmpdir(), 'flotilla-bench-lora-'));
 const base = join(dir, 'base');
 
-type Run = 'full' | 'lora';
+type Run = 'full' | 'lora' | 'lora-bf16';
+const RUNS: readonly Run[] = ['full', 'lora', 'lora-bf16'];
 function overrides(zero: number, run: Run): string[] {
   return [
     '--model.arch=llama', ...Object.entries(model).map(([k, v]) => `--model.${k}=${v}`),
@@ -34,7 +36,7 @@ function overrides(zero: number, run: Run): string[] {
     `--train.initFrom=${base}`,
     '--optim.warmupSteps=1', '--checkpoint.every=0', '--log.progress=plain', '--log.every=1',
     '--parallel.backend=gloo', `--parallel.zero=${zero}`,
-    ...(run === 'lora' ? [`--lora.rank=${rank}`, `--lora.alpha=${ALPHA}`] : []),
+    ...(run === 'full' ? [] : [`--lora.rank=${rank}`, `--lora.alpha=${ALPHA}`, `--lora.baseDtype=${run === 'lora' ? 'fp32' : 'bf16'}`]),
   ];
 }
 
@@ -49,11 +51,11 @@ try {
   // The base: a random Llama as a Hugging Face directory (config.json + model.safetensors).
   savePretrained(new Llama(model, { initSeed: 1 }), base);
   for (const zero of [2, 3]) {
-    for (const run of ['full', 'lora'] as const) {
+    for (const run of RUNS) {
       const rs = await measureRss(overrides(zero, run), { env });
       results.set(key(zero, run), rs);
       const full = results.get(key(zero, 'full'))!;
-      if (run === 'lora' && !(rs[0]!.memory!.gradBytes < full[0]!.memory!.gradBytes / 10)) {
+      if (run !== 'full' && !(rs[0]!.memory!.gradBytes < full[0]!.memory!.gradBytes / 10)) {
         throw new Error(`the LoRA run holds gradients of ${mib(rs[0]!.memory!.gradBytes)} MiB, the full fine-tune ${mib(full[0]!.memory!.gradBytes)} MiB: the trainer did not train the adapters alone`);
       }
       console.log(`ZeRO-${zero} ${run}: VmHWM ${rs.map((r) => `rank ${r.rank} ${r.peakMiB.toFixed(0)} MiB`).join(', ')}; state ${rs.map((r) => (stateBytes(r) / MiB).toFixed(1)).join(', ')} MiB; ` +
@@ -68,24 +70,37 @@ try {
 const load1 = os.loadavg()[0]!;
 
 const P = llamaNumParams(model);
+// The adapters' parameters: r (in + out) for q, k, v, o, gate, up and down of every layer.
+const cfg = resolveLlamaConfig(model), A = cfg.nHead * cfg.headDim, KV = cfg.nKvHead * cfg.headDim, C = cfg.nEmbd, I = cfg.intermediateSize;
+const adapterParams = cfg.nLayer * rank * (2 * (C + A) + 2 * (C + KV) + 3 * (C + I));
+// In float32 on 2 shards: a full fine-tune holds 4 + 2 + 4 B/param under ZeRO-2 and 2 + 2 + 4 under ZeRO-3; a LoRA run the
+// frozen base whole (4) or sharded (2), and the adapters as a full fine-tune holds its parameters.
+// The base takes `b` bytes a parameter (4 in float32, 2 in bfloat16).
+const theory = (zero: number, b: number) => (zero === 2 ? (b * P + 10 * adapterParams) / (10 * P) : ((b / 2) * P + 8 * adapterParams) / (8 * P));
 const ms = (s: number) => (s * 1e3).toFixed(0);
 // A rank's figures: the largest of the ranks' peaks and states, the median of all ranks' step times.
 const peak = (rs: RankRss[]) => Math.max(...rs.map((r) => r.peakMiB));
 const state = (rs: RankRss[]) => Math.max(...rs.map(stateBytes));
 const step = (rs: RankRss[], w: 'wall' | 'cpu') => median(rs.flatMap((r) => stepSeconds(r)[w]));
+// The rest of a rank's peak beside the layout's state: the runtime, the loaded base's staging, activations and the allocator's cache.
+const rest = (rs: RankRss[]) => Math.max(...rs.map((r) => r.peakMiB - stateBytes(r) / MiB));
 const rows: string[] = [];
-const verdicts: string[] = [];
+const verdicts: string[] = [], floors: string[] = [];
 for (const zero of [2, 3]) {
-  const full = results.get(key(zero, 'full'))!, lora = results.get(key(zero, 'lora'))!;
-  for (const [run, rs] of [['full fine-tune', full], [`LoRA rank ${rank}`, lora]] as const) {
-    const isLora = rs === lora;
+  const full = results.get(key(zero, 'full'))!;
+  const runs = [['full fine-tune', full], [`LoRA rank ${rank}, float32 base`, results.get(key(zero, 'lora'))!], [`LoRA rank ${rank}, bfloat16 base`, results.get(key(zero, 'lora-bf16'))!]] as const;
+  for (const [run, rs] of runs) {
+    const isLora = rs !== full;
     const ratio = (x: number, y: number, goal?: number) => (isLora ? ` (${(x / y).toFixed(2)}x${goal === undefined ? '' : x / y <= goal ? ', meets' : ', misses'})` : '');
     const m = rs[0]!.memory;
     rows.push(`| ZeRO-${zero} | ${run} | ${rs.map((r) => r.peakMiB.toFixed(0)).join(' / ')}${ratio(peak(rs), peak(full), 0.6)} | ` +
-      `${m ? `${mib(m.paramBytes)} + ${mib(m.gradBytes)} + ${mib(m.optimizerBytes)}` : '-'} = ${mib(state(rs))}${ratio(state(rs), state(full), 0.3)} | ` +
+      `${m ? `${mib(m.paramBytes)} + ${mib(m.gradBytes)} + ${mib(m.optimizerBytes)}` : '-'} = ${mib(state(rs))}${ratio(state(rs), state(full), 0.3)} | ${rest(rs).toFixed(0)} | ` +
       `${ms(step(rs, 'wall'))}${ratio(step(rs, 'wall'), step(full, 'wall'))} | ${ms(step(rs, 'cpu'))}${ratio(step(rs, 'cpu'), step(full, 'cpu'))} |`);
   }
-  verdicts.push(`ZeRO-${zero}: state ${(state(lora) / state(full)).toFixed(2)}x (goal <= 0.30), peak RSS ${(peak(lora) / peak(full)).toFixed(2)}x (goal <= 0.6), step ${(step(lora, 'wall') / step(full, 'wall')).toFixed(2)}x`);
+  for (const [run, rs] of runs.slice(1)) {
+    verdicts.push(`ZeRO-${zero}, ${run.slice(run.indexOf(',') + 2)}: state ${(state(rs) / state(full)).toFixed(2)}x (goal <= 0.30), peak RSS ${(peak(rs) / peak(full)).toFixed(2)}x (goal <= 0.6), step ${(step(rs, 'wall') / step(full, 'wall')).toFixed(2)}x (CPU ${(step(rs, 'cpu') / step(full, 'cpu')).toFixed(2)}x)`);
+    floors.push(`ZeRO-${zero}, ${run.slice(run.indexOf(',') + 2)} ${(rest(rs) / peak(full)).toFixed(2)}x`);
+  }
 }
 const body = [
   '## LoRA fine-tuning: memory and step time vs a full fine-tune (2 ranks)',
@@ -94,19 +109,26 @@ const body = [
     `a random ${(P / 1e6).toFixed(1)}M-parameter Llama (${layers} layers, width ${width}, 8 query heads sharing ${kvHeads} key/value heads, vocab 256, context 128) ` +
     'written as a Hugging Face directory (savePretrained) is `train.initFrom` of real trainer runs on 2 Gloo ranks, one thread each, float32, AdamW, ' +
     `global batch ${batch} x 128, ${steps} steps: a full fine-tune, and LoRA rank ${rank}, alpha ${ALPHA}, on every Linear but the head (\`--lora.rank=${rank}\`), ` +
-    'under the same layout. Peak RSS is VmHWM of each rank process after the run (loading the base included); the state is what the layout\'s buffers hold on a rank ' +
+    'its frozen base stored in float32 or in bfloat16 (`--lora.baseDtype=bf16`), under the same layout. Peak RSS is VmHWM of each rank process after the run (loading the base included); the state is what the layout\'s buffers hold on a rank ' +
     '(the wrapper\'s memory report, the [memory] line: parameters + gradients + optimizer state; the larger rank\'s); a step is the time between two step ends, ' +
     'the median over both ranks of the steps after the first, wall and the process\'s own CPU time. Ratios are LoRA over the full fine-tune of the same layout; ' +
-    'goals: state <= 0.30x, peak RSS <= 0.6x.',
+    'goals: state <= 0.30x, peak RSS <= 0.6x. ' +
+    `The adapters have ${(adapterParams / 1e3).toFixed(0)}K parameters (${((100 * adapterParams) / P).toFixed(1)}% of the model). In float32 on 2 ranks a full fine-tune holds ` +
+    '4 + 2 + 4 B/param under ZeRO-2 (whole parameters, sharded gradients and AdamW state) and 2 + 2 + 4 under ZeRO-3; a LoRA run holds its frozen base whole ' +
+    'under ZeRO-2 (4 B/param in float32, 2 in bfloat16) and sharded under ZeRO-3 (2 or 1 B/param), and nothing else for it: in theory ' +
+    `${theory(2, 4).toFixed(2)}x and ${theory(3, 4).toFixed(2)}x of the full fine-tune's state with a float32 base, ${theory(2, 2).toFixed(2)}x and ${theory(3, 2).toFixed(2)}x with a bfloat16 one.`,
   '',
   `CPU: ${os.cpus()[0]?.model.trim() ?? 'cpu'} x ${os.cpus().length} (${bf16Support().native ? 'native' : 'no native'} bfloat16); ` +
     `load average (1 min) at the start and the end of this run: ${load0.toFixed(1)} and ${load1.toFixed(1)}.`,
   '',
-  '| layout | run | VmHWM MiB, rank 0 / rank 1 | parameters + gradients + optimizer state MiB (rank 0) | step ms | step CPU ms |',
-  '|---|---|---|---|---:|---:|',
+  '| layout | run | VmHWM MiB, rank 0 / rank 1 | parameters + gradients + optimizer state MiB (rank 0) | VmHWM - state MiB | step ms | step CPU ms |',
+  '|---|---|---|---|---:|---:|---:|',
   ...rows,
   '',
   verdicts.join('; ') + '.',
+  '',
+  'VmHWM - state is the rest of a rank\'s peak (the larger rank\'s): the runtime, activations, collective staging and the freed memory the tensor cache keeps for the next step. ' +
+    `A LoRA run with no state at all would still peak at that much, over the full fine-tune's peak: ${floors.join(', ')}.`,
 ].join('\n');
 console.log(`\n${body}`);
 if (a.write) writeSection('lora-memory', body);
