@@ -70,6 +70,12 @@ test('flotilla verify passes for a LoRA run from a Hugging Face Llama under dp =
   const r = await flotilla(['verify', llamaConfig, '--nproc', '2', '--steps', '3', ...llamaArgs(llamaDir), '--and', '--parallel.zero=3'], { timeoutMs: 400_000 });
   assert.equal(r.code, 0, `${r.out}\n${r.err}`);
   assert.match(r.out, /^verify: 2 of 2 layouts PASS$/m);
+  // The adapters are measured apart from the frozen base, which must not move at all.
+  const alone = [...r.out.matchAll(/^trained parameters alone \((\d+) tensors\): (\S+); frozen tensors that differ from the single process: (\d+)$/gm)];
+  assert.equal(alone.length, 2, r.out);
+  for (const m of alone) {
+    assert.ok(Number(m[1]) > 0 && Number(m[2]) <= 1e-4 && m[3] === '0', m[0]);
+  }
 });
 
 // One straight dp = 2 run (4 steps, checkpoints at 2 and 4), and its step-2 checkpoint resumed under
