@@ -1,7 +1,8 @@
 // `flotilla verify` for LoRA runs ([Note: LoRA run] in src/train/lora_run.ts) under the layouts
 // beyond data parallelism: from a tiny Hugging Face Llama directory the test writes, pp = 2 with
 // 1F1B and zero bubble, cp = 2, full activation checkpointing, selective checkpointing under zero
-// bubble, bf16-mixed and HSDP 2 x 2 (ZeRO-3) each train like one process; an MoE GPT (whose base is
+// bubble (and with adapters in the last block only, so that the first pipeline rank trains nothing),
+// bf16-mixed and HSDP 2 x 2 (ZeRO-3) each train like one process; an MoE GPT (whose base is
 // a flotilla checkpoint of a short full run: Hugging Face has no MoE GPT) under ep = 2; and a LoRA
 // run saved at pp = 2 resumes under ZeRO-3 over dp = 2, one saved under ZeRO-3 resumes at pp = 2
 // with zero bubble, each continuing to the straight run's losses, gradient norms and adapters.
@@ -42,6 +43,8 @@ const LAYOUTS: [string, string[]][] = [
   ['pp = 2, 1F1B', []],
   ['pp = 2, zero bubble', ['--parallel.ppSchedule=zb']],
   ['pp = 2, zero bubble, selective activation checkpointing', ['--parallel.ppSchedule=zb', '--train.activationCheckpoint=selective']],
+  // The first stage holds no adapter: its rank trains nothing, with an empty optimizer.
+  ['pp = 2, zero bubble, adapters in the last block only', ['--parallel.ppSchedule=zb', '--lora.targets=model.layers.1.self_attn.q_proj,model.layers.1.mlp.down_proj']],
   ['cp = 2', ['--parallel.pp=1', '--data.microBatches=1', '--parallel.cp=2']],
   ['dp = 2, full activation checkpointing', ['--parallel.pp=1', '--data.microBatches=1', '--train.activationCheckpoint=full']],
   ['dp = 2, bf16-mixed', ['--parallel.pp=1', '--data.microBatches=1', '--train.precision=bf16-mixed']],

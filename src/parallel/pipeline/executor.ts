@@ -25,6 +25,10 @@
 //   the same graph. Under activation checkpointing a block's forward records nothing and its
 //   recompute forms all of the block's gradients at once, so the Linears inside checkpointed blocks
 //   are not captured: their weights are inputs of I, and W finishes only the Linears outside them.
+// - A stage none of whose outputs requires grad (every parameter up to its end frozen: a LoRA run
+//   with adapters in later stages only) has an empty B or I, and the next stage sends it no
+//   gradient (none of its inputs carries one). An output that is one of the stage's inputs passed
+//   through gets a handle of its own, since outputs are disposed after backward.
 // - Consecutive stages on the same rank (pp = 1) hand over locally, without comm actions.
 // - Evaluation (runForward) runs the same list with only its F, RECV_F and SEND_F actions, under
 //   noGrad: every F keeps its place relative to the other forwards, and each F depends only on
