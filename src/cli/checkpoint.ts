@@ -128,11 +128,15 @@ async function codecFor(spec: string): Promise<TextCodec> {
 export async function generate(path: string, o: GenerateOptions): Promise<{ prompt: string; text: string }[]> {
   const { weights, model: cfg, tokenizer } = modelOf(path);
   const codec = await codecFor(tokenizer);
+  // A LoRA run's checkpoint: its base (the run's train.initFrom) with the adapters it saved.
+  const { loraCheckpointOf, loraRunModel } = await import('../train/lora_run.js');
+  const lora = loraCheckpointOf(path);
+  type Model = CausalLM & { namedParameters(): [string, Tensor][]; numParams(): number };
   // Any registered architecture (the run's [model] arch) that decodes with a cache.
-  const model = modelSpec((cfg as { arch?: string }).arch ?? 'gpt').build(cfg, { initSeed: 0 }) as unknown as CausalLM & { namedParameters(): [string, Tensor][]; numParams(): number };
+  const model = (lora ? loraRunModel(lora).model : modelSpec((cfg as { arch?: string }).arch ?? 'gpt').build(cfg, { initSeed: 0 })) as unknown as Model;
   try {
-    if (isHfDir(weights)) loadHfInto(weights, placementsOf(model.namedParameters()), model.numParams());
-    else loadWeights(weights, placementsOf(model.namedParameters()), model.numParams());
+    if (!lora && isHfDir(weights)) loadHfInto(weights, placementsOf(model.namedParameters()), model.numParams());
+    else if (!lora) loadWeights(weights, placementsOf(model.namedParameters()), model.numParams());
     const eot = (codec as { eot?: number }).eot;
     // An empty prompt starts from the end-of-text token alone (an unconditional sample).
     const prompts = o.prompts.map((p) => (p === '' && eot !== undefined ? [eot] : Array.from(codec.encode(p))));
