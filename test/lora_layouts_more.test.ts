@@ -49,6 +49,7 @@ const reference = suite.launch(1, [
   { name: 'ref_moe', micro: 4, steps, lora: L, moe: MOE },
   { name: 'ref_m', micro: 2, steps, model: 'mixer', lora: ML },
   { name: 'ref_m_last', micro: 2, steps, model: 'mixer', lora: MLAST },
+  { name: 'ref_m_bf16', micro: 2, steps, model: 'mixer', lora: ML, precision: 'bf16-mixed' },
 ]);
 const world2 = suite.launch(2, [
   g('pp2_gpipe', { pp: 2, ppSchedule: 'gpipe' }),
@@ -78,6 +79,7 @@ const world2 = suite.launch(2, [
   m('m_pp2_zb', { pp: 2, ppSchedule: 'zb' }),
   m('m_pp2_zb_last', { pp: 2, ppSchedule: 'zb' }, { lora: MLAST }),
   m('m_z3', { zero: 3 }),
+  m('m_dp2_bf16', {}, { micro: 1, precision: 'bf16-mixed' }),
 ]);
 const world4 = suite.launch(4, [
   g('pp2_dp2_tied', { pp: 2, ppSchedule: '1f1b' }, { tie: true }),
@@ -177,9 +179,10 @@ test('LoRA under full and selective activation checkpointing (dp, ZeRO-3, pipeli
   for (const name of ['dp2_ac_full', 'z3_ac_selective', 'pp2_zb_ac_full', 'pp2_1f1b_ac_selective']) compare(name, 2, 'ref');
 });
 
-test('LoRA under bf16-mixed (dp, ZeRO-3, zero bubble) equals one process in bf16-mixed', async () => {
+test('LoRA under bf16-mixed (dp, ZeRO-3, zero bubble; the Mixer under dp) equals one process in bf16-mixed', async () => {
   await Promise.all([reference, world2]);
   for (const name of ['dp2_bf16', 'z3_bf16', 'pp2_zb_bf16']) compare(name, 2, 'ref_bf16', BF16);
+  compare('m_dp2_bf16', 2, 'ref_m_bf16', BF16);
   // The tolerance tells precisions apart: the float64 run is far outside it.
   assert.throws(() => suite.compare('ref', 1, 'ref_bf16', BF16), /vs one process|differs from one process/);
 });

@@ -1,11 +1,12 @@
 // `flotilla verify` for LoRA runs ([Note: LoRA run] in src/train/lora_run.ts) under the layouts
 // beyond data parallelism: from a tiny Hugging Face Llama directory the test writes, pp = 2 with
 // 1F1B and zero bubble, cp = 2, full activation checkpointing, selective checkpointing under zero
-// bubble (and with adapters in the last block only, so that the first pipeline rank trains nothing),
-// bf16-mixed and HSDP 2 x 2 (ZeRO-3) each train like one process; an MoE GPT (whose base is
-// a flotilla checkpoint of a short full run: Hugging Face has no MoE GPT) under ep = 2; and a LoRA
-// run saved at pp = 2 resumes under ZeRO-3 over dp = 2, one saved under ZeRO-3 resumes at pp = 2
-// with zero bubble, each continuing to the straight run's losses, gradient norms and adapters.
+// bubble (and with adapters in the last block only, so that the first pipeline rank trains
+// nothing), bf16-mixed, HSDP 2 x 2 (ZeRO-3), and a bfloat16 base under zero bubble alone and over
+// ZeRO-3, each train like one process; an MoE GPT (whose base is a flotilla checkpoint of a short
+// full run: Hugging Face has no MoE GPT) under ep = 2; and a LoRA run saved at pp = 2 resumes under
+// ZeRO-3 over dp = 2, one saved under ZeRO-3 resumes at pp = 2 with zero bubble, each continuing to
+// the straight run's losses, gradient norms and adapters.
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -45,10 +46,12 @@ const LAYOUTS: [string, string[]][] = [
   ['pp = 2, zero bubble, selective activation checkpointing', ['--parallel.ppSchedule=zb', '--train.activationCheckpoint=selective']],
   // The first stage holds no adapter: its rank trains nothing, with an empty optimizer.
   ['pp = 2, zero bubble, adapters in the last block only', ['--parallel.ppSchedule=zb', '--lora.targets=model.layers.1.self_attn.q_proj,model.layers.1.mlp.down_proj']],
+  ['pp = 2, zero bubble, a bfloat16 base', ['--parallel.ppSchedule=zb', '--lora.baseDtype=bf16']],
   ['cp = 2', ['--parallel.pp=1', '--data.microBatches=1', '--parallel.cp=2']],
   ['dp = 2, full activation checkpointing', ['--parallel.pp=1', '--data.microBatches=1', '--train.activationCheckpoint=full']],
   ['dp = 2, bf16-mixed', ['--parallel.pp=1', '--data.microBatches=1', '--train.precision=bf16-mixed']],
   ['HSDP 2 x 2, ZeRO-3, on 4 ranks', ['--nproc', '4', '--parallel.pp=1', '--data.microBatches=1', '--parallel.zero=3', '--parallel.dpShard=2', '--parallel.dpReplicate=2']],
+  ['pp = 2 x ZeRO-3 over dp = 2, zero bubble, a bfloat16 base, on 4 ranks', ['--nproc', '4', '--parallel.zero=3', '--parallel.ppSchedule=zb', '--lora.baseDtype=bf16']],
 ];
 const layouts = run(['verify', llamaConfig, '--nproc', '2', '--steps', '3', ...llamaArgs, '--parallel.pp=2', '--data.microBatches=2', ...LAYOUTS.slice(1).flatMap(([, o]) => ['--and', ...o])]);
 
