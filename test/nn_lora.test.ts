@@ -219,3 +219,20 @@ test('LoRA errors name the fix', () => {
   applied.dispose();
   model.dispose();
 });
+
+test('a part of a model (a pipeline stage, whole-model names) adapts the Linears the targets name in it, and is frozen whole when they name none of its own', () => {
+  const hfNames = hfModuleNames(llamaHf.tensors(llama().cfg));
+  const targets = ['model.layers.1.self_attn.q_proj', 'layers.1.mlp.down'];
+  // The whole model has both; a model without layer 1 has neither, which is an error unless it is a part.
+  const whole = llama();
+  assert.deepEqual(applyLora(whole, { rank: 2, targets, hfNames }).trainable.filter((n) => n.endsWith('loraA.weight')), ['layers.1.attn.q.loraA.weight', 'layers.1.mlp.down.loraA.weight']);
+  const first = llama();
+  assert.throws(() => applyLora(first, { rank: 2, targets: ['layers.0.attn.k', 'layers.7.attn.q'] }), /target "layers\.7\.attn\.q" matches no Linear/);
+  const some = applyLora(first, { rank: 2, targets: ['layers.0.attn.k', 'layers.7.attn.q'], part: true });
+  assert.deepEqual(some.trainable, ['layers.0.attn.k.loraA.weight', 'layers.0.attn.k.loraB.weight']);
+  const none = llama();
+  const frozen = applyLora(none, { rank: 2, targets: ['layers.7.attn.q'], part: true });
+  assert.deepEqual([frozen.adapters.size, frozen.trainable.length], [0, 0]);
+  assert.ok(none.namedParameters().every(([, p]) => !p.requiresGrad), 'a part no target names is frozen whole');
+  for (const m of [whole, first, none]) m.dispose();
+});

@@ -180,6 +180,13 @@ export interface ApplyLoraOptions extends LoraOptions {
    * dtype the model was built in.
    */
   baseDtype?: 'float32' | 'bfloat16';
+  /**
+   * The module is a part of the whole model (a pipeline stage, under whole-model names): a target
+   * that matches none of its Linears is not an error (it names Linears of other stages), and a part
+   * none of the targets matches gets no adapter and is frozen whole. Check the targets against the
+   * whole model's Linears elsewhere (the config's validation does).
+   */
+  part?: boolean;
 }
 
 /** What applyLora did. */
@@ -215,7 +222,8 @@ export function applyLora(model: Module, opts: ApplyLoraOptions): AppliedLora {
   for (const [path, m] of linears) if (adapters.has(m)) throw new Error(`LoRA: ${path} already has an adapter; apply LoRA once`);
   const hf = opts.hfNames ?? new Map<string, string>();
   const shapes = linears.map(([path, m]) => ({ path, ...(hf.has(path) ? { hf: hf.get(path)! } : {}), inFeatures: m.inFeatures, outFeatures: m.outFeatures }));
-  const r = chooseLoraTargets(shapes, opts.targets, head);
+  const targets = opts.part ? opts.targets.filter((t) => 'chosen' in chooseLoraTargets(shapes, [t], head)) : opts.targets;
+  const r = opts.part && targets.length === 0 ? { chosen: new Set<string>() } : chooseLoraTargets(shapes, targets, head);
   if ('problem' in r) throw new Error(`LoRA: ${r.problem}`);
   const chosen = r.chosen;
   for (const [path, m] of linears) if (chosen.has(path)) checkRank(opts.rank, m, path);

@@ -77,12 +77,15 @@ export abstract class Optimizer<O extends { lr: number }> {
   private readonly pieceMeta = new Map<string, Pick<StepPiece, 'segments' | 'owned'>>();
 
   constructor(params: ParamsArg<O>, defaults: O, extras: OptimizerExtras = {}) {
-    const list = params.length > 0 && params[0] instanceof Tensor
+    // An empty list is one empty group, so the learning rate still reads and schedules still set it.
+    const list = params.length === 0 || params[0] instanceof Tensor
       ? [{ params: params as Tensor[] }]
       : (params as { params: Tensor[]; options?: Partial<O> }[]);
     this.groups = list.map((g) => ({ params: g.params, options: { ...defaults, ...(g as { options?: Partial<O> }).options } }));
+    // No parameters is allowed: a pipeline rank whose stages hold nothing that trains (a LoRA run
+    // with adapters in later stages only) steps nothing, and still joins its gradient source's
+    // collectives with the other ranks.
     const all = this.groups.flatMap((g) => g.params);
-    if (all.length === 0) throw new Error('optimizer got no parameters');
     if (new Set(all).size !== all.length) throw new Error('a parameter appears in more than one group');
     this.groups.forEach((g, i) => g.params.forEach((p) => this.groupOf.set(p, i)));
     this.grads = extras.grads;

@@ -54,7 +54,8 @@ export function applyRunLora<T extends Module | PipelineModel>(built: T, cfg: Fl
   const staged: PipelineModel = Object.create(pm) as PipelineModel;
   staged.stage = (index: number, numStages: number): Module => {
     const m = pm.stage(index, numStages);
-    adaptModule(m, opts);
+    // A stage holds some of the Linears: targets naming others' are theirs (checked whole before launch).
+    adaptModule(m, { ...opts, part: true });
     return m;
   };
   return staged as T;

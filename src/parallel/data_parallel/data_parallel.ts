@@ -266,7 +266,6 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
         prefetch: opts.prefetch ?? true,
         onMemoryChange: () => this.notePeak(),
         ...(opts.entries ? { entries: opts.entries } : {}),
-        ...(this.runs.length === 0 ? { ownBackwardEnd: true } : {}),
       });
     } else if (this.zero >= 1 && this.shardGroup.size > 1) {
       this.gathers = new ParamGathers(this.shardGroup);

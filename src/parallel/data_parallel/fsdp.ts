@@ -164,11 +164,6 @@ export class FsdpUnits {
       onMemoryChange: () => void;
       /** Modules a forward enters through instead of the model itself (a pipeline's stages). */
       entries?: readonly Module[];
-      /**
-       * No gradient reduction tells the units that a backward ended (every parameter is frozen:
-       * [Note: frozen parameters] in grad_buffer.ts), so they learn it from the engine themselves.
-       */
-      ownBackwardEnd?: boolean;
     },
   ) {
     if (buckets.length !== plan.units.length) throw new Error(`FSDP: ${plan.units.length} units but ${buckets.length} buckets (one dtype per unit is supported)`);
@@ -256,7 +251,12 @@ export class FsdpUnits {
 
   private preBackward(u: UnitState): void {
     if (this.backwardSeen.has(u)) return;
-    if (this.opts.ownBackwardEnd && this.backwardSeen.size === 0) native.queueBackwardCallback(() => this.afterBackward());
+    // The units learn the end of a backward from the engine themselves: no gradient reduction may
+    // tell them (every parameter frozen, [Note: frozen parameters] in grad_buffer.ts), or not in
+    // this pass (a zero-bubble input pass I whose only trainable parameters are Linear weights
+    // finished in W, as LoRA's adapters are: no gradient hook fires in it). A unit left in
+    // backwardSeen would not be gathered again for the next micro-batch's backward.
+    if (this.backwardSeen.size === 0) native.queueBackwardCallback(() => this.afterBackward());
     this.backwardSeen.add(u);
     if (!this.backwardOrder) this.recordingBackward.push(u);
     this.gather(u, this.copyFor(u, 'backward'));

@@ -25,6 +25,10 @@
 //   the same graph. Under activation checkpointing a block's forward records nothing and its
 //   recompute forms all of the block's gradients at once, so the Linears inside checkpointed blocks
 //   are not captured: their weights are inputs of I, and W finishes only the Linears outside them.
+// - A stage none of whose outputs requires grad (every parameter up to its end frozen: a LoRA run
+//   with adapters in later stages only) has an empty B or I, and the next stage sends it no
+//   gradient (none of its inputs carries one). An output that is one of the stage's inputs passed
+//   through gets a handle of its own, since outputs are disposed after backward.
 // - Consecutive stages on the same rank (pp = 1) hand over locally, without comm actions.
 // - Evaluation (runForward) runs the same list with only its F, RECV_F and SEND_F actions, under
 //   noGrad: every F keeps its place relative to the other forwards, and each F depends only on
@@ -379,7 +383,11 @@ export class Executor {
       tidy(() => {
         const out = (st.module as unknown as { call: (...x: Tensor[]) => StageValue }).call(...inputs);
         if (!st.isLast) {
-          sl.outputs = asList(out).map((t) => keep(t));
+          // An output that is one of the stage's inputs (a value passed through, like the Mixer's
+          // h0) gets a handle of its own: outputs are disposed after backward, and the input is
+          // still read there for its gradient.
+          const own = new Set(inputs);
+          sl.outputs = asList(out).map((t) => keep(own.has(t) ? t.view(t.shape) : t));
           return;
         }
         const l = this.loss(out, mb.y);
@@ -395,13 +403,17 @@ export class Executor {
 
   private backward(st: Stage, a: Action, slot: (s: number, i: number) => Slot, gradOut: Tensor[] | undefined, own: (t: Tensor) => Tensor): void {
     const sl = slot(a.stage, a.micro);
-    const roots = st.isLast ? (sl.loss ? [sl.loss] : []) : (sl.outputs ?? []).filter((o) => o.requiresGrad);
-    if (roots.length === 0) throw new Error(sl.loss || sl.outputs ? 'no stage output requires grad, so there is nothing to run backward from' : 'its forward has not run');
+    if (!sl.loss && !sl.outputs) throw new Error('its forward has not run');
+    const roots = st.isLast ? [sl.loss!] : sl.outputs!.filter((o) => o.requiresGrad);
     if (gradOut && gradOut.length !== roots.length) {
       throw new Error(`${gradOut.length} output gradient(s) for ${roots.length} output(s) that require grad`);
     }
     const carrying = (sl.inputs ?? []).filter((_, i) => sl.inputCarriesGrad![i]);
     tidy(() => {
+      // A stage none of whose outputs requires grad (every parameter before the next stage frozen,
+      // as in a LoRA run with adapters in later stages only) has no gradient to form: its
+      // backward is empty, and the next stage sent it no output gradient.
+      if (roots.length === 0) return;
       if (a.kind === 'B') {
         backward(roots, gradOut);
       } else {

@@ -20,7 +20,8 @@
 //   1. tied parameters (PipelineModel.tied, e.g. a GPT's embedding and head): the copies exchange
 //      gradients point-to-point over the pipeline group (or add locally when one rank holds them)
 //      and every copy holds their sum, added in copy order (the same bits everywhere); the norm
-//      counts the first copy only, clipping scales all (clipTargets), and all take identical steps;
+//      counts the first copy only, clipping scales all (clipTargets), and all take identical steps
+//      (a frozen tied parameter, every copy requiresGrad = false, has nothing to exchange);
 //   2. data parallel: the stages' DataParallel (zero 0, 1, 2 or 3) reduces its buckets once (see
 //      [Note: pipeline x ZeRO]);
 //   3. the loss (mean over micro-batches and dp replicas) is all-reduced so every rank reports it.
@@ -202,6 +203,7 @@ export class PipelineParallel implements ParallelModel {
     const rank = opts.pp.rank;
     this.stages = this.schedule.stagesOf(rank).sort((a, b) => a - b).map((s) => new Stage(s, n, model.stage(s, n), opts.restyled));
     this.tied = this.resolveTied(model.tied?.(n) ?? []);
+    this.checkTiedFrozen();
     const leftOut = new Set<Tensor>();
     for (const t of this.tied) {
       t.local.forEach((p, c) => {
@@ -266,6 +268,30 @@ export class PipelineParallel implements ParallelModel {
       const me = this.ppGroup.rank;
       const peers = [...new Set(decl.copies.map((c) => this.schedule.stageRank(c.stage)))].filter((r) => r !== me);
       return { decl, local, peers };
+    });
+  }
+
+  /**
+   * A tied parameter is frozen (requiresGrad = false) in every copy or in none: a frozen copy has no
+   * gradient to exchange, so one frozen copy facing a trained one would leave the other waiting.
+   * Decided over the pipeline group at construction (every rank declares the same tied parameters).
+   */
+  private checkTiedFrozen(): void {
+    if (this.tied.length === 0) return;
+    const counts = tidy(() => {
+      const c = tensor(this.tied.flatMap((t) => {
+        const held = t.local.filter((p): p is Tensor => p !== undefined);
+        return [held.filter((p) => !p.requiresGrad).length, held.filter((p) => p.requiresGrad).length];
+      }), { dtype: 'float64' });
+      if (this.ppGroup.size > 1) this.ppGroup.allReduce(c, 'sum').wait();
+      return c.toNumbers();
+    });
+    this.tied.forEach((t, i) => {
+      const [frozen, trained] = [counts[2 * i]!, counts[2 * i + 1]!];
+      if (frozen > 0 && trained > 0) {
+        const copies = t.decl.copies.map((c) => `stage ${c.stage}: '${c.path}'`).join(', ');
+        throw new Error(`pipeline: tied parameter '${t.decl.name}' is frozen (requiresGrad = false) in ${frozen} of its copies and trains in ${trained}; freeze every copy (${copies}) or none`);
+      }
     });
   }
 
@@ -439,7 +465,7 @@ export class PipelineParallel implements ParallelModel {
    * holders and receives theirs (tags above every activation tag of a step).
    */
   private sumTied(t: TiedGroup, gi: number): void {
-    // A frozen tied parameter (a LoRA base's embedding and head) has no gradient on any stage.
+    // A frozen tied parameter (every copy, checkTiedFrozen: a LoRA base's embedding and head) has no gradient to sum.
     if (t.local.some((p) => p !== undefined && !p.requiresGrad)) return;
     const mine = t.local.flatMap((p, c) => (p ? [{ c, g: this.accumulatingGrad(p) }] : []));
     if (mine.length === 0) return;
