@@ -70,9 +70,9 @@ interface Made {
 }
 
 /** A Hugging Face base directory of the case's model (random weights). */
-function makeBase(c: Case, dir: string, seed: number): ModelConfig {
+function makeBase(c: Case, dir: string, seed: number, dtype: 'float32' | 'bfloat16' = 'float32'): ModelConfig {
   const m = modelSpec(c.arch).build(c.model, { initSeed: seed });
-  savePretrained(m, dir);
+  savePretrained(m, dir, { dtype });
   m.dispose();
   return readHfDir(dir).model;
 }
@@ -215,6 +215,32 @@ test('[lora] adapter: the PEFT tensors load into any range of each adapter bit f
   assert.throws(() => checkPeftAdapter(peft, run.model, { ...c.lora, targets: ['all-linear'] }), /target_modules = \["down_proj","q_proj","v_proj"\], and lora.targets = \["all-linear"\] adapts .*set lora.targets/);
   // The same targets on a wider Llama: the first tensor whose shape differs.
   assert.throws(() => checkPeftAdapter(peft, { ...run.model, intermediateSize: 32 }, c.lora), /'base_model\.model\.model\.layers\.0\.mlp\.down_proj\.lora_A\.weight' is \[4, 24\], this model's is \[4, 32\].*another base model/);
+});
+
+test('the merged export is stored in the base\'s dtype (bfloat16 here) unless --dtype says otherwise', { skip }, async () => {
+  const c = CASES[1]!;
+  const base = join(root, 'gpt-base-bf16'), run = join(root, 'gpt-run-bf16');
+  const model = makeBase(c, base, 6, 'bfloat16');
+  await makeLoraRun(c, base, model, run);
+  const merged = join(root, 'gpt-merged-bf16'), peft = join(root, 'gpt-peft-bf16'), wide = join(root, 'gpt-merged-bf16-fp32');
+  cli([run, merged, '--format', 'hf', '--merge']);
+  cli([run, wide, '--format', 'hf', '--merge', '--dtype', 'fp32']);
+  cli([run, peft, '--format', 'peft']);
+  assert.equal(JSON.parse(readFileSync(join(merged, 'config.json'), 'utf8')).torch_dtype, 'bfloat16');
+  assert.equal(JSON.parse(readFileSync(join(wide, 'config.json'), 'utf8')).torch_dtype, 'float32');
+  const r = runOracle('peft_reader', {}, { adapter: peft, base });
+  const bf = loadSafetensors(join(merged, 'model.safetensors')), f32 = loadSafetensors(join(wide, 'model.safetensors'));
+  for (const [name, t] of Object.entries(bf)) {
+    assert.equal(t.dtype, 'bfloat16', name);
+    assert.equal(f32[name]!.dtype, 'float32', name);
+    const want = r.tensors[`merged.${name}`];
+    if (!want) continue;
+    // float32 merge of the bfloat16 base, then one bfloat16 rounding (8 bits of mantissa).
+    const { err, top } = tidy(() => ({ err: t.to('float64').sub(want).abs().max().item(), top: want.abs().max().item() }));
+    assert.ok(err <= top * 2 ** -8, `${name}: ${err} from the reader's merge`);
+    const err32 = tidy(() => f32[name]!.to('float64').sub(want).abs().max().item());
+    assert.ok(err32 <= 1e-6, `${name} in float32: ${err32}`);
+  }
 });
 
 test('mismatches: an adapter for another base, a rank its tensors do not have, a config flotilla cannot honour, a non-LoRA checkpoint', async () => {

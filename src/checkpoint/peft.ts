@@ -20,6 +20,7 @@ import { Tensor, noGrad, tidy } from '../tensor/index.js';
 import { native } from '../tensor/native.js';
 import { dtypeCode, elementSize, isFloating, type DType } from '../tensor/dtype.js';
 import type { Module } from '../nn/module.js';
+import { Linear } from '../nn/layers.js';
 import { applyLora, hfModuleNames, loraAdapters } from '../nn/lora.js';
 import { placementsOf, wholeRuns, type ParamPlacement } from '../parallel/placement.js';
 import { modelSpec, type ModelSpec } from '../models/registry.js';
@@ -416,10 +417,11 @@ export function loadPeftAdapter(dir: string, placements: readonly ParamPlacement
 export function attachPeftAdapter(model: Module, spec: ModelSpec, cfg: Record<string, unknown>, dir: string): PeftAdapter {
   const a = readPeftAdapter(dir);
   const { names } = hfModules(spec, cfg);
-  const linears = new Set<string>();
+  // The model's Linears by Hugging Face module path.
+  const linears = new Map<string, Linear>();
   for (const [path, m] of model.namedModules()) {
     const hf = names.get(path);
-    if (hf !== undefined && (m as { inFeatures?: unknown }).inFeatures !== undefined) linears.add(hf);
+    if (hf !== undefined && m instanceof Linear) linears.set(hf, m);
   }
   const known = new Set(names.values());
   for (const hf of a.modules.keys()) {
@@ -427,10 +429,9 @@ export function attachPeftAdapter(model: Module, spec: ModelSpec, cfg: Record<st
       throw new CheckpointError(`adapter ${a.dir} holds weights for module '${hf}', which this ${spec.hf!.architecture} ${known.has(hf) ? 'has, but not as a Linear' : 'does not have'}; the adapter was made for another base model`);
     }
   }
-  const byHf = new Map([...names].map(([f, h]) => [h, f]));
-  // Each stored module must fit the rank before applyLora checks it with its own words.
+  // Each stored module must fit: a shape error names the tensor before applyLora would name the rank.
   for (const [hf, t] of a.modules) {
-    const m = model.namedModules().find(([p]) => p === byHf.get(hf))![1] as unknown as { inFeatures: number; outFeatures: number };
+    const m = linears.get(hf)!;
     const A = t.A?.shape, B = t.B?.shape;
     if (A && (A.length !== 2 || A[0] !== a.rank || A[1] !== m.inFeatures)) {
       throw new CheckpointError(`adapter ${a.dir}: '${peftTensorName(hf, 'A')}' is [${A.join(', ')}], this model's is [${a.rank}, ${m.inFeatures}] (rank ${a.rank}, ${hf} is ${m.outFeatures} x ${m.inFeatures}); the adapter was made for another base model`);
