@@ -213,6 +213,10 @@ test('[lora] adapter: the PEFT tensors load into any range of each adapter bit f
   assert.throws(() => checkPeftAdapter(peft, run.model, { ...c.lora, alpha: 16 }), /has lora_alpha = 8, and lora.alpha = 16: set lora.alpha = 8/);
   assert.throws(() => checkPeftAdapter(peft, run.model, { ...c.lora, rsLora: true }), /has use_rslora = false, and lora.rsLora = true/);
   assert.throws(() => checkPeftAdapter(peft, run.model, { ...c.lora, targets: ['all-linear'] }), /target_modules = \["down_proj","q_proj","v_proj"\], and lora.targets = \["all-linear"\] adapts .*set lora.targets/);
+  // A GPT-2's adapter for a Llama run: the module, before any field.
+  const gptPeft = join(root, 'gpt-peft-for-llama');
+  cli([(await setup(CASES[1]!)).run, gptPeft, '--format', 'peft']);
+  assert.throws(() => checkPeftAdapter(gptPeft, run.model, c.lora), /holds weights for module 'transformer\.h\.0\.attn\.c_attn', which this LlamaForCausalLM does not have; the adapter was made for another base model/);
   // The same targets on a wider Llama: the first tensor whose shape differs.
   assert.throws(() => checkPeftAdapter(peft, { ...run.model, intermediateSize: 32 }, c.lora), /'base_model\.model\.model\.layers\.0\.mlp\.down_proj\.lora_A\.weight' is \[4, 24\], this model's is \[4, 32\].*another base model/);
 });

@@ -366,13 +366,20 @@ export interface LoraSettings {
 }
 
 /**
- * The adapter at `dir` checked against a run's [model] and [lora]: r, lora_alpha, use_rslora and
- * the modules target_modules resolves to must be the run's (one error naming the field that
- * differs), and its tensors the whole model's adapters (matchPeftAdapter).
+ * The adapter at `dir` checked against a run's [model] and [lora]: every module it holds must be one
+ * of this model's; r, lora_alpha, use_rslora and the modules target_modules resolves to must be the
+ * run's (one error naming the field that differs); its tensors the whole model's adapters
+ * (matchPeftAdapter).
  */
 export function checkPeftAdapter(dir: string, model: Record<string, unknown>, lora: LoraSettings): { adapter: PeftAdapter; matched: Map<string, StoredTensor> } {
   const a = readPeftAdapter(dir);
   const where = `lora.adapter ${dir}`;
+  const spec = modelSpec(String(model.arch ?? 'gpt'));
+  const known = new Set(loraHfNames(spec, model).values());
+  // A module this model does not have: another base, whatever the fields say.
+  for (const hf of a.modules.keys()) {
+    if (!known.has(hf)) throw new CheckpointError(`${where} holds weights for module '${hf}', which this ${spec.hf!.architecture} does not have; the adapter was made for another base model`);
+  }
   if (a.rank !== lora.rank) throw new CheckpointError(`${where} has rank r = ${a.rank}, and lora.rank = ${lora.rank}: set lora.rank = ${a.rank} to continue training it`);
   if (a.alpha !== lora.alpha) throw new CheckpointError(`${where} has lora_alpha = ${a.alpha}, and lora.alpha = ${lora.alpha}: set lora.alpha = ${a.alpha} to continue training it`);
   if (a.rsLora !== lora.rsLora) throw new CheckpointError(`${where} has use_rslora = ${a.rsLora}, and lora.rsLora = ${lora.rsLora}: set lora.rsLora = ${a.rsLora} to continue training it`);
@@ -385,8 +392,6 @@ export function checkPeftAdapter(dir: string, model: Record<string, unknown>, lo
         `set lora.targets = ${JSON.stringify(a.targets)} to continue training it`,
     );
   }
-  const spec = modelSpec(String(model.arch ?? 'gpt'));
-  const known = new Set(loraHfNames(spec, model).values());
   return { adapter: a, matched: matchPeftAdapter(a, slots, known) };
 }
 
