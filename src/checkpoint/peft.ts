@@ -13,7 +13,7 @@
 // Reading goes through placements like a checkpoint or a Hugging Face directory: each rank reads the
 // byte ranges of the adapter elements it holds, under any layout. Writing goes to a temporary
 // directory renamed into place, so a failed export leaves nothing behind.
-import { existsSync, mkdirSync, readFileSync, readdirSync, renameSync, rmSync, rmdirSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, renameSync, rmSync, rmdirSync, statSync, writeFileSync } from 'node:fs';
 import { basename, dirname, join, resolve } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { Tensor, noGrad, tidy } from '../tensor/index.js';
@@ -26,19 +26,12 @@ import { placementsOf, wholeRuns, type ParamPlacement } from '../parallel/placem
 import { modelSpec, type ModelSpec } from '../models/registry.js';
 import { readSafetensorsHeader, saveSafetensors } from './safetensors.js';
 import { CheckpointError } from './format.js';
+import { PEFT_CONFIG, PEFT_WEIGHTS, peftSettingsProblem, readPeftConfig, type LoraSettings, type PeftAdapterConfig, type PeftLora } from './peft_config.js';
+
+export { PEFT_CONFIG, PEFT_WEIGHTS, type LoraSettings, type PeftLora } from './peft_config.js';
 import { RangeReader } from './range_reader.js';
 
-export const PEFT_CONFIG = 'adapter_config.json';
-export const PEFT_WEIGHTS = 'adapter_model.safetensors';
 const PREFIX = 'base_model.model.';
-
-/** The LoRA hyperparameters an adapter records (PEFT's r, lora_alpha, lora_dropout, use_rslora). */
-export interface PeftLora {
-  rank: number;
-  alpha: number;
-  dropout: number;
-  rsLora: boolean;
-}
 
 /** One adapted Linear of a whole model: its flotilla and Hugging Face module paths and its sizes. */
 export interface AdapterSlot {
@@ -215,66 +208,23 @@ interface StoredTensor {
 }
 
 /** A PEFT LoRA adapter directory, its config checked (nothing read but the header). */
-export interface PeftAdapter extends PeftLora {
+export interface PeftAdapter extends PeftAdapterConfig {
   dir: string;
-  /** adapter_config.json as written. */
-  config: Record<string, unknown>;
-  /** target_modules: names, or ["all-linear"]. */
-  targets: string[];
-  base: string;
   /** Stored tensors by Hugging Face module path, A and B. */
   modules: Map<string, { A?: StoredTensor; B?: StoredTensor }>;
 }
-
-const isObj = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
-const isEmpty = (v: unknown): boolean => v === undefined || v === null || (isObj(v) && Object.keys(v).length === 0) || (Array.isArray(v) && v.length === 0);
 
 // A stored name: PEFT drops the adapter's name ("default") on save; some savers keep it.
 const STORED = /^base_model\.model\.(.+)\.lora_([AB])(?:\.[A-Za-z0-9_-]+)?\.weight$/;
 
 /**
- * Reads a PEFT adapter directory's config and safetensors header. What flotilla's adapters cannot
- * be (another PEFT method, trained biases, per-module ranks or alphas, extra trained modules, DoRA)
- * is an error naming the field.
+ * Reads a PEFT adapter directory's config (readPeftConfig) and safetensors header: every tensor must
+ * be a LoRA A or B weight.
  */
 export function readPeftAdapter(path: string): PeftAdapter {
+  const c = readPeftConfig(path);
   const dir = resolve(path);
-  if (!existsSync(dir)) throw new CheckpointError(`adapter ${path} does not exist`);
-  if (!statSync(dir).isDirectory()) throw new CheckpointError(`adapter ${path} is not a directory; a PEFT adapter is a directory holding ${PEFT_CONFIG} and ${PEFT_WEIGHTS}`);
-  const cfgPath = join(dir, PEFT_CONFIG), wPath = join(dir, PEFT_WEIGHTS);
-  if (!existsSync(cfgPath)) throw new CheckpointError(`${path} has no ${PEFT_CONFIG}: it is not a PEFT adapter directory`);
-  let config: unknown;
-  try {
-    config = JSON.parse(readFileSync(cfgPath, 'utf8'));
-  } catch (e) {
-    throw new CheckpointError(`${cfgPath} is not valid JSON (${(e as Error).message})`);
-  }
-  if (!isObj(config)) throw new CheckpointError(`${cfgPath} is not a JSON object`);
-  const c = config;
-  const bad = (field: string, why: string): CheckpointError => new CheckpointError(`${cfgPath}: ${field} = ${JSON.stringify(c[field])} ${why}`);
-  if (c.peft_type !== 'LORA') throw bad('peft_type', 'is not supported; flotilla reads LoRA adapters (peft_type "LORA")');
-  if (c.task_type !== undefined && c.task_type !== null && c.task_type !== 'CAUSAL_LM') throw bad('task_type', 'is not supported; flotilla reads adapters of causal language models (task_type "CAUSAL_LM")');
-  if ((c.bias ?? 'none') !== 'none') throw bad('bias', 'is not supported; flotilla\'s adapters train no biases (bias "none")');
-  if (!isEmpty(c.rank_pattern)) throw bad('rank_pattern', 'is not supported; flotilla\'s adapters all have rank r (rank_pattern {})');
-  if (!isEmpty(c.alpha_pattern)) throw bad('alpha_pattern', 'is not supported; flotilla\'s adapters all use lora_alpha (alpha_pattern {})');
-  if (!isEmpty(c.modules_to_save)) throw bad('modules_to_save', 'is not supported; flotilla reads adapters that train LoRA matrices only (modules_to_save null)');
-  if (!isEmpty(c.layers_to_transform)) throw bad('layers_to_transform', 'is not supported; name the adapted modules in target_modules instead');
-  if (c.use_dora === true) throw bad('use_dora', 'is not supported; flotilla reads plain LoRA adapters (use_dora false)');
-  const r = c.r;
-  if (typeof r !== 'number' || !Number.isInteger(r) || r <= 0) throw bad('r', 'is not a positive whole number');
-  const alpha = c.lora_alpha ?? 8;
-  if (typeof alpha !== 'number' || !(alpha > 0) || !Number.isFinite(alpha)) throw bad('lora_alpha', 'is not a positive number');
-  const dropout = c.lora_dropout ?? 0;
-  if (typeof dropout !== 'number' || !(dropout >= 0 && dropout < 1)) throw bad('lora_dropout', 'is not a number in [0, 1)');
-  const rsLora = c.use_rslora ?? false;
-  if (typeof rsLora !== 'boolean') throw bad('use_rslora', 'is not true or false');
-  let targets: string[];
-  if (c.target_modules === 'all-linear') targets = ['all-linear'];
-  else if (typeof c.target_modules === 'string') throw bad('target_modules', 'is a regular expression, which flotilla does not read; list the module names (e.g. ["q_proj", "v_proj"])');
-  else if (Array.isArray(c.target_modules) && c.target_modules.length > 0 && c.target_modules.every((t) => typeof t === 'string')) targets = c.target_modules as string[];
-  else throw bad('target_modules', 'is not a list of module names');
-  const base = typeof c.base_model_name_or_path === 'string' ? c.base_model_name_or_path : '';
-
+  const wPath = join(dir, PEFT_WEIGHTS);
   if (!existsSync(wPath)) {
     const bin = existsSync(join(dir, 'adapter_model.bin'));
     throw new CheckpointError(`${path} has no ${PEFT_WEIGHTS}${bin ? ': its weights are pickled (adapter_model.bin), which flotilla does not read; save the adapter with safe_serialization=True' : ''}`);
@@ -293,7 +243,7 @@ export function readPeftAdapter(path: string): PeftAdapter {
     modules.set(m[1]!, mod);
   }
   if (modules.size === 0) throw new CheckpointError(`${wPath} holds no LoRA weights`);
-  return { dir, config: c, rank: r, alpha, dropout, rsLora, targets, base, modules };
+  return { ...c, dir, modules };
 }
 
 /**
@@ -357,14 +307,6 @@ export function loadPeftTensors(a: PeftAdapter, matched: ReadonlyMap<string, Sto
   return loaded;
 }
 
-/** A LoRA section as the config holds it (fields compared with an adapter's). */
-export interface LoraSettings {
-  rank: number;
-  alpha: number;
-  rsLora: boolean;
-  targets: readonly string[];
-}
-
 /**
  * The adapter at `dir` checked against a run's [model] and [lora]: every module it holds must be one
  * of this model's; r, lora_alpha, use_rslora and the modules target_modules resolves to must be the
@@ -380,18 +322,9 @@ export function checkPeftAdapter(dir: string, model: Record<string, unknown>, lo
   for (const hf of a.modules.keys()) {
     if (!known.has(hf)) throw new CheckpointError(`${where} holds weights for module '${hf}', which this ${spec.hf!.architecture} does not have; the adapter was made for another base model`);
   }
-  if (a.rank !== lora.rank) throw new CheckpointError(`${where} has rank r = ${a.rank}, and lora.rank = ${lora.rank}: set lora.rank = ${a.rank} to continue training it`);
-  if (a.alpha !== lora.alpha) throw new CheckpointError(`${where} has lora_alpha = ${a.alpha}, and lora.alpha = ${lora.alpha}: set lora.alpha = ${a.alpha} to continue training it`);
-  if (a.rsLora !== lora.rsLora) throw new CheckpointError(`${where} has use_rslora = ${a.rsLora}, and lora.rsLora = ${lora.rsLora}: set lora.rsLora = ${a.rsLora} to continue training it`);
+  const problem = peftSettingsProblem(dir, a, lora, (targets) => wholeModelSlotsOrNone(model, targets, lora.rank)?.map((s) => s.hf));
+  if (problem !== undefined) throw new CheckpointError(problem);
   const slots = wholeModelSlots(model, lora.targets, lora.rank);
-  const theirs = new Set(wholeModelSlotsOrNone(model, a.targets, lora.rank)?.map((s) => s.hf) ?? []);
-  const mine = new Set(slots.map((s) => s.hf));
-  if (theirs.size !== mine.size || [...mine].some((m) => !theirs.has(m))) {
-    throw new CheckpointError(
-      `${where} has target_modules = ${JSON.stringify(a.targets)}, and lora.targets = ${JSON.stringify(lora.targets)} adapts ${JSON.stringify(targetModules(slots))}: ` +
-        `set lora.targets = ${JSON.stringify(a.targets)} to continue training it`,
-    );
-  }
   return { adapter: a, matched: matchPeftAdapter(a, slots, known) };
 }
 
