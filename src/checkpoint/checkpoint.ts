@@ -44,7 +44,7 @@ import {
 type AnyOptimizer = Optimizer<any>;
 
 /** What a save records besides the tensors (rank 0 writes it into meta.json). */
-export type RunInfo = Pick<CheckpointMeta, 'layout' | 'config' | 'data' | 'rng' | 'schedule' | 'moe'>;
+export type RunInfo = Pick<CheckpointMeta, 'layout' | 'config' | 'data' | 'rng' | 'schedule' | 'moe' | 'base'>;
 
 /** The state of one rank: where its parameters live, and its optimizer. */
 export interface RankState {

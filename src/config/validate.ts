@@ -8,6 +8,7 @@ import { modelArchs, modelRules, unknownArch } from '../models/rules.js';
 import { optimizerNames, unknownOptimizer } from '../optim/names.js';
 import { modelConfigOf, type FlotillaConfig } from './schema.js';
 import { explainPaths } from './paths.js';
+import { loraTargetProblems } from '../nn/lora_targets.js';
 
 /** The model's shape problems under the config's layout (none for an unknown arch: validateConfig names that). */
 function shapeProblems(c: FlotillaConfig): string[] {
@@ -28,6 +29,28 @@ function contextParallelProblems(c: FlotillaConfig): string[] {
   return p;
 }
 
+/**
+ * A LoRA run's rules ([Note: LoRA run] in src/train/lora_run.ts): a base to adapt, and targets
+ * that name Linears of the model which can hold adapters of this rank (checked on the
+ * architecture's list of Linears, without building it).
+ */
+function loraProblems(c: FlotillaConfig): string[] {
+  const l = c.lora, p: string[] = [];
+  if (l.rank === 0) return p;
+  if (c.train.initFrom === '') p.push('LoRA trains adapters on a frozen base: set train.initFrom to a Hugging Face directory or a checkpoint (lora.rank > 0 with train.initFrom = "")');
+  if (c.parallel.tp > 1) p.push(`lora.rank > 0 with parallel.tp = ${c.parallel.tp}: tensor parallelism does not split LoRA adapters yet; set parallel.tp = 1 (data parallelism, ZeRO or a pipeline instead)`);
+  if (l.targets.length === 0) {
+    p.push('lora.targets is empty; name the modules to adapt (e.g. ["q_proj", "v_proj"]) or "all-linear"');
+    return p;
+  }
+  if (!modelArchs().includes(c.model.arch)) return p;
+  const linears = modelRules(c.model.arch).linears?.(modelConfigOf(c));
+  if (!linears) return p;
+  const { problems } = loraTargetProblems(linears, { rank: l.rank, targets: l.targets });
+  p.push(...problems.map((x) => (x.startsWith('rank') ? `lora.rank: ${x}` : `lora.targets: ${x}`)));
+  return p;
+}
+
 /** Cross-field rules. */
 export function validateConfig(c: FlotillaConfig): string[] {
   const p: string[] = [];
@@ -40,6 +63,7 @@ export function validateConfig(c: FlotillaConfig): string[] {
   if (c.parallel.ep > 1 && c.moe.experts > 0 && c.moe.experts % c.parallel.ep !== 0) p.push(`moe.experts (${c.moe.experts}) must divide by parallel.ep (${c.parallel.ep}): every expert-parallel rank holds the same number of experts`);
   if (c.moe.experts > 0 && c.parallel.tp > 1 && c.parallel.sequenceParallel) p.push('moe.experts > 0 does not run with parallel.sequenceParallel yet (MoE blocks would route each tensor-parallel rank\'s tokens apart); set parallel.sequenceParallel = false');
   p.push(...contextParallelProblems(c));
+  p.push(...loraProblems(c));
   const split = globalBatchProblem({ globalBatch: c.data.globalBatch, microBatches: c.data.microBatches, dp: c.parallel.dp }, 'config');
   if (split) p.push(split);
   return p;

@@ -1,6 +1,7 @@
 // The GPT's config and the rules on its shapes, apart from the model's code: the config's
 // validation (src/config) and the launcher read them without loading the tensor library.
 import type { ModelRules } from './spec.js';
+import type { LinearShape } from '../nn/lora_targets.js';
 import { checkMoEConfig, isMoELayer, moeLayerParams, moeProblems, type MoEConfig } from '../nn/moe_config.js';
 
 export interface GPTConfig {
@@ -64,6 +65,18 @@ export const gptRules: ModelRules<GPTConfig> = {
   arch: 'gpt',
   describe: (m) => `GPT ${m.nLayer} layers, ${m.nHead} heads, width ${m.nEmbd}, context ${m.blockSize}`,
   numParams: (m) => gptNumParams(m),
+  linears(m) {
+    // GPT-2's Conv1D names (transformers' GPT2LMHeadModel; gpt_hf.ts); an MoE block's experts are no Linears.
+    const C = m.nEmbd, out: LinearShape[] = [];
+    const lin = (path: string, hf: string | undefined, inFeatures: number, outFeatures: number): LinearShape => ({ path, ...(hf ? { hf } : {}), inFeatures, outFeatures });
+    for (let i = 0; i < m.nLayer; i++) {
+      const f = `layers.${i}.`, h = `transformer.h.${i}.`;
+      out.push(lin(`${f}attn.qkv`, `${h}attn.c_attn`, C, 3 * C), lin(`${f}attn.proj`, `${h}attn.c_proj`, C, C));
+      if (!isMoELayer(m.moe, i)) out.push(lin(`${f}mlp.fc`, `${h}mlp.c_fc`, C, 4 * C), lin(`${f}mlp.proj`, `${h}mlp.c_proj`, 4 * C, C));
+    }
+    out.push(lin('head', m.tieEmbeddings ? undefined : 'lm_head', C, m.vocabSize));
+    return out;
+  },
   shapeProblems(m, ctx) {
     const p: string[] = moeProblems(m.moe, m.nLayer);
     if (m.nEmbd % m.nHead !== 0) p.push(`model.nEmbd (${m.nEmbd}) must be divisible by model.nHead (${m.nHead})`);

@@ -1,6 +1,7 @@
 // The Llama's config, its derived fields and the rules on its shapes, apart from the model's code:
 // the config's validation (src/config) and the launcher read them without loading the tensor library.
 import type { ModelRules, ShapeContext } from './spec.js';
+import type { LinearShape } from '../nn/lora_targets.js';
 import { checkMoEConfig, isMoELayer, moeLayerParams, moeProblems, type MoEConfig } from '../nn/moe_config.js';
 
 export interface LlamaConfig {
@@ -116,5 +117,19 @@ export const llamaRules: ModelRules<LlamaConfig> = {
       (c.ropeScaling === 'llama3' ? `, rope theta ${c.ropeTheta} scaled (llama3, factor ${c.ropeFactor})` : `, rope theta ${c.ropeTheta}`) + (c.tieEmbeddings ? ', tied head' : '');
   },
   numParams: (m) => llamaNumParams(m),
+  linears(m) {
+    // transformers' LlamaForCausalLM names (llama_hf.ts); an MoE block's experts are no Linears. The
+    // head's width is 0 while the vocabulary is not resolved (model.vocabSize = 0 = the tokenizer's).
+    const c = { ...resolveLlamaConfig({ ...m, vocabSize: m.vocabSize || 1 }), vocabSize: m.vocabSize }, C = c.nEmbd, A = c.nHead * c.headDim, KV = c.nKvHead * c.headDim, I = c.intermediateSize;
+    const out: LinearShape[] = [];
+    const lin = (path: string, hf: string | undefined, inFeatures: number, outFeatures: number): LinearShape => ({ path, ...(hf ? { hf } : {}), inFeatures, outFeatures });
+    for (let i = 0; i < c.nLayer; i++) {
+      const f = `layers.${i}.`, h = `model.layers.${i}.`;
+      out.push(lin(`${f}attn.q`, `${h}self_attn.q_proj`, C, A), lin(`${f}attn.k`, `${h}self_attn.k_proj`, C, KV), lin(`${f}attn.v`, `${h}self_attn.v_proj`, C, KV), lin(`${f}attn.o`, `${h}self_attn.o_proj`, A, C));
+      if (!isMoELayer(c.moe, i)) out.push(lin(`${f}mlp.gate`, `${h}mlp.gate_proj`, C, I), lin(`${f}mlp.up`, `${h}mlp.up_proj`, C, I), lin(`${f}mlp.down`, `${h}mlp.down_proj`, I, C));
+    }
+    out.push(lin('head', c.tieEmbeddings ? undefined : 'lm_head', C, c.vocabSize));
+    return out;
+  },
   shapeProblems: llamaShapeProblems,
 };

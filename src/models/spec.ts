@@ -4,6 +4,7 @@ import type { PipelineModel } from '../parallel/pipeline/model.js';
 import type { LossFn } from '../parallel/parallel_model.js';
 import type { UnitPolicy } from '../parallel/data_parallel/fsdp.js';
 import type { TpPlan } from '../parallel/tensor_parallel/styles.js';
+import type { LinearShape } from '../nn/lora_targets.js';
 
 /** What a layout asks of the model's shapes (config field values, before any rank starts). */
 export interface ShapeContext {
@@ -27,6 +28,11 @@ export interface ModelRules<C = any> {
   numParams(cfg: C): number;
   /** Every problem of the model section with this layout, each naming the config field and the fix. */
   shapeProblems(cfg: C, ctx: ShapeContext): string[];
+  /**
+   * Every Linear of the whole model (module path, Hugging Face module path, shape), as the built
+   * model has them: what LoRA targets are checked against before any rank starts (src/nn/lora_targets.ts).
+   */
+  linears?(cfg: C): LinearShape[];
 }
 
 export interface ModelSpec<C = any> extends ModelRules<C> {

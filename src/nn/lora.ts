@@ -21,6 +21,7 @@ import { type Tensor, noGrad } from '../tensor/index.js';
 import { seedParameter } from './init.js';
 import { Module } from './module.js';
 import { Dropout, Linear } from './layers.js';
+import { chooseLoraTargets, loraRankProblem } from './lora_targets.js';
 
 export interface LoraOptions {
   /** The adapters' rank r (> 0, at most the smaller dimension of each target). */
@@ -152,11 +153,8 @@ export function unmergeLora(model: Module): void {
 }
 
 function checkRank(rank: number, m: Linear, path: string): void {
-  if (!Number.isInteger(rank) || rank <= 0) throw new Error(`LoRA: rank must be a positive whole number, got ${rank}`);
-  const most = Math.min(m.inFeatures, m.outFeatures);
-  if (rank > most) {
-    throw new Error(`LoRA: rank ${rank} is larger than the smaller dimension of ${path || 'the target'} (${m.outFeatures} x ${m.inFeatures}); use a rank of at most ${most}`);
-  }
+  const p = loraRankProblem(rank, { path, inFeatures: m.inFeatures, outFeatures: m.outFeatures });
+  if (p !== undefined) throw new Error(`LoRA: ${p}`);
 }
 
 export interface ApplyLoraOptions extends LoraOptions {
@@ -201,8 +199,6 @@ export function hfModuleNames(tensors: readonly { name: string; hf: string }[]):
   return out;
 }
 
-const last = (path: string): string => path.slice(path.lastIndexOf('.') + 1);
-
 /**
  * Injects adapters around the model's Linears that `targets` names ([Note: LoRA]) and freezes every
  * other parameter of the model (requiresGrad = false), so only the adapters train. A target that
@@ -210,26 +206,14 @@ const last = (path: string): string => path.slice(path.lastIndexOf('.') + 1);
  */
 export function applyLora(model: Module, opts: ApplyLoraOptions): AppliedLora {
   if (!Number.isInteger(opts.rank) || opts.rank <= 0) throw new Error(`LoRA: rank must be a positive whole number, got ${opts.rank}`);
-  if (opts.targets.length === 0) throw new Error('LoRA: no targets; name the modules to adapt (e.g. ["q_proj", "v_proj"]) or "all-linear"');
   const head = opts.head ?? 'head';
   const linears = model.namedModules().filter((e): e is [string, Linear] => e[1] instanceof Linear && e[0] !== '');
   for (const [path, m] of linears) if (adapters.has(m)) throw new Error(`LoRA: ${path} already has an adapter; apply LoRA once`);
   const hf = opts.hfNames ?? new Map<string, string>();
-  const namesOf = (path: string): string[] => {
-    const h = hf.get(path);
-    return h === undefined ? [path] : [path, h];
-  };
-  const chosen = new Set<string>();
-  for (const target of opts.targets) {
-    const hits = linears.filter(([path]) =>
-      target === 'all-linear' ? path !== head : namesOf(path).some((n) => n === target || last(n) === target),
-    );
-    if (hits.length === 0) {
-      const names = [...new Set(linears.flatMap(([p]) => namesOf(p).map(last)))].sort();
-      throw new Error(`LoRA: target "${target}" matches no Linear of this model; its Linears are named ${names.map((n) => `"${n}"`).join(', ')} (or use "all-linear")`);
-    }
-    for (const [path] of hits) chosen.add(path);
-  }
+  const shapes = linears.map(([path, m]) => ({ path, ...(hf.has(path) ? { hf: hf.get(path)! } : {}), inFeatures: m.inFeatures, outFeatures: m.outFeatures }));
+  const r = chooseLoraTargets(shapes, opts.targets, head);
+  if ('problem' in r) throw new Error(`LoRA: ${r.problem}`);
+  const chosen = r.chosen;
   for (const [path, m] of linears) if (chosen.has(path)) checkRank(opts.rank, m, path);
 
   const made = new Map<string, LoraAdapter>();
@@ -255,3 +239,22 @@ export function applyLora(model: Module, opts: ApplyLoraOptions): AppliedLora {
 }
 
 
+
+/**
+ * The initial values applyLora gives the adapter parameter `name` (`<path>.loraA.weight`: drawn
+ * from (initSeed, name) as A's Linear draws it; `<path>.loraB.weight`: zero), written into `out`: how
+ * adapters of a model built without memory are made where ZeRO-3 makes its shards ([Note: deferred
+ * init] in module.ts).
+ */
+export function drawLoraParameter(name: string, out: Tensor, initSeed: number): void {
+  noGrad(() => {
+    if (name.endsWith('.loraB.weight')) {
+      out.zero_();
+      return;
+    }
+    if (!name.endsWith('.loraA.weight') || out.ndim !== 2) throw new Error(`LoRA: ${name} is not an adapter parameter`);
+    seedParameter(initSeed, name);
+    const bound = 1 / Math.sqrt(out.shape[1]!); // Linear(in, r)'s default init, PEFT's for A
+    out.uniform_(-bound, bound);
+  });
+}

@@ -25,6 +25,8 @@ function bytes(n: number): string {
 export interface RunExtras {
   /** The layout in words (e.g. "data parallel 2, accumulate reduceLast"), when it could be worked out. */
   layout?: string;
+  /** Trainable and frozen parameters in words (a LoRA run's adapters and base). */
+  params?: string;
 }
 
 function summaryRow(r: RunData, extras: RunExtras): string {
@@ -46,6 +48,7 @@ function runDetails(r: RunData, extras: RunExtras, open: boolean): string {
   if (extras.layout !== undefined || r.worldSize !== undefined) {
     parts.push(`<h3>Layout</h3><p>${r.worldSize !== undefined ? `${r.worldSize} rank(s): ` : ''}${escapeHtml(extras.layout ?? 'see [parallel] in the config below')}</p>`);
   }
+  if (extras.params !== undefined) parts.push(`<h3>Parameters</h3><p>${escapeHtml(extras.params)}</p>`);
   if (r.checkpoints.length > 0) {
     const rows = r.checkpoints.map((c) => `<tr><td>${c.step}</td><td>${escapeHtml(c.dir)}</td><td>${bytes(c.bytes)}</td><td>${c.files}</td></tr>`).join('');
     parts.push(`<h3>Checkpoints</h3><table class="ckpt"><thead><tr><th>step</th><th>directory</th><th>size</th><th>files</th></tr></thead><tbody>${rows}</tbody></table>`);

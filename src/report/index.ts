@@ -7,6 +7,9 @@ import { join, relative, resolve } from 'node:path';
 import { parseConfig } from '../config/index.js';
 import { describeLayout, describeMesh, resolveLayout } from '../parallel/layout.js';
 import { renderReport, type RunExtras } from './html.js';
+import { modelRules } from '../models/rules.js';
+import { modelConfigOf } from '../config/schema.js';
+import { loraCounts } from '../nn/lora_targets.js';
 import { readRun, ReportError, type RunData } from './run.js';
 
 export { ReportError, readRun, type RunData } from './run.js';
@@ -20,6 +23,27 @@ function layoutOf(run: RunData): string | undefined {
     return `${describeLayout(l)}; ${describeMesh(l)}`;
   } catch {
     return undefined; // e.g. a config from another flotilla version: the config itself is shown
+  }
+}
+
+/**
+ * The run's trainable and frozen parameters in words, from the resolved config (a LoRA run trains
+ * its adapters on a frozen base); undefined when they cannot be worked out.
+ */
+function parametersOf(run: RunData): string | undefined {
+  if (run.configText === undefined) return undefined;
+  try {
+    const cfg = parseConfig(run.configText, [], join(run.dir, 'config.toml'));
+    const rules = modelRules(cfg.model.arch), m = modelConfigOf(cfg);
+    const total = rules.numParams(m);
+    const n = (x: number): string => x.toLocaleString('en-US');
+    if (cfg.lora.rank === 0) return `${n(total)} trainable, 0 frozen`;
+    const linears = rules.linears?.(m);
+    if (!linears) return `LoRA rank ${cfg.lora.rank}; ${n(total)} frozen`;
+    const c = loraCounts(linears, cfg.lora, total);
+    return `${n(c.trainable)} trainable (LoRA rank ${cfg.lora.rank} on ${c.modules} modules), ${n(c.frozen)} frozen`;
+  } catch {
+    return undefined;
   }
 }
 
@@ -38,8 +62,8 @@ export function writeReport(dirs: readonly string[], opts: ReportOptions = {}): 
   for (const r of runs) counts.set(r.name, (counts.get(r.name) ?? 0) + 1);
   for (const r of runs) if (counts.get(r.name)! > 1) r.name = relative(process.cwd(), r.dir) || r.dir;
   const extras: RunExtras[] = runs.map((r) => {
-    const layout = layoutOf(r);
-    return layout !== undefined ? { layout } : {};
+    const layout = layoutOf(r), params = parametersOf(r);
+    return { ...(layout !== undefined ? { layout } : {}), ...(params !== undefined ? { params } : {}) };
   });
   const out = resolve(opts.out ?? join(runs[0]!.dir, 'report.html'));
   writeFileSync(out, renderReport(runs, extras, opts.now ?? new Date()));

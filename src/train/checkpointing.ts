@@ -117,14 +117,18 @@ export class RunCheckpoints {
   }
 }
 
-/** Restores a resumed run's parameters and optimizer state (weights only for initFrom). */
-export function restore(target: string, state: RankState, numParams: number): CheckpointMeta {
+/**
+ * Restores a resumed run's parameters and optimizer state (weights only for initFrom). numParams is
+ * what the checkpoint must hold in all: the whole model's parameters, or a LoRA run's adapters'
+ * (undefined: not checked, for a model that cannot count them before it is built).
+ */
+export function restore(target: string, state: RankState, numParams: number | undefined): CheckpointMeta {
   // Optimizer state is only meaningful to the optimizer that wrote it (AdamW's moments are not SGD's).
   const saved = state.optimizer && state.optimizerName ? readMeta(target).optimizer?.name : undefined;
   if (saved !== undefined && saved !== state.optimizerName) {
     throw new ConfigError([`the checkpoint ${target} holds ${saved} optimizer state, and optim.name chooses ${state.optimizerName}: set optim.name to the optimizer that saved it, or start a new run from its weights with train.initFrom (fresh optimizer state)`]);
   }
-  return loadCheckpoint(target, state.placements, { ...(state.optimizer ? { optimizer: state.optimizer } : {}), numParams });
+  return loadCheckpoint(target, state.placements, { ...(state.optimizer ? { optimizer: state.optimizer } : {}), ...(numParams !== undefined ? { numParams } : {}) });
 }
 
 /**

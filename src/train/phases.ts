@@ -30,6 +30,8 @@ import { checkRunnable } from '../config/validate.js';
 import { modelConfigOf, type FlotillaConfig } from '../config/schema.js';
 import { RunCheckpoints, initFrom, restore } from './checkpointing.js';
 import { MoEBookkeeping } from './moe.js';
+import { agreeOnBase, applyRunLora, checkInitFromNotLora, frozenPlacements, loraCounts, loraResumeProblem, shortCount, trainablePlacements } from './lora_run.js';
+import { CheckpointError, readMeta } from '../checkpoint/format.js';
 
 /** Rank 0's console: a phase header, and a line that goes around the progress bar. */
 export interface RunConsole {
@@ -111,7 +113,17 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     const modelCfg = modelConfigOf(cfg);
     const numParams = spec.numParams(modelCfg);
     const initSeed = cfg.train.seed;
-    const built = layout.pp > 1 ? spec.pipeline(modelCfg, { initSeed }) : spec.build(modelCfg, { initSeed, deferInit: defersInit(layout) });
+    const plain = layout.pp > 1 ? spec.pipeline(modelCfg, { initSeed }) : spec.build(modelCfg, { initSeed, deferInit: defersInit(layout) });
+    // A LoRA run: adapters in place, the rest frozen, before any parallelism ([Note: LoRA run] in lora_run.ts).
+    const lora = cfg.lora.rank > 0;
+    let built: typeof plain;
+    try {
+      built = lora ? applyRunLora(plain, cfg, spec, modelCfg) : plain;
+    } catch (e) {
+      if ('dispose' in plain) plain.dispose();
+      throw e;
+    }
+    const loraCount = lora ? loraCounts(cfg, spec, modelCfg, numParams) : undefined;
 
     // ---- parallelize: pipeline, tensor parallel, then sharding or replication
     const model = parallelize(built, mesh, {
@@ -121,7 +133,11 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     });
     closers.push(() => model.dispose()); // native memory goes back now, not whenever the GC gets to it
     const named = model.namedParameters();
-    header('model', `${spec.describe(modelCfg)}${modelCfg.moe ? `, ${modelCfg.moe.experts} experts (top ${modelCfg.moe.topK}) every ${modelCfg.moe.every} block(s)` : ''}: ${numParams.toLocaleString('en-US')} parameters; this rank holds ${named.reduce((a, [, p]) => a + p.numel(), 0).toLocaleString('en-US')}`);
+    const held = named.reduce((a, [, p]) => a + p.numel(), 0);
+    const adapted = !lora ? '' : loraCount
+      ? `; LoRA rank ${cfg.lora.rank} on ${loraCount.modules} modules: ${shortCount(loraCount.trainable)} trainable, ${shortCount(loraCount.frozen)} frozen`
+      : `; LoRA rank ${cfg.lora.rank}: ${shortCount(named.filter(([, p]) => p.requiresGrad).reduce((a, [, p]) => a + p.numel(), 0))} trainable on this rank`;
+    header('model', `${spec.describe(modelCfg)}${modelCfg.moe ? `, ${modelCfg.moe.experts} experts (top ${modelCfg.moe.topK}) every ${modelCfg.moe.every} block(s)` : ''}: ${numParams.toLocaleString('en-US')} parameters; this rank holds ${held.toLocaleString('en-US')}${adapted}`);
     header('parallelize', model.summary());
 
     // ---- optimizer + schedule: `[optim] name` from the registry ([Note: optimizer registry]), over
@@ -140,13 +156,19 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
       (o.gradClip > 0 ? `; clip grad norm at ${o.gradClip}` : '') + (layout.zero >= 1 ? `; state sharded over ${layout.dpShard} rank(s)` : ''));
 
     // ---- checkpoint state: where each parameter lives ([Note: placement]), then resume or initFrom
-    const placements = (): ParamPlacement[] => model.placements();
+    // A LoRA run saves and resumes its trainable parameters only; its base comes from train.initFrom.
+    const placements = (): ParamPlacement[] => (lora ? trainablePlacements(model.placements()) : model.placements());
+    if (lora) checkInitFromNotLora(cfg.train.initFrom);
+    const base = lora ? agreeOnBase(world, cfg.train.initFrom) : undefined;
     const moe = cfg.moe.experts > 0 ? new MoEBookkeeping(model.parts, cfg.moe, cfg.model.nLayer, layout.tp ?? 1) : undefined;
     const ckpts = new RunCheckpoints(cfg, { world, ranksPerHost: env.localWorldSize, log: out.log });
     const resumedFrom = ckpts.resumeTarget(opts.resume);
     let startStep = 0;
     if (resumedFrom !== undefined) {
-      const meta = restore(resumedFrom, { placements: placements(), optimizer, optimizerName: optimSpec.label }, numParams);
+      const saved = readMeta(resumedFrom);
+      const problem = loraResumeProblem(resumedFrom, saved, base);
+      if (problem !== undefined) throw new CheckpointError(problem);
+      const meta = restore(resumedFrom, { placements: placements(), optimizer, optimizerName: optimSpec.label }, lora ? loraCount?.trainable : numParams);
       startStep = meta.step;
       if (meta.moe && moe) moe.loadExpertBiases(meta.moe.expertBias);
       if (startStep >= cfg.train.steps) throw new ConfigError([`the checkpoint ${resumedFrom} is at step ${startStep}, and train.steps is ${cfg.train.steps}: nothing is left to train; raise --train.steps`]);
@@ -159,7 +181,10 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     } else if (launcherEnv().elastic) {
       header('elastic', `${launcherEnv().elastic}; ${describeLayout(layout)}${micro.why ? `; ${micro.why}` : ''}; no checkpoint yet: started again from step 0`);
     }
-    if (resumedFrom === undefined && cfg.train.initFrom !== '') {
+    if (lora) {
+      initFrom(cfg.train.initFrom, frozenPlacements(model.placements()), numParams, cfg.model as unknown as Record<string, unknown>);
+      header('init', `frozen base from ${cfg.train.initFrom}; ${resumedFrom === undefined ? 'new adapters (A from train.seed, B zero), step 0' : `adapters from step ${startStep}`}`);
+    } else if (resumedFrom === undefined && cfg.train.initFrom !== '') {
       initFrom(cfg.train.initFrom, placements(), numParams, cfg.model as unknown as Record<string, unknown>);
       header('init', `weights from ${cfg.train.initFrom}; step 0, fresh optimizer state`);
     }
@@ -170,6 +195,7 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
       rng: { kind: 'seed-per-step' as const, seed: cfg.train.seed },
       schedule: { step },
       ...(expertBias ? { moe: { expertBias } } : {}),
+      ...(base ? { base } : {}),
     });
     const M = cfg.data.microBatches;
     return {
