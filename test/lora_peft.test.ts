@@ -23,6 +23,7 @@ import { exportCommand, generate } from '../src/cli/checkpoint.js';
 import type { ModelConfig } from '../src/config/schema.js';
 import { loadConfig } from '../src/config/index.js';
 import { runOracle, oracleMissing } from './oracle/oracle.js';
+import { flotilla } from './helpers/cli.js';
 
 setNumThreads(1);
 const skip = oracleMissing();
@@ -293,8 +294,54 @@ test('lora.adapter is an input path: relative to its config file, or on the comm
   const dir = join(root, 'configs');
   mkdirSync(dir, { recursive: true });
   const file = join(dir, 'run.toml');
-  writeFileSync(file, '[lora]\nrank = 4\nadapter = "adapters/mine"\n');
+  writeFileSync(file, '[train]\ninitFrom = "/abs/base"\n[lora]\nrank = 4\nadapter = "adapters/mine"\n');
   assert.equal(loadConfig(file, []).lora.adapter, join(dir, 'adapters', 'mine'));
   assert.equal(loadConfig(file, ['--lora.adapter=other']).lora.adapter, resolve('other'));
   assert.equal(loadConfig(file, ['--lora.adapter=']).lora.adapter, '');
+});
+
+test('flotilla train --nproc 2 fine-tunes LoRA adapters on a Hugging Face Llama; export --format peft, --merge and generate agree; [lora] adapter continues it under ZeRO-3 from the same tensors', async () => {
+  const c: Case = { ...CASES[0]!, model: { ...CASES[0]!.model, vocabSize: 256 } };
+  const base = join(root, 'e2e-base');
+  const model = makeBase(c, base, 9);
+  const toml = join(root, 'e2e.toml');
+  const m = model as unknown as Record<string, unknown>;
+  writeFileSync(toml, [
+    '[model]', 'arch = "llama"', ...['vocabSize', 'blockSize', 'nLayer', 'nHead', 'nKvHead', 'nEmbd', 'intermediateSize'].map((k) => `${k} = ${String(m[k])}`),
+    '[data]', 'tokenizer = "byte"', 'source = "moby-dick"', 'seqLen = 32', 'globalBatch = 4',
+    '[train]', 'steps = 2', 'evalEvery = 0', `initFrom = ${JSON.stringify(base)}`,
+    '[optim]', 'lr = 1e-2', 'minLr = 1e-2', 'warmupSteps = 0',
+    '[lora]', 'rank = 4', 'alpha = 8', 'targets = ["q_proj", "v_proj", "down_proj"]',
+    '[checkpoint]', 'every = 2',
+    '[log]', 'progress = "plain"', '',
+  ].join('\n'));
+  const run = join(root, 'e2e-run');
+  const r = await flotilla(['train', toml, '--nproc', '2', `--train.runDir=${run}`, '--parallel.zero=2'], { timeoutMs: 240_000 });
+  assert.equal(r.code, 0, `${r.out}\n${r.err}`);
+  const peft = join(root, 'e2e-peft'), merged = join(root, 'e2e-merged');
+  cli([run, peft, '--format', 'peft']);
+  cli([run, merged, '--format', 'hf', '--merge']);
+  const stored = loadSafetensors(join(peft, 'adapter_model.safetensors'));
+  assert.equal(Object.keys(stored).length, 2 * 3 * 2);
+  assert.ok(Object.entries(stored).every(([n, t]) => !n.includes('lora_B') || tidy(() => t.abs().max().item()) > 0), 'B trained away from zero');
+  const withAdapter = await generate(base, { ...greedy('Call me'), adapter: peft });
+  assert.equal(withAdapter[0]!.text, (await generate(merged, greedy('Call me')))[0]!.text);
+  assert.equal(withAdapter[0]!.text, (await generate(run, greedy('Call me')))[0]!.text);
+
+  // A second run continues the exported adapter under another layout (ZeRO-3 shards of each
+  // adapter), at a learning rate too small to move a float32 value: its checkpoint holds the same tensors.
+  const again = join(root, 'e2e-again');
+  const r2 = await flotilla(['train', toml, '--nproc', '2', `--train.runDir=${again}`, '--parallel.zero=3', `--lora.adapter=${peft}`, '--train.steps=1', '--checkpoint.every=1', '--optim.lr=1e-30', '--optim.minLr=0'], { timeoutMs: 240_000 });
+  assert.equal(r2.code, 0, `${r2.out}\n${r2.err}`);
+  assert.match(r2.out, /adapters from .*e2e-peft/);
+  const peft2 = join(root, 'e2e-peft-again');
+  cli([again, peft2, '--format', 'peft']);
+  const stored2 = loadSafetensors(join(peft2, 'adapter_model.safetensors'));
+  for (const [n, t] of Object.entries(stored)) assert.deepEqual(stored2[n]!.toNumbers(), t.toNumbers(), n);
+
+  // An adapter the run cannot continue is refused before any rank starts.
+  const r3 = await flotilla(['train', toml, '--nproc', '2', `--train.runDir=${join(root, 'e2e-refused')}`, `--lora.adapter=${peft}`, '--lora.rank=2'], { timeoutMs: 120_000 });
+  assert.notEqual(r3.code, 0);
+  assert.match(`${r3.out}${r3.err}`, /has rank r = 4, and lora\.rank = 2: set lora\.rank = 4/);
+  assert.doesNotMatch(`${r3.out}${r3.err}`, /\[model\]/, 'no rank started');
 });

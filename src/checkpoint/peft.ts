@@ -22,6 +22,7 @@ import { dtypeCode, elementSize, isFloating, type DType } from '../tensor/dtype.
 import type { Module } from '../nn/module.js';
 import { Linear } from '../nn/layers.js';
 import { applyLora, hfModuleNames, loraAdapters } from '../nn/lora.js';
+import { loraTargetProblems } from '../nn/lora_targets.js';
 import { placementsOf, wholeRuns, type ParamPlacement } from '../parallel/placement.js';
 import { modelSpec, type ModelSpec } from '../models/registry.js';
 import { readSafetensorsHeader, saveSafetensors } from './safetensors.js';
@@ -77,30 +78,22 @@ export function adapterSlots(model: Module, spec: ModelSpec, cfg: Record<string,
   });
 }
 
-/** The [model] section's model with LoRA applied, built without parameter memory (for its names and shapes only). */
-function shapeModel(cfg: Record<string, unknown>, targets: readonly string[], rank: number): { model: Module; spec: ModelSpec } {
-  const spec = modelSpec(String(cfg.arch ?? 'gpt'));
-  const model = spec.build(cfg, { initSeed: 0, deferInit: true });
-  try {
-    applyLora(model, { rank, targets, hfNames: loraHfNames(spec, cfg) });
-  } catch (e) {
-    model.dispose();
-    throw e;
-  }
-  return { model, spec };
-}
-
 /**
- * Every adapter slot of the whole model a [model] section describes with LoRA on `targets` at `rank`
- * (built without parameter memory, so any rank may ask, whatever part of the model it holds).
+ * Every adapter slot of the whole model a [model] section describes with LoRA on `targets` at `rank`,
+ * from the architecture's list of Linears (ModelRules.linears: no model is built, so any rank may
+ * ask, whatever part of the model it holds), chosen as applyLora chooses them.
  */
 export function wholeModelSlots(cfg: Record<string, unknown>, targets: readonly string[], rank: number): AdapterSlot[] {
-  const { model, spec } = shapeModel(cfg, targets, rank);
-  try {
-    return adapterSlots(model, spec, cfg);
-  } finally {
-    model.dispose();
-  }
+  const spec = modelSpec(String(cfg.arch ?? 'gpt'));
+  const { transposed } = hfModules(spec, cfg);
+  const linears = spec.linears?.(cfg);
+  if (!linears) throw new CheckpointError(`model.arch = "${spec.arch}" does not list its Linears, so its adapters have no PEFT names`);
+  const r = loraTargetProblems(linears, { rank, targets, head: 'head' });
+  if (r.problems.length > 0) throw new CheckpointError(`LoRA: ${r.problems[0]}`);
+  return linears.filter((l) => r.chosen.has(l.path)).map((l) => {
+    if (l.hf === undefined) throw new CheckpointError(`the adapted Linear '${l.path}' has no Hugging Face name in a ${spec.hf!.architecture}, so it has no PEFT name`);
+    return { path: l.path, hf: l.hf, rank, inFeatures: l.inFeatures, outFeatures: l.outFeatures, transposed: transposed.has(l.path) };
+  });
 }
 
 /** The sorted distinct module names (last path components) of the slots: PEFT's target_modules. */
