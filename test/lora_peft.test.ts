@@ -344,4 +344,9 @@ test('flotilla train --nproc 2 fine-tunes LoRA adapters on a Hugging Face Llama;
   assert.notEqual(r3.code, 0);
   assert.match(`${r3.out}${r3.err}`, /has rank r = 4, and lora\.rank = 2: set lora\.rank = 4/);
   assert.doesNotMatch(`${r3.out}${r3.err}`, /\[model\]/, 'no rank started');
+
+  // A base that changed since the adapters trained on it is named, not merged into or sampled with.
+  writeFileSync(join(base, 'config.json'), `${readFileSync(join(base, 'config.json'), 'utf8')}\n`);
+  assert.throws(() => cli([run, join(root, 'e2e-merged-changed'), '--format', 'hf', '--merge']), /the base of .* changed since its adapters were trained: .*config\.json is \d+ bytes .*put back the base they were trained on/);
+  await assert.rejects(generate(run, greedy('Call me')), /changed since its adapters were trained/);
 });
