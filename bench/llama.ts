@@ -6,34 +6,45 @@
 // pairs of processes, one after another (this machine runs a whole process at one of two speeds:
 // [Note: two speeds] below).
 //
-//   node --import tsx bench/llama.ts [--width 256] [--steps 3] [--rounds 4] [--warmup 2] [--processes 5] [--no-write]
+// With --lora R both sides fine-tune instead: flotilla's applyLora (src/nn/lora.ts, rank R, alpha 16,
+// every Linear but the head) and the peer's own LoRA layer around nn.Linear, each with its base
+// frozen and AdamW over the adapters only; B starts nonzero so that the first losses' agreement
+// checks the adapters too.
 //
-// Writes its section of docs/BENCHMARKS.md (between <!-- llama:begin --> and <!-- llama:end -->).
+//   node --import tsx bench/llama.ts [--width 256] [--layers 4] [--kv-heads 2] [--lora 0] [--steps 3] [--rounds 4] [--warmup 2] [--processes 5] [--no-write]
+//
+// Writes its section of docs/BENCHMARKS.md (between <!-- llama:begin --> and <!-- llama:end -->, or
+// <!-- lora-step:begin --> and <!-- lora-step:end --> with --lora).
 import { spawn } from 'node:child_process';
 import os from 'node:os';
 import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { cpus, tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
-import { randint, manualSeed, setNumThreads, tidy, torchVersion } from '../src/tensor/index.js';
-import { Llama, type LlamaConfig } from '../src/models/llama.js';
+import { randint, randn, manualSeed, noGrad, setNumThreads, tidy, torchVersion, bf16Support } from '../src/tensor/index.js';
+import { Llama, llamaNumParams, type LlamaConfig } from '../src/models/llama.js';
 import { llamaCriterion } from '../src/models/llama_parallel.js';
 import { AdamW, type AdamWOptions } from '../src/optim/index.js';
 import { DataParallel } from '../src/parallel/data_parallel/data_parallel.js';
 import { initProcessGroup } from '../src/distributed/process_group.js';
 import { saveSafetensors } from '../src/checkpoint/safetensors.js';
 import { autocast, type Precision } from '../src/nn/precision.js';
+import { applyLora, withAdaptersDisabled } from '../src/nn/lora.js';
 import { PythonPeer, median, writeSection, parseBench } from './report.js';
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
 const BATCH = 8, SEQ = 128;
 const ADAMW: AdamWOptions = { lr: 3e-4, betas: [0.9, 0.95], eps: 1e-8, weightDecay: 0.1 };
+const LORA_ALPHA = 16;
+
+/** The model's shape and, with lora > 0, the adapters' rank (every Linear but the head). */
+interface Shape { nEmbd: number; nLayer: number; nKvHead: number; lora: number }
 
 /** The PyTorch reference Llama (bench/llama_peer.py) on flotilla's initial weights. */
 class Peer extends PythonPeer {
-  constructor(init: string, cfg: LlamaConfig) {
-    super(join(ROOT, 'bench', 'llama_peer.py'), [init, JSON.stringify({ ...cfg, adamw: ADAMW })]);
+  constructor(init: string, cfg: LlamaConfig, lora: number) {
+    super(join(ROOT, 'bench', 'llama_peer.py'), [init, JSON.stringify({ ...cfg, adamw: ADAMW, ...(lora > 0 ? { lora: { rank: lora, alpha: LORA_ALPHA } } : {}) })]);
   }
   /** Wall and CPU seconds of each of n steps. */
   async steps(n: number, mode: 'fp32' | 'bf16'): Promise<{ wall: number[]; cpu: number[] }> {
@@ -44,29 +55,57 @@ class Peer extends PythonPeer {
 
 type Series = { wall: number[]; cpu: number[] };
 /** What one pair of processes measured: every timed step of each side, and each adjacent pair's ratio (flotilla over PyTorch). */
-interface PairResult { cfg: LlamaConfig; torch: string; times: Record<string, Series>; ratios: Record<string, Series> }
-const MODES = [['flotilla fp32', 'PyTorch fp32', 'fp32', 'fp32'], ['flotilla bf16-mixed', 'PyTorch autocast bf16', 'bf16-mixed', 'bf16']] as const;
+interface PairResult { cfg: LlamaConfig; torch: string; times: Record<string, Series>; ratios: Record<string, Series>; adapterParams: number }
+const ALL_MODES = [['flotilla fp32', 'PyTorch fp32', 'fp32', 'fp32'], ['flotilla bf16-mixed', 'PyTorch autocast bf16', 'bf16-mixed', 'bf16']] as const;
+/**
+ * The precisions a run measures: a LoRA run float32 only, since on a CPU without native bfloat16
+ * (cpu_features.ts) a bf16 step of the LoRA bench's larger model takes tens of seconds, mostly conversions.
+ */
+const modesOf = (shape: Shape) => (shape.lora > 0 ? ALL_MODES.slice(0, 1) : ALL_MODES);
 
 /** One pair of processes: this one runs flotilla, its child the PyTorch reference. */
-async function measurePair(nEmbd: number, steps: number, rounds: number, warmup: number): Promise<PairResult> {
+async function measurePair(shape: Shape, steps: number, rounds: number, warmup: number): Promise<PairResult> {
   setNumThreads(1);
   manualSeed(0);
-  const model = new Llama({ vocabSize: 256, blockSize: SEQ, nLayer: 4, nHead: 8, nKvHead: 2, nEmbd }, { initSeed: 0 });
+  const { nEmbd, nLayer, nKvHead, lora } = shape;
+  const model = new Llama({ vocabSize: 256, blockSize: SEQ, nLayer, nHead: 8, nKvHead, nEmbd }, { initSeed: 0 });
   const cfg = model.cfg;
+  const MODES = modesOf(shape);
+  let adapterParams = 0;
+  if (lora > 0) {
+    const { adapters } = applyLora(model, { rank: lora, alpha: LORA_ALPHA, targets: ['all-linear'], initSeed: 0 });
+    // A nonzero B (PEFT starts it at zero), so that the first losses agree only if the adapters compute the same.
+    noGrad(() => { for (const a of adapters.values()) a.B.weight.copy_(randn(a.B.weight.shape).mul(0.1)); });
+    for (const a of adapters.values()) adapterParams += a.A.weight.numel() + a.B.weight.numel();
+  }
   const idx = randint(0, 256, [BATCH, SEQ]);
   const targets = randint(0, 256, [BATCH, SEQ]);
   const dir = mkdtempSync(join(tmpdir(), 'flotilla-bench-llama-'));
   const init = join(dir, 'init.safetensors');
   saveSafetensors(init, { ...Object.fromEntries(model.namedParameters()), idx, targets });
-  const peer = new Peer(init, cfg);
+  const peer = new Peer(init, cfg, lora);
   try {
     const ready = await peer.next();
     // The single-process path of `flotilla train`: flat buckets, AdamW over them.
     const group = initProcessGroup();
     const dp = new DataParallel(model, { group });
-    const opt = new AdamW(model.parameters(), ADAMW, { grads: dp });
-    const loss0 = tidy(() => llamaCriterion(model.call(idx), targets).item());
+    // Over the parameters that train (the trainer's trainedParameters): all of them, or the adapters alone.
+    const opt = new AdamW(model.parameters().filter((p) => p.requiresGrad), ADAMW, { grads: dp });
+    // The first loss and the first logits (those of the first sequence's first 16 positions) agree.
+    const first = () => tidy(() => {
+      const out = model.call(idx);
+      return { loss: llamaCriterion(out, targets).item(), logits: out.logits.select(0, 0).narrow(0, 0, 16).reshape(-1).toNumbers() };
+    });
+    const { loss: loss0, logits: logits0 } = first();
     if (Math.abs(loss0 - ready.loss0) > 1e-4 * Math.abs(ready.loss0)) throw new Error(`the two models differ: loss ${loss0} against PyTorch's ${ready.loss0}`);
+    const apart = (a: number[], b: number[]) => Math.max(...a.map((x, i) => Math.abs(x - b[i]!)));
+    const tol = 1e-4 * Math.max(...(ready.logits0 as number[]).map(Math.abs));
+    if (apart(logits0, ready.logits0) > tol) throw new Error(`the two models differ: logits ${apart(logits0, ready.logits0)} apart (tolerance ${tol})`);
+    if (lora > 0) {
+      // The logits move far more under the adapters than the agreement's tolerance, or it would not check them.
+      const moved = apart(logits0, withAdaptersDisabled(model, first).logits);
+      if (!(moved > 100 * tol)) throw new Error(`the adapters move the first logits by ${moved} only, too little for their agreement (within ${tol}) to check them`);
+    }
     const ours = async (n: number, precision: Precision, untimedFirst: boolean): Promise<Series> => {
       const out: Series = { wall: [], cpu: [] };
       for (let i = untimedFirst ? -1 : 0; i < n; i++) {
@@ -98,10 +137,8 @@ async function measurePair(nEmbd: number, steps: number, rounds: number, warmup:
       const t = m[k] ?? { wall: [], cpu: [] };
       m[k] = { wall: [...t.wall, ...xs.wall], cpu: [...t.cpu, ...xs.cpu] };
     };
-    await ours(warmup, 'fp32', false);
-    await ours(warmup, 'bf16-mixed', false);
-    await peer.steps(warmup, 'fp32');
-    await peer.steps(warmup, 'bf16');
+    for (const [, , prec] of MODES) await ours(warmup, prec, false);
+    for (const [, , , mode] of MODES) await peer.steps(warmup, mode);
     for (let r = 0; r < rounds; r++) {
       for (const [fk, pk, prec, mode] of r % 2 ? [...MODES].reverse() : MODES) {
         // The first step of each mode in a round is untimed on both sides: it follows the other mode's steps.
@@ -120,7 +157,7 @@ async function measurePair(nEmbd: number, steps: number, rounds: number, warmup:
     }
     opt.dispose();
     dp.dispose();
-    return { cfg, torch: ready.torch, times, ratios };
+    return { cfg, torch: ready.torch, times, ratios, adapterParams };
   } finally {
     peer.close();
     rmSync(dir, { recursive: true, force: true });
@@ -139,22 +176,27 @@ function pairInChild(args: string[]): Promise<PairResult> {
 }
 
 async function main(): Promise<void> {
-  const { values: a } = parseArgs({ options: { width: { type: 'string', default: '256' }, steps: { type: 'string', default: '3' }, rounds: { type: 'string', default: '4' }, warmup: { type: 'string', default: '2' }, processes: { type: 'string', default: '5' }, child: { type: 'boolean', default: false }, 'no-write': { type: 'boolean', default: false } } });
-  const nEmbd = Number(a.width), steps = Number(a.steps), rounds = Number(a.rounds), warmup = Number(a.warmup), processes = Number(a.processes);
+  const { values: a } = parseArgs({ options: { width: { type: 'string', default: '256' }, layers: { type: 'string', default: '4' }, 'kv-heads': { type: 'string', default: '2' }, lora: { type: 'string', default: '0' }, steps: { type: 'string', default: '3' }, rounds: { type: 'string', default: '4' }, warmup: { type: 'string', default: '2' }, processes: { type: 'string', default: '5' }, child: { type: 'boolean', default: false }, 'no-write': { type: 'boolean', default: false } } });
+  const shape: Shape = { nEmbd: Number(a.width), nLayer: Number(a.layers), nKvHead: Number(a['kv-heads']), lora: Number(a.lora) };
+  const steps = Number(a.steps), rounds = Number(a.rounds), warmup = Number(a.warmup), processes = Number(a.processes);
   if (a.child) {
-    console.log(`BENCH ${JSON.stringify(await measurePair(nEmbd, steps, rounds, warmup))}`);
+    console.log(`BENCH ${JSON.stringify(await measurePair(shape, steps, rounds, warmup))}`);
     return;
   }
   if (!(processes >= 1)) throw new Error(`--processes must be at least 1, not ${a.processes}`);
+  if (!(Number.isInteger(shape.lora) && shape.lora >= 0)) throw new Error(`--lora must be a rank (0 = a full fine-tune), not ${a.lora}`);
+  const lora = shape.lora > 0;
+  const MODES = modesOf(shape);
   const load0 = os.loadavg()[0]!;
   // [Note: two speeds] On this machine a flotilla process runs the same step at one of two speeds,
   // the slower 1.2-1.9x, for most of its life, and PyTorch's processes have slow steps and slow hours
   // of their own (docs/BENCHMARKS.md, below the table): one pair of processes measures which speeds
   // its two processes drew. The pairs run one after another, each a fresh flotilla process and a
   // fresh PyTorch peer, and the ratio is their median.
+  const args = ['--width', String(shape.nEmbd), '--layers', String(shape.nLayer), '--kv-heads', String(shape.nKvHead), '--lora', String(shape.lora), '--steps', String(steps), '--rounds', String(rounds), '--warmup', String(warmup)];
   const pairs: PairResult[] = [];
   for (let k = 0; k < processes; k++) {
-    const r = await pairInChild(['--width', String(nEmbd), '--steps', String(steps), '--rounds', String(rounds), '--warmup', String(warmup)]);
+    const r = await pairInChild(args);
     pairs.push(r);
     console.log(`process pair ${k + 1}/${processes}: ${MODES.map(([f, p]) => `${f} ${(median(r.times[f]!.wall) * 1e3).toFixed(1)} ms, ${p} ${(median(r.times[p]!.wall) * 1e3).toFixed(1)} ms, ratio ${median(r.ratios[f]!.wall).toFixed(3)}`).join('; ')}`);
   }
@@ -162,7 +204,7 @@ async function main(): Promise<void> {
   const all = (k: string, w: 'wall' | 'cpu') => pairs.flatMap((r) => r.times[k]![w]);
   const perPair = (f: string, w: 'wall' | 'cpu') => pairs.map((r) => median(r.ratios[f]![w]));
   const ms = (s: number) => (s * 1e3).toFixed(1);
-  const rows = [['float32', 'flotilla fp32', 'PyTorch fp32', '<= 1.0'], ['bf16-mixed / autocast bf16', 'flotilla bf16-mixed', 'PyTorch autocast bf16', '<= 0.95']] as const;
+  const rows = ([['float32', 'flotilla fp32', 'PyTorch fp32', '<= 1.0'], ['bf16-mixed / autocast bf16', 'flotilla bf16-mixed', 'PyTorch autocast bf16', '<= 0.95']] as const).slice(0, MODES.length);
   const pr = (f: string) => median(perPair(f, 'wall')), cpr = (f: string) => median(perPair(f, 'cpu'));
   const table = [
     '| precision | flotilla step | PyTorch step | ratio (median over process pairs) | each pair\'s ratio (median of its adjacent steps) | flotilla CPU time | PyTorch CPU time | CPU ratio | target |',
@@ -170,26 +212,44 @@ async function main(): Promise<void> {
     ...rows.map(([what, f, p, target]) => `| ${what} | ${ms(median(all(f, 'wall')))} ms | ${ms(median(all(p, 'wall')))} ms | ${pr(f).toFixed(3)} | ${perPair(f, 'wall').map((x) => x.toFixed(3)).join(', ')} | ${ms(median(all(f, 'cpu')))} ms | ${ms(median(all(p, 'cpu')))} ms | ${cpr(f).toFixed(3)} | ${target} |`),
   ].join('\n');
   const ratio = (f: string) => `${pr(f).toFixed(3)}x (CPU time ${cpr(f).toFixed(3)}x)`;
-  const summary = `Llama width ${nEmbd}: float32 ${ratio('flotilla fp32')} PyTorch (target <= 1.0), bf16-mixed ${ratio('flotilla bf16-mixed')} autocast (target <= 0.95), median over ${processes} process pairs`;
+  const what = lora ? `LoRA rank ${shape.lora} step, Llama width ${shape.nEmbd} x ${shape.nLayer} layers` : `Llama width ${shape.nEmbd}`;
+  const summary = `${what}: float32 ${ratio('flotilla fp32')} PyTorch (target <= 1.0)${lora ? '' : `, bf16-mixed ${ratio('flotilla bf16-mixed')} autocast (target <= 0.95)`}, median over ${processes} process pairs`;
   console.log(summary);
   console.log(table);
   if (a['no-write']) return;
-  writeSection('llama', [
+  const reproduce = `node --import tsx bench/llama.ts --width ${shape.nEmbd}${shape.nLayer !== 4 ? ` --layers ${shape.nLayer}` : ''}${shape.nKvHead !== 2 ? ` --kv-heads ${shape.nKvHead}` : ''}${lora ? ` --lora ${shape.lora}` : ''} --steps ${steps} --rounds ${rounds} --warmup ${warmup} --processes ${processes}`;
+  const model = `Llama, ${cfg.nLayer} layers, ${cfg.nHead} query heads sharing ${cfg.nKvHead} key/value heads of ${cfg.headDim}, width ${cfg.nEmbd}, SwiGLU ${cfg.intermediateSize}, ` +
+    `vocab ${cfg.vocabSize}, untied${lora ? ` (${(llamaNumParams(cfg) / 1e6).toFixed(1)}M parameters)` : ''}, batch ${BATCH} x ${SEQ}`;
+  const method = `${processes} pairs of processes, one after another, each a fresh flotilla process and a fresh PyTorch peer. ` +
+    `In each pair, after ${warmup} warmup steps, ${rounds} rounds; in each round, per mode, one untimed step on each side, then ` +
+    `${steps} pairs of adjacent steps, one on each side, alternating which goes first; the pair's ratio is the median over those of flotilla's step over ` +
+    `PyTorch's (this machine's speed drifts by tens of percent within seconds, which two steps a few hundred milliseconds apart share). ` +
+    `The ratio is the median over the process pairs (a flotilla process runs at one of two speeds, ${lora ? 'the Llama section above' : 'below'}); step times are medians over all pairs' steps. ` +
+    `libtorch ${torchVersion()}, PyTorch ${torch}.`;
+  const head = lora ? [
+    '## LoRA fine-tuning: step time vs PyTorch',
+    '',
+    `${model}; LoRA rank ${shape.lora}, alpha ${LORA_ALPHA}, on every Linear but the output head (q, k, v, o, gate, up, down: ` +
+      `${(pairs[0]!.adapterParams / 1e3).toFixed(0)}K adapter parameters); forward + backward + AdamW over the adapters only, one intra-op thread each, single process. ` +
+      'flotilla runs `applyLora` (src/nn/lora.ts: the adapter attached to the Linear in place, the base frozen) on src/models/llama.ts, on the single-process path of ' +
+      '`flotilla train` (flat buckets holding the adapters only, AdamW over them), in float32. PyTorch runs bench/llama_peer.py (the Llama section\'s reference Llama) with its own ' +
+      'LoRA layer around each nn.Linear (y = W x + alpha / r B(A x), W with requires_grad False, A and B nn.Linear), AdamW over A and B only, in float32. ' +
+      'Same weights, adapters and batch: B starts nonzero here (PEFT starts it at zero) so that the first losses, which must agree, check the adapters too. ' +
+      `Float32 only: this CPU (${cpus()[0]?.model.trim() ?? 'cpu'}) has ${bf16Support().native ? '' : 'no '}native bfloat16, so a bf16 step measures conversions more than the step. ` +
+      method,
+  ] : [
     '## Llama step time vs the PyTorch reference Llama',
     '',
-    `Llama, ${cfg.nLayer} layers, ${cfg.nHead} query heads sharing ${cfg.nKvHead} key/value heads of ${cfg.headDim}, width ${cfg.nEmbd}, SwiGLU ${cfg.intermediateSize}, ` +
-      `vocab ${cfg.vocabSize}, untied, batch ${BATCH} x ${SEQ}; forward + backward + AdamW, one intra-op thread each, single process. ` +
+    `${model}; forward + backward + AdamW, one intra-op thread each, single process. ` +
       'PyTorch runs bench/llama_peer.py (the computation of transformers\' LlamaForCausalLM with eager attention: float32 RMSNorm and rotary tables, ' +
       'rotate_half, repeat_kv, an additive causal mask, softmax in float32) in float32 and under `torch.autocast(\'cpu\', dtype=torch.bfloat16)`; ' +
       'flotilla runs src/models/llama.ts on the single-process path of `flotilla train` (flat buckets, AdamW over them) with `precision` fp32 and bf16-mixed. ' +
-      `Same weights and batch (the first losses agree). ${processes} pairs of processes, one after another, each a fresh flotilla process and a fresh PyTorch peer. ` +
-      `In each pair, after ${warmup} warmup steps, ${rounds} rounds; in each round, per mode, one untimed step on each side, then ` +
-      `${steps} pairs of adjacent steps, one on each side, alternating which goes first; the pair's ratio is the median over those of flotilla's step over ` +
-      `PyTorch's (this machine's speed drifts by tens of percent within seconds, which two steps a few hundred milliseconds apart share). ` +
-      `The ratio is the median over the process pairs (a flotilla process runs at one of two speeds, below); step times are medians over all pairs' steps. ` +
-      `libtorch ${torchVersion()}, PyTorch ${torch}.`,
+      `Same weights and batch (the first losses agree). ${method}`,
+  ];
+  writeSection(lora ? 'lora-step' : 'llama', [
+    ...head,
     '',
-    `Reproduce: \`node --import tsx bench/llama.ts --width ${nEmbd} --steps ${steps} --rounds ${rounds} --warmup ${warmup} --processes ${processes}\`.`,
+    `Reproduce: \`${reproduce}\`.`,
     '',
     'Step times are medians of wall time; CPU time is each process\'s own (user + system) per step, which waiting for a core on a loaded machine inflates much less.',
     '',

@@ -4,8 +4,10 @@ additive causal mask, softmax in float32), on flotilla's parameter names (src/mo
 flotilla's weights load as they are. Used by bench/llama.ts (its step-time peer) and by the Llama
 tests (test/fixtures/llama_torch.py).
 
-As the benchmark peer: argv init.safetensors '<json config>' (resolved LlamaConfig fields, 'adamw').
-Prints {"ready", "loss0"}, then answers each stdin line {"steps": n, "mode": "fp32" | "bf16"} with
+As the benchmark peer: argv init.safetensors '<json config>' (resolved LlamaConfig fields, 'adamw', and
+optionally 'lora': {rank, alpha}: a LoRA layer around every Linear but the head, the base frozen, A and
+B loaded from flotilla's '<linear>.loraA.weight' and '<linear>.loraB.weight').
+Prints {"ready", "loss0", "logits0" (the first sequence's first 16 positions' logits, flat)}, then answers each stdin line {"steps": n, "mode": "fp32" | "bf16"} with
 {"times": [seconds per step], "cpu": [CPU seconds per step]}; an empty line ends it."""
 import json
 import math
@@ -133,6 +135,39 @@ class Llama(nn.Module):
         return logits, F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+class LoraLinear(nn.Module):
+    """A low-rank adapter around a frozen nn.Linear: y = W x + alpha / r * B(A(x)), A (r, in) and B (out, r)."""
+
+    def __init__(self, base, r, alpha):
+        super().__init__()
+        self.base = base
+        self.base.weight.requires_grad_(False)
+        self.loraA = nn.Linear(base.in_features, r, bias=False)
+        self.loraB = nn.Linear(r, base.out_features, bias=False)
+        nn.init.zeros_(self.loraB.weight)
+        self.scale = alpha / r
+
+    def forward(self, x):
+        return self.base(x) + self.loraB(self.loraA(x)) * self.scale
+
+
+def add_lora(model, tensors, r, alpha):
+    """Wraps every Linear but the head in a LoraLinear, freezes every other parameter, and loads the adapters."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    targets = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear) and name != 'head']
+    for name, m in targets:
+        parent, _, leaf = name.rpartition('.')
+        setattr(model.get_submodule(parent), leaf, LoraLinear(m, r, alpha))
+    adapters = {}
+    for name, _ in targets:
+        for ab in ('loraA', 'loraB'):
+            adapters[f'{name}.{ab}.weight'] = tensors[f'{name}.{ab}.weight']
+    missing, unexpected = model.load_state_dict(adapters, strict=False)
+    assert not unexpected and all('.lora' not in k for k in missing), (missing, unexpected)
+    return [p for p in model.parameters() if p.requires_grad]
+
+
 def load_model(tensors, c):
     model = Llama(c)
     own = set(model.state_dict().keys())
@@ -148,9 +183,10 @@ def main():
     tensors, _ = load(sys.argv[1])
     c = json.loads(sys.argv[2])
     model = load_model(tensors, c)
+    trained = add_lora(model, tensors, c['lora']['rank'], c['lora']['alpha']) if 'lora' in c else list(model.parameters())
     idx, targets = tensors['idx'], tensors['targets']
     o = c['adamw']
-    opt = torch.optim.AdamW(model.parameters(), lr=o['lr'], betas=tuple(o['betas']), eps=o['eps'], weight_decay=o['weightDecay'])
+    opt = torch.optim.AdamW(trained, lr=o['lr'], betas=tuple(o['betas']), eps=o['eps'], weight_decay=o['weightDecay'])
 
     def step(mode):
         t0, c0 = time.perf_counter(), time.process_time()
@@ -163,8 +199,9 @@ def main():
         return time.perf_counter() - t0, time.process_time() - c0
 
     with torch.no_grad():
-        loss0 = model(idx, targets)[1].item()
-    print(json.dumps({'ready': True, 'loss0': loss0, 'torch': torch.__version__}), flush=True)
+        logits, loss0 = model(idx, targets)
+    logits0 = logits[0, :16].reshape(-1).tolist()
+    print(json.dumps({'ready': True, 'loss0': loss0.item(), 'logits0': logits0, 'torch': torch.__version__}), flush=True)
     for line in sys.stdin:
         if not line.strip():
             break

@@ -6,7 +6,7 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { measureRss, theoryBytesPerParam, MiB, type RankRss } from '../test/helpers/rss.js';
+import { measureRss, rssTimeline, theoryBytesPerParam, MiB, type RankRss } from '../test/helpers/rss.js';
 import { writeSection } from './report.js';
 
 const argv = process.argv.slice(2);
@@ -28,30 +28,13 @@ function overrides(zero: number): string[] {
   ];
 }
 
-/** The largest VmRSS sample between two markers (ms), or at the end. */
-function maxBetween(r: RankRss, from: number, to: number): number {
-  return Math.max(0, ...r.samples.filter(([t]) => t >= from && t < to).map(([, v]) => v));
-}
-
-function timeline(r: RankRss): string {
-  const at = (name: string) => r.marks.find(([n]) => n === name)?.[1];
-  const bounds: [string, number][] = [['start', 0]];
-  for (const name of ['phase:model', 'phase:parallelize', 'phase:optimizer', 'phase:train', ...Array.from({ length: steps }, (_, i) => `step:${i + 1}`), 'ready']) {
-    const t = at(name);
-    if (t !== undefined) bounds.push([name, t]);
-  }
-  const parts: string[] = [];
-  for (let i = 1; i < bounds.length; i++) parts.push(`${bounds[i]![0].replace(/^(phase|step):/, '$1 ')} ${maxBetween(r, bounds[i - 1]![1], bounds[i]![1]).toFixed(0)}`);
-  return parts.join(', ');
-}
-
 const results: Record<number, RankRss[]> = {};
 try {
   for (const zero of [0, 1, 2, 3]) {
     results[zero] = await measureRss(overrides(zero), { env });
     const rs = results[zero]!;
     console.log(`zero ${zero}: VmHWM ${rs.map((r) => `rank ${r.rank} ${r.peakMiB.toFixed(0)} MiB`).join(', ')}`);
-    for (const r of rs) console.log(`  rank ${r.rank} max VmRSS up to each marker (MiB): ${timeline(r)}`);
+    for (const r of rs) console.log(`  rank ${r.rank} max VmRSS up to each marker (MiB): ${rssTimeline(r, steps)}`);
     if (rs[0]!.memoryLine) console.log(`  ${rs[0]!.memoryLine}`);
   }
 } finally {

@@ -37,6 +37,9 @@ test('LoRA on every linear layer of a GPT under dp and ZeRO-3 on 2 ranks equals 
       assert.deepEqual(o.frozenMoved, [], `${who}: the base moved`);
       const m = o.memory!;
       assert.ok(m.gradBytes * shards >= m.trainableBytes && m.gradBytes * shards < m.trainableBytes + 8 * 64 * shards, `${who}: ${m.gradBytes} gradient bytes for ${m.trainableBytes} trainable bytes`);
+      // AdamW's two moments for the adapters only (padding aside), none for the frozen base (under ZeRO-3 it shares the shard).
+      const state = m.stateBytes! * shards;
+      assert.ok(state >= 2 * m.trainableBytes && state < 2 * (m.trainableBytes + 8 * 64 * shards), `${who}: ${m.stateBytes} optimizer state bytes for ${m.trainableBytes} trainable bytes`);
     }
     if (name === 'lora_z3') {
       for (const k of Object.keys(outs[0]!.frozenHeld!)) {

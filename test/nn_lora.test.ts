@@ -6,12 +6,11 @@ import assert from 'node:assert/strict';
 import { manualSeed, noGrad, randint, setNumThreads, tidy, type Tensor } from '../src/tensor/index.js';
 import { Linear } from '../src/nn/layers.js';
 import { autocast } from '../src/nn/precision.js';
-import { applyLora, hfModuleNames, loraAdapters, mergeLora, unmergeLora, withAdaptersDisabled, type AppliedLora } from '../src/nn/lora.js';
+import { applyLora, hfModuleNames, loraAdapterOf, loraAdapters, mergeLora, unmergeLora, withAdaptersDisabled, type AppliedLora } from '../src/nn/lora.js';
 import { Llama, ropeInverseFrequencies, type LlamaConfig } from '../src/models/llama.js';
 import { GPT, type GPTConfig } from '../src/models/gpt.js';
 import { llamaHf } from '../src/models/llama_hf.js';
 import { gpt2Hf } from '../src/models/gpt_hf.js';
-import { llamaTensorPlan } from '../src/models/llama_parallel.js';
 import { parallelizeModule } from '../src/parallel/tensor_parallel/styles.js';
 import type { ProcessGroup } from '../src/distributed/process_group.js';
 import { runOracle, oracleMissing } from './oracle/oracle.js';
@@ -210,9 +209,13 @@ test('LoRA errors name the fix', () => {
   assert.ok(model.namedParameters().every(([, p]) => p.requiresGrad), 'and freezes nothing');
   applyLora(model, { rank: 2, targets: ['q'] });
   assert.throws(() => applyLora(model, { rank: 2, targets: ['q'] }), /already has an adapter; apply LoRA once/);
-  // Tensor parallelism does not split adapters yet: refused before anything is sharded.
+  // Tensor parallelism splits an adapter with its base (test/lora_tp.test.ts trains it): q is
+  // column-parallel, so B keeps q's output rows of this rank and A stays whole.
   const g = { rank: 0, size: 2 } as ProcessGroup;
-  assert.throws(() => parallelizeModule(model, g, llamaTensorPlan()(model)), /module 'layers\.0\.attn\.q' has a LoRA adapter, which tensor parallelism does not split yet/);
-  assert.equal(model.layers.items[0]!.attn.q.weight.shape[0], 16, 'nothing was sharded');
+  const applied = parallelizeModule(model, g, { 'layers.*.attn': 'prepareInput', 'layers.*.attn.q': { kind: 'colwise', input: 'prepared' } });
+  const q = model.layers.items[0]!.attn.q;
+  const a = loraAdapterOf(q)!;
+  assert.deepEqual([q.weight.shape, a.B.weight.shape, a.A.weight.shape], [[8, 16], [8, 2], [2, 16]]);
+  applied.dispose();
   model.dispose();
 });

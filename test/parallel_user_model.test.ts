@@ -3,7 +3,8 @@
 // parallel, ZeRO-3 with a unit policy by class, pp=2 with 1F1B (and zero bubble), pp=2 x ZeRO-2,
 // pp=2 x ZeRO-3 (the unit policy leaves the embedding and the head outside the units, so each stage
 // has a root unit of its own), pp=2 over HSDP with the layout's non-default accumulation flavour
-// (reduceScatterEachAllReduceLast, under zero bubble), and tensor parallelism from the model's own plan (tp=2, and tp=2 x pp=2).
+// (reduceScatterEachAllReduceLast, under zero bubble), and tensor parallelism from the model's own plan (tp=2, and tp=2 x pp=2),
+// also with LoRA adapters on its Linears.
 // Every rank's losses and parameters against the whole model on the whole batch, in float64.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -18,7 +19,7 @@ const dir = mkdtempSync(join(tmpdir(), 'flotilla-user-'));
 const script = 'test/fixtures/user_model_rank.ts';
 
 interface Out { rank: number; losses: number[]; params: Record<string, number[]>; held: number; written: Record<string, number>; frozenMoved?: string[]; frozenHeld?: Record<string, number> }
-interface Run { name: string; layout?: Record<string, unknown>; micro: number; frozen?: string[]; save?: string; load?: string }
+interface Run { name: string; layout?: Record<string, unknown>; micro: number; frozen?: string[]; save?: string; load?: string; lora?: { rank: number; targets: string[] } }
 
 async function launch(nproc: number, runs: Run[]): Promise<void> {
   const r = await runWorld({ nproc, script, args: [JSON.stringify({ out: dir, runs })], timeoutMs: 240_000 });
@@ -55,9 +56,23 @@ function compare(name: string, nproc: number, opts: { split?: boolean; sliced?: 
 // block 2 (a ZeRO-3 unit with nothing to train) and one matrix of block 3.
 const FROZEN = ['^0\\.', '^2\\.', '^3\\.fc\\.weight$'];
 const isFrozen = (k: string): boolean => FROZEN.some((f) => new RegExp(f).test(k));
-const ref = launch(1, [{ name: 'ref', micro: 1 }, { name: 'ref_frozen', micro: 1, frozen: FROZEN }]);
+// LoRA adapters on every Linear (the blocks' fc and out, split by the model's own tp plan, and the
+// head's, replicated), the rest frozen by applyLora.
+const LORA = { lora: { rank: 2, targets: ['all-linear'] }, frozen: ['^(?!.*\\.lora[AB]\\.weight$)'] };
+const ref = launch(1, [{ name: 'ref', micro: 1 }, { name: 'ref_frozen', micro: 1, frozen: FROZEN }, { name: 'ref_lora', micro: 1, ...LORA }]);
 
-test('your own model on 2 ranks: data parallel, ZeRO-3 with units by class, pp=2 with 1F1B and zero bubble, tp=2 with its own plan: equal to one process', async () => {
+/** A LoRA run against one process's LoRA run: losses, parameters, and the frozen base unmoved. */
+function compareLora(name: string, nproc: number, opts: { split?: boolean } = {}): void {
+  compare(name, nproc, { ...opts, ref: 'ref_lora' });
+  const lref = readPipelineRun<Out>(dir, 'ref_lora', 1)[0]!;
+  assert.ok(lref.params['1.out.loraB.weight']!.some((x) => x !== 0), 'the adapters trained');
+  for (const o of readPipelineRun<Out>(dir, name, nproc)) {
+    assert.deepEqual(o.frozenMoved, [], `${name}: rank ${o.rank} moved the frozen base`);
+    assert.ok(Object.keys(o.params).some((k) => k.endsWith('.fc.loraA.weight')), `${name}: rank ${o.rank} holds adapters`);
+  }
+}
+
+test('your own model on 2 ranks: data parallel, ZeRO-3 with units by class, pp=2 with 1F1B and zero bubble, tp=2 with its own plan (also with LoRA adapters): equal to one process', async () => {
   await Promise.all([ref, launch(2, [
     { name: 'dp', layout: {}, micro: 2 },
     { name: 'z3', layout: { zero: 3 }, micro: 2 },
@@ -72,7 +87,9 @@ test('your own model on 2 ranks: data parallel, ZeRO-3 with units by class, pp=2
     { name: 'frozen_pp2', layout: { pp: 2, ppSchedule: '1f1b' }, micro: 4, frozen: FROZEN },
     { name: 'frozen_pp2_zb', layout: { pp: 2, ppSchedule: 'zb' }, micro: 4, frozen: FROZEN },
     { name: 'frozen_tp2', layout: { tp: 2 }, micro: 2, frozen: FROZEN },
+    { name: 'lora_tp2', layout: { tp: 2 }, micro: 2, ...LORA },
   ])]);
+  compareLora('lora_tp2', 2);
   compare('dp', 2);
   compare('z3', 2);
   compare('pp2_1f1b', 2, { split: true });
@@ -108,15 +125,17 @@ test('your own model on 2 ranks: data parallel, ZeRO-3 with units by class, pp=2
   }
 });
 
-test('your own model on 4 ranks: pp=2 x ZeRO-2 over dp=2 (1F1B), pp=2 x ZeRO-3 with parameters outside the units, pp=2 x HSDP accumulating reduceScatterEachAllReduceLast, tp=2 x pp=2: equal to one process', async () => {
+test('your own model on 4 ranks: pp=2 x ZeRO-2 over dp=2 (1F1B), pp=2 x ZeRO-3 with parameters outside the units, pp=2 x HSDP accumulating reduceScatterEachAllReduceLast, tp=2 x pp=2 (also with LoRA adapters): equal to one process', async () => {
   await Promise.all([ref, launch(4, [
     { name: 'pp2_z2', layout: { pp: 2, zero: 2, ppSchedule: '1f1b' }, micro: 2 },
     { name: 'pp2_z3', layout: { pp: 2, zero: 3, ppSchedule: '1f1b' }, micro: 2 },
     { name: 'pp2_hsdp_rs', layout: { pp: 2, zero: 2, dpReplicate: 2, accumulate: 'reduceScatterEachAllReduceLast', ppSchedule: 'zb' }, micro: 2 },
     { name: 'tp2_pp2', layout: { tp: 2, pp: 2, ppSchedule: '1f1b' }, micro: 2 },
+    { name: 'lora_tp2_pp2', layout: { tp: 2, pp: 2, ppSchedule: '1f1b' }, micro: 2, ...LORA },
   ])]);
   compare('pp2_z2', 4, { split: true });
   compare('pp2_z3', 4, { split: true });
   compare('pp2_hsdp_rs', 4, { split: true });
   compare('tp2_pp2', 4, { split: true, sliced: 2 * (72 + 64) }); // two blocks per stage
+  compareLora('lora_tp2_pp2', 4, { split: true });
 });

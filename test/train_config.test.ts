@@ -6,7 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import {
-  ConfigError, checkRunnable, configSchema, configToToml, defaultConfig, loadConfig, parseConfig, parseOverrides,
+  ConfigError, checkRunnable, configSchema, configToToml, defaultConfig, loadConfig, parseConfig, parseOverrides, validateConfig,
 } from '../src/config/index.js';
 import { runDirOf } from '../src/train/run_dir.js';
 import { schemaDefaults } from '../src/config/schema.js';
@@ -204,4 +204,36 @@ test('context parallelism: seqLen, MoE, dropout, ep and the world checked before
   assert.deepEqual(checkRunnable(cp, 8), []);
   assert.match(checkRunnable(cp, 6).join('\n'), /parallel\.pp=1 x parallel\.cp=2 x parallel\.tp=2 = 4 does not divide the world of 6 rank\(s\)/);
   assert.match(checkRunnable(parseConfig('', ['--parallel.cp=2', '--data.globalBatch=3']), 4).join('\n'), /data\.globalBatch=3 does not split over 2 data-parallel rank\(s\)/);
+});
+
+test('[lora] targets: a TOML array, a comma list on the command line, round-tripped through the saved config; a bad value names the field', () => {
+  const base = '[model]\narch = "llama"\n[train]\ninitFrom = "/some/base"\n[lora]\nrank = 4\n';
+  const c = parseConfig(`${base}targets = ["q_proj", "v_proj"]\n`);
+  assert.deepEqual(c.lora.targets, ['q_proj', 'v_proj']);
+  assert.deepEqual(parseConfig(base, ['--lora.targets=q_proj,v_proj']).lora.targets, ['q_proj', 'v_proj']);
+  assert.deepEqual(parseConfig(base, ['--lora.targets=["o_proj"]']).lora.targets, ['o_proj']);
+  assert.deepEqual(parseConfig(base).lora.targets, ['all-linear']);
+  // The saved config.toml holds targets as a TOML array and loads back the same.
+  const text = configToToml(c, { header: 'resolved' });
+  assert.match(text, /^\[lora\]$[\s\S]*^targets = \["q_proj", "v_proj"\]$/m);
+  assert.deepEqual(parseConfig(text), c);
+  assert.throws(() => parseConfig(`${base}targets = "q_proj"\n`), /lora\.targets must be an array of names, e\.g\. \["q_proj", "v_proj"\], got/);
+  assert.throws(() => parseConfig(`${base}targets = ["q_proj", 3]\n`), /lora\.targets must be an array of names/);
+  assert.throws(() => parseConfig(base, ['--lora.targets=[q_proj']), /--lora\.targets is not a JSON array .* write --lora\.targets=a,b/);
+});
+
+test('[lora] rules before any rank starts: a base to adapt, targets that name Linears of the model, a rank they can hold, no tensor parallelism yet', () => {
+  const llama = ['--model.arch=llama', '--model.vocabSize=64', '--model.nLayer=2', '--model.nEmbd=32', '--model.nHead=4', '--model.nKvHead=2', '--model.intermediateSize=48'];
+  const ok = [...llama, '--lora.rank=4', '--train.initFrom=/some/base'];
+  assert.deepEqual(validateConfig(parseConfig('', ok)), []);
+  assert.throws(() => parseConfig('', [...llama, '--lora.rank=4']), /LoRA trains adapters on a frozen base: set train\.initFrom to a Hugging Face directory or a checkpoint/);
+  assert.throws(() => parseConfig('', [...ok, '--lora.targets=q_proj,c_attn']),
+    /lora\.targets: target "c_attn" matches no Linear of this model; its Linears are named "down", "down_proj", "gate", "gate_proj", "head", "k", "k_proj", "lm_head", "o", "o_proj", "q", "q_proj", "up", "up_proj", "v", "v_proj" \(or use "all-linear"\)/);
+  // k_proj is 32 -> 2 heads x 8 = 16 wide: rank 17 does not fit; q_proj (32 -> 32) takes it.
+  assert.throws(() => parseConfig('', [...ok, '--lora.rank=17', '--lora.targets=k_proj']), /lora\.rank: rank 17 is larger than the smaller dimension of layers\.0\.attn\.k \(16 x 32\); use a rank of at most 16/);
+  assert.deepEqual(validateConfig(parseConfig('', [...ok, '--lora.rank=17', '--lora.targets=q_proj'])), []);
+  assert.throws(() => parseConfig('', [...ok, '--lora.targets=']), /lora\.targets is empty; name the modules to adapt/);
+  assert.throws(() => parseConfig('', [...ok, '--parallel.tp=2']), /tensor parallelism does not split LoRA adapters yet; set parallel\.tp = 1/);
+  // GPT-2's Conv1D names and flotilla's module paths both resolve; the vocabulary may be unresolved (0).
+  assert.deepEqual(validateConfig(parseConfig('', ['--lora.rank=2', '--train.initFrom=/b', '--lora.targets=c_attn,layers.0.mlp.fc'])), []);
 });

@@ -1,20 +1,18 @@
-// A LoRA run's checkpoint used in one process, without the layout it trained under: its adapters
-// alone as a PEFT directory (`flotilla export --format peft`), or put back on the base they trained
-// on (train.initFrom), merged into it (`--format hf --merge`) or not (`flotilla generate`).
+// A LoRA run's checkpoint exported in one process, without the layout it trained under: its
+// adapters alone as a PEFT directory (`flotilla export --format peft`), or merged into the base they
+// trained on (`--format hf --merge`; the model is rebuilt by loraRunModel, src/train/lora_run.ts).
 // A LoRA run's checkpoint holds only the adapters (meta.params); meta.config says how the model was
 // built: [model], [lora] (rank, alpha, targets, rsLora) and train.initFrom, the base.
 import { existsSync } from 'node:fs';
+import { join } from 'node:path';
 import type { Tensor } from '../tensor/index.js';
 import type { Module } from '../nn/module.js';
-import { applyLora, mergeLora } from '../nn/lora.js';
-import { modelSpec, type ModelSpec } from '../models/registry.js';
-import { placementsOf } from '../parallel/placement.js';
-import { loadWeights } from './checkpoint.js';
+import { mergeLora } from '../nn/lora.js';
 import { consolidate, withMoE } from './export.js';
 import { CheckpointError, readMeta, resolveCheckpoint, type CheckpointMeta } from './format.js';
-import { initFromHf, isHfDir, readHfDir, writeHfDir, HF_TOKENIZER, type HfWriteReport, type SaveHfOptions } from './hf.js';
-import { loraHfNames, wholeModelSlots, writePeftAdapter, type PeftLora, type PeftWriteReport } from './peft.js';
-import { join } from 'node:path';
+import { isHfDir, readHfDir, writeHfDir, HF_TOKENIZER, type HfWriteReport, type SaveHfOptions } from './hf.js';
+import { wholeModelSlots, writePeftAdapter, type PeftLora, type PeftWriteReport } from './peft.js';
+import { loraRunModel } from '../train/lora_run.js';
 
 /** The [lora] section of a LoRA run (rank > 0). */
 export interface LoraSection extends PeftLora {
@@ -51,13 +49,6 @@ export function readLoraCheckpoint(arg: string): LoraCheckpoint | undefined {
   return { dir, meta, model: withMoE(meta.config), lora, base };
 }
 
-/** The base a LoRA checkpoint names, which must still exist. */
-function checkBase(c: LoraCheckpoint): void {
-  if (!existsSync(c.base)) {
-    throw new CheckpointError(`the base of ${c.dir}, train.initFrom = ${c.base}, does not exist; the adapters need the model they were trained on (put it back at that path)`);
-  }
-}
-
 /** `flotilla export RUN OUT --format peft`: the run's adapters as a PEFT LoRA directory. */
 export function exportPeft(arg: string, out: string): PeftWriteReport & { step: number } {
   const c = readLoraCheckpoint(arg);
@@ -75,40 +66,6 @@ export function exportPeft(arg: string, out: string): PeftWriteReport & { step: 
   } finally {
     for (const t of Object.values(tensors)) t.dispose();
   }
-}
-
-/** A LoRA run's model rebuilt in this process: the base loaded, the adapters applied (unmerged) and loaded. */
-export interface LoraModel {
-  model: Module;
-  spec: ModelSpec;
-  checkpoint: LoraCheckpoint;
-}
-
-/** Loads a base (a Hugging Face directory, a checkpoint or an exported file) into a model's frozen parameters. */
-export function loadBase(model: Module, base: string, cfg: Record<string, unknown>): void {
-  const frozen = model.namedParameters().filter(([n]) => !/\.lora[AB]\.weight$/.test(n));
-  const placements = placementsOf(frozen);
-  const numParams = frozen.reduce((a, [, t]) => a + t.numel(), 0);
-  if (isHfDir(base)) initFromHf(base, placements, cfg, numParams);
-  else loadWeights(base, placements, numParams);
-}
-
-/** Builds a LoRA run's model from its checkpoint: its base from train.initFrom, its adapters from the checkpoint. */
-export function loadLoraModel(c: LoraCheckpoint): LoraModel {
-  checkBase(c);
-  const spec = modelSpec(String(c.model.arch ?? 'gpt'));
-  const model = spec.build(c.model, { initSeed: 0 });
-  try {
-    applyLora(model, { ...c.lora, ...(spec.hf ? { hfNames: loraHfNames(spec, c.model) } : {}) });
-    loadBase(model, c.base, c.model);
-    const adapters = model.namedParameters().filter(([n]) => /\.lora[AB]\.weight$/.test(n));
-    loadWeights(c.dir, placementsOf(adapters), adapters.reduce((a, [, t]) => a + t.numel(), 0));
-  } catch (e) {
-    model.dispose();
-    throw e;
-  }
-  model.eval();
-  return { model, spec, checkpoint: c };
 }
 
 /**
@@ -145,7 +102,7 @@ export function exportMergedHf(c: LoraCheckpoint, out: string, opts: Omit<SaveHf
     throw new CheckpointError(`${c.dir} holds a mixture-of-experts model, which has no Hugging Face form in flotilla; export its adapters with --format peft`);
   }
   const dtype = opts.dtype ?? baseDtypeOf(c.base);
-  const { model, spec } = loadLoraModel(c);
+  const { model, spec } = loraRunModel(c.dir);
   try {
     mergeLora(model);
     const tokenizer = loraTokenizer(c);

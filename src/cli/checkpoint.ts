@@ -1,7 +1,6 @@
 // `flotilla export`, `flotilla generate` and `flotilla checkpoint check`: using what a run saved,
 // in one process, without the layout it was trained under.
 import { existsSync, readdirSync, statSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
 import type { Tensor } from '../tensor/index.js';
 import type { Module } from '../nn/module.js';
 import type { GPTConfig } from '../models/gpt.js';
@@ -15,9 +14,9 @@ import { CheckpointError, readMeta } from '../checkpoint/format.js';
 import { readSafetensorsHeader } from '../checkpoint/safetensors.js';
 import { UsageError } from './usage.js';
 import { exportCheckpointHf, hfTokenizerSpec, isHfDir, loadHfInto, parseSize, readHfDir } from '../checkpoint/hf.js';
-import { exportMergedHf, exportPeft, loadLoraModel, readLoraCheckpoint, type LoraCheckpoint } from '../checkpoint/lora_checkpoint.js';
+import { exportMergedHf, exportPeft, readLoraCheckpoint, type LoraCheckpoint } from '../checkpoint/lora_checkpoint.js';
 import { attachPeftAdapter } from '../checkpoint/peft.js';
-import { baseIdentity } from '../train/lora_run.js';
+import { loraRunModel } from '../train/lora_run.js';
 
 
 const EXPORT_USAGE = 'export: usage: flotilla export <checkpoint|run dir> <out.safetensors>, or flotilla export <checkpoint|run dir> <out dir> --format hf [--merge] [--dtype bf16|fp32] [--max-shard-size 5GB], or flotilla export <LoRA checkpoint|run dir> <out dir> --format peft';
@@ -82,7 +81,6 @@ export function exportCommand(args: readonly string[], print: (l: string) => voi
     notEmpty();
     const shard = maxShardSize !== undefined ? { maxShardSize } : {};
     if (lora) {
-      checkLoraBase(lora);
       const r = exportMergedHf(lora, out, { ...(dtype ? { dtype } : {}), ...shard });
       print(`exported step ${r.step} with its LoRA adapters merged into the base as a Hugging Face ${r.architecture}: ${r.tensors} tensors (${r.bytes.toLocaleString('en-US')} bytes, ${r.dtype}) in ${r.files.length} file(s) to ${r.dir}`);
       return 0;
@@ -104,26 +102,6 @@ export function exportCommand(args: readonly string[], print: (l: string) => voi
 function loraCheckpointAt(path: string): LoraCheckpoint | undefined {
   if (!existsSync(path) || !statSync(path).isDirectory() || isHfDir(path)) return undefined;
   return readLoraCheckpoint(path);
-}
-
-/**
- * A LoRA checkpoint's base must still be the one its adapters trained on (meta.base: each file's size
- * and SHA-256): merged into, or sampled with, another base they would be wrong without a word.
- */
-function checkLoraBase(c: LoraCheckpoint): void {
-  const saved = c.meta.base;
-  if (!saved || !existsSync(c.base)) return; // no record to check; a missing base is named where it is read
-  const now = baseIdentity(c.base);
-  const have = new Map(now.files.map((f) => [f.name, f]));
-  for (const f of saved.files) {
-    const h = have.get(f.name);
-    if (h && h.bytes === f.bytes && h.sha256 === f.sha256) continue;
-    const is = h ? `is ${h.bytes} bytes with SHA-256 ${h.sha256.slice(0, 16)}...` : 'is missing';
-    throw new CheckpointError(
-      `the base of ${c.dir} changed since its adapters were trained: ${join(now.path, f.name)} ${is}, and they were trained on ${f.bytes} bytes with SHA-256 ${f.sha256.slice(0, 16)}...; ` +
-        `put back the base they were trained on (train.initFrom = "${saved.path}")`,
-    );
-  }
 }
 
 /** `flotilla checkpoint check PATH [PATH...]` (several: the hosts' directories of one checkpoint) */
@@ -181,8 +159,7 @@ function modelFor(path: string, adapter: string | undefined): { model: Sampled; 
   const lora = loraCheckpointAt(path);
   if (lora) {
     if (adapter !== undefined) throw new UsageError(`generate: ${path} is a LoRA run's checkpoint, which brings its own adapters; --adapter goes with a base model (a Hugging Face directory or a checkpoint of a whole model)`);
-    checkLoraBase(lora);
-    const { model } = loadLoraModel(lora);
+    const { model } = loraRunModel(lora.dir);
     const data = (lora.meta.config.data ?? {}) as { tokenizer?: string };
     return { model: model as unknown as Sampled, tokenizer: data.tokenizer ?? 'byte' };
   }

@@ -39,7 +39,6 @@ function loraProblems(c: FlotillaConfig): string[] {
   const l = c.lora, p: string[] = [];
   if (l.rank === 0) return p;
   if (c.train.initFrom === '') p.push('LoRA trains adapters on a frozen base: set train.initFrom to a Hugging Face directory or a checkpoint (lora.rank > 0 with train.initFrom = "")');
-  if (c.parallel.tp > 1) p.push(`lora.rank > 0 with parallel.tp = ${c.parallel.tp}: tensor parallelism does not split LoRA adapters yet; set parallel.tp = 1 (data parallelism, ZeRO or a pipeline instead)`);
   if (l.targets.length === 0) {
     p.push('lora.targets is empty; name the modules to adapt (e.g. ["q_proj", "v_proj"]) or "all-linear"');
     return p;

@@ -57,6 +57,12 @@ export interface ModelFacts {
   vocabSize: number;
   /** Experts each token goes to (MoE models; 0 without experts). */
   topK: number;
+  /**
+   * A LoRA run ([lora] rank > 0; [Note: LoRA plan]): the counts above include the adapters, which
+   * are the only trainable parameters; these are the adapters' counts by the same parts, and the
+   * bytes of each frozen base element (2 stored in bfloat16, 4 in float32).
+   */
+  lora?: { baseBytes: 2 | 4; embedAdapterParams: number; headAdapterParams: number; blockAdapterParams: number[] };
 }
 
 /** A collective this layout issues per step. */
@@ -108,6 +114,8 @@ export interface RankBudget {
   params: number;
   /** Of which in routed experts. */
   expertParams: number;
+  /** Of which frozen (a LoRA run's base, [Note: LoRA plan]; 0 otherwise): no gradient, no optimizer state. */
+  frozenParams: number;
   /** Blocks this rank computes (its pipeline stages'), and whether it holds the embedding and the head. */
   blocks: number;
   embed: boolean;
@@ -165,6 +173,22 @@ export interface PlanAxis<Field extends string = string> {
   name: string;
   fields: readonly Field[];
   apply(b: RankBudget, ctx: PlanContext): void;
+}
+
+// [Note: LoRA plan] A LoRA run holds its frozen base at its stored bytes (2 in bfloat16, 4 in
+// float32) with no gradient, no optimizer state and no reduction, and its adapters as any trained
+// parameter (4 + 4 + 8 bytes under AdamW in float32): the parameter terms count both, the gradient,
+// optimizer and reduction terms the adapters only (trainedParams). The base is split by pp, tp and
+// ep as every parameter is, and sharded and gathered by ZeRO-3 in its own dtype.
+
+/** Of the parameters a rank computes with, those trained (all but a LoRA run's frozen base). */
+export function trainedParams(b: Pick<RankBudget, 'params' | 'frozenParams'>): number {
+  return b.params - b.frozenParams;
+}
+
+/** Bytes of `params` parameters of which `frozen` are a LoRA base ([Note: LoRA plan]): 4 each, the base's at its stored bytes. */
+export function heldParamBytes(m: ModelFacts, params: number, frozen: number): number {
+  return 4 * (params - frozen) + (m.lora?.baseBytes ?? 4) * frozen;
 }
 
 /** Bytes per element of what a layout computes and communicates in (activations, bf16 gathers): 2 under bf16-mixed, else 4. */

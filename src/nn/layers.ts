@@ -1,8 +1,8 @@
 // Basic layers. Initialisation follows PyTorch's defaults unless a model re-initialises (gpt.ts does).
-import { Tensor, empty, ones, zeros, noGrad } from '../tensor/index.js';
+import { Tensor, empty, ones, zeros, noGrad, defineFunction, type DType } from '../tensor/index.js';
 import { Module } from './module.js';
 import * as F from './functional.js';
-import { castFor, castParam, readsParametersThroughPolicy } from './precision.js';
+import { castFor, castParam, readsParametersThroughPolicy, widenedDtype } from './precision.js';
 
 export class Linear extends Module {
   readonly weight: Tensor; // (out, in)
@@ -20,10 +20,35 @@ export class Linear extends Module {
   forward(x: Tensor): Tensor {
     // The precision policy picks the dtype (src/nn/precision.ts); under fp32 these are no-ops.
     const [xc] = castFor('linear', x) as [Tensor];
+    const wide = widenedDtype(this.weight);
+    if (wide !== undefined && !this.weight.requiresGrad && !this.bias?.requiresGrad) return frozenLinear(xc, this.weight, this.bias, wide);
     const w = castParam('linear', this.weight), b = castParam('linear', this.bias);
     return F.linear(xc, w, b);
   }
 }
+
+// A frozen bfloat16 weight computed in float32 ([Note: bf16 base] in precision.ts): widened for the
+// forward's GEMM and again for the input gradient's, so what the graph keeps between forward and
+// backward is the bfloat16 weight itself (under ZeRO-3 the alias of its gathered unit, freed after
+// forward and gathered again for backward), not a float32 copy of every frozen weight.
+const frozenLinear = defineFunction<[Tensor, Tensor, Tensor | undefined, DType]>({
+  forward(ctx, x, w, b, dtype) {
+    ctx.saveForBackward(w);
+    ctx.state.dtype = dtype;
+    const wide = w.to(dtype), bias = b?.to(dtype);
+    try {
+      return F.linear(x, wide, bias);
+    } finally {
+      wide.dispose();
+      bias?.dispose();
+    }
+  },
+  backward(ctx, g) {
+    const [w] = ctx.savedTensors as [Tensor];
+    const wide = w.to(ctx.state.dtype as DType);
+    return [g.matmul(wide), undefined, undefined, undefined];
+  },
+}, 'FrozenLinear');
 
 export class Embedding extends Module {
   readonly weight: Tensor; // (num, dim)

@@ -17,7 +17,7 @@
 // whose bound is gain * sqrt(3 / fan_in) with gain = sqrt(2 / (1 + a^2)) = sqrt(1/3), i.e.
 // U(-1/sqrt(in), 1/sqrt(in)) -- the same as a Linear's default weight; B = 0, so an adapted model
 // equals its base exactly until B has trained.
-import { type Tensor, noGrad } from '../tensor/index.js';
+import { type Tensor, noGrad, empty, isFloating } from '../tensor/index.js';
 import { seedParameter } from './init.js';
 import { Module } from './module.js';
 import { Dropout, Linear } from './layers.js';
@@ -174,7 +174,11 @@ export interface ApplyLoraOptions extends LoraOptions {
   initSeed?: number;
   /** The output head's module path, left out of "all-linear" (default "head"). */
   head?: string;
-  /** Storage of the frozen parameters (default: as built). */
+  /**
+   * Storage of the frozen parameters (default: as built). 'bfloat16' halves the base's bytes; it is
+   * computed in the run's precision ([Note: bf16 base] in precision.ts). The adapters keep the
+   * dtype the model was built in.
+   */
   baseDtype?: 'float32' | 'bfloat16';
 }
 
@@ -232,10 +236,22 @@ export function applyLora(model: Module, opts: ApplyLoraOptions): AppliedLora {
     if (own.has(p)) trainable.push(name);
     else {
       if (p.requiresGrad) p.requiresGrad = false;
+      if (opts.baseDtype !== undefined) storeAs(p, opts.baseDtype);
       frozen.push(name);
     }
   }
   return { adapters: made, trainable, frozen };
+}
+
+/**
+ * A frozen parameter's storage converted to `dtype`, in place: the same tensor object (the module's
+ * field, a tied weight's second owner and the adapter's base all hold it) with new storage. A
+ * parameter without storage yet (deferred init) gets none in the new dtype either.
+ */
+function storeAs(p: Tensor, dtype: 'float32' | 'bfloat16'): void {
+  if (p.dtype === dtype || !isFloating(p.dtype)) return;
+  if (p.storageNbytes() === 0 && p.numel() > 0) p.replaceData_(empty(p.shape, { dtype }).resizeStorage_(0));
+  else p.replaceData_(noGrad(() => p.to(dtype)));
 }
 
 

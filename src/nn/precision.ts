@@ -43,7 +43,7 @@
 // castParam for every parameter, float32 ops included, and a module class declares that it does
 // (readsParametersThroughPolicy); a unit holding a parameter of any other module is gathered in
 // float32 and gets the per-step copies described above.
-import { type Tensor, type DType, isGradEnabled, keep } from '../tensor/index.js';
+import { type Tensor, type DType, isGradEnabled, keep, getDefaultDtype } from '../tensor/index.js';
 import type { PlanAxis } from '../distributed/plan_terms.js';
 
 export type Precision = 'fp32' | 'bf16-mixed';
@@ -168,7 +168,8 @@ export function castParam(op: OpClass, p: Tensor | undefined): Tensor | undefine
 export function castParam(op: OpClass, p: Tensor | undefined): Tensor | undefined {
   const s = scopes[scopes.length - 1];
   const d = s?.ops?.[op];
-  if (p === undefined || d === undefined) return p;
+  if (p === undefined) return p;
+  if (d === undefined) return p.dtype === 'bfloat16' ? widened(p) : p;
   // A ZeRO-3 unit gathered in bfloat16 has no float32 parameter to read: its copy (or an upcast of it).
   const gathered = gatheredSources.get(p)?.(d);
   if (gathered) return gathered;
@@ -181,6 +182,28 @@ export function castParam(op: OpClass, p: Tensor | undefined): Tensor | undefine
     cache.set(p, c);
   }
   return c;
+}
+
+/**
+ * [Note: bf16 base] A parameter stored in bfloat16 outside bf16-mixed (a frozen LoRA base,
+ * applyLora's baseDtype, src/nn/lora.ts) is computed with in the compute dtype (the default dtype:
+ * float32, float64 in float64 tests): widened where it is read, a new copy per read that lives only
+ * as long as the op's graph keeps it (Linear keeps the bfloat16 weight instead, frozenLinear in
+ * layers.ts). Widening is also the fast path on this machine: libtorch 1.13's CPU kernels have no
+ * native bfloat16 GEMM (a bf16 matmul ran about 15x slower than float32), so a bfloat16 weight is
+ * best multiplied as float32. Under bf16-mixed the policy's dtype decides instead, and a bfloat16
+ * parameter is its own bfloat16 copy (no copy is made).
+ */
+function widened(p: Tensor): Tensor {
+  const d = getDefaultDtype();
+  return d === 'bfloat16' ? p : p.to(d);
+}
+
+/** The dtype a bfloat16 parameter is computed in outside bf16-mixed ([Note: bf16 base]); undefined for none. */
+export function widenedDtype(p: Tensor): DType | undefined {
+  if (p.dtype !== 'bfloat16' || opDtype('linear') !== undefined) return undefined;
+  const d = getDefaultDtype();
+  return d === 'bfloat16' ? undefined : d;
 }
 
 function isFloatingDtype(d: DType): boolean {
@@ -199,6 +222,8 @@ export const precisionPlanAxis = {
   fields: ['precision'] as const,
   apply(b, ctx) {
     // ZeRO-3 copies the gathered units only (counted with its gathers).
-    if (ctx.layout.precision === 'bf16-mixed' && ctx.layout.zero !== 3) b.memory.bf16Copies += 2 * b.params;
+    // A LoRA base stored in bfloat16 is its own copy ([Note: bf16 base]).
+    const own = ctx.model.lora?.baseBytes === 2 ? b.frozenParams : 0;
+    if (ctx.layout.precision === 'bf16-mixed' && ctx.layout.zero !== 3) b.memory.bf16Copies += 2 * (b.params - own);
   },
 } satisfies PlanAxis;

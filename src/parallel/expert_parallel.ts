@@ -291,6 +291,7 @@ export const expertParallelPlanAxis = {
     if (l.ep === 1 || b.expertParams === 0) return;
     const moved = b.expertParams * (1 - 1 / l.ep);
     b.params -= moved;
+    if (b.frozenParams > 0) b.frozenParams -= moved; // a LoRA base's experts are frozen too
     b.expertParams -= moved;
     const m = ctx.model;
     const moeShare = m.blockExpertParams.filter((x) => x > 0).length / Math.max(1, m.blockParams.length);

@@ -178,7 +178,7 @@ function frozenInBucket(name: string, slot: ParamSlot, dp: DataParallel): ParamP
   const writes = !dp.replicateGroup || dp.replicateGroup.rank === 0 ? shard : NONE;
   return {
     name, param: slot.param, shape: slot.shape, dtype: slot.param.dtype, held: shard, stateHeld: shard, writes,
-    values: () => b.shardData!.narrow(0, shard.numel > 0 ? b.shardNumel + lo - s : 0, shard.numel),
+    values: () => b.frozenShardData!.narrow(0, shard.numel > 0 ? lo - s : 0, shard.numel),
   };
 }
 

@@ -162,7 +162,11 @@ export async function calibrateInStep(config: string, cfg: FlotillaConfig, overr
 
 /** A 1-block model of width 32 on data parallelism alone: the baseline's model. */
 const TINY_FLAGS = ['--model.nLayer=1', '--model.nEmbd=32', '--model.nHead=1', '--moe.experts=0', '--parallel.dp=-1', '--parallel.zero=0', '--parallel.dpShard=-1', '--parallel.dpReplicate=1', '--parallel.pp=1', '--parallel.tp=1', '--parallel.cp=1', '--parallel.ep=1',
-  '--parallel.sequenceParallel=false', '--parallel.lossParallel=false', '--parallel.auto=false', '--data.microBatches=1', '--train.activationCheckpoint=none', '--train.precision=fp32', '--parallel.accumulate=auto'];
+  '--parallel.sequenceParallel=false', '--parallel.lossParallel=false', '--parallel.auto=false', '--data.microBatches=1', '--train.activationCheckpoint=none', '--train.precision=fp32', '--parallel.accumulate=auto',
+  // Probe models are other sizes than the config's: they start from random weights, so a base to
+  // fine-tune (train.initFrom, a LoRA run's frozen base) is not theirs to load. A LoRA run's own
+  // bytes come from the model's facts ([Note: LoRA plan]); its step is priced as full training's.
+  '--train.initFrom=', '--lora.rank=0', '--lora.adapter='];
 /**
  * The probes' model: the config's width and heads, 3 blocks (fewer when the model has fewer), on
  * data parallelism alone. What a probe measures beyond its price is charged per call or per byte;

@@ -31,8 +31,9 @@ export function wholeModel(ctx: PlanContext): RankBudget {
   const m = ctx.model;
   const l = ctx.layout;
   const memory = Object.fromEntries(MEMORY_TERMS.map((t) => [t, 0])) as Record<MemoryTerm, number>;
+  const adapters = m.lora ? m.lora.embedAdapterParams + m.lora.headAdapterParams + m.lora.blockAdapterParams.reduce((a, b) => a + b, 0) : m.numParams;
   return {
-    params: m.numParams, expertParams: m.blockExpertParams.reduce((a, b) => a + b, 0), blocks: m.blockParams.length, embed: true, head: true, blockShare: 1, activationShare: 1, blockActivationBytes: 0,
+    params: m.numParams, expertParams: m.blockExpertParams.reduce((a, b) => a + b, 0), frozenParams: m.numParams - adapters, blocks: m.blockParams.length, embed: true, head: true, blockShare: 1, activationShare: 1, blockActivationBytes: 0,
     samples: ctx.globalBatch / (l.dp * l.microBatches), tokens: ctx.seqLen, liveMicroBatches: 1, paramsHeld: 0, gradsHeld: 0, optimizerHeld: 0,
     memory, comm: [], notes: [],
   };

@@ -172,6 +172,29 @@ export class Tensor {
     native.resizeStorage(this.handle, nbytes);
     return this;
   }
+  /**
+   * PyTorch's `p.data = src`: this tensor object becomes src's tensor (its dtype, shape and
+   * storage), keeping its requiresGrad, so everything that holds this object (a module's field, maps
+   * keyed by it) sees the new one. src is consumed: its object is disposed. Autograd hooks and
+   * .grad set on the old tensor are not carried over: use it before anything registers them
+   * (applyLora's baseDtype does, before a model is parallelized).
+   */
+  replaceData_(src: Tensor): this {
+    if (src === this) return this;
+    const flag = this.requiresGrad;
+    const h = src.handle;
+    if (src.backstopped) backstop.unregister(src);
+    src.h = undefined;
+    src.backstopped = false;
+    const wasKept = this.backstopped;
+    if (this.backstopped) backstop.unregister(this);
+    native.release(this.handle);
+    this.h = h;
+    this.backstopped = false;
+    if (wasKept) this.escaped();
+    if (this.requiresGrad !== flag) native.setRequiresGrad(h, flag);
+    return this;
+  }
   /** Bytes the underlying storage holds now (0 when freed). */
   storageNbytes(): number {
     return native.storageNbytes(this.handle);

@@ -24,6 +24,11 @@ import { broadcastJson } from '../checkpoint/replicas.js';
 import { fileSha256 } from '../io/durable.js';
 import { CheckpointError, META_FILE, readMeta, resolveCheckpoint, type BaseIdentity, type CheckpointMeta } from '../checkpoint/format.js';
 import { HF_CONFIG, HF_INDEX, HF_SINGLE, isHfDir } from '../checkpoint/hf.js';
+import { loadCheckpoint } from '../checkpoint/checkpoint.js';
+import { placementsOf } from '../parallel/placement.js';
+import { modelSpec } from '../models/registry.js';
+import { modelConfigOf } from '../config/schema.js';
+import { initFrom } from './checkpointing.js';
 
 /** applyLora's options from a run's config: targets by flotilla or Hugging Face module names, A from train.seed. */
 export function loraOptionsOf(cfg: FlotillaConfig, spec: ModelSpec, modelCfg: unknown): ApplyLoraOptions {
@@ -183,4 +188,50 @@ export function loraResumeProblem(ckpt: string, meta: CheckpointMeta, base: Base
     return `the checkpoint ${ckpt} holds a whole model, not LoRA adapters; to train adapters on it start a new run with train.initFrom = "${ckpt}" (without --resume), or resume it with lora.rank = 0`;
   }
   return meta.base && base ? baseMismatch(ckpt, meta.base, base) : undefined;
+}
+
+/** A LoRA checkpoint's model in one process ({@link loraRunModel}). */
+export interface LoraRunModel {
+  /** The whole model: the base with its adapters (A and B as saved), in eval mode. */
+  model: Module;
+  meta: CheckpointMeta;
+  /** The run's resolved config, as the checkpoint records it. */
+  config: FlotillaConfig;
+  spec: ModelSpec;
+}
+
+/** The checkpoint directory `path` names when it is a LoRA run's (its meta.base), else undefined. */
+export function loraCheckpointOf(path: string): string | undefined {
+  if (!existsSync(path) || statSync(path).isFile() || isHfDir(path)) return undefined;
+  const dir = resolveCheckpoint(path);
+  return readMeta(dir).base ? dir : undefined;
+}
+
+/**
+ * A LoRA run's checkpoint as one whole model in this process ([Note: LoRA run]): built from the
+ * run's config, adapted as the run was, its base read from the run's train.initFrom after checking
+ * the files are the ones the adapters trained on, and the adapters from the checkpoint.
+ */
+export function loraRunModel(path: string): LoraRunModel {
+  const dir = resolveCheckpoint(path);
+  const meta = readMeta(dir);
+  if (!meta.base) throw new CheckpointError(`${path} is not a LoRA checkpoint (its meta.json names no base): it holds a whole model`);
+  const config = meta.config as unknown as FlotillaConfig;
+  const mismatch = baseMismatch(dir, meta.base, baseIdentity(config.train.initFrom));
+  if (mismatch !== undefined) throw new CheckpointError(mismatch);
+  const spec = modelSpec(config.model.arch);
+  const modelCfg = modelConfigOf(config);
+  const numParams = spec.numParams(modelCfg);
+  const model = applyRunLora(spec.build(modelCfg, { initSeed: config.train.seed }), config, spec, modelCfg);
+  try {
+    const placements = placementsOf(model.namedParameters());
+    initFrom(config.train.initFrom, frozenPlacements(placements), numParams, config.model as unknown as Record<string, unknown>);
+    const trainable = trainablePlacements(placements);
+    loadCheckpoint(dir, trainable, { numParams: trainable.reduce((a, p) => a + p.param.numel(), 0) });
+  } catch (e) {
+    model.dispose();
+    throw e;
+  }
+  model.eval();
+  return { model, meta, config, spec };
 }

@@ -77,6 +77,36 @@ export async function measureRss(overrides: string[], opts: { nproc?: number; sa
   return out;
 }
 
+/** The largest VmRSS sample between two markers (ms). */
+function maxBetween(r: RankRss, from: number, to: number): number {
+  return Math.max(0, ...r.samples.filter(([t]) => t >= from && t < to).map(([, v]) => v));
+}
+
+/** The largest VmRSS (MiB) up to each of the trainer's phases and each of `steps` steps, as text. */
+export function rssTimeline(r: RankRss, steps: number): string {
+  const at = (name: string) => r.marks.find(([n]) => n === name)?.[1];
+  const bounds: [string, number][] = [['start', 0]];
+  for (const name of ['phase:model', 'phase:parallelize', 'phase:optimizer', 'phase:train', ...Array.from({ length: steps }, (_, i) => `step:${i + 1}`), 'ready']) {
+    const t = at(name);
+    if (t !== undefined) bounds.push([name, t]);
+  }
+  const parts: string[] = [];
+  for (let i = 1; i < bounds.length; i++) parts.push(`${bounds[i]![0].replace(/^(phase|step):/, '$1 ')} ${maxBetween(r, bounds[i - 1]![1], bounds[i]![1]).toFixed(0)}`);
+  return parts.join(', ');
+}
+
+/** Wall and CPU seconds of each step after the first, from the rank's step markers (bench/zero_rss_rank.ts). */
+export function stepSeconds(r: RankRss): { wall: number[]; cpu: number[] } {
+  const steps = r.marks.filter(([n]) => n.startsWith('step:'));
+  const cpuOf = (extra?: string) => Number(/\bcpu (\d+)/.exec(extra ?? '')?.[1]);
+  const out = { wall: [] as number[], cpu: [] as number[] };
+  for (let i = 1; i < steps.length; i++) {
+    out.wall.push((steps[i]![1] - steps[i - 1]![1]) / 1e3);
+    out.cpu.push((cpuOf(steps[i]![2]) - cpuOf(steps[i - 1]![2])) / 1e3);
+  }
+  return out;
+}
+
 /** Bytes AdamW training holds per parameter in float32 (4 parameters + 4 gradients + 8 state), by ZeRO stage, over n shards. */
 export function theoryBytesPerParam(zero: number, n: number): number {
   return [16, 4 + 4 + 8 / n, 4 + 4 / n + 8 / n, 16 / n][zero]!;

@@ -42,7 +42,7 @@ import { fullGradOf, localGradShardOf, normPiecesOf, pieceLayoutOf } from './gra
 
 export type { MemoryReport } from './memory.js';
 import { defaultBucketSizeMb, resolveAccumulate, type AccumulateFlavour, type ZeroStage } from '../layout.js';
-import { axisStride, crossesHosts, type PlanAxis } from '../../distributed/plan_terms.js';
+import { axisStride, crossesHosts, heldParamBytes, trainedParams, type PlanAxis } from '../../distributed/plan_terms.js';
 
 export type { ZeroStage, AccumulateFlavour } from '../layout.js';
 
@@ -225,7 +225,7 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
       lazyGrad: this.zero >= 2,
       ...(deferred ? { init: (n: string, out: Tensor) => deferred.init(n, out) } : {}),
       // ZeRO-3: a bucket at a time, broadcast from rank 0 and cut to this rank's shard ([Note: sharded build]).
-      ...(this.zero === 3 ? { shard: { rank: this.shardGroup.rank, ...(broadcast ? { beforeShard: (b: Bucket) => this.group.broadcast(b.data, 0).wait() } : {}) } } : {}),
+      ...(this.zero === 3 ? { shard: { rank: this.shardGroup.rank, ...(broadcast ? { beforeShard: (b: Bucket) => this.broadcastBucket(b) } : {}) } } : {}),
     });
     module.deferredInit = undefined;
     for (const buffer of this.buffers) {
@@ -273,6 +273,12 @@ export class DataParallel<M extends Module = Module> implements GradientSource {
       this.removeHooks.push(...this.gathers.installWaits(module, this.slotOf));
     }
     this.resetPeak();
+  }
+
+  /** ZeRO-3's build: rank 0's full values of a bucket, both regions ([Note: sharded build] in grad_buffer.ts). */
+  private broadcastBucket(b: Bucket): void {
+    const works = [...(b.numel > 0 ? [this.group.broadcast(b.data, 0)] : []), ...(b.frozenData ? [this.group.broadcast(b.frozenData, 0)] : [])];
+    for (const w of works) w.wait();
   }
 
   // ---- forward and micro-batches
@@ -679,13 +685,16 @@ export const dataParallelPlanAxis = {
     // The cp ranks of a data-parallel rank reduce and shard with it ([Note: context parallelism]).
     const shard = l.zero === 0 ? 1 : l.dpShard * l.cp;
     const group = l.dp * l.cp;
-    const P = b.params;
+    // Gradients, optimizer state and reductions are the trained parameters' ([Note: LoRA plan]:
+    // a LoRA run's adapters; every parameter otherwise).
+    const P = trainedParams(b);
     const elem = ctx.reduceDtype === 'bf16' ? 2 : 4;
-    const bucket = l.zero === 3 ? 4 * Math.min(ctx.model.largestUnitParams, P) : Math.min(ctx.bucketBytes, 4 * P); // under ZeRO-3 a bucket is a unit
-    b.paramsHeld = P;
+    const unit = b.params > 0 ? Math.min(ctx.model.largestUnitParams, b.params) * (P / b.params) : 0; // a unit's trained share
+    const bucket = l.zero === 3 ? 4 * unit : Math.min(ctx.bucketBytes, 4 * P); // under ZeRO-3 a bucket is a unit
+    b.paramsHeld = b.params;
     b.gradsHeld = l.zero >= 2 ? P / shard : P;
     b.optimizerHeld = P / shard;
-    b.memory.parameters += 4 * P;
+    b.memory.parameters += heldParamBytes(ctx.model, b.params, b.frozenParams);
     // ZeRO-2 holds full gradients only for the bucket backward fills and the one in reduction
     // ([Note: reduction window]), and that one's received shard.
     b.memory.gradients += l.zero >= 2 ? 4 * P / shard + Math.min(2 * bucket, 4 * P) : 4 * P;

@@ -29,7 +29,7 @@ import type { ProcessGroup } from '../../distributed/process_group.js';
 import { allocStorage, freeStorage, type Bucket } from './grad_buffer.js';
 import { gatherInPlace } from './zero_gathers.js';
 import { Bf16UnitCopy } from './fsdp_bf16.js';
-import { axisStride, computeBytes, crossesHosts, type PlanAxis } from '../../distributed/plan_terms.js';
+import { axisStride, computeBytes, crossesHosts, heldParamBytes, type PlanAxis } from '../../distributed/plan_terms.js';
 
 /** Whether a module (by dotted name) is a wrapping unit of its own. */
 export type UnitPolicy = (name: string, module: Module) => boolean;
@@ -86,7 +86,10 @@ export interface UnitPlan {
 
 /** One full-size copy of a unit's parameters: the float32 bucket, or the bfloat16 copy. */
 interface Gathered {
+  /** The trainable region, and the frozen one after it when `frozen` is undefined (the bfloat16 copy). */
   data: Tensor;
+  /** The frozen region in its own storage and dtype (the bucket's frozenData). */
+  frozen?: Tensor;
   state: 'free' | 'gathering' | 'ready';
   work?: { wait(): void };
 }
@@ -172,7 +175,7 @@ export class FsdpUnits {
     const readers = policyReaderParams(model);
     this.units = plan.units.map((u, i) => {
       const bucket = buckets[i]!;
-      const unit: UnitState = { ...u, bucket, isRoot: u.module === model, full: { data: bucket.data, state: 'free' } };
+      const unit: UnitState = { ...u, bucket, isRoot: u.module === model, full: { data: bucket.data, ...(bucket.frozenData ? { frozen: bucket.frozenData } : {}), state: 'free' } };
       // [Note: bf16 gathers]: only float32 units whose every parameter is read through the policy.
       if (bucket.data.dtype === 'float32' && [...bucket.slots, ...bucket.frozenSlots].every((s) => readers.has(s.param))) {
         const copy = new Bf16UnitCopy(bucket);
@@ -270,16 +273,19 @@ export class FsdpUnits {
 
   private issueGather(u: UnitState, c: Gathered): void {
     const b = u.bucket;
-    if (allocStorage(c.data)) this.opts.onMemoryChange();
-    // This rank's float32 shard goes in cast to the copy's dtype ([Note: bf16 gathers]); the
-    // trainable and the frozen regions are gathered each into its place ([Note: frozen parameters]).
+    const a = allocStorage(c.data), f = c.frozen ? allocStorage(c.frozen) : false;
+    if (a || f) this.opts.onMemoryChange();
+    // This rank's shards go in cast to the copy's dtype ([Note: bf16 gathers]); the trainable and
+    // the frozen regions are gathered each from its own shard into its place ([Note: frozen
+    // parameters]): the frozen one in its own dtype into the bucket's frozenData, or, for the
+    // bfloat16 copy, after the trainable region (a bfloat16 base is gathered as it is stored).
     const works: { wait(): void }[] = [];
     const fs = b.frozenNumel / this.group.size;
     if (b.numel > 0) works.push(gatherRegion(this.group, c.data, 0, b.shardNumel, b.shardData!, 0)); // [Note: in-place gathers]
-    if (fs > 0) works.push(gatherRegion(this.group, c.data, b.numel, fs, b.shardData!, b.shardNumel));
+    if (fs > 0) works.push(gatherRegion(this.group, c.frozen ?? c.data, c.frozen ? 0 : b.numel, fs, b.frozenShardData!, 0));
     c.work = { wait: () => works.forEach((w) => w.wait()) };
     c.state = 'gathering';
-    this.gatheredBytes += (b.numel + b.frozenNumel - b.shardNumel - fs) * elementSize(c.data.dtype);
+    this.gatheredBytes += (b.numel - b.shardNumel) * elementSize(c.data.dtype) + (b.frozenNumel - fs) * elementSize((c.frozen ?? c.data).dtype);
   }
 
   // [Note: failed gather] After a failed all-gather the group is unusable (a timed-out or broken
@@ -310,6 +316,7 @@ export class FsdpUnits {
       if (c.state === 'gathering') this.gather(u, c); // never free memory a collective is writing
       if (c.state !== 'ready') continue;
       freeStorage(c.data);
+      if (c.frozen) freeStorage(c.frozen);
       c.state = 'free';
       this.opts.onMemoryChange();
     }
@@ -369,7 +376,7 @@ export class FsdpUnits {
       for (const r of this.removers) r();
       for (const u of this.units) {
         if (!u.bf16) continue;
-        for (const s of u.bucket.slots) setGatheredSource(s.param, undefined);
+        for (const s of [...u.bucket.slots, ...u.bucket.frozenSlots]) setGatheredSource(s.param, undefined);
         if (!this.failure) u.bf16.copy.dispose(); // after a failed gather a collective may still write it
       }
     }
@@ -411,7 +418,8 @@ function policyReaderParams(model: Module): Set<Tensor> {
  * What ZeRO-3 changes on a rank, for the planner ([Note: plan terms] in
  * src/distributed/plan_terms.ts): the parameters are a 1 / (dpShard x cp) shard, and around each
  * unit's forward and backward its full parameters exist too (the unit being computed and the one
- * prefetched: two of the largest, in bfloat16 under bf16-mixed, [Note: unit lifecycle]); each unit
+ * prefetched: two of the largest, three with frozen parameters, in bfloat16 under bf16-mixed,
+ * [Note: unit lifecycle]); each unit
  * is all-gathered in forward and again in backward (once when reshardAfterForward is off), every
  * micro-batch.
  */
@@ -423,9 +431,16 @@ export const zero3PlanAxis = {
     if (l.zero !== 3) return;
     const shard = l.dpShard * l.cp;
     const P = b.paramsHeld;
-    const gathered = computeBytes(l);
-    b.memory.parameters -= 4 * P - 4 * P / shard;
-    if (shard > 1) b.memory.zero3Gathers += 2 * gathered * Math.min(ctx.model.largestUnitParams, P);
+    // Bytes of the rank's parameters as held, and as gathered: bfloat16 under bf16-mixed, else as
+    // stored (a LoRA base in its own dtype, [Note: LoRA plan]).
+    const held = heldParamBytes(ctx.model, P, b.frozenParams);
+    const gathered = computeBytes(l) === 2 ? 2 : P > 0 ? held / P : 4;
+    b.memory.parameters -= held - held / shard;
+    // A unit holding frozen parameters is freed only once the gradient of its input is complete
+    // (onReduced, [Note: post-backward free]), by when backward has gathered the next unit and
+    // prefetched the one after: three of the largest then, not two.
+    const units = b.frozenParams > 0 ? 3 : 2;
+    if (shard > 1) b.memory.zero3Gathers += units * gathered * Math.min(ctx.model.largestUnitParams, P);
     if (shard === 1) return;
     const passes = ctx.reshardAfterForward ? 2 : 1;
     const cross = crossesHosts(axisStride(l, 'dpShard'), shard, ctx.ranksPerHost);

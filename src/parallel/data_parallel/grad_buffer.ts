@@ -8,7 +8,7 @@
 // zero and stays zero (nothing writes to it).
 //
 // Storage. Every bucket owns two flat tensors of its padded size, `data` and `grad` (under ZeRO-3
-// `data` also holds the unit's frozen parameters after that size: [Note: frozen parameters]); each parameter
+// a third, `frozenData`, holds the unit's frozen parameters: [Note: frozen parameters]); each parameter
 // is a shaped view of `data` (its old storage is released) and each `param.grad` is a view of
 // `grad`, assigned once, so autograd accumulates into the bucket in place and a gradient is never
 // missing. Sharded modes own, per bucket, this rank's shard of the gradient (`shardGrad`) and under
@@ -20,17 +20,21 @@
 //
 // [Note: frozen parameters] A parameter with requiresGrad = false has values but no gradient, no
 // optimizer state and no reduction, so the gradient layout is built from the trainable set only.
-// Under ZeRO-3 a frozen parameter must still be sharded and gathered with its unit, so a bucket's
-// `data` is two regions: the trainable parameters ([0, numel), matching `grad` element for element,
-// so a shard of one is the shard of the other) and after them the frozen ones ([numel, numel +
-// frozenNumel), padded and sharded the same way); `shardData` is this rank's shard of each, end to
-// end. A unit with only frozen parameters is a bucket with numel 0: it is gathered and freed like
+// Under ZeRO-3 a frozen parameter must still be sharded and gathered with its unit, so a bucket has
+// two regions: the trainable parameters in `data` ([0, numel), matching `grad` element for element,
+// so a shard of one is the shard of the other) and the frozen ones in `frozenData`, a flat tensor of
+// their own dtype (frozenNumel, padded and sharded the same way; a bfloat16 LoRA base beside float32
+// adapters, applyLora's baseDtype), each sharded (`shardData`, `frozenShardData`) and all-gathered
+// on its own. The layout still numbers the frozen region after the trainable one (a frozen slot's
+// offset - the bucket's - numel is its place in `frozenData`), as the unit's bfloat16 copy under
+// bf16-mixed lays them out end to end (fsdp_bf16.ts). A bucket's frozen parameters share one dtype;
+// the buffer's dtype is its trainable parameters'. A unit with only frozen parameters is a bucket with numel 0: it is gathered and freed like
 // any other but has no gradient and joins no reduction. A unit holding frozen parameters is not
 // freed when its gradient bucket launches (its frozen weights may still be needed for the gradient
 // of its input, as a LoRA base is beside its adapters; FsdpUnits.onReduced). The other modes keep frozen parameters
 // whole outside the buckets (every rank holds them, as it holds the trainable ones), and only
 // DataParallel passes frozen parameters here, under ZeRO-3.
-import { Tensor, zeros, emptyMapped, noGrad, keep, cat, elementSize, type DType } from '../../tensor/index.js';
+import { Tensor, zeros, emptyMapped, noGrad, keep, elementSize, type DType } from '../../tensor/index.js';
 
 export interface ParamSlot {
   readonly name: string;
@@ -51,18 +55,22 @@ export interface Bucket {
   /** numel / shard count. */
   readonly shardNumel: number;
   readonly slots: ParamSlot[];
-  /** ZeRO-3: the frozen parameters' region after the trainable ones in `data` (padded; 0 for none) ([Note: frozen parameters]). */
+  /** ZeRO-3: the size of the frozen parameters' region (padded; 0 for none) ([Note: frozen parameters]). */
   readonly frozenNumel: number;
-  /** The frozen parameters in `data` (no gradient); a slot's offset - the bucket's is its place in `data`. */
+  /** The frozen parameters (no gradient); a slot's offset - the bucket's - numel is its place in `frozenData`. */
   readonly frozenSlots: ParamSlot[];
-  /** The full parameter values (numel + frozenNumel; its storage may be freed under ZeRO-3). */
+  /** The full trainable parameter values (numel; its storage may be freed under ZeRO-3). */
   readonly data: Tensor;
+  /** ZeRO-3: the full frozen parameter values in their own dtype (frozenNumel; freed like `data`), when there are any. */
+  readonly frozenData?: Tensor;
   /** The full gradient (its storage may be freed under ZeRO-2/3 between backward passes). */
   readonly grad: Tensor;
   /** This rank's reduced gradient shard (sharded gradients only). */
   shardGrad?: Tensor;
-  /** This rank's parameter shard (ZeRO-3 only): shardNumel trainable values the optimizer updates, then frozenNumel / shards frozen ones. */
+  /** This rank's parameter shard (ZeRO-3 only): the shardNumel trainable values the optimizer updates. */
   shardData?: Tensor;
+  /** This rank's shard of the frozen region (ZeRO-3, when there is one): frozenNumel / shards values. */
+  frozenShardData?: Tensor;
 }
 
 export interface GradBufferOptions {
@@ -117,7 +125,11 @@ export class GradBuffer {
     const dtype = (this.dtype = plan.dtype);
     const pad = (this.shards = plan.pad);
     noGrad(() => {
-      for (const { members, frozen, offset, numel, frozenNumel } of plan.buckets) {
+      for (const { members, frozen, offset, numel, frozenNumel, frozenDtype } of plan.buckets) {
+        // Storage that is freed and allocated again around every use lives on mapped pages
+        // ([Note: mapped storage] in native/tensor.cc): given back to the OS when freed, it leaves
+        // no bucket-sized holes in the malloc heap. lazyGrad's bytes are never touched here.
+        const flat = (n: number, d: DType) => keep(opts.shard ? emptyMapped([n], { dtype: d }).zero_() : zeros([n], { dtype: d }));
         const bucket: Bucket = {
           index: this.buckets.length,
           offset,
@@ -126,15 +138,13 @@ export class GradBuffer {
           slots: [],
           frozenNumel,
           frozenSlots: [],
-          // Storage that is freed and allocated again around every use lives on mapped pages
-          // ([Note: mapped storage] in native/tensor.cc): given back to the OS when freed, it leaves
-          // no bucket-sized holes in the malloc heap. lazyGrad's bytes are never touched here.
-          data: keep(opts.shard ? emptyMapped([numel + frozenNumel], { dtype }).zero_() : zeros([numel + frozenNumel], { dtype })),
+          data: flat(numel, dtype),
+          ...(frozenNumel > 0 ? { frozenData: flat(frozenNumel, frozenDtype) } : {}),
           grad: keep(opts.lazyGrad ? emptyMapped([numel], { dtype }) : zeros([numel], { dtype })),
         };
-        const place = (name: string, p: Tensor, at: number): void => {
+        const place = (name: string, p: Tensor, into: Tensor, at: number): void => {
           const n = p.numel();
-          const dataView = bucket.data.narrow(0, at, n).view(...p.shape);
+          const dataView = into.narrow(0, at, n).view(...p.shape);
           if (isAllocated(p) || n === 0) {
             dataView.copy_(p);
           } else {
@@ -151,7 +161,7 @@ export class GradBuffer {
         for (const [name, p] of members) {
           const shape = p.shape;
           const n = p.numel();
-          place(name, p, at);
+          place(name, p, bucket.data, at);
           const gradView = bucket.grad.narrow(0, at, n).view(...shape);
           p.grad = gradView;
           gradView.dispose();
@@ -160,11 +170,11 @@ export class GradBuffer {
           this.slots.push(slot);
           at += n;
         }
-        // [Note: frozen parameters] values only, after the trainable region.
-        at = numel;
+        // [Note: frozen parameters] values only, in their own region (numbered after the trainable one).
+        at = 0;
         for (const [name, p] of frozen) {
-          place(name, p, at);
-          const slot: ParamSlot = { name, param: p, shape: p.shape, offset: offset + at, numel: p.numel(), bucket };
+          place(name, p, bucket.frozenData!, at);
+          const slot: ParamSlot = { name, param: p, shape: p.shape, offset: offset + numel + at, numel: p.numel(), bucket };
           bucket.frozenSlots.push(slot);
           this.frozenSlots.push(slot);
           at += p.numel();
@@ -174,13 +184,17 @@ export class GradBuffer {
           // [Note: sharded build]
           opts.shard.beforeShard?.(bucket);
           const [lo] = shardRange(bucket, opts.shard.rank);
-          const fs = frozenNumel / pad;
           const own = bucket.data.narrow(0, lo, bucket.shardNumel);
-          const ownFrozen = bucket.data.narrow(0, numel + opts.shard.rank * fs, fs);
-          bucket.shardData = keep(noGrad(() => (fs > 0 ? cat([own, ownFrozen]) : own.clone())));
+          bucket.shardData = keep(own.clone());
           own.dispose();
-          ownFrozen.dispose();
           freeStorage(bucket.data);
+          if (bucket.frozenData) {
+            const fs = frozenNumel / pad;
+            const ownFrozen = bucket.frozenData.narrow(0, opts.shard.rank * fs, fs);
+            bucket.frozenShardData = keep(ownFrozen.clone());
+            ownFrozen.dispose();
+            freeStorage(bucket.frozenData);
+          }
         }
         this.buckets.push(bucket);
       }
@@ -202,8 +216,10 @@ export class GradBuffer {
     for (const b of this.buckets) {
       b.grad.dispose();
       b.data.dispose();
+      b.frozenData?.dispose();
       b.shardGrad?.dispose();
       b.shardData?.dispose();
+      b.frozenShardData?.dispose();
     }
   }
 }
@@ -278,15 +294,16 @@ interface LayoutPlan {
   dtype: DType;
   pad: number;
   numel: number;
-  buckets: { members: [string, Tensor][]; frozen: [string, Tensor][]; offset: number; numel: number; frozenNumel: number }[];
+  buckets: { members: [string, Tensor][]; frozen: [string, Tensor][]; offset: number; numel: number; frozenNumel: number; frozenDtype: DType }[];
 }
 
 // Where every parameter goes, without allocating anything (the constructor and describeLayout share it).
 function planLayout(params: [string, Tensor][], opts: GradBufferOptions): LayoutPlan {
   if (params.length === 0) throw new Error('GradBuffer: no parameters');
-  const dtype = params[0]![1].dtype;
+  // The buffer's dtype is its trainable parameters' ([Note: frozen parameters]: frozen ones keep their own).
+  const dtype = (params.find(([, p]) => p.requiresGrad) ?? params[0]!)[1].dtype;
   for (const [n, p] of params) {
-    if (p.dtype !== dtype) throw new Error(`GradBuffer: parameter ${n} is ${p.dtype}, buffer is ${dtype}; group parameters by dtype`);
+    if (p.requiresGrad && p.dtype !== dtype) throw new Error(`GradBuffer: parameter ${n} is ${p.dtype}, buffer is ${dtype}; group parameters by dtype`);
     if (!p.isLeaf) throw new Error(`GradBuffer: parameter ${n} is not a leaf tensor`);
   }
   const pad = opts.padMultiple ?? 1;
@@ -299,7 +316,10 @@ function planLayout(params: [string, Tensor][], opts: GradBufferOptions): Layout
     const used = members.reduce((a, [, p]) => a + p.numel(), 0);
     const numel = members.length === 0 ? 0 : Math.max(pad, roundUp(used, pad));
     const frozenNumel = roundUp(frozen.reduce((a, [, p]) => a + p.numel(), 0), pad);
-    const b = { members, frozen, offset, numel, frozenNumel };
+    const frozenDtype = frozen[0]?.[1].dtype ?? dtype;
+    const odd = frozen.find(([, p]) => p.dtype !== frozenDtype);
+    if (odd) throw new Error(`GradBuffer: frozen parameter ${odd[0]} is ${odd[1].dtype} and ${frozen[0]![0]} of the same unit is ${frozenDtype}; store a unit's frozen parameters in one dtype`);
+    const b = { members, frozen, offset, numel, frozenNumel, frozenDtype };
     offset += numel;
     return b;
   });
@@ -337,10 +357,20 @@ export function buildGradBuffers(params: [string, Tensor][], opts: GradBufferOpt
   return splitByDtype(params, opts).map(([ps, o]) => new GradBuffer(ps, o));
 }
 
+// Trainable parameters go to the buffer of their dtype. A frozen one (ZeRO-3's groups only) goes
+// with its group's trainable parameters, or, in a group of frozen ones only, with the first
+// trainable parameter's buffer: every unit stays one bucket of one buffer, in group order, whatever
+// dtype its frozen region has ([Note: frozen parameters]).
 function splitByDtype(params: [string, Tensor][], opts: GradBufferOptions): [[string, Tensor][], GradBufferOptions][] {
   const byDtype = new Map<DType, [string, Tensor][]>();
+  const first = (params.find(([, p]) => p.requiresGrad) ?? params[0])?.[1].dtype;
+  const groupDtype = new Map<Tensor, DType>();
+  for (const g of opts.groups ?? []) {
+    const d = g.find(([, p]) => p.requiresGrad)?.[1].dtype ?? first;
+    if (d !== undefined) for (const [, p] of g) if (!p.requiresGrad) groupDtype.set(p, d);
+  }
   for (const e of params) {
-    const d = e[1].dtype;
+    const d = e[1].requiresGrad ? e[1].dtype : groupDtype.get(e[1]) ?? e[1].dtype;
     if (!byDtype.has(d)) byDtype.set(d, []);
     byDtype.get(d)!.push(e);
   }

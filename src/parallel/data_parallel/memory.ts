@@ -47,7 +47,9 @@ export class MemoryMeter {
   private resident(): { params: number; grads: number } {
     let params = 0, grads = 0;
     for (const { bucket: b, recv, copy } of this.held()) {
-      params += b.data.storageNbytes() + (b.shardData ? b.shardData.storageNbytes() : 0) + (copy ? copy.storageNbytes() : 0);
+      // Each at its own dtype's bytes: a bfloat16 frozen region takes 2 per element ([Note: frozen parameters]).
+      params += b.data.storageNbytes() + (b.frozenData?.storageNbytes() ?? 0) + (b.shardData?.storageNbytes() ?? 0) +
+        (b.frozenShardData?.storageNbytes() ?? 0) + (copy ? copy.storageNbytes() : 0);
       grads += b.grad.storageNbytes() + (b.shardGrad ? b.shardGrad.storageNbytes() : 0) + (recv && isAllocated(recv) ? recv.storageNbytes() : 0);
     }
     for (const p of this.outside()) params += p.numel() * elementSize(p.dtype);

@@ -439,6 +439,8 @@ export class PipelineParallel implements ParallelModel {
    * holders and receives theirs (tags above every activation tag of a step).
    */
   private sumTied(t: TiedGroup, gi: number): void {
+    // A frozen tied parameter (a LoRA base's embedding and head) has no gradient on any stage.
+    if (t.local.some((p) => p !== undefined && !p.requiresGrad)) return;
     const mine = t.local.flatMap((p, c) => (p ? [{ c, g: this.accumulatingGrad(p) }] : []));
     if (mine.length === 0) return;
     const tag = (c: number) => TIED_TAG + gi * 256 + c;
@@ -603,6 +605,8 @@ export const pipelinePlanAxis = {
     b.blocks = blocks.length;
     b.expertParams = blocks.reduce((a, i) => a + m.blockExpertParams[i]!, 0);
     b.params = blocks.reduce((a, i) => a + m.blockParams[i]! + m.blockExpertParams[i]!, 0) + (b.embed ? m.embedParams : 0) + (b.head ? m.headParams : 0);
+    // A LoRA run's stage holds its blocks' adapters, the rest of it is frozen ([Note: LoRA plan]).
+    if (m.lora) b.frozenParams = b.params - blocks.reduce((a, i) => a + m.lora!.blockAdapterParams[i]!, 0) - (b.embed ? m.lora.embedAdapterParams : 0) - (b.head ? m.lora.headAdapterParams : 0);
     const schedule = buildSchedule(l.ppSchedule, { pp: l.pp, micro: l.microBatches, ...(v > 1 ? { virtualStages: v } : {}) });
     b.liveMicroBatches = peakActivations(schedule)[ctx.stageRank]! / v;
     // Zero bubble keeps each deferred weight gradient's output gradient (one per Linear, split over tp

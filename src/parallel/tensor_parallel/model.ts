@@ -166,6 +166,7 @@ export const tensorParallelPlanAxis = {
     const tp = l.tp;
     if (tp === 1) return;
     b.params = (b.params - b.expertParams) / tp + b.expertParams; // routed experts stay whole on every tp rank
+    if (b.frozenParams > 0) b.frozenParams = (b.frozenParams - b.expertParams) / tp + b.expertParams; // a LoRA base's experts are frozen too
     b.blockShare = b.blockShare / tp;
     const m = ctx.model;
     const elem = computeBytes(l);

@@ -27,6 +27,22 @@
 //   lossParallel    the output head: colwise with the logits left sharded over the vocabulary; the
 //                   criterion's cross-entropy becomes the vocab-parallel one (loss.ts).
 //
+// [Note: LoRA under tp] An adapted Linear (y = W x + scale B A x, [Note: LoRA] in src/nn/lora.ts)
+// is split with its base, so that B A has W's slice shape and the adapter adds to exactly the
+// outputs the base computes here:
+//   colwise  B (out, r) by W's output rows (per chunk for a fused q, k, v), A whole. dA is a sum of
+//            every rank's B slice's part: A is replicated with a partial gradient, all-reduced
+//            over g like a sequence-parallel norm's. The input (replicated or gathered) is the same
+//            on every rank, and so is the adapter's dropout mask (the common stream).
+//   rowwise  A (r, in) by W's input columns, B whole. A_r x_r is partial, and B (sum_r A_r x_r) =
+//            sum_r B A_r x_r, so each rank's delta is added before the base's all-reduce (or
+//            reduce-scatter) and summed with it; dB is partial and all-reduced. The adapter's
+//            dropout draws the mask for the whole input from the common stream, as one process
+//            draws it, and keeps this rank's columns: tp draws one process's masks (data-parallel
+//            ranks, as for any dropout, each draw for their own rows).
+// Both adapter Linears count as styled: their gradients, partly reduced by hooks, stay in I.
+// Merging works on the slices (B_r A, or B A_r, is W's slice of B A).
+//
 // [Note: tp dropout] Dropout masks must be the same on every rank where activations are replicated
 // and different where they are sharded (Megatron's RNG tracker). Every rank of g draws the same
 // stream, so replicated-region dropout agrees by itself; a sharded-region dropout draws one seed
@@ -37,7 +53,7 @@
 // Weights: a style slices the tensor the model built, so a tp run starts from exactly the weights
 // of one process (GPT draws each parameter from its own seed). A parameter tensor keeps its
 // identity (set_ onto the slice), so tied uses stay tied and are sliced once.
-import { type Tensor, cat, manualSeed, noGrad, randint, tidy } from '../../tensor/index.js';
+import { type Tensor, cat, manualSeed, noGrad, ones, randint, tidy } from '../../tensor/index.js';
 import type { ProcessGroup } from '../../distributed/process_group.js';
 import { Module } from '../../nn/module.js';
 import { Dropout, Embedding, LayerNorm, Linear, RMSNorm } from '../../nn/layers.js';
@@ -116,8 +132,6 @@ function resolvePlan(module: Module, plan: TpPlan): [string, Module, TpStyle][] 
     for (const [name, m] of hits) {
       if (taken.has(name)) problems.push(`module '${name}' is named by two plan entries ('${taken.get(name)}' and '${key}')`);
       taken.set(name, key);
-      // Splitting an adapter with its base (B by rows under a column-parallel base, A by columns under a row-parallel one) is not built yet.
-      if (loraAdapterOf(m)) problems.push(`module '${name}' has a LoRA adapter, which tensor parallelism does not split yet; train LoRA under a layout without tp (dp, ZeRO)`);
       out.push([name, m, styleOf(s)]);
     }
   }
@@ -189,6 +203,13 @@ export function parallelizeModule(module: Module, g: ProcessGroup, plan: TpPlan)
         const lin = m as Linear;
         shard(`${name}.weight`, lin.weight, 0, style.kind === 'colwise' ? style.chunks ?? 1 : 1);
         if (lin.bias) shard(`${name}.bias`, lin.bias, 0, style.kind === 'colwise' ? style.chunks ?? 1 : 1);
+        const lora = loraAdapterOf(lin);
+        if (lora) {
+          // [Note: LoRA under tp] B's rows are the output rows W has here (per chunk), A is whole.
+          shard(`${name}.loraB.weight`, lora.B.weight, 0, style.kind === 'colwise' ? style.chunks ?? 1 : 1);
+          partial(lora.A.weight);
+          styled.add(lora.A).add(lora.B);
+        }
         const input = style.input ?? 'replicated';
         const gather = style.kind === 'colwise' && style.output === 'replicated';
         const chunks = style.kind === 'colwise' ? style.chunks ?? 1 : 1;
@@ -218,11 +239,21 @@ export function parallelizeModule(module: Module, g: ProcessGroup, plan: TpPlan)
         shard(`${name}.weight`, lin.weight, 1);
         const output = style.output ?? 'replicated';
         if (output === 'sequenceSharded') partial(lin.bias);
-        // The bias is added once, after the partial products are summed.
+        const lora = loraAdapterOf(lin);
+        if (lora) {
+          // [Note: LoRA under tp] A's columns are the input columns W has here, B is whole.
+          shard(`${name}.loraA.weight`, lora.A.weight, 1);
+          partial(lora.B.weight);
+          styled.add(lora.A).add(lora.B);
+          wrap(lora.dropout, () => (x: Tensor) => wideDropout(lora.dropout, x, g));
+        }
+        // The bias is added once, after the partial products are summed; so is the adapter's
+        // partial delta B (A_r x_r), which rides in the same sum.
         wrap(lin, () => (x: Tensor) => {
           const [xc] = castFor('linear', x) as [Tensor];
           const w = castParam('linear', lin.weight);
-          const y = F.linear(xc, w);
+          const base = F.linear(xc, w);
+          const y = lora && lora.enabled && !lora.merged ? base.add(lora.delta(x)) : base;
           const sum = output === 'sequenceSharded' ? reduceScatterSequence(y, g) : reduceFromRegion(y, g);
           return lin.bias ? sum.add(castParam('linear', lin.bias)) : sum;
         });
@@ -273,7 +304,8 @@ export function parallelizeModule(module: Module, g: ProcessGroup, plan: TpPlan)
   for (const [, p] of module.namedParameters()) {
     const pl = placed.get(p) ?? { kind: 'replicate', group: g, partialGrad: false };
     placed.set(p, pl);
-    if (pl.kind === 'replicate' && pl.partialGrad && n > 1) removers.push(p.registerHook((grad) => allReduceSum(grad, g)));
+    // A frozen one (a LoRA run's base norms under sequence parallelism) has no gradient to sum.
+    if (pl.kind === 'replicate' && pl.partialGrad && p.requiresGrad && n > 1) removers.push(p.registerHook((grad) => allReduceSum(grad, g)));
   }
   return {
     group: g,
@@ -294,6 +326,18 @@ function restyle(m: Module, make: (orig: Forward) => Forward): void {
   const target = m as unknown as { forward: Forward };
   const orig = target.forward.bind(m);
   target.forward = make(orig);
+}
+
+/**
+ * The adapter's dropout on a row-parallel Linear's input, sharded on its last dim: this rank's
+ * columns of the mask one process draws for the whole input ([Note: LoRA under tp]).
+ */
+function wideDropout(d: Dropout, x: Tensor, g: ProcessGroup): Tensor {
+  if (!d.training || d.p === 0) return x;
+  const cols = x.shape[x.ndim - 1]!;
+  // dropout(ones) is the mask scaled by 1 / (1 - p), x * mask what dropout(x) computes.
+  const mask = noGrad(() => F.dropout(ones([...x.shape.slice(0, -1), cols * g.size], { dtype: x.dtype }), d.p, true).narrow(-1, g.rank * cols, cols));
+  return x.mul(mask);
 }
 
 const MIX = 0x9e3779b9;
