@@ -11,7 +11,7 @@ import assert from 'node:assert/strict';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync, cpSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
-import { manualSeed, noGrad, randn, setNumThreads, tidy, zeros } from '../src/tensor/index.js';
+import { manualSeed, noGrad, randn, setNumThreads, tensor, tidy, zeros } from '../src/tensor/index.js';
 import { applyLora, loraAdapters } from '../src/nn/lora.js';
 import { modelSpec } from '../src/models/registry.js';
 import { placementsOf, type ParamPlacement } from '../src/parallel/placement.js';
@@ -187,7 +187,7 @@ for (const c of CASES) {
   });
 }
 
-test('[lora] adapter: the PEFT tensors load into any range of each adapter bit for bit, after checking rank, alpha, rsLora and targets', async () => {
+test('[lora] adapter: the PEFT tensors load into any range or tensor-parallel slice of each adapter bit for bit, after checking rank, alpha, rsLora and targets', async () => {
   const c = CASES[0]!;
   const m = await setup(c);
   const peft = join(root, 'llama-peft-load');
@@ -209,6 +209,24 @@ test('[lora] adapter: the PEFT tensors load into any range of each adapter bit f
     }
   }
   assert.equal(loaded, 3 * m.adapters.size);
+  // Tensor-parallel slices: a column-parallel q splits B by output rows, a row-parallel down_proj
+  // splits A by input columns; each of two ranks reads its slice.
+  for (const [name, dim] of [['layers.1.attn.q.loraB.weight', 0], ['layers.0.mlp.down.loraA.weight', 1]] as const) {
+    const values = m.adapters.get(name)!;
+    const shape = name.includes('loraA') ? [c.lora.rank, values.length / c.lora.rank] : [values.length / c.lora.rank, c.lora.rank];
+    const whole = tidy(() => tensor(Float32Array.from(values), { shape }));
+    for (let index = 0; index < 2; index++) {
+      const want = tidy(() => whole.narrow(dim, (index * shape[dim]!) / 2, shape[dim]! / 2).contiguous());
+      const local = zeros(want.shape);
+      const held = { offset: 0, numel: local.numel() };
+      const p: ParamPlacement = { name, param: local, shape, dtype: 'float32', held, stateHeld: held, writes: held, values: () => local.view(-1), tp: { dim, chunks: 1, parts: 2, index } };
+      loadPeftAdapter(peft, [p], run);
+      assert.deepEqual(local.toNumbers(), want.toNumbers(), `${name}: tp slice ${index} of 2 along dim ${dim}`);
+      local.dispose();
+      want.dispose();
+    }
+    whole.dispose();
+  }
   // targets written differently but adapting the same modules are the same adapter.
   assert.doesNotThrow(() => checkPeftAdapter(peft, run.model, { ...c.lora, targets: ['v_proj', 'down_proj', 'q_proj'] }));
   // Each field that differs is named, with the fix.
