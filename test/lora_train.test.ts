@@ -4,7 +4,7 @@
 // bit for bit what the directory holds while the adapters train; a dp = 2 checkpoint resumed under
 // ZeRO-3 continues to the straight run's losses and adapters; a base changed after the save is
 // refused at resume; the mistakes a user can make are one message before any rank starts, with no
-// run directory written. Also: each architecture's list of Linears (what the launcher checks
+// run directory written; a pipeline leaves a frozen tied embedding alone. Also: each architecture's list of Linears (what the launcher checks
 // targets against) is the built model's, and adapters of a model built without memory are drawn as
 // a whole model draws them; a LoRA checkpoint loads as one whole model (its base and adapters), which
 // sampling from the run reads.
@@ -164,16 +164,17 @@ test('a dp = 2 LoRA checkpoint resumed under ZeRO-3 continues to the straight ru
   }
 });
 
-test('a LoRA run from a GPT-2 directory adapts c_attn and both c_proj (attention and MLP), by their Hugging Face names', async () => {
+test('a LoRA run from a GPT-2 directory adapts c_attn and both c_proj (attention and MLP) by their Hugging Face names; in a pipeline the frozen tied embedding and its head copy stay the base\'s', async () => {
   const gptDir = join(root, 'gpt2');
-  const g = new GPT({ vocabSize: 512, blockSize: 32, nLayer: 2, nHead: 2, nEmbd: 32 }, { initSeed: 9 });
+  const g = new GPT({ vocabSize: 512, blockSize: 32, nLayer: 2, nHead: 2, nEmbd: 32, tieEmbeddings: true }, { initSeed: 9 });
   savePretrained(g, gptDir, { tokenizer });
+  const wte = g.namedParameters().find(([n]) => n === 'wte.weight')![1].toNumbers();
   g.dispose();
-  const run = join(root, 'gpt2-run');
+  const run = join(root, 'gpt2-run'), record = join(root, 'gpt2-record');
   const r = await flotilla([
-    'train', join(ROOT, 'examples', 'gpt-tiny.toml'), `--train.initFrom=${gptDir}`, '--model.blockSize=32', '--model.nLayer=2', '--model.nHead=2', '--model.nEmbd=32',
-    '--data.seqLen=32', '--data.globalBatch=4', '--train.steps=2', '--train.evalEvery=0', '--log.progress=plain', '--log.sampleTokens=0', '--optim.warmupSteps=0',
-    '--lora.rank=2', '--lora.targets=c_attn,c_proj', '--checkpoint.every=2', `--train.runDir=${run}`,
+    'train', join(ROOT, 'examples', 'gpt-tiny.toml'), '--nproc', '2', '--parallel.pp=2', `--train.initFrom=${gptDir}`, '--model.blockSize=32', '--model.nLayer=2', '--model.nHead=2', '--model.nEmbd=32',
+    '--model.tieEmbeddings=true', '--data.seqLen=32', '--data.globalBatch=4', '--train.steps=2', '--train.evalEvery=0', '--log.progress=plain', '--log.sampleTokens=0', '--optim.warmupSteps=0',
+    '--lora.rank=2', '--lora.targets=c_attn,c_proj', '--checkpoint.every=2', `--train.runDir=${run}`, '--record', record,
   ], { timeoutMs: 200_000 });
   assert.equal(r.code, 0, `${r.out}\n${r.err}`);
   const meta = readMeta(join(run, 'checkpoints', 'step-000002'));
@@ -182,6 +183,8 @@ test('a LoRA run from a GPT-2 directory adapts c_attn and both c_proj (attention
   assert.deepEqual(meta.params['layers.0.attn.qkv.loraB.weight']!.shape, [96, 2]);
   assert.deepEqual(meta.params['layers.1.mlp.proj.loraA.weight']!.shape, [2, 128]);
   assert.match(r.out, /LoRA rank 2 on 6 modules: 1\.41K trainable/); // 2 x (2 (32 + 96) + 2 (32 + 32) + 2 (128 + 32))
+  // The first stage's embedding and the last stage's head copy of it: both the directory's.
+  for (const rank of [0, 1]) assert.deepEqual(loadSafetensors(join(record, `rank${rank}.safetensors`))['wte.weight']!.toNumbers(), wte, `rank ${rank}`);
 });
 
 test('a base changed after the save: --resume refuses with one message naming the file and the fix, and changes nothing', async () => {
@@ -220,6 +223,12 @@ test('LoRA mistakes are one message before any rank starts, and no run directory
   assert.notEqual(r.code, 0);
   assert.match(r.err, /train\.initFrom: .*step-000002 is a LoRA checkpoint \(adapters on the base .*llama-base\), not a model; merge its adapters into the base first \(flotilla export .* OUT --format hf --merge\)/);
   assert.ok(!existsSync(run));
+  // A LoRA checkpoint resumed without [lora]: its adapters are not a model either.
+  const run2 = join(root, 'refused-lora-resume');
+  const r2 = await flotilla(['train', llamaConfig, ...llamaArgs(llamaDir), '--lora.rank=0', '--train.steps=3', `--train.runDir=${run2}`, `--resume=${join(straight, 'checkpoints', 'step-000002')}`]);
+  assert.notEqual(r2.code, 0);
+  assert.match(r2.err, /the checkpoint .*step-000002 holds LoRA adapters \(rank 4\) on the base .*llama-base, and this run has lora\.rank = 0; resume it with the \[lora\] section and train\.initFrom it was saved with/);
+  assert.ok(!existsSync(run2));
 });
 
 test('each architecture\'s list of Linears is the built model\'s (paths, shapes, Hugging Face names)', () => {

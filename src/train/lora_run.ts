@@ -118,7 +118,7 @@ export function baseIdentity(arg: string): BaseIdentity {
     path: resolve(path),
     files: baseFiles(path).map((name) => {
       const f = join(dir, name);
-      if (!existsSync(f)) throw new CheckpointError(`train.initFrom: ${path} is missing ${name}`);
+      if (!existsSync(f)) throw new CheckpointError(`train.initFrom: ${path} is missing ${name}; a LoRA run reads its frozen base from there: restore the file, or set train.initFrom to a complete copy of the base`);
       return { name, bytes: statSync(f).size, sha256: fileSha256(f) };
     }),
   };
