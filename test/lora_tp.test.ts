@@ -12,7 +12,8 @@
 // checkpoint (the adapters and their optimizer state) saved at tp=2 resumes at tp=1, and one saved
 // at tp=1 resumes at tp=2 with sequence parallelism, continuing exactly as one process does. Through
 // the trainer: `flotilla verify` of a LoRA run from a Hugging Face Llama directory passes at tp=2
-// with sequence parallelism, and across a resume from tp=2 to one process.
+// with sequence parallelism, and across a resume from tp=2 to one process; verify of a run with
+// adapter dropout under dp sets it to 0 for both runs, as it does the model's dropout.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync, readdirSync } from 'node:fs';
@@ -73,13 +74,18 @@ const g = (name: string, layout: GptRun['layout'], lora: GptRun['lora'] = gptLor
 const gptDrop = { ...gptLora, dropout: 0.25 };
 // The head too: its B is split over the vocabulary like the head's weight (left split under loss parallelism).
 const gptHead = { ...gptLora, targets: ['all-linear', 'head'] };
-const gptRef = gpt.launch(1, [g('ref', undefined), g('ref_drop', undefined, gptDrop), { ...g('ref_drop_ac', undefined, gptDrop), ac: 'full' }, g('ref_head', undefined, gptHead)]);
+// A base stored in bfloat16 (computed in float64), split like a float64 one.
+const gptBf16 = { ...gptLora, baseDtype: 'bfloat16' as const };
+const gptRef = gpt.launch(1, [
+  g('ref', undefined), g('ref_drop', undefined, gptDrop), { ...g('ref_drop_ac', undefined, gptDrop), ac: 'full' }, g('ref_head', undefined, gptHead), g('ref_bf16', undefined, gptBf16),
+]);
 const gpt2 = gpt.launch(2, [
   g('tp2', { tp: 2 }),
   g('tp2_sp', { tp: 2, ...sp }),
   g('tp2_sp_head', { tp: 2, ...sp }, gptHead),
   g('tp2_lp_head', { tp: 2, ...lp }, gptHead),
   g('tp2_sp_lp_head', { tp: 2, ...sp, ...lp }, gptHead),
+  g('tp2_sp_bf16', { tp: 2, ...sp }, gptBf16),
   g('tp2_drop', { tp: 2 }, gptDrop),
   g('tp2_sp_drop', { tp: 2, ...sp }, gptDrop),
   // A block's recompute replays its adapters' masks (against one process checkpointing alike: a
@@ -98,7 +104,7 @@ const llamaLora = { rank: 4, alpha: 8, targets: HF_TARGETS };
 const l = (name: string, layout: LlamaRun['layout']): LlamaRun => ({ name, layout, micro: 2, steps: 3, lora: llamaLora });
 const llamaRef = llama.launch(1, [l('ref', undefined)]);
 const llama2 = llama.launch(2, [l('tp2', { tp: 2 }), l('tp2_sp_lp', { tp: 2, ...sp, ...lp })]);
-const llama4 = llama.launch(4, [l('tp2_z3_sp', { tp: 2, zero: 3, ...sp }), l('tp2_pp2', { tp: 2, pp: 2, ppSchedule: '1f1b' })]);
+const llama4 = llama.launch(4, [l('tp2_z3_sp', { tp: 2, zero: 3, ...sp }), l('tp2_pp2', { tp: 2, pp: 2, ppSchedule: '1f1b' }), l('tp2_pp2_zb_sp', { tp: 2, pp: 2, ppSchedule: 'zb', ...sp })]);
 
 /**
  * Run `name` against the reference: the suite's comparison (every rank's losses, norms, whole
@@ -163,9 +169,9 @@ test('LoRA on a GPT at tp=2 x dp=2, tp=2 x ZeRO-3 (sequence parallel) and tp=2 x
   compareLora(gpt, 'tp2_pp2_zb_sp', 4, 'ref', 16);
 });
 
-test('LoRA on a Llama (q, k, v, o, gate, up, down by their Hugging Face names) at tp=2 (plain; sequence + loss parallel), tp=2 x ZeRO-3 and tp=2 x pp=2 equals one process on every rank', async () => {
+test('LoRA on a Llama (q, k, v, o, gate, up, down by their Hugging Face names) at tp=2 (plain; sequence + loss parallel), tp=2 x ZeRO-3 and tp=2 x pp=2 (1F1B; zero bubble with sequence parallelism) equals one process on every rank', async () => {
   await Promise.all([llamaRef, llama2, llama4]);
-  for (const [name, nproc] of [['tp2', 2], ['tp2_sp_lp', 2], ['tp2_z3_sp', 4], ['tp2_pp2', 4]] as const) compareLora(llama, name, nproc, 'ref', 4 * 7 * 2);
+  for (const [name, nproc] of [['tp2', 2], ['tp2_sp_lp', 2], ['tp2_z3_sp', 4], ['tp2_pp2', 4], ['tp2_pp2_zb_sp', 4]] as const) compareLora(llama, name, nproc, 'ref', 4 * 7 * 2);
 });
 
 // Checkpoints across layouts (test/fixtures/lora_tp_resume_rank.ts): 4 steps in one process; 2 steps
@@ -238,6 +244,7 @@ const LORA_RUN = [
 const verify = (args: string[]) => started(queue(() => flotilla(['verify', join(ROOT, 'examples', 'llama-tiny.toml'), '--steps', '4', ...LORA_RUN, ...args], { timeoutMs: 300_000 })));
 const TP_SP = ['--parallel.tp=2', '--parallel.sequenceParallel=true'];
 const verifyTpSp = verify(['--nproc', '2', ...TP_SP]);
+const verifyDpDropout = verify(['--nproc', '2', '--lora.dropout=0.1']);
 const resumeTpIntoOne = verify(['--nproc', '2', ...TP_SP, '--resume', '2', '--then', '--nproc', '1', '--parallel.tp=1', '--parallel.sequenceParallel=false']);
 
 test('flotilla verify PASSes for a LoRA run from a Hugging Face Llama directory at tp=2 with sequence parallelism; only adapters differ from one process at all', async () => {
@@ -253,4 +260,18 @@ test('a LoRA run\'s checkpoint saved by the trainer at tp=2 (+ sequence parallel
   assert.equal(r.code, 0, r.out + r.err);
   assert.match(r.out, /^PASS \(tolerance: loss 0\.00001/m);
   assert.match(r.out, /lora[AB]\.weight/);
+});
+
+test('flotilla verify of a LoRA run with lora.dropout > 0 under dp sets it to 0 for both runs, as it does model.dropout, and PASSes', async () => {
+  const r = await verifyDpDropout;
+  assert.equal(r.code, 0, r.out + r.err);
+  assert.match(r.out, /verify: lora\.dropout=0\.1 set to 0 for both runs/);
+  assert.match(r.out, /^PASS \(tolerance/m);
+});
+
+test('LoRA on a GPT whose base is stored in bfloat16, at tp=2 with sequence parallelism, equals one process with the same base', async () => {
+  await Promise.all([gptRef, gpt2]);
+  const ref = gpt.read('ref_bf16', 1)[0]!, f64 = gpt.read('ref', 1)[0]!;
+  assert.notDeepEqual(ref.params['layers.0.attn.qkv.weight'], f64.params['layers.0.attn.qkv.weight'], 'the base is rounded to bfloat16');
+  compareLora(gpt, 'tp2_sp_bf16', 2, 'ref_bf16', 16);
 });

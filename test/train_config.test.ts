@@ -222,7 +222,7 @@ test('[lora] targets: a TOML array, a comma list on the command line, round-trip
   assert.throws(() => parseConfig(base, ['--lora.targets=[q_proj']), /--lora\.targets is not a JSON array .* write --lora\.targets=a,b/);
 });
 
-test('[lora] rules before any rank starts: a base to adapt, targets that name Linears of the model, a rank they can hold', () => {
+test('[lora] rules before any rank starts: a base to adapt, targets that name Linears of the model, a rank they can hold; tensor parallelism welcome', () => {
   const llama = ['--model.arch=llama', '--model.vocabSize=64', '--model.nLayer=2', '--model.nEmbd=32', '--model.nHead=4', '--model.nKvHead=2', '--model.intermediateSize=48'];
   const ok = [...llama, '--lora.rank=4', '--train.initFrom=/some/base'];
   assert.deepEqual(validateConfig(parseConfig('', ok)), []);
@@ -233,6 +233,8 @@ test('[lora] rules before any rank starts: a base to adapt, targets that name Li
   assert.throws(() => parseConfig('', [...ok, '--lora.rank=17', '--lora.targets=k_proj']), /lora\.rank: rank 17 is larger than the smaller dimension of layers\.0\.attn\.k \(16 x 32\); use a rank of at most 16/);
   assert.deepEqual(validateConfig(parseConfig('', [...ok, '--lora.rank=17', '--lora.targets=q_proj'])), []);
   assert.throws(() => parseConfig('', [...ok, '--lora.targets=']), /lora\.targets is empty; name the modules to adapt/);
+  // Tensor parallelism splits adapters with their base (test/lora_tp.test.ts).
+  assert.deepEqual(validateConfig(parseConfig('', [...ok, '--parallel.tp=2', '--parallel.sequenceParallel=true'])), []);
   // GPT-2's Conv1D names and flotilla's module paths both resolve; the vocabulary may be unresolved (0).
   assert.deepEqual(validateConfig(parseConfig('', ['--lora.rank=2', '--train.initFrom=/b', '--lora.targets=c_attn,layers.0.mlp.fc'])), []);
 });

@@ -60,7 +60,7 @@ interface Record_ {
 function runOverrides(dir: string, steps: number): string[] {
   return [
     `--train.steps=${steps}`, '--train.evalEvery=0', '--train.evalBatches=1', '--log.progress=off', '--log.metrics=',
-    `--train.runDir=${dir}`, '--model.dropout=0', '--checkpoint.every=0',
+    `--train.runDir=${dir}`, '--model.dropout=0', '--lora.dropout=0', '--checkpoint.every=0',
   ];
 }
 
@@ -117,6 +117,7 @@ export async function verifyCommand(a: VerifyArgs, mainScript: string, print: (l
       if (a.layouts.length > 1) print('');
       print(describe(l.cfg, a.config, a.steps, l.nproc));
       if (l.cfg.model.dropout > 0) print(`verify: model.dropout=${l.cfg.model.dropout} set to 0 for both runs (dropout draws differ between layouts)`);
+      if (l.cfg.lora.rank > 0 && l.cfg.lora.dropout > 0) print(`verify: lora.dropout=${l.cfg.lora.dropout} set to 0 for both runs (data-parallel ranks draw their own rows' masks)`);
       const layoutDir = join(dir, `layout-${i}`);
       if (!existsSync(join(layoutDir, 'rank0.json'))) {
         print(`FAIL: the ${l.nproc}-rank run exited with status ${exitOf.get(i)} before this layout finished`);
