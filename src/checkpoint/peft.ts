@@ -28,9 +28,9 @@ import { modelSpec, type ModelSpec } from '../models/registry.js';
 import { readSafetensorsHeader, saveSafetensors } from './safetensors.js';
 import { CheckpointError } from './format.js';
 import { PEFT_CONFIG, PEFT_WEIGHTS, peftSettingsProblem, readPeftConfig, type LoraSettings, type PeftAdapterConfig, type PeftLora } from './peft_config.js';
+import { RangeReader } from './range_reader.js';
 
 export { PEFT_CONFIG, PEFT_WEIGHTS, type LoraSettings, type PeftLora } from './peft_config.js';
-import { RangeReader } from './range_reader.js';
 
 const PREFIX = 'base_model.model.';
 
