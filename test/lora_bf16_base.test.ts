@@ -1,5 +1,5 @@
 // LoRA with the frozen base stored in bfloat16 (applyLora's baseDtype, test/fixtures/lora_bf16_rank.ts)
-// under dp, ZeRO-1/2/3, ZeRO-3 x bf16-mixed and pp on 2 ranks, HSDP and pp x ZeRO-3 on 4, a GPT and the Mixer user model,
+// under dp, ZeRO-1/2/3, ZeRO-3 x bf16-mixed, pp and tp on 2 ranks, HSDP and pp x ZeRO-3 on 4, a GPT and the Mixer user model,
 // against one process with the same bfloat16 base. Under fp32 both sides widen the same bfloat16
 // values to float32, so only float32 reduction order separates them; under bf16-mixed the one
 // process takes 4 micro-batches of 2 rows, the rows each rank's micro-batch holds, so the bfloat16
@@ -18,6 +18,7 @@ import { manualSeed, noGrad, randint, setNumThreads, tidy } from '../src/tensor/
 import { applyLora } from '../src/nn/lora.js';
 import { defaultMoEConfig } from '../src/nn/moe.js';
 import { GPT } from '../src/models/gpt.js';
+import { Llama } from '../src/models/llama.js';
 
 const suite = equivalenceSuite<Run, Out>('lora-bf16', 'test/fixtures/lora_bf16_rank.ts', { timeoutMs: 240_000, queue: pool() });
 const TOL = { loss: 1e-6, norm: 1e-5, param: 1e-5, scaled: true };
@@ -41,6 +42,7 @@ const world2 = suite.launch(2, [
   { name: 'z2', layout: { zero: 2 }, ...gpt },
   { name: 'z3', layout: { zero: 3 }, ...gpt },
   { name: 'pp2', layout: { pp: 2 }, ...gpt },
+  { name: 'tp2', layout: { tp: 2 }, ...gpt },
   { name: 'z3_mixed', layout: { zero: 3 }, ...gptMixed },
   { name: 'mixer_dp2', layout: {}, ...mixer },
   { name: 'mixer_z3', layout: { zero: 3 }, ...mixer },
@@ -76,7 +78,7 @@ function checkBase(name: string, outs: Out[], dtype: 'bfloat16' | 'float32'): vo
   }
 }
 
-test('a bfloat16 LoRA base under dp, ZeRO-1/2/3 and pp on 2 ranks equals one process with the same base (fp32 compute): adapters train, the base stays bfloat16, unmoved, at 2 bytes an element', async () => {
+test('a bfloat16 LoRA base under dp, ZeRO-1/2/3, pp and tp on 2 ranks equals one process with the same base (fp32 compute): adapters train, the base stays bfloat16, unmoved, at 2 bytes an element', async () => {
   await Promise.all([reference, world2]);
   const ref = suite.read('ref_gpt', 1)[0]!;
   for (const [k, d] of Object.entries(ref.dtypes)) assert.equal(d, isBase(k) ? 'bfloat16' : 'float32', `one process: ${k} is ${d}`);
@@ -84,7 +86,7 @@ test('a bfloat16 LoRA base under dp, ZeRO-1/2/3 and pp on 2 ranks equals one pro
   const adapters = Object.keys(ref.params).filter((k) => !isBase(k));
   assert.equal(adapters.length, 2 * 2 * 4, 'A and B on qkv, attn.proj, mlp.fc and mlp.proj of 2 blocks');
   for (const k of adapters.filter((n) => n.endsWith('loraB.weight'))) assert.ok(ref.params[k]!.some((x) => x !== 0), `${k} trained away from zero`);
-  for (const name of ['dp2', 'z1', 'z2', 'z3', 'pp2']) checkBase(name, suite.compare(name, 2, 'ref_gpt', TOL).outs, 'bfloat16');
+  for (const name of ['dp2', 'z1', 'z2', 'z3', 'pp2', 'tp2']) checkBase(name, suite.compare(name, 2, 'ref_gpt', TOL).outs, 'bfloat16');
 });
 
 test('the Mixer user model with a bfloat16 LoRA base under dp and ZeRO-3 on 2 ranks equals one process', async () => {
@@ -96,6 +98,14 @@ test('ZeRO-3 x bf16-mixed with a frozen base, bfloat16 or float32, on 2 ranks eq
   await Promise.all([reference, world2]);
   checkBase('z3_mixed', suite.compare('z3_mixed', 2, 'ref_gpt_mixed', TOL).outs, 'bfloat16');
   checkBase('z3_mixed_fp32_base', suite.compare('z3_mixed_fp32_base', 2, 'ref_fp32_base_mixed', TOL).outs, 'float32');
+  // Under bf16-mixed every unit is gathered in bfloat16: the same bytes whether the base is stored
+  // in bfloat16 or float32, and fewer than fp32 compute gathers (its adapters in float32).
+  for (const rank of [0, 1]) {
+    const bytes = (name: string) => suite.read(name, 2)[rank]!.gatheredBytes!;
+    assert.ok(bytes('z3_mixed') > 0, `rank ${rank} gathered nothing`);
+    assert.equal(bytes('z3_mixed_fp32_base'), bytes('z3_mixed'), `rank ${rank}: a float32 base is gathered in bfloat16 too`);
+    assert.ok(bytes('z3_mixed') < bytes('z3'), `rank ${rank}: bf16-mixed gathered ${bytes('z3_mixed')} B, fp32 compute ${bytes('z3')} B`);
+  }
 });
 
 test('a float32 base checkpoint loads into the bfloat16 base through the placements under dp and ZeRO-3: every base element is the saved one rounded to bfloat16', async () => {
@@ -114,40 +124,45 @@ test('a float32 base checkpoint loads into the bfloat16 base through the placeme
   }
 });
 
-// One process, float64: every layer that reads a weight (Embedding, LayerNorm, the Linears, the tied
-// head, the MoE experts and router) widens a bfloat16 base to the compute dtype, float64 here.
+// One process, float64: every layer that reads a weight (Embedding, LayerNorm and RMSNorm, the
+// Linears, the tied head, the MoE experts and router) widens a bfloat16 base to the compute dtype,
+// float64 here: a GPT with tied embeddings and an MoE block, and a Llama (RMSNorm, SwiGLU).
 // Widening is exact, so the model equals one whose float64 base holds the same bfloat16 values:
 // the loss and every adapter gradient agree to float64 rounding (the frozen Linears' input gradient
 // is computed from the bfloat16 weight widened again in backward).
-test('a bfloat16 base computes in the compute dtype (float64) through every layer: equal to a float64 base of the same values', () => {
-  setNumThreads(1);
-  const run = (bf16: boolean): { loss: number; grads: Record<string, number[]>; dtypes: Record<string, string> } => withFloat64(() => tidy(() => {
-    const m = new GPT({ vocabSize: 29, blockSize: 8, nLayer: 2, nHead: 2, nEmbd: 12, tieEmbeddings: true, moe: { ...defaultMoEConfig, experts: 4, topK: 2, every: 2 } }, { initSeed: 5 });
-    applyLora(m, { rank: 2, alpha: 4, targets: ['all-linear'], initSeed: 6, ...(bf16 ? { baseDtype: 'bfloat16' as const } : {}) });
-    noGrad(() => {
-      for (const [n, p] of m.namedParameters()) {
-        if (p.requiresGrad) { if (n.endsWith('loraB.weight')) p.normal_(0, 0.3); } // B away from zero: the adapters' gradients depend on the base
-        else if (!bf16) p.copy_(p.to('bfloat16'));
-      }
-    });
-    manualSeed(8);
-    const x = randint(0, 29, [3, 8]), y = randint(0, 29, [3, 8]);
-    const loss = m.call(x, y).loss!;
-    loss.backward();
-    const grads = Object.fromEntries(m.namedParameters().filter(([, p]) => p.requiresGrad).map(([n, p]) => [n, p.grad!.toNumbers()]));
-    const dtypes = Object.fromEntries(m.namedParameters().filter(([, p]) => !p.requiresGrad).map(([n, p]) => [n, p.dtype as string]));
-    const out = { loss: loss.item(), grads, dtypes };
-    m.dispose();
-    return out;
-  }));
-  const a = run(true), b = run(false);
-  assert.deepEqual([...new Set(Object.values(a.dtypes))], ['bfloat16']);
-  assert.deepEqual([...new Set(Object.values(b.dtypes))], ['float64']);
-  assert.ok(Object.keys(a.dtypes).some((k) => k.includes('.experts.')) && Object.keys(a.dtypes).some((k) => k.includes('router')), `the base has MoE experts and a router: ${Object.keys(a.dtypes).join(', ')}`);
-  assert.ok(Math.abs(a.loss - b.loss) <= 1e-13 * Math.abs(b.loss), `loss ${a.loss} vs ${b.loss}`);
-  assert.deepEqual(Object.keys(a.grads).sort(), Object.keys(b.grads).sort());
-  for (const [k, g] of Object.entries(a.grads)) assert.ok(maxRelDiff(g, b.grads[k]!) <= 1e-10, `${k}: ${maxRelDiff(g, b.grads[k]!)}`);
-});
+for (const arch of ['gpt', 'llama'] as const) {
+  test(`a bfloat16 base computes in the compute dtype (float64) through every layer of a ${arch}: equal to a float64 base of the same values`, () => {
+    setNumThreads(1);
+    const run = (bf16: boolean): { loss: number; grads: Record<string, number[]>; dtypes: Record<string, string> } => withFloat64(() => tidy(() => {
+      const m = arch === 'gpt'
+        ? new GPT({ vocabSize: 29, blockSize: 8, nLayer: 2, nHead: 2, nEmbd: 12, tieEmbeddings: true, moe: { ...defaultMoEConfig, experts: 4, topK: 2, every: 2 } }, { initSeed: 5 })
+        : new Llama({ vocabSize: 29, blockSize: 8, nLayer: 2, nHead: 4, nKvHead: 2, nEmbd: 16, intermediateSize: 24 }, { initSeed: 5 });
+      applyLora(m, { rank: 2, alpha: 4, targets: ['all-linear'], initSeed: 6, ...(bf16 ? { baseDtype: 'bfloat16' as const } : {}) });
+      noGrad(() => {
+        for (const [n, p] of m.namedParameters()) {
+          if (p.requiresGrad) { if (n.endsWith('loraB.weight')) p.normal_(0, 0.3); } // B away from zero: the adapters' gradients depend on the base
+          else if (!bf16) p.copy_(p.to('bfloat16'));
+        }
+      });
+      manualSeed(8);
+      const x = randint(0, 29, [3, 8]), y = randint(0, 29, [3, 8]);
+      const loss = m.call(x, y).loss!;
+      loss.backward();
+      const grads = Object.fromEntries(m.namedParameters().filter(([, p]) => p.requiresGrad).map(([n, p]) => [n, p.grad!.toNumbers()]));
+      const dtypes = Object.fromEntries(m.namedParameters().filter(([, p]) => !p.requiresGrad).map(([n, p]) => [n, p.dtype as string]));
+      const out = { loss: loss.item(), grads, dtypes };
+      m.dispose();
+      return out;
+    }));
+    const a = run(true), b = run(false);
+    assert.deepEqual([...new Set(Object.values(a.dtypes))], ['bfloat16']);
+    assert.deepEqual([...new Set(Object.values(b.dtypes))], ['float64']);
+    if (arch === 'gpt') assert.ok(Object.keys(a.dtypes).some((k) => k.includes('.experts.')) && Object.keys(a.dtypes).some((k) => k.includes('router')), `the base has MoE experts and a router: ${Object.keys(a.dtypes).join(', ')}`);
+    assert.ok(Math.abs(a.loss - b.loss) <= 1e-13 * Math.abs(b.loss), `loss ${a.loss} vs ${b.loss}`);
+    assert.deepEqual(Object.keys(a.grads).sort(), Object.keys(b.grads).sort());
+    for (const [k, g] of Object.entries(a.grads)) assert.ok(maxRelDiff(g, b.grads[k]!) <= 1e-10, `${k}: ${maxRelDiff(g, b.grads[k]!)}`);
+  });
+}
 
 test('a bfloat16 LoRA base under HSDP and a pipeline of ZeRO-3 stages on 4 ranks equals one process', async () => {
   await Promise.all([reference, world4]);

@@ -33,7 +33,7 @@ export function verifySameLayout(group: ProcessGroup, buffers: readonly LayoutDe
   let slots = 0;
   for (const b of buffers) {
     desc += `|${b.dtype}:${b.numel}`;
-    for (const s of b.slots) desc += `;${s.name}[${s.shape.join(',')}]@${s.offset}`;
+    for (const s of b.slots) desc += `;${s.name}[${s.shape.join(',')}]@${s.offset}${s.dtype === b.dtype ? '' : `:${s.dtype}`}`;
     slots += b.slots.length;
   }
   let hash = 0x811c9dc5; // FNV-1a, 32 bits: exact in a float64

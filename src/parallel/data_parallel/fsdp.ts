@@ -419,9 +419,8 @@ function policyReaderParams(model: Module): Set<Tensor> {
  * src/distributed/plan_terms.ts): the parameters are a 1 / (dpShard x cp) shard, and around each
  * unit's forward and backward its full parameters exist too (the unit being computed and the one
  * prefetched: two of the largest, three with frozen parameters, in bfloat16 under bf16-mixed,
- * [Note: unit lifecycle]); each unit
- * is all-gathered in forward and again in backward (once when reshardAfterForward is off), every
- * micro-batch.
+ * [Note: unit lifecycle]); each unit is all-gathered in forward and again in backward (once when
+ * reshardAfterForward is off), every micro-batch.
  */
 export const zero3PlanAxis = {
   name: 'ZeRO-3',

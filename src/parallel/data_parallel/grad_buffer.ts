@@ -330,7 +330,8 @@ function planLayout(params: [string, Tensor][], opts: GradBufferOptions): Layout
 export interface LayoutDescription {
   readonly dtype: DType;
   readonly numel: number;
-  readonly slots: readonly { readonly name: string; readonly shape: readonly number[]; readonly offset: number }[];
+  /** Each slot with its dtype: a frozen region's may differ from the buffer's ([Note: frozen parameters]). */
+  readonly slots: readonly { readonly name: string; readonly shape: readonly number[]; readonly offset: number; readonly dtype: DType }[];
 }
 
 /** The layouts buildGradBuffers(params, opts) would make, with nothing allocated or moved. */
@@ -340,7 +341,7 @@ export function describeLayout(params: [string, Tensor][], opts: GradBufferOptio
     const slots = plan.buckets.flatMap((b) => {
       let at = b.offset;
       const place = ([name, p]: [string, Tensor]) => {
-        const slot = { name, shape: p.shape, offset: at };
+        const slot = { name, shape: p.shape, offset: at, dtype: p.dtype };
         at += p.numel();
         return slot;
       };

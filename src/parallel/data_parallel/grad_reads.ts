@@ -55,8 +55,9 @@ export function normPiecesOf(zero: ZeroStage, shardGroup: ProcessGroup, buckets:
 export function pieceLayoutOf(zero: ZeroStage, shardGroup: ProcessGroup, buckets: readonly Bucket[]): StepPiece[] {
   return buckets.map((b) => {
     const [s, e] = zero === 0 ? [0, b.numel] : shardRange(b, shardGroup.rank);
-    // ZeRO-3's shard holds the unit's frozen parameters after the trainable ones: the optimizer's range (and state) stops before them ([Note: frozen parameters]).
-    const data = zero === 3 ? (b.frozenNumel > 0 ? b.shardData!.narrow(0, 0, b.shardNumel) : b.shardData!) : zero === 0 ? b.data : b.data.narrow(0, s, e - s);
+    // ZeRO-3's shardData is the trainable shard alone (the frozen parameters' is frozenShardData,
+    // [Note: frozen parameters]), so the optimizer's range and state never cover a frozen one.
+    const data = zero === 3 ? b.shardData! : zero === 0 ? b.data : b.data.narrow(0, s, e - s);
     const grad = zero >= 2 ? b.shardGrad! : zero === 0 ? b.grad : b.grad.narrow(0, s, e - s);
     const segments: StepPiece['segments'] = [];
     for (const slot of b.slots) {
