@@ -2,6 +2,7 @@
 // in one process, without the layout it was trained under.
 import { existsSync, readdirSync, statSync, writeFileSync } from 'node:fs';
 import type { Tensor } from '../tensor/index.js';
+import type { Module } from '../nn/module.js';
 import type { GPTConfig } from '../models/gpt.js';
 import { generate as generateTokens, type CausalLM } from '../inference/generate.js';
 import { modelSpec } from '../models/registry.js';
@@ -13,15 +14,22 @@ import { CheckpointError, readMeta } from '../checkpoint/format.js';
 import { readSafetensorsHeader } from '../checkpoint/safetensors.js';
 import { UsageError } from './usage.js';
 import { exportCheckpointHf, hfTokenizerSpec, isHfDir, loadHfInto, parseSize, readHfDir } from '../checkpoint/hf.js';
+import { exportMergedHf, exportPeft, readLoraCheckpoint, type LoraCheckpoint } from '../checkpoint/lora_checkpoint.js';
+import { attachPeftAdapter } from '../checkpoint/peft.js';
+import { loraRunModel } from '../train/lora_run.js';
 
 
-const EXPORT_USAGE = 'export: usage: flotilla export <checkpoint|run dir> <out.safetensors>, or flotilla export <checkpoint|run dir> <out dir> --format hf [--dtype bf16|fp32] [--max-shard-size 5GB]';
+const EXPORT_USAGE = 'export: usage: flotilla export <checkpoint|run dir> <out.safetensors>, or flotilla export <checkpoint|run dir> <out dir> --format hf [--merge] [--dtype bf16|fp32] [--max-shard-size 5GB], or flotilla export <LoRA checkpoint|run dir> <out dir> --format peft';
 const HF_DTYPES: Record<string, 'bfloat16' | 'float32' | 'float16'> = { bf16: 'bfloat16', fp32: 'float32', fp16: 'float16' };
 
-/** `flotilla export CKPT OUT.safetensors` or `flotilla export CKPT DIR --format hf [--dtype bf16|fp32] [--max-shard-size SIZE]` */
+/**
+ * `flotilla export CKPT OUT.safetensors`, `flotilla export CKPT DIR --format hf [--merge] [--dtype bf16|fp32] [--max-shard-size SIZE]`
+ * or `flotilla export LORA_CKPT DIR --format peft`
+ */
 export function exportCommand(args: readonly string[], print: (l: string) => void): number {
   const pos: string[] = [];
   const flags: Record<string, string> = {};
+  let merge = false;
   for (let i = 0; i < args.length; i++) {
     const a = args[i]!;
     if (!a.startsWith('--')) {
@@ -29,7 +37,12 @@ export function exportCommand(args: readonly string[], print: (l: string) => voi
       continue;
     }
     const [flag, inline] = a.includes('=') ? [a.slice(0, a.indexOf('=')), a.slice(a.indexOf('=') + 1)] : [a, undefined];
-    if (!['--format', '--dtype', '--max-shard-size'].includes(flag)) throw new UsageError(`export: unknown option ${a}; options are --format, --dtype, --max-shard-size`);
+    if (flag === '--merge') {
+      if (inline !== undefined) throw new UsageError('export: --merge takes no value');
+      merge = true;
+      continue;
+    }
+    if (!['--format', '--dtype', '--max-shard-size'].includes(flag)) throw new UsageError(`export: unknown option ${a}; options are --format, --merge, --dtype, --max-shard-size`);
     const v = inline ?? args[++i];
     if (v === undefined) throw new UsageError(`export: ${flag} needs a value`);
     flags[flag] = v;
@@ -37,29 +50,58 @@ export function exportCommand(args: readonly string[], print: (l: string) => voi
   const [src, out, ...extra] = pos;
   if (src === undefined || out === undefined || extra.length > 0) throw new UsageError(EXPORT_USAGE);
   const format = flags['--format'] ?? 'safetensors';
+  if (merge && format !== 'hf') throw new UsageError(`export: --merge goes with --format hf (the base with the adapters merged in, a Hugging Face directory)${format === 'peft' ? '; --format peft writes the adapters alone, unmerged' : ''}`);
+  const notEmpty = (): void => {
+    if (existsSync(out) && (!statSync(out).isDirectory() || readdirSync(out).length > 0)) {
+      throw new UsageError(`export: ${out} exists${statSync(out).isDirectory() ? ' and is not empty' : ''}; choose a new directory (nothing was written)`);
+    }
+  };
+  if (format === 'peft') {
+    if (flags['--dtype'] !== undefined || flags['--max-shard-size'] !== undefined) throw new UsageError('export: --dtype and --max-shard-size go with --format hf');
+    notEmpty();
+    const r = exportPeft(src, out);
+    print(`exported step ${r.step}'s LoRA adapters as a PEFT adapter: ${r.tensors} tensors (${r.bytes.toLocaleString('en-US')} bytes) on ${r.targets.join(', ')} to ${r.dir}`);
+    return 0;
+  }
+  // A LoRA run's checkpoint holds the adapters alone: as a whole model it needs its base merged in.
+  const lora = format === 'safetensors' || format === 'hf' ? loraCheckpointAt(src) : undefined;
+  if (lora && !merge) {
+    throw new UsageError(`export: ${src} is a LoRA run's checkpoint (adapters only); add --format hf --merge to write its base with the adapters merged in, or use --format peft to write the adapters as a PEFT adapter`);
+  }
   if (format === 'hf') {
-    const dtype = flags['--dtype'] === undefined ? 'float32' : HF_DTYPES[flags['--dtype']];
-    if (!dtype) throw new UsageError(`export: --dtype ${JSON.stringify(flags['--dtype'])} is not bf16, fp32 or fp16`);
+    if (merge && !lora) throw new UsageError(`export: --merge merges a LoRA run's adapters into its base, and ${src} is not a LoRA run's checkpoint (lora.rank is 0); leave --merge out`);
+    const dtype = flags['--dtype'] === undefined ? undefined : HF_DTYPES[flags['--dtype']];
+    if (flags['--dtype'] !== undefined && !dtype) throw new UsageError(`export: --dtype ${JSON.stringify(flags['--dtype'])} is not bf16, fp32 or fp16`);
     let maxShardSize: number | undefined;
     try {
       if (flags['--max-shard-size'] !== undefined) maxShardSize = parseSize(flags['--max-shard-size'], '--max-shard-size');
     } catch (e) {
       throw new UsageError(`export: ${(e as Error).message}`);
     }
-    if (existsSync(out) && (!statSync(out).isDirectory() || readdirSync(out).length > 0)) {
-      throw new UsageError(`export: ${out} exists${statSync(out).isDirectory() ? ' and is not empty' : ''}; choose a new directory (nothing was written)`);
+    notEmpty();
+    const shard = maxShardSize !== undefined ? { maxShardSize } : {};
+    if (lora) {
+      const r = exportMergedHf(lora, out, { ...(dtype ? { dtype } : {}), ...shard });
+      print(`exported step ${r.step} with its LoRA adapters merged into the base as a Hugging Face ${r.architecture}: ${r.tensors} tensors (${r.bytes.toLocaleString('en-US')} bytes, ${r.dtype}) in ${r.files.length} file(s) to ${r.dir}`);
+      return 0;
     }
-    const r = exportCheckpointHf(src, out, { dtype, ...(maxShardSize !== undefined ? { maxShardSize } : {}) });
-    print(`exported step ${r.step} as a Hugging Face ${r.architecture}: ${r.tensors} tensors (${r.bytes.toLocaleString('en-US')} bytes, ${dtype}) in ${r.files.length} file(s) to ${r.dir}`);
+    const r = exportCheckpointHf(src, out, { dtype: dtype ?? 'float32', ...shard });
+    print(`exported step ${r.step} as a Hugging Face ${r.architecture}: ${r.tensors} tensors (${r.bytes.toLocaleString('en-US')} bytes, ${dtype ?? 'float32'}) in ${r.files.length} file(s) to ${r.dir}`);
     return 0;
   }
-  if (format !== 'safetensors') throw new UsageError(`export: --format ${JSON.stringify(format)} is not "safetensors" (one file, the default) or "hf" (a Hugging Face directory)`);
+  if (format !== 'safetensors') throw new UsageError(`export: --format ${JSON.stringify(format)} is not "safetensors" (one file, the default), "hf" (a Hugging Face directory) or "peft" (a LoRA run's adapters)`);
   if (flags['--dtype'] !== undefined || flags['--max-shard-size'] !== undefined) throw new UsageError('export: --dtype and --max-shard-size go with --format hf');
   if (!out.endsWith('.safetensors')) throw new UsageError(`export: the output ${out} should end in .safetensors (or add --format hf to write a Hugging Face directory)`);
   if (existsSync(out)) throw new UsageError(`export: ${out} exists; choose another name or delete it first (nothing was written)`);
   const r = exportCheckpoint(src, out);
   print(`exported step ${r.step}: ${r.params} parameters (${r.elements.toLocaleString('en-US')} elements) to ${r.out}`);
   return 0;
+}
+
+/** The LoRA run's checkpoint at `path`, when it is one (a checkpoint or run directory whose lora.rank > 0). */
+function loraCheckpointAt(path: string): LoraCheckpoint | undefined {
+  if (!existsSync(path) || !statSync(path).isDirectory() || isHfDir(path)) return undefined;
+  return readLoraCheckpoint(path);
 }
 
 /** `flotilla checkpoint check PATH [PATH...]` (several: the hosts' directories of one checkpoint) */
@@ -83,6 +125,8 @@ export interface GenerateOptions {
   seed: number;
   /** Go on past the end-of-text token. */
   ignoreEos: boolean;
+  /** A PEFT LoRA adapter directory applied (unmerged) to the base model at the path. */
+  adapter?: string;
 }
 
 /** The model config and tokenizer spec a checkpoint or an exported file records. */
@@ -102,6 +146,36 @@ function modelOf(path: string): { weights: string; model: Partial<GPTConfig>; to
   const meta = readMeta(dir);
   const data = (meta.config.data ?? {}) as { tokenizer?: string };
   return { weights: dir, model: withMoE(meta.config) as Partial<GPTConfig>, tokenizer: data.tokenizer ?? 'byte' };
+}
+
+type Sampled = CausalLM & { namedParameters(): [string, Tensor][]; numParams(): number; dispose(): void };
+
+/**
+ * The model to sample from and its tokenizer: a checkpoint, an exported file or a Hugging Face
+ * directory; a LoRA run's checkpoint as its base with its adapters; any of the first three with a
+ * PEFT adapter directory's adapters on it (unmerged).
+ */
+function modelFor(path: string, adapter: string | undefined): { model: Sampled; tokenizer: string } {
+  const lora = loraCheckpointAt(path);
+  if (lora) {
+    if (adapter !== undefined) throw new UsageError(`generate: ${path} is a LoRA run's checkpoint, which brings its own adapters; --adapter goes with a base model (a Hugging Face directory or a checkpoint of a whole model)`);
+    const { model } = loraRunModel(lora.dir);
+    const data = (lora.meta.config.data ?? {}) as { tokenizer?: string };
+    return { model: model as unknown as Sampled, tokenizer: data.tokenizer ?? 'byte' };
+  }
+  const { weights, model: cfg, tokenizer } = modelOf(path);
+  // Any registered architecture (the run's [model] arch) that decodes with a cache.
+  const spec = modelSpec((cfg as { arch?: string }).arch ?? 'gpt');
+  const model = spec.build(cfg, { initSeed: 0 }) as unknown as Sampled & Module;
+  try {
+    if (isHfDir(weights)) loadHfInto(weights, placementsOf(model.namedParameters()), model.numParams());
+    else loadWeights(weights, placementsOf(model.namedParameters()), model.numParams());
+    if (adapter !== undefined) attachPeftAdapter(model, spec, cfg as Record<string, unknown>, adapter);
+  } catch (e) {
+    model.dispose();
+    throw e;
+  }
+  return { model, tokenizer };
 }
 
 interface TextCodec {
@@ -126,17 +200,9 @@ async function codecFor(spec: string): Promise<TextCodec> {
  * continuation ends at the tokenizer's end-of-text id unless ignoreEos. Deterministic for a seed.
  */
 export async function generate(path: string, o: GenerateOptions): Promise<{ prompt: string; text: string }[]> {
-  const { weights, model: cfg, tokenizer } = modelOf(path);
-  const codec = await codecFor(tokenizer);
-  // A LoRA run's checkpoint: its base (the run's train.initFrom) with the adapters it saved.
-  const { loraCheckpointOf, loraRunModel } = await import('../train/lora_run.js');
-  const lora = loraCheckpointOf(path);
-  type Model = CausalLM & { namedParameters(): [string, Tensor][]; numParams(): number };
-  // Any registered architecture (the run's [model] arch) that decodes with a cache.
-  const model = (lora ? loraRunModel(lora).model : modelSpec((cfg as { arch?: string }).arch ?? 'gpt').build(cfg, { initSeed: 0 })) as unknown as Model;
+  const { model, tokenizer } = modelFor(path, o.adapter);
   try {
-    if (!lora && isHfDir(weights)) loadHfInto(weights, placementsOf(model.namedParameters()), model.numParams());
-    else if (!lora) loadWeights(weights, placementsOf(model.namedParameters()), model.numParams());
+    const codec = await codecFor(tokenizer);
     const eot = (codec as { eot?: number }).eot;
     // An empty prompt starts from the end-of-text token alone (an unconditional sample).
     const prompts = o.prompts.map((p) => (p === '' && eot !== undefined ? [eot] : Array.from(codec.encode(p))));
@@ -157,9 +223,9 @@ function num(v: string | undefined, flag: string, ok: (n: number) => boolean, wh
   return n;
 }
 
-const GENERATE_USAGE = 'generate: usage: flotilla generate <checkpoint|run dir|exported.safetensors|Hugging Face dir> --prompt TEXT [--prompt TEXT ...] [--tokens N --temperature T --top-k K --top-p P --seed S --ignore-eos --out FILE]';
+const GENERATE_USAGE = 'generate: usage: flotilla generate <checkpoint|run dir|exported.safetensors|Hugging Face dir> [--adapter PEFT_DIR] --prompt TEXT [--prompt TEXT ...] [--tokens N --temperature T --top-k K --top-p P --seed S --ignore-eos --out FILE]';
 
-/** `flotilla generate CKPT --prompt TEXT [--prompt TEXT ...] [--tokens N --temperature T --top-k K --top-p P --seed S --ignore-eos --out FILE]` */
+/** `flotilla generate CKPT [--adapter DIR] --prompt TEXT [--prompt TEXT ...] [--tokens N --temperature T --top-k K --top-p P --seed S --ignore-eos --out FILE]` */
 export async function generateCommand(args: readonly string[], print: (l: string) => void): Promise<number> {
   let path: string | undefined;
   let out: string | undefined;
@@ -182,7 +248,12 @@ export async function generateCommand(args: readonly string[], print: (l: string
     else if (flag === '--top-k') o.topK = num(value(), '--top-k', (n) => Number.isInteger(n) && n >= 0, 'a whole number >= 0 (0 = no limit)');
     else if (flag === '--seed') o.seed = num(value(), '--seed', (n) => Number.isInteger(n) && n >= 0 && n < 2 ** 32, 'a whole number from 0 to 2^32-1');
     else if (flag === '--out') out = value();
-    else if (a.startsWith('-')) throw new UsageError(`generate: unknown option ${a}; options are --prompt, --tokens, --temperature, --top-k, --top-p, --seed, --ignore-eos, --out`);
+    else if (flag === '--adapter') {
+      const v = value();
+      if (v === undefined) throw new UsageError('generate: --adapter needs a PEFT adapter directory');
+      o.adapter = v;
+    }
+    else if (a.startsWith('-')) throw new UsageError(`generate: unknown option ${a}; options are --prompt, --adapter, --tokens, --temperature, --top-k, --top-p, --seed, --ignore-eos, --out`);
     else if (path === undefined) path = a;
     else throw new UsageError(`generate: one checkpoint expected, got ${JSON.stringify(path)} and ${JSON.stringify(a)}`);
   }

@@ -62,14 +62,20 @@ usage:
   flotilla export <checkpoint|run dir> <out.safetensors>
       Write the model's parameters as one safetensors file (PyTorch and Hugging Face read it), the
       model config in its metadata.
-  flotilla export <checkpoint|run dir> <out dir> --format hf [--dtype bf16|fp32] [--max-shard-size 5GB]
+  flotilla export <checkpoint|run dir> <out dir> --format hf [--merge] [--dtype bf16|fp32] [--max-shard-size 5GB]
       Write a Hugging Face directory transformers loads (GPT2LMHeadModel, LlamaForCausalLM):
       config.json, safetensors (sharded with an index above the size), the run's tokenizer.json.
-  flotilla generate <checkpoint|run dir|exported.safetensors|hf dir> --prompt TEXT [--prompt TEXT ...]
+      A LoRA run's checkpoint needs --merge: its base (train.initFrom) with the adapters merged in,
+      stored in the base's dtype unless --dtype says.
+  flotilla export <LoRA checkpoint|run dir> <out dir> --format peft
+      Write a LoRA run's adapters as a PEFT adapter (adapter_config.json, adapter_model.safetensors)
+      that PEFT, transformers and vLLM load on the base.
+  flotilla generate <checkpoint|run dir|exported.safetensors|hf dir> [--adapter PEFT_DIR] --prompt TEXT [--prompt TEXT ...]
                     [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ignore-eos] [--out FILE]
       Sample text from a trained model in one process, every prompt in one batch with a key/value
       cache; a continuation stops at the tokenizer's end-of-text unless --ignore-eos (deterministic
-      for a seed).
+      for a seed). A LoRA run's checkpoint samples its base with its adapters; --adapter puts a PEFT
+      adapter's on the model given (unmerged).
   flotilla checkpoint check <checkpoint|run dir> [the same on other hosts ...]
       Verify a checkpoint's files, sizes, checksums and completeness without building a model;
       several directories: one checkpoint saved without shared storage, across the hosts' directories.

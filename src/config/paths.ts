@@ -4,20 +4,21 @@ import { MOBY_DICK } from '../data/corpus.js';
 import type { FlotillaConfig, RawConfig } from './schema.js';
 
 // [Note: config paths] A path a config names to read (the tokenizer, the sources, the validation
-// source, the weights to start from) is resolved against the directory of the config file that
-// wrote it, so a config and the files beside it work from any directory (an installed package's
-// example, `flotilla train /some/where/run.toml`); a path given on the command line is resolved
+// source, the weights to start from, a LoRA adapter to continue) is resolved against the directory
+// of the config file that wrote it, so a config and the files beside it work from any directory (an
+// installed package's example, `flotilla train /some/where/run.toml`); a path given on the command line is resolved
 // against the current directory, as a shell user expects. The resolved config holds them absolute,
 // so the run's saved config.toml and its checkpoints still find them on --resume and in
 // `flotilla generate` from anywhere. Outputs (train.runDir, checkpoint.dir) stay relative to the
 // current directory: a shared config writes its runs where it is run.
 
 /** The input path fields and the values that are names, not paths. */
-const INPUT_PATHS: readonly { section: 'data' | 'train'; field: string; names: readonly string[] }[] = [
+const INPUT_PATHS: readonly { section: 'data' | 'train' | 'lora'; field: string; names: readonly string[] }[] = [
   { section: 'data', field: 'tokenizer', names: ['byte', 'gpt2'] },
   { section: 'data', field: 'source', names: [MOBY_DICK] },
   { section: 'data', field: 'valSource', names: ['', MOBY_DICK] },
   { section: 'train', field: 'initFrom', names: [''] },
+  { section: 'lora', field: 'adapter', names: [''] },
 ];
 
 /** A relative input path, for messages about the absolute path it became. */

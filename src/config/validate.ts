@@ -8,7 +8,8 @@ import { modelArchs, modelRules, unknownArch } from '../models/rules.js';
 import { optimizerNames, unknownOptimizer } from '../optim/names.js';
 import { modelConfigOf, type FlotillaConfig } from './schema.js';
 import { explainPaths } from './paths.js';
-import { loraTargetProblems } from '../nn/lora_targets.js';
+import { chooseLoraTargets, loraTargetProblems } from '../nn/lora_targets.js';
+import { peftSettingsProblem, readPeftConfig, type PeftAdapterConfig } from '../checkpoint/peft_config.js';
 
 /** The model's shape problems under the config's layout (none for an unknown arch: validateConfig names that). */
 function shapeProblems(c: FlotillaConfig): string[] {
@@ -50,6 +51,32 @@ function loraProblems(c: FlotillaConfig): string[] {
   return p;
 }
 
+/**
+ * `[lora] adapter`: a PEFT adapter directory whose adapter_config.json this run can continue (r,
+ * lora_alpha, use_rslora and the modules its target_modules adapt are lora's). Its tensors are
+ * checked against the model by each rank as it reads them (src/checkpoint/peft.ts).
+ */
+function loraAdapterProblems(c: FlotillaConfig): string[] {
+  const l = c.lora;
+  if (l.adapter === '') return [];
+  let a: PeftAdapterConfig;
+  try {
+    a = readPeftConfig(l.adapter);
+  } catch (e) {
+    return [`lora.adapter: ${(e as Error).message}`];
+  }
+  if (l.rank === 0) {
+    return [`lora.adapter = ${JSON.stringify(l.adapter)} continues a LoRA adapter, and lora.rank = 0 (no LoRA): set lora.rank = ${a.rank}, lora.alpha = ${a.alpha}, lora.targets = ${JSON.stringify(a.targets)}${a.rsLora ? ', lora.rsLora = true' : ''} (the adapter's)`];
+  }
+  const linears = modelArchs().includes(c.model.arch) ? modelRules(c.model.arch).linears?.(modelConfigOf(c)) : undefined;
+  const resolve = linears && ((targets: readonly string[]): string[] | undefined => {
+    const r = chooseLoraTargets(linears, targets);
+    return 'problem' in r ? undefined : linears.filter((x) => r.chosen.has(x.path)).map((x) => x.hf ?? x.path);
+  });
+  const p = peftSettingsProblem(l.adapter, a, l, resolve);
+  return p === undefined ? [] : [p];
+}
+
 /** Cross-field rules. */
 export function validateConfig(c: FlotillaConfig): string[] {
   const p: string[] = [];
@@ -70,7 +97,7 @@ export function validateConfig(c: FlotillaConfig): string[] {
 
 /**
  * Checks that a valid config can run on `worldSize` ranks: the data-parallel degree, the split of
- * the global batch, and that a data.source file exists. The launcher runs it before starting ranks
+ * the global batch, that a data.source file exists, and that a lora.adapter fits the run. The launcher runs it before starting ranks
  * and every rank runs it before touching anything, so these mistakes cost no process and no file.
  */
 export function checkRunnable(c: FlotillaConfig, worldSize: number): string[] {
@@ -81,6 +108,7 @@ export function checkRunnable(c: FlotillaConfig, worldSize: number): string[] {
   p.push(...shapeProblems(c).filter((x) => x.includes('model.vocabSize')));
   // Sources, manifests, the tokenizer and the vocabulary (src/data/sources.ts); no tokenizing.
   p.push(...explainPaths(c, checkDataConfig(c.data, c.model.vocabSize)));
+  p.push(...explainPaths(c, loraAdapterProblems(c)));
   return p;
 }
 

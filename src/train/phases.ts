@@ -32,6 +32,7 @@ import { RunCheckpoints, initFrom, restore } from './checkpointing.js';
 import { MoEBookkeeping } from './moe.js';
 import { agreeOnBase, applyRunLora, checkInitFromNotLora, frozenPlacements, loraCounts, loraResumeProblem, shortCount, trainablePlacements } from './lora_run.js';
 import { CheckpointError, readMeta } from '../checkpoint/format.js';
+import { loadPeftAdapter } from '../checkpoint/peft.js';
 
 /** Rank 0's console: a phase header, and a line that goes around the progress bar. */
 export interface RunConsole {
@@ -183,7 +184,11 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     }
     if (lora) {
       initFrom(cfg.train.initFrom, frozenPlacements(model.placements()), numParams, cfg.model as unknown as Record<string, unknown>);
-      header('init', `frozen base from ${cfg.train.initFrom}; ${resumedFrom === undefined ? 'new adapters (A from train.seed, B zero), step 0' : `adapters from step ${startStep}`}`);
+      // [lora] adapter: a PEFT adapter's tensors continue training (each rank reads the ranges it holds).
+      const fromPeft = resumedFrom === undefined && cfg.lora.adapter !== '';
+      if (fromPeft) loadPeftAdapter(cfg.lora.adapter, placements(), { model: modelCfg as unknown as Record<string, unknown>, lora: cfg.lora });
+      const adapters = resumedFrom !== undefined ? `adapters from step ${startStep}` : fromPeft ? `adapters from ${cfg.lora.adapter}, step 0` : 'new adapters (A from train.seed, B zero), step 0';
+      header('init', `frozen base from ${cfg.train.initFrom}; ${adapters}`);
     } else if (resumedFrom === undefined && cfg.train.initFrom !== '') {
       initFrom(cfg.train.initFrom, placements(), numParams, cfg.model as unknown as Record<string, unknown>);
       header('init', `weights from ${cfg.train.initFrom}; step 0, fresh optimizer state`);
