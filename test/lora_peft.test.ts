@@ -1,5 +1,5 @@
 // LoRA adapters in and out as PEFT directories (src/checkpoint/peft.ts) and a LoRA run's checkpoint
-// used whole (src/checkpoint/lora_checkpoint.ts): `flotilla export --format peft` read back by a
+// used whole (src/train/lora_export.ts): `flotilla export --format peft` read back by a
 // reader of the test's own (test/oracle/peft_reader.py: json and a safetensors header parse) that
 // checks PEFT's config fields and tensor names and merges W + scale * B A itself (transposed for
 // GPT-2's Conv1D), against `--format hf --merge`; the adapter read back into any rank's ranges bit for

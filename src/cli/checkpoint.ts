@@ -14,7 +14,7 @@ import { CheckpointError, readMeta } from '../checkpoint/format.js';
 import { readSafetensorsHeader } from '../checkpoint/safetensors.js';
 import { UsageError } from './usage.js';
 import { exportCheckpointHf, hfTokenizerSpec, isHfDir, loadHfInto, parseSize, readHfDir } from '../checkpoint/hf.js';
-import { exportMergedHf, exportPeft, readLoraCheckpoint, type LoraCheckpoint } from '../checkpoint/lora_checkpoint.js';
+import { exportMergedHf, exportPeft, readLoraCheckpoint, type LoraCheckpoint } from '../train/lora_export.js';
 import { attachPeftAdapter } from '../checkpoint/peft.js';
 import { loraRunModel } from '../train/lora_run.js';
 

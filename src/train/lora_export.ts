@@ -8,11 +8,11 @@ import { join } from 'node:path';
 import type { Tensor } from '../tensor/index.js';
 import type { Module } from '../nn/module.js';
 import { mergeLora } from '../nn/lora.js';
-import { consolidate, withMoE } from './export.js';
-import { CheckpointError, readMeta, resolveCheckpoint, type CheckpointMeta } from './format.js';
-import { isHfDir, readHfDir, writeHfDir, HF_TOKENIZER, type HfWriteReport, type SaveHfOptions } from './hf.js';
-import { wholeModelSlots, writePeftAdapter, type PeftLora, type PeftWriteReport } from './peft.js';
-import { loraRunModel } from '../train/lora_run.js';
+import { consolidate, withMoE } from '../checkpoint/export.js';
+import { CheckpointError, readMeta, resolveCheckpoint, type CheckpointMeta } from '../checkpoint/format.js';
+import { isHfDir, readHfDir, writeHfDir, HF_TOKENIZER, type HfWriteReport, type SaveHfOptions } from '../checkpoint/hf.js';
+import { wholeModelSlots, writePeftAdapter, type PeftLora, type PeftWriteReport } from '../checkpoint/peft.js';
+import { loraRunModel } from './lora_run.js';
 
 /** The [lora] section of a LoRA run (rank > 0). */
 export interface LoraSection extends PeftLora {
