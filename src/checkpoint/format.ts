@@ -107,7 +107,21 @@ export function stepDirName(step: number): string {
   return `step-${String(step).padStart(6, '0')}`;
 }
 
-const isObj = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
+/** A plain JSON object (not an array, not null). */
+export const isObj = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
+
+/** A JSON file that must hold one object (config.json, adapter_config.json): one error naming the file otherwise. */
+export function readJsonObject(path: string): Record<string, unknown> {
+  let v: unknown;
+  try {
+    v = JSON.parse(readFileSync(path, 'utf8'));
+  } catch (e) {
+    throw new CheckpointError(`${path} is not valid JSON (${(e as Error).message})`);
+  }
+  if (!isObj(v)) throw new CheckpointError(`${path} is not a JSON object`);
+  return v;
+}
+
 const isCount = (v: unknown): v is number => typeof v === 'number' && Number.isSafeInteger(v) && v >= 0;
 const DTYPES = new Set<string>(DTYPE_NAMES);
 

@@ -21,7 +21,7 @@ import { modelArchs, modelSpec, type ModelSpec } from '../models/registry.js';
 import type { HfFormat, HfTensor } from '../models/spec.js';
 import { configSchema, type ModelConfig } from '../config/schema.js';
 import { readSafetensorsHeader, saveSafetensors } from './safetensors.js';
-import { CheckpointError } from './format.js';
+import { CheckpointError, isObj, readJsonObject } from './format.js';
 import { consolidate } from './export.js';
 import { RangeReader } from './range_reader.js';
 
@@ -63,7 +63,6 @@ export interface HfDir {
   tokenizer?: string;
 }
 
-const isObj = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
 
 /** The [model] section's defaults. */
 function modelDefaults(): ModelConfig {
@@ -157,13 +156,7 @@ export function readHfDir(path: string): HfDir {
   const cfgPath = join(dir, HF_CONFIG);
   if (!existsSync(dir)) throw new CheckpointError(`${path} does not exist`);
   if (!existsSync(cfgPath)) throw new CheckpointError(`${path} has no ${HF_CONFIG}: it is not a Hugging Face model directory`);
-  let config: unknown;
-  try {
-    config = JSON.parse(readFileSync(cfgPath, 'utf8'));
-  } catch (e) {
-    throw new CheckpointError(`${cfgPath} is not valid JSON (${(e as Error).message})`);
-  }
-  if (!isObj(config)) throw new CheckpointError(`${cfgPath} is not a JSON object`);
+  const config = readJsonObject(cfgPath);
   const spec = formatOf(cfgPath, config);
   const format = spec.hf!;
   let determined: Record<string, unknown>;

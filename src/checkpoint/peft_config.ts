@@ -1,9 +1,9 @@
 // A PEFT adapter's adapter_config.json, read and checked without the tensor library, so the config's
 // checks can refuse a `[lora] adapter` that cannot continue the run before any rank starts (the
 // tensors themselves are checked by src/checkpoint/peft.ts when they are read).
-import { existsSync, readFileSync, statSync } from 'node:fs';
+import { existsSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { CheckpointError } from './format.js';
+import { CheckpointError, isObj, readJsonObject } from './format.js';
 
 export const PEFT_CONFIG = 'adapter_config.json';
 export const PEFT_WEIGHTS = 'adapter_model.safetensors';
@@ -26,7 +26,6 @@ export interface PeftAdapterConfig extends PeftLora {
   base: string;
 }
 
-const isObj = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
 const isEmpty = (v: unknown): boolean => v === undefined || v === null || (isObj(v) && Object.keys(v).length === 0) || (Array.isArray(v) && v.length === 0);
 
 /**
@@ -40,14 +39,7 @@ export function readPeftConfig(path: string): PeftAdapterConfig {
   if (!statSync(dir).isDirectory()) throw new CheckpointError(`adapter ${path} is not a directory; a PEFT adapter is a directory holding ${PEFT_CONFIG} and ${PEFT_WEIGHTS}`);
   const cfgPath = join(dir, PEFT_CONFIG);
   if (!existsSync(cfgPath)) throw new CheckpointError(`${path} has no ${PEFT_CONFIG}: it is not a PEFT adapter directory`);
-  let config: unknown;
-  try {
-    config = JSON.parse(readFileSync(cfgPath, 'utf8'));
-  } catch (e) {
-    throw new CheckpointError(`${cfgPath} is not valid JSON (${(e as Error).message})`);
-  }
-  if (!isObj(config)) throw new CheckpointError(`${cfgPath} is not a JSON object`);
-  const c = config;
+  const c = readJsonObject(cfgPath);
   const bad = (field: string, why: string): CheckpointError => new CheckpointError(`${cfgPath}: ${field} = ${JSON.stringify(c[field])} ${why}`);
   if (c.peft_type !== 'LORA') throw bad('peft_type', 'is not supported; flotilla reads LoRA adapters (peft_type "LORA")');
   if (c.task_type !== undefined && c.task_type !== null && c.task_type !== 'CAUSAL_LM') throw bad('task_type', 'is not supported; flotilla reads adapters of causal language models (task_type "CAUSAL_LM")');
