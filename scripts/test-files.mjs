@@ -18,7 +18,7 @@ import { fileURLToPath } from 'node:url';
 
 const LONGEST = [
   'checkpoint_faults', 'moe_verify', 'pipeline_train', 'parallel_zero', 'checkpoint_resume', 'memory_zero_rss', 'data_train_hsdp',
-  'tp_gpt', 'pipeline_clip', 'cli_verify', 'checkpointing_activation_layouts', 'moe_layouts', 'cli_train', 'package_install',
+  'tp_gpt', 'lora_tp', 'lora_train', 'lora_verify', 'pipeline_clip', 'cli_verify', 'checkpointing_activation_layouts', 'moe_layouts', 'cli_train', 'package_install',
   'plan_cli', 'llama_layouts', 'pipeline_eval', 'llama_cli', 'tp_checkpoint', 'parallel_ddp', 'cp_layouts', 'precision_zero3',
   'report_browser', 'precision_verify', 'plan_memory',
 ];
@@ -35,7 +35,7 @@ const FILLERS_LONGEST = [
 
 // Of the rest (they take launch slots, and run after the files above), the longest, most first.
 const REST_LONGEST = [
-  'parallel_grads', 'hardening_teardown', 'checkpointing_activation_memory', 'cp_verify', 'parallel_user_model', 'data_train',
+  'lora_peft', 'lora_bf16_base', 'lora_layouts_more', 'lora_bf16_cli', 'lora_layouts', 'parallel_grads', 'hardening_teardown', 'checkpointing_activation_memory', 'cp_verify', 'parallel_user_model', 'data_train',
   'distributed_contract', 'config_paths', 'hf_train', 'cli_prepare_direct', 'tp_layers', 'cp_ring_attention',
 ];
 
