@@ -154,7 +154,8 @@ export class JsonTokenizer implements Tokenizer {
   private byteChar: string[] | undefined;
   /** The tokenizer.json's added tokens, longest content first (the order they are matched in). */
   readonly addedTokens: readonly AddedToken[];
-  /** Byte length of each vocabulary id, when the model is a byte-level BPE (its strings go through bytes_to_unicode). */
+  /** The vocabulary of a byte-level BPE (its strings are bytes through bytes_to_unicode), for token byte lengths. */
+  private byteLevelVocab: Record<string, number> | undefined;
   private tokenByteLength: Map<number, number> | undefined;
 
   constructor(readonly spec: string, private readonly impl: HfTokenizer, json: JsonShape, bytes: Buffer) {
@@ -172,19 +173,7 @@ export class JsonTokenizer implements Tokenizer {
     this.addedTokens = [...(json.added_tokens ?? [])].filter((t) => typeof t.content === 'string' && t.content.length > 0)
       .sort((a, b) => b.content.length - a.content.length);
     const decoder = json.decoder as { type?: string } | null | undefined;
-    if (model?.type === 'BPE' && decoder?.type === 'ByteLevel' && !Array.isArray(model.vocab) && model.vocab) {
-      const unicodeByte = new Map(bytesToUnicode().map((c, b) => [c, b]));
-      const lengths = new Map<number, number>();
-      for (const [str, id] of Object.entries(model.vocab)) {
-        let n = 0;
-        for (const ch of str) n += unicodeByte.has(ch) ? 1 : Buffer.byteLength(ch, 'utf8');
-        lengths.set(id, n);
-      }
-      this.tokenByteLength = lengths;
-    }
-    for (const t of this.addedTokens) {
-      this.tokenByteLength?.set(t.id, Buffer.byteLength(t.content, 'utf8'));
-    }
+    if (model?.type === 'BPE' && decoder?.type === 'ByteLevel' && !Array.isArray(model.vocab) && model.vocab) this.byteLevelVocab = model.vocab;
     const eot = EOT_NAMES.map((n) => impl.token_to_id(n)).find((id) => id !== undefined);
     if (eot === undefined) {
       throw new Error(`tokenizer ${spec} has no end-of-text token (one of ${EOT_NAMES.join(', ')}); add one to its added_tokens, or train one with \`flotilla tokenizer train\``);
@@ -229,7 +218,7 @@ export class JsonTokenizer implements Tokenizer {
    * An added token with lstrip/rstrip absorbs the whitespace beside it, as the library does.
    */
   encodeWithOffsets(text: string): EncodedWithOffsets {
-    const lengths = this.tokenByteLength;
+    const lengths = this.byteLengths();
     if (!lengths) {
       throw new Error(`tokenizer ${this.spec} is not a byte-level BPE, so token byte offsets (needed for chat loss masks) are not exact; use a byte-level BPE tokenizer.json (GPT-2, Llama 3, Qwen or \`flotilla tokenizer train\`)`);
     }
@@ -276,6 +265,20 @@ export class JsonTokenizer implements Tokenizer {
       throw new Error(`tokenizer ${this.spec}: the tokens of a text cover ${byte} bytes but the text has ${Buffer.byteLength(text, 'utf8')} (a normalizer changes the text?), so loss-mask offsets would be wrong`);
     }
     return { ids, starts };
+  }
+
+  /** Byte length of every id (vocabulary and added tokens), built on first use; undefined unless byte-level. */
+  private byteLengths(): Map<number, number> | undefined {
+    if (this.tokenByteLength || !this.byteLevelVocab) return this.tokenByteLength;
+    const unicodeByte = new Map(bytesToUnicode().map((c, b) => [c, b]));
+    const lengths = new Map<number, number>();
+    for (const [str, id] of Object.entries(this.byteLevelVocab)) {
+      let n = 0;
+      for (const ch of str) n += unicodeByte.has(ch) ? 1 : Buffer.byteLength(ch, 'utf8');
+      lengths.set(id, n);
+    }
+    for (const t of this.addedTokens) lengths.set(t.id, Buffer.byteLength(t.content, 'utf8'));
+    return (this.tokenByteLength = lengths);
   }
 
   /** The library's ids of the whole text (the reference the fast path must equal). */

@@ -1,8 +1,8 @@
 // Token ids and loss masks of chat, completion and preference examples.
 //
 // The whole rendered conversation is encoded at once (added tokens as single ids), so the ids equal
-// transformers' apply_chat_template(tokenize=True). Then a token is trained iff its first byte lies in
-// a trained span of the rendered text. `trained[k] = 1` means token k is a trained TARGET: the loss
+// transformers' apply_chat_template(tokenize=True). Then a token is trained iff it holds a byte of
+// a trained span of the rendered text (see maskFromSpans). `trained[k] = 1` means token k is a trained TARGET: the loss
 // counts the prediction of token k from the tokens before it.
 //
 // Assistant spans come from prefix renders: assistant turn i spans
@@ -103,14 +103,21 @@ export function renderWithTurns(t: ChatTemplate, messages: readonly Message[], t
   return { text, turns };
 }
 
-/** Token k is trained iff its first byte lies in one of the spans. */
+/**
+ * Token k is trained iff one of its bytes lies in a span. Spans end at a special token, so only a span's
+ * start can cut through a token: when the content begins with whitespace, byte-level BPE may merge the
+ * template's last newline with it ("\n" + " Hi" -> "\n " "Hi"), and that token is trained so that no
+ * byte the assistant said goes untrained.
+ */
 function maskFromSpans(text: string, enc: EncodedWithOffsets, spans: readonly Span[]): Uint8Array {
   const ranges = spans.map((s) => [Buffer.byteLength(text.slice(0, s.start), 'utf8'), Buffer.byteLength(text.slice(0, s.end), 'utf8')] as const);
+  const total = Buffer.byteLength(text, 'utf8');
   const trained = new Uint8Array(enc.ids.length);
   for (let k = 0; k < enc.ids.length; k++) {
-    const b = enc.starts[k]!;
-    for (const [lo, hi] of ranges) {
-      if (b >= lo && b < hi) {
+    const lo = enc.starts[k]!;
+    const hi = k + 1 < enc.ids.length ? enc.starts[k + 1]! : total;
+    for (const [a, b] of ranges) {
+      if (lo < b && hi > a) {
         trained[k] = 1;
         break;
       }

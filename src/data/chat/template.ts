@@ -5,7 +5,7 @@
 import { createHash } from 'node:crypto';
 import { existsSync, readFileSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { Template } from '@huggingface/jinja';
+import { Environment, Interpreter, Template } from '@huggingface/jinja';
 import type { Message } from './examples.js';
 
 /** A loaded chat template. */
@@ -131,24 +131,69 @@ export function chatTemplateFromText(text: string, tokens: Record<string, string
   return make(source, text, tokens);
 }
 
-/** The text `messages` render to, as transformers' apply_chat_template(tokenize=False) gives it. */
+const MONTHS = ['January', 'February', 'March', 'April', 'May', 'June', 'July', 'August', 'September', 'October', 'November', 'December'];
+
+/** Python's datetime.now().strftime for the directives chat templates use (C locale: English names). */
+function strftimeNow(format: unknown): string {
+  const d = new Date();
+  const pad = (n: number): string => String(n).padStart(2, '0');
+  return String(format).replace(/%[YmdbBHMSpIjaA%]/g, (f) => {
+    switch (f) {
+      case '%Y': return String(d.getFullYear());
+      case '%m': return pad(d.getMonth() + 1);
+      case '%d': return pad(d.getDate());
+      case '%b': return MONTHS[d.getMonth()]!.slice(0, 3);
+      case '%B': return MONTHS[d.getMonth()]!;
+      case '%H': return pad(d.getHours());
+      case '%M': return pad(d.getMinutes());
+      case '%S': return pad(d.getSeconds());
+      case '%I': return pad(((d.getHours() + 11) % 12) + 1);
+      case '%p': return d.getHours() < 12 ? 'AM' : 'PM';
+      case '%j': return String(Math.floor((d.getTime() - new Date(d.getFullYear(), 0, 1).getTime()) / 86_400_000) + 1).padStart(3, '0');
+      case '%a': return ['Sun', 'Mon', 'Tue', 'Wed', 'Thu', 'Fri', 'Sat'][d.getDay()]!;
+      case '%A': return ['Sunday', 'Monday', 'Tuesday', 'Wednesday', 'Thursday', 'Friday', 'Saturday'][d.getDay()]!;
+      default: return '%';
+    }
+  });
+}
+
+/** Python's range(). */
+function range(start: number, stop?: number, step = 1): number[] {
+  if (stop === undefined) [start, stop] = [0, start];
+  if (step === 0) throw new Error('range() arg 3 must not be zero');
+  const out: number[] = [];
+  for (let i = start; step > 0 ? i < stop : i > stop; i += step) out.push(i);
+  return out;
+}
+
+/** Thrown by the template's raise_exception, so its message is told apart from a failure to render. */
+class TemplateRaised extends Error {}
+
+/**
+ * The text `messages` render to, as transformers' apply_chat_template(tokenize=False) gives it. The
+ * globals are set here rather than by Template.render, whose own raise_exception cannot be told apart
+ * from other errors: a raise becomes "the chat template rejected the conversation: <its message>".
+ */
 export function renderChat(t: ChatTemplate, messages: readonly Message[], o: { addGenerationPrompt?: boolean } = {}): string {
-  const ctx: Record<string, unknown> = {
+  const env = new Environment();
+  const globals: Record<string, unknown> = {
+    false: false, true: true, none: null, False: false, True: true, None: null,
+    range,
+    strftime_now: strftimeNow,
+    raise_exception: (message: unknown) => {
+      throw new TemplateRaised(String(message));
+    },
     ...t.tokens,
     bos_token: t.bos,
     eos_token: t.eos,
     messages: messages.map((m) => ({ role: m.role, content: m.content })),
     add_generation_prompt: o.addGenerationPrompt ?? false,
-    raise_exception: (message: unknown) => {
-      throw new TemplateRaised(String(message));
-    },
   };
   try {
-    return t.compiled.render(ctx);
+    for (const [k, v] of Object.entries(globals)) env.set(k, v);
+    return new Interpreter(env).run(t.compiled.parsed).value as string;
   } catch (e) {
     if (e instanceof TemplateRaised) throw new ChatTemplateError(`the chat template (${t.source}) rejected the conversation: ${e.message}`);
     throw new ChatTemplateError(`the chat template (${t.source}) failed to render: ${(e as Error).message}`);
   }
 }
-
-class TemplateRaised extends Error {}
