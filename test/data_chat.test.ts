@@ -295,3 +295,21 @@ test('templates from a Hugging Face directory, a .jinja file or the built-in; te
   assert.throws(() => tokenizeChat(tok, chatml, [u('hi')], 'assistant'), /no assistant turn/);
   assert.throws(() => tokenizeChat(new ByteTokenizer(), chatml, ALTERNATING[0]!, 'assistant'), /cannot encode chat templates/);
 });
+
+test('added tokens with lstrip/rstrip absorb the whitespace beside them, as the library does', async () => {
+  const counts = new WordCounter();
+  counts.add('hello world foo bar baz hello world '.repeat(3));
+  const { json } = trainBpe(counts.counts, 300);
+  const added = json.added_tokens as object[];
+  added.push({ id: 300, content: '<L>', single_word: false, lstrip: true, rstrip: false, normalized: false, special: true });
+  added.push({ id: 301, content: '<R>', single_word: false, lstrip: false, rstrip: true, normalized: false, special: true });
+  const path = join(tmpDir(), 'strip.json');
+  writeFileSync(path, JSON.stringify(json));
+  const tok = (await loadTokenizer(path)) as JsonTokenizer;
+  for (const text of ['hello  <L> world', 'hello <R>  world', 'a\n<L>b', '<L> x <R>\n\ny']) {
+    const { ids, starts } = tok.encodeWithOffsets(text);
+    assert.deepEqual(ids, tok.encodeReference(text), text);
+    assert.equal(starts[0], 0);
+  }
+  assert.deepEqual(tok.encodeWithOffsets('hello  <L> world').starts.length, 3);
+});
