@@ -108,9 +108,26 @@ export class Gpt2Tokenizer implements Tokenizer {
 
 interface JsonShape {
   model?: { vocab?: unknown; type?: string };
-  added_tokens?: { id: number; content: string }[];
+  added_tokens?: AddedToken[];
+  decoder?: unknown;
   normalizer?: unknown;
   pre_tokenizer?: unknown;
+}
+
+/** An entry of a tokenizer.json's added_tokens (special tokens and other strings matched whole). */
+export interface AddedToken {
+  id: number;
+  content: string;
+  lstrip?: boolean;
+  rstrip?: boolean;
+  special?: boolean;
+}
+
+/** Ids of a text whose added tokens are single ids, with the UTF-8 byte offset where each token starts. */
+export interface EncodedWithOffsets {
+  ids: number[];
+  /** starts[k] = byte offset in the text's UTF-8 of token k's first byte (ascending). */
+  starts: number[];
 }
 
 interface HfTokenizer {
@@ -135,6 +152,11 @@ export class JsonTokenizer implements Tokenizer {
   private ranks: Map<string, number> | undefined;
   private vocab: Map<string, number> | undefined;
   private byteChar: string[] | undefined;
+  /** The tokenizer.json's added tokens, longest content first (the order they are matched in). */
+  readonly addedTokens: readonly AddedToken[];
+  /** The vocabulary of a byte-level BPE (its strings are bytes through bytes_to_unicode), for token byte lengths. */
+  private byteLevelVocab: Record<string, number> | undefined;
+  private tokenByteLength: Map<number, number> | undefined;
 
   constructor(readonly spec: string, private readonly impl: HfTokenizer, json: JsonShape, bytes: Buffer) {
     this.name = spec;
@@ -148,6 +170,10 @@ export class JsonTokenizer implements Tokenizer {
       this.byteChar = bytesToUnicode();
     }
     this.vocabSize = jsonVocabSize(json);
+    this.addedTokens = [...(json.added_tokens ?? [])].filter((t) => typeof t.content === 'string' && t.content.length > 0)
+      .sort((a, b) => b.content.length - a.content.length);
+    const decoder = json.decoder as { type?: string } | null | undefined;
+    if (model?.type === 'BPE' && decoder?.type === 'ByteLevel' && !Array.isArray(model.vocab) && model.vocab) this.byteLevelVocab = model.vocab;
     const eot = EOT_NAMES.map((n) => impl.token_to_id(n)).find((id) => id !== undefined);
     if (eot === undefined) {
       throw new Error(`tokenizer ${spec} has no end-of-text token (one of ${EOT_NAMES.join(', ')}); add one to its added_tokens, or train one with \`flotilla tokenizer train\``);
@@ -173,6 +199,86 @@ export class JsonTokenizer implements Tokenizer {
       for (const id of ids) out.push(id);
     }
     return out;
+  }
+
+  /**
+   * Ids of text in which every added token (special tokens such as <|im_start|>, <|eot_id|>, </s>) is
+   * matched whole and becomes its single id, as Hugging Face tokenizers do (and as transformers'
+   * apply_chat_template(tokenize=True) encodes a rendered conversation). The text between added tokens
+   * is encoded as ordinary text. `encode` keeps treating those strings as text, so plain-text datasets
+   * cannot smuggle control tokens in.
+   */
+  encodeWithSpecials(text: string): number[] {
+    return this.encodeWithOffsets(text).ids;
+  }
+
+  /**
+   * `encodeWithSpecials` plus the UTF-8 byte offset of each token's first byte. Needs a byte-level
+   * BPE (GPT-2, Llama 3, Qwen and flotilla's own tokenizers), whose tokens are exact byte strings.
+   * An added token with lstrip/rstrip absorbs the whitespace beside it, as the library does.
+   */
+  encodeWithOffsets(text: string): EncodedWithOffsets {
+    const lengths = this.byteLengths();
+    if (!lengths) {
+      throw new Error(`tokenizer ${this.spec} is not a byte-level BPE, so token byte offsets (needed for chat loss masks) are not exact; use a byte-level BPE tokenizer.json (GPT-2, Llama 3, Qwen or \`flotilla tokenizer train\`)`);
+    }
+    const ids: number[] = [];
+    const starts: number[] = [];
+    let byte = 0;
+    const plain = (piece: string): void => {
+      if (piece.length === 0) return;
+      for (const id of this.encode(piece)) {
+        const n = lengths.get(id);
+        if (n === undefined) throw new Error(`tokenizer ${this.spec}: id ${id} has no byte string`);
+        ids.push(id);
+        starts.push(byte);
+        byte += n;
+      }
+    };
+    const firsts = new Set(this.addedTokens.map((t) => t.content[0]!));
+    let from = 0; // start of the text not yet encoded
+    let at = 0;
+    while (at < text.length) {
+      let hit: AddedToken | undefined;
+      if (firsts.has(text[at]!)) for (const t of this.addedTokens) {
+        if (text.startsWith(t.content, at)) {
+          hit = t;
+          break;
+        }
+      }
+      if (!hit) {
+        at++;
+        continue;
+      }
+      let left = at;
+      if (hit.lstrip) while (left > from && /\s/.test(text[left - 1]!)) left--;
+      let right = at + hit.content.length;
+      if (hit.rstrip) while (right < text.length && /\s/.test(text[right]!)) right++;
+      plain(text.slice(from, left));
+      ids.push(hit.id);
+      starts.push(byte);
+      byte += Buffer.byteLength(text.slice(left, right), 'utf8');
+      from = at = right;
+    }
+    plain(text.slice(from));
+    if (byte !== Buffer.byteLength(text, 'utf8')) {
+      throw new Error(`tokenizer ${this.spec}: the tokens of a text cover ${byte} bytes but the text has ${Buffer.byteLength(text, 'utf8')} (a normalizer changes the text?), so loss-mask offsets would be wrong`);
+    }
+    return { ids, starts };
+  }
+
+  /** Byte length of every id (vocabulary and added tokens), built on first use; undefined unless byte-level. */
+  private byteLengths(): Map<number, number> | undefined {
+    if (this.tokenByteLength || !this.byteLevelVocab) return this.tokenByteLength;
+    const unicodeByte = new Map(bytesToUnicode().map((c, b) => [c, b]));
+    const lengths = new Map<number, number>();
+    for (const [str, id] of Object.entries(this.byteLevelVocab)) {
+      let n = 0;
+      for (const ch of str) n += unicodeByte.has(ch) ? 1 : Buffer.byteLength(ch, 'utf8');
+      lengths.set(id, n);
+    }
+    for (const t of this.addedTokens) lengths.set(t.id, Buffer.byteLength(t.content, 'utf8'));
+    return (this.tokenByteLength = lengths);
   }
 
   /** The library's ids of the whole text (the reference the fast path must equal). */
