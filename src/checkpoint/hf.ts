@@ -212,6 +212,21 @@ function readElements(reader: RangeReader, s: Stored, t: HfTensor, a: number, n:
 }
 
 /**
+ * Copies into a placement the elements it holds, run by run of the whole tensor (a ZeRO-3 range, a
+ * tensor-parallel slice), each read by `read(first whole-tensor element, count)`.
+ */
+export function fillHeld(p: ParamPlacement, read: (whole: number, n: number) => Tensor): void {
+  if (p.held.numel === 0) return;
+  const values = p.values();
+  for (const r of wholeRuns(p, p.held)) {
+    tidy(() => {
+      const src = read(r.whole, r.numel);
+      noGrad(() => values.narrow(0, r.local - p.held.offset, r.numel).copy_(src));
+    });
+  }
+}
+
+/**
  * Fills this rank's parameters from the directory: for each placement, the runs of the whole
  * tensor it holds, each read by byte range. Placements name parameters by whole-model name.
  */
@@ -225,15 +240,8 @@ export function loadHfWeights(h: HfDir, placements: readonly ParamPlacement[]): 
       if (want.length !== p.shape.length || want.some((d, i) => d !== p.shape[i])) {
         throw new CheckpointError(`${h.dir}: '${t.hf}' holds [${want.join(', ')}] for parameter '${p.name}', which is [${p.shape.join(', ')}] in this model; it comes from a different model config`);
       }
-      if (p.held.numel === 0) continue;
       const s = h.stored.get(t.hf)!;
-      const values = p.values();
-      for (const r of wholeRuns(p, p.held)) {
-        tidy(() => {
-          const src = readElements(reader, s, t, r.whole, r.numel);
-          noGrad(() => values.narrow(0, r.local - p.held.offset, r.numel).copy_(src));
-        });
-      }
+      fillHeld(p, (whole, n) => readElements(reader, s, t, whole, n));
     }
   } finally {
     reader.close();

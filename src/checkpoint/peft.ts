@@ -16,19 +16,20 @@
 import { existsSync, mkdirSync, readdirSync, renameSync, rmSync, rmdirSync, statSync, writeFileSync } from 'node:fs';
 import { basename, dirname, join, resolve } from 'node:path';
 import { randomBytes } from 'node:crypto';
-import { Tensor, noGrad, tidy } from '../tensor/index.js';
+import { Tensor } from '../tensor/index.js';
 import { native } from '../tensor/native.js';
 import { dtypeCode, elementSize, isFloating, type DType } from '../tensor/dtype.js';
 import type { Module } from '../nn/module.js';
 import { Linear } from '../nn/layers.js';
-import { applyLora, hfModuleNames, loraAdapters } from '../nn/lora.js';
+import { applyLora, hfModuleNames, isLoraParameter, loraAdapters } from '../nn/lora.js';
 import { loraTargetProblems } from '../nn/lora_targets.js';
-import { placementsOf, wholeRuns, type ParamPlacement } from '../parallel/placement.js';
+import { placementsOf, type ParamPlacement } from '../parallel/placement.js';
 import { modelSpec, type ModelSpec } from '../models/registry.js';
 import { readSafetensorsHeader, saveSafetensors } from './safetensors.js';
 import { CheckpointError } from './format.js';
 import { PEFT_CONFIG, PEFT_WEIGHTS, peftSettingsProblem, readPeftConfig, type LoraSettings, type PeftAdapterConfig, type PeftLora } from './peft_config.js';
 import { RangeReader } from './range_reader.js';
+import { fillHeld } from './hf.js';
 
 export { PEFT_CONFIG, PEFT_WEIGHTS, type LoraSettings, type PeftLora } from './peft_config.js';
 
@@ -279,20 +280,13 @@ export function loadPeftTensors(a: PeftAdapter, matched: ReadonlyMap<string, Sto
   let loaded = 0;
   try {
     for (const p of placements) {
-      if (!/\.lora[AB]\.weight$/.test(p.name)) continue;
+      if (!isLoraParameter(p.name)) continue;
       const s = matched.get(p.name);
       if (!s) throw new CheckpointError(`adapter ${a.dir} has nothing for this model's adapter parameter '${p.name}'; the adapter was made for another base model`);
       if (s.shape.join(',') !== p.shape.join(',')) throw new CheckpointError(`adapter ${a.dir}: '${p.name}' is [${s.shape.join(', ')}] there and [${p.shape.join(', ')}] in this model; the adapter was made for another base model`);
       loaded++;
-      if (p.held.numel === 0) continue;
       const es = elementSize(s.dtype), code = dtypeCode(s.dtype);
-      const values = p.values();
-      for (const r of wholeRuns(p, p.held)) {
-        tidy(() => {
-          const src = new Tensor(native.fromBuffer(reader.read(PEFT_WEIGHTS, s.byte + r.whole * es, r.numel * es), [r.numel], code));
-          noGrad(() => values.narrow(0, r.local - p.held.offset, r.numel).copy_(src));
-        });
-      }
+      fillHeld(p, (whole, n) => new Tensor(native.fromBuffer(reader.read(PEFT_WEIGHTS, s.byte + whole * es, n * es), [n], code)));
     }
   } finally {
     reader.close();

@@ -64,7 +64,7 @@ export function exportCommand(args: readonly string[], print: (l: string) => voi
     return 0;
   }
   // A LoRA run's checkpoint holds the adapters alone: as a whole model it needs its base merged in.
-  const lora = format === 'safetensors' || format === 'hf' ? loraCheckpointAt(src) : undefined;
+  const lora = format === 'safetensors' || format === 'hf' ? readLoraCheckpoint(src) : undefined;
   if (lora && !merge) {
     throw new UsageError(`export: ${src} is a LoRA run's checkpoint (adapters only); add --format hf --merge to write its base with the adapters merged in, or use --format peft to write the adapters as a PEFT adapter`);
   }
@@ -96,12 +96,6 @@ export function exportCommand(args: readonly string[], print: (l: string) => voi
   const r = exportCheckpoint(src, out);
   print(`exported step ${r.step}: ${r.params} parameters (${r.elements.toLocaleString('en-US')} elements) to ${r.out}`);
   return 0;
-}
-
-/** The LoRA run's checkpoint at `path`, when it is one (a checkpoint or run directory whose lora.rank > 0). */
-function loraCheckpointAt(path: string): LoraCheckpoint | undefined {
-  if (!existsSync(path) || !statSync(path).isDirectory() || isHfDir(path)) return undefined;
-  return readLoraCheckpoint(path);
 }
 
 /** `flotilla checkpoint check PATH [PATH...]` (several: the hosts' directories of one checkpoint) */
@@ -156,7 +150,7 @@ type Sampled = CausalLM & { namedParameters(): [string, Tensor][]; numParams(): 
  * PEFT adapter directory's adapters on it (unmerged).
  */
 function modelFor(path: string, adapter: string | undefined): { model: Sampled; tokenizer: string } {
-  const lora = loraCheckpointAt(path);
+  const lora = readLoraCheckpoint(path);
   if (lora) {
     if (adapter !== undefined) throw new UsageError(`generate: ${path} is a LoRA run's checkpoint, which brings its own adapters; --adapter goes with a base model (a Hugging Face directory or a checkpoint of a whole model)`);
     const { model } = loraRunModel(lora.dir);

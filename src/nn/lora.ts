@@ -113,6 +113,11 @@ export class LoraAdapter {
 
 const adapters = new WeakMap<Linear, LoraAdapter>();
 
+/** Whether a whole-model parameter name is an adapter's (`<linear>.loraA.weight` or `.loraB.weight`). */
+export function isLoraParameter(name: string): boolean {
+  return /\.lora[AB]\.weight$/.test(name);
+}
+
 /** The adapter attached to a Linear, if any. */
 export function loraAdapterOf(m: Module): LoraAdapter | undefined {
   return m instanceof Linear ? adapters.get(m) : undefined;

@@ -3,11 +3,11 @@
 // trained on (`--format hf --merge`; the model is rebuilt by loraRunModel, src/train/lora_run.ts).
 // A LoRA run's checkpoint holds only the adapters (meta.params); meta.config says how the model was
 // built: [model], [lora] (rank, alpha, targets, rsLora) and train.initFrom, the base.
-import { existsSync } from 'node:fs';
+import { existsSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Tensor } from '../tensor/index.js';
 import type { Module } from '../nn/module.js';
-import { mergeLora } from '../nn/lora.js';
+import { isLoraParameter, mergeLora } from '../nn/lora.js';
 import { consolidate, withMoE } from '../checkpoint/export.js';
 import { CheckpointError, readMeta, resolveCheckpoint, type CheckpointMeta } from '../checkpoint/format.js';
 import { isHfDir, readHfDir, writeHfDir, HF_TOKENIZER, type HfWriteReport, type SaveHfOptions } from '../checkpoint/hf.js';
@@ -38,8 +38,12 @@ export function loraSectionOf(meta: CheckpointMeta): LoraSection | undefined {
   return { rank: Number(l.rank), alpha: Number(l.alpha ?? 16), dropout: Number(l.dropout ?? 0), rsLora: l.rsLora === true, targets };
 }
 
-/** The checkpoint at `arg` (a checkpoint or run directory) when it is a LoRA run's, else undefined. */
+/**
+ * The checkpoint at `arg` when it is a LoRA run's (a checkpoint or run directory whose lora.rank > 0),
+ * else undefined (also for a file or a Hugging Face directory).
+ */
 export function readLoraCheckpoint(arg: string): LoraCheckpoint | undefined {
+  if (!existsSync(arg) || !statSync(arg).isDirectory() || isHfDir(arg)) return undefined;
   const dir = resolveCheckpoint(arg);
   const meta = readMeta(dir);
   const lora = loraSectionOf(meta);
@@ -90,7 +94,7 @@ export function loraTokenizer(c: LoraCheckpoint): string | undefined {
 
 /** Every parameter of a model by name, the adapters left out (what a merged export writes). */
 export function baseParameters(model: Module): Record<string, Tensor> {
-  return Object.fromEntries(model.namedParameters().filter(([n]) => !/\.lora[AB]\.weight$/.test(n)));
+  return Object.fromEntries(model.namedParameters().filter(([n]) => !isLoraParameter(n)));
 }
 
 /**

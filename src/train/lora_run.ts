@@ -201,13 +201,6 @@ export interface LoraRunModel {
   spec: ModelSpec;
 }
 
-/** The checkpoint directory `path` names when it is a LoRA run's (its meta.base), else undefined. */
-export function loraCheckpointOf(path: string): string | undefined {
-  if (!existsSync(path) || statSync(path).isFile() || isHfDir(path)) return undefined;
-  const dir = resolveCheckpoint(path);
-  return readMeta(dir).base ? dir : undefined;
-}
-
 /**
  * A LoRA run's checkpoint as one whole model in this process ([Note: LoRA run]): built from the
  * run's config, adapted as the run was, its base read from the run's train.initFrom after checking
