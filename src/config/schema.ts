@@ -32,6 +32,16 @@ export interface DataConfig {
   microBatches: number;
   valFraction: number;
   prefetch: number;
+  /** What a line of data.source is: plain "text", or one JSON example a line (src/data/chat). */
+  format: 'text' | 'chat' | 'completion' | 'preference';
+  /** The chat template: "" (auto), "model" (the tokenizer directory's), "chatml" or a .jinja path. */
+  chatTemplate: string;
+  /** Which tokens of an example the loss reads: "assistant", "last" (assistant turn) or "all". */
+  trainOn: 'assistant' | 'last' | 'all';
+  /** Whole examples packed into rows of data.seqLen, attention kept within each example. */
+  pack: boolean;
+  /** An example longer than data.seqLen: "truncate" or "drop". */
+  overflow: 'truncate' | 'drop';
 }
 
 export interface OptimConfig {
@@ -61,6 +71,10 @@ export interface TrainConfig {
   precision: 'fp32' | 'bf16-mixed';
   /** Recompute each transformer block's forward in backward: "none", "full" or "selective". */
   activationCheckpoint: 'none' | 'full' | 'selective';
+  /** Passes over a finite example dataset (0 = train.steps decides). */
+  epochs: number;
+  /** "lm": next-token loss (on the trained tokens); "dpo": direct preference optimisation ([dpo]). */
+  objective: 'lm' | 'dpo';
 }
 
 export interface CheckpointConfig {
@@ -100,10 +114,22 @@ export interface LoraConfig {
   adapter: string;
 }
 
+/** Direct preference optimisation (src/train/dpo.ts): train.objective = "dpo". */
+export interface DpoConfig {
+  beta: number;
+  /** "sigmoid" (the DPO paper's -log sigmoid(beta h)) or "ipo" ((h - 1/(2 beta))^2). */
+  loss: 'sigmoid' | 'ipo';
+  /** Compute the reference log-probabilities of the dataset once, before training. */
+  precompute: boolean;
+  /** The reference model: "auto", "adapters" (the policy with LoRA adapters off) or "copy" (a frozen copy). */
+  reference: 'auto' | 'adapters' | 'copy';
+}
+
 export interface FlotillaConfig {
   model: ModelConfig;
   moe: MoEConfig;
   lora: LoraConfig;
+  dpo: DpoConfig;
   data: DataConfig;
   optim: OptimConfig;
   train: TrainConfig;
@@ -184,6 +210,15 @@ export const configSchema: Schema<FlotillaConfig> = {
       adapter: { kind: 'string', default: '', doc: 'A PEFT adapter directory (adapter_config.json + adapter_model.safetensors) to continue training on train.initFrom, its base; its rank, alpha and targets must equal lora\'s. "" = new adapters (A drawn from train.seed, B zero).' },
     },
   },
+  dpo: {
+    doc: 'Direct preference optimisation (train.objective = "dpo", src/train/dpo.ts): the policy is trained so that its log-probability ratio to a frozen reference favours the chosen response over the rejected one.',
+    fields: {
+      beta: { kind: 'float', default: 0.1, above: 0, doc: 'Strength of the pull toward the reference (the DPO paper\'s beta).' },
+      loss: { kind: 'string', default: 'sigmoid', choices: ['sigmoid', 'ipo'], doc: '"sigmoid": -log sigmoid(beta h) (the DPO paper); "ipo": (h - 1/(2 beta))^2 on per-token mean log-probabilities. h = the chosen response\'s log-ratio to the reference minus the rejected\'s.' },
+      precompute: { kind: 'bool', default: false, doc: 'Compute the reference\'s log-probabilities of the whole dataset once before training (kept in the run directory and reused on resume) instead of a reference forward each step.' },
+      reference: { kind: 'string', default: 'auto', choices: ['auto', 'adapters', 'copy'], doc: 'The reference model: "adapters" (with LoRA: the same weights with the adapters off, no second copy), "copy" (a frozen copy of the starting weights, placed like the policy), "auto" = adapters with LoRA, else copy.' },
+    },
+  },
   data: {
     doc: 'Text, tokenization and batching (src/data). A relative path in a config file is resolved against that file\'s directory, one given on the command line against the current directory; the resolved (and saved) config holds it absolute.',
     fields: {
@@ -202,6 +237,11 @@ export const configSchema: Schema<FlotillaConfig> = {
       microBatches: { kind: 'int', default: 1, min: 1, doc: 'Gradient-accumulation micro-batches per step (per rank).' },
       valFraction: { kind: 'float', default: 0.1, above: 0, below: 1, doc: 'Share of each source, taken from its end, held out for validation (when data.valSource is "").' },
       prefetch: { kind: 'int', default: 2, min: 0, doc: 'Batches a worker thread prepares ahead of the training step (0: read inline).' },
+      format: { kind: 'string', default: 'text', choices: ['text', 'chat', 'completion', 'preference'], doc: 'What data.source holds: "text" (plain text or prepared tokens, every token trained); or one JSON object a line: "chat" ({"messages": [{"role", "content"}, ...]} or ShareGPT\'s {"conversations": [{"from", "value"}, ...]}), "completion" ({"prompt", "completion"}: the loss on the completion) or "preference" ({"prompt", "chosen", "rejected"}, for train.objective = "dpo").' },
+      chatTemplate: { kind: 'string', default: '', doc: 'How chat examples become text: "model" (the chat_template of the tokenizer directory\'s tokenizer_config.json), "chatml" (built in) or the path of a .jinja file; "" = "model" when data.tokenizer is a Hugging Face directory.' },
+      trainOn: { kind: 'string', default: 'assistant', choices: ['assistant', 'last', 'all'], doc: 'Tokens the loss is taken on (chat): "assistant" (every assistant turn, with its end-of-turn token), "last" (the last assistant turn) or "all". The loss is the mean over the trained tokens of the whole global batch.' },
+      pack: { kind: 'bool', default: false, doc: 'Pack whole examples into rows of data.seqLen (attention and positions restart at each example; nothing attends across); false = one example a row, padded.' },
+      overflow: { kind: 'string', default: 'truncate', choices: ['truncate', 'drop'], doc: 'An example longer than data.seqLen is cut to it ("truncate") or left out ("drop"); counted at start.' },
     },
   },
   optim: {
@@ -231,6 +271,8 @@ export const configSchema: Schema<FlotillaConfig> = {
       threads: { kind: 'int', default: 1, min: 1, doc: 'Intra-op CPU threads per rank.' },
       precision: { kind: 'string', default: 'fp32', choices: ['fp32', 'bf16-mixed'], doc: '"bf16-mixed": matmuls in bfloat16 with float32 master parameters, optimizer state and gradient buckets; softmax, norms, GELU and the loss in float32 (the op list is in src/nn/precision.ts). float16 is not supported (it would need loss scaling).' },
       activationCheckpoint: { kind: 'string', default: 'none', choices: ['none', 'full', 'selective'], doc: 'Per transformer block: "full" keeps only the block input and recomputes its forward in backward; "selective" also keeps each Linear\'s output and recomputes LayerNorms, the attention core and GELU; "none" keeps every activation (src/nn/checkpoint.ts).' },
+      epochs: { kind: 'int', default: 0, min: 0, doc: 'Passes over an example dataset (data.format other than "text"), each shuffled by train.seed; sets the number of steps (then train.steps is left at its default). 0 = train.steps decides.' },
+      objective: { kind: 'string', default: 'lm', choices: ['lm', 'dpo'], doc: '"lm": next-token cross-entropy on the trained tokens; "dpo": direct preference optimisation on data.format = "preference" ([dpo]).' },
       initFrom: { kind: 'string', default: '', doc: 'Start from the weights of a checkpoint directory or an exported .safetensors file (step 0, fresh optimizer state; fine-tuning); a relative path starts from the config file\'s directory (on the command line, the current directory); "" = random init from train.seed.' },
     },
   },

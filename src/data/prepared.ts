@@ -41,6 +41,22 @@ export interface ShardRecord {
   inputs: string[];
   /** Input lines or rows skipped as bad (--skip-bad). */
   skipped: number;
+  /** Example kinds: the loss-mask file (1 bit a token, LSB first: token k is a trained target) and its hash. */
+  mask?: string;
+  maskSha256?: string;
+  /** Example kinds: lines skipped, by reason (no assistant turn, ...). */
+  skippedWhy?: Record<string, number>;
+}
+
+/** What the tokens of an example dataset are (absent: "text", every token trained). */
+export type DatasetKind = 'text' | 'chat' | 'completion' | 'preference';
+
+/** How chat examples were rendered: a run checks it against its own data.chatTemplate and data.trainOn. */
+export interface TemplateRecord {
+  source: string;
+  /** SHA-256 of the template text with its bos and eos tokens. */
+  identity: string;
+  trainOn: 'assistant' | 'last' | 'all';
 }
 
 export interface Manifest {
@@ -57,6 +73,11 @@ export interface Manifest {
   sources: string[];
   shards: ShardRecord[];
   created: string;
+  /** Example datasets (version 2): their kind, template, examples (preference: pairs, two documents each) and skips by reason. */
+  kind?: DatasetKind;
+  template?: TemplateRecord;
+  examples?: number;
+  skippedWhy?: Record<string, number>;
 }
 
 export function shardName(i: number): string {

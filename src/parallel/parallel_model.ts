@@ -6,6 +6,7 @@ import type { Module } from '../nn/module.js';
 import type { GradientSource } from './grads.js';
 import type { MemoryReport } from './data_parallel/memory.js';
 import type { ParamPlacement } from './placement.js';
+import type { DocumentLayout } from '../nn/documents.js';
 
 /**
  * What a model (or a pipeline stage) takes and returns, and what a micro-batch holds: one tensor or
@@ -13,14 +14,73 @@ import type { ParamPlacement } from './placement.js';
  */
 export type StageValue = Tensor | readonly Tensor[];
 
-/** One micro-batch: `x` is the model's (the first stage's) input, `y` the target the loss reads. */
+/** A target no loss reads (a prompt's token, padding, the last token of a packed example): PyTorch's ignore_index. */
+export const IGNORE_INDEX = -100;
+
+/**
+ * The sequences of a micro-batch of preference pairs (DPO, src/train/dpo.ts): each pair's chosen
+ * and rejected responses are two documents of one row, so a pair never spans ranks or micro-batches.
+ */
+export interface SequenceTable {
+  /** (B, T) int64: the sequence each target belongs to, nSeq for a target no sequence trains. */
+  index: Tensor;
+  /** Sequences in this micro-batch (the dump slot nSeq is not one). */
+  nSeq: number;
+  /** Per pair: the sequence numbers of its chosen and its rejected response. */
+  chosen: Int32Array;
+  rejected: Int32Array;
+  /** Per pair: its index in the dataset (for reference log-probabilities computed once). */
+  pairIds: Int32Array;
+  /** Per sequence: its trained tokens (IPO's per-token mean). */
+  lengths: Int32Array;
+  /** Per sequence: the reference model's log-probability sum, filled before the step. */
+  ref?: Float64Array;
+}
+
+/**
+ * One micro-batch: `x` is the model's (the first stage's) input, `y` the target the loss reads
+ * (IGNORE_INDEX where no loss is taken). `docs`, when a row holds more than one document (packed
+ * examples, a preference pair), keeps attention and positions within each document
+ * (src/nn/documents.ts); `seqs` is a preference batch's pairs.
+ */
 export interface MicroBatch {
   x: StageValue;
   y: StageValue;
+  docs?: DocumentLayout;
+  seqs?: SequenceTable;
 }
 
-/** The criterion applied to the model's output and the micro-batch's target (a mean over the micro-batch). */
-export type LossFn = (output: StageValue, target: StageValue) => Tensor;
+/**
+ * A loss on the model's output and the micro-batch's target: the mean over its trained targets,
+ * or their sum with `{ reduction: 'sum' }` when the function sets `reduces` (every layout then
+ * takes the mean over the trained targets of the whole global batch, see Criterion).
+ */
+export type LossFn = ((output: StageValue, target: StageValue, o?: { reduction?: 'mean' | 'sum' }) => Tensor) & { reduces?: boolean };
+
+/**
+ * What a layout's step minimises ([Note: global loss reduction] in loss_reduction.ts): a sum over
+ * units (trained tokens, or preference pairs) divided by the units of the whole global batch, so
+ * micro-batches and ranks holding different numbers of trained tokens weigh each token alike.
+ */
+export interface Criterion {
+  /** This rank's units in the micro-batch as it sees it (its context-parallel chunk of y). */
+  count(mb: MicroBatch): number;
+  /**
+   * The micro-batch's loss SUMMED over its units (what backward starts from), the value this rank
+   * adds to the reported sum, and metrics summed likewise (divided by the global count when reported).
+   */
+  apply(output: StageValue, mb: MicroBatch): { loss: Tensor; value: number; metrics?: Record<string, number> };
+}
+
+/** What a layout's step returns: the same on every rank. */
+export interface StepResult {
+  /** The loss over the global batch (sum over its units / count). */
+  loss: number;
+  /** Units (trained tokens, pairs) of the global batch; 0 means no gradient was made and the step is skipped. */
+  count: number;
+  /** The criterion's metrics over the global batch (sum / count). */
+  metrics?: Record<string, number>;
+}
 
 /** A StageValue as a list (a model may return one tensor or several). */
 export function asList(v: StageValue): Tensor[] {
