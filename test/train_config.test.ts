@@ -47,7 +47,7 @@ test('unknown sections and keys are errors that list the valid ones', () => {
     assert.match(e.message, /^x\.toml: unknown key model\.nlayer \(did you mean nLayer\?\); valid keys in \[model\]: vocabSize, blockSize, nLayer, nHead/);
     return true;
   });
-  assert.throws(() => parseConfig('[optimizer]\nlr = 1\n'), /unknown section \[optimizer\].*valid sections: model, moe, lora, data, optim, train, parallel, checkpoint, log/);
+  assert.throws(() => parseConfig('[optimizer]\nlr = 1\n'), /unknown section \[optimizer\].*valid sections: model, moe, lora, dpo, data, optim, train, parallel, checkpoint, log/);
   assert.throws(() => parseConfig('steps = 3\n'), /unknown section "steps"; valid sections/);
   assert.throws(() => parseConfig('', ['--train.stpes=3']), /unknown key --train\.stpes \(did you mean steps\?\); valid keys in \[train\]: name, runDir, steps/);
   assert.throws(() => parseConfig('', ['--nope.x=3']), /unknown section --nope\.x; valid sections/);
