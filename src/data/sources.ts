@@ -1,13 +1,17 @@
-// What `[data]` names, turned into the loader's weighted corpora: the demo corpus, a UTF-8 text file
+// What `[data]` names, turned into the loader's weighted corpora (data.format = "text") or example
+// corpora (chat, completion, preference: prepared directories, src/data/examples.ts): the demo corpus, a UTF-8 text file
 // (tokenized in memory at start; token_cache.ts keeps the ids between runs), a prepared dataset
 // directory (`flotilla prepare`, read by byte range) or a nanoGPT-style flat uint16 `.bin`. The checks that need no tokenizing (paths, manifests,
 // the tokenizer's identity, shard sizes, the vocabulary) run in checkDataConfig, before any rank
 // starts; checksums are verified by the ranks as they open the data, each rank a share of the shards.
-import { existsSync, statSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+import { existsSync, readFileSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { MOBY_DICK, loadCorpus } from './corpus.js';
 import { TokenCorpus, type SegmentSpec } from './corpus_files.js';
-import { MANIFEST, openFlatBin, openPrepared } from './prepared.js';
+import { MANIFEST, openFlatBin, openPrepared, type Manifest } from './prepared.js';
+import { DTYPE_BYTES } from './corpus_files.js';
+import { ExampleCorpus, exampleCorpusSpec, type ExampleKind, type ExampleShardFiles } from './examples.js';
 import { cachedTokens } from './token_cache.js';
 import type { LoaderSource } from './sampler.js';
 import { loadTokenizer, tokenizerIdentity, type Tokenizer, type TokenizerIdentity } from './tokenizer.js';
@@ -26,6 +30,8 @@ export interface DataSpec {
   valSource: string;
   valFraction: number;
   seqLen: number;
+  /** "text" (the default), or the kind of example every source holds. */
+  format?: 'text' | ExampleKind;
 }
 
 export type SourceKind = 'moby-dick' | 'text' | 'prepared' | 'bin';
@@ -49,9 +55,21 @@ function resolveVocabSize(modelVocab: number, tok: TokenizerIdentity): number {
   return modelVocab > 0 ? modelVocab : tok.vocabSize;
 }
 
-function checkEntry(e: SourceEntry, what: string, tok: TokenizerIdentity, vocabSize: number): string | undefined {
+function checkEntry(e: SourceEntry, what: string, tok: TokenizerIdentity, vocabSize: number, format: 'text' | ExampleKind): string | undefined {
   if (!(Number.isFinite(e.weight) && e.weight > 0)) return `${what}: the weight of ${e.path} must be a positive number, got ${e.weight}`;
   const kind = sourceKind(e.path);
+  if (format !== 'text') {
+    if (e.weight !== 1) return `${what}: data.format = "${format}" concatenates its sources (each example read once an epoch); the weight of ${e.path} is ${e.weight}: give every source weight 1`;
+    if (kind !== 'prepared') {
+      return `${what}: data.format = "${format}" reads a prepared directory; prepare ${e.path} with \`flotilla prepare ${e.path} --format ${format} --tokenizer ${tok.spec} --out DIR\` and name DIR`;
+    }
+    try {
+      openExampleDir(resolve(e.path), { tokenizer: tok, vocabSize, format });
+    } catch (err) {
+      return `${what}: ${(err as Error).message}`;
+    }
+    return undefined;
+  }
   if (kind === 'moby-dick') return undefined;
   const abs = resolve(e.path);
   if (!existsSync(abs)) return `${what}: ${kind === 'text' ? 'text file ' : ''}${abs} does not exist; name "moby-dick", an existing text file, a prepared directory (flotilla prepare) or a nanoGPT .bin`;
@@ -90,21 +108,34 @@ export function checkDataConfig(d: DataSpec, modelVocab: number): string[] {
   const vocab = resolveVocabSize(modelVocab, tok);
   const entries = trainEntries(d);
   entries.forEach((e) => {
-    const problem = checkEntry(e, d.sources.length > 0 ? 'data.sources' : 'data.source', tok, vocab);
+    const problem = checkEntry(e, d.sources.length > 0 ? 'data.sources' : 'data.source', tok, vocab, d.format ?? 'text');
     if (problem) p.push(problem);
   });
   if (d.valSource !== '') {
-    const problem = checkEntry({ path: d.valSource, weight: 1 }, 'data.valSource', tok, vocab);
+    const problem = checkEntry({ path: d.valSource, weight: 1 }, 'data.valSource', tok, vocab, d.format ?? 'text');
     if (problem) p.push(problem);
   }
   return p;
 }
 
+/** Example corpora (data.format other than "text"): training and validation units, and what identifies them. */
+export interface ExampleData {
+  train: ExampleCorpus[];
+  val: ExampleCorpus[];
+  /** Identity of the training units (the prepared datasets' keys and the units taken): a resume checks it. */
+  datasetKey: string;
+  /** The tokenizer's end-of-text id: padding. */
+  padId: number;
+}
+
 export interface TrainData {
   tokenizer: Tokenizer;
   vocabSize: number;
+  /** Text: weighted corpora (empty for examples). */
   train: LoaderSource[];
   val: LoaderSource[];
+  /** Examples (data.format other than "text"). */
+  examples?: ExampleData;
   /** One line for the run's [data] header. */
   describe: string;
   close(): void;
@@ -147,6 +178,7 @@ export async function loadTrainData(d: DataSpec, o: { modelVocab: number; rank?:
   const rank = o.rank ?? 0;
   const world = o.worldSize ?? 1;
   const verify = (i: number) => i % world === rank;
+  if ((d.format ?? 'text') !== 'text') return loadExampleData(d, tok, vocabSize, verify);
   const opened: Opened[] = [];
   const closeAll = () => opened.forEach((x) => x.corpus.close());
   try {
@@ -176,6 +208,74 @@ export async function loadTrainData(d: DataSpec, o: { modelVocab: number; rank?:
     const describe = `${labels.join(' + ')}: ${tok.name} tokens (vocabulary ${tok.vocabSize}${vocabSize !== tok.vocabSize ? `, model ${vocabSize}` : ''}), ` +
       `train ${count(train)}, val ${count(val)}${d.valSource !== '' ? ` from ${d.valSource}` : ''}`;
     return { tokenizer: tok, vocabSize, train, val, describe, close: closeAll };
+  } catch (e) {
+    closeAll();
+    throw e;
+  }
+}
+
+// TODO(prep): replace with prepared.ts's openExamples once the version 2 reader is on main.
+function openExampleDir(dir: string, o: { tokenizer?: { spec: string; identity: string }; vocabSize: number; format: ExampleKind }): { manifest: Manifest; shards: ExampleShardFiles[] } {
+  const where = join(dir, MANIFEST);
+  if (!existsSync(where)) throw new Error(`${dir} has no ${MANIFEST}: prepare it with \`flotilla prepare ... --format ${o.format} --out ${dir}\``);
+  const m = JSON.parse(readFileSync(where, 'utf8')) as Manifest;
+  if (m.format !== 'flotilla-tokens' || m.version !== 2 || !Array.isArray(m.shards) || !(m.dtype in DTYPE_BYTES)) throw new Error(`${where} is not a flotilla-tokens v2 manifest; run \`flotilla prepare\` again`);
+  const kind = m.kind ?? 'text';
+  if (kind !== o.format) throw new Error(`${dir} holds ${kind} data, but data.format = ${JSON.stringify(o.format)}; set data.format = ${JSON.stringify(kind)}, or prepare it again with --format ${o.format}`);
+  if (o.tokenizer && m.tokenizer.identity !== o.tokenizer.identity) {
+    throw new Error(`${where} was prepared with tokenizer ${m.tokenizer.spec}, but this run uses ${o.tokenizer.spec}; set data.tokenizer = ${JSON.stringify(m.tokenizer.spec)} or prepare the data again`);
+  }
+  const width = DTYPE_BYTES[m.dtype];
+  const shards = m.shards.map((s) => {
+    const f = { bin: join(dir, s.bin), idx: join(dir, s.idx), mask: join(dir, s.mask ?? ''), dtype: m.dtype, tokens: s.tokens, documents: s.documents };
+    for (const [p, bytes] of [[f.bin, s.tokens * width], [f.idx, (s.documents + 1) * 8], [f.mask, Math.ceil(s.tokens / 8)]] as const) {
+      if (!existsSync(p) || statSync(p).size !== bytes) throw new Error(`${p} is missing or not ${bytes} bytes as ${where} says; run \`flotilla prepare\` again`);
+    }
+    if (s.maxTokenId >= o.vocabSize) throw new Error(`${f.bin} holds token id ${s.maxTokenId}, at or above model.vocabSize = ${o.vocabSize}`);
+    return f;
+  });
+  return { manifest: m, shards };
+}
+
+/**
+ * Example corpora: every source's units concatenated (in data.sources' order) for training; validation
+ * is data.valSource, or the last data.valFraction of each source's units (in order, not shuffled).
+ */
+function loadExampleData(d: DataSpec, tok: Tokenizer, vocabSize: number, verify: (i: number) => boolean): TrainData {
+  void verify; // TODO(prep): checksums through openExamples' check.checksum
+  const format = d.format as ExampleKind;
+  const opened: ExampleCorpus[] = [];
+  const closeAll = () => opened.forEach((c) => c.close());
+  const open = (path: string): { corpus: ExampleCorpus; key: string; label: string } => {
+    const dir = resolve(path);
+    const { manifest, shards } = openExampleDir(dir, { tokenizer: tok, vocabSize, format });
+    const corpus = new ExampleCorpus(exampleCorpusSpec({ name: dir, kind: format, shards, vocabSize }));
+    opened.push(corpus);
+    return { corpus, key: manifest.key, label: `${path} (${manifest.shards.length} shard(s), ${corpus.units.toLocaleString('en-US')} ${format === 'preference' ? 'pairs' : 'examples'})` };
+  };
+  try {
+    const train: ExampleCorpus[] = [];
+    const val: ExampleCorpus[] = [];
+    const ident: unknown[] = [];
+    const labels: string[] = [];
+    for (const e of trainEntries(d)) {
+      const src = open(e.path);
+      labels.push(src.label);
+      if (d.valSource === '') {
+        const { head, tail } = src.corpus.split(d.valFraction);
+        train.push(head);
+        val.push(tail);
+      } else {
+        train.push(src.corpus);
+      }
+      ident.push([src.key, train.at(-1)!.spec.lo, train.at(-1)!.spec.hi]);
+    }
+    if (d.valSource !== '') val.push(open(d.valSource).corpus);
+    const datasetKey = createHash('sha256').update(JSON.stringify(ident)).digest('hex');
+    const count = (xs: ExampleCorpus[]) => xs.reduce((a, c) => a + c.units, 0).toLocaleString('en-US');
+    const describe = `${labels.join(' + ')}: ${format}, ${tok.name} tokens (vocabulary ${tok.vocabSize}${vocabSize !== tok.vocabSize ? `, model ${vocabSize}` : ''}), ` +
+      `train ${count(train)}, val ${count(val)}${d.valSource !== '' ? ` from ${d.valSource}` : ''}`;
+    return { tokenizer: tok, vocabSize, train: [], val: [], examples: { train, val, datasetKey, padId: tok.eot }, describe, close: closeAll };
   } catch (e) {
     closeAll();
     throw e;
