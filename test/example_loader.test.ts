@@ -2,7 +2,7 @@
 // with the loss on trained targets only, and exact resume (see [Note: example rows]).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { tidy } from '../src/tensor/index.js';
@@ -13,6 +13,10 @@ import { loadTrainData } from '../src/data/sources.js';
 import type { LoaderState } from '../src/data/loader.js';
 import { IGNORE_INDEX } from '../src/parallel/parallel_model.js';
 import { fixtureDoc, writeExampleDataset, type FixtureDoc } from './fixtures/example_shards.js';
+import { tinyGptToml } from './fixtures/tiny_gpt.js';
+import { flotilla } from './helpers/cli.js';
+import { readMetrics } from '../src/train/metrics.js';
+import { defaultConfig, parseConfig, validateConfig } from '../src/config/index.js';
 
 const I = IGNORE_INDEX;
 
@@ -264,6 +268,51 @@ test('prepared shards: documents, masks (at any bit offset) and pairs read by by
       loadTrainData({ source: join(dir, 'chat'), sources: [], tokenizer: 'byte', valSource: '', valFraction: 0.1, seqLen: 32, format: 'preference' }, { modelVocab: 0 }),
       /holds chat data, but data\.format = "preference"/,
     );
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('train.epochs: only with example data, and not with train.steps', () => {
+  assert.deepEqual(validateConfig(parseConfig('[data]\nformat = "chat"\n[train]\nepochs = 2\n')), []);
+  assert.throws(() => parseConfig('[train]\nepochs = 2\n'), /train\.epochs = 2 counts passes over an example dataset, and data\.format = "text"/);
+  assert.throws(() => parseConfig('[data]\nformat = "chat"\n[train]\nepochs = 2\nsteps = 50\n'), /train\.epochs = 2 sets the number of steps, and train\.steps = 50 is set too/);
+});
+
+test('flotilla train on 2 ranks: packed chat examples for 2 epochs, the step count from the rows, and --resume continues exactly', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'flotilla-examples-train-'));
+  try {
+    writeExampleDataset(join(dir, 'chat'), 'chat', [docs.slice(0, 30), docs.slice(30)]);
+    const config = join(dir, 'chat.toml');
+    writeFileSync(config, tinyGptToml({
+      data: { source: join(dir, 'chat'), format: 'chat', pack: true, tokenizer: 'byte', globalBatch: 4 },
+      train: { epochs: 2, evalEvery: 0, evalBatches: 1 },
+      optim: { schedule: 'constant' },
+      parallel: { backend: 'gloo' },
+      checkpoint: { every: 5, keep: 10 },
+      log: { progress: 'plain', every: 1 },
+    }));
+    const straight = await flotilla(['train', config, '--nproc', '2', `--train.runDir=${join(dir, 'straight')}`]);
+    assert.equal(straight.code, 0, straight.out + straight.err);
+    const lengths = Int32Array.from(docs.slice(0, 55), (d) => d.ids.length); // valFraction 0.1 holds out the last 6
+    const o = { seqLen: 32, pack: true, overflow: 'truncate' as const };
+    const seed = defaultConfig().train.seed;
+    const rows = planEpoch(lengths, seed, 0, o).rows;
+    const steps = Math.ceil((rows + planEpoch(lengths, seed, 1, o).rows) / 4);
+    assert.match(straight.out, new RegExp(`\\[data\\] 55 examples -> ${rows} rows x 32 per epoch \\(packed, fill \\d+\\.\\d%\\); \\d+ truncated, 0 dropped \\(overflow = truncate\\); 2 epoch\\(s\\) = ${steps} steps`));
+    const want = readMetrics(join(dir, 'straight', 'metrics.jsonl'));
+    assert.deepEqual(want.map((m) => m.step), Array.from({ length: steps }, (_, i) => i + 1));
+    const ckpt = readdirSync(join(dir, 'straight', 'checkpoints')).find((n) => /^step-0*5$/.test(n));
+    assert.ok(ckpt, 'a checkpoint at step 5');
+    const resumed = await flotilla(['train', config, '--nproc', '2', `--train.runDir=${join(dir, 'resumed')}`, '--resume', join(dir, 'straight', 'checkpoints', ckpt)]);
+    assert.equal(resumed.code, 0, resumed.out + resumed.err);
+    assert.match(resumed.out, /\[resume\] resumed from step 5 /);
+    const got = readMetrics(join(dir, 'resumed', 'metrics.jsonl'));
+    assert.deepEqual(got.map((m) => [m.step, m.loss]), want.filter((m) => m.step > 5).map((m) => [m.step, m.loss]));
+    // Another packing reads other rows: refused before any step, naming the field.
+    const other = await flotilla(['train', config, '--nproc', '2', `--train.runDir=${join(dir, 'other')}`, '--data.pack=false', '--resume', join(dir, 'straight', 'checkpoints', ckpt)]);
+    assert.notEqual(other.code, 0);
+    assert.match(other.out + other.err, /data\.pack = true; this run has false/);
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }

@@ -6,7 +6,7 @@ import { globalBatchProblem } from '../data/batch_split.js';
 import { layoutProblems, dataParallelDegree } from '../parallel/layout.js';
 import { modelArchs, modelRules, unknownArch } from '../models/rules.js';
 import { optimizerNames, unknownOptimizer } from '../optim/names.js';
-import { modelConfigOf, type FlotillaConfig } from './schema.js';
+import { configSchema, modelConfigOf, type FlotillaConfig } from './schema.js';
 import { explainPaths } from './paths.js';
 import { chooseLoraTargets, loraTargetProblems } from '../nn/lora_targets.js';
 import { peftSettingsProblem, readPeftConfig, type PeftAdapterConfig } from '../checkpoint/peft_config.js';
@@ -77,6 +77,19 @@ function loraAdapterProblems(c: FlotillaConfig): string[] {
   return p === undefined ? [] : [p];
 }
 
+/**
+ * train.epochs: passes over an example dataset, which then decide the steps (the loader counts the
+ * rows, src/data/example_loader.ts), so train.steps stays at its default.
+ */
+function epochProblems(c: FlotillaConfig): string[] {
+  const e = c.train.epochs, p: string[] = [];
+  if (e === 0) return p;
+  if (c.data.format === 'text') p.push(`train.epochs = ${e} counts passes over an example dataset, and data.format = "text" samples windows of a token stream; set data.format to the examples' kind, or train.epochs = 0 and train.steps`);
+  const dflt = configSchema.train.fields.steps.default;
+  if (c.train.steps !== dflt) p.push(`train.epochs = ${e} sets the number of steps, and train.steps = ${c.train.steps} is set too; give one of them (leave train.steps at its default ${dflt}, or set train.epochs = 0)`);
+  return p;
+}
+
 /** Cross-field rules. */
 export function validateConfig(c: FlotillaConfig): string[] {
   const p: string[] = [];
@@ -90,6 +103,7 @@ export function validateConfig(c: FlotillaConfig): string[] {
   if (c.moe.experts > 0 && c.parallel.tp > 1 && c.parallel.sequenceParallel) p.push('moe.experts > 0 does not run with parallel.sequenceParallel yet (MoE blocks would route each tensor-parallel rank\'s tokens apart); set parallel.sequenceParallel = false');
   p.push(...contextParallelProblems(c));
   p.push(...loraProblems(c));
+  p.push(...epochProblems(c));
   const split = globalBatchProblem({ globalBatch: c.data.globalBatch, microBatches: c.data.microBatches, dp: c.parallel.dp }, 'config');
   if (split) p.push(split);
   return p;

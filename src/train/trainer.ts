@@ -99,7 +99,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
   };
   const run = await openRun(cfg, env, opts, out);
   const { model, optimizer, loader, startStep } = run;
-  const steps = cfg.train.steps;
+  const steps = run.steps; // train.steps, or what train.epochs makes of the examples
   const M = run.microBatches; // the config's, or more on fewer ranks than the start ([Note: elastic micro-batches])
   const o = cfg.optim;
   // ---- the run directory (rank 0): the resolved config first, then metrics as they come
