@@ -159,10 +159,11 @@ for (const arch of ['gpt', 'llama'] as const) {
           return l.select(0, 0);
         }), 0).unsqueeze(0);
       }), 0);
-      // Both sides round to bfloat16 (8 bits) along different GEMM shapes: a few ulps through two layers.
+      // Both sides round to bfloat16 (8 bits) along different GEMM shapes: a few ulps of the largest
+      // logit through two layers (1-2 seen); without the documents the distance is of order 1.
       const err = scaledErr(packed, alone), offErr = scaledErr(off, alone);
-      assert.ok(err <= 2e-2, `${arch} bf16-mixed: packed logits are ${err} from each document alone`);
-      assert.ok(offErr > 10 * Math.max(err, 1e-2), `${arch} bf16-mixed: without documents only ${offErr} away (with: ${err})`);
+      assert.ok(err <= 4e-2, `${arch} bf16-mixed: packed logits are ${err} from each document alone`);
+      assert.ok(offErr > 0.2, `${arch} bf16-mixed: without documents only ${offErr} away (with: ${err})`);
     });
     docs.dispose();
     model.dispose();

@@ -4,7 +4,9 @@
 // own earlier tokens, so an example's logits in a packed row equal its logits alone. It is an
 // ambient context like withSequenceShard (sequence_shard.ts): the layouts set it per micro-batch
 // around its forward and its backward (recomputes see the same documents), and model code has one
-// branch. Outside it a row is one sequence.
+// branch. Outside it a row is one sequence. Under context parallelism the layout is cut into the
+// rank's chunks (chunked()), the positions with it, and the ring masks each block from the whole
+// rows' ids ([Note: ring documents] in src/parallel/context_parallel/ring_attention.ts).
 import { type DType, type Tensor, cat, keep, noGrad, ones, tensor, tidy, zerosLike } from '../tensor/index.js';
 import type { ProcessGroup } from '../distributed/process_group.js';
 
