@@ -93,6 +93,10 @@ test('a hand-built packed row: x, y (trained targets only, nothing across docume
       [0, 0, 0, 1, 1, 1, 1, 1, 2, 2],
     ]);
     assert.equal(b.seqs, undefined);
+    // Two documents in a row: the batch carries their layout for attention and positions.
+    assert.deepEqual(b.docs!.positions.toNumbers(), planes(b)[2]);
+    assert.deepEqual(b.docs!.ids.toNumbers(), planes(b)[3]);
+    b.docs!.dispose();
     // Unpacked: one example a row, padded.
     const u = new ExampleLoader({ sources: [corpus([A, B])], seqLen: 6, globalBatch: 2, pack: false, shuffle: false, padId: 0 }).next();
     assert.deepEqual(planes(u), [
@@ -101,6 +105,7 @@ test('a hand-built packed row: x, y (trained targets only, nothing across docume
       [0, 1, 2, 0, 1, 2, 0, 1, 2, 3, 4, 0],
       [0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 1],
     ]);
+    assert.equal(u.docs, undefined, 'one example and its padding a row: causality alone hides the padding');
   });
 });
 
@@ -121,6 +126,8 @@ test('preference pairs: chosen then rejected in one row, cut evenly from their t
       [0, 1, 2, 3, 0, 1, 2, 0, 0, 1, 2, 0, 1, 2, 3, 4],
       [0, 0, 0, 0, 1, 1, 1, 2, 0, 0, 0, 1, 1, 1, 1, 1],
     ]);
+    assert.deepEqual(b.docs!.ids.toNumbers(), planes(b)[3]);
+    b.docs!.dispose();
     const s = b.seqs!;
     assert.equal(s.nSeq, 4);
     assert.deepEqual(Array.from(s.chosen), [0, 2]);

@@ -18,6 +18,7 @@
 // preference pair), the batch carries a DocumentLayout so attention stays within documents; a row
 // of one document and its padding needs none (causality already hides the padding that follows).
 import { type Tensor, tensor } from '../tensor/index.js';
+import { documentLayout } from '../nn/documents.js';
 import { IGNORE_INDEX, type MicroBatch, type SequenceTable } from '../parallel/parallel_model.js';
 import { globalBatchProblem } from './batch_split.js';
 import { ExampleCorpus, ExampleRows, PLANES, planesOf, type ExampleRowsSpec, type RowPlanes } from './examples.js';
@@ -202,9 +203,9 @@ export class ExampleLoader implements TrainLoader {
     const docIds = pl.ids.slice();
     let several = false;
     for (let i = 0; i < B * T && !several; i++) several = pl.unit[i]! >= 0 && pl.ids[i]! > 0;
-    // TODO(documents): docs = several ? documentLayout(positions, docIds, B, T) : undefined, once src/nn/documents.ts has it.
-    void several;
     const out: ExampleBatch = { x, y, positions, docIds };
+    // Kept tensors, not the caller's tidy's: the step that consumes the batch disposes them.
+    if (several) out.docs = documentLayout(positions, docIds, B, T);
     if (this.pairs) out.seqs = sequenceTable(pl, B, T);
     return out;
   }

@@ -229,7 +229,14 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
         // Forward only; each call returns the global batch's mean on every rank.
         let sum = 0;
         for (let k = 0; k < cfg.train.evalBatches; k++) {
-          sum += tidy(() => autocast(cfg.train.precision, () => model.evaluate(Array.from({ length: M }, (_, mb) => evalLoader.batch(k, mb)))));
+          sum += tidy(() => {
+            const mbs = Array.from({ length: M }, (_, mb) => evalLoader.batch(k, mb));
+            try {
+              return autocast(cfg.train.precision, () => model.evaluate(mbs));
+            } finally {
+              for (const mb of mbs) mb.docs?.dispose(); // packed validation rows' documents are kept tensors
+            }
+          });
         }
         return sum / cfg.train.evalBatches;
       },
