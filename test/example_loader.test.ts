@@ -10,12 +10,13 @@ import { planEpoch } from '../src/data/packing.js';
 import { ExampleCorpus, type ExampleKind } from '../src/data/examples.js';
 import { ExampleLoader, type ExampleBatch } from '../src/data/example_loader.js';
 import { loadTrainData } from '../src/data/sources.js';
-import type { LoaderState } from '../src/data/loader.js';
+import { DataLoader, type LoaderState } from '../src/data/loader.js';
 import { IGNORE_INDEX } from '../src/parallel/parallel_model.js';
 import { fixtureDoc, writeExampleDataset, type FixtureDoc } from './fixtures/example_shards.js';
 import { tinyGptToml } from './fixtures/tiny_gpt.js';
 import { flotilla } from './helpers/cli.js';
 import { readMetrics } from '../src/train/metrics.js';
+import { WordCounter, trainBpe } from '../src/data/bpe_train.js';
 import { defaultConfig, parseConfig, validateConfig } from '../src/config/index.js';
 
 const I = IGNORE_INDEX;
@@ -237,6 +238,7 @@ test('a resume that would read other rows is refused, naming the field', () => {
   const { examples, ...text } = s;
   void examples;
   assert.throws(() => new ExampleLoader(base).loadStateDict(text), /saved by a run on text/);
+  assert.throws(() => new DataLoader({ tokens: new Int32Array(100), seqLen: 32, globalBatch: 4 }).loadStateDict(s), /saved by a run on examples/);
 });
 
 test('prepared shards: documents, masks (at any bit offset) and pairs read by byte range as written; validation is the last units in order', async () => {
@@ -286,13 +288,18 @@ test('train.epochs: only with example data, and not with train.steps', () => {
   assert.throws(() => parseConfig('[data]\nformat = "chat"\n[train]\nepochs = 2\nsteps = 50\n'), /train\.epochs = 2 sets the number of steps, and train\.steps = 50 is set too/);
 });
 
-test('flotilla train on 2 ranks: packed chat examples for 2 epochs, the step count from the rows, and --resume continues exactly', async () => {
+test('flotilla train on 2 ranks: packed completion examples for 2 epochs, the step count from the rows, and --resume continues exactly', async () => {
   const dir = mkdtempSync(join(tmpdir(), 'flotilla-examples-train-'));
   try {
-    writeExampleDataset(join(dir, 'chat'), 'chat', [docs.slice(0, 30), docs.slice(30)]);
-    const config = join(dir, 'chat.toml');
+    // A small BPE (ids above the documents' 1..255) as the examples' tokenizer.
+    const counts = new WordCounter();
+    counts.add('the examples of the loader test, packed into rows of the tiny model');
+    const tokenizer = join(dir, 'tokenizer.json');
+    writeFileSync(tokenizer, JSON.stringify(trainBpe(counts.counts, 300).json));
+    writeExampleDataset(join(dir, 'ex'), 'completion', [docs.slice(0, 30), docs.slice(30)], tokenizer);
+    const config = join(dir, 'ex.toml');
     writeFileSync(config, tinyGptToml({
-      data: { source: join(dir, 'chat'), format: 'chat', pack: true, tokenizer: 'byte', globalBatch: 4 },
+      data: { source: join(dir, 'ex'), format: 'completion', pack: true, tokenizer, globalBatch: 4 },
       train: { epochs: 2, evalEvery: 0, evalBatches: 1 },
       optim: { schedule: 'constant' },
       parallel: { backend: 'gloo' },
