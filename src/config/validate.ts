@@ -2,6 +2,7 @@
 // that layout (its rules, src/models/rules.ts), the batch split; checkRunnable adds the world size
 // and the data files.
 import { checkDataConfig } from '../data/sources.js';
+import { exampleDataProblems } from '../data/example_source.js';
 import { globalBatchProblem } from '../data/batch_split.js';
 import { layoutProblems, dataParallelDegree } from '../parallel/layout.js';
 import { modelArchs, modelRules, unknownArch } from '../models/rules.js';
@@ -90,6 +91,9 @@ export function validateConfig(c: FlotillaConfig): string[] {
   if (c.moe.experts > 0 && c.parallel.tp > 1 && c.parallel.sequenceParallel) p.push('moe.experts > 0 does not run with parallel.sequenceParallel yet (MoE blocks would route each tensor-parallel rank\'s tokens apart); set parallel.sequenceParallel = false');
   p.push(...contextParallelProblems(c));
   p.push(...loraProblems(c));
+  if (c.data.format !== 'text' && (c.data.tokenizer === 'byte' || c.data.tokenizer === 'gpt2')) {
+    p.push(`data.format = ${JSON.stringify(c.data.format)} renders examples with special tokens, which data.tokenizer = ${JSON.stringify(c.data.tokenizer)} does not have; set data.tokenizer to the model's Hugging Face directory (tokenizer.json + tokenizer_config.json) or a tokenizer.json with the template's added tokens`);
+  }
   const split = globalBatchProblem({ globalBatch: c.data.globalBatch, microBatches: c.data.microBatches, dp: c.parallel.dp }, 'config');
   if (split) p.push(split);
   return p;
@@ -108,6 +112,8 @@ export function checkRunnable(c: FlotillaConfig, worldSize: number): string[] {
   p.push(...shapeProblems(c).filter((x) => x.includes('model.vocabSize')));
   // Sources, manifests, the tokenizer and the vocabulary (src/data/sources.ts); no tokenizing.
   p.push(...explainPaths(c, checkDataConfig(c.data, c.model.vocabSize)));
+  // The example fields against the sources: the template, and a prepared directory's kind, template and trainOn.
+  p.push(...explainPaths(c, exampleDataProblems(c.data)));
   p.push(...explainPaths(c, loraAdapterProblems(c)));
   return p;
 }
