@@ -25,7 +25,8 @@ import { parseTrainArgs, type TrainArgs } from './train_args.js';
 export async function prepareRunData(cfg: FlotillaConfig, configPath: string): Promise<void> {
   if (cfg.data.format === 'text') return;
   const { exampleDataProblems, prepareExampleSources } = await import('../data/example_source.js');
-  const problems = exampleDataProblems(cfg.data);
+  const { explainPaths } = await import('../config/paths.js');
+  const problems = explainPaths(cfg, exampleDataProblems(cfg.data));
   if (problems.length > 0) throw new ConfigError(problems, configPath);
   const quiet = cfg.log.progress === 'off';
   try {

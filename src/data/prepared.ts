@@ -268,7 +268,7 @@ export function readDocumentOffsets(idxPath: string): Float64Array {
   return out;
 }
 
-/** Whether token k of a shard is a trained target, given its .mask bytes (or any slice starting at a byte k0 >> 3, with k taken from k0 & ~7). */
+/** Whether token k of a shard is a trained target, given the shard's .mask bytes. */
 export function maskBit(mask: Uint8Array, k: number): boolean {
   return ((mask[k >>> 3]! >>> (k & 7)) & 1) === 1;
 }

@@ -380,7 +380,7 @@ function tokenizerFile(spec: string): string {
     return file;
   }
   if (!existsSync(path) || !statSync(path).isFile()) {
-    throw new Error(`tokenizer ${JSON.stringify(spec)}: no such file ${path}; use "byte", "gpt2", the path of a tokenizer.json (make one with \`flotilla tokenizer train\`) or a Hugging Face directory holding one`);
+    throw new Error(`tokenizer ${JSON.stringify(spec)}: no such file ${path}; use "byte", "gpt2" or the path of a tokenizer.json (make one with \`flotilla tokenizer train\`), or a Hugging Face directory holding one`);
   }
   return path;
 }
