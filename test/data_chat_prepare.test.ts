@@ -322,8 +322,13 @@ test('a run refuses prepared data of another kind, trainOn or template, naming t
   const [kind2] = exampleDataProblems(spec({ format: 'completion' }));
   assert.match(kind2!, /data\.format = "completion"; set data\.format = "chat"/);
   // Chat needs a template: "" means the model's only with a Hugging Face directory.
-  const tokFile = join(hf, 'tokenizer.json');
+  const alone = join(dir, 'alone');
+  mkdirSync(alone, { recursive: true });
+  const tokFile = join(alone, 'tokenizer.json');
+  writeFileSync(tokFile, readFileSync(join(hf, 'tokenizer.json')));
   assert.match(exampleDataProblems(spec({ tokenizer: tokFile }))[0]!, /needs a chat template.*set data\.chatTemplate = "chatml"/);
+  // A tokenizer.json with its tokenizer_config.json beside it is the directory's.
+  assert.deepEqual(exampleDataProblems(spec({ tokenizer: join(hf, 'tokenizer.json') })), []);
   assert.match(exampleDataProblems(spec({ chatTemplate: join(dir, 'missing.jinja') }))[0]!, /^data\.chatTemplate = ".*missing\.jinja": chat template .*no such file/);
   assert.match(exampleDataProblems(spec({ source: join(ROOT, 'README.md') }))[0]!, /reads a \.jsonl file of examples/);
   assert.equal(datasetProblem(readManifest(out), out, { format: 'chat', trainOn: 'assistant', template: { source: 'model', identity: loadChatTemplate('model', { tokenizerDir: hf }).identity } }), undefined);

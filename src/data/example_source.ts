@@ -19,8 +19,8 @@ import { join, resolve } from 'node:path';
 import { cacheDir } from '../io/cache_dir.js';
 import { MOBY_DICK } from './corpus.js';
 import { FORMAT_VERSION, MANIFEST, datasetProblem, readManifest, type DatasetExpectation, type DatasetKind } from './prepared.js';
-import { hfTokenizerDir, tokenizerIdentity } from './tokenizer.js';
-import { loadChatTemplate, type ChatTemplate, type TrainOn } from './chat/index.js';
+import { tokenizerIdentity } from './tokenizer.js';
+import { loadChatTemplate, tokenizerDirOf, type ChatTemplate, type TrainOn } from './chat/index.js';
 
 /** The `[data]` fields read here. */
 export interface ExampleDataSpec {
@@ -40,17 +40,17 @@ export function isExampleJsonl(d: ExampleDataSpec, path: string): boolean {
 
 /**
  * The run's chat template: data.chatTemplate, or "model" when it is "" and data.tokenizer is a
- * Hugging Face directory. Undefined for completion data, and for preference data without one.
+ * Hugging Face directory (or a tokenizer.json with tokenizer_config.json beside it). Undefined for completion data, and for preference data without one.
  * Throws naming data.chatTemplate (or data.tokenizer) and the fix.
  */
 export function runTemplate(d: ExampleDataSpec): ChatTemplate | undefined {
   if (d.format === 'text' || d.format === 'completion') return undefined;
-  const dir = hfTokenizerDir(d.tokenizer);
+  const dir = tokenizerDirOf(d.tokenizer);
   const spec = d.chatTemplate !== '' ? d.chatTemplate : dir !== undefined ? 'model' : '';
   if (spec === '') {
     if (d.format === 'preference') return undefined;
     throw new Error(
-      `data.format = "chat" needs a chat template, and data.chatTemplate = "" takes the model's only when data.tokenizer is a Hugging Face directory (it is ${JSON.stringify(d.tokenizer)}); ` +
+      `data.format = "chat" needs a chat template, and data.chatTemplate = "" takes the model's only when data.tokenizer is a Hugging Face directory (or its tokenizer.json; it is ${JSON.stringify(d.tokenizer)}); ` +
         'set data.chatTemplate = "chatml" or the path of a .jinja file, or data.tokenizer = the model\'s directory (tokenizer.json + tokenizer_config.json)',
     );
   }

@@ -21,8 +21,7 @@ import { loadTokenizer, type Tokenizer } from './tokenizer.js';
 import type { TokenDtype } from './corpus_files.js';
 import { FORMAT, FORMAT_VERSION, MANIFEST, TEXT_FORMAT_VERSION, maskBytes, readManifest, shardName, type Manifest, type ShardRecord, type TemplateRecord } from './prepared.js';
 import { processUnit, removeTemps, SKIP_NO_ASSISTANT, type ExampleContext, type Unit, type UnitContext, type UnitJob } from './prepare_unit.js';
-import { hfTokenizerDir } from './tokenizer.js';
-import { loadChatTemplate, singleId, specialsTokenizer, tokenizerSpecials, type ChatTemplate, type ExampleFormat, type TrainOn } from './chat/index.js';
+import { loadChatTemplate, singleId, tokenizerDirOf, specialsTokenizer, tokenizerSpecials, type ChatTemplate, type ExampleFormat, type TrainOn } from './chat/index.js';
 import { fsyncDir, writeDurable } from '../io/durable.js';
 import { siblingUrl, startWorker } from './workers.js';
 
@@ -287,7 +286,7 @@ function exampleSetup(o: PrepareOptions, format: ExampleFormat, tok: Tokenizer):
   } catch (e) {
     throw fail(`--format ${format} needs a tokenizer with added special tokens and byte offsets: ${(e as Error).message}`);
   }
-  const dir = hfTokenizerDir(o.tokenizer);
+  const dir = tokenizerDirOf(tok.spec);
   const trainOn = o.trainOn ?? 'assistant';
   const asked = o.chatTemplate ?? '';
   let t: ChatTemplate | undefined;
