@@ -275,27 +275,35 @@ test('prepared shards: documents, masks (at any bit offset) and pairs read by by
     }
     await assert.rejects(
       loadTrainData({ source: join(dir, 'chat'), sources: [], tokenizer: 'byte', valSource: '', valFraction: 0.1, seqLen: 32, format: 'preference' }, { modelVocab: 0 }),
-      /holds chat data, but data\.format = "preference"/,
+      /holds chat data \(prepared with --format chat\), but data\.format = "preference"/,
     );
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
 });
 
+/** A small BPE tokenizer.json in `dir` (examples need a tokenizer with special tokens, not "byte"); its ids go above the documents' 1..255. */
+function bpe(dir: string): string {
+  const counts = new WordCounter();
+  counts.add('the examples of the loader test, packed into rows of the tiny model');
+  const path = join(dir, 'tokenizer.json');
+  writeFileSync(path, JSON.stringify(trainBpe(counts.counts, 300).json));
+  return path;
+}
+
 test('train.epochs: only with example data, and not with train.steps', () => {
-  assert.deepEqual(validateConfig(parseConfig('[data]\nformat = "chat"\n[train]\nepochs = 2\n')), []);
+  const dir = mkdtempSync(join(tmpdir(), 'flotilla-epochs-'));
+  const tok = JSON.stringify(bpe(dir));
+  assert.deepEqual(validateConfig(parseConfig(`[data]\nformat = "completion"\ntokenizer = ${tok}\n[train]\nepochs = 2\n`)), []);
   assert.throws(() => parseConfig('[train]\nepochs = 2\n'), /train\.epochs = 2 counts passes over an example dataset, and data\.format = "text"/);
-  assert.throws(() => parseConfig('[data]\nformat = "chat"\n[train]\nepochs = 2\nsteps = 50\n'), /train\.epochs = 2 sets the number of steps, and train\.steps = 50 is set too/);
+  rmSync(dir, { recursive: true, force: true });
+  assert.throws(() => parseConfig(`[data]\nformat = "completion"\ntokenizer = ${tok}\n[train]\nepochs = 2\nsteps = 50\n`), /train\.epochs = 2 sets the number of steps, and train\.steps = 50 is set too/);
 });
 
 test('flotilla train on 2 ranks: packed completion examples for 2 epochs, the step count from the rows, and --resume continues exactly', async () => {
   const dir = mkdtempSync(join(tmpdir(), 'flotilla-examples-train-'));
   try {
-    // A small BPE (ids above the documents' 1..255) as the examples' tokenizer.
-    const counts = new WordCounter();
-    counts.add('the examples of the loader test, packed into rows of the tiny model');
-    const tokenizer = join(dir, 'tokenizer.json');
-    writeFileSync(tokenizer, JSON.stringify(trainBpe(counts.counts, 300).json));
+    const tokenizer = bpe(dir);
     writeExampleDataset(join(dir, 'ex'), 'completion', [docs.slice(0, 30), docs.slice(30)], tokenizer);
     const config = join(dir, 'ex.toml');
     writeFileSync(config, tinyGptToml({

@@ -2,6 +2,7 @@
 // that layout (its rules, src/models/rules.ts), the batch split; checkRunnable adds the world size
 // and the data files.
 import { checkDataConfig } from '../data/sources.js';
+import { exampleDataProblems } from '../data/example_source.js';
 import { globalBatchProblem } from '../data/batch_split.js';
 import { layoutProblems, dataParallelDegree } from '../parallel/layout.js';
 import { modelArchs, modelRules, unknownArch } from '../models/rules.js';
@@ -104,6 +105,9 @@ export function validateConfig(c: FlotillaConfig): string[] {
   p.push(...contextParallelProblems(c));
   p.push(...loraProblems(c));
   p.push(...epochProblems(c));
+  if (c.data.format !== 'text' && (c.data.tokenizer === 'byte' || c.data.tokenizer === 'gpt2')) {
+    p.push(`data.format = ${JSON.stringify(c.data.format)} renders examples with special tokens, which data.tokenizer = ${JSON.stringify(c.data.tokenizer)} does not have; set data.tokenizer to the model's Hugging Face directory (tokenizer.json + tokenizer_config.json) or a tokenizer.json with the template's added tokens`);
+  }
   const split = globalBatchProblem({ globalBatch: c.data.globalBatch, microBatches: c.data.microBatches, dp: c.parallel.dp }, 'config');
   if (split) p.push(split);
   return p;
@@ -122,6 +126,8 @@ export function checkRunnable(c: FlotillaConfig, worldSize: number): string[] {
   p.push(...shapeProblems(c).filter((x) => x.includes('model.vocabSize')));
   // Sources, manifests, the tokenizer and the vocabulary (src/data/sources.ts); no tokenizing.
   p.push(...explainPaths(c, checkDataConfig(c.data, c.model.vocabSize)));
+  // The example fields against the sources: the template, and a prepared directory's kind, template and trainOn.
+  p.push(...explainPaths(c, exampleDataProblems(c.data)));
   p.push(...explainPaths(c, loraAdapterProblems(c)));
   return p;
 }

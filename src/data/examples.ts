@@ -5,12 +5,13 @@
 // A unit is what the plan places: one document, or a preference pair (documents 2i = prompt +
 // chosen and 2i + 1 = prompt + rejected, always in one row: a pair never spans micro-batches or
 // ranks). See [Note: example rows] in example_loader.ts for how rows become (x, y).
-import { closeSync, openSync, readFileSync, readSync } from 'node:fs';
+import { closeSync, openSync, readSync } from 'node:fs';
 import { DTYPE_BYTES, type TokenDtype } from './corpus_files.js';
 import { EpochStream, type PackOptions } from './packing.js';
 import { IGNORE_INDEX } from '../parallel/parallel_model.js';
+import { readDocumentOffsets, type ExampleKind, type ExampleShard } from './prepared.js';
 
-export type ExampleKind = 'chat' | 'completion' | 'preference';
+export type { ExampleKind };
 
 /** One shard of documents: token ids, the trained-target bits (LSB first), document boundaries. */
 export type ExampleShardSpec =
@@ -338,22 +339,10 @@ export class ExampleRows {
   }
 }
 
-/** One shard of a version 2 (example) dataset directory. */
-export interface ExampleShardFiles {
-  bin: string;
-  idx: string;
-  mask: string;
-  dtype: TokenDtype;
-  tokens: number;
-  documents: number;
-}
-
-/** The corpus spec of an example dataset's shards: each shard's document boundaries read from its .idx. */
-export function exampleCorpusSpec(o: { name: string; kind: ExampleKind; shards: ExampleShardFiles[]; vocabSize: number }): ExampleCorpusSpec {
+/** The corpus spec of an example dataset's shards (prepared.ts's openExamples): each shard's document boundaries read from its .idx. */
+export function exampleCorpusSpec(o: { name: string; kind: ExampleKind; shards: ExampleShard[]; vocabSize: number }): ExampleCorpusSpec {
   const shards: ExampleShardSpec[] = o.shards.map((s) => {
-    const raw = readFileSync(s.idx);
-    const words = new BigUint64Array(raw.buffer, raw.byteOffset, raw.byteLength / 8);
-    const offsets = Float64Array.from(words, (w) => Number(w));
+    const offsets = readDocumentOffsets(s.idx);
     if (offsets.length !== s.documents + 1 || offsets[0] !== 0 || offsets[s.documents] !== s.tokens || offsets.some((v, i) => i > 0 && v < offsets[i - 1]!)) {
       throw new Error(`${s.idx} does not hold ${s.documents + 1} non-decreasing offsets from 0 to ${s.tokens}; run \`flotilla prepare\` again`);
     }

@@ -5,13 +5,12 @@
 // the tokenizer's identity, shard sizes, the vocabulary) run in checkDataConfig, before any rank
 // starts; checksums are verified by the ranks as they open the data, each rank a share of the shards.
 import { createHash } from 'node:crypto';
-import { existsSync, readFileSync, statSync } from 'node:fs';
+import { existsSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { MOBY_DICK, loadCorpus } from './corpus.js';
 import { TokenCorpus, type SegmentSpec } from './corpus_files.js';
-import { MANIFEST, openFlatBin, openPrepared, type Manifest } from './prepared.js';
-import { DTYPE_BYTES } from './corpus_files.js';
-import { ExampleCorpus, exampleCorpusSpec, type ExampleKind, type ExampleShardFiles } from './examples.js';
+import { MANIFEST, openExamples, openFlatBin, openPrepared } from './prepared.js';
+import { ExampleCorpus, exampleCorpusSpec, type ExampleKind } from './examples.js';
 import { cachedTokens } from './token_cache.js';
 import type { LoaderSource } from './sampler.js';
 import { loadTokenizer, tokenizerIdentity, type Tokenizer, type TokenizerIdentity } from './tokenizer.js';
@@ -64,7 +63,8 @@ function checkEntry(e: SourceEntry, what: string, tok: TokenizerIdentity, vocabS
       return `${what}: data.format = "${format}" reads a prepared directory; prepare ${e.path} with \`flotilla prepare ${e.path} --format ${format} --tokenizer ${tok.spec} --out DIR\` and name DIR`;
     }
     try {
-      openExampleDir(resolve(e.path), { tokenizer: tok, vocabSize, format });
+      // The kind, template and trainOn are example_source.ts's checks (exampleDataProblems).
+      openExamples(resolve(e.path), { tokenizer: tok, vocabSize });
     } catch (err) {
       return `${what}: ${(err as Error).message}`;
     }
@@ -214,41 +214,18 @@ export async function loadTrainData(d: DataSpec, o: { modelVocab: number; rank?:
   }
 }
 
-// TODO(prep): replace with prepared.ts's openExamples once the version 2 reader is on main.
-function openExampleDir(dir: string, o: { tokenizer?: { spec: string; identity: string }; vocabSize: number; format: ExampleKind }): { manifest: Manifest; shards: ExampleShardFiles[] } {
-  const where = join(dir, MANIFEST);
-  if (!existsSync(where)) throw new Error(`${dir} has no ${MANIFEST}: prepare it with \`flotilla prepare ... --format ${o.format} --out ${dir}\``);
-  const m = JSON.parse(readFileSync(where, 'utf8')) as Manifest;
-  if (m.format !== 'flotilla-tokens' || m.version !== 2 || !Array.isArray(m.shards) || !(m.dtype in DTYPE_BYTES)) throw new Error(`${where} is not a flotilla-tokens v2 manifest; run \`flotilla prepare\` again`);
-  const kind = m.kind ?? 'text';
-  if (kind !== o.format) throw new Error(`${dir} holds ${kind} data, but data.format = ${JSON.stringify(o.format)}; set data.format = ${JSON.stringify(kind)}, or prepare it again with --format ${o.format}`);
-  if (o.tokenizer && m.tokenizer.identity !== o.tokenizer.identity) {
-    throw new Error(`${where} was prepared with tokenizer ${m.tokenizer.spec}, but this run uses ${o.tokenizer.spec}; set data.tokenizer = ${JSON.stringify(m.tokenizer.spec)} or prepare the data again`);
-  }
-  const width = DTYPE_BYTES[m.dtype];
-  const shards = m.shards.map((s) => {
-    const f = { bin: join(dir, s.bin), idx: join(dir, s.idx), mask: join(dir, s.mask ?? ''), dtype: m.dtype, tokens: s.tokens, documents: s.documents };
-    for (const [p, bytes] of [[f.bin, s.tokens * width], [f.idx, (s.documents + 1) * 8], [f.mask, Math.ceil(s.tokens / 8)]] as const) {
-      if (!existsSync(p) || statSync(p).size !== bytes) throw new Error(`${p} is missing or not ${bytes} bytes as ${where} says; run \`flotilla prepare\` again`);
-    }
-    if (s.maxTokenId >= o.vocabSize) throw new Error(`${f.bin} holds token id ${s.maxTokenId}, at or above model.vocabSize = ${o.vocabSize}`);
-    return f;
-  });
-  return { manifest: m, shards };
-}
-
 /**
  * Example corpora: every source's units concatenated (in data.sources' order) for training; validation
  * is data.valSource, or the last data.valFraction of each source's units (in order, not shuffled).
  */
 function loadExampleData(d: DataSpec, tok: Tokenizer, vocabSize: number, verify: (i: number) => boolean): TrainData {
-  void verify; // TODO(prep): checksums through openExamples' check.checksum
   const format = d.format as ExampleKind;
   const opened: ExampleCorpus[] = [];
   const closeAll = () => opened.forEach((c) => c.close());
   const open = (path: string): { corpus: ExampleCorpus; key: string; label: string } => {
     const dir = resolve(path);
-    const { manifest, shards } = openExampleDir(dir, { tokenizer: tok, vocabSize, format });
+    const { manifest, shards, kind } = openExamples(dir, { tokenizer: tok, vocabSize, checksum: verify });
+    if (kind !== format) throw new Error(`${dir} holds ${kind} data (prepared with --format ${kind}), but data.format = ${JSON.stringify(format)}; set data.format = ${JSON.stringify(kind)}, or prepare it again with --format ${format}`);
     const corpus = new ExampleCorpus(exampleCorpusSpec({ name: dir, kind: format, shards, vocabSize }));
     opened.push(corpus);
     return { corpus, key: manifest.key, label: `${path} (${manifest.shards.length} shard(s), ${corpus.units.toLocaleString('en-US')} ${format === 'preference' ? 'pairs' : 'examples'})` };
