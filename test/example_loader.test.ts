@@ -9,7 +9,7 @@ import { tidy } from '../src/tensor/index.js';
 import { planEpoch } from '../src/data/packing.js';
 import { ExampleCorpus, type ExampleKind } from '../src/data/examples.js';
 import { ExampleLoader, type ExampleBatch } from '../src/data/example_loader.js';
-import { loadTrainData } from '../src/data/sources.js';
+import { checkDataConfig, loadTrainData } from '../src/data/sources.js';
 import { DataLoader, type LoaderState } from '../src/data/loader.js';
 import { IGNORE_INDEX } from '../src/parallel/parallel_model.js';
 import { fixtureDoc, writeExampleDataset, type FixtureDoc } from './fixtures/example_shards.js';
@@ -278,7 +278,9 @@ test('prepared shards: documents, masks (at any bit offset) and pairs read by by
       /holds chat data \(prepared with --format chat\), but data\.format = "preference"/,
     );
   } finally {
-    rmSync(dir, { recursive: true, force: true });
+    // A .jsonl of examples is prepared before the ranks start (src/data/example_source.ts): the data check leaves it to that.
+  assert.deepEqual(checkDataConfig({ source: join(dir, 'chat.jsonl'), sources: [], tokenizer: JSON.parse(tok) as string, valSource: '', valFraction: 0.1, seqLen: 32, format: 'chat' }, 0), []);
+  rmSync(dir, { recursive: true, force: true });
   }
 });
 

@@ -59,6 +59,8 @@ function checkEntry(e: SourceEntry, what: string, tok: TokenizerIdentity, vocabS
   const kind = sourceKind(e.path);
   if (format !== 'text') {
     if (e.weight !== 1) return `${what}: data.format = "${format}" concatenates its sources (each example read once an epoch); the weight of ${e.path} is ${e.weight}: give every source weight 1`;
+    // A .jsonl of examples is prepared into the cache before the ranks start (src/data/example_source.ts checks it).
+    if (kind === 'text' && e.path.toLowerCase().endsWith('.jsonl')) return undefined;
     if (kind !== 'prepared') {
       return `${what}: data.format = "${format}" reads a prepared directory; prepare ${e.path} with \`flotilla prepare ${e.path} --format ${format} --tokenizer ${tok.spec} --out DIR\` and name DIR`;
     }
