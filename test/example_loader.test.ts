@@ -278,9 +278,7 @@ test('prepared shards: documents, masks (at any bit offset) and pairs read by by
       /holds chat data \(prepared with --format chat\), but data\.format = "preference"/,
     );
   } finally {
-    // A .jsonl of examples is prepared before the ranks start (src/data/example_source.ts): the data check leaves it to that.
-  assert.deepEqual(checkDataConfig({ source: join(dir, 'chat.jsonl'), sources: [], tokenizer: JSON.parse(tok) as string, valSource: '', valFraction: 0.1, seqLen: 32, format: 'chat' }, 0), []);
-  rmSync(dir, { recursive: true, force: true });
+    rmSync(dir, { recursive: true, force: true });
   }
 });
 
@@ -298,6 +296,8 @@ test('train.epochs: only with example data, and not with train.steps', () => {
   const tok = JSON.stringify(bpe(dir));
   assert.deepEqual(validateConfig(parseConfig(`[data]\nformat = "completion"\ntokenizer = ${tok}\n[train]\nepochs = 2\n`)), []);
   assert.throws(() => parseConfig('[train]\nepochs = 2\n'), /train\.epochs = 2 counts passes over an example dataset, and data\.format = "text"/);
+  // A .jsonl of examples is prepared before the ranks start (src/data/example_source.ts): the data check leaves it to that.
+  assert.deepEqual(checkDataConfig({ source: join(dir, 'chat.jsonl'), sources: [], tokenizer: JSON.parse(tok) as string, valSource: '', valFraction: 0.1, seqLen: 32, format: 'chat' }, 0), []);
   rmSync(dir, { recursive: true, force: true });
   assert.throws(() => parseConfig(`[data]\nformat = "completion"\ntokenizer = ${tok}\n[train]\nepochs = 2\nsteps = 50\n`), /train\.epochs = 2 sets the number of steps, and train\.steps = 50 is set too/);
 });
