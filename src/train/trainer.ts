@@ -129,20 +129,25 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
       const lr = run.schedule(step);
       optimizer.lr = lr;
       const t0 = performance.now();
-      const { loss, norm } = tidy(() => {
+      const { loss, norm, count, metrics } = tidy(() => {
         optimizer.zeroGrad();
         // Forward and backward of every micro-batch, gradients finished as the layout says. One
         // autocast scope per step: bf16 parameter copies are made once and dropped before the
         // optimizer changes the float32 masters (src/nn/precision.ts). MoE auxiliary losses are
-        // scaled as the loss is, 1 / micro-batches ([Note: moe auxiliary loss] in src/nn/moe.ts).
-        const { loss } = autocast(cfg.train.precision, () => withActivationCheckpoint(cfg.train.activationCheckpoint, () =>
+        // scaled 1 / micro-batches ([Note: moe auxiliary loss] in src/nn/moe.ts); the loss is the
+        // sum over the global batch's trained tokens over their count ([Note: global loss reduction]).
+        const r = autocast(cfg.train.precision, () => withActivationCheckpoint(cfg.train.activationCheckpoint, () =>
           withMoELossScale(1 / M, () => model.step(Array.from({ length: M }, () => loader.next())))));
+        // No trained token in the whole global batch (the count is global, so every rank agrees):
+        // no gradient was made, and the step is not applied.
+        if (r.count === 0) return { ...r, norm: 0 };
         const norm = o.gradClip > 0 ? clipGradNorm(model.grads, o.gradClip).norm : gradNorm(model.grads);
         if (Number.isFinite(norm)) optimizer.step(); // a non-finite norm is the same on every rank (grads.ts): all skip alike
-        return { loss, norm };
+        return { ...r, norm };
       });
+      if (count === 0) out.log(`[step ${step + 1}] the global batch holds no trained token: optimizer step skipped`);
       // Expert counts over every rank; balance = "bias" moves the selection biases after the step.
-      const moeRow = moe?.finishStep(run.world, Number.isFinite(norm));
+      const moeRow = moe?.finishStep(run.world, count > 0 && Number.isFinite(norm));
       releaseIdleMemory(); // freed tensor memory this step did not reuse (construction's, an evaluation's) goes back
       const dt = (performance.now() - t0) / 1000;
       loopSeconds += dt;
@@ -155,7 +160,10 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
       const evalNow = step === steps - 1 || (cfg.train.evalEvery > 0 && (step + 1) % cfg.train.evalEvery === 0);
       const valLoss = evalNow ? run.evaluate() : undefined;
       if (valLoss !== undefined) lastVal = valLoss;
-      const row: StepMetrics = { step: step + 1, loss, lr, tokensPerSec: run.tokensPerStep / dt, gradNorm: norm, ...(valLoss !== undefined ? { valLoss } : {}), elapsedS: (performance.now() - loopStart) / 1000, ...moeRow };
+      const row: StepMetrics = {
+        step: step + 1, loss, lr, tokensPerSec: run.tokensPerStep / dt, trainedTokens: count, gradNorm: norm, ...(valLoss !== undefined ? { valLoss } : {}),
+        elapsedS: (performance.now() - loopStart) / 1000, ...(metrics ? { criterion: metrics } : {}), ...moeRow,
+      };
       record?.step(row);
       progress.update(row);
       opts.onStep?.({ ...row, liveTensors: liveTensors() });
