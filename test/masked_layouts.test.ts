@@ -5,8 +5,11 @@
 // one-process run's, where the loss is the sum over the global batch's trained targets over their
 // count ([Note: global loss reduction]): data parallel, ZeRO-1/2/3 and HSDP; pipelines (1F1B,
 // interleaved, zero bubble); tensor parallel with sequence and loss parallelism; context parallel
-// (chunks holding no trained target); expert parallel.
+// (chunks holding no trained target); expert parallel. And forwardOnly (the reference log-probabilities'
+// path) under dp, pipelines (the last stage's values broadcast to every stage) and loss parallelism
+// equals the whole model called on the same rows.
 import { test } from 'node:test';
+import assert from 'node:assert/strict';
 import { equivalenceSuite } from './helpers/equivalence.js';
 import { pool } from './helpers/pool.js';
 import type { Out, Run } from './fixtures/masked_layouts_rank.js';
@@ -16,7 +19,7 @@ const suite = equivalenceSuite<Run, Out>('masked', 'test/fixtures/masked_layouts
 const TOL = { loss: 1e-12, norm: 1e-11, param: 1e-10 };
 const steps = 4;
 
-const reference = suite.launch(1, [{ name: 'ref', micro: 2, steps }, { name: 'refMoE', micro: 2, steps, moe: true }]);
+const reference = suite.launch(1, [{ name: 'ref', micro: 2, steps }, { name: 'refMoE', micro: 2, steps, moe: true }, { name: 'refRead', micro: 2, steps: 0, read: true }]);
 const world2 = suite.launch(2, [
   { name: 'dp2', layout: { dp: 2 }, micro: 2, steps },
   { name: 'z1', layout: { zero: 1 }, micro: 2, steps },
@@ -27,6 +30,10 @@ const world2 = suite.launch(2, [
   { name: 'pp2_zb', layout: { pp: 2, ppSchedule: 'zb' }, micro: 4, steps },
   { name: 'tp2_sp_lp', layout: { tp: 2, sequenceParallel: true, lossParallel: true }, micro: 2, steps },
   { name: 'cp2', layout: { cp: 2 }, micro: 2, steps },
+  { name: 'read_dp2', layout: { dp: 2 }, micro: 2, steps: 0, read: true },
+  { name: 'read_pp2', layout: { pp: 2 }, micro: 4, steps: 0, read: true },
+  { name: 'read_pp2_interleaved', layout: { pp: 2, ppSchedule: 'interleaved', ppVirtualStages: 2 }, micro: 2, steps: 0, read: true },
+  { name: 'read_tp2_lp', layout: { tp: 2, lossParallel: true }, micro: 2, steps: 0, read: true },
 ]);
 const world4 = suite.launch(4, [
   { name: 'hsdp', layout: { zero: 2, dpReplicate: 2, dpShard: 2 }, micro: 1, steps },
@@ -55,4 +62,19 @@ test('masked loss: tensor parallel with sequence and loss parallelism, context p
   compare('cp2', 2);
   compare('cp2_pp2', 4);
   compare('ep2', 4, 'refMoE');
+});
+
+test('forwardOnly under dp, pipelines (1F1B, interleaved) and tensor parallel with loss parallelism reads what the whole model gives, on every rank', async () => {
+  await Promise.all([reference, world2]);
+  const want = suite.read('refRead', 1)[0]!.reads!;
+  assert.equal(Object.keys(want).length, 8);
+  for (const [name, dp] of [['read_dp2', 2], ['read_pp2', 1], ['read_pp2_interleaved', 1], ['read_tp2_lp', 1]] as const) {
+    for (const o of suite.read(name, 2)) {
+      const got = o.reads!;
+      assert.equal(Object.keys(got).length, 8 / dp, `${name}: rank ${o.rank} reads its data-parallel rank's rows`);
+      for (const [row, v] of Object.entries(got)) {
+        assert.ok(Math.abs(v - want[row]!) <= 1e-12 * Math.abs(want[row]!) + 1e-13, `${name}: rank ${o.rank}, row ${row}: ${v} vs the whole model's ${want[row]}`);
+      }
+    }
+  }
 });
