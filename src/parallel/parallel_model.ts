@@ -82,11 +82,14 @@ export interface StepResult {
   metrics?: Record<string, number>;
 }
 
-/** Frees the documents of micro-batches a step or an evaluation ran (each once). */
+/**
+ * Frees the documents of micro-batches a step or an evaluation ran (each once). A context-parallel
+ * chunk (`full` set) belongs to the whole rows it was cut from, which the context-parallel layer frees.
+ */
 export function disposeDocuments(microBatches: readonly MicroBatch[]): void {
   const seen = new Set<DocumentLayout>();
   for (const mb of microBatches) {
-    if (mb.docs && !seen.has(mb.docs)) {
+    if (mb.docs && !mb.docs.full && !seen.has(mb.docs)) {
       seen.add(mb.docs);
       mb.docs.dispose();
     }

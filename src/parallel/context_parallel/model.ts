@@ -16,6 +16,7 @@
 import { type Tensor, arange, cat, empty } from '../../tensor/index.js';
 import type { ProcessGroup } from '../../distributed/process_group.js';
 import { withSequenceShard, type SequenceShard } from '../../nn/sequence_shard.js';
+import { documents } from '../../nn/documents.js';
 import { WrappedModel, disposeDocuments, type MicroBatch, type ParallelModel, type StageValue, type StepResult } from '../parallel_model.js';
 import { meanOverRanks } from '../data_parallel/model.js';
 import { chunksOf, ringAttention } from './ring_attention.js';
@@ -32,7 +33,8 @@ export function ringShard(group: ProcessGroup): SequenceShard & { attentionCalls
     },
     attention(q, k, v, scale) {
       this.attentionCalls++;
-      return ringAttention(q, k, v, group, scale);
+      // Packed rows: every rank holds the whole rows' document ids ([Note: ring documents]).
+      return ringAttention(q, k, v, group, scale, documents()?.full);
     },
     wholeSequences(t) {
       const C = group.size, c = t.shape[1]! / 2;
@@ -77,7 +79,7 @@ export class ContextParallelModel extends WrappedModel {
     this.shard = ringShard(group);
   }
 
-  /** This rank's chunks of each micro-batch: x, y, the documents and the sequence index (the inner model disposes the chunked documents). */
+  /** This rank's chunks of each micro-batch: x, y, the documents (the whole rows own and free their chunks) and the sequence index. */
   private local(microBatches: MicroBatch[]): MicroBatch[] {
     return microBatches.map((mb) => ({
       x: chunksOfValue(mb.x, this.group),
@@ -110,15 +112,9 @@ export class ContextParallelModel extends WrappedModel {
   override evaluate(microBatches: MicroBatch[]): StepResult {
     return this.onChunks(microBatches, (local) => this.inner.evaluate(local), true);
   }
-  /** The inner forwardOnly on this rank's chunks: `read` sees chunks (summing over cp is the reader's); the chunked documents are freed here. */
+  /** The inner forwardOnly on this rank's chunks: `read` sees chunks (summing over cp is the reader's). */
   override forwardOnly(microBatches: MicroBatch[], read: (output: StageValue, mb: MicroBatch) => Float64Array): Float64Array[] {
-    return this.onChunks(microBatches, (local) => {
-      try {
-        return this.inner.forwardOnly(local, read);
-      } finally {
-        disposeDocuments(local);
-      }
-    }, false);
+    return this.onChunks(microBatches, (local) => this.inner.forwardOnly(local, read), false);
   }
   override summary(): string {
     return `context parallel ${this.group.size} (ring attention over ${2 * this.group.size} chunks); ${this.inner.summary()}`;
