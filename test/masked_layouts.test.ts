@@ -7,7 +7,9 @@
 // interleaved, zero bubble); tensor parallel with sequence and loss parallelism; context parallel
 // (chunks holding no trained target); expert parallel. And forwardOnly (the reference log-probabilities'
 // path) under dp, pipelines (the last stage's values broadcast to every stage) and loss parallelism
-// equals the whole model called on the same rows.
+// equals the whole model called on the same rows. Packed rows (several documents per row, each
+// attending within itself) give the same under every layout, which scopes each micro-batch's
+// documents around its forward and backward (activation checkpoints recompute inside them).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { equivalenceSuite } from './helpers/equivalence.js';
@@ -19,7 +21,10 @@ const suite = equivalenceSuite<Run, Out>('masked', 'test/fixtures/masked_layouts
 const TOL = { loss: 1e-12, norm: 1e-11, param: 1e-10 };
 const steps = 4;
 
-const reference = suite.launch(1, [{ name: 'ref', micro: 2, steps }, { name: 'refMoE', micro: 2, steps, moe: true }, { name: 'refRead', micro: 2, steps: 0, read: true }]);
+const reference = suite.launch(1, [
+  { name: 'ref', micro: 2, steps }, { name: 'refMoE', micro: 2, steps, moe: true }, { name: 'refRead', micro: 2, steps: 0, read: true },
+  { name: 'refPacked', micro: 2, steps, packed: true },
+]);
 const world2 = suite.launch(2, [
   { name: 'dp2', layout: { dp: 2 }, micro: 2, steps },
   { name: 'z1', layout: { zero: 1 }, micro: 2, steps },
@@ -34,12 +39,20 @@ const world2 = suite.launch(2, [
   { name: 'read_pp2', layout: { pp: 2 }, micro: 4, steps: 0, read: true },
   { name: 'read_pp2_interleaved', layout: { pp: 2, ppSchedule: 'interleaved', ppVirtualStages: 2 }, micro: 2, steps: 0, read: true },
   { name: 'read_tp2_lp', layout: { tp: 2, lossParallel: true }, micro: 2, steps: 0, read: true },
+  { name: 'packed_z3_full', layout: { zero: 3 }, micro: 2, steps, packed: true, activationCheckpoint: 'full' },
+  { name: 'packed_pp2_1f1b_full', layout: { pp: 2 }, micro: 4, steps, packed: true, activationCheckpoint: 'full' },
+  { name: 'packed_pp2_zb_selective', layout: { pp: 2, ppSchedule: 'zb' }, micro: 4, steps, packed: true, activationCheckpoint: 'selective' },
+  { name: 'packed_pp2_interleaved', layout: { pp: 2, ppSchedule: 'interleaved', ppVirtualStages: 2 }, micro: 4, steps, packed: true },
+  { name: 'packed_tp2_sp_lp', layout: { tp: 2, sequenceParallel: true, lossParallel: true }, micro: 2, steps, packed: true },
+  { name: 'packed_cp2_full', layout: { cp: 2 }, micro: 2, steps, packed: true, activationCheckpoint: 'full' },
 ]);
 const world4 = suite.launch(4, [
   { name: 'hsdp', layout: { zero: 2, dpReplicate: 2, dpShard: 2 }, micro: 1, steps },
   { name: 'cp2_pp2', layout: { cp: 2, pp: 2 }, micro: 2, steps },
   { name: 'pp2_dp2_z1', layout: { pp: 2, zero: 1 }, micro: 2, steps },
   { name: 'ep2', layout: { ep: 2 }, micro: 1, steps, moe: true },
+  { name: 'packed_cp2_pp2', layout: { cp: 2, pp: 2 }, micro: 2, steps, packed: true },
+  { name: 'packed_cp4', layout: { cp: 4 }, micro: 1, steps, packed: true },
 ]);
 
 const compare = (name: string, nproc: number, refName = 'ref'): void => void suite.compare(name, nproc, refName, TOL);
@@ -77,4 +90,11 @@ test('forwardOnly under dp, pipelines (1F1B, interleaved) and tensor parallel wi
       }
     }
   }
+});
+
+test('packed rows (several documents each) under ZeRO-3, pipelines (1F1B, zero bubble, interleaved; full and selective activation checkpointing), tp with sequence and loss parallelism and cp (2, 4, cp x pp) equal one process', async () => {
+  await Promise.all([reference, world2, world4]);
+  for (const n of ['packed_z3_full', 'packed_pp2_1f1b_full', 'packed_pp2_zb_selective', 'packed_pp2_interleaved', 'packed_tp2_sp_lp', 'packed_cp2_full']) compare(n, 2, 'refPacked');
+  compare('packed_cp2_pp2', 4, 'refPacked');
+  compare('packed_cp4', 4, 'refPacked');
 });
