@@ -11,6 +11,10 @@ import { runWorld, describeWorld, parseResults } from './helpers/world.js';
 import { runOracle, oracleMissing } from './oracle/oracle.js';
 import { tensor, setNumThreads, type Tensor } from '../src/tensor/index.js';
 import { CFG, ROWS, T, TRAINED, type Out } from './fixtures/masked_loss_case.js';
+import { criterionOf } from '../src/parallel/loss_reduction.js';
+import type { StageValue } from '../src/parallel/parallel_model.js';
+import type { StepMetrics } from '../src/train/metrics.js';
+import { metricCharts } from '../src/report/charts.js';
 
 setNumThreads(1);
 const skip = oracleMissing();
@@ -45,4 +49,30 @@ test('masked loss under data parallelism = PyTorch CE_sum / N_global (not the me
     }
     assert.deepEqual(o.empty, { loss: 0, count: 0, gradsChanged: [] }, `rank ${o.rank}: the batch with no trained target`);
   }
+});
+
+test('criterionOf: a LossFn that only means counts 1 per micro-batch, one that reduces counts trained targets and sums, a Criterion is kept', () => {
+  const y = tensor(BigInt64Array.from([3n, -100n, 1n, -100n, -100n, 0n])).reshape(2, 3);
+  const out = tensor([[1, 2, 3], [4, 5, 6]], { dtype: 'float64' });
+  const seen: (string | undefined)[] = [];
+  const loss = (o: StageValue, _t: StageValue, opts?: { reduction?: 'mean' | 'sum' }): Tensor => {
+    seen.push(opts?.reduction);
+    return (o as Tensor).sum();
+  };
+  const mean = criterionOf(loss);
+  assert.equal(mean.count({ x: out, y }), 1);
+  assert.equal(mean.apply(out, { x: out, y }).value, 21);
+  const token = criterionOf(Object.assign(loss, { reduces: true }));
+  assert.equal(token.count({ x: out, y }), 3);
+  assert.equal(token.apply(out, { x: out, y }).value, 21);
+  assert.deepEqual(seen, [undefined, 'sum']);
+  const own = { count: () => 2, apply: () => ({ loss: out.sum(), value: 1 }) };
+  assert.equal(criterionOf(own), own);
+});
+
+test('the report charts trained tokens per step when they vary (masked data), not for a text run', () => {
+  const row = (step: number, trainedTokens: number): StepMetrics => ({ step, loss: 1, lr: 1e-3, tokensPerSec: 1, elapsedS: step, trainedTokens });
+  const ids = (t: number[]) => metricCharts([{ name: 'r', metrics: t.map((n, i) => row(i + 1, n)) }]).map((c) => c.id);
+  assert.ok(ids([120, 0, 87]).includes('trained-tokens'));
+  assert.ok(!ids([256, 256, 256]).includes('trained-tokens'));
 });
