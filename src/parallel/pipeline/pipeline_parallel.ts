@@ -72,7 +72,7 @@ import type { DeviceMesh } from '../../distributed/mesh.js';
 import { Module } from '../../nn/module.js';
 import type { UnitPolicy } from '../data_parallel/fsdp.js';
 import { disposeDocuments, type Criterion, type MicroBatch, type ParallelModel, type StageValue, type StepResult } from '../parallel_model.js';
-import { bindLoss, criterionOf, globalCount, localCount, reduceResult } from '../loss_reduction.js';
+import { addMetrics, bindLoss, criterionOf, globalCount, localCount, reduceResult } from '../loss_reduction.js';
 import type { GradShard, GradientSource } from '../grads.js';
 import type { DataParallel, AccumulateFlavour, MemoryReport, ZeroStage } from '../data_parallel/data_parallel.js';
 import { buildDataParallel, type DataParallelSpec } from '../data_parallel/wrappers.js';
@@ -415,7 +415,7 @@ export class PipelineParallel implements ParallelModel {
       const sums: StageSums = { value: 0, metrics: {}, read: [] };
       for (const s of this.forwardChunks(microBatches, (part) => this.executor.runForward(part))) {
         sums.value += s.value;
-        for (const [k, v] of Object.entries(s.metrics)) sums.metrics[k] = (sums.metrics[k] ?? 0) + v;
+        addMetrics(sums.metrics, s.metrics);
       }
       return this.reduce(sums, N);
     } finally {
