@@ -124,7 +124,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
   };
   const run = await openRun(cfg, env, opts, out);
   const { model, optimizer, startStep } = run;
-  const steps = cfg.train.steps;
+  const steps = run.steps; // train.steps, or what train.epochs makes of the examples
   const o = cfg.optim;
   // ---- the run directory (rank 0): the resolved config first, then metrics as they come
   let record: RunRecord | undefined;
