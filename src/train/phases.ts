@@ -226,10 +226,11 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     return {
       world, layout, mesh, loader, steps, tokensPerStep, numParams, model, named, optimizer, schedule, ckpts, moe, startStep, resumedFrom, close, microBatches: M,
       evaluate() {
-        // Forward only; each call returns the global batch's mean on every rank.
-        let sum = 0;
+        // Forward only; each call returns its global batch's loss and count on every rank: weighted
+        // by their counts, the batches give the mean over every trained token they hold.
+        let sum = 0, count = 0;
         for (let k = 0; k < cfg.train.evalBatches; k++) {
-          sum += tidy(() => {
+          const r = tidy(() => {
             const mbs = Array.from({ length: M }, (_, mb) => evalLoader.batch(k, mb));
             try {
               return autocast(cfg.train.precision, () => model.evaluate(mbs));
@@ -237,8 +238,10 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
               for (const mb of mbs) mb.docs?.dispose(); // packed validation rows' documents are kept tensors
             }
           });
+          sum += r.loss * r.count;
+          count += r.count;
         }
-        return sum / cfg.train.evalBatches;
+        return count > 0 ? sum / count : NaN;
       },
       async saveCheckpoint(step) {
         model.finishParameterGathers(); // ZeRO-1/2: the last step's parameter gathers land first
