@@ -1,0 +1,215 @@
+// DPO (src/train/dpo.ts): the criterion on hand-built preference micro-batches of a tiny float64 GPT
+// against a PyTorch oracle of its own (test/oracle/dpo.py: each sequence run alone, its own DPO and
+// IPO code): loss, rewards, margin, accuracy and gradients, with a frozen copy and with LoRA's
+// adapters off as the reference; the first step's loss is ln 2 exactly; logSigmoid.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { manualSeed, noGrad, setNumThreads, tensor, tidy, type Tensor } from '../src/tensor/index.js';
+import { GPT, type GPTConfig } from '../src/models/gpt.js';
+import { applyLora, withAdaptersDisabled } from '../src/nn/lora.js';
+import { IGNORE_INDEX, type MicroBatch } from '../src/parallel/parallel_model.js';
+import { dpoCriterion, readSequenceLogps } from '../src/train/dpo.js';
+import { runOracle, oracleMissing } from './oracle/oracle.js';
+import { scaledErr, seededRandom, withFloat64 } from './oracle/check.js';
+
+setNumThreads(1);
+const skip = oracleMissing();
+const TOL = 1e-12; // float64 rounding, scaled by each tensor's largest magnitude
+const CFG: Partial<GPTConfig> = { vocabSize: 23, blockSize: 16, nLayer: 2, nHead: 2, nEmbd: 12 };
+const T = 12;
+
+function gpt(seed: number): GPT {
+  manualSeed(seed);
+  const m = new GPT(CFG);
+  noGrad(() => {
+    for (const [n, p] of m.namedParameters()) {
+      if (/ln\w*\.weight$/.test(n)) p.normal_(1, 0.3);
+      else p.normal_(0, 0.4);
+    }
+  });
+  return m;
+}
+
+/** One sequence: its tokens and which of them are trained targets (the response). */
+interface Seq { ids: number[]; trained: boolean[] }
+
+/** Pairs sharing a prompt per pair, responses of different lengths: sequence 2i chosen, 2i+1 rejected. */
+function pairs(n: number, seed: number): Seq[] {
+  const r = seededRandom(seed);
+  const tok = () => Math.floor(r() * (CFG.vocabSize! - 1)) + 1;
+  const out: Seq[] = [];
+  for (let i = 0; i < n; i++) {
+    const prompt = Array.from({ length: 2 + Math.floor(r() * 3) }, tok);
+    for (let k = 0; k < 2; k++) {
+      const response = Array.from({ length: 2 + Math.floor(r() * (T - prompt.length - 2)) }, tok);
+      out.push({ ids: [...prompt, ...response], trained: [...prompt.map(() => false), ...response.map(() => true)] });
+    }
+  }
+  return out;
+}
+
+/** x and y of one sequence as the loader lays it out (§1): y[k] = ids[k+1] where k+1 is trained. */
+function targets(s: Seq): { x: number[]; y: number[] } {
+  return { x: s.ids, y: s.ids.map((_, k) => (k + 1 < s.ids.length && s.trained[k + 1] ? s.ids[k + 1]! : IGNORE_INDEX)) };
+}
+
+/**
+ * A micro-batch of the given pairs of `seqs`, one sequence a row padded to T (a SequenceTable built
+ * by hand, as the loader builds it): sequence numbers are local to the micro-batch.
+ */
+function microBatch(seqs: Seq[], pairIds: number[]): MicroBatch {
+  const rows = pairIds.flatMap((p) => [seqs[2 * p]!, seqs[2 * p + 1]!]);
+  const nSeq = rows.length;
+  const x = new BigInt64Array(nSeq * T), y = new BigInt64Array(nSeq * T).fill(BigInt(IGNORE_INDEX)), index = new BigInt64Array(nSeq * T).fill(BigInt(nSeq));
+  const lengths = new Int32Array(nSeq);
+  rows.forEach((s, b) => {
+    const t = targets(s);
+    t.x.forEach((v, k) => (x[b * T + k] = BigInt(v)));
+    t.y.forEach((v, k) => {
+      y[b * T + k] = BigInt(v);
+      if (v !== IGNORE_INDEX) {
+        index[b * T + k] = BigInt(b);
+        lengths[b]!++;
+      }
+    });
+  });
+  return {
+    x: tensor(x, { shape: [nSeq, T] }), y: tensor(y, { shape: [nSeq, T] }),
+    seqs: {
+      index: tensor(index, { shape: [nSeq, T] }), nSeq, lengths, pairIds: Int32Array.from(pairIds),
+      chosen: Int32Array.from(pairIds, (_, i) => 2 * i), rejected: Int32Array.from(pairIds, (_, i) => 2 * i + 1),
+    },
+  };
+}
+
+const logitsOf = (m: GPT, mb: MicroBatch): Tensor => m.forward(mb.x as Tensor).logits;
+
+interface Case { loss: 'sigmoid' | 'ipo'; beta: number; reference: 'copy' | 'adapters' }
+
+/**
+ * One DPO step's loss and gradients over two micro-batches of unequal size (3 pairs and 1: the sum
+ * over pairs divided by the global count, as a layout's step does), against the oracle.
+ */
+function againstOracle(c: Case): void {
+  withFloat64(() => tidy(() => {
+    const seqs = pairs(4, 3);
+    const policy = gpt(8);
+    let reference: GPT | undefined;
+    let trainable: [string, Tensor][];
+    let scale = 1;
+    if (c.reference === 'copy') {
+      reference = gpt(9); // a different model: the log-ratios are not zero, so every term of the loss is exercised
+      trainable = policy.namedParameters();
+    } else {
+      const applied = applyLora(policy, { rank: 2, alpha: 3, targets: ['qkv', 'proj', 'fc'], initSeed: 5 });
+      for (const a of applied.adapters.values()) noGrad(() => a.B.weight.normal_(0, 0.3)); // adapters as if trained
+      scale = [...applied.adapters.values()][0]!.scale;
+      trainable = policy.namedParameters().filter(([n]) => applied.trainable.includes(n));
+    }
+    const mbs = [microBatch(seqs, [0, 1, 2]), microBatch(seqs, [3])];
+    const refLogps: number[] = [];
+    for (const mb of mbs) {
+      mb.seqs!.ref = c.reference === 'copy' ? readSequenceLogps(logitsOf(reference!, mb), mb) : withAdaptersDisabled(policy, () => readSequenceLogps(logitsOf(policy, mb), mb));
+      refLogps.push(...mb.seqs!.ref);
+    }
+    const crit = dpoCriterion({ beta: c.beta, loss: c.loss });
+    const N = mbs.reduce((a, mb) => a + crit.count(mb), 0);
+    assert.equal(N, 4, 'the count is the pairs');
+    let value = 0;
+    const metrics: Record<string, number> = {};
+    for (const mb of mbs) {
+      const r = crit.apply(logitsOf(policy, mb), mb);
+      r.loss.div(N).backward();
+      value += r.value;
+      for (const [k, v] of Object.entries(r.metrics ?? {})) metrics[k] = (metrics[k] ?? 0) + v;
+    }
+    const inputs: Record<string, Tensor> = Object.fromEntries(policy.namedParameters());
+    if (reference) for (const [n, p] of reference.namedParameters()) inputs[`ref.${n}`] = p;
+    seqs.forEach((s, i) => {
+      const t = targets(s);
+      inputs[`seq.${i}.x`] = tensor(t.x, { dtype: 'int64' });
+      inputs[`seq.${i}.y`] = tensor(t.y, { dtype: 'int64' });
+    });
+    const ref = runOracle('dpo', inputs, { ...policy.cfg, beta: c.beta, loss: c.loss, reference: c.reference, scale, pairs: [[0, 1], [2, 3], [4, 5], [6, 7]] }).tensors;
+    const close = (a: number, b: number, what: string) => assert.ok(Math.abs(a - b) <= TOL * Math.max(1, Math.abs(b)), `${what}: ${a} vs PyTorch ${b}`);
+    assert.ok(scaledErr(tensor(refLogps), ref.reference!) <= TOL, 'reference log-probabilities');
+    close(value / N, ref.loss!.item(), 'loss');
+    for (const k of ['rewardsChosen', 'rewardsRejected', 'rewardsMargin', 'rewardsAccuracy']) close(metrics[k]! / N, ref[k]!.item(), k);
+    const acc = ref.rewardsAccuracy!.item();
+    assert.ok(acc > 0 && acc < 1, `the pairs mix right and wrong preferences (accuracy ${acc}), so accuracy is tested`);
+    const grads = Object.keys(ref).filter((k) => k.startsWith('grad.')).map((k) => k.slice(5));
+    assert.deepEqual(grads.sort(), trainable.map(([n]) => n).sort());
+    for (const [name, p] of trainable) {
+      const e = scaledErr(p.grad!, ref[`grad.${name}`]!);
+      assert.ok(e <= TOL, `grad of ${name}: ${e}`);
+    }
+    for (const t of Object.values(ref) as Tensor[]) t.dispose();
+    policy.dispose();
+    reference?.dispose();
+  }));
+}
+
+test('DPO (sigmoid) against a frozen copy: loss, rewards, margin, accuracy and gradients equal the float64 oracle', { skip }, () => {
+  againstOracle({ loss: 'sigmoid', beta: 0.5, reference: 'copy' });
+});
+
+test('IPO against a frozen copy: per-token means, loss, rewards and gradients equal the float64 oracle', { skip }, () => {
+  againstOracle({ loss: 'ipo', beta: 0.3, reference: 'copy' });
+});
+
+test('DPO with LoRA, the reference being the adapters off: loss, rewards and adapter gradients equal the float64 oracle', { skip }, () => {
+  againstOracle({ loss: 'sigmoid', beta: 0.2, reference: 'adapters' });
+});
+
+test('the first step loses ln 2 per pair exactly: new adapters (B = 0) against the adapters off, and a copy of the policy', () => {
+  withFloat64(() => tidy(() => {
+    const seqs = pairs(3, 4);
+    const mb = microBatch(seqs, [0, 1, 2]);
+    const crit = dpoCriterion({ beta: 0.1, loss: 'sigmoid' });
+    const lora = gpt(3);
+    applyLora(lora, { rank: 2, targets: ['qkv', 'fc'], initSeed: 1 });
+    mb.seqs!.ref = withAdaptersDisabled(lora, () => readSequenceLogps(logitsOf(lora, mb), mb));
+    const a = crit.apply(logitsOf(lora, mb), mb);
+    assert.equal(a.value / 3, Math.LN2, 'adapters');
+    assert.deepEqual(a.metrics, { rewardsChosen: 0, rewardsRejected: 0, rewardsMargin: 0, rewardsAccuracy: 0 });
+    const policy = gpt(3), copy = gpt(3);
+    mb.seqs!.ref = readSequenceLogps(logitsOf(copy, mb), mb);
+    assert.equal(crit.apply(logitsOf(policy, mb), mb).value / 3, Math.LN2, 'copy');
+    // IPO's first step: (0 - 1/(2 beta))^2 per pair.
+    assert.equal(dpoCriterion({ beta: 0.1, loss: 'ipo' }).apply(logitsOf(policy, mb), mb).value / 3, (1 / 0.2) ** 2);
+    for (const m of [lora, policy, copy]) m.dispose();
+  }));
+});
+
+test('a micro-batch with no pair gives zero and still a loss to start backward from; missing tables and references are named', () => {
+  withFloat64(() => tidy(() => {
+    const m = gpt(2);
+    const crit = dpoCriterion({ beta: 0.1, loss: 'sigmoid' });
+    const seqs = pairs(1, 1);
+    const x = tensor(targets(seqs[0]!).x, { dtype: 'int64' }).unsqueeze(0);
+    const none: MicroBatch = { x, y: x, seqs: { index: x.mul(0), nSeq: 0, chosen: new Int32Array(0), rejected: new Int32Array(0), pairIds: new Int32Array(0), lengths: new Int32Array(0) } };
+    assert.equal(crit.count(none), 0);
+    const r = crit.apply(logitsOf(m, none), none);
+    assert.equal(r.value, 0);
+    r.loss.backward();
+    assert.equal(m.wte.weight.grad!.abs().sum().item(), 0);
+    const mb = microBatch(seqs, [0]);
+    assert.throws(() => crit.apply(logitsOf(m, mb), mb), /reference log-probabilities of this micro-batch were not filled/);
+    assert.throws(() => crit.count({ x, y: x }), /train.objective = "dpo" needs preference batches \(data.format = "preference"\)/);
+    m.dispose();
+  }));
+});
+
+test('logSigmoid is log(sigmoid(x)) without overflow, and its gradient is sigmoid(-x)', () => {
+  withFloat64(() => tidy(() => {
+    const x = tensor([-800, -3, 0, 2.5, 800], { requiresGrad: true });
+    const y = x.logSigmoid();
+    const want = [-800, -3, 0, 2.5, 800].map((v) => (v < 0 ? v - Math.log1p(Math.exp(v)) : -Math.log1p(Math.exp(-v))));
+    y.toNumbers().forEach((v, i) => assert.ok(Math.abs(v - want[i]!) <= 1e-15 * Math.max(1, Math.abs(want[i]!)), `logSigmoid(${i}): ${v} vs ${want[i]}`));
+    y.sum().backward();
+    x.grad!.toNumbers().forEach((g, i) => {
+      const v = [-800, -3, 0, 2.5, 800][i]!;
+      assert.ok(Math.abs(g - 1 / (1 + Math.exp(v))) <= 1e-15, `gradient at ${v}: ${g}`);
+    });
+  }));
+});
