@@ -9,6 +9,8 @@ import { GPT, type GPTConfig } from '../src/models/gpt.js';
 import { applyLora, withAdaptersDisabled } from '../src/nn/lora.js';
 import { IGNORE_INDEX, type MicroBatch } from '../src/parallel/parallel_model.js';
 import { dpoCriterion, readSequenceLogps } from '../src/train/dpo.js';
+import { parseConfig, validateConfig } from '../src/config/index.js';
+import { objectiveConfig, referenceKind } from '../src/train/objective.js';
 import { runOracle, oracleMissing } from './oracle/oracle.js';
 import { scaledErr, seededRandom, withFloat64 } from './oracle/check.js';
 
@@ -212,4 +214,18 @@ test('logSigmoid is log(sigmoid(x)) without overflow, and its gradient is sigmoi
       assert.ok(Math.abs(g - 1 / (1 + Math.exp(v))) <= 1e-15, `gradient at ${v}: ${g}`);
     });
   }));
+});
+
+test('[dpo] rules before any rank starts: DPO and preference data go together; the adapters reference needs adapters; dropout is turned off', () => {
+  const dpo = ['--train.objective=dpo', '--data.format=preference'];
+  assert.deepEqual(validateConfig(parseConfig('', dpo)), []);
+  assert.throws(() => parseConfig('', ['--train.objective=dpo']), /train\.objective = "dpo" trains on preference pairs: set data\.format = "preference"/);
+  assert.throws(() => parseConfig('', ['--data.format=preference']), /data\.format = "preference" holds preference pairs, which train\.objective = "dpo" trains on: set train\.objective = "dpo"/);
+  assert.throws(() => parseConfig('', [...dpo, '--dpo.reference=adapters']), /dpo\.reference = "adapters" compares the policy with its LoRA adapters off, and lora\.rank = 0 \(no adapters\): set lora\.rank > 0, or dpo\.reference = "copy"/);
+  const lora = parseConfig('', [...dpo, '--lora.rank=2', '--train.initFrom=/b', '--lora.targets=c_attn', '--lora.dropout=0.1', '--model.dropout=0.2']);
+  assert.equal(referenceKind(lora), 'adapters');
+  assert.equal(referenceKind(parseConfig('', dpo)), 'copy');
+  const run = objectiveConfig(lora);
+  assert.deepEqual([run.model.dropout, run.lora.dropout], [0, 0]);
+  assert.equal(objectiveConfig(parseConfig('', ['--model.dropout=0.2'])).model.dropout, 0.2, 'the lm objective keeps dropout');
 });

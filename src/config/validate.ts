@@ -77,6 +77,19 @@ function loraAdapterProblems(c: FlotillaConfig): string[] {
   return p === undefined ? [] : [p];
 }
 
+/**
+ * DPO (train.objective = "dpo", src/train/objective.ts) trains on preference pairs, and preference
+ * pairs train only DPO for now; its reference with the adapters off needs adapters.
+ */
+function dpoProblems(c: FlotillaConfig): string[] {
+  const p: string[] = [];
+  const dpo = c.train.objective === 'dpo';
+  if (dpo && c.data.format !== 'preference') p.push(`train.objective = "dpo" trains on preference pairs: set data.format = "preference" (data.source lines {"prompt", "chosen", "rejected"}), or train.objective = "lm" (data.format is "${c.data.format}")`);
+  if (!dpo && c.data.format === 'preference') p.push('data.format = "preference" holds preference pairs, which train.objective = "dpo" trains on: set train.objective = "dpo"');
+  if (dpo && c.dpo.reference === 'adapters' && c.lora.rank === 0) p.push('dpo.reference = "adapters" compares the policy with its LoRA adapters off, and lora.rank = 0 (no adapters): set lora.rank > 0, or dpo.reference = "copy" (or "auto")');
+  return p;
+}
+
 /** Cross-field rules. */
 export function validateConfig(c: FlotillaConfig): string[] {
   const p: string[] = [];
@@ -90,6 +103,7 @@ export function validateConfig(c: FlotillaConfig): string[] {
   if (c.moe.experts > 0 && c.parallel.tp > 1 && c.parallel.sequenceParallel) p.push('moe.experts > 0 does not run with parallel.sequenceParallel yet (MoE blocks would route each tensor-parallel rank\'s tokens apart); set parallel.sequenceParallel = false');
   p.push(...contextParallelProblems(c));
   p.push(...loraProblems(c));
+  p.push(...dpoProblems(c));
   const split = globalBatchProblem({ globalBatch: c.data.globalBatch, microBatches: c.data.microBatches, dp: c.parallel.dp }, 'config');
   if (split) p.push(split);
   return p;
