@@ -7,12 +7,13 @@ import assert from 'node:assert/strict';
 import { manualSeed, noGrad, setNumThreads, tensor, tidy, type Tensor } from '../src/tensor/index.js';
 import { GPT, type GPTConfig } from '../src/models/gpt.js';
 import { applyLora, withAdaptersDisabled } from '../src/nn/lora.js';
-import { IGNORE_INDEX, type MicroBatch } from '../src/parallel/parallel_model.js';
+import type { MicroBatch } from '../src/parallel/parallel_model.js';
+import { preferenceMicroBatch, preferencePairs, sequenceTargets, type Seq } from './fixtures/preference_batches.js';
 import { dpoCriterion, readSequenceLogps } from '../src/train/dpo.js';
 import { parseConfig, validateConfig } from '../src/config/index.js';
 import { objectiveConfig, referenceKind } from '../src/train/objective.js';
 import { runOracle, oracleMissing } from './oracle/oracle.js';
-import { scaledErr, seededRandom, withFloat64 } from './oracle/check.js';
+import { scaledErr, withFloat64 } from './oracle/check.js';
 
 setNumThreads(1);
 const skip = oracleMissing();
@@ -32,57 +33,9 @@ function gpt(seed: number): GPT {
   return m;
 }
 
-/** One sequence: its tokens and which of them are trained targets (the response). */
-interface Seq { ids: number[]; trained: boolean[] }
-
-/** Pairs sharing a prompt per pair, responses of different lengths: sequence 2i chosen, 2i+1 rejected. */
-function pairs(n: number, seed: number): Seq[] {
-  const r = seededRandom(seed);
-  const tok = () => Math.floor(r() * (CFG.vocabSize! - 1)) + 1;
-  const out: Seq[] = [];
-  for (let i = 0; i < n; i++) {
-    const prompt = Array.from({ length: 2 + Math.floor(r() * 3) }, tok);
-    for (let k = 0; k < 2; k++) {
-      const response = Array.from({ length: 2 + Math.floor(r() * (T - prompt.length - 2)) }, tok);
-      out.push({ ids: [...prompt, ...response], trained: [...prompt.map(() => false), ...response.map(() => true)] });
-    }
-  }
-  return out;
-}
-
-/** x and y of one sequence as the loader lays it out (§1): y[k] = ids[k+1] where k+1 is trained. */
-function targets(s: Seq): { x: number[]; y: number[] } {
-  return { x: s.ids, y: s.ids.map((_, k) => (k + 1 < s.ids.length && s.trained[k + 1] ? s.ids[k + 1]! : IGNORE_INDEX)) };
-}
-
-/**
- * A micro-batch of the given pairs of `seqs`, one sequence a row padded to T (a SequenceTable built
- * by hand, as the loader builds it): sequence numbers are local to the micro-batch.
- */
-function microBatch(seqs: Seq[], pairIds: number[]): MicroBatch {
-  const rows = pairIds.flatMap((p) => [seqs[2 * p]!, seqs[2 * p + 1]!]);
-  const nSeq = rows.length;
-  const x = new BigInt64Array(nSeq * T), y = new BigInt64Array(nSeq * T).fill(BigInt(IGNORE_INDEX)), index = new BigInt64Array(nSeq * T).fill(BigInt(nSeq));
-  const lengths = new Int32Array(nSeq);
-  rows.forEach((s, b) => {
-    const t = targets(s);
-    t.x.forEach((v, k) => (x[b * T + k] = BigInt(v)));
-    t.y.forEach((v, k) => {
-      y[b * T + k] = BigInt(v);
-      if (v !== IGNORE_INDEX) {
-        index[b * T + k] = BigInt(b);
-        lengths[b]!++;
-      }
-    });
-  });
-  return {
-    x: tensor(x, { shape: [nSeq, T] }), y: tensor(y, { shape: [nSeq, T] }),
-    seqs: {
-      index: tensor(index, { shape: [nSeq, T] }), nSeq, lengths, pairIds: Int32Array.from(pairIds),
-      chosen: Int32Array.from(pairIds, (_, i) => 2 * i), rejected: Int32Array.from(pairIds, (_, i) => 2 * i + 1),
-    },
-  };
-}
+const pairs = (n: number, seed: number): Seq[] => preferencePairs(n, seed, { vocab: CFG.vocabSize!, T });
+const targets = sequenceTargets;
+const microBatch = (seqs: Seq[], pairIds: number[]): MicroBatch => preferenceMicroBatch(seqs, pairIds, T);
 
 const logitsOf = (m: GPT, mb: MicroBatch): Tensor => m.forward(mb.x as Tensor).logits;
 
