@@ -3,6 +3,9 @@
 // IPO code): loss, rewards, margin, accuracy and gradients, with a frozen copy and with LoRA's
 // adapters off as the reference; the first step's loss is ln 2 exactly; logSigmoid.
 import { test } from 'node:test';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import assert from 'node:assert/strict';
 import { manualSeed, noGrad, setNumThreads, tensor, tidy, type Tensor } from '../src/tensor/index.js';
 import { GPT, type GPTConfig } from '../src/models/gpt.js';
@@ -10,6 +13,7 @@ import { applyLora, withAdaptersDisabled } from '../src/nn/lora.js';
 import type { MicroBatch } from '../src/parallel/parallel_model.js';
 import { preferenceMicroBatch, preferencePairs, sequenceTargets, type Seq } from './fixtures/preference_batches.js';
 import { dpoCriterion, readSequenceLogps } from '../src/train/dpo.js';
+import { PairTable, readPairTable, writePairTable } from '../src/train/reference.js';
 import { parseConfig, validateConfig } from '../src/config/index.js';
 import { objectiveConfig, referenceKind } from '../src/train/objective.js';
 import { runOracle, oracleMissing } from './oracle/oracle.js';
@@ -181,4 +185,32 @@ test('[dpo] rules before any rank starts: DPO and preference data go together; t
   const run = objectiveConfig(lora);
   assert.deepEqual([run.model.dropout, run.lora.dropout], [0, 0]);
   assert.equal(objectiveConfig(parseConfig('', ['--model.dropout=0.2'])).model.dropout, 0.2, 'the lm objective keeps dropout');
+});
+
+test('precomputed reference values: kept per pair id, read back only under the same key, applied to any batch holding those pairs', () => {
+  withFloat64(() => tidy(() => {
+    const seqs = pairs(3, 5);
+    const m = gpt(6);
+    const table = PairTable.empty(3);
+    const a = microBatch(seqs, [2, 0]);
+    a.seqs!.ref = readSequenceLogps(logitsOf(m, a), a);
+    table.record(a);
+    const b = microBatch(seqs, [1]);
+    assert.throws(() => table.apply(b), /pair 1 has no precomputed reference log-probability/);
+    b.seqs!.ref = readSequenceLogps(logitsOf(m, b), b);
+    table.record(b);
+    const dir = mkdtempSync(join(tmpdir(), 'flotilla-dpo-ref-'));
+    const key = { data: 'd', base: 'seed 6', reference: 'copy' };
+    writePairTable(dir, key, table);
+    assert.equal(readPairTable(dir, { ...key, base: 'seed 7' }, 3), undefined, 'another base');
+    assert.equal(readPairTable(dir, key, 4), undefined, 'another dataset size');
+    const back = readPairTable(dir, key, 3)!;
+    // Another grouping of the same pairs gets the values each pair had.
+    const c = microBatch(seqs, [0, 1, 2]);
+    back.apply(c);
+    const want = readSequenceLogps(logitsOf(m, c), c);
+    assert.deepEqual(Array.from(c.seqs!.ref!), Array.from(want));
+    rmSync(dir, { recursive: true });
+    m.dispose();
+  }));
 });

@@ -13,7 +13,7 @@
 // read where the criterion is (the last pipeline stage) with the criterion's own log-probability
 // code, so the reference and the policy run the same path: with dropout off (DPO turns it off)
 // the first step's log-ratios are exactly 0 and its loss is ln 2.
-import { closeSync, existsSync, mkdirSync, openSync, readFileSync, renameSync, writeFileSync, writeSync } from 'node:fs';
+import { closeSync, existsSync, mkdirSync, openSync, readFileSync, renameSync, rmSync, writeFileSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
 import { noGrad, tensor, type Tensor } from '../tensor/index.js';
 import { withCrossEntropy } from '../nn/functional.js';
@@ -173,9 +173,9 @@ export class PairTable {
 }
 
 /** The kept table of a run directory when its key is this run's, else undefined. */
-export function readPairTable(runDir: string, key: ReferenceKey, pairs: number): PairTable | undefined {
+export function readPairTable(runDir: string, key: ReferenceKey, pairs: number, file = LOGPS): PairTable | undefined {
   const dir = join(runDir, REFERENCE_DIR);
-  if (!existsSync(join(dir, KEY)) || !existsSync(join(dir, LOGPS))) return undefined;
+  if (!existsSync(join(dir, KEY)) || !existsSync(join(dir, file))) return undefined;
   let kept: ReferenceKey;
   try {
     kept = JSON.parse(readFileSync(join(dir, KEY), 'utf8')) as ReferenceKey;
@@ -183,23 +183,28 @@ export function readPairTable(runDir: string, key: ReferenceKey, pairs: number):
     return undefined;
   }
   if (kept.data !== key.data || kept.base !== key.base || kept.reference !== key.reference) return undefined;
-  const buf = readFileSync(join(dir, LOGPS));
+  const buf = readFileSync(join(dir, file));
   if (buf.byteLength !== 16 * pairs) return undefined;
   return new PairTable(new Float64Array(buf.buffer.slice(buf.byteOffset, buf.byteOffset + buf.byteLength)));
 }
 
-/** Writes the table, then its key last (a table without its key is never read). */
-export function writePairTable(runDir: string, key: ReferenceKey, table: PairTable): void {
+/**
+ * Writes a table; the key goes last (`last`: after the run's last table), so that tables without
+ * their key, or with another run's, are never read.
+ */
+export function writePairTable(runDir: string, key: ReferenceKey, table: PairTable, file = LOGPS, last = true): void {
   const dir = join(runDir, REFERENCE_DIR);
   mkdirSync(dir, { recursive: true });
-  const tmp = join(dir, `${LOGPS}.tmp`);
+  if (existsSync(join(dir, KEY)) && file === LOGPS) rmSync(join(dir, KEY)); // stale until every table is written again
+  const tmp = join(dir, `${file}.tmp`);
   const fd = openSync(tmp, 'w');
   try {
     writeSync(fd, new Uint8Array(table.values.buffer, table.values.byteOffset, table.values.byteLength));
   } finally {
     closeSync(fd);
   }
-  renameSync(tmp, join(dir, LOGPS));
+  renameSync(tmp, join(dir, file));
+  if (!last) return;
   writeFileSync(join(dir, `${KEY}.tmp`), JSON.stringify(key));
   renameSync(join(dir, `${KEY}.tmp`), join(dir, KEY));
 }
@@ -213,4 +218,128 @@ export function precomputedReference(table: PairTable, what: string): ReferenceS
     describe: () => what,
     dispose() {},
   };
+}
+
+// ---- the run's reference: live each step, or precomputed before step 0
+
+/** What the reference reads its batches from: the run's loaders (an example loader's units and epoch steps). */
+export interface ReferenceLoader {
+  batch(step: number, micro: number): MicroBatch;
+  readonly units?: number;
+  readonly datasetKey?: string;
+  stepsFor?(epochs: number): number;
+}
+
+export interface DpoReferenceOptions {
+  /** The reference each step when not precomputed, and the one a precompute runs. */
+  live: ReferenceSource;
+  precompute: boolean;
+  world: ProcessGroup;
+  /** This rank's values count in the precomputed table (one rank of each tp x cp x pp replica set). */
+  contributes: boolean;
+  key: ReferenceKey;
+  train: ReferenceLoader;
+  val: ReferenceLoader;
+  microBatches: number;
+  evalBatches: number;
+  /** Steps the run makes: a precompute covers epoch 0 or these, whichever is fewer. */
+  steps: number;
+  /** Around each forward-only pass (the run's autocast). */
+  scope<R>(fn: () => R): R;
+}
+
+/**
+ * The reference of a DPO run ([Note: DPO reference]): with dpo.precompute, before step 0 the
+ * reference's values of every pair of epoch 0 (and of the validation batches) are computed in the
+ * run's own micro-batches, gathered on every rank and kept in RUN/reference; a resume reads them
+ * back when their key matches. The live source (a copy) is then disposed.
+ */
+export class DpoReference {
+  private train: PairTable | undefined;
+  private val: PairTable | undefined;
+  private live: ReferenceSource | undefined;
+
+  constructor(private readonly o: DpoReferenceOptions) {
+    this.live = o.live;
+  }
+
+  /** Before step 0 (every rank): the precomputed tables, read back or computed; returns a line for the header. */
+  prepare(runDir: string | undefined): string {
+    const o = this.o;
+    if (!o.precompute) return `reference: ${o.live.describe()}, each step`;
+    const trainUnits = o.train.units ?? 0, valUnits = o.val.units ?? 0;
+    const kept = o.world.rank === 0 && runDir ? [readPairTable(runDir, o.key, trainUnits, LOGPS), readPairTable(runDir, o.key, valUnits, VAL_LOGPS)] : [];
+    const found = sumFlag(o.world, kept.length === 2 && kept.every((t) => t !== undefined));
+    let how: string;
+    if (found) {
+      this.train = broadcastTable(o.world, kept[0], trainUnits);
+      this.val = broadcastTable(o.world, kept[1], valUnits);
+      how = `read back from ${runDir ?? 'the run directory'}/${REFERENCE_DIR}`;
+    } else {
+      const epoch = o.train.stepsFor ? o.train.stepsFor(1) : o.steps;
+      const steps = Math.min(epoch, o.steps);
+      this.train = this.pass(trainUnits, steps, (s, m) => o.train.batch(s, m), o.microBatches);
+      this.val = this.pass(valUnits, o.evalBatches, (k, m) => o.val.batch(k, m), o.microBatches);
+      if (o.world.rank === 0 && runDir) {
+        writePairTable(runDir, o.key, this.train, LOGPS, false);
+        writePairTable(runDir, o.key, this.val, VAL_LOGPS, true);
+      }
+      how = `computed before step 0 over ${steps} step(s) of batches and kept in ${REFERENCE_DIR}/`;
+    }
+    const what = o.live.describe();
+    this.live?.dispose();
+    this.live = undefined;
+    return `reference: ${what}, ${how}`;
+  }
+
+  private pass(units: number, steps: number, batch: (s: number, m: number) => MicroBatch, M: number): PairTable {
+    const table = PairTable.empty(units);
+    for (let s = 0; s < steps; s++) {
+      this.o.scope(() => {
+        const mbs = Array.from({ length: M }, (_, m) => batch(s, m));
+        this.live!.logps(mbs);
+        for (const mb of mbs) table.record(mb);
+      });
+    }
+    return table.gather(this.o.world, this.o.contributes);
+  }
+
+  /** A training step's micro-batches, their reference values filled. */
+  logps(mbs: MicroBatch[]): MicroBatch[] {
+    if (this.train) for (const mb of mbs) this.train.apply(mb);
+    else this.live!.logps(mbs);
+    return mbs;
+  }
+
+  /** An evaluation's micro-batches, their reference values filled. */
+  evalLogps(mbs: MicroBatch[]): MicroBatch[] {
+    if (this.val) for (const mb of mbs) this.val.apply(mb);
+    else this.live!.logps(mbs);
+    return mbs;
+  }
+
+  dispose(): void {
+    this.live?.dispose();
+    this.live = undefined;
+  }
+}
+
+const VAL_LOGPS = 'val_logps.f64';
+
+function sumFlag(world: ProcessGroup, mine: boolean): boolean {
+  if (world.size === 1) return mine;
+  return noGrad(() => {
+    const t = tensor(Float64Array.of(mine ? 1 : 0));
+    world.allReduce(t, 'max').wait();
+    return t.item() > 0;
+  });
+}
+
+function broadcastTable(world: ProcessGroup, table: PairTable | undefined, pairs: number): PairTable {
+  if (world.size === 1) return table!;
+  return noGrad(() => {
+    const t = world.rank === 0 ? tensor(table!.values) : tensor(new Float64Array(2 * pairs));
+    world.broadcast(t, 0).wait();
+    return new PairTable(new Float64Array(t.toArray() as Float64Array));
+  });
 }
