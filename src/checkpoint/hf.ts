@@ -331,9 +331,12 @@ export interface SaveHfOptions {
   dtype?: 'float32' | 'bfloat16' | 'float16';
   /** Largest shard: bytes, or "2GB", "500MB", "1GiB" (default "5GB", as transformers). Above it, shards and an index. */
   maxShardSize?: number | string;
-  /** A tokenizer.json to copy in. */
+  /** A tokenizer.json to copy in, with the TOKENIZER_COMPANIONS beside it. */
   tokenizer?: string;
 }
+
+/** Files of a Hugging Face directory that go with its tokenizer.json: special tokens and the chat template. */
+export const TOKENIZER_COMPANIONS = ['tokenizer_config.json', 'special_tokens_map.json', 'chat_template.jinja'] as const;
 
 const UNITS: Record<string, number> = { b: 1, kb: 1e3, mb: 1e6, gb: 1e9, tb: 1e12, kib: 2 ** 10, mib: 2 ** 20, gib: 2 ** 30, tib: 2 ** 40 };
 
@@ -423,7 +426,14 @@ export function writeHfDir(dir: string, spec: ModelSpec, cfg: Record<string, unk
       writeFileSync(join(tmp, HF_INDEX), `${JSON.stringify({ metadata: { total_size: total }, weight_map: sorted }, null, 2)}\n`);
     }
     writeFileSync(join(tmp, HF_CONFIG), `${JSON.stringify({ ...format.toConfig(cfg), torch_dtype: dtype }, null, 2)}\n`);
-    if (opts.tokenizer !== undefined) copyFileSync(opts.tokenizer, join(tmp, HF_TOKENIZER));
+    if (opts.tokenizer !== undefined) {
+      copyFileSync(opts.tokenizer, join(tmp, HF_TOKENIZER));
+      // A model directory's tokenizer travels with what describes it (special tokens, the chat template).
+      for (const f of TOKENIZER_COMPANIONS) {
+        const p = join(dirname(opts.tokenizer), f);
+        if (existsSync(p)) copyFileSync(p, join(tmp, f));
+      }
+    }
     if (existsSync(out)) rmdirSync(out); // empty (checked above)
     renameSync(tmp, out);
   } catch (e) {

@@ -17,6 +17,8 @@ import { exportCheckpointHf, hfTokenizerSpec, isHfDir, loadHfInto, parseSize, re
 import { exportMergedHf, exportPeft, readLoraCheckpoint, type LoraCheckpoint } from '../train/lora_export.js';
 import { attachPeftAdapter } from '../checkpoint/peft.js';
 import { loraRunModel } from '../train/lora_run.js';
+import type { Tokenizer } from '../data/tokenizer.js';
+import { chatPrompt, loadChatTemplate, tokenizerDirOf, type ChatTemplate } from '../data/chat/index.js';
 
 
 const EXPORT_USAGE = 'export: usage: flotilla export <checkpoint|run dir> <out.safetensors>, or flotilla export <checkpoint|run dir> <out dir> --format hf [--merge] [--dtype bf16|fp32] [--max-shard-size 5GB], or flotilla export <LoRA checkpoint|run dir> <out dir> --format peft';
@@ -121,10 +123,16 @@ export interface GenerateOptions {
   ignoreEos: boolean;
   /** A PEFT LoRA adapter directory applied (unmerged) to the base model at the path. */
   adapter?: string;
+  /**
+   * Each prompt is a user's turn in the model's chat template (rendered with the generation prompt),
+   * and sampling stops at the template's end of turn: a chat template spec ("model", "chatml", a
+   * .jinja path) or "" for the one the run trained with (a Hugging Face directory's own otherwise).
+   */
+  chat?: string;
 }
 
 /** The model config and tokenizer spec a checkpoint or an exported file records. */
-function modelOf(path: string): { weights: string; model: Partial<GPTConfig>; tokenizer: string } {
+function modelOf(path: string): { weights: string; model: Partial<GPTConfig>; tokenizer: string; chatTemplate?: string } {
   if (isHfDir(path)) {
     const h = readHfDir(path);
     return { weights: path, model: h.model, tokenizer: hfTokenizerSpec({ config: h.model, ...(h.tokenizer ? { tokenizer: h.tokenizer } : {}) }, path) };
@@ -138,8 +146,8 @@ function modelOf(path: string): { weights: string; model: Partial<GPTConfig>; to
   }
   const dir = resolveCheckpoint(path);
   const meta = readMeta(dir);
-  const data = (meta.config.data ?? {}) as { tokenizer?: string };
-  return { weights: dir, model: withMoE(meta.config) as Partial<GPTConfig>, tokenizer: data.tokenizer ?? 'byte' };
+  const data = (meta.config.data ?? {}) as { tokenizer?: string; chatTemplate?: string };
+  return { weights: dir, model: withMoE(meta.config) as Partial<GPTConfig>, tokenizer: data.tokenizer ?? 'byte', ...(data.chatTemplate ? { chatTemplate: data.chatTemplate } : {}) };
 }
 
 type Sampled = CausalLM & { namedParameters(): [string, Tensor][]; numParams(): number; dispose(): void };
@@ -149,15 +157,15 @@ type Sampled = CausalLM & { namedParameters(): [string, Tensor][]; numParams(): 
  * directory; a LoRA run's checkpoint as its base with its adapters; any of the first three with a
  * PEFT adapter directory's adapters on it (unmerged).
  */
-function modelFor(path: string, adapter: string | undefined): { model: Sampled; tokenizer: string } {
+function modelFor(path: string, adapter: string | undefined): { model: Sampled; tokenizer: string; chatTemplate?: string } {
   const lora = readLoraCheckpoint(path);
   if (lora) {
     if (adapter !== undefined) throw new UsageError(`generate: ${path} is a LoRA run's checkpoint, which brings its own adapters; --adapter goes with a base model (a Hugging Face directory or a checkpoint of a whole model)`);
     const { model } = loraRunModel(lora.dir);
-    const data = (lora.meta.config.data ?? {}) as { tokenizer?: string };
-    return { model: model as unknown as Sampled, tokenizer: data.tokenizer ?? 'byte' };
+    const data = (lora.meta.config.data ?? {}) as { tokenizer?: string; chatTemplate?: string };
+    return { model: model as unknown as Sampled, tokenizer: data.tokenizer ?? 'byte', ...(data.chatTemplate ? { chatTemplate: data.chatTemplate } : {}) };
   }
-  const { weights, model: cfg, tokenizer } = modelOf(path);
+  const { weights, model: cfg, tokenizer, chatTemplate } = modelOf(path);
   // Any registered architecture (the run's [model] arch) that decodes with a cache.
   const spec = modelSpec((cfg as { arch?: string }).arch ?? 'gpt');
   const model = spec.build(cfg, { initSeed: 0 }) as unknown as Sampled & Module;
@@ -169,7 +177,7 @@ function modelFor(path: string, adapter: string | undefined): { model: Sampled; 
     model.dispose();
     throw e;
   }
-  return { model, tokenizer };
+  return { model, tokenizer, ...(chatTemplate ? { chatTemplate } : {}) };
 }
 
 interface TextCodec {
@@ -194,21 +202,42 @@ async function codecFor(spec: string): Promise<TextCodec> {
  * continuation ends at the tokenizer's end-of-text id unless ignoreEos. Deterministic for a seed.
  */
 export async function generate(path: string, o: GenerateOptions): Promise<{ prompt: string; text: string }[]> {
-  const { model, tokenizer } = modelFor(path, o.adapter);
+  const { model, tokenizer, chatTemplate } = modelFor(path, o.adapter);
   try {
     const codec = await codecFor(tokenizer);
     const eot = (codec as { eot?: number }).eot;
-    // An empty prompt starts from the end-of-text token alone (an unconditional sample).
-    const prompts = o.prompts.map((p) => (p === '' && eot !== undefined ? [eot] : Array.from(codec.encode(p))));
+    let prompts: number[][];
+    let stop: number[] = eot !== undefined ? [eot] : [];
+    if (o.chat !== undefined) {
+      const chat = chatPrompts(codec as unknown as Tokenizer, tokenizer, o.chat || chatTemplate || 'model', o.prompts);
+      prompts = chat.ids;
+      stop = chat.stop;
+    } else {
+      // An empty prompt starts from the end-of-text token alone (an unconditional sample).
+      prompts = o.prompts.map((p) => (p === '' && eot !== undefined ? [eot] : Array.from(codec.encode(p))));
+    }
     if (prompts.some((p) => p.length === 0)) throw new UsageError('generate: --prompt needs some text');
     const out = generateTokens(model, prompts, {
       maxNewTokens: o.tokens, temperature: o.temperature, topK: o.topK, topP: o.topP, seed: o.seed >>> 0,
-      ...(eot !== undefined && !o.ignoreEos ? { eosId: eot } : {}),
+      ...(!o.ignoreEos ? { stopIds: stop } : {}),
     });
-    return out.map((ids, r) => ({ prompt: o.prompts[r]!, text: codec.decode(ids[ids.length - 1] === eot && !o.ignoreEos ? ids.slice(0, -1) : ids) }));
+    return out.map((ids, r) => ({ prompt: o.prompts[r]!, text: codec.decode(!o.ignoreEos && stop.includes(ids[ids.length - 1]!) ? ids.slice(0, -1) : ids) }));
   } finally {
     model.dispose();
   }
+}
+
+/** Each prompt as a user's turn in the chat template `spec`, and the ids that end the reply. */
+function chatPrompts(tok: Tokenizer, tokenizerSpec: string, spec: string, prompts: readonly string[]): { ids: number[][]; stop: number[] } {
+  const dir = tokenizerDirOf(tokenizerSpec);
+  let t: ChatTemplate;
+  try {
+    t = loadChatTemplate(spec, dir !== undefined ? { tokenizerDir: dir } : {});
+  } catch (e) {
+    throw new UsageError(`generate --chat: ${(e as Error).message}`);
+  }
+  const rendered = prompts.map((p) => chatPrompt(tok, t, p));
+  return { ids: rendered.map((r) => r.ids), stop: rendered[0]!.stop };
 }
 
 function num(v: string | undefined, flag: string, ok: (n: number) => boolean, what: string): number {
@@ -217,9 +246,9 @@ function num(v: string | undefined, flag: string, ok: (n: number) => boolean, wh
   return n;
 }
 
-const GENERATE_USAGE = 'generate: usage: flotilla generate <checkpoint|run dir|exported.safetensors|Hugging Face dir> [--adapter PEFT_DIR] --prompt TEXT [--prompt TEXT ...] [--tokens N --temperature T --top-k K --top-p P --seed S --ignore-eos --out FILE]';
+const GENERATE_USAGE = 'generate: usage: flotilla generate <checkpoint|run dir|exported.safetensors|Hugging Face dir> [--adapter PEFT_DIR] [--chat [--chat-template model|chatml|FILE]] --prompt TEXT [--prompt TEXT ...] [--tokens N --temperature T --top-k K --top-p P --seed S --ignore-eos --out FILE]';
 
-/** `flotilla generate CKPT [--adapter DIR] --prompt TEXT [--prompt TEXT ...] [--tokens N --temperature T --top-k K --top-p P --seed S --ignore-eos --out FILE]` */
+/** `flotilla generate CKPT [--adapter DIR] [--chat [--chat-template SPEC]] --prompt TEXT [--prompt TEXT ...] [--tokens N --temperature T --top-k K --top-p P --seed S --ignore-eos --out FILE]` */
 export async function generateCommand(args: readonly string[], print: (l: string) => void): Promise<number> {
   let path: string | undefined;
   let out: string | undefined;
@@ -232,6 +261,13 @@ export async function generateCommand(args: readonly string[], print: (l: string
       const v = value();
       if (v === undefined) throw new UsageError('generate: --prompt needs text');
       o.prompts.push(v);
+    } else if (flag === '--chat') {
+      if (inline !== undefined) throw new UsageError('generate: --chat takes no value (the template: --chat-template model|chatml|FILE)');
+      o.chat = o.chat ?? '';
+    } else if (flag === '--chat-template') {
+      const v = value();
+      if (v === undefined || v === '') throw new UsageError('generate: --chat-template needs "model", "chatml" or the path of a .jinja file');
+      o.chat = v;
     } else if (flag === '--ignore-eos') {
       if (inline !== undefined) throw new UsageError('generate: --ignore-eos takes no value');
       o.ignoreEos = true;
@@ -247,12 +283,13 @@ export async function generateCommand(args: readonly string[], print: (l: string
       if (v === undefined) throw new UsageError('generate: --adapter needs a PEFT adapter directory');
       o.adapter = v;
     }
-    else if (a.startsWith('-')) throw new UsageError(`generate: unknown option ${a}; options are --prompt, --adapter, --tokens, --temperature, --top-k, --top-p, --seed, --ignore-eos, --out`);
+    else if (a.startsWith('-')) throw new UsageError(`generate: unknown option ${a}; options are --prompt, --adapter, --chat, --chat-template, --tokens, --temperature, --top-k, --top-p, --seed, --ignore-eos, --out`);
     else if (path === undefined) path = a;
     else throw new UsageError(`generate: one checkpoint expected, got ${JSON.stringify(path)} and ${JSON.stringify(a)}`);
   }
   if (path === undefined || o.prompts.length === 0) throw new UsageError(GENERATE_USAGE);
-  const texts = (await generate(path, o)).map((r) => `${r.prompt}${r.text}`);
+  // A chat reply is printed alone (the prompt went in as the user's turn).
+  const texts = (await generate(path, o)).map((r) => (o.chat !== undefined ? r.text : `${r.prompt}${r.text}`));
   print(texts.join('\n\n'));
   if (out !== undefined) writeFileSync(out, `${texts.join('\n\n')}\n`);
   return 0;

@@ -70,12 +70,14 @@ usage:
   flotilla export <LoRA checkpoint|run dir> <out dir> --format peft
       Write a LoRA run's adapters as a PEFT adapter (adapter_config.json, adapter_model.safetensors)
       that PEFT, transformers and vLLM load on the base.
-  flotilla generate <checkpoint|run dir|exported.safetensors|hf dir> [--adapter PEFT_DIR] --prompt TEXT [--prompt TEXT ...]
-                    [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ignore-eos] [--out FILE]
+  flotilla generate <checkpoint|run dir|exported.safetensors|hf dir> [--adapter PEFT_DIR] [--chat] --prompt TEXT [--prompt TEXT ...]
+                    [--chat-template model|chatml|FILE] [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ignore-eos] [--out FILE]
       Sample text from a trained model in one process, every prompt in one batch with a key/value
       cache; a continuation stops at the tokenizer's end-of-text unless --ignore-eos (deterministic
       for a seed). A LoRA run's checkpoint samples its base with its adapters; --adapter puts a PEFT
-      adapter's on the model given (unmerged).
+      adapter's on the model given (unmerged). --chat puts each prompt in the chat template (the run's
+      data.chatTemplate, a Hugging Face directory's own, or --chat-template) as a user's turn, stops at
+      the end of the assistant's turn and prints the reply alone.
   flotilla checkpoint check <checkpoint|run dir> [the same on other hosts ...]
       Verify a checkpoint's files, sizes, checksums and completeness without building a model;
       several directories: one checkpoint saved without shared storage, across the hosts' directories.

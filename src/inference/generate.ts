@@ -27,6 +27,8 @@ export interface GenerateOptions extends Partial<SampleOptions> {
   maxNewTokens: number;
   /** A row stops after producing this id (kept as its last token). */
   eosId?: number;
+  /** More ids that end a row, as eosId does (a chat template's end-of-turn token). */
+  stopIds?: readonly number[];
   /** Seeds the draws (default 0); row r draws from stream r. */
   seed?: number;
   /** Use the key/value cache (default true); false recomputes the whole context for every token. */
@@ -55,10 +57,11 @@ export function generate(model: CausalLM, prompts: readonly (readonly number[])[
   const rows = prompts.map((p) => p.slice(-ctx)); // what fits in the context, as the window would see it
   const out: number[][] = prompts.map(() => []);
   const done = prompts.map(() => opts.maxNewTokens === 0);
+  const stops = new Set([...(opts.eosId !== undefined ? [opts.eosId] : []), ...(opts.stopIds ?? [])]);
   const take = (r: number, logits: ArrayLike<number>, step: number): number => {
     const t = sampleIndex(logits, o, draws[r]![step]!);
     out[r]!.push(t);
-    if (t === opts.eosId || out[r]!.length >= opts.maxNewTokens) done[r] = true;
+    if (stops.has(t) || out[r]!.length >= opts.maxNewTokens) done[r] = true;
     return t;
   };
   const wasTraining = model.training;

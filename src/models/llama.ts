@@ -21,6 +21,7 @@ import { activationCheckpointMode, checkpointBlock, checkpointRegion } from '../
 import { gptLoss, type GPTBuildOptions, type GPTStageSpec } from './gpt.js';
 import { KVCache } from '../nn/kv_cache.js';
 import { sequenceShard } from '../nn/sequence_shard.js';
+import { documents } from '../nn/documents.js';
 import { MoE } from '../nn/moe.js';
 import { isMoELayer, type MoEConfig } from '../nn/moe_config.js';
 import { resolveLlamaConfig, type LlamaConfig } from './llama_config.js';
@@ -210,9 +211,11 @@ export class LlamaAttention extends Module {
     const rd: DType = q.dtype === 'float64' ? 'float64' : 'float32';
     // Under context parallelism the tokens are chunks of longer sequences, rotated at their global
     // positions, and attention over the whole sequence comes from the shard ([Note: sequence shard]).
-    const shard = sequenceShard();
-    const { cos, sinSigned } = shard ? this.rope.at(rd, shard.positions(T).view(1, T))
-      : typeof positions === 'number' ? this.rope.slice(rd, positions, T) : this.rope.at(rd, positions);
+    // Packed rows restart positions at each document ([Note: documents]; under a shard, this rank's chunks of them).
+    const shard = sequenceShard(), docs = documents();
+    const { cos, sinSigned } = docs ? this.rope.at(rd, docs.positions)
+      : shard ? this.rope.at(rd, shard.positions(T).view(1, T))
+        : typeof positions === 'number' ? this.rope.slice(rd, positions, T) : this.rope.at(rd, positions);
     // bfloat16 q, k times float32 tables promote to float32 in the same kernels (no separate cast).
     const rot = (t: Tensor, n: number) => applyRotary(t.view(B, T, n, hd), cos, sinSigned);
     // Cast before the heads are made contiguous, so that copy moves bfloat16 under bf16-mixed.
@@ -228,7 +231,9 @@ export class LlamaAttention extends Module {
     const kt = kr.transpose(1, 2).reshape(B * nkv, T, hd).transpose(1, 2);
     // One baddbmm: the scale is the GEMM's alpha (applied to the accumulated product, as matmul then
     // mul would), the causal mask an additive 0 / -inf bias: no separate passes over the (T, T) scores.
-    let att = this.rope.causalBias(qg.dtype, T, group).expand(B * nkv, group * T, T)
+    // Packed rows: causal within each document, a bias per row, kept for every layer.
+    const bias = docs ? docs.bias(qg.dtype, nkv, group) : this.rope.causalBias(qg.dtype, T, group).expand(B * nkv, group * T, T);
+    let att = bias
       .baddbmm(qg, kt, { alpha: 1 / Math.sqrt(hd) })
       .view(B, nh, T, T);
     let vh = v.view(B, T, nkv, hd).transpose(1, 2);

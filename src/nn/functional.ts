@@ -62,18 +62,24 @@ export function mseLoss(x: Tensor, target: Tensor, reduction: Reduction = 'mean'
 }
 
 /**
- * Attention scores q k^T * scale, -inf where `allowed` (T, T) is false (a causal mask, or any other): (B, nh, T, hs) x 2 -> (B, nh, T, T).
+ * Attention scores q k^T * scale, -inf where `allowed` is false: (B, nh, T, hs) x 2 -> (B, nh, T, T).
+ * `allowed` is (T, T) (a causal mask, or any other) or per row, (B, 1, T, T) (packed documents).
  * In float32 these are three ops (product, scale, mask) as PyTorch's reference GPT writes them, so
  * float32 runs stay bit-identical to it. In bfloat16 they are one baddbmm: the scale is the GEMM's
  * alpha, applied to the float32 accumulator before the one rounding to bfloat16, and the mask is an
  * additive 0 / -inf bias. That is two fewer passes over the (T, T) scores forward and backward than
- * autocast's bmm, mul and masked_fill, and one rounding fewer.
+ * autocast's bmm, mul and masked_fill, and one rounding fewer. `bias`, (B nh, T, T) in bfloat16,
+ * is that bias made already (a per-row mask's is kept for every layer, DocumentLayout.bias).
  */
-export function attentionScores(q: Tensor, k: Tensor, allowed: Tensor, scale: number): Tensor {
+export function attentionScores(q: Tensor, k: Tensor, allowed: Tensor, scale: number, bias?: Tensor): Tensor {
   const [B, nh, T, hs] = q.shape as [number, number, number, number];
   if (q.dtype !== 'bfloat16') return q.matmul(k.transpose(-2, -1)).mul(scale).maskedFill(allowed.logicalNot(), -Infinity);
-  const bias = zerosLike(allowed, { dtype: 'bfloat16' }).maskedFill(allowed.logicalNot(), -Infinity);
-  return bias.expand(B * nh, T, T)
+  let b = bias;
+  if (!b) {
+    const made = zerosLike(allowed, { dtype: 'bfloat16' }).maskedFill(allowed.logicalNot(), -Infinity);
+    b = allowed.ndim === 4 ? made.expand(B, nh, T, T).reshape(B * nh, T, T) : made.expand(B * nh, T, T);
+  }
+  return b
     .baddbmm(q.reshape(B * nh, T, hs), k.reshape(B * nh, T, hs).transpose(1, 2), { alpha: scale })
     .view(B, nh, T, T);
 }

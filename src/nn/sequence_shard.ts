@@ -7,6 +7,7 @@
 // attention is the model's own. As withCrossEntropy does for the loss, the parallel layer swaps the
 // implementation for the duration of a step, and the model code has one branch.
 import { type Tensor, arange } from '../tensor/index.js';
+import { documents } from './documents.js';
 
 export interface SequenceShard {
   /** The global positions (T,) int64 of the T tokens this rank holds of each sequence. */
@@ -43,7 +44,13 @@ export function sequenceShard(): SequenceShard | undefined {
   return current;
 }
 
-/** Positions (T,) int64 of the T tokens a model sees: 0 .. T-1, or the shard's global positions. */
+/**
+ * Positions of the T tokens a model sees: (B, T) int64 within each document when rows hold several
+ * ([Note: documents] in documents.ts; under a shard, this rank's chunks of them), else (T,): the
+ * shard's global positions, or 0 .. T-1.
+ */
 export function tokenPositions(T: number): Tensor {
+  const docs = documents();
+  if (docs) return docs.positions;
   return current ? current.positions(T) : arange(0, T);
 }

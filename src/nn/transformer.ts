@@ -8,6 +8,7 @@ import { activationCheckpointMode, checkpointBlock, checkpointRegion } from './c
 import type { KVCache } from './kv_cache.js';
 import { MoE } from './moe.js';
 import { sequenceShard } from './sequence_shard.js';
+import { documents } from './documents.js';
 import type { MoEConfig } from './moe_config.js';
 
 export interface BlockConfig {
@@ -97,8 +98,11 @@ export class CausalSelfAttention extends Module {
       const [vh] = castFor('matmul', heads(v)) as [Tensor];
       return shard.attention(qh, kh, vh, 1 / Math.sqrt(hs)).transpose(1, 2).contiguous().view(B, T, C);
     }
-    const allowed = this.mask.narrow(0, 0, T).narrow(1, 0, T);
-    let att = attentionScores(qh, kh, allowed, 1 / Math.sqrt(hs)); // (B, nh, T, T)
+    // Packed rows ([Note: documents]): causal within each document, one mask for every layer.
+    const docs = documents();
+    const allowed = docs ? docs.allowed() : this.mask.narrow(0, 0, T).narrow(1, 0, T);
+    const bias = docs && qh.dtype === 'bfloat16' ? docs.bias('bfloat16', nh, 1) : undefined;
+    let att = attentionScores(qh, kh, allowed, 1 / Math.sqrt(hs), bias); // (B, nh, T, T)
     [att] = castFor('softmax', att) as [Tensor];
     att = att.softmax(-1);
     att = this.attnDrop.call(att);

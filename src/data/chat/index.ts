@@ -3,3 +3,4 @@
 export * from './examples.js';
 export * from './template.js';
 export * from './masks.js';
+export * from './prompt.js';

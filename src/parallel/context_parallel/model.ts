@@ -13,6 +13,7 @@
 import { type Tensor, arange, cat, empty } from '../../tensor/index.js';
 import type { ProcessGroup } from '../../distributed/process_group.js';
 import { withSequenceShard, type SequenceShard } from '../../nn/sequence_shard.js';
+import { documents } from '../../nn/documents.js';
 import { WrappedModel, type MicroBatch, type ParallelModel, type StageValue } from '../parallel_model.js';
 import { meanOverRanks } from '../data_parallel/model.js';
 import { chunksOf, ringAttention } from './ring_attention.js';
@@ -29,7 +30,8 @@ export function ringShard(group: ProcessGroup): SequenceShard & { attentionCalls
     },
     attention(q, k, v, scale) {
       this.attentionCalls++;
-      return ringAttention(q, k, v, group, scale);
+      // Packed rows: every rank holds the whole rows' document ids ([Note: ring documents]).
+      return ringAttention(q, k, v, group, scale, documents()?.full);
     },
     wholeSequences(t) {
       const C = group.size, c = t.shape[1]! / 2;

@@ -25,6 +25,17 @@
 // rows, (B, Hkv, g c, hd), so keys and values are never repeated (as the Llama does).
 // Scores, softmax statistics and accumulators are float32 (float64 in a float64 model); the key and
 // value pair travels in its own dtype (bfloat16 under bf16-mixed).
+//
+// [Note: ring documents] Packed rows ([Note: documents] in src/nn/documents.ts): a query reads a key
+// only within its own document. Every rank holds the whole rows' document ids, so no ids travel:
+// each block ANDs its causal rule with qIds == kIds. A block may then hold query rows that read
+// none of its keys (their document starts after the block's keys). Masked scores are a finite
+// -1e30, not -inf: such a row's block max is -1e30 and its log-sum-exp about -1e30, so its merge
+// weight exp(-1e30 - lse) is exactly 0, and in backward exp(score - lse) is exactly 0 too; every
+// row has its real value from its own chunk (the diagonal block), and nothing is NaN. A block whose
+// keys all lie in documents that end before any of its queries' begins (for every row) is skipped
+// outright: the ids are non-decreasing along a row, so that is two numbers per row, decided on the
+// CPU in forward and kept for backward.
 import { type Tensor, type DType, cat, defineFunction, empty, ones, stack, tidy, zerosLike } from '../../tensor/index.js';
 import type { ProcessGroup } from '../../distributed/process_group.js';
 
@@ -57,7 +68,12 @@ interface Geometry {
   B: number; H: number; Hkv: number; g: number; T: number; c: number; hd: number; scale: number; acc: DType;
   /** This rank's two query chunks (global indices). */
   mine: [number, number];
+  /** Packed rows: every token's document id (B, T x cp, the whole rows), as a tensor and on the host. */
+  docs?: { ids: Tensor; host: number[]; T: number };
 }
+
+/** Blocks computed and skipped (documents only), for tests and for the curious. */
+export interface RingStats { computed: number; skipped: number }
 
 /** Query half h (B, H, c, hd) as (B, Hkv, g c, hd) in the accumulating dtype. */
 function queryHalf(q: Tensor, h: number, geo: Geometry): Tensor {
@@ -73,10 +89,41 @@ function blockMask(n: number, geo: Geometry): Tensor {
   return allowed.logicalNot().repeat(g, 1);
 }
 
-/** Scores of a block, (B, Hkv, g c, n c), masked where the causal rule forbids. */
+/** What a masked score is filled with: finite, so that a row with no key in a block merges with weight 0 ([Note: ring documents]). */
+const MASKED = -1e30;
+
+/** Scores of a block, (B, Hkv, g c, n c), masked where the causal rule (and the documents) forbid. */
 function scores(qh: Tensor, k: Tensor, masked: Tensor | undefined, geo: Geometry): Tensor {
   const s = qh.matmul(k.transpose(-2, -1)).mul(geo.scale);
-  return masked ? s.maskedFill(masked, -Infinity) : s;
+  return masked ? s.maskedFill(masked, MASKED) : s;
+}
+
+/**
+ * Not-allowed mask of the block of query chunk `qChunk` over the first n chunks of `kChunks`:
+ * (g c, n c) for the causal rule alone, (B, 1, g c, n c) with documents (a key of another document
+ * is masked too); undefined when nothing is.
+ */
+function maskOf(qChunk: number, kChunks: readonly [number, number], n: number, diagonal: boolean, geo: Geometry): Tensor | undefined {
+  const causal = diagonal ? blockMask(n, geo) : undefined;
+  const ids = geo.docs?.ids;
+  if (!ids) return causal;
+  const { c, g } = geo;
+  const qIds = ids.narrow(1, qChunk * c, c);
+  const kIds = n === 1 ? ids.narrow(1, kChunks[0] * c, c) : cat([ids.narrow(1, kChunks[0] * c, c), ids.narrow(1, kChunks[1] * c, c)], 1);
+  const other = qIds.unsqueeze(2).eq(kIds.unsqueeze(1)).logicalNot().repeat(1, g, 1).unsqueeze(1); // (B, 1, g c, n c)
+  return causal ? other.logicalOr(causal) : other;
+}
+
+/**
+ * Whether no query of chunk qChunk reads any of the first n key chunks, in any row: the last of
+ * those keys is in an earlier document than the chunk's first query ([Note: ring documents]).
+ */
+function skippable(qChunk: number, kChunks: readonly [number, number], n: number, geo: Geometry): boolean {
+  const d = geo.docs;
+  if (!d) return false;
+  const lastKey = (kChunks[n - 1]! + 1) * geo.c - 1, firstQuery = qChunk * geo.c;
+  for (let b = 0; b < geo.B; b++) if (d.host[b * d.T + lastKey]! >= d.host[b * d.T + firstQuery]!) return false;
+  return true;
 }
 
 /** The global chunks of the key/value pair a rank holds at ring step `step`: those of rank (rank - step) mod cp. */
@@ -84,12 +131,17 @@ function keyChunksAt(step: number, geo: Geometry, cp: number, rank: number): [nu
   return chunksOf((rank - step + cp) % cp, cp);
 }
 
-const ringAttentionFn = defineFunction<[Tensor, Tensor, Tensor, ProcessGroup, number]>({
-  forward(ctx, q, k, v, group, scale) {
+const ringAttentionFn = defineFunction<[Tensor, Tensor, Tensor, ProcessGroup, number, Tensor | undefined, RingStats | undefined]>({
+  forward(ctx, q, k, v, group, scale, docIds, stats) {
     const [B, H, T, hd] = q.shape as [number, number, number, number];
     const Hkv = k.shape[1]!, C = group.size, r = group.rank, c = T / 2;
     const acc: DType = q.dtype === 'float64' ? 'float64' : 'float32';
-    const geo: Geometry = { B, H, Hkv, g: H / Hkv, T, c, hd, scale, acc, mine: chunksOf(r, C) };
+    const geo: Geometry = {
+      B, H, Hkv, g: H / Hkv, T, c, hd, scale, acc, mine: chunksOf(r, C),
+      docs: docIds ? { ids: docIds, host: docIds.toNumbers(), T: docIds.shape[1]! } : undefined,
+    };
+    // Which blocks run, decided here and kept for backward: skip[s][h].
+    const skip: boolean[][] = [];
     // Per query half: the merged output (B, Hkv, g c, hd) and log-sum-exp (B, Hkv, g c, 1).
     const out: (Tensor | undefined)[] = [undefined, undefined];
     const lse: (Tensor | undefined)[] = [undefined, undefined];
@@ -97,13 +149,20 @@ const ringAttentionFn = defineFunction<[Tensor, Tensor, Tensor, ProcessGroup, nu
     for (let s = 0; s < C; s++) {
       const next = s < C - 1 ? pass(group, pair, KV_TAG) : undefined; // in flight during this step's blocks
       const kc = keyChunksAt(s, geo, C, r);
+      skip.push([false, false]);
       for (let h = 0; h < 2; h++) {
         const { n, diagonal } = blockOf(geo.mine[h]!, kc);
         if (n === 0) continue; // every key is later than every query: skipped
+        if (skippable(geo.mine[h]!, kc, n, geo)) {
+          skip[s]![h] = true;
+          if (stats) stats.skipped++;
+          continue;
+        }
+        if (stats) stats.computed++;
         const merged = tidy(() => {
           const qh = queryHalf(q, h, geo);
           const kb = pair.select(0, 0).narrow(2, 0, n * c).to(acc), vb = pair.select(0, 1).narrow(2, 0, n * c).to(acc);
-          const sc = scores(qh, kb, diagonal ? blockMask(n, geo) : undefined, geo);
+          const sc = scores(qh, kb, maskOf(geo.mine[h]!, kc, n, diagonal, geo), geo);
           const m = sc.amax(-1, true);
           const p = sc.sub(m).exp();
           const l = p.sum(-1, true);
@@ -130,16 +189,20 @@ const ringAttentionFn = defineFunction<[Tensor, Tensor, Tensor, ProcessGroup, nu
     pair.dispose();
     // Every query reads at least its own position, so both halves have an output.
     const y = tidy(() => cat(out.map((o) => o!.view(B, H, c, hd)), 2).to(q.dtype));
-    ctx.saveForBackward(q, k, v, out[0]!, out[1]!, lse[0]!, lse[1]!);
+    // The ids are saved too: the recomputed masks need them whoever else frees the layout.
+    ctx.saveForBackward(q, k, v, out[0]!, out[1]!, lse[0]!, lse[1]!, ...(docIds ? [docIds] : []));
     ctx.state.geo = geo;
     ctx.state.group = group;
+    ctx.state.skip = skip;
     for (const t of [...out, ...lse]) t!.dispose();
     return y;
   },
   backward(ctx, dy) {
-    const [q, k, v, o0, o1, l0, l1] = ctx.savedTensors as Tensor[];
-    const geo = ctx.state.geo as Geometry;
+    const [q, k, v, o0, o1, l0, l1, ids] = ctx.savedTensors as Tensor[];
+    const saved = ctx.state.geo as Geometry;
+    const geo: Geometry = saved.docs ? { ...saved, docs: { ...saved.docs, ids: ids! } } : saved;
     const group = ctx.state.group as ProcessGroup;
+    const skip = ctx.state.skip as boolean[][];
     const { B, H, Hkv, c, hd, g, acc, scale } = geo;
     const C = group.size, r = group.rank;
     const outs = [o0!, o1!], lses = [l0!, l1!];
@@ -154,11 +217,11 @@ const ringAttentionFn = defineFunction<[Tensor, Tensor, Tensor, ProcessGroup, nu
       const kc = keyChunksAt(s, geo, C, r);
       for (let h = 0; h < 2; h++) {
         const { n, diagonal } = blockOf(geo.mine[h]!, kc);
-        if (n === 0) continue;
+        if (n === 0 || skip[s]![h]) continue;
         tidy(() => {
           const qh = queryHalf(q!, h, geo);
           const kb = pair.select(0, 0).narrow(2, 0, n * c).to(acc), vb = pair.select(0, 1).narrow(2, 0, n * c).to(acc);
-          const p = scores(qh, kb, diagonal ? blockMask(n, geo) : undefined, geo).sub(lses[h]!).exp(); // (B, Hkv, g c, n c)
+          const p = scores(qh, kb, maskOf(geo.mine[h]!, kc, n, diagonal, geo), geo).sub(lses[h]!).exp(); // (B, Hkv, g c, n c)
           dPair.select(0, 1).narrow(2, 0, n * c).add_(p.transpose(-2, -1).matmul(dO[h]!));
           const ds = p.mul(dO[h]!.matmul(vb.transpose(-2, -1)).sub(D[h]!));
           dq[h]!.add_(ds.matmul(kb).mul(scale));
@@ -178,18 +241,23 @@ const ringAttentionFn = defineFunction<[Tensor, Tensor, Tensor, ProcessGroup, nu
     }
     const dk = dPair.select(0, 0).to(k!.dtype), dv = dPair.select(0, 1).to(v!.dtype);
     const dqAll = cat(dq.map((t) => t.view(B, H, c, hd)), 2).to(q!.dtype);
-    return [dqAll, dk, dv, undefined, undefined];
+    return [dqAll, dk, dv, undefined, undefined, undefined, undefined];
   },
 }, 'RingAttention');
 
 /**
  * Causal attention of this rank's 2c tokens of each sequence over the whole sequence, split over
  * `group` as [Note: load-balanced chunks] says: q (B, H, 2c, hd), k and v (B, Hkv, 2c, hd) ->
- * (B, H, 2c, hd). On a group of one it is plain causal attention, computed blockwise.
+ * (B, H, 2c, hd). On a group of one it is plain causal attention, computed blockwise. With
+ * `docIds`, the whole rows' document ids (B, 2c x cp), a query reads only its own document's keys
+ * ([Note: ring documents]); `stats` counts the blocks computed and skipped.
  */
-export function ringAttention(q: Tensor, k: Tensor, v: Tensor, group: ProcessGroup, scale: number): Tensor {
-  const [, H, T] = q.shape as [number, number, number, number];
+export function ringAttention(q: Tensor, k: Tensor, v: Tensor, group: ProcessGroup, scale: number, docIds?: Tensor, stats?: RingStats): Tensor {
+  const [B, H, T] = q.shape as [number, number, number, number];
   if (T % 2 !== 0) throw new Error(`ringAttention: a rank holds two equal chunks of each sequence, got ${T} tokens`);
   if (H % k.shape[1]! !== 0) throw new Error(`ringAttention: ${H} query heads do not group over ${k.shape[1]} key/value heads`);
-  return ringAttentionFn(q, k, v, group, scale);
+  if (docIds && (docIds.ndim !== 2 || docIds.shape[0] !== B || docIds.shape[1] !== T * group.size)) {
+    throw new Error(`ringAttention: document ids of shape [${docIds.shape}] are not the whole rows [${B}, ${T * group.size}] (${T} tokens on each of ${group.size} ranks)`);
+  }
+  return ringAttentionFn(q, k, v, group, scale, docIds, stats);
 }
