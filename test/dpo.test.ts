@@ -10,6 +10,7 @@ import assert from 'node:assert/strict';
 import { manualSeed, noGrad, setNumThreads, tensor, tidy, type Tensor } from '../src/tensor/index.js';
 import { GPT, type GPTConfig } from '../src/models/gpt.js';
 import { applyLora, withAdaptersDisabled } from '../src/nn/lora.js';
+import { withDocuments } from '../src/nn/documents.js';
 import type { MicroBatch } from '../src/parallel/parallel_model.js';
 import { preferenceMicroBatch, preferencePairs, sequenceTargets, type Seq } from './fixtures/preference_batches.js';
 import { dpoCriterion, readSequenceLogps } from '../src/train/dpo.js';
@@ -22,7 +23,7 @@ import { scaledErr, withFloat64 } from './oracle/check.js';
 setNumThreads(1);
 const skip = oracleMissing();
 const TOL = 1e-12; // float64 rounding, scaled by each tensor's largest magnitude
-const CFG: Partial<GPTConfig> = { vocabSize: 23, blockSize: 16, nLayer: 2, nHead: 2, nEmbd: 12 };
+const CFG: Partial<GPTConfig> = { vocabSize: 23, blockSize: 24, nLayer: 2, nHead: 2, nEmbd: 12 };
 const T = 12;
 
 function gpt(seed: number): GPT {
@@ -39,11 +40,12 @@ function gpt(seed: number): GPT {
 
 const pairs = (n: number, seed: number): Seq[] => preferencePairs(n, seed, { vocab: CFG.vocabSize!, T });
 const targets = sequenceTargets;
-const microBatch = (seqs: Seq[], pairIds: number[]): MicroBatch => preferenceMicroBatch(seqs, pairIds, T);
+const microBatch = (seqs: Seq[], pairIds: number[], packed = false): MicroBatch => preferenceMicroBatch(seqs, pairIds, packed ? 2 * T : T, { packed });
 
-const logitsOf = (m: GPT, mb: MicroBatch): Tensor => m.forward(mb.x as Tensor).logits;
+/** The model's logits on a micro-batch, within its documents when it packs them. */
+const logitsOf = (m: GPT, mb: MicroBatch): Tensor => withDocuments(mb.docs, () => m.forward(mb.x as Tensor).logits);
 
-interface Case { loss: 'sigmoid' | 'ipo'; beta: number; reference: 'copy' | 'adapters' }
+interface Case { loss: 'sigmoid' | 'ipo'; beta: number; reference: 'copy' | 'adapters'; packed?: boolean }
 
 /**
  * One DPO step's loss and gradients over two micro-batches of unequal size (3 pairs and 1: the sum
@@ -51,7 +53,7 @@ interface Case { loss: 'sigmoid' | 'ipo'; beta: number; reference: 'copy' | 'ada
  */
 function againstOracle(c: Case): void {
   withFloat64(() => tidy(() => {
-    const seqs = pairs(4, 3);
+    const seqs = pairs(4, 4);
     const policy = gpt(8);
     let reference: GPT | undefined;
     let trainable: [string, Tensor][];
@@ -65,7 +67,7 @@ function againstOracle(c: Case): void {
       scale = [...applied.adapters.values()][0]!.scale;
       trainable = policy.namedParameters().filter(([n]) => applied.trainable.includes(n));
     }
-    const mbs = [microBatch(seqs, [0, 1, 2]), microBatch(seqs, [3])];
+    const mbs = [microBatch(seqs, [0, 1, 2], c.packed), microBatch(seqs, [3], c.packed)];
     const refLogps: number[] = [];
     for (const mb of mbs) {
       mb.seqs!.ref = c.reference === 'copy' ? readSequenceLogps(logitsOf(reference!, mb), mb) : withAdaptersDisabled(policy, () => readSequenceLogps(logitsOf(policy, mb), mb));
@@ -114,6 +116,11 @@ test('DPO (sigmoid) against a frozen copy: loss, rewards, margin, accuracy and g
 
 test('IPO against a frozen copy: per-token means, loss, rewards and gradients equal the float64 oracle', { skip }, () => {
   againstOracle({ loss: 'ipo', beta: 0.3, reference: 'copy' });
+});
+
+test('packed pairs (chosen and rejected two documents of one row) equal each sequence run alone: DPO and IPO', { skip }, () => {
+  againstOracle({ loss: 'sigmoid', beta: 0.5, reference: 'copy', packed: true });
+  againstOracle({ loss: 'ipo', beta: 0.3, reference: 'adapters', packed: true });
 });
 
 test('DPO with LoRA, the reference being the adapters off: loss, rewards and adapter gradients equal the float64 oracle', { skip }, () => {
