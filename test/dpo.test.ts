@@ -3,7 +3,7 @@
 // IPO code): loss, rewards, margin, accuracy and gradients, with a frozen copy and with LoRA's
 // adapters off as the reference; the first step's loss is ln 2 exactly; logSigmoid.
 import { test } from 'node:test';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import assert from 'node:assert/strict';
@@ -16,6 +16,7 @@ import { preferenceMicroBatch, preferencePairs, sequenceTargets, type Seq } from
 import { dpoCriterion, readSequenceLogps } from '../src/train/dpo.js';
 import { PairTable, readPairTable, writePairTable } from '../src/train/reference.js';
 import { parseConfig, validateConfig } from '../src/config/index.js';
+import { WordCounter, trainBpe } from '../src/data/bpe_train.js';
 import { objectiveConfig, referenceKind } from '../src/train/objective.js';
 import { runOracle, oracleMissing } from './oracle/oracle.js';
 import { scaledErr, withFloat64 } from './oracle/check.js';
@@ -181,10 +182,15 @@ test('logSigmoid is log(sigmoid(x)) without overflow, and its gradient is sigmoi
 });
 
 test('[dpo] rules before any rank starts: DPO and preference data go together; the adapters reference needs adapters; dropout is turned off', () => {
-  const dpo = ['--train.objective=dpo', '--data.format=preference'];
+  const dir = mkdtempSync(join(tmpdir(), 'flotilla-dpo-config-'));
+  const counts = new WordCounter();
+  counts.add('preference pairs');
+  const tok = join(dir, 'tokenizer.json');
+  writeFileSync(tok, JSON.stringify(trainBpe(counts.counts, 270).json)); // example data needs a tokenizer with added tokens
+  const dpo = ['--train.objective=dpo', '--data.format=preference', `--data.tokenizer=${tok}`];
   assert.deepEqual(validateConfig(parseConfig('', dpo)), []);
-  assert.throws(() => parseConfig('', ['--train.objective=dpo']), /train\.objective = "dpo" trains on preference pairs: set data\.format = "preference"/);
-  assert.throws(() => parseConfig('', ['--data.format=preference']), /data\.format = "preference" holds preference pairs, which train\.objective = "dpo" trains on: set train\.objective = "dpo"/);
+  assert.throws(() => parseConfig('', ['--train.objective=dpo', `--data.tokenizer=${tok}`]), /train\.objective = "dpo" trains on preference pairs: set data\.format = "preference"/);
+  assert.throws(() => parseConfig('', ['--data.format=preference', `--data.tokenizer=${tok}`]), /data\.format = "preference" holds preference pairs, which train\.objective = "dpo" trains on: set train\.objective = "dpo"/);
   assert.throws(() => parseConfig('', [...dpo, '--dpo.reference=adapters']), /dpo\.reference = "adapters" compares the policy with its LoRA adapters off, and lora\.rank = 0 \(no adapters\): set lora\.rank > 0, or dpo\.reference = "copy"/);
   const lora = parseConfig('', [...dpo, '--lora.rank=2', '--train.initFrom=/b', '--lora.targets=c_attn', '--lora.dropout=0.1', '--model.dropout=0.2']);
   assert.equal(referenceKind(lora), 'adapters');
@@ -192,6 +198,7 @@ test('[dpo] rules before any rank starts: DPO and preference data go together; t
   const run = objectiveConfig(lora);
   assert.deepEqual([run.model.dropout, run.lora.dropout], [0, 0]);
   assert.equal(objectiveConfig(parseConfig('', ['--model.dropout=0.2'])).model.dropout, 0.2, 'the lm objective keeps dropout');
+  rmSync(dir, { recursive: true });
 });
 
 test('precomputed reference values: kept per pair id, read back only under the same key, applied to any batch holding those pairs', () => {

@@ -20,6 +20,7 @@ import { basename, join, resolve } from 'node:path';
 import { DTYPES as DTYPE_NAMES, type DType, elementSize } from '../tensor/dtype.js';
 import { ACCUMULATE_FLAVOURS, PARALLEL_DEFAULTS, resolveAccumulate, type AccumulateFlavour, type Layout, type ZeroStage } from '../parallel/layout.js';
 import { SCHEDULE_NAMES, type ScheduleName } from '../parallel/pipeline/schedule.js';
+import type { LoaderState } from '../data/loader.js';
 
 export const CHECKPOINT_FORMAT = 'flotilla.checkpoint.v1';
 export const META_FILE = 'meta.json';
@@ -64,7 +65,8 @@ export interface CheckpointMeta {
   /** The resolved config of the run (sections and fields as in the TOML). */
   config: Record<string, Record<string, unknown>>;
   /** Data loader position in the global sample order. */
-  data: { step: number; micro: number; seed: number; globalBatch: number; seqLen: number };
+  /** The loader's position (src/data/loader.ts); an example loader adds what its rows depend on. */
+  data: LoaderState;
   /** Random state: dropout draws are seeded per step from (seed, step), so the seed and the step are all of it. */
   rng: { kind: 'seed-per-step'; seed: number };
   /** Learning-rate schedule position (the step it continues from). */

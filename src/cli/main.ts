@@ -9,7 +9,7 @@ import { ConfigError } from '../config/error.js';
 import { LaunchEnvError } from '../distributed/env.js';
 import { UsageError } from './usage.js';
 import { parseTrainArgs, verifyLayouts } from './train_args.js';
-import { trainHere } from './train_run.js';
+import { prepareRunData, trainHere } from './train_run.js';
 
 const MAIN = fileURLToPath(import.meta.url);
 
@@ -85,9 +85,12 @@ usage:
       Write RUN/report.html: charts of loss, validation loss, learning rate, gradient norm and
       tokens/s against step (several runs overlaid), the resolved config, layout, checkpoints and
       sample. \`flotilla train\` writes it at the end of every run.
-  flotilla prepare SOURCES... --tokenizer byte|gpt2|tokenizer.json --out DIR [--field text] [--workers N] [--skip-bad]
+  flotilla prepare SOURCES... --tokenizer byte|gpt2|tokenizer.json|HF_DIR --out DIR [--field text] [--workers N] [--skip-bad]
       Tokenize text files, directories, .jsonl and parquet into token shards with document indexes
       and a manifest, in parallel; a re-run skips finished shards. Train on DIR with data.source.
+      --format chat|completion|preference [--chat-template model|chatml|FILE] [--train-on assistant|last|all]
+      [--strict]: one JSON example a line, with a loss mask (the template renders chat; "model" is the
+      --tokenizer directory's); a conversation without an assistant turn is skipped, or with --strict an error.
   flotilla tokenizer train --vocab N FILES... --out tokenizer.json
       Learn a byte-level BPE of N ids from text or .jsonl files ("moby-dick" names the demo corpus).
   flotilla --help | --version
@@ -155,6 +158,7 @@ async function trainCommand(args: readonly string[]): Promise<number> {
     const nproc = a.nproc ?? 1;
     const problems = checkRunnable(cfg, nproc * (hosts?.nnodes ?? 1));
     if (problems.length > 0) throw new ConfigError(problems, a.config);
+    await prepareRunData(cfg, a.config); // a .jsonl of examples, prepared once before the ranks start
     const { runLauncher } = await import('./run.js');
     // [parallel] backend: "auto" picks Open MPI where it is installed (ranks start through mpirun);
     // across hosts the ranks meet over Gloo ("auto" is Gloo there).
@@ -177,6 +181,7 @@ async function trainCommand(args: readonly string[]): Promise<number> {
   if (a.nproc !== undefined && inWorld && a.nproc !== env.worldSize) {
     throw new UsageError(`train: --nproc ${a.nproc} given inside a world of ${env.worldSize} ranks already started by ${env.source}; drop --nproc`);
   }
+  if (!inWorld) await prepareRunData(cfg, a.config);
   return await trainHere(a, cfg, env.rank);
 }
 

@@ -13,11 +13,41 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { resolve } from 'node:path';
 import type { FlotillaConfig } from '../config/schema.js';
 import { LaunchEnvError } from '../distributed/env.js';
+import { ConfigError } from '../config/error.js';
 import { UsageError } from './usage.js';
 import { parseTrainArgs, type TrainArgs } from './train_args.js';
 
+/**
+ * Before any rank starts (in the launching process): an example config's .jsonl sources are checked
+ * and prepared into the cache ([Note: example sources] in src/data/example_source.ts). A bad line
+ * or template is one ConfigError naming FILE:LINE; nothing a run would read is left behind.
+ */
+export async function prepareRunData(cfg: FlotillaConfig, configPath: string): Promise<void> {
+  if (cfg.data.format === 'text') return;
+  const { exampleDataProblems, prepareExampleSources } = await import('../data/example_source.js');
+  const { explainPaths } = await import('../config/paths.js');
+  const problems = explainPaths(cfg, exampleDataProblems(cfg.data));
+  if (problems.length > 0) throw new ConfigError(problems, configPath);
+  const quiet = cfg.log.progress === 'off';
+  try {
+    await prepareExampleSources(cfg.data, { print: (l) => { if (!quiet) process.stdout.write(`[data] ${l}\n`); } });
+  } catch (e) {
+    if ((e as Error).name === 'PrepareError') throw new ConfigError([(e as Error).message], configPath);
+    throw e;
+  }
+}
+
 /** Trains one run here, in a world this process already belongs to (or alone). */
 export async function trainHere(a: TrainArgs, cfg: FlotillaConfig, rank: number): Promise<number> {
+  // A .jsonl of examples is read from the directory it was prepared into (prepareRunData).
+  if (cfg.data.format !== 'text') {
+    const { resolveExampleSources } = await import('../data/example_source.js');
+    try {
+      resolveExampleSources(cfg.data);
+    } catch (e) {
+      throw new ConfigError([(e as Error).message], a.config);
+    }
+  }
   const { train } = await import('../train/trainer.js');
   // Rank 0 draws RUN/report.html from metrics.jsonl when the run ends, however it ends, once the run
   // holds its directory (a refused directory is left as it was). FLOTILLA_REPORT=0 skips it (about

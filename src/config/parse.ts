@@ -5,7 +5,7 @@ import { readFileSync, existsSync, statSync } from 'node:fs';
 import { dirname, resolve } from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import type { SourceEntry } from '../data/sources.js';
-import { tokenizerIdentity } from '../data/tokenizer.js';
+import { hfTokenizerDir, tokenizerIdentity } from '../data/tokenizer.js';
 import { configSchema, fieldsOf, schemaDefaults, sections, type AnyField, type FlotillaConfig, type RawConfig } from './schema.js';
 import { ConfigError } from './error.js';
 import { explainPaths, pathOrigins, resolveInputPaths } from './paths.js';
@@ -230,8 +230,8 @@ export function parseConfig(tomlText: string, overrides: readonly string[] = [],
   if (resolved.model.vocabSize === 0) {
     const tok = resolved.data.tokenizer;
     const o = origins.find((x) => x.resolved === tok);
-    if (o !== undefined && !(existsSync(tok) && statSync(tok).isFile())) {
-      const what = existsSync(tok) ? 'a directory, not a tokenizer.json' : 'does not exist';
+    if (o !== undefined && !(existsSync(tok) && (statSync(tok).isFile() || hfTokenizerDir(tok) !== undefined))) {
+      const what = existsSync(tok) ? 'a directory without a tokenizer.json' : 'does not exist';
       throw new ConfigError([`${o.how} is ${tok}, which ${what}; correct the path, or use "byte" or "gpt2"`], where);
     }
     try {

@@ -17,6 +17,7 @@ const INPUT_PATHS: readonly { section: 'data' | 'train' | 'lora'; field: string;
   { section: 'data', field: 'tokenizer', names: ['byte', 'gpt2'] },
   { section: 'data', field: 'source', names: [MOBY_DICK] },
   { section: 'data', field: 'valSource', names: ['', MOBY_DICK] },
+  { section: 'data', field: 'chatTemplate', names: ['', 'model', 'chatml'] },
   { section: 'train', field: 'initFrom', names: [''] },
   { section: 'lora', field: 'adapter', names: [''] },
 ];

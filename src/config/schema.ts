@@ -227,7 +227,7 @@ export const configSchema: Schema<FlotillaConfig> = {
         kind: 'sources', default: [],
         doc: 'Datasets blended by weight, e.g. [{ path = "data/web", weight = 0.7 }, { path = "data/books", weight = 0.3 }] (on the command line: --data.sources=data/web:0.7,data/books:0.3); [] = data.source alone. Relative paths start from the config file\'s directory.',
       },
-      tokenizer: { kind: 'string', default: 'byte', doc: '"byte" (vocabulary 256), "gpt2" (GPT-2\'s BPE) or the path of a tokenizer.json (flotilla tokenizer train), relative to the config file\'s directory; prepared data must have been made with the same one.' },
+      tokenizer: { kind: 'string', default: 'byte', doc: '"byte" (vocabulary 256), "gpt2" (GPT-2\'s BPE), the path of a tokenizer.json (flotilla tokenizer train) or a Hugging Face directory holding tokenizer.json (and tokenizer_config.json: its chat template, bos and eos), relative to the config file\'s directory; prepared data must have been made with the same one.' },
       valSource: { kind: 'string', default: '', doc: 'Validation data (a prepared directory, .bin or text file; a relative path starts from the config file\'s directory); "" = the last data.valFraction of every training source.' },
       seqLen: { kind: 'int', default: 128, min: 1, doc: 'Tokens per training sample; at most model.blockSize.' },
       globalBatch: {

@@ -2,11 +2,12 @@
 // that layout (its rules, src/models/rules.ts), the batch split; checkRunnable adds the world size
 // and the data files.
 import { checkDataConfig } from '../data/sources.js';
+import { exampleDataProblems } from '../data/example_source.js';
 import { globalBatchProblem } from '../data/batch_split.js';
 import { layoutProblems, dataParallelDegree } from '../parallel/layout.js';
 import { modelArchs, modelRules, unknownArch } from '../models/rules.js';
 import { optimizerNames, unknownOptimizer } from '../optim/names.js';
-import { modelConfigOf, type FlotillaConfig } from './schema.js';
+import { configSchema, modelConfigOf, type FlotillaConfig } from './schema.js';
 import { explainPaths } from './paths.js';
 import { chooseLoraTargets, loraTargetProblems } from '../nn/lora_targets.js';
 import { peftSettingsProblem, readPeftConfig, type PeftAdapterConfig } from '../checkpoint/peft_config.js';
@@ -90,6 +91,19 @@ function dpoProblems(c: FlotillaConfig): string[] {
   return p;
 }
 
+/**
+ * train.epochs: passes over an example dataset, which then decide the steps (the loader counts the
+ * rows, src/data/example_loader.ts), so train.steps stays at its default.
+ */
+function epochProblems(c: FlotillaConfig): string[] {
+  const e = c.train.epochs, p: string[] = [];
+  if (e === 0) return p;
+  if (c.data.format === 'text') p.push(`train.epochs = ${e} counts passes over an example dataset, and data.format = "text" samples windows of a token stream; set data.format to the examples' kind, or train.epochs = 0 and train.steps`);
+  const dflt = configSchema.train.fields.steps.default;
+  if (c.train.steps !== dflt) p.push(`train.epochs = ${e} sets the number of steps, and train.steps = ${c.train.steps} is set too; give one of them (leave train.steps at its default ${dflt}, or set train.epochs = 0)`);
+  return p;
+}
+
 /** Cross-field rules. */
 export function validateConfig(c: FlotillaConfig): string[] {
   const p: string[] = [];
@@ -104,6 +118,10 @@ export function validateConfig(c: FlotillaConfig): string[] {
   p.push(...contextParallelProblems(c));
   p.push(...loraProblems(c));
   p.push(...dpoProblems(c));
+  p.push(...epochProblems(c));
+  if (c.data.format !== 'text' && (c.data.tokenizer === 'byte' || c.data.tokenizer === 'gpt2')) {
+    p.push(`data.format = ${JSON.stringify(c.data.format)} renders examples with special tokens, which data.tokenizer = ${JSON.stringify(c.data.tokenizer)} does not have; set data.tokenizer to the model's Hugging Face directory (tokenizer.json + tokenizer_config.json) or a tokenizer.json with the template's added tokens`);
+  }
   const split = globalBatchProblem({ globalBatch: c.data.globalBatch, microBatches: c.data.microBatches, dp: c.parallel.dp }, 'config');
   if (split) p.push(split);
   return p;
@@ -122,6 +140,8 @@ export function checkRunnable(c: FlotillaConfig, worldSize: number): string[] {
   p.push(...shapeProblems(c).filter((x) => x.includes('model.vocabSize')));
   // Sources, manifests, the tokenizer and the vocabulary (src/data/sources.ts); no tokenizing.
   p.push(...explainPaths(c, checkDataConfig(c.data, c.model.vocabSize)));
+  // The example fields against the sources: the template, and a prepared directory's kind, template and trainOn.
+  p.push(...explainPaths(c, exampleDataProblems(c.data)));
   p.push(...explainPaths(c, loraAdapterProblems(c)));
   return p;
 }

@@ -23,6 +23,8 @@ import { TokenCorpus } from './corpus_files.js';
 import { Prefetcher } from './prefetch.js';
 import { globalBatchProblem } from './batch_split.js';
 import { Sampler, type LoaderSource, type Sample, type SamplerSpec } from './sampler.js';
+import type { DocumentLayout } from '../nn/documents.js';
+import type { MicroBatch, SequenceTable } from '../parallel/parallel_model.js';
 
 export { sampleStream, uniformStream, blendedSource, Sampler, type LoaderSource, type Sample, type SamplerSpec } from './sampler.js';
 
@@ -53,11 +55,36 @@ export interface LoaderOptions {
 export interface Batch {
   /** (B, T) int64 inputs. */
   x: Tensor;
-  /** (B, T) int64 targets: x shifted by one token. */
+  /** (B, T) int64 targets: x shifted by one token (examples: IGNORE_INDEX where no loss is taken). */
   y: Tensor;
+  /** Examples: the documents of rows that hold several (src/data/example_loader.ts). */
+  docs?: DocumentLayout;
+  /** Preference examples: the micro-batch's pairs. */
+  seqs?: SequenceTable;
   /** The optimizer step and micro-batch this batch belongs to. */
   step: number;
   micro: number;
+}
+
+/** What an example loader adds to its state: a resume must read the same rows. */
+export interface ExampleState {
+  /** The training units' identity (the prepared datasets' keys and the units taken). */
+  datasetKey: string;
+  pack: boolean;
+  overflow: 'truncate' | 'drop';
+  epochs: number;
+}
+
+/** The surface the trainer uses: DataLoader (text) and ExampleLoader (chat, completion, preference). */
+export interface TrainLoader {
+  readonly microBatchSize: number;
+  next(): Batch;
+  batch(step: number, micro: number): MicroBatch;
+  localSampleIds(step: number): number[];
+  microSampleIds(step: number, micro: number): number[];
+  stateDict(): LoaderState;
+  loadStateDict(s: LoaderState): void;
+  close(): void;
 }
 
 /** What a resumed run needs to read the same batches (see [Note: global batch partition]). */
@@ -69,14 +96,16 @@ export interface LoaderState {
   /** Recorded to refuse a resume under a different batch geometry. */
   globalBatch: number;
   seqLen: number;
+  /** An example loader's rows (absent for text). */
+  examples?: ExampleState;
 }
 
-function positiveInt(v: number, name: string): number {
+export function positiveInt(v: number, name: string): number {
   if (!Number.isInteger(v) || v <= 0) throw new Error(`loader: ${name} must be a positive integer, got ${v}`);
   return v;
 }
 
-export class DataLoader {
+export class DataLoader implements TrainLoader {
   readonly sources: LoaderSource[];
   readonly seqLen: number;
   readonly globalBatch: number;
@@ -206,10 +235,11 @@ export class DataLoader {
       const pos = step * this.microBatches + micro;
       if (!this.prefetcher || !this.prefetcher.serves(pos)) {
         this.prefetcher?.close();
-        this.prefetcher = new Prefetcher(this.samplerSpec(), this.seedValue, pos, this.prefetchDepth);
+        this.prefetcher = new Prefetcher({ kind: 'windows', spec: this.samplerSpec(), seed: this.seedValue }, pos, this.prefetchDepth);
       }
       // The native side takes ordinary buffers only: copy out of the shared ring.
-      ({ x, y } = this.prefetcher.take(pos, (xs, ys) => this.toTensors(xs.slice(), ys.slice())));
+      const bt = this.microBatchSize * this.seqLen;
+      ({ x, y } = this.prefetcher.take(pos, (slot) => this.toTensors(slot.slice(0, bt), slot.slice(bt, 2 * bt))));
     } else {
       ({ x, y } = this.batch(step, micro));
     }
@@ -227,6 +257,9 @@ export class DataLoader {
 
   /** Restores the cursor and seed; the batch geometry must match the run that saved the state. */
   loadStateDict(s: LoaderState): void {
+    if (s.examples) {
+      throw new Error(`loader state was saved by a run on examples (data.format other than "text", data.pack = ${s.examples.pack}); this run reads text: resume with the data.format and data.source of that run`);
+    }
     if (s.globalBatch !== this.globalBatch || s.seqLen !== this.seqLen) {
       throw new Error(
         `loader state was saved with data.globalBatch=${s.globalBatch}, data.seqLen=${s.seqLen}; this run has ` +
@@ -250,7 +283,7 @@ export class DataLoader {
   }
 }
 
-function checkSeed(seed: number): number {
+export function checkSeed(seed: number): number {
   if (!Number.isInteger(seed) || seed < 0 || seed > 0xffffffff) throw new Error(`loader: seed must be an integer in 0..2^32-1, got ${seed}`);
   return seed;
 }

@@ -1,28 +1,42 @@
 // Batches prepared ahead on a worker thread, off the step's critical path.
 //
-// The worker rebuilds the loader's Sampler from plain data (the same windows, the same order) and
-// fills a ring of `depth` slots in shared memory; each slot carries a tag, the position it holds + 1.
-// take(pos) waits on that tag (Atomics.wait: the training step is synchronous), copies the tokens
-// into tensors, and asks for position pos + depth in the freed slot. A jump of the cursor (resume)
+// The worker rebuilds the loader's tensor-free half from plain data (a text loader's Sampler: the
+// same windows; an example loader's ExampleRows: the same rows, src/data/examples.ts) and fills a
+// ring of `depth` slots in shared memory, each slot the int32 planes of one micro-batch (x, y; or
+// the example planes); each slot carries a tag, the position it holds + 1. take(pos) waits on that
+// tag (Atomics.wait: the training step is synchronous), hands the slot to the loader to make
+// tensors of, and asks for position pos + depth in the freed slot. A jump of the cursor (resume)
 // starts a new worker rather than racing an old one's writes.
 import { MessageChannel, receiveMessageOnPort, type MessagePort, type Worker } from 'node:worker_threads';
 import type { SamplerSpec } from './sampler.js';
+import { PLANES, type ExampleRowsSpec } from './examples.js';
 import { siblingUrl, startWorker, type StartedWorker } from './workers.js';
+
+/** What fills the slots: a text loader's windows (x, y) or an example loader's rows (PLANES planes). */
+export type PrefetchSource =
+  | { kind: 'windows'; spec: SamplerSpec; seed: number }
+  | { kind: 'examples'; spec: ExampleRowsSpec };
 
 /** What the worker is started with. */
 export interface PrefetchInit {
-  spec: SamplerSpec;
-  seed: number;
+  source: PrefetchSource;
   depth: number;
   shared: SharedArrayBuffer;
   port: MessagePort;
 }
 
-/** Byte layout of the shared ring: `depth` Int32 tags, then per slot x then y (B * T int32 each). */
-export function ringLayout(spec: SamplerSpec, depth: number): { tagsBytes: number; slotInts: number; bytes: number } {
-  const bt = (spec.globalBatch / spec.dpSize / spec.microBatches) * spec.seqLen;
+/** B x T of one micro-batch. */
+export function sourceBt(src: PrefetchSource): number {
+  const s = src.spec;
+  const seqLen = src.kind === 'windows' ? src.spec.seqLen : src.spec.pack.seqLen;
+  return (s.globalBatch / s.dpSize / s.microBatches) * seqLen;
+}
+
+/** Byte layout of the shared ring: `depth` Int32 tags, then per slot its planes (B * T int32 each). */
+export function ringLayout(src: PrefetchSource, depth: number): { tagsBytes: number; slotInts: number; bytes: number } {
+  const slotInts = (src.kind === 'windows' ? 2 : PLANES) * sourceBt(src);
   const tagsBytes = 4 * depth;
-  return { tagsBytes, slotInts: 2 * bt, bytes: tagsBytes + 4 * 2 * bt * depth };
+  return { tagsBytes, slotInts, bytes: tagsBytes + 4 * slotInts * depth };
 }
 
 const WAIT_LIMIT_MS = 120_000;
@@ -37,15 +51,15 @@ export class Prefetcher {
   private next: number;
   private closed = false;
 
-  constructor(spec: SamplerSpec, seed: number, start: number, private readonly depth: number) {
-    const layout = ringLayout(spec, depth);
+  constructor(source: PrefetchSource, start: number, private readonly depth: number) {
+    const layout = ringLayout(source, depth);
     const shared = new SharedArrayBuffer(layout.bytes);
     this.tags = new Int32Array(shared, 0, depth);
     this.data = new Int32Array(shared, layout.tagsBytes);
     this.slotInts = layout.slotInts;
     const { port1, port2 } = new MessageChannel();
     this.errors = port1;
-    const init: PrefetchInit = { spec, seed, depth, shared, port: port2 };
+    const init: PrefetchInit = { source, depth, shared, port: port2 };
     this.started = startWorker(siblingUrl('prefetch_worker'), { workerData: init, transferList: [port2] });
     this.worker = this.started.worker;
     this.worker.unref();
@@ -63,8 +77,8 @@ export class Prefetcher {
     return !this.closed && pos === this.next - this.depth;
   }
 
-  /** The batch at `pos` (which must be the next in order), turned into whatever `make` builds. */
-  take<T>(pos: number, make: (xs: Int32Array, ys: Int32Array) => T): T {
+  /** The batch at `pos` (which must be the next in order), its slot turned into whatever `make` builds. */
+  take<T>(pos: number, make: (slot: Int32Array) => T): T {
     if (!this.serves(pos)) throw new Error(`internal: prefetcher asked for position ${pos}, expected ${this.next - this.depth}`);
     const slot = pos % this.depth;
     const waitStart = Date.now();
@@ -89,8 +103,7 @@ export class Prefetcher {
       Atomics.wait(this.tags, slot, tag, 1000);
     }
     const base = slot * this.slotInts;
-    const half = this.slotInts / 2;
-    const out = make(this.data.subarray(base, base + half), this.data.subarray(base + half, base + this.slotInts));
+    const out = make(this.data.subarray(base, base + this.slotInts));
     Atomics.store(this.tags, slot, 0);
     this.request(pos + this.depth);
     return out;

@@ -2,29 +2,39 @@
 import { parentPort, workerData } from 'node:worker_threads';
 import { TokenCorpus } from './corpus_files.js';
 import { Sampler } from './sampler.js';
-import { ringLayout, type PrefetchInit } from './prefetch.js';
+import { ExampleRows, planesOf } from './examples.js';
+import { ringLayout, sourceBt, type PrefetchInit } from './prefetch.js';
 
 const init = workerData as PrefetchInit;
-const { spec, seed, depth } = init;
-const layout = ringLayout(spec, depth);
+const { source, depth } = init;
+const layout = ringLayout(source, depth);
 const tags = new Int32Array(init.shared, 0, depth);
 const data = new Int32Array(init.shared, layout.tagsBytes);
-const half = layout.slotInts / 2;
-let sampler: Sampler | undefined;
+const bt = sourceBt(source);
+let fill: ((step: number, micro: number, slot: Int32Array) => void) | undefined;
 let failed = false;
+
+function filler(): (step: number, micro: number, slot: Int32Array) => void {
+  if (source.kind === 'examples') {
+    const rows = ExampleRows.fromSpec(source.spec);
+    return (step, micro, slot) => rows.fill(step, micro, planesOf(slot, bt));
+  }
+  const spec = source.spec;
+  const sampler = new Sampler(
+    spec.sources.map((s) => ({ corpus: new TokenCorpus(s.specs, { name: s.name, vocabSize: s.vocabSize }), weight: s.weight })),
+    spec,
+  );
+  return (step, micro, slot) => sampler.fill(source.seed, step, micro, slot.subarray(0, bt), slot.subarray(bt, 2 * bt));
+}
 
 parentPort!.on('message', (pos: number) => {
   if (failed) return;
   const slot = pos % depth;
   try {
-    sampler ??= new Sampler(
-      spec.sources.map((s) => ({ corpus: new TokenCorpus(s.specs, { name: s.name, vocabSize: s.vocabSize }), weight: s.weight })),
-      spec,
-    );
-    const step = Math.floor(pos / spec.microBatches);
-    const micro = pos % spec.microBatches;
+    fill ??= filler();
+    const M = source.spec.microBatches;
     const base = slot * layout.slotInts;
-    sampler.fill(seed, step, micro, data.subarray(base, base + half), data.subarray(base + half, base + layout.slotInts));
+    fill(Math.floor(pos / M), pos % M, data.subarray(base, base + layout.slotInts));
     Atomics.store(tags, slot, pos + 1);
   } catch (e) {
     failed = true;

@@ -8,6 +8,10 @@
 // made from the same inputs. Every check a user can fail without tokenizing (missing or empty
 // sources, a parquet file without the field, an --out that holds another dataset) runs before
 // anything is written.
+//
+// --format chat|completion|preference reads .jsonl examples (src/data/chat) into version 2 shards
+// that carry a loss mask; the unit key then also hashes the format, the template's identity, the
+// trained turns (chat), the bos/eos and --strict/--skip-bad, so a change to any prepares again.
 import { createHash } from 'node:crypto';
 import { closeSync, existsSync, mkdirSync, openSync, readdirSync, readFileSync, readSync, rmSync, statSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
@@ -15,8 +19,9 @@ import { extname, join, resolve } from 'node:path';
 import type { Worker } from 'node:worker_threads';
 import { loadTokenizer, type Tokenizer } from './tokenizer.js';
 import type { TokenDtype } from './corpus_files.js';
-import { FORMAT, FORMAT_VERSION, MANIFEST, readManifest, shardName, type Manifest, type ShardRecord } from './prepared.js';
-import { processUnit, removeTemps, type Unit, type UnitContext, type UnitJob } from './prepare_unit.js';
+import { FORMAT, FORMAT_VERSION, MANIFEST, TEXT_FORMAT_VERSION, maskBytes, readManifest, shardName, type Manifest, type ShardRecord, type TemplateRecord } from './prepared.js';
+import { processUnit, removeTemps, SKIP_NO_ASSISTANT, type ExampleContext, type Unit, type UnitContext, type UnitJob } from './prepare_unit.js';
+import { loadChatTemplate, singleId, tokenizerDirOf, specialsTokenizer, tokenizerSpecials, type ChatTemplate, type ExampleFormat, type TrainOn } from './chat/index.js';
 import { fsyncDir, writeDurable } from '../io/durable.js';
 import { siblingUrl, startWorker } from './workers.js';
 
@@ -35,6 +40,14 @@ export interface PrepareOptions {
   /** Progress: a bar on a terminal, else a line per 10% (default), or nothing. */
   progress?: boolean;
   print?: (line: string) => void;
+  /** "text" (default), or .jsonl examples: "chat", "completion", "preference" (version 2 shards with a loss mask). */
+  format?: 'text' | ExampleFormat;
+  /** The chat template: "model" (the --tokenizer directory's), "chatml" or a .jinja path; "" = "model" when the tokenizer is a directory. */
+  chatTemplate?: string;
+  /** Chat: the trained turns (default "assistant"). */
+  trainOn?: TrainOn;
+  /** Chat: a conversation with no assistant turn is an error (default: counted and skipped). */
+  strict?: boolean;
 }
 
 export interface PrepareResult {
@@ -189,14 +202,26 @@ async function planUnits(files: InputFile[], field: string, target: number): Pro
   return units;
 }
 
-function unitKey(u: Unit, files: Map<string, InputFile>, tok: Tokenizer, dtype: TokenDtype, field: string): string {
+/** What an example unit's key adds to a text one: everything that decides its ids and mask. */
+interface ExampleKey {
+  format: ExampleFormat;
+  template?: string;
+  trainOn?: TrainOn;
+  bos?: string;
+  eos?: string;
+  strict: boolean;
+  skipBad: boolean;
+}
+
+function unitKey(u: Unit, files: Map<string, InputFile>, tok: Tokenizer, dtype: TokenDtype, field: string, example?: ExampleKey): string {
   const stamp = (p: string) => {
     const f = files.get(p)!;
     return [p, f.size, f.mtimeMs];
   };
   const inputs = u.kind === 'text' ? u.files.map(stamp) : [stamp(u.file)];
   const range = u.kind === 'jsonl' ? [u.start, u.end, u.firstLine] : u.kind === 'parquet' ? [u.rowStart, u.rowEnd] : [];
-  return createHash('sha256').update(JSON.stringify({ v: FORMAT_VERSION, tok: tok.identity, dtype, field: u.kind === 'text' ? '' : field, kind: u.kind, inputs, range })).digest('hex');
+  const v = example ? FORMAT_VERSION : TEXT_FORMAT_VERSION;
+  return createHash('sha256').update(JSON.stringify({ v, tok: tok.identity, dtype, field: u.kind === 'text' ? '' : field, kind: u.kind, inputs, range, ...(example ? { example } : {}) })).digest('hex');
 }
 
 /** A shard of an earlier run that can be kept: its done file names the same key and its files are whole. */
@@ -207,6 +232,7 @@ function reusable(stem: string, key: string, width: number): ShardRecord | undef
     const r = JSON.parse(readFileSync(done, 'utf8')) as ShardRecord;
     if (r.key !== key) return undefined;
     if (statSync(`${stem}.bin`).size !== r.tokens * width || statSync(`${stem}.idx`).size !== (r.documents + 1) * 8) return undefined;
+    if (r.mask !== undefined && statSync(`${stem}.mask`).size !== maskBytes(r.tokens)) return undefined;
     return r;
   } catch {
     return undefined;
@@ -247,6 +273,63 @@ class ProgressLine {
   }
 }
 
+/** A shard's files, removed when the run that made them fails. */
+const SHARD_FILES = ['.bin', '.idx', '.mask', '.done.json'];
+
+/** An example format's settings, checked before anything is written: the tokenizer can render, the template loads, bos/eos are single ids. */
+function exampleSetup(o: PrepareOptions, format: ExampleFormat, tok: Tokenizer): { ctx: ExampleContext; key: ExampleKey; template?: TemplateRecord } {
+  const fail = (m: string): PrepareError => new PrepareError(`prepare: ${m}`);
+  let st;
+  try {
+    st = specialsTokenizer(tok);
+    st.encodeWithOffsets('a');
+  } catch (e) {
+    throw fail(`--format ${format} needs a tokenizer with added special tokens and byte offsets: ${(e as Error).message}`);
+  }
+  const dir = tokenizerDirOf(tok.spec);
+  const trainOn = o.trainOn ?? 'assistant';
+  const asked = o.chatTemplate ?? '';
+  let t: ChatTemplate | undefined;
+  if (format !== 'completion') {
+    const spec = asked !== '' ? asked : dir !== undefined ? 'model' : '';
+    if (spec === '' && format === 'chat') {
+      throw fail('--format chat needs a chat template: pass --chat-template chatml or --chat-template FILE.jinja, or give --tokenizer the model\'s Hugging Face directory (its tokenizer_config.json holds the template)');
+    }
+    if (spec !== '') {
+      try {
+        t = loadChatTemplate(spec === 'model' || spec === 'chatml' ? spec : resolve(spec), dir !== undefined ? { tokenizerDir: dir } : {});
+      } catch (e) {
+        // Preference data with string prompts needs no template: a directory without one is fine until a line needs it.
+        if (!(format === 'preference' && asked === '')) throw fail(`--chat-template ${spec}: ${(e as Error).message}`);
+      }
+    }
+  }
+  let bos: string | undefined;
+  let eos: string | undefined;
+  if (format === 'completion' && dir !== undefined) {
+    const sp = tokenizerSpecials(dir);
+    if (sp.addBos) bos = sp.bos;
+    eos = sp.eos;
+  }
+  for (const [what, v] of [['bos token', bos], ['eos token', eos], ['template\'s eos token', format === 'preference' ? t?.eos : undefined]] as const) {
+    if (!v) continue;
+    try {
+      singleId(st, v, what);
+    } catch (e) {
+      throw fail((e as Error).message);
+    }
+  }
+  const strict = o.strict ?? false;
+  const ctx: ExampleContext = {
+    format, trainOn, strict,
+    ...(t ? { template: t.source } : {}), ...(dir !== undefined ? { tokenizerDir: dir } : {}), ...(bos ? { bos } : {}), ...(eos ? { eos } : {}),
+  };
+  const key: ExampleKey = { format, ...(t ? { template: t.identity } : {}), ...(format === 'chat' ? { trainOn } : {}), ...(bos ? { bos } : {}), ...(eos ? { eos } : {}), strict, skipBad: o.skipBad ?? false };
+  // Preference data trains the final assistant turn (or the response) whatever trainOn says.
+  const template: TemplateRecord | undefined = t ? { source: t.source, identity: t.identity, trainOn: format === 'chat' ? trainOn : 'last' } : undefined;
+  return { ctx, key, ...(template ? { template } : {}) };
+}
+
 /** Runs `flotilla prepare`. Throws PrepareError for inputs a user can fix. */
 export async function prepare(o: PrepareOptions): Promise<PrepareResult> {
   const t0 = performance.now();
@@ -258,10 +341,16 @@ export async function prepare(o: PrepareOptions): Promise<PrepareResult> {
   });
   const dtype: TokenDtype = tok.vocabSize <= 65536 ? 'uint16' : 'uint32';
   const width = dtype === 'uint16' ? 2 : 4;
+  const format = o.format ?? 'text';
+  const example = format === 'text' ? undefined : exampleSetup(o, format, tok);
   const files = listInputs(o.sources);
+  if (example) {
+    const other = files.find((f) => f.kind !== 'jsonl');
+    if (other) throw new PrepareError(`prepare: --format ${format} reads .jsonl files (one JSON example a line); ${other.path} is not one`);
+  }
   const byPath = new Map(files.map((f) => [f.path, f]));
   const units = await planUnits(files, field, Math.max(1, Math.round((o.shardMb ?? 64) * 1e6)));
-  const jobs: UnitJob[] = units.map((unit, index) => ({ index, unit, key: unitKey(unit, byPath, tok, dtype, field), stem: join(out, shardName(index)) }));
+  const jobs: UnitJob[] = units.map((unit, index) => ({ index, unit, key: unitKey(unit, byPath, tok, dtype, field, example?.key), stem: join(out, shardName(index)) }));
   const datasetKey = createHash('sha256').update(jobs.map((j) => j.key).join('\n')).update(o.skipBad ? 'skip-bad' : '').digest('hex');
 
   // An --out holding another dataset is refused; the same one is done already.
@@ -301,7 +390,7 @@ export async function prepare(o: PrepareOptions): Promise<PrepareResult> {
   );
   const progress = new ProgressLine(totalBytes, o.progress ?? true, print);
   await progress.init(o.progress ?? true);
-  const ctx: UnitContext = { tokenizer: tok.spec, dtype, field, skipBad: o.skipBad ?? false };
+  const ctx: UnitContext = { tokenizer: tok.spec, dtype, field, skipBad: o.skipBad ?? false, ...(example ? { example: example.ctx } : {}) };
   const made: number[] = [];
   try {
     if (nWorkers <= 0) {
@@ -318,7 +407,7 @@ export async function prepare(o: PrepareOptions): Promise<PrepareResult> {
   } catch (e) {
     progress.stop();
     // This run's own shards go, and the directory if this run made it: an error changes nothing.
-    for (const i of made) for (const ext of ['.bin', '.idx', '.done.json']) rmSync(`${jobs[i]!.stem}${ext}`, { force: true });
+    for (const i of made) for (const ext of SHARD_FILES) rmSync(`${jobs[i]!.stem}${ext}`, { force: true });
     for (const j of jobs) removeTemps(j.stem);
     if (!outExisted) rmSync(out, { recursive: true, force: true });
     const err = e as Error;
@@ -332,27 +421,39 @@ export async function prepare(o: PrepareOptions): Promise<PrepareResult> {
   for (const s of shards) for (const f of s.inputs) docsPerFile.set(f, (docsPerFile.get(f) ?? 0) + s.documents);
   for (const f of files) {
     if (f.kind !== 'text' && (docsPerFile.get(f.path) ?? 0) === 0) {
-      for (const i of made) for (const ext of ['.bin', '.idx', '.done.json']) rmSync(`${jobs[i]!.stem}${ext}`, { force: true });
+      for (const i of made) for (const ext of SHARD_FILES) rmSync(`${jobs[i]!.stem}${ext}`, { force: true });
       if (!outExisted) rmSync(out, { recursive: true, force: true });
-      throw new PrepareError(`prepare: source ${f.path} has no documents (an empty source${o.skipBad ? ', or every line was skipped as bad' : ''}); remove it from the sources`);
+      const why = example ? ', or every line was skipped (no assistant turn, or bad with --skip-bad)' : o.skipBad ? ', or every line was skipped as bad' : '';
+      throw new PrepareError(`prepare: source ${f.path} has no documents (an empty source${why}); remove it from the sources`);
     }
   }
+  const skippedWhy: Record<string, number> = {};
+  for (const sh of shards) for (const [k, n] of Object.entries(sh.skippedWhy ?? {})) skippedWhy[k] = (skippedWhy[k] ?? 0) + n;
+  const documents = shards.reduce((a, sh) => a + sh.documents, 0);
   const manifest: Manifest = {
-    format: FORMAT, version: FORMAT_VERSION,
+    format: FORMAT, version: example ? FORMAT_VERSION : TEXT_FORMAT_VERSION,
     tokenizer: { spec: tok.spec, name: tok.name, vocabSize: tok.vocabSize, eot: tok.eot, identity: tok.identity },
     dtype,
     tokens: shards.reduce((a, s) => a + s.tokens, 0),
-    documents: shards.reduce((a, s) => a + s.documents, 0),
+    documents,
     skipped: shards.reduce((a, s) => a + s.skipped, 0),
-    key: datasetKey, field, sources: o.sources.map((s) => resolve(s)), shards,
+    key: datasetKey, field: example ? '' : field, sources: o.sources.map((s) => resolve(s)), shards,
     created: new Date().toISOString(),
+    ...(example ? {
+      kind: example.ctx.format,
+      ...(example.template ? { template: example.template } : {}),
+      examples: example.ctx.format === 'preference' ? documents / 2 : documents,
+      skippedWhy,
+    } : {}),
   };
   writeDurable(join(out, MANIFEST), `${JSON.stringify(manifest, null, 1)}\n`);
   fsyncDir(out);
   const seconds = (performance.now() - t0) / 1000;
   print(
     `prepare: ${manifest.tokens.toLocaleString('en-US')} tokens in ${manifest.documents.toLocaleString('en-US')} document(s), ${shards.length} shard(s)` +
+      (example ? ` (${manifest.examples!.toLocaleString('en-US')} ${example.ctx.format === 'preference' ? 'pair(s)' : 'example(s)'})` : '') +
       (manifest.skipped > 0 ? `, ${manifest.skipped} bad line(s)/row(s) skipped` : '') +
+      ((skippedWhy[SKIP_NO_ASSISTANT] ?? 0) > 0 ? `, ${skippedWhy[SKIP_NO_ASSISTANT]} conversation(s) without an assistant turn skipped (--strict makes that an error)` : '') +
       `; ${(totalBytes / 1e6 / seconds).toFixed(2)} MB/s; manifest ${join(out, MANIFEST)}`,
   );
   return { manifest, made: made.length, reused, bytes: totalBytes, seconds };

@@ -4,6 +4,10 @@
 // Durability: the shard is written as .tmp files, fsync'd, renamed, and only then is its .done.json
 // written (also through a fsync'd temp file). A shard without a matching .done.json is never reused,
 // and the loader reads only what manifest.json (written last) lists.
+//
+// Example formats (chat, completion, preference; ctx.example): each .jsonl line is one example (a
+// pair of documents for preference) tokenized by src/data/chat, written with no end-of-text added,
+// and its trained bits go to the shard's .mask (format in src/data/prepared.ts).
 import { createHash } from 'node:crypto';
 import { closeSync, fsyncSync, openSync, readFileSync, readSync, renameSync, writeSync, unlinkSync, existsSync } from 'node:fs';
 import { basename, dirname } from 'node:path';
@@ -11,6 +15,10 @@ import { fsyncDir, writeDurable, writeSynced } from '../io/durable.js';
 import { loadTokenizer, type Tokenizer } from './tokenizer.js';
 import type { TokenDtype } from './corpus_files.js';
 import type { ShardRecord } from './prepared.js';
+import {
+  ChatDataError, ChatTemplateError, loadChatTemplate, parseExampleLine, tokenizeChat, tokenizeCompletion, tokenizePreference,
+  type ChatTemplate, type ExampleFormat, type TokenizedExample, type TrainOn,
+} from './chat/index.js';
 
 export type Unit =
   | { kind: 'text'; files: string[]; bytes: number }
@@ -30,7 +38,28 @@ export interface UnitContext {
   dtype: TokenDtype;
   field: string;
   skipBad: boolean;
+  /** Example formats: how a line becomes ids and trained bits (absent: text). */
+  example?: ExampleContext;
 }
+
+/** How `flotilla prepare --format chat|completion|preference` tokenizes a line. */
+export interface ExampleContext {
+  format: ExampleFormat;
+  /** The chat template: "model", "chatml" or an absolute .jinja path (chat; preference when it has one). */
+  template?: string;
+  /** The Hugging Face directory the tokenizer came from (the "model" template, bos/eos). */
+  tokenizerDir?: string;
+  trainOn: TrainOn;
+  /** A conversation with no assistant turn is an error, not a skip. */
+  strict: boolean;
+  /** Completion examples: the bos to start with (when the tokenizer adds one) and the eos to end with. */
+  bos?: string;
+  eos?: string;
+}
+
+/** Why example lines are skipped (ShardRecord.skippedWhy keys). */
+export const SKIP_NO_ASSISTANT = 'no assistant turn';
+export const SKIP_BAD_LINE = 'bad line (--skip-bad)';
 
 /** A bad input found while tokenizing: the message names the file (and line). */
 export class BadInputError extends Error {
@@ -76,6 +105,50 @@ class ShardWriter {
   }
 }
 
+/** Packs trained bits 8 a byte, least significant first, into a temp file, hashing as it goes. */
+class MaskWriter {
+  private readonly fd: number;
+  private readonly buf = new Uint8Array(1 << 16);
+  private n = 0;
+  private cur = 0;
+  private bit = 0;
+  private readonly hash = createHash('sha256');
+  constructor(readonly path: string) {
+    this.fd = openSync(path, 'w');
+  }
+  push(bits: Uint8Array): void {
+    for (let i = 0; i < bits.length; i++) {
+      if (bits[i]) this.cur |= 1 << this.bit;
+      if (++this.bit === 8) {
+        this.buf[this.n++] = this.cur;
+        this.cur = 0;
+        this.bit = 0;
+        if (this.n === this.buf.length) this.flush();
+      }
+    }
+  }
+  private flush(): void {
+    if (this.n === 0) return;
+    const bytes = Buffer.from(this.buf.buffer, 0, this.n);
+    writeSync(this.fd, bytes);
+    this.hash.update(bytes);
+    this.n = 0;
+  }
+  abort(): void {
+    closeSync(this.fd);
+  }
+  finish(): string {
+    if (this.bit > 0) {
+      this.buf[this.n++] = this.cur;
+      this.bit = 0;
+    }
+    this.flush();
+    fsyncSync(this.fd);
+    closeSync(this.fd);
+    return this.hash.digest('hex');
+  }
+}
+
 /** Calls fn(line, lineNumber) for each line of bytes [start, end) of a file, read in 4 MiB blocks. */
 function forEachLine(file: string, start: number, end: number, firstLine: number, fn: (line: string, lineNo: number) => void, progress: (bytes: number) => void): void {
   const fd = openSync(file, 'r');
@@ -106,11 +179,13 @@ function forEachLine(file: string, start: number, end: number, firstLine: number
 }
 
 let cached: { spec: string; tok: Tokenizer } | undefined;
+let cachedTemplate: { key: string; t: ChatTemplate } | undefined;
 
 /** Tokenizes one unit into OUT/shard_NNNNN.{bin,idx,done.json}; returns the shard's record. */
 export async function processUnit(job: UnitJob, ctx: UnitContext, progress: (bytes: number) => void): Promise<ShardRecord> {
   if (cached?.spec !== ctx.tokenizer) cached = { spec: ctx.tokenizer, tok: await loadTokenizer(ctx.tokenizer) };
   const tok = cached.tok;
+  if (ctx.example) return processExamples(job, ctx, ctx.example, tok, progress);
   const binTmp = `${job.stem}.bin.tmp`;
   const idxTmp = `${job.stem}.idx.tmp`;
   const w = new ShardWriter(binTmp, ctx.dtype);
@@ -193,5 +268,99 @@ export async function processUnit(job: UnitJob, ctx: UnitContext, progress: (byt
 
 /** Removes a unit's leftover temp files (an interrupted earlier run's). */
 export function removeTemps(stem: string): void {
-  for (const p of [`${stem}.bin.tmp`, `${stem}.idx.tmp`, `${stem}.done.json.tmp`]) if (existsSync(p)) unlinkSync(p);
+  for (const p of [`${stem}.bin.tmp`, `${stem}.idx.tmp`, `${stem}.mask.tmp`, `${stem}.done.json.tmp`]) if (existsSync(p)) unlinkSync(p);
+}
+
+/**
+ * A .jsonl line range of examples into OUT/shard_NNNNN.{bin,idx,mask,done.json}. Every bad line is a
+ * BadInputError naming FILE:LINE (or, with --skip-bad, counted); a conversation with no assistant turn
+ * (trained on the assistant) is counted in skippedWhy, or an error under --strict.
+ */
+function processExamples(job: UnitJob, ctx: UnitContext, ex: ExampleContext, tok: Tokenizer, progress: (bytes: number) => void): ShardRecord {
+  const u = job.unit;
+  if (u.kind !== 'jsonl') throw new BadInputError(`${u.kind === 'text' ? u.files[0] : u.file}: --format ${ex.format} reads .jsonl files (one JSON example a line)`);
+  let t: ChatTemplate | undefined;
+  if (ex.template !== undefined) {
+    const key = `${ex.template}\0${ex.tokenizerDir ?? ''}`;
+    if (cachedTemplate?.key !== key) cachedTemplate = { key, t: loadChatTemplate(ex.template, ex.tokenizerDir !== undefined ? { tokenizerDir: ex.tokenizerDir } : {}) };
+    t = cachedTemplate.t;
+  }
+  const binTmp = `${job.stem}.bin.tmp`;
+  const idxTmp = `${job.stem}.idx.tmp`;
+  const maskTmp = `${job.stem}.mask.tmp`;
+  const w = new ShardWriter(binTmp, ctx.dtype);
+  const m = new MaskWriter(maskTmp);
+  const ends: number[] = [0];
+  let skipped = 0;
+  const why: Record<string, number> = {};
+  const count = (reason: string): void => {
+    why[reason] = (why[reason] ?? 0) + 1;
+  };
+  const doc = (e: TokenizedExample): void => {
+    w.push(e.ids);
+    m.push(e.trained);
+    ends.push(w.tokens);
+  };
+  const hint = ctx.skipBad ? '' : '; fix the line, or pass --skip-bad to count and skip bad lines';
+  try {
+    forEachLine(u.file, u.start, u.end, u.firstLine, (line, lineNo) => {
+      if (line.trim() === '') return;
+      const at = { line: lineNo, file: u.file };
+      try {
+        const parsed = parseExampleLine(line, ex.format, at);
+        if (parsed.kind === 'chat') {
+          if (ex.trainOn !== 'all' && !parsed.messages.some((x) => x.role === 'assistant')) {
+            if (ex.strict) {
+              throw new BadInputError(`${u.file}:${lineNo}: the conversation has no assistant turn, so nothing in it is trained (--train-on ${ex.trainOn}); fix the line, or drop --strict to count and skip such lines`);
+            }
+            count(SKIP_NO_ASSISTANT);
+            return;
+          }
+          doc(tokenizeChat(tok, t!, parsed.messages, ex.trainOn));
+        } else if (parsed.kind === 'completion') {
+          doc(tokenizeCompletion(tok, parsed.prompt, parsed.completion, { ...(ex.bos ? { bos: ex.bos } : {}), ...(ex.eos ? { eos: ex.eos } : {}) }));
+        } else {
+          if (typeof parsed.prompt !== 'string' && t === undefined) {
+            throw new ChatDataError(at, 'the prompt is a list of messages, which needs a chat template; pass --chat-template model|chatml|FILE (or set data.chatTemplate)');
+          }
+          const p = tokenizePreference(tok, t, parsed.prompt, parsed.chosen, parsed.rejected);
+          doc(p.chosen);
+          doc(p.rejected);
+        }
+      } catch (e) {
+        if (e instanceof BadInputError) throw e;
+        if (!(e instanceof ChatDataError) && !(e instanceof ChatTemplateError)) throw e;
+        if (ctx.skipBad) {
+          skipped++;
+          count(SKIP_BAD_LINE);
+          return;
+        }
+        const msg = e instanceof ChatDataError ? e.message : `${u.file}:${lineNo}: ${e.message}`;
+        throw new BadInputError(`${msg}${hint}`);
+      }
+    }, progress);
+  } catch (e) {
+    closeSync(w.fd);
+    m.abort();
+    for (const p of [binTmp, idxTmp, maskTmp]) if (existsSync(p)) unlinkSync(p);
+    throw e;
+  }
+  const binSha256 = w.finish();
+  const maskSha256 = m.finish();
+  const idx = Buffer.alloc(ends.length * 8);
+  ends.forEach((v, i) => idx.writeBigUInt64LE(BigInt(v), i * 8));
+  writeSynced(idxTmp, idx);
+  renameSync(idxTmp, `${job.stem}.idx`);
+  renameSync(maskTmp, `${job.stem}.mask`);
+  renameSync(binTmp, `${job.stem}.bin`);
+  const name = basename(job.stem);
+  const rec: ShardRecord = {
+    bin: `${name}.bin`, idx: `${name}.idx`, tokens: w.tokens, documents: ends.length - 1, maxTokenId: w.maxId,
+    binSha256, idxSha256: createHash('sha256').update(idx).digest('hex'), key: job.key, inputs: [u.file], skipped,
+    mask: `${name}.mask`, maskSha256, skippedWhy: why,
+  };
+  fsyncDir(dirname(job.stem));
+  writeDurable(`${job.stem}.done.json`, JSON.stringify(rec));
+  fsyncDir(dirname(job.stem));
+  return rec;
 }

@@ -1,13 +1,16 @@
-// What `[data]` names, turned into the loader's weighted corpora: the demo corpus, a UTF-8 text file
+// What `[data]` names, turned into the loader's weighted corpora (data.format = "text") or example
+// corpora (chat, completion, preference: prepared directories, src/data/examples.ts): the demo corpus, a UTF-8 text file
 // (tokenized in memory at start; token_cache.ts keeps the ids between runs), a prepared dataset
 // directory (`flotilla prepare`, read by byte range) or a nanoGPT-style flat uint16 `.bin`. The checks that need no tokenizing (paths, manifests,
 // the tokenizer's identity, shard sizes, the vocabulary) run in checkDataConfig, before any rank
 // starts; checksums are verified by the ranks as they open the data, each rank a share of the shards.
+import { createHash } from 'node:crypto';
 import { existsSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { MOBY_DICK, loadCorpus } from './corpus.js';
 import { TokenCorpus, type SegmentSpec } from './corpus_files.js';
-import { MANIFEST, openFlatBin, openPrepared } from './prepared.js';
+import { MANIFEST, openExamples, openFlatBin, openPrepared } from './prepared.js';
+import { ExampleCorpus, exampleCorpusSpec, type ExampleKind } from './examples.js';
 import { cachedTokens } from './token_cache.js';
 import type { LoaderSource } from './sampler.js';
 import { loadTokenizer, tokenizerIdentity, type Tokenizer, type TokenizerIdentity } from './tokenizer.js';
@@ -26,6 +29,8 @@ export interface DataSpec {
   valSource: string;
   valFraction: number;
   seqLen: number;
+  /** "text" (the default), or the kind of example every source holds. */
+  format?: 'text' | ExampleKind;
 }
 
 export type SourceKind = 'moby-dick' | 'text' | 'prepared' | 'bin';
@@ -49,9 +54,24 @@ function resolveVocabSize(modelVocab: number, tok: TokenizerIdentity): number {
   return modelVocab > 0 ? modelVocab : tok.vocabSize;
 }
 
-function checkEntry(e: SourceEntry, what: string, tok: TokenizerIdentity, vocabSize: number): string | undefined {
+function checkEntry(e: SourceEntry, what: string, tok: TokenizerIdentity, vocabSize: number, format: 'text' | ExampleKind): string | undefined {
   if (!(Number.isFinite(e.weight) && e.weight > 0)) return `${what}: the weight of ${e.path} must be a positive number, got ${e.weight}`;
   const kind = sourceKind(e.path);
+  if (format !== 'text') {
+    if (e.weight !== 1) return `${what}: data.format = "${format}" concatenates its sources (each example read once an epoch); the weight of ${e.path} is ${e.weight}: give every source weight 1`;
+    // A .jsonl of examples is prepared into the cache before the ranks start (src/data/example_source.ts checks it).
+    if (kind === 'text' && e.path.toLowerCase().endsWith('.jsonl')) return undefined;
+    if (kind !== 'prepared') {
+      return `${what}: data.format = "${format}" reads a prepared directory; prepare ${e.path} with \`flotilla prepare ${e.path} --format ${format} --tokenizer ${tok.spec} --out DIR\` and name DIR`;
+    }
+    try {
+      // The kind, template and trainOn are example_source.ts's checks (exampleDataProblems).
+      openExamples(resolve(e.path), { tokenizer: tok, vocabSize });
+    } catch (err) {
+      return `${what}: ${(err as Error).message}`;
+    }
+    return undefined;
+  }
   if (kind === 'moby-dick') return undefined;
   const abs = resolve(e.path);
   if (!existsSync(abs)) return `${what}: ${kind === 'text' ? 'text file ' : ''}${abs} does not exist; name "moby-dick", an existing text file, a prepared directory (flotilla prepare) or a nanoGPT .bin`;
@@ -90,21 +110,34 @@ export function checkDataConfig(d: DataSpec, modelVocab: number): string[] {
   const vocab = resolveVocabSize(modelVocab, tok);
   const entries = trainEntries(d);
   entries.forEach((e) => {
-    const problem = checkEntry(e, d.sources.length > 0 ? 'data.sources' : 'data.source', tok, vocab);
+    const problem = checkEntry(e, d.sources.length > 0 ? 'data.sources' : 'data.source', tok, vocab, d.format ?? 'text');
     if (problem) p.push(problem);
   });
   if (d.valSource !== '') {
-    const problem = checkEntry({ path: d.valSource, weight: 1 }, 'data.valSource', tok, vocab);
+    const problem = checkEntry({ path: d.valSource, weight: 1 }, 'data.valSource', tok, vocab, d.format ?? 'text');
     if (problem) p.push(problem);
   }
   return p;
 }
 
+/** Example corpora (data.format other than "text"): training and validation units, and what identifies them. */
+export interface ExampleData {
+  train: ExampleCorpus[];
+  val: ExampleCorpus[];
+  /** Identity of the training units (the prepared datasets' keys and the units taken): a resume checks it. */
+  datasetKey: string;
+  /** The tokenizer's end-of-text id: padding. */
+  padId: number;
+}
+
 export interface TrainData {
   tokenizer: Tokenizer;
   vocabSize: number;
+  /** Text: weighted corpora (empty for examples). */
   train: LoaderSource[];
   val: LoaderSource[];
+  /** Examples (data.format other than "text"). */
+  examples?: ExampleData;
   /** One line for the run's [data] header. */
   describe: string;
   close(): void;
@@ -147,6 +180,7 @@ export async function loadTrainData(d: DataSpec, o: { modelVocab: number; rank?:
   const rank = o.rank ?? 0;
   const world = o.worldSize ?? 1;
   const verify = (i: number) => i % world === rank;
+  if ((d.format ?? 'text') !== 'text') return loadExampleData(d, tok, vocabSize, verify);
   const opened: Opened[] = [];
   const closeAll = () => opened.forEach((x) => x.corpus.close());
   try {
@@ -176,6 +210,51 @@ export async function loadTrainData(d: DataSpec, o: { modelVocab: number; rank?:
     const describe = `${labels.join(' + ')}: ${tok.name} tokens (vocabulary ${tok.vocabSize}${vocabSize !== tok.vocabSize ? `, model ${vocabSize}` : ''}), ` +
       `train ${count(train)}, val ${count(val)}${d.valSource !== '' ? ` from ${d.valSource}` : ''}`;
     return { tokenizer: tok, vocabSize, train, val, describe, close: closeAll };
+  } catch (e) {
+    closeAll();
+    throw e;
+  }
+}
+
+/**
+ * Example corpora: every source's units concatenated (in data.sources' order) for training; validation
+ * is data.valSource, or the last data.valFraction of each source's units (in order, not shuffled).
+ */
+function loadExampleData(d: DataSpec, tok: Tokenizer, vocabSize: number, verify: (i: number) => boolean): TrainData {
+  const format = d.format as ExampleKind;
+  const opened: ExampleCorpus[] = [];
+  const closeAll = () => opened.forEach((c) => c.close());
+  const open = (path: string): { corpus: ExampleCorpus; key: string; label: string } => {
+    const dir = resolve(path);
+    const { manifest, shards, kind } = openExamples(dir, { tokenizer: tok, vocabSize, checksum: verify });
+    if (kind !== format) throw new Error(`${dir} holds ${kind} data (prepared with --format ${kind}), but data.format = ${JSON.stringify(format)}; set data.format = ${JSON.stringify(kind)}, or prepare it again with --format ${format}`);
+    const corpus = new ExampleCorpus(exampleCorpusSpec({ name: dir, kind: format, shards, vocabSize }));
+    opened.push(corpus);
+    return { corpus, key: manifest.key, label: `${path} (${manifest.shards.length} shard(s), ${corpus.units.toLocaleString('en-US')} ${format === 'preference' ? 'pairs' : 'examples'})` };
+  };
+  try {
+    const train: ExampleCorpus[] = [];
+    const val: ExampleCorpus[] = [];
+    const ident: unknown[] = [];
+    const labels: string[] = [];
+    for (const e of trainEntries(d)) {
+      const src = open(e.path);
+      labels.push(src.label);
+      if (d.valSource === '') {
+        const { head, tail } = src.corpus.split(d.valFraction);
+        train.push(head);
+        val.push(tail);
+      } else {
+        train.push(src.corpus);
+      }
+      ident.push([src.key, train.at(-1)!.spec.lo, train.at(-1)!.spec.hi]);
+    }
+    if (d.valSource !== '') val.push(open(d.valSource).corpus);
+    const datasetKey = createHash('sha256').update(JSON.stringify(ident)).digest('hex');
+    const count = (xs: ExampleCorpus[]) => xs.reduce((a, c) => a + c.units, 0).toLocaleString('en-US');
+    const describe = `${labels.join(' + ')}: ${format}, ${tok.name} tokens (vocabulary ${tok.vocabSize}${vocabSize !== tok.vocabSize ? `, model ${vocabSize}` : ''}), ` +
+      `train ${count(train)}, val ${count(val)}${d.valSource !== '' ? ` from ${d.valSource}` : ''}`;
+    return { tokenizer: tok, vocabSize, train: [], val: [], examples: { train, val, datasetKey, padId: tok.eot }, describe, close: closeAll };
   } catch (e) {
     closeAll();
     throw e;

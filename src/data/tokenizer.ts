@@ -7,7 +7,7 @@
 import { createHash } from 'node:crypto';
 import { createRequire } from 'node:module';
 import { existsSync, readFileSync, statSync } from 'node:fs';
-import { resolve } from 'node:path';
+import { join, resolve } from 'node:path';
 import { GPT2_SPLIT, bytesToUnicode } from './bpe_train.js';
 
 /** Token ids as stored by datasets and loaders. */
@@ -15,7 +15,7 @@ export type TokenArray = Uint8Array | Uint16Array | Uint32Array | Int32Array;
 
 /** What every tokenizer offers. */
 export interface Tokenizer {
-  /** "byte", "gpt2" or the absolute path of a tokenizer.json. */
+  /** "byte", "gpt2", or the absolute path of a tokenizer.json or of the Hugging Face directory holding it. */
   readonly spec: string;
   /** Short human name for messages. */
   readonly name: string;
@@ -347,10 +347,7 @@ export interface TokenizerIdentity {
 export function tokenizerIdentity(spec: string): TokenizerIdentity {
   if (spec === 'byte') return { spec, vocabSize: 256, identity: digest('flotilla byte tokenizer v1') };
   if (spec === 'gpt2') return { spec, vocabSize: 50257, identity: digest('gpt2 r50k_base (gpt-tokenizer)') };
-  const path = resolve(spec);
-  if (!existsSync(path) || !statSync(path).isFile()) {
-    throw new Error(`tokenizer ${JSON.stringify(spec)}: no such file ${path}; use "byte", "gpt2" or the path of a tokenizer.json (make one with \`flotilla tokenizer train\`)`);
-  }
+  const path = tokenizerFile(spec);
   const bytes = readFileSync(path);
   let json: { model?: { vocab?: unknown }; added_tokens?: { id: number }[] };
   try {
@@ -361,14 +358,38 @@ export function tokenizerIdentity(spec: string): TokenizerIdentity {
   if (json === null || typeof json !== 'object' || typeof json.model !== 'object' || json.model === null) {
     throw new Error(`tokenizer ${path} has no "model" table, so it is not a Hugging Face tokenizer.json`);
   }
-  return { spec: path, vocabSize: jsonVocabSize(json), identity: digest(bytes) };
+  return { spec: hfTokenizerDir(spec) ?? path, vocabSize: jsonVocabSize(json), identity: digest(bytes) };
+}
+
+/**
+ * The Hugging Face directory a tokenizer spec names (absolute), when it names one: a directory holding
+ * tokenizer.json (and, for chat templates and bos/eos, tokenizer_config.json).
+ */
+export function hfTokenizerDir(spec: string): string | undefined {
+  if (spec === 'byte' || spec === 'gpt2') return undefined;
+  const p = resolve(spec);
+  return existsSync(p) && statSync(p).isDirectory() && existsSync(join(p, 'tokenizer.json')) ? p : undefined;
+}
+
+/** The tokenizer.json a file-or-directory spec names; throws naming the fix. */
+function tokenizerFile(spec: string): string {
+  const path = resolve(spec);
+  if (existsSync(path) && statSync(path).isDirectory()) {
+    const file = join(path, 'tokenizer.json');
+    if (!existsSync(file)) throw new Error(`tokenizer ${JSON.stringify(spec)}: the directory ${path} has no tokenizer.json; name a Hugging Face model directory or a tokenizer.json file`);
+    return file;
+  }
+  if (!existsSync(path) || !statSync(path).isFile()) {
+    throw new Error(`tokenizer ${JSON.stringify(spec)}: no such file ${path}; use "byte", "gpt2" or the path of a tokenizer.json (make one with \`flotilla tokenizer train\`), or a Hugging Face directory holding one`);
+  }
+  return path;
 }
 
 const require = createRequire(import.meta.url);
 
 /**
- * The tokenizer a `data.tokenizer` / `--tokenizer` value names: "byte", "gpt2", or a path to a
- * tokenizer.json. Errors name the value and the fix.
+ * The tokenizer a `data.tokenizer` / `--tokenizer` value names: "byte", "gpt2", the path of a
+ * tokenizer.json, or a Hugging Face directory holding one. Errors name the value and the fix.
  */
 export async function loadTokenizer(spec: string): Promise<Tokenizer> {
   if (spec === 'byte') return new ByteTokenizer();
@@ -381,10 +402,7 @@ export async function loadTokenizer(spec: string): Promise<Tokenizer> {
     }
     return new Gpt2Tokenizer(mod);
   }
-  const path = resolve(spec);
-  if (!existsSync(path) || !statSync(path).isFile()) {
-    throw new Error(`tokenizer ${JSON.stringify(spec)}: no such file ${path}; use "byte", "gpt2" or the path of a tokenizer.json (make one with \`flotilla tokenizer train\`)`);
-  }
+  const path = tokenizerFile(spec);
   const bytes = readFileSync(path);
   let json: Record<string, unknown>;
   try {
@@ -402,5 +420,6 @@ export async function loadTokenizer(spec: string): Promise<Tokenizer> {
   } catch (e) {
     throw new Error(`tokenizer ${path} cannot be loaded by @huggingface/tokenizers: ${(e as Error).message}`);
   }
-  return new JsonTokenizer(path, impl, json as JsonShape, bytes);
+  // A directory keeps its own path as the spec: it is also where the chat template and bos/eos live.
+  return new JsonTokenizer(hfTokenizerDir(spec) ?? path, impl, json as JsonShape, bytes);
 }

@@ -6,8 +6,12 @@ import { dirname } from 'node:path';
 export interface StepMetrics {
   /** Optimizer steps completed (1 after the first update). */
   step: number;
-  /** Training loss of the global batch (mean over every rank and micro-batch). */
+  /** Training loss of the global batch: the mean over its trained tokens (the criterion's units), every rank and micro-batch. */
   loss: number;
+  /** Trained tokens (the criterion's units: pairs for preference data) of the global batch; 0: the step was skipped. */
+  trainedTokens?: number;
+  /** The criterion's own metrics over the global batch (sum over its units / trainedTokens). */
+  criterion?: Record<string, number>;
   /** Learning rate used for this step. */
   lr: number;
   /** Tokens of the global batch per second of step time (evaluation excluded). */

@@ -23,7 +23,7 @@ import type { ParallelModel } from '../parallel/parallel_model.js';
 import type { ParamPlacement } from '../parallel/placement.js';
 import { saveSafetensors } from '../checkpoint/safetensors.js';
 import type { RunInfo } from '../checkpoint/checkpoint.js';
-import { DataLoader, loadTrainData } from '../data/index.js';
+import { DataLoader, ExampleLoader, loadTrainData, type TrainLoader } from '../data/index.js';
 import { modelSpec } from '../models/registry.js';
 import { ConfigError } from '../config/error.js';
 import { checkRunnable } from '../config/validate.js';
@@ -45,7 +45,10 @@ export interface RunParts {
   world: ProcessGroup;
   layout: Layout;
   mesh: LayoutMesh;
-  loader: DataLoader;
+  /** Text windows (DataLoader) or example rows (ExampleLoader, data.format other than "text"). */
+  loader: TrainLoader;
+  /** Steps the run trains: train.steps, or those train.epochs make of the examples. */
+  steps: number;
   tokensPerStep: number;
   numParams: number;
   model: ParallelModel;
@@ -96,16 +99,29 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     const data = await loadTrainData(cfg.data, { modelVocab: cfg.model.vocabSize, rank: env.rank, worldSize: env.worldSize });
     closers.push(() => data.close());
     const geometry = { seqLen: cfg.data.seqLen, globalBatch: cfg.data.globalBatch, dpRank: mesh.dpRank, dpSize: layout.dp, microBatches: cfg.data.microBatches };
-    const loader = new DataLoader({ sources: data.train, seed: cfg.train.seed, prefetch: cfg.data.prefetch, ...geometry });
+    // Examples: whole examples in rows, epoch by epoch ([Note: example rows] in src/data/example_loader.ts).
+    const ex = data.examples;
+    const rows = ex && { pack: cfg.data.pack, overflow: cfg.data.overflow, padId: ex.padId, ...geometry };
+    const loader: TrainLoader = rows
+      ? new ExampleLoader({ sources: ex.train, seed: cfg.train.seed, prefetch: cfg.data.prefetch, epochs: cfg.train.epochs, datasetKey: ex.datasetKey, ...rows })
+      : new DataLoader({ sources: data.train, seed: cfg.train.seed, prefetch: cfg.data.prefetch, ...geometry });
     closers.push(() => loader.close());
-    // Validation reads fixed batches (steps 0..evalBatches-1 of its own stream) so evaluations compare.
-    const evalLoader = new DataLoader({ sources: data.val, seed: (cfg.train.seed + 1) >>> 0, ...geometry });
+    // Validation reads fixed batches (steps 0..evalBatches-1 of its own stream; examples: the held-out
+    // units in order) so evaluations compare.
+    const evalLoader: TrainLoader = rows
+      ? new ExampleLoader({ sources: ex.val, shuffle: false, ...rows })
+      : new DataLoader({ sources: data.val, seed: (cfg.train.seed + 1) >>> 0, ...geometry });
     closers.push(() => evalLoader.close());
+    // train.epochs sets the steps (validate.ts keeps train.steps at its default then); the schedule,
+    // the checkpoints and the loop use them.
+    const steps = loader instanceof ExampleLoader && cfg.train.epochs > 0 ? loader.stepsFor(cfg.train.epochs) : cfg.train.steps;
+    const runCfg = steps === cfg.train.steps ? cfg : { ...cfg, train: { ...cfg.train, steps } };
     // Lingua's lesson: check that the data-parallel ranks' samples partition the global batch.
     verifyDataPartition(mesh.data, loader.localSampleIds(0), cfg.data.globalBatch);
     const tokensPerStep = cfg.data.globalBatch * cfg.data.seqLen;
     header('data', `${data.describe}; global batch ${cfg.data.globalBatch} x ${cfg.data.seqLen} = ${tokensPerStep.toLocaleString('en-US')} tokens/step = ` +
-      `${layout.dp} data-parallel rank(s) x ${cfg.data.microBatches} micro-batch(es) x ${loader.microBatchSize} samples`);
+      `${layout.dp} data-parallel rank(s) x ${cfg.data.microBatches} micro-batch(es) x ${loader.microBatchSize} ${ex ? 'rows' : 'samples'}`);
+    if (loader instanceof ExampleLoader) header('data', loader.describe(steps));
 
     // ---- model: weights are drawn per parameter from the seed and its name, so every layout starts
     // from the same whole-model weights. A pipeline rank builds only its stages; under ZeRO-3 the
@@ -151,7 +167,7 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
       o, model.optimizerGrads ? { grads: model.optimizerGrads } : {},
     );
     closers.push(() => optimizer.dispose());
-    const schedule = o.schedule === 'cosine' ? warmupCosine({ warmupSteps: o.warmupSteps, maxSteps: cfg.train.steps, maxLr: o.lr, minLr: o.minLr }) : constant(o.lr);
+    const schedule = o.schedule === 'cosine' ? warmupCosine({ warmupSteps: o.warmupSteps, maxSteps: steps, maxLr: o.lr, minLr: o.minLr }) : constant(o.lr);
     header('optimizer', `${optimSpec.describe(o)}, weight decay ${o.weightDecay} on ${decay.length} matrices; lr ${o.lr} ` +
       (o.schedule === 'cosine' ? `warmup ${o.warmupSteps} steps, cosine to ${o.minLr}` : 'constant') +
       (o.gradClip > 0 ? `; clip grad norm at ${o.gradClip}` : '') + (layout.zero >= 1 ? `; state sharded over ${layout.dpShard} rank(s)` : ''));
@@ -162,7 +178,7 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     if (lora) checkInitFromNotLora(cfg.train.initFrom);
     const base = lora ? agreeOnBase(world, cfg.train.initFrom) : undefined;
     const moe = cfg.moe.experts > 0 ? new MoEBookkeeping(model.parts, cfg.moe, cfg.model.nLayer, layout.tp ?? 1) : undefined;
-    const ckpts = new RunCheckpoints(cfg, { world, ranksPerHost: env.localWorldSize, log: out.log });
+    const ckpts = new RunCheckpoints(runCfg, { world, ranksPerHost: env.localWorldSize, log: out.log });
     const resumedFrom = ckpts.resumeTarget(opts.resume);
     let startStep = 0;
     if (resumedFrom !== undefined) {
@@ -172,7 +188,11 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
       const meta = restore(resumedFrom, { placements: placements(), optimizer, optimizerName: optimSpec.label }, lora ? loraCount?.trainable : numParams);
       startStep = meta.step;
       if (meta.moe && moe) moe.loadExpertBiases(meta.moe.expertBias);
-      if (startStep >= cfg.train.steps) throw new ConfigError([`the checkpoint ${resumedFrom} is at step ${startStep}, and train.steps is ${cfg.train.steps}: nothing is left to train; raise --train.steps`]);
+      if (startStep >= steps) {
+        throw new ConfigError([cfg.train.epochs > 0
+          ? `the checkpoint ${resumedFrom} is at step ${startStep}, and train.epochs = ${cfg.train.epochs} makes ${steps} steps: nothing is left to train; raise --train.epochs`
+          : `the checkpoint ${resumedFrom} is at step ${startStep}, and train.steps is ${cfg.train.steps}: nothing is left to train; raise --train.steps`]);
+      }
       loader.loadStateDict(meta.data);
       // Lingua's lesson again, at the resumed position and under this run's data-parallel layout.
       verifyDataPartition(mesh.data, loader.localSampleIds(startStep), cfg.data.globalBatch);
@@ -204,14 +224,24 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     });
     const M = cfg.data.microBatches;
     return {
-      world, layout, mesh, loader, tokensPerStep, numParams, model, named, optimizer, schedule, ckpts, moe, startStep, resumedFrom, close, microBatches: M,
+      world, layout, mesh, loader, steps, tokensPerStep, numParams, model, named, optimizer, schedule, ckpts, moe, startStep, resumedFrom, close, microBatches: M,
       evaluate() {
-        // Forward only; each call returns the global batch's mean on every rank.
-        let sum = 0;
+        // Forward only; each call returns its global batch's loss and count on every rank: weighted
+        // by their counts, the batches give the mean over every trained token they hold.
+        let sum = 0, count = 0;
         for (let k = 0; k < cfg.train.evalBatches; k++) {
-          sum += tidy(() => autocast(cfg.train.precision, () => model.evaluate(Array.from({ length: M }, (_, mb) => evalLoader.batch(k, mb)))));
+          const r = tidy(() => {
+            const mbs = Array.from({ length: M }, (_, mb) => evalLoader.batch(k, mb));
+            try {
+              return autocast(cfg.train.precision, () => model.evaluate(mbs));
+            } finally {
+              for (const mb of mbs) mb.docs?.dispose(); // packed validation rows' documents are kept tensors
+            }
+          });
+          sum += r.loss * r.count;
+          count += r.count;
         }
-        return sum / cfg.train.evalBatches;
+        return count > 0 ? sum / count : NaN;
       },
       async saveCheckpoint(step) {
         model.finishParameterGathers(); // ZeRO-1/2: the last step's parameter gathers land first

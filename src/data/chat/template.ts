@@ -81,6 +81,18 @@ function readTokenizerConfig(dir: string): TokenizerConfig {
   return { template, tokens };
 }
 
+/**
+ * The bos and eos strings a Hugging Face directory's tokenizer_config.json names, and whether the
+ * tokenizer adds bos in front of a text (add_bos_token): what a completion example begins and ends with.
+ */
+export function tokenizerSpecials(dir: string): { bos?: string; eos?: string; addBos: boolean } {
+  const cfg = readTokenizerConfig(resolve(dir));
+  let addBos = false;
+  const path = join(resolve(dir), 'tokenizer_config.json');
+  if (existsSync(path)) addBos = (JSON.parse(readFileSync(path, 'utf8')) as { add_bos_token?: unknown }).add_bos_token === true;
+  return { ...(cfg.tokens.bos_token ? { bos: cfg.tokens.bos_token } : {}), ...(cfg.tokens.eos_token ? { eos: cfg.tokens.eos_token } : {}), addBos };
+}
+
 function compile(text: string, source: string): Template {
   try {
     return new Template(text);

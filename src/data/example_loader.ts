@@ -1,0 +1,302 @@
+// The loader of example datasets (chat, completion, preference): whole examples in rows, with the
+// loss on their trained targets only. The same public surface as DataLoader (src/data/loader.ts),
+// so the trainer does not branch.
+//
+// [Note: example rows]
+// Each epoch is planned from the units' lengths alone (src/data/packing.ts: a shuffle by
+// (train.seed, epoch), then first-fit packing or one unit a row), and the run's rows form one
+// stream across epochs: step s reads global rows [s * G, (s + 1) * G), cut between data-parallel
+// ranks and micro-batches exactly as [Note: global batch partition] cuts samples. So the rows a
+// (step, micro) reads are a function of the step, the seed and the data: a resume needs the
+// step counter only, mid-epoch or not, and verifyDataPartition checks the same ids.
+//
+// A document e[0..n) with trained bits m[0..n) (m[k]: token k is a trained target) placed at
+// offset p of a row gives x[p + k] = e[k], y[p + k] = m[k + 1] ? e[k + 1] : IGNORE_INDEX for
+// k < n - 1 and y[p + n - 1] = IGNORE_INDEX: nothing predicts across documents. Padding takes
+// x = the end-of-text id, y = IGNORE_INDEX, and is one trailing document. Positions count within
+// each document. When some row of a micro-batch holds more than one document (packing, a
+// preference pair), the batch carries a DocumentLayout so attention stays within documents; a row
+// of one document and its padding needs none (causality already hides the padding that follows).
+import { type Tensor, tensor } from '../tensor/index.js';
+import { documentLayout } from '../nn/documents.js';
+import { IGNORE_INDEX, type MicroBatch, type SequenceTable } from '../parallel/parallel_model.js';
+import { globalBatchProblem } from './batch_split.js';
+import { ExampleCorpus, ExampleRows, PLANES, planesOf, type ExampleRowsSpec, type RowPlanes } from './examples.js';
+import { checkSeed, positiveInt, type Batch, type ExampleState, type LoaderState, type TrainLoader } from './loader.js';
+import { Prefetcher } from './prefetch.js';
+
+export interface ExampleLoaderOptions {
+  sources: ExampleCorpus[];
+  seqLen: number;
+  globalBatch: number;
+  dpRank?: number;
+  dpSize?: number;
+  microBatches?: number;
+  seed?: number;
+  /** Several examples a row (default false: one a row, padded). */
+  pack?: boolean;
+  overflow?: 'truncate' | 'drop';
+  /** Passes the run makes (0: train.steps decides); recorded in the state. */
+  epochs?: number;
+  /** false: the units in order, every epoch alike (validation). Default true. */
+  shuffle?: boolean;
+  /** The id padding takes in x (the tokenizer's end-of-text). */
+  padId: number;
+  /** Batches a worker thread prepares ahead (0: inline). */
+  prefetch?: number;
+  /** Identity of the units read, checked on resume (default: the corpora's names and ranges). */
+  datasetKey?: string;
+}
+
+/** A micro-batch of examples. `positions`/`docIds` are the documents' (B x T) layout on the CPU. */
+export interface ExampleBatch extends MicroBatch {
+  x: Tensor;
+  y: Tensor;
+  positions: Int32Array;
+  docIds: Int32Array;
+}
+
+export class ExampleLoader implements TrainLoader {
+  readonly sources: ExampleCorpus[];
+  readonly seqLen: number;
+  readonly globalBatch: number;
+  readonly dpRank: number;
+  readonly dpSize: number;
+  readonly microBatches: number;
+  readonly localBatch: number;
+  readonly microBatchSize: number;
+  readonly pairs: boolean;
+  readonly pack: boolean;
+  readonly overflow: 'truncate' | 'drop';
+  readonly epochs: number;
+  readonly datasetKey: string;
+  private rows: ExampleRows;
+  private seedValue: number;
+  private stepValue = 0;
+  private microValue = 0;
+  private readonly prefetchDepth: number;
+  private prefetcher: Prefetcher | undefined;
+  private readonly slot: Int32Array;
+
+  constructor(private readonly o: ExampleLoaderOptions) {
+    if (o.sources.length === 0) throw new Error('loader: sources is empty; give at least one example dataset');
+    const kinds = new Set(o.sources.map((s) => s.pairs));
+    if (kinds.size > 1) throw new Error(`loader: preference data cannot be mixed with chat or completion data (${o.sources.map((s) => `${s.name}: ${s.kind}`).join(', ')})`);
+    this.sources = o.sources;
+    this.pairs = o.sources[0]!.pairs;
+    this.seqLen = positiveInt(o.seqLen, 'seqLen');
+    if (this.pairs && this.seqLen < 2) throw new Error(`loader: a preference pair takes two documents of a row; data.seqLen = ${this.seqLen} is too short`);
+    this.globalBatch = positiveInt(o.globalBatch, 'globalBatch');
+    this.dpSize = positiveInt(o.dpSize ?? 1, 'dpSize');
+    this.microBatches = positiveInt(o.microBatches ?? 1, 'microBatches');
+    this.dpRank = o.dpRank ?? 0;
+    if (!Number.isInteger(this.dpRank) || this.dpRank < 0 || this.dpRank >= this.dpSize) {
+      throw new Error(`loader: dpRank ${this.dpRank} is outside 0..${this.dpSize - 1} (dpSize ${this.dpSize})`);
+    }
+    const split = globalBatchProblem({ globalBatch: this.globalBatch, microBatches: this.microBatches, dp: this.dpSize });
+    if (split) throw new Error(split);
+    this.localBatch = this.globalBatch / this.dpSize;
+    this.microBatchSize = this.localBatch / this.microBatches;
+    this.pack = o.pack ?? false;
+    this.overflow = o.overflow ?? 'truncate';
+    this.epochs = o.epochs ?? 0;
+    this.datasetKey = o.datasetKey ?? o.sources.map((s) => `${s.name}[${s.spec.lo},${s.spec.hi})`).join('+');
+    this.seedValue = checkSeed(o.seed ?? 0);
+    this.prefetchDepth = o.prefetch ?? 0;
+    this.rows = new ExampleRows(this.sources, this.rowsSpec());
+    this.slot = new Int32Array(PLANES * this.microBatchSize * this.seqLen);
+  }
+
+  /** Plain data a worker thread rebuilds the rows from. */
+  rowsSpec(): ExampleRowsSpec {
+    return {
+      corpora: this.sources.map((s) => s.spec),
+      pack: { seqLen: this.seqLen, pack: this.pack, overflow: this.overflow },
+      seed: this.seedValue, shuffle: this.o.shuffle ?? true, padId: this.o.padId,
+      globalBatch: this.globalBatch, dpRank: this.dpRank, dpSize: this.dpSize, microBatches: this.microBatches,
+    };
+  }
+
+  get seed(): number {
+    return this.seedValue;
+  }
+  get step(): number {
+    return this.stepValue;
+  }
+  get micro(): number {
+    return this.microValue;
+  }
+  /** Examples (or pairs) the rows are planned from. */
+  get units(): number {
+    return this.rows.units;
+  }
+
+  /** Optimizer steps that make `epochs` passes: ceil(rows / globalBatch). */
+  stepsFor(epochs: number): number {
+    if (!(Number.isInteger(epochs) && epochs > 0)) throw new Error(`loader: epochs must be a positive integer, got ${epochs}`);
+    return this.rows.stream.stepsFor(epochs, this.globalBatch);
+  }
+
+  /** The header line: units -> rows per epoch, fill, overflow, and what `steps` makes of the epochs. */
+  describe(steps: number): string {
+    const p = this.rows.stream.plan(0);
+    const n = (v: number) => v.toLocaleString('en-US');
+    const what = this.pairs ? 'pairs' : 'examples';
+    const tail = this.epochs > 0
+      ? `${this.epochs} epoch(s) = ${n(steps)} steps${this.rows.stream.rowsBefore(this.epochs) % this.globalBatch !== 0 ? ' (the last step completed from the next epoch\'s rows)' : ''}`
+      : `train.steps = ${n(steps)} steps = ${(steps * this.globalBatch / p.rows).toFixed(2)} epochs`;
+    return `${n(this.units)} ${what} -> ${n(p.rows)} rows x ${this.seqLen} per epoch (${this.pack ? 'packed, ' : ''}fill ${(100 * p.fill).toFixed(1)}%); ` +
+      `${n(p.truncated)} truncated, ${n(p.dropped)} dropped (overflow = ${this.overflow}); ${tail}`;
+  }
+
+  localSampleIds(step: number): number[] {
+    void step;
+    const first = this.dpRank * this.localBatch;
+    return Array.from({ length: this.localBatch }, (_, i) => first + i);
+  }
+
+  microSampleIds(step: number, micro: number): number[] {
+    if (!Number.isInteger(micro) || micro < 0 || micro >= this.microBatches) {
+      throw new Error(`loader: micro-batch ${micro} is outside 0..${this.microBatches - 1}`);
+    }
+    return this.localSampleIds(step).slice(micro * this.microBatchSize, (micro + 1) * this.microBatchSize);
+  }
+
+  /** One micro-batch by position; does not move the cursor. */
+  batch(step: number, micro: number): ExampleBatch {
+    if (!Number.isInteger(step) || step < 0) throw new Error(`loader: step must be a non-negative integer, got ${step}`);
+    this.microSampleIds(step, micro);
+    this.rows.fill(step, micro, planesOf(this.slot, this.microBatchSize * this.seqLen));
+    return this.assemble(this.slot);
+  }
+
+  next(): Batch & ExampleBatch {
+    const step = this.stepValue;
+    const micro = this.microValue;
+    let b: ExampleBatch;
+    if (this.prefetchDepth > 0) {
+      const pos = step * this.microBatches + micro;
+      if (!this.prefetcher || !this.prefetcher.serves(pos)) {
+        this.prefetcher?.close();
+        this.prefetcher = new Prefetcher({ kind: 'examples', spec: this.rowsSpec() }, pos, this.prefetchDepth);
+      }
+      b = this.prefetcher.take(pos, (slot) => this.assemble(slot));
+    } else {
+      b = this.batch(step, micro);
+    }
+    this.microValue++;
+    if (this.microValue === this.microBatches) {
+      this.microValue = 0;
+      this.stepValue++;
+    }
+    return { ...b, step, micro };
+  }
+
+  /** Tensors (copies: the native side takes ordinary buffers, and the slot is reused) of one slot's planes. */
+  private assemble(slot: Int32Array): ExampleBatch {
+    const B = this.microBatchSize, T = this.seqLen;
+    const pl = planesOf(slot, B * T);
+    const shape = [B, T];
+    const x = tensor(pl.x.slice(), { shape, dtype: 'int64' });
+    const y = tensor(pl.y.slice(), { shape, dtype: 'int64' });
+    const positions = pl.pos.slice();
+    const docIds = pl.ids.slice();
+    let several = false;
+    for (let i = 0; i < B * T && !several; i++) several = pl.unit[i]! >= 0 && pl.ids[i]! > 0;
+    const out: ExampleBatch = { x, y, positions, docIds };
+    // Kept tensors, not the caller's tidy's: the step that consumes the batch disposes them.
+    if (several) out.docs = documentLayout(positions, docIds, B, T);
+    if (this.pairs) out.seqs = sequenceTable(pl, B, T);
+    return out;
+  }
+
+  stateDict(): LoaderState {
+    return {
+      step: this.stepValue, micro: this.microValue, seed: this.seedValue, globalBatch: this.globalBatch, seqLen: this.seqLen,
+      examples: this.exampleState(),
+    };
+  }
+
+  private exampleState(): ExampleState {
+    return { datasetKey: this.datasetKey, pack: this.pack, overflow: this.overflow, epochs: this.epochs };
+  }
+
+  /** Restores the cursor and seed; the geometry and the example fields must match the run that saved it. */
+  loadStateDict(s: LoaderState): void {
+    if (s.globalBatch !== this.globalBatch || s.seqLen !== this.seqLen) {
+      throw new Error(
+        `loader state was saved with data.globalBatch=${s.globalBatch}, data.seqLen=${s.seqLen}; this run has ` +
+          `${this.globalBatch}, ${this.seqLen}: resume with the same values to read the same rows`,
+      );
+    }
+    if (!s.examples) throw new Error('loader state was saved by a run on text (data.format = "text"); this run reads examples: resume with the data.format and data.source of that run');
+    const mine = this.exampleState();
+    if (s.examples.datasetKey !== mine.datasetKey) {
+      throw new Error('loader state was saved by a run on other examples (its datasetKey differs: another data.source, data.sources, data.valFraction or prepared data); resume with the data of that run');
+    }
+    const names = { pack: 'data.pack', overflow: 'data.overflow', epochs: 'train.epochs' } as const;
+    for (const k of ['pack', 'overflow', 'epochs'] as const) {
+      if (s.examples[k] !== mine[k]) {
+        throw new Error(`loader state was saved with ${names[k]} = ${JSON.stringify(s.examples[k])}; this run has ${JSON.stringify(mine[k])}: resume with the same value to read the same rows`);
+      }
+    }
+    if (!Number.isInteger(s.step) || s.step < 0 || !Number.isInteger(s.micro) || s.micro < 0 || s.micro >= this.microBatches) {
+      throw new Error(`loader state has an invalid position (step ${s.step}, micro ${s.micro}) for ${this.microBatches} micro-batch(es)`);
+    }
+    if (checkSeed(s.seed) !== this.seedValue) {
+      this.seedValue = s.seed;
+      this.rows = new ExampleRows(this.sources, this.rowsSpec());
+    }
+    this.stepValue = s.step;
+    this.microValue = s.micro;
+    this.prefetcher?.close();
+    this.prefetcher = undefined;
+  }
+
+  close(): void {
+    this.prefetcher?.close();
+    this.prefetcher = undefined;
+  }
+}
+
+/**
+ * A preference micro-batch's sequences: each response document in row order; the first document
+ * of a pair in its row is the chosen response, the second the rejected one. Targets no sequence
+ * trains point at the dump slot nSeq.
+ */
+export function sequenceTable(pl: RowPlanes, B: number, T: number): SequenceTable {
+  const seqOf = new Int32Array(B * T).fill(-1);
+  const chosen: number[] = [], rejected: number[] = [], pairIds: number[] = [], lengths: number[] = [];
+  let nSeq = 0;
+  for (let b = 0; b < B; b++) {
+    let lastDoc = -1, seq = -1, openUnit = -1;
+    for (let t = 0; t < T; t++) {
+      const i = b * T + t;
+      const u = pl.unit[i]!;
+      if (u < 0) break; // padding ends the row
+      if (pl.ids[i] !== lastDoc) {
+        lastDoc = pl.ids[i]!;
+        seq = nSeq++;
+        lengths.push(0);
+        if (u !== openUnit) {
+          openUnit = u;
+          chosen.push(seq);
+          pairIds.push(u);
+        } else {
+          rejected.push(seq);
+        }
+      }
+      if (pl.y[i] !== IGNORE_INDEX) {
+        seqOf[i] = seq;
+        lengths[seq]!++;
+      }
+    }
+  }
+  if (chosen.length !== rejected.length) throw new Error('internal: a preference pair lost a response in its row');
+  const index = new Int32Array(B * T);
+  for (let i = 0; i < B * T; i++) index[i] = seqOf[i]! >= 0 ? seqOf[i]! : nSeq;
+  return {
+    index: tensor(index, { shape: [B, T], dtype: 'int64' }), nSeq,
+    chosen: Int32Array.from(chosen), rejected: Int32Array.from(rejected), pairIds: Int32Array.from(pairIds), lengths: Int32Array.from(lengths),
+  };
+}
