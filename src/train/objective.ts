@@ -8,10 +8,12 @@
 // compared with. The run's header says so.
 import type { Module } from '../nn/module.js';
 import type { ProcessGroup } from '../distributed/process_group.js';
-import type { Criterion, LossFn } from '../parallel/parallel_model.js';
+import type { Criterion, LossFn, ParallelModel } from '../parallel/parallel_model.js';
+import type { LayoutMesh } from '../parallel/parallelize.js';
 import type { PipelineModel } from '../parallel/pipeline/model.js';
 import type { FlotillaConfig } from '../config/schema.js';
-import { dpoCriterion } from './dpo.js';
+import { DPO_METRICS, dpoCriterion } from './dpo.js';
+import { DpoReference, adaptersReference, modelReference, sequenceReader, type ReferenceLoader } from './reference.js';
 
 /** The run's config as the objective runs it: under DPO, dropout off. */
 export function objectiveConfig(cfg: FlotillaConfig): FlotillaConfig {
@@ -44,4 +46,44 @@ export function describeObjective(cfg: FlotillaConfig, reference: string): strin
   const d = cfg.dpo;
   const dropout = cfg.model.dropout > 0 || cfg.lora.dropout > 0 ? '; dropout off (model.dropout and lora.dropout set to 0 for DPO)' : '; dropout off';
   return `DPO (${d.loss === 'ipo' ? 'IPO, per-token mean log-probabilities' : 'sigmoid'}, beta ${d.beta}) against ${reference}${d.precompute ? ', computed once before step 0' : ''}${dropout}`;
+}
+
+/** What a DPO run's reference is built from (phases.ts). */
+export interface DpoRunContext {
+  /** The policy as parallelized. */
+  model: ParallelModel;
+  mesh: LayoutMesh;
+  world: ProcessGroup;
+  /** Builds the frozen copy of the starting weights, placed by the run's layout and loaded as the policy was at step 0. */
+  copy(): ParallelModel;
+  loader: ReferenceLoader;
+  evalLoader: ReferenceLoader;
+  microBatches: number;
+  evalBatches: number;
+  steps: number;
+  /** The run's autocast around each forward-only pass. */
+  scope<R>(fn: () => R): R;
+}
+
+/** The reference of a DPO run ([Note: DPO reference] in reference.ts), live or to be precomputed by prepare(). */
+export function openDpoReference(cfg: FlotillaConfig, c: DpoRunContext): DpoReference {
+  const read = sequenceReader({ cp: c.mesh.cp });
+  const kind = referenceKind(cfg);
+  const live = kind === 'adapters' ? adaptersReference(c.model, read) : modelReference(c.copy(), read, 'a frozen copy of the starting weights, placed by the same layout');
+  const d = cfg.data;
+  return new DpoReference({
+    live, precompute: cfg.dpo.precompute, world: c.world,
+    contributes: c.mesh.tp.rank === 0 && (c.mesh.cp?.rank ?? 0) === 0 && c.mesh.pp.rank === 0,
+    key: {
+      data: JSON.stringify([c.loader.datasetKey, c.evalLoader.datasetKey, d.seqLen, d.overflow, c.loader.units, c.evalLoader.units]),
+      base: JSON.stringify([cfg.train.initFrom, cfg.train.seed, cfg.model, cfg.train.precision]),
+      reference: kind,
+    },
+    train: c.loader, val: c.evalLoader, microBatches: c.microBatches, evalBatches: c.evalBatches, steps: c.steps, scope: c.scope,
+  });
+}
+
+/** A DPO step's metrics.jsonl fields: the pairs of the global batch and the means over them. */
+export function dpoMetrics(pairs: number, m: Record<string, number> | undefined): Record<string, number> {
+  return { pairs, ...Object.fromEntries(DPO_METRICS.map((k) => [k, m?.[k] ?? 0])) };
 }

@@ -16,13 +16,11 @@
 import { closeSync, existsSync, mkdirSync, openSync, readFileSync, renameSync, rmSync, writeFileSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
 import { noGrad, tensor, type Tensor } from '../tensor/index.js';
-import { withCrossEntropy } from '../nn/functional.js';
 import { withAdaptersDisabled } from '../nn/lora.js';
 import type { Module } from '../nn/module.js';
 import type { ProcessGroup } from '../distributed/process_group.js';
 import type { MicroBatch, ParallelModel, StageValue } from '../parallel/parallel_model.js';
 import type { PipelineModel } from '../parallel/pipeline/model.js';
-import { vocabParallelCrossEntropy } from '../parallel/tensor_parallel/loss.js';
 import { readSequenceLogps, tableOf } from './dpo.js';
 
 /** Where each micro-batch's reference log-probabilities come from (filled onto mb.seqs.ref). */
@@ -38,24 +36,17 @@ export interface ReferenceSource {
 export type ReadFn = (output: StageValue, mb: MicroBatch) => Float64Array;
 type ForwardOnly = (mbs: MicroBatch[], read: ReadFn) => Float64Array[];
 
-/** How the layout's groups shape the read: the cp ring sums a sequence's chunks; tp lossParallel keeps the logits vocab-sharded. */
-export interface ReadGroups {
-  cp?: ProcessGroup | undefined;
-  /** The tensor-parallel group when parallel.lossParallel leaves the logits split over the vocabulary. */
-  lossParallel?: ProcessGroup | undefined;
-}
-
-/** Each sequence's summed log-probability, read as the DPO criterion reads the policy's. */
-export function sequenceReader(g: ReadGroups): ReadFn {
-  const read: ReadFn = (out, mb) => readSequenceLogps(out, mb, g.cp);
-  const tp = g.lossParallel;
-  return tp && tp.size > 1 ? (out, mb) => withCrossEntropy(vocabParallelCrossEntropy(tp), () => read(out, mb)) : read;
+/**
+ * Each sequence's summed log-probability, read as the DPO criterion reads the policy's (cp: the
+ * ring, whose ranks each sum their chunks; under loss parallelism the layout runs the read with
+ * its vocab-parallel cross-entropy).
+ */
+export function sequenceReader(g: { cp?: ProcessGroup | undefined }): ReadFn {
+  return (out, mb) => readSequenceLogps(out, mb, g.cp);
 }
 
 function forwardOnlyOf(model: ParallelModel): ForwardOnly {
-  const f = (model as ParallelModel & { forwardOnly?: ForwardOnly }).forwardOnly;
-  if (typeof f !== 'function') throw new Error('DPO: this layout has no forward-only pass (ParallelModel.forwardOnly)');
-  return f.bind(model);
+  return model.forwardOnly.bind(model);
 }
 
 /**
