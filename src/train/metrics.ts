@@ -12,6 +12,12 @@ export interface StepMetrics {
   trainedTokens?: number;
   /** The criterion's own metrics over the global batch (sum over its units / trainedTokens). */
   criterion?: Record<string, number>;
+  /** DPO: preference pairs of the global batch, and the means over them of beta x the chosen and the rejected responses' log-ratios to the reference, their difference and [chosen > rejected]. */
+  pairs?: number;
+  rewardsChosen?: number;
+  rewardsRejected?: number;
+  rewardsMargin?: number;
+  rewardsAccuracy?: number;
   /** Learning rate used for this step. */
   lr: number;
   /** Tokens of the global batch per second of step time (evaluation excluded). */

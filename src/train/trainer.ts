@@ -15,6 +15,7 @@ import type { StepMetrics } from './metrics.js';
 import type { StepResult } from '../parallel/parallel_model.js';
 import { Progress, resolveProgressMode } from './progress.js';
 import { openRun, writeRankRecord, type RunParts } from './phases.js';
+import { dpoMetrics } from './objective.js';
 import { openRunRecord, memoryLine, type RunRecord } from './run_record.js';
 
 export interface TrainOptions {
@@ -103,7 +104,10 @@ function trainStep(run: RunParts, cfg: FlotillaConfig): StepResult & { norm: num
     // 1 / micro-batches ([Note: moe auxiliary loss] in src/nn/moe.ts); the loss is the sum over the
     // global batch's trained tokens over their count ([Note: global loss reduction]).
     const r = autocast(cfg.train.precision, () => withActivationCheckpoint(cfg.train.activationCheckpoint, () =>
-      withMoELossScale(1 / M, () => model.step(Array.from({ length: M }, () => loader.next())))));
+      withMoELossScale(1 / M, () => {
+        const mbs = Array.from({ length: M }, () => loader.next());
+        return model.step(run.dpo ? run.dpo.logps(mbs) : mbs); // DPO: the reference's log-probabilities first
+      })));
     // No trained token in the whole global batch: no gradient was made, and the step is not applied.
     if (r.count === 0) return { ...r, norm: 0 };
     const norm = o.gradClip > 0 ? clipGradNorm(model.grads, o.gradClip).norm : gradNorm(model.grads);
@@ -136,6 +140,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
     record = openRunRecord(cfg, run.world, env, { resume: run.resumedFrom !== undefined, startStep, worldSize: env.worldSize, ...(opts.configPath ? { configPath: opts.configPath } : {}), ...(opts.overrides ? { overrides: opts.overrides } : {}) });
     if (isRank0) await opts.onRunDir?.(record!.dir);
     out.header('train', `${steps} steps, eval every ${cfg.train.evalEvery || steps} on ${cfg.train.evalBatches} val batch(es); run dir ${record?.dir ?? '(rank 0)'}`);
+    if (run.dpo) out.header('dpo', run.dpo.prepare(record?.dir)); // dpo.precompute: before step 0, every rank
     progress = new Progress(steps, mode, cfg.log.every, print);
     stopRequest = new StopRequest(out.log);
     run.ckpts.prepare();
@@ -171,7 +176,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
       if (valLoss !== undefined) lastVal = valLoss;
       const row: StepMetrics = {
         step: step + 1, loss, lr, tokensPerSec: run.tokensPerStep / dt, trainedTokens: count, gradNorm: norm, ...(valLoss !== undefined ? { valLoss } : {}),
-        elapsedS: (performance.now() - loopStart) / 1000, ...(metrics ? { criterion: metrics } : {}), ...moeRow,
+        elapsedS: (performance.now() - loopStart) / 1000, ...(run.dpo ? dpoMetrics(count, metrics) : metrics ? { criterion: metrics } : {}), ...moeRow,
       };
       record?.step(row);
       progress.update(row);
