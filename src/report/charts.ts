@@ -125,6 +125,9 @@ export function metricCharts(runs: readonly NamedMetrics[]): { id: string; spec:
     { id: 'tokens-per-sec', spec: { title: 'Throughput', yName: 'tokens/s', series: series(runs, (m) => m.tokensPerSec) } },
     // Masked data (chat, completion, packed): trained tokens vary from step to step; a text run's never do, and gets no chart.
     { id: 'trained-tokens', spec: { title: 'Trained tokens per step', yName: 'tokens', series: varying(series(runs, (m) => m.trainedTokens)) } },
+    // DPO: the chosen responses' reward over the rejected ones' (beta x log-ratio to the reference), and how often it is positive.
+    { id: 'dpo-margin', spec: { title: 'DPO reward margin (chosen - rejected)', yName: 'margin', series: series(runs, (m) => m.rewardsMargin) } },
+    { id: 'dpo-accuracy', spec: { title: 'DPO pairwise accuracy (chosen reward > rejected)', yName: 'share of pairs', series: series(runs, (m) => m.rewardsAccuracy) } },
     // Mixture of experts: the busiest expert's load over the mean (1 = balanced), the worst MoE block each step.
     { id: 'expert-load', spec: { title: 'Expert load: max / mean tokens per expert (worst MoE block)', yName: 'max / mean', series: series(runs, expertImbalance) } },
     { id: 'aux-loss', spec: { title: 'MoE auxiliary loss (sum over blocks)', yName: 'aux loss', series: series(runs, (m) => m.auxLoss) } },

@@ -8,7 +8,7 @@ export interface StepMetrics {
   step: number;
   /** Training loss of the global batch: the mean over its trained tokens (the criterion's units), every rank and micro-batch. */
   loss: number;
-  /** Trained tokens (the criterion's units: pairs for preference data) of the global batch; 0: the step was skipped. */
+  /** Trained tokens of the global batch (the language-model objective; DPO counts `pairs`); 0: the step was skipped. */
   trainedTokens?: number;
   /** The criterion's own metrics over the global batch (sum over its units / trainedTokens). */
   criterion?: Record<string, number>;

@@ -175,7 +175,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
       const valLoss = evalNow ? run.evaluate() : undefined;
       if (valLoss !== undefined) lastVal = valLoss;
       const row: StepMetrics = {
-        step: step + 1, loss, lr, tokensPerSec: run.tokensPerStep / dt, trainedTokens: count, gradNorm: norm, ...(valLoss !== undefined ? { valLoss } : {}),
+        step: step + 1, loss, lr, tokensPerSec: run.tokensPerStep / dt, ...(run.dpo ? {} : { trainedTokens: count }), gradNorm: norm, ...(valLoss !== undefined ? { valLoss } : {}),
         elapsedS: (performance.now() - loopStart) / 1000, ...(run.dpo ? dpoMetrics(count, metrics) : metrics ? { criterion: metrics } : {}), ...moeRow,
       };
       record?.step(row);
