@@ -181,6 +181,7 @@ export const configSchema: Schema<FlotillaConfig> = {
       ropeLowFreqFactor: { kind: 'float', default: llama.ropeLowFreqFactor, above: 0, doc: '(llama, ropeScaling = "llama3") rope_scaling.low_freq_factor.' },
       ropeHighFreqFactor: { kind: 'float', default: llama.ropeHighFreqFactor, above: 0, doc: '(llama, ropeScaling = "llama3") rope_scaling.high_freq_factor; above model.ropeLowFreqFactor.' },
       ropeOriginalMaxPositions: { kind: 'int', default: llama.ropeOriginalMaxPositions, min: 1, doc: '(llama, ropeScaling = "llama3") rope_scaling.original_max_position_embeddings.' },
+      slidingWindow: { kind: 'int', default: llama.slidingWindow, min: 0, doc: '(llama) Sliding-window attention (Mistral\'s sliding_window): a token reads the previous slidingWindow tokens of its document, itself included (query i reads key j when i - j < slidingWindow); 0 = full causal attention. Training (packed documents, context parallelism) and generation apply it.' },
     },
   },
   moe: {

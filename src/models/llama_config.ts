@@ -27,6 +27,11 @@ export interface LlamaConfig {
   /** On the attention probabilities only (transformers' attention_dropout). */
   dropout: number;
   tieEmbeddings: boolean;
+  /**
+   * Sliding-window attention (Mistral's sliding_window): query i reads key j only when
+   * i - j < slidingWindow (positions within its document); 0 = full causal attention.
+   */
+  slidingWindow: number;
   /** Mixture of experts (the [moe] section): an MoE MLP every moe.every blocks when moe.experts > 0. */
   moe?: MoEConfig;
 }
@@ -34,7 +39,7 @@ export interface LlamaConfig {
 export const defaultLlamaConfig: LlamaConfig = {
   vocabSize: 256, blockSize: 128, nLayer: 4, nHead: 4, nKvHead: 0, nEmbd: 128, headDim: 0, intermediateSize: 0,
   rmsNormEps: 1e-5, ropeTheta: 10000, ropeScaling: 'none', ropeFactor: 8, ropeLowFreqFactor: 1, ropeHighFreqFactor: 4,
-  ropeOriginalMaxPositions: 8192, dropout: 0, tieEmbeddings: false,
+  ropeOriginalMaxPositions: 8192, dropout: 0, tieEmbeddings: false, slidingWindow: 0,
 };
 
 /** Llama's MLP width for a model width: int(8/3 nEmbd) rounded up to a multiple of 64. */
@@ -49,6 +54,7 @@ export function resolveLlamaConfig(cfg: Partial<LlamaConfig>): LlamaConfig {
   for (const k of ['vocabSize', 'blockSize', 'nLayer', 'nHead', 'nEmbd'] as const) {
     if (!Number.isInteger(c[k]) || c[k] <= 0) throw new Error(`Llama: ${k} must be a positive integer, got ${c[k]}`);
   }
+  if (!Number.isInteger(c.slidingWindow) || c.slidingWindow < 0) throw new Error(`Llama: slidingWindow must be a whole number >= 0 (0 = full causal attention), got ${c.slidingWindow}`);
   if (c.nKvHead === 0) c.nKvHead = c.nHead;
   if (c.headDim === 0) {
     if (c.nEmbd % c.nHead !== 0) throw new Error(`Llama: nEmbd (${c.nEmbd}) must be divisible by nHead (${c.nHead}), or set headDim`);
@@ -87,6 +93,8 @@ function llamaShapeProblems(m: LlamaConfig, ctx: ShapeContext): string[] {
   if (m.ropeScaling === 'llama3' && !(m.ropeHighFreqFactor > m.ropeLowFreqFactor)) {
     p.push(`model.ropeHighFreqFactor (${m.ropeHighFreqFactor}) must be above model.ropeLowFreqFactor (${m.ropeLowFreqFactor}) with model.ropeScaling = "llama3"`);
   }
+  const w = m.slidingWindow ?? 0;
+  if (!Number.isInteger(w) || w < 0) p.push(`model.slidingWindow (${w}) must be a whole number >= 0 (0 = full causal attention)`);
   if (ctx.seqLen > m.blockSize) p.push(`data.seqLen (${ctx.seqLen}) must be <= model.blockSize (${m.blockSize}); lower data.seqLen or raise model.blockSize`);
   const stages = ctx.pp * ctx.ppVirtualStages;
   if (ctx.pp > 1 && m.nLayer < stages) {
@@ -114,7 +122,7 @@ export const llamaRules: ModelRules<LlamaConfig> = {
   describe: (m) => {
     const c = resolveLlamaConfig(m);
     return `Llama ${c.nLayer} layers, ${c.nHead} heads (${c.nKvHead} key/value) of ${c.headDim}, width ${c.nEmbd}, MLP ${c.intermediateSize}, context ${c.blockSize}` +
-      (c.ropeScaling === 'llama3' ? `, rope theta ${c.ropeTheta} scaled (llama3, factor ${c.ropeFactor})` : `, rope theta ${c.ropeTheta}`) + (c.tieEmbeddings ? ', tied head' : '');
+      (c.ropeScaling === 'llama3' ? `, rope theta ${c.ropeTheta} scaled (llama3, factor ${c.ropeFactor})` : `, rope theta ${c.ropeTheta}`) + (c.tieEmbeddings ? ', tied head' : '') + (c.slidingWindow ? `, sliding window ${c.slidingWindow}` : '');
   },
   numParams: (m) => llamaNumParams(m),
   linears(m) {
