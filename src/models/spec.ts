@@ -51,6 +51,11 @@ export interface ModelSpec<C = any> extends ModelRules<C> {
   tensorPlan(opts: { sequenceParallel?: boolean; lossParallel?: boolean }): TpPlan | ((part: Module) => TpPlan);
   /** How the model reads and writes Hugging Face directories (src/checkpoint/hf.ts), when it can. */
   readonly hf?: HfFormat<C>;
+  /**
+   * More transformers classes that load into this architecture (MistralForCausalLM into the Llama);
+   * a model is written as the first whose `writes` claims its config, else as `hf`.
+   */
+  readonly hfFamilies?: readonly HfFormat<C>[];
 }
 
 /** One parameter as transformers stores it. */
@@ -90,4 +95,6 @@ export interface HfFormat<C = any> {
   configOf(model: Module): C | undefined;
   /** The config with its derived fields (0 = from the others) filled in, to compare two configs. */
   resolve?(cfg: C): C;
+  /** For a spec's hfFamilies: whether a model of this config is written as this class. */
+  writes?(cfg: C): boolean;
 }

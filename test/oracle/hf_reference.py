@@ -1,4 +1,5 @@
-"""Reference forwards of transformers' GPT2LMHeadModel and LlamaForCausalLM, written from the published
+"""Reference forwards of transformers' GPT2LMHeadModel, LlamaForCausalLM and MistralForCausalLM (the
+Llama with a sliding attention window: query i reads key j when i - j < sliding_window), written from the published
 model descriptions on transformers' tensor names and layouts (transformers itself is not installed), and
 the Hugging Face directory layout (config.json, model.safetensors or shards + model.safetensors.index.json).
 
@@ -48,6 +49,15 @@ def llama_cfg(c):
     return d
 
 
+def mistral_cfg(c):
+    # MistralConfig's defaults (Mistral 7B), then the Llama's fields it shares; sliding_window None = full causal.
+    d = dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+             num_key_value_heads=8, head_dim=None, max_position_embeddings=4096 * 32, rms_norm_eps=1e-6, rope_theta=10000.0,
+             sliding_window=4096, tie_word_embeddings=False, hidden_act='silu')
+    d.update(c)
+    return llama_cfg(d)
+
+
 def expected(config):
     """{name: shape} of the state dict transformers saves for this config (a tied head not stored)."""
     out = {}
@@ -68,8 +78,8 @@ def expected(config):
         out['transformer.ln_f.bias'] = [C]
         if not c['tie_word_embeddings']:
             out['lm_head.weight'] = [c['vocab_size'], C]
-    elif config['model_type'] == 'llama':
-        c = llama_cfg(config)
+    elif config['model_type'] in ('llama', 'mistral'):
+        c = llama_cfg(config) if config['model_type'] == 'llama' else mistral_cfg(config)
         C, hd, I = c['hidden_size'], c['head_dim'], c['intermediate_size']
         nh, nkv = c['num_attention_heads'], c['num_key_value_heads']
         out['model.embed_tokens.weight'] = [c['vocab_size'], C]
@@ -159,13 +169,18 @@ def rms_norm(x, w, eps):
 
 
 def llama_forward(P, c, idx):
-    c = llama_cfg(c)
+    c = llama_cfg(c) if c['model_type'] == 'llama' else mistral_cfg(c)
     B, T = idx.shape
     nh, nkv, hd, eps = c['num_attention_heads'], c['num_key_value_heads'], c['head_dim'], c['rms_norm_eps']
     freqs = torch.arange(T, dtype=torch.float64)[:, None] * rope_inv_freq(c)[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos(), emb.sin()  # (T, hd)
     causal = torch.ones(T, T, dtype=torch.bool).tril()
+    W = c.get('sliding_window')
+    if W is not None:
+        # Mistral's sliding window: query i reads key j only when j > i - W.
+        qi, kj = torch.arange(T)[:, None], torch.arange(T)[None, :]
+        causal = causal & (kj > qi - W)
     x = P['model.embed_tokens.weight'][idx]
     for i in range(c['num_hidden_layers']):
         p = lambda n: P[f'model.layers.{i}.{n}']  # noqa: E731
