@@ -370,7 +370,11 @@ test('flotilla train\'s .jsonl source: prepared into the cache under a key of th
     // A bad line: FILE:LINE, and nothing in the cache a run would read.
     const bad = writeLines('train_bad.jsonl', [{ messages: [u('Hi'), a('Hello.')] }, 'nope']);
     const bd = { ...d, source: bad };
-    assert.match(await failure(prepareExampleSources(bd, { workers: 0, print: () => {} })), new RegExp(`train_bad\\.jsonl:2: not JSON`));
+    const msg = await failure(prepareExampleSources(bd, { workers: 0, print: () => {} }));
+    assert.match(msg, new RegExp(`train_bad\\.jsonl:2: not JSON`));
+    // The hint names what a run can do: prepare the file with --skip-bad and name the directory (no
+    // --skip-bad alone, which is prepare's flag and not train's).
+    assert.match(msg, /fix the line, or prepare the file with `flotilla prepare .*train_bad\.jsonl --format chat --tokenizer .* --chat-template model --train-on assistant --skip-bad --out DIR` \(bad lines counted and skipped\) and set data\.source to DIR$/);
     assert.equal(existsSync(exampleCacheDir(bd, bad, undefined, env)!), false);
   } finally {
     if (prev === undefined) delete process.env.FLOTILLA_CACHE_DIR;

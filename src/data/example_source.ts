@@ -141,6 +141,8 @@ export async function prepareExampleSources(d: ExampleDataSpec, o: { print?: (li
     await prepare({
       sources: [path], tokenizer: d.tokenizer, out, format: d.format as Exclude<DatasetKind, 'text'>,
       chatTemplate: template?.source ?? '', trainOn: d.trainOn,
+      // A run prepares every line or none: skipping bad ones is `flotilla prepare`'s choice, made once.
+      badLineHint: `; fix the line, or prepare the file with \`flotilla prepare ${path} --format ${d.format} --tokenizer ${d.tokenizer}${template && d.format !== 'completion' ? ` --chat-template ${template.source}` : ''}${d.format === 'chat' ? ` --train-on ${d.trainOn}` : ''} --skip-bad --out DIR\` (bad lines counted and skipped) and set ${what} to DIR`,
       progress: o.progress ?? false, ...(o.print ? { print: o.print } : {}), ...(o.workers !== undefined ? { workers: o.workers } : {}),
     });
   }
