@@ -382,6 +382,23 @@ test('flotilla train\'s .jsonl source: prepared into the cache under a key of th
   }
 });
 
+test('a run\'s example sources: each wrong source is one problem (the data check and the examples\' check do not both report it), a missing .jsonl among them', async () => {
+  const text = join(dir, 'text-prepared');
+  await prepare({ sources: [join(ROOT, 'README.md')], tokenizer: hf, out: text, workers: 0, ...quiet });
+  const empty = join(dir, 'no-manifest');
+  mkdirSync(empty, { recursive: true });
+  for (const [source, why] of [
+    [text, /holds text data \(prepared with --format text\), but data\.format = "completion"/],
+    [join(ROOT, 'README.md'), /data\.format = "completion" reads a \.jsonl file of examples/],
+    [empty, /no-manifest has no manifest\.json/],
+    [join(dir, 'missing.jsonl'), /missing\.jsonl does not exist; name a \.jsonl file of examples/],
+  ] as const) {
+    const problems = checkRunnable(parseConfig('', [`--data.source=${source}`, `--data.tokenizer=${hf}`, '--data.format=completion', '--data.seqLen=32']), 1);
+    assert.equal(problems.length, 1, problems.join('\n'));
+    assert.match(problems[0]!, why);
+  }
+});
+
 test('the command line: --format chat --tokenizer DIR --train-on last, and a bad line\'s FILE:LINE with exit code 2', () => {
   const out = join(dir, 'cli');
   const ok = spawnSync(process.execPath, [join(ROOT, 'bin/flotilla.js'), 'prepare', chatFile, '--tokenizer', hf, '--out', out, '--format', 'chat', '--train-on', 'last', '--workers', '0', '--no-progress'], { encoding: 'utf8' });
