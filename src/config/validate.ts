@@ -79,6 +79,19 @@ function loraAdapterProblems(c: FlotillaConfig): string[] {
 }
 
 /**
+ * DPO (train.objective = "dpo", src/train/objective.ts) trains on preference pairs, and preference
+ * pairs train only DPO for now; its reference with the adapters off needs adapters.
+ */
+function dpoProblems(c: FlotillaConfig): string[] {
+  const p: string[] = [];
+  const dpo = c.train.objective === 'dpo';
+  if (dpo && c.data.format !== 'preference') p.push(`train.objective = "dpo" trains on preference pairs: set data.format = "preference" (data.source lines {"prompt", "chosen", "rejected"}), or train.objective = "lm" (data.format is "${c.data.format}")`);
+  if (!dpo && c.data.format === 'preference') p.push('data.format = "preference" holds preference pairs, which train.objective = "dpo" trains on: set train.objective = "dpo"');
+  if (dpo && c.dpo.reference === 'adapters' && c.lora.rank === 0) p.push('dpo.reference = "adapters" compares the policy with its LoRA adapters off, and lora.rank = 0 (no adapters): set lora.rank > 0, or dpo.reference = "copy" (or "auto")');
+  return p;
+}
+
+/**
  * train.epochs: passes over an example dataset, which then decide the steps (the loader counts the
  * rows, src/data/example_loader.ts), so train.steps stays at its default.
  */
@@ -104,6 +117,7 @@ export function validateConfig(c: FlotillaConfig): string[] {
   if (c.moe.experts > 0 && c.parallel.tp > 1 && c.parallel.sequenceParallel) p.push('moe.experts > 0 does not run with parallel.sequenceParallel yet (MoE blocks would route each tensor-parallel rank\'s tokens apart); set parallel.sequenceParallel = false');
   p.push(...contextParallelProblems(c));
   p.push(...loraProblems(c));
+  p.push(...dpoProblems(c));
   p.push(...epochProblems(c));
   if (c.data.format !== 'text' && (c.data.tokenizer === 'byte' || c.data.tokenizer === 'gpt2')) {
     p.push(`data.format = ${JSON.stringify(c.data.format)} renders examples with special tokens, which data.tokenizer = ${JSON.stringify(c.data.tokenizer)} does not have; set data.tokenizer to the model's Hugging Face directory (tokenizer.json + tokenizer_config.json) or a tokenizer.json with the template's added tokens`);

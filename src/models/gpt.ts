@@ -150,11 +150,15 @@ abstract class GPTParts extends Module {
   }
 }
 
-/** Mean cross-entropy of logits (B, T, vocab) against targets (B, T): the GPT's criterion. */
-export function gptLoss(logits: Tensor, targets: Tensor): Tensor {
+/**
+ * Cross-entropy of logits (B, T, vocab) against targets (B, T), IGNORE_INDEX (-100) targets left
+ * out: the mean over the trained targets, or their sum with { reduction: 'sum' } (what the layouts
+ * divide by the global batch's trained tokens).
+ */
+export function gptLoss(logits: Tensor, targets: Tensor, o: { reduction?: 'mean' | 'sum' } = {}): Tensor {
   const [B, T, V] = logits.shape as [number, number, number];
   const [l] = castFor('loss', logits) as [Tensor]; // float32 under bf16-mixed (src/nn/precision.ts)
-  return F.crossEntropy(l.view(B * T, V), targets.reshape(B * T));
+  return F.crossEntropy(l.view(B * T, V), targets.reshape(B * T), { reduction: o.reduction ?? 'mean' });
 }
 
 /** The whole model on one process. */

@@ -65,11 +65,18 @@ export function gptTensorPlan(opts: { sequenceParallel?: boolean; lossParallel?:
 /** ZeRO-3 units of a GPT: each transformer block, each embedding and the output head. */
 export const gptUnits: UnitPolicy = unitsByClass([Block, Embedding], { paths: ['head', /\.head$/] });
 
-/** The GPT's loss as a pipeline's (and a data-parallel plan's) criterion: logits (B, T, V) or GPT.forward's output. */
-export function gptCriterion(output: StageValue | { logits: Tensor }, target: StageValue): Tensor {
-  const logits = 'logits' in output ? (output as { logits: Tensor }).logits : (output as Tensor);
-  return gptLoss(logits, target as Tensor);
-}
+/**
+ * The GPT's loss as a pipeline's (and a data-parallel plan's) criterion: logits (B, T, V) or
+ * GPT.forward's output. It `reduces`: the layouts take the sum over trained tokens and divide by
+ * the global batch's ([Note: global loss reduction] in src/parallel/loss_reduction.ts).
+ */
+export const gptCriterion = Object.assign(
+  (output: StageValue | { logits: Tensor }, target: StageValue, o?: { reduction?: 'mean' | 'sum' }): Tensor => {
+    const logits = 'logits' in output ? (output as { logits: Tensor }).logits : (output as Tensor);
+    return gptLoss(logits, target as Tensor, o);
+  },
+  { reduces: true },
+);
 
 export interface GPTPipelineOptions {
   /** Per-parameter init seed (GPTBuildOptions.initSeed): any split gets the whole model's weights. */

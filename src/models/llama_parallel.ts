@@ -63,11 +63,14 @@ export function llamaTensorPlan(opts: { sequenceParallel?: boolean; lossParallel
 /** ZeRO-3 units of a Llama: each block, the embedding and the output head. */
 export const llamaUnits: UnitPolicy = unitsByClass([LlamaBlock, Embedding], { paths: ['head', /\.head$/] });
 
-/** The criterion: mean cross-entropy of logits (B, T, V), or of Llama.forward's output. */
-export function llamaCriterion(output: StageValue | { logits: Tensor }, target: StageValue): Tensor {
-  const logits = 'logits' in output ? (output as { logits: Tensor }).logits : (output as Tensor);
-  return gptLoss(logits, target as Tensor);
-}
+/** The criterion: cross-entropy of logits (B, T, V), or of Llama.forward's output; summed over trained tokens by the layouts, as gptCriterion. */
+export const llamaCriterion = Object.assign(
+  (output: StageValue | { logits: Tensor }, target: StageValue, o?: { reduction?: 'mean' | 'sum' }): Tensor => {
+    const logits = 'logits' in output ? (output as { logits: Tensor }).logits : (output as Tensor);
+    return gptLoss(logits, target as Tensor, o);
+  },
+  { reduces: true },
+);
 
 /**
  * A Llama as a pipeline model: stage s of n is a LlamaStage; with tieEmbeddings the first stage's

@@ -30,8 +30,11 @@
 // routed to e, P_e: mean score of e, scores normalised per token), does not travel to the criterion:
 // its gradient, auxCoeff x the step's loss scale, is added to the router's in backward by a
 // pass-through node on the layer's output. So it reaches the router wherever the layer runs (any
-// pipeline stage) and whatever loss the layout applies. The trainer sets the scale (1 / micro-batches,
-// as it scales the loss) with withMoELossScale; outside it the scale is 1, as for loss + auxCoeff x aux.
+// pipeline stage) and whatever loss the layout applies. The layouts set the scale with
+// withMoELossScale to 1 / micro-batches: the balance loss is a per-micro-batch quantity, so it is
+// averaged over micro-batches (the language-model loss, a sum over trained tokens, is instead
+// divided by the global count: [Note: global loss reduction]); outside it the scale is 1, as for
+// loss + auxCoeff x aux.
 import { type Tensor, type DType, zeros, tensor, noGrad, isGradEnabled, defineFunction, tidy } from '../tensor/index.js';
 import { Module } from './module.js';
 import * as F from './functional.js';

@@ -31,7 +31,7 @@ import type { GradShard, GradientSource, StepPiece } from './grads.js';
 import type { MemoryReport } from './data_parallel/memory.js';
 import { placementsOf, type ParamPlacement } from './placement.js';
 import { DataParallelModel } from './data_parallel/model.js';
-import type { LossFn } from './parallel_model.js';
+import type { Criterion, LossFn } from './parallel_model.js';
 import { axisStride, computeBytes, crossesHosts, type PlanAxis } from '../distributed/plan_terms.js';
 
 // rows (n, C) to the group's ranks: `send[r]` rows to rank r, `recv[r]` rows from it; backward the reverse.
@@ -223,7 +223,7 @@ export class ExpertParallelModel extends DataParallelModel {
   declare readonly optimizerGrads: ExpertParallelGrads;
 
   constructor(module: Module, readonly dense: DataParallel, readonly experts: DataParallel, readonly expertParams: ReadonlySet<Tensor>,
-    readonly ep: ProcessGroup, loss: LossFn) {
+    readonly ep: ProcessGroup, loss: LossFn | Criterion) {
     super(module, dense, loss, new ExpertParallelGrads(dense, experts, expertParams, ep));
   }
 

@@ -82,6 +82,20 @@ export interface StepResult {
   metrics?: Record<string, number>;
 }
 
+/**
+ * Frees the documents of micro-batches a step or an evaluation ran (each once). A context-parallel
+ * chunk (`full` set) belongs to the whole rows it was cut from, which the context-parallel layer frees.
+ */
+export function disposeDocuments(microBatches: readonly MicroBatch[]): void {
+  const seen = new Set<DocumentLayout>();
+  for (const mb of microBatches) {
+    if (mb.docs && !mb.docs.full && !seen.has(mb.docs)) {
+      seen.add(mb.docs);
+      mb.docs.dispose();
+    }
+  }
+}
+
 /** A StageValue as a list (a model may return one tensor or several). */
 export function asList(v: StageValue): Tensor[] {
   return Array.isArray(v) ? [...(v as readonly Tensor[])] : [v as Tensor];
@@ -119,11 +133,24 @@ export interface ParallelModel {
   /**
    * Forward and backward over this rank's micro-batches of one step, then the gradients finished
    * (reduced, tied copies summed) so that they equal one process's on the whole global batch.
-   * Returns the mean loss over the global batch, the same on every rank.
+   * Returns the loss over the global batch (its criterion's sum over the global count, [Note:
+   * global loss reduction] in loss_reduction.ts), the same on every rank; a count of 0 made no
+   * gradient, and the step must not be applied. Each micro-batch's documents are in effect around
+   * its forward and backward, and disposed at the end.
    */
-  step(microBatches: MicroBatch[]): { loss: number };
-  /** The mean loss over these micro-batches and every data-parallel rank's, forward only. */
-  evaluate(microBatches: MicroBatch[]): number;
+  step(microBatches: MicroBatch[]): StepResult;
+  /** The loss over these micro-batches and every data-parallel rank's (sum over the global count), forward only. */
+  evaluate(microBatches: MicroBatch[]): StepResult;
+  /**
+   * Forward only (noGrad, parts in eval mode) over these micro-batches, as evaluate runs them:
+   * `read` turns each micro-batch's output (the model's, or the last pipeline stage's) into numbers
+   * (a preference batch's reference log-probabilities). Returns them per micro-batch on every rank
+   * (a pipeline broadcasts them from its last stage over its pipeline group). Under context
+   * parallelism `read` sees this rank's chunks of the output and of the micro-batch (summing over
+   * cp is the reader's); under loss parallelism its crossEntropy is the vocab-parallel one. The
+   * micro-batches' documents are not disposed (a step reads them next).
+   */
+  forwardOnly(microBatches: MicroBatch[], read: (output: StageValue, mb: MicroBatch) => Float64Array): Float64Array[];
   /** This rank's parameter, gradient and optimizer bytes and the step's peak (activations not counted). */
   memory(optimizerBytes?: number): MemoryReport;
   /** Runs fn with every local parameter materialised and current (every rank calls it). */
@@ -166,11 +193,14 @@ export abstract class WrappedModel implements ParallelModel {
   finishParameterGathers(): void {
     this.inner.finishParameterGathers();
   }
-  step(microBatches: MicroBatch[]): { loss: number } {
+  step(microBatches: MicroBatch[]): StepResult {
     return this.inner.step(microBatches);
   }
-  evaluate(microBatches: MicroBatch[]): number {
+  evaluate(microBatches: MicroBatch[]): StepResult {
     return this.inner.evaluate(microBatches);
+  }
+  forwardOnly(microBatches: MicroBatch[], read: (output: StageValue, mb: MicroBatch) => Float64Array): Float64Array[] {
+    return this.inner.forwardOnly(microBatches, read);
   }
   memory(optimizerBytes?: number): MemoryReport {
     return this.inner.memory(optimizerBytes);

@@ -23,7 +23,8 @@ import { buildDataParallel, type DataParallelGroups, type DataParallelKnobs, typ
 import { DataParallelModel } from './data_parallel/model.js';
 import { ExpertParallelModel, applyExpertParallel } from './expert_parallel.js';
 import type { Layout } from './layout.js';
-import type { LossFn, ParallelModel } from './parallel_model.js';
+import type { Criterion, LossFn, ParallelModel } from './parallel_model.js';
+import { bindLoss, criterionOf } from './loss_reduction.js';
 import type { PipelineModel } from './pipeline/model.js';
 import { PipelineParallel, type PipelineOptions } from './pipeline/pipeline_parallel.js';
 import { withCrossEntropy } from '../nn/functional.js';
@@ -122,8 +123,11 @@ export interface ParallelPlan extends DataParallelKnobs {
   layout: Layout;
   /** Micro-batches per step on each data-parallel rank (the pipeline's m). */
   micro: number;
-  /** The criterion for a whole-module model: (its output, the micro-batch's y) -> scalar loss. A PipelineModel carries its own. */
-  loss?: LossFn;
+  /**
+   * The criterion for a whole-module model: (its output, the micro-batch's y, { reduction }) ->
+   * scalar loss, or a Criterion ([Note: global loss reduction] in loss_reduction.ts). A PipelineModel carries its own.
+   */
+  loss?: LossFn | Criterion;
   /**
    * Tensor parallelism (layout.tp > 1): module path -> style for the model, or for each part (a
    * pipeline stage holds only some modules). A GPT's is gptTensorPlan (src/models/gpt_parallel.ts).
@@ -133,7 +137,8 @@ export interface ParallelPlan extends DataParallelKnobs {
 
 /** True for a PipelineModel (stage builder + loss), false for a Module. */
 function isPipelineModel(m: Module | PipelineModel): m is PipelineModel {
-  return typeof (m as PipelineModel).stage === 'function' && typeof (m as PipelineModel).loss === 'function';
+  const loss = (m as PipelineModel).loss as LossFn | Criterion | undefined;
+  return typeof (m as PipelineModel).stage === 'function' && (typeof loss === 'function' || typeof loss?.apply === 'function');
 }
 
 /**
@@ -163,8 +168,13 @@ function parallelizeLayers(model: Module | PipelineModel, mesh: LayoutMesh, plan
   const applyTo = (part: Module): void => {
     applied.push(parallelizeModule(part, mesh.tp, typeof planFor === 'function' ? planFor(part) : planFor));
   };
-  // The criterion's cross-entropy becomes the vocab-parallel one when the logits stay sharded.
-  const lossParallel = (loss: LossFn): LossFn => (out, y) => (applied.some((a) => a.lossParallel) ? withCrossEntropy(vocabParallelCrossEntropy(mesh.tp), () => loss(out, y)) : loss(out, y));
+  // The criterion's cross-entropy becomes the vocab-parallel one when the logits stay sharded (its
+  // 'sum' reduction and ignored targets included); the count reads y, which every tp rank holds.
+  const scope = <T>(fn: () => T): T => (applied.some((a) => a.lossParallel) ? withCrossEntropy(vocabParallelCrossEntropy(mesh.tp), fn) : fn());
+  const lossParallel = (loss: LossFn | Criterion): Criterion => {
+    const c = criterionOf(loss);
+    return { count: (mb) => c.count(mb), apply: (out, mb) => scope(() => c.apply(out, mb)) };
+  };
   let inner: ParallelModel;
   if (isPipelineModel(model)) {
     const stage = model.stage.bind(model);
@@ -175,13 +185,13 @@ function parallelizeLayers(model: Module | PipelineModel, mesh: LayoutMesh, plan
         applyTo(s);
         return s;
       },
-      loss: lossParallel(model.loss.bind(model)),
+      loss: lossParallel(bindLoss(model.loss, model)),
     }, mesh, plan, { restyled: (m) => applied.some((a) => a.styled.has(m)) });
   } else {
     applyTo(model);
     inner = parallelizeParts(model, mesh, { ...plan, ...(plan.loss ? { loss: lossParallel(plan.loss) } : {}) }, { experts });
   }
-  return new TensorParallelModel(inner, applied, { sequenceParallel: layout.sequenceParallel ?? false });
+  return new TensorParallelModel(inner, applied, { sequenceParallel: layout.sequenceParallel ?? false, lossScope: scope });
 }
 
 /**

@@ -99,6 +99,11 @@ function series(runs: readonly NamedMetrics[], pick: (m: StepMetrics) => number 
     .filter((s) => s.points.length > 0);
 }
 
+/** The series whose values are not all the same (none when every run's are constant). */
+function varying<S extends { points: [number, number][] }>(all: S[]): S[] {
+  return all.some((s) => s.points.some(([, v]) => v !== s.points[0]![1])) ? all : [];
+}
+
 /** max / mean of the tokens per expert, the largest over a step's MoE blocks (undefined without experts). */
 export function expertImbalance(m: StepMetrics): number | undefined {
   let worst: number | undefined;
@@ -118,6 +123,11 @@ export function metricCharts(runs: readonly NamedMetrics[]): { id: string; spec:
     { id: 'lr', spec: { title: 'Learning rate', yName: 'lr', series: series(runs, (m) => m.lr) } },
     { id: 'grad-norm', spec: { title: 'Gradient norm (before clipping)', yName: 'norm', series: series(runs, (m) => m.gradNorm) } },
     { id: 'tokens-per-sec', spec: { title: 'Throughput', yName: 'tokens/s', series: series(runs, (m) => m.tokensPerSec) } },
+    // Masked data (chat, completion, packed): trained tokens vary from step to step; a text run's never do, and gets no chart.
+    { id: 'trained-tokens', spec: { title: 'Trained tokens per step', yName: 'tokens', series: varying(series(runs, (m) => m.trainedTokens)) } },
+    // DPO: the chosen responses' reward over the rejected ones' (beta x log-ratio to the reference), and how often it is positive.
+    { id: 'dpo-margin', spec: { title: 'DPO reward margin (chosen - rejected)', yName: 'margin', series: series(runs, (m) => m.rewardsMargin) } },
+    { id: 'dpo-accuracy', spec: { title: 'DPO pairwise accuracy (chosen reward > rejected)', yName: 'share of pairs', series: series(runs, (m) => m.rewardsAccuracy) } },
     // Mixture of experts: the busiest expert's load over the mean (1 = balanced), the worst MoE block each step.
     { id: 'expert-load', spec: { title: 'Expert load: max / mean tokens per expert (worst MoE block)', yName: 'max / mean', series: series(runs, expertImbalance) } },
     { id: 'aux-loss', spec: { title: 'MoE auxiliary loss (sum over blocks)', yName: 'aux loss', series: series(runs, (m) => m.auxLoss) } },

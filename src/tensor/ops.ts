@@ -8,7 +8,7 @@ const OPS = {
   mul: ['aten::mul', 'Tensor'], mulScalar: ['aten::mul', 'Scalar'], div: ['aten::div', 'Tensor'], divScalar: ['aten::div', 'Scalar'],
   neg: ['aten::neg', ''], exp: ['aten::exp', ''], log: ['aten::log', ''], sqrt: ['aten::sqrt', ''], rsqrt: ['aten::rsqrt', ''],
   powScalar: ['aten::pow', 'Tensor_Scalar'], pow: ['aten::pow', 'Tensor_Tensor'], abs: ['aten::abs', ''], tanh: ['aten::tanh', ''],
-  sigmoid: ['aten::sigmoid', ''], relu: ['aten::relu', ''], gelu: ['aten::gelu', ''], silu: ['aten::silu', ''],
+  sigmoid: ['aten::sigmoid', ''], logSigmoid: ['aten::log_sigmoid', ''], relu: ['aten::relu', ''], gelu: ['aten::gelu', ''], silu: ['aten::silu', ''],
   sin: ['aten::sin', ''], cos: ['aten::cos', ''], reciprocal: ['aten::reciprocal', ''], sign: ['aten::sign', ''],
   square: ['aten::square', ''], addcmul: ['aten::addcmul', ''], maximum: ['aten::maximum', ''], minimum: ['aten::minimum', ''],
   softmax: ['aten::softmax', 'int'], logSoftmax: ['aten::log_softmax', 'int'],

@@ -290,6 +290,8 @@ export class Tensor {
   abs(): Tensor { return run('abs', this); }
   tanh(): Tensor { return run('tanh', this); }
   sigmoid(): Tensor { return run('sigmoid', this); }
+  /** log(sigmoid(x)) without overflow for large |x| (DPO's loss). */
+  logSigmoid(): Tensor { return run('logSigmoid', this); }
   relu(): Tensor { return run('relu', this); }
   /** approximate: 'none' (erf) or 'tanh' */
   gelu(approximate: 'none' | 'tanh' = 'none'): Tensor { return run('gelu', this, approximate); }

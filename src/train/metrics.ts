@@ -6,8 +6,18 @@ import { dirname } from 'node:path';
 export interface StepMetrics {
   /** Optimizer steps completed (1 after the first update). */
   step: number;
-  /** Training loss of the global batch (mean over every rank and micro-batch). */
+  /** Training loss of the global batch: the mean over its trained tokens (the criterion's units), every rank and micro-batch. */
   loss: number;
+  /** Trained tokens of the global batch (the language-model objective; DPO counts `pairs`); 0: the step was skipped. */
+  trainedTokens?: number;
+  /** The criterion's own metrics over the global batch (sum over its units / trainedTokens). */
+  criterion?: Record<string, number>;
+  /** DPO: preference pairs of the global batch, and the means over them of beta x the chosen and the rejected responses' log-ratios to the reference, their difference and [chosen > rejected]. */
+  pairs?: number;
+  rewardsChosen?: number;
+  rewardsRejected?: number;
+  rewardsMargin?: number;
+  rewardsAccuracy?: number;
   /** Learning rate used for this step. */
   lr: number;
   /** Tokens of the global batch per second of step time (evaluation excluded). */

@@ -17,7 +17,7 @@ import type { Optimizer } from '../optim/optimizer.js';
 import { initProcessGroup, destroyProcessGroup, describeBackend, getWorld, isInitialized, type ProcessGroup } from '../distributed/process_group.js';
 import type { LaunchEnv } from '../distributed/env.js';
 import { verifyDataPartition } from '../distributed/partition.js';
-import { buildMesh, describeLayout, parallelize, resolveLayout, type Layout, type LayoutMesh } from '../parallel/parallelize.js';
+import { buildMesh, describeLayout, parallelize, resolveLayout, type Layout, type LayoutMesh, type ParallelPlan } from '../parallel/parallelize.js';
 import { configuredBucketSizeMb, defersInit, describeMesh } from '../parallel/layout.js';
 import type { ParallelModel } from '../parallel/parallel_model.js';
 import type { ParamPlacement } from '../parallel/placement.js';
@@ -32,6 +32,8 @@ import { RunCheckpoints, initFrom, restore } from './checkpointing.js';
 import { MoEBookkeeping } from './moe.js';
 import { agreeOnBase, applyRunLora, checkInitFromNotLora, frozenPlacements, loraCounts, loraResumeProblem, shortCount, trainablePlacements } from './lora_run.js';
 import { CheckpointError, readMeta } from '../checkpoint/format.js';
+import { describeObjective, objectiveConfig, objectiveCriterion, openDpoReference, referenceKind, withObjective } from './objective.js';
+import { frozen, type DpoReference } from './reference.js';
 import { loadPeftAdapter } from '../checkpoint/peft.js';
 
 /** Rank 0's console: a phase header, and a line that goes around the progress bar. */
@@ -63,6 +65,8 @@ export interface RunParts {
   resumedFrom: string | undefined;
   /** Micro-batches per step: data.microBatches, or more for an elastic job on fewer ranks ([Note: elastic micro-batches]). */
   microBatches: number;
+  /** DPO's reference (train.objective = "dpo"): prepare() before the loop, logps(mbs) before each step. */
+  dpo: DpoReference | undefined;
   /** The validation loss over train.evalBatches fixed batches (every rank gets the same). */
   evaluate(): number;
   saveCheckpoint(step: number): Promise<void>;
@@ -79,6 +83,8 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
   // An elastic job on fewer ranks than it started with: more micro-batches ([Note: elastic micro-batches]).
   const micro = elasticMicroBatches(cfg, env.worldSize);
   if (micro.microBatches !== cfg.data.microBatches) cfg = { ...cfg, data: { ...cfg.data, microBatches: micro.microBatches } };
+  const asked = cfg; // DPO turns dropout off: the header says what the config asked
+  cfg = objectiveConfig(cfg);
   try {
     // ---- world: a caller that already joined the world keeps it; otherwise the trainer joins and leaves it
     const problems = checkRunnable(cfg, env.worldSize);
@@ -130,7 +136,8 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     const modelCfg = modelConfigOf(cfg);
     const numParams = spec.numParams(modelCfg);
     const initSeed = cfg.train.seed;
-    const plain = layout.pp > 1 ? spec.pipeline(modelCfg, { initSeed }) : spec.build(modelCfg, { initSeed, deferInit: defersInit(layout) });
+    const buildPlain = () => (layout.pp > 1 ? spec.pipeline(modelCfg, { initSeed }) : spec.build(modelCfg, { initSeed, deferInit: defersInit(layout) }));
+    const plain = buildPlain();
     // A LoRA run: adapters in place, the rest frozen, before any parallelism ([Note: LoRA run] in lora_run.ts).
     const lora = cfg.lora.rank > 0;
     let built: typeof plain;
@@ -143,11 +150,14 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     const loraCount = lora ? loraCounts(cfg, spec, modelCfg, numParams) : undefined;
 
     // ---- parallelize: pipeline, tensor parallel, then sharding or replication
-    const model = parallelize(built, mesh, {
-      layout, micro: cfg.data.microBatches, loss: spec.loss, units: spec.units,
+    // What the layout minimises: the model's token loss, or DPO's pairs (src/train/objective.ts).
+    const criterion = objectiveCriterion(cfg, { loss: spec.loss, cp: mesh.cp });
+    const plan: ParallelPlan = {
+      layout, micro: cfg.data.microBatches, loss: criterion, units: spec.units,
       bucketSizeMb: configuredBucketSizeMb(cfg.parallel.bucketSizeMb, layout.zero), reduceDtype: cfg.parallel.reduceDtype, overlap: cfg.parallel.overlap, reshardAfterForward: cfg.parallel.reshardAfterForward,
       ...((layout.tp ?? 1) > 1 ? { tensorParallel: spec.tensorPlan(layout) } : {}),
-    });
+    };
+    const model = parallelize(withObjective(built, criterion), mesh, plan);
     closers.push(() => model.dispose()); // native memory goes back now, not whenever the GC gets to it
     const named = model.namedParameters();
     const held = named.reduce((a, [, p]) => a + p.numel(), 0);
@@ -213,6 +223,23 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
       initFrom(cfg.train.initFrom, placements(), numParams, cfg.model as unknown as Record<string, unknown>);
       header('init', `weights from ${cfg.train.initFrom}; step 0, fresh optimizer state`);
     }
+    // ---- DPO's reference ([Note: DPO reference] in reference.ts): the policy with its adapters off,
+    // or a frozen copy of the starting weights (seed or train.initFrom) placed by the same layout.
+    let dpo: DpoReference | undefined;
+    if (cfg.train.objective === 'dpo') {
+      dpo = openDpoReference(cfg, {
+        model, mesh, world, loader, evalLoader, microBatches: cfg.data.microBatches, evalBatches: cfg.train.evalBatches, steps,
+        scope: (fn) => autocast(cfg.train.precision, fn),
+        copy: () => {
+          const copy = parallelize(withObjective(frozen(buildPlain()), criterion), mesh, plan);
+          if (cfg.train.initFrom !== '') initFrom(cfg.train.initFrom, copy.placements(), numParams, cfg.model as unknown as Record<string, unknown>);
+          return copy;
+        },
+      });
+      const ref = dpo;
+      closers.push(() => ref.dispose());
+      header('dpo', describeObjective(asked, referenceKind(cfg) === 'adapters' ? 'the policy with its LoRA adapters off' : 'a frozen copy of the starting weights'));
+    }
     const runInfo = (step: number, expertBias?: Record<string, number[]>): RunInfo => ({
       layout: { worldSize: env.worldSize, description: describeLayout(layout), ...layout },
       config: cfg as unknown as Record<string, Record<string, unknown>>,
@@ -224,21 +251,24 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     });
     const M = cfg.data.microBatches;
     return {
-      world, layout, mesh, loader, steps, tokensPerStep, numParams, model, named, optimizer, schedule, ckpts, moe, startStep, resumedFrom, close, microBatches: M,
+      world, layout, mesh, loader, steps, tokensPerStep, numParams, model, named, optimizer, schedule, ckpts, moe, startStep, resumedFrom, close, microBatches: M, dpo,
       evaluate() {
-        // Forward only; each call returns the global batch's mean on every rank.
-        let sum = 0;
+        // Forward only; each call returns its global batch's loss and count on every rank: weighted
+        // by their counts, the batches give the mean over every trained token they hold.
+        let sum = 0, count = 0;
         for (let k = 0; k < cfg.train.evalBatches; k++) {
-          sum += tidy(() => {
+          const r = tidy(() => {
             const mbs = Array.from({ length: M }, (_, mb) => evalLoader.batch(k, mb));
             try {
-              return autocast(cfg.train.precision, () => model.evaluate(mbs));
+              return autocast(cfg.train.precision, () => model.evaluate(dpo ? dpo.evalLogps(mbs) : mbs));
             } finally {
               for (const mb of mbs) mb.docs?.dispose(); // packed validation rows' documents are kept tensors
             }
           });
+          sum += r.loss * r.count;
+          count += r.count;
         }
-        return sum / cfg.train.evalBatches;
+        return count > 0 ? sum / count : NaN;
       },
       async saveCheckpoint(step) {
         model.finishParameterGathers(); // ZeRO-1/2: the last step's parameter gathers land first

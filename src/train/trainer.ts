@@ -12,8 +12,10 @@ import type { FlotillaConfig } from '../config/schema.js';
 import { StopRequest, stepSeed } from './checkpointing.js';
 import { tellLauncher } from '../distributed/launcher_channel.js';
 import type { StepMetrics } from './metrics.js';
+import type { StepResult } from '../parallel/parallel_model.js';
 import { Progress, resolveProgressMode } from './progress.js';
 import { openRun, writeRankRecord, type RunParts } from './phases.js';
+import { dpoMetrics } from './objective.js';
 import { openRunRecord, memoryLine, type RunRecord } from './run_record.js';
 
 export interface TrainOptions {
@@ -87,6 +89,33 @@ async function endOfStep(run: RunParts, done: number, steps: number, stopRequest
   return false;
 }
 
+/**
+ * One optimizer step: forward and backward of every micro-batch, gradients finished as the layout
+ * says, clipped, and the optimizer's step, unless the global batch trains nothing or the norm is not
+ * finite (both the same on every rank, so every rank skips alike). The loss and its count are the layout's.
+ */
+function trainStep(run: RunParts, cfg: FlotillaConfig): StepResult & { norm: number } {
+  const { model, optimizer, loader } = run;
+  const M = run.microBatches, o = cfg.optim; // M: the config's, or more on fewer ranks than the start ([Note: elastic micro-batches])
+  return tidy(() => {
+    optimizer.zeroGrad();
+    // One autocast scope per step: bf16 parameter copies are made once and dropped before the
+    // optimizer changes the float32 masters (src/nn/precision.ts). MoE auxiliary losses are scaled
+    // 1 / micro-batches ([Note: moe auxiliary loss] in src/nn/moe.ts); the loss is the sum over the
+    // global batch's trained tokens over their count ([Note: global loss reduction]).
+    const r = autocast(cfg.train.precision, () => withActivationCheckpoint(cfg.train.activationCheckpoint, () =>
+      withMoELossScale(1 / M, () => {
+        const mbs = Array.from({ length: M }, () => loader.next());
+        return model.step(run.dpo ? run.dpo.logps(mbs) : mbs); // DPO: the reference's log-probabilities first
+      })));
+    // No trained token in the whole global batch: no gradient was made, and the step is not applied.
+    if (r.count === 0) return { ...r, norm: 0 };
+    const norm = o.gradClip > 0 ? clipGradNorm(model.grads, o.gradClip).norm : gradNorm(model.grads);
+    if (Number.isFinite(norm)) optimizer.step(); // a non-finite norm is the same on every rank (grads.ts): all skip alike
+    return { ...r, norm };
+  });
+}
+
 export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promise<TrainSummary> {
   const print = opts.print ?? ((l: string) => process.stdout.write(`${l}\n`));
   const env = readLaunchEnv();
@@ -98,9 +127,8 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
     log: (line: string) => { if (isRank0) (progress ? progress.log(line) : print(line)); },
   };
   const run = await openRun(cfg, env, opts, out);
-  const { model, optimizer, loader, startStep } = run;
+  const { model, optimizer, startStep } = run;
   const steps = run.steps; // train.steps, or what train.epochs makes of the examples
-  const M = run.microBatches; // the config's, or more on fewer ranks than the start ([Note: elastic micro-batches])
   const o = cfg.optim;
   // ---- the run directory (rank 0): the resolved config first, then metrics as they come
   let record: RunRecord | undefined;
@@ -112,6 +140,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
     record = openRunRecord(cfg, run.world, env, { resume: run.resumedFrom !== undefined, startStep, worldSize: env.worldSize, ...(opts.configPath ? { configPath: opts.configPath } : {}), ...(opts.overrides ? { overrides: opts.overrides } : {}) });
     if (isRank0) await opts.onRunDir?.(record!.dir);
     out.header('train', `${steps} steps, eval every ${cfg.train.evalEvery || steps} on ${cfg.train.evalBatches} val batch(es); run dir ${record?.dir ?? '(rank 0)'}`);
+    if (run.dpo) out.header('dpo', run.dpo.prepare(record?.dir)); // dpo.precompute: before step 0, every rank
     progress = new Progress(steps, mode, cfg.log.every, print);
     stopRequest = new StopRequest(out.log);
     run.ckpts.prepare();
@@ -129,20 +158,10 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
       const lr = run.schedule(step);
       optimizer.lr = lr;
       const t0 = performance.now();
-      const { loss, norm } = tidy(() => {
-        optimizer.zeroGrad();
-        // Forward and backward of every micro-batch, gradients finished as the layout says. One
-        // autocast scope per step: bf16 parameter copies are made once and dropped before the
-        // optimizer changes the float32 masters (src/nn/precision.ts). MoE auxiliary losses are
-        // scaled as the loss is, 1 / micro-batches ([Note: moe auxiliary loss] in src/nn/moe.ts).
-        const { loss } = autocast(cfg.train.precision, () => withActivationCheckpoint(cfg.train.activationCheckpoint, () =>
-          withMoELossScale(1 / M, () => model.step(Array.from({ length: M }, () => loader.next())))));
-        const norm = o.gradClip > 0 ? clipGradNorm(model.grads, o.gradClip).norm : gradNorm(model.grads);
-        if (Number.isFinite(norm)) optimizer.step(); // a non-finite norm is the same on every rank (grads.ts): all skip alike
-        return { loss, norm };
-      });
+      const { loss, norm, count, metrics } = trainStep(run, cfg);
+      if (count === 0) out.log(`[step ${step + 1}] the global batch holds no trained token: optimizer step skipped`);
       // Expert counts over every rank; balance = "bias" moves the selection biases after the step.
-      const moeRow = moe?.finishStep(run.world, Number.isFinite(norm));
+      const moeRow = moe?.finishStep(run.world, count > 0 && Number.isFinite(norm));
       releaseIdleMemory(); // freed tensor memory this step did not reuse (construction's, an evaluation's) goes back
       const dt = (performance.now() - t0) / 1000;
       loopSeconds += dt;
@@ -155,7 +174,10 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
       const evalNow = step === steps - 1 || (cfg.train.evalEvery > 0 && (step + 1) % cfg.train.evalEvery === 0);
       const valLoss = evalNow ? run.evaluate() : undefined;
       if (valLoss !== undefined) lastVal = valLoss;
-      const row: StepMetrics = { step: step + 1, loss, lr, tokensPerSec: run.tokensPerStep / dt, gradNorm: norm, ...(valLoss !== undefined ? { valLoss } : {}), elapsedS: (performance.now() - loopStart) / 1000, ...moeRow };
+      const row: StepMetrics = {
+        step: step + 1, loss, lr, tokensPerSec: run.tokensPerStep / dt, ...(run.dpo ? {} : { trainedTokens: count }), gradNorm: norm, ...(valLoss !== undefined ? { valLoss } : {}),
+        elapsedS: (performance.now() - loopStart) / 1000, ...(run.dpo ? dpoMetrics(count, metrics) : metrics ? { criterion: metrics } : {}), ...moeRow,
+      };
       record?.step(row);
       progress.update(row);
       opts.onStep?.({ ...row, liveTensors: liveTensors() });

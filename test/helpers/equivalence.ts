@@ -6,10 +6,13 @@ import assert from 'node:assert/strict';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { maxRelDiff, relDiff as rel, scaledDiff } from './close.js';
+import { maxRelDiff, relDiff, scaledDiff } from './close.js';
 import { runWorld, describeWorld } from './world.js';
 import { readPipelineRun } from './pipeline_runs.js';
 import { pool, started } from './pool.js';
+
+/** Relative difference; equal values (a step both sides skipped: loss and norm 0) differ by 0. */
+const rel = (a: number, b: number): number => (a === b ? 0 : relDiff(a, b));
 
 /** What a layout fixture writes for each rank of a run. */
 export interface RankResult {

@@ -7,14 +7,17 @@
 // [Note: context parallelism] The cp ranks of one data-parallel rank read the same samples and hold
 // the same parameters: to the gradient reduction they are data-parallel ranks like the others (the
 // mesh's dp group spans dpReplicate x dpShard x cp and its shard group dpShard x cp, torchtitan's
-// dp_shard_cp), so ZeRO shards over both and the buckets are averaged over dp x cp. Every cp rank
-// holds as many tokens of the micro-batch as the others, so the mean of their losses is the mean
-// over the whole sequences, and the averaged gradient is one process's.
+// dp_shard_cp), so ZeRO shards over both and the buckets are averaged over dp x cp. The targets
+// are chunked before the criterion counts them, so each cp rank's sum and count cover its own
+// chunks: they partition the sequences' tokens, and the sum over dp x cp over the global count
+// ([Note: global loss reduction] in ../loss_reduction.ts) is one process's loss and gradient, however
+// the trained tokens fall among the chunks. A micro-batch's documents and preference sequences are
+// chunked alike (the ring masks with the whole rows' document ids, DocumentLayout.full).
 import { type Tensor, arange, cat, empty } from '../../tensor/index.js';
 import type { ProcessGroup } from '../../distributed/process_group.js';
 import { withSequenceShard, type SequenceShard } from '../../nn/sequence_shard.js';
 import { documents } from '../../nn/documents.js';
-import { WrappedModel, type MicroBatch, type ParallelModel, type StageValue } from '../parallel_model.js';
+import { WrappedModel, disposeDocuments, type MicroBatch, type ParallelModel, type StageValue, type StepResult } from '../parallel_model.js';
 import { meanOverRanks } from '../data_parallel/model.js';
 import { chunksOf, ringAttention } from './ring_attention.js';
 import { axisStride, computeBytes, crossesHosts, type PlanAxis } from '../../distributed/plan_terms.js';
@@ -76,12 +79,27 @@ export class ContextParallelModel extends WrappedModel {
     this.shard = ringShard(group);
   }
 
+  /** This rank's chunks of each micro-batch: x, y, the documents (the whole rows own and free their chunks) and the sequence index. */
   private local(microBatches: MicroBatch[]): MicroBatch[] {
-    return microBatches.map((mb) => ({ x: chunksOfValue(mb.x, this.group), y: chunksOfValue(mb.y, this.group) }));
+    return microBatches.map((mb) => ({
+      x: chunksOfValue(mb.x, this.group),
+      y: chunksOfValue(mb.y, this.group),
+      ...(mb.docs ? { docs: mb.docs.chunked(this.group) } : {}),
+      ...(mb.seqs ? { seqs: { ...mb.seqs, index: sequenceChunks(mb.seqs.index, this.group) } } : {}),
+    }));
   }
 
-  override step(microBatches: MicroBatch[]): { loss: number } {
-    const r = withSequenceShard(this.shard, () => this.inner.step(this.local(microBatches)));
+  /** Runs fn on this rank's chunks inside the sequence shard; the whole rows' documents are disposed after when `dispose`. */
+  private onChunks<R>(microBatches: MicroBatch[], fn: (local: MicroBatch[]) => R, dispose: boolean): R {
+    try {
+      return withSequenceShard(this.shard, () => fn(this.local(microBatches)));
+    } finally {
+      if (dispose) disposeDocuments(microBatches);
+    }
+  }
+
+  override step(microBatches: MicroBatch[]): StepResult {
+    const r = this.onChunks(microBatches, (local) => this.inner.step(local), true);
     // A model whose attention does not go through the shard would attend within its own chunks
     // only: wrong without any error, so it is refused after the first step. Counted over the
     // pipeline's stages (a stage may hold no attention), so that every rank decides alike.
@@ -91,8 +109,12 @@ export class ContextParallelModel extends WrappedModel {
     }
     return r;
   }
-  override evaluate(microBatches: MicroBatch[]): number {
-    return withSequenceShard(this.shard, () => this.inner.evaluate(this.local(microBatches)));
+  override evaluate(microBatches: MicroBatch[]): StepResult {
+    return this.onChunks(microBatches, (local) => this.inner.evaluate(local), true);
+  }
+  /** The inner forwardOnly on this rank's chunks: `read` sees chunks (summing over cp is the reader's). */
+  override forwardOnly(microBatches: MicroBatch[], read: (output: StageValue, mb: MicroBatch) => Float64Array): Float64Array[] {
+    return this.onChunks(microBatches, (local) => this.inner.forwardOnly(local, read), false);
   }
   override summary(): string {
     return `context parallel ${this.group.size} (ring attention over ${2 * this.group.size} chunks); ${this.inner.summary()}`;

@@ -1,13 +1,16 @@
 // A whole model under data parallelism (plain, ZeRO-1/2/3, HSDP) as a ParallelModel: the
 // micro-batch loop of one step, with every micro-batch but the last inside noSync, so that what is
-// reduced when is the layout's accumulation flavour ([Note: accumulation] in data_parallel.ts).
+// reduced when is the layout's accumulation flavour ([Note: accumulation] in data_parallel.ts). The
+// loss is the criterion's sum over the global count ([Note: global loss reduction]).
 import { type Tensor, noGrad, tensor, tidy } from '../../tensor/index.js';
+import { withDocuments } from '../../nn/documents.js';
 import type { Module } from '../../nn/module.js';
 import type { ProcessGroup } from '../../distributed/process_group.js';
 import type { DataParallel, MemoryReport } from './data_parallel.js';
 import { placementsOf, type ParamPlacement } from '../placement.js';
 import type { GradientSource } from '../grads.js';
-import { asList, type LossFn, type MicroBatch, type ParallelModel, type StageValue } from '../parallel_model.js';
+import { asList, disposeDocuments, type Criterion, type LossFn, type MicroBatch, type ParallelModel, type StageValue, type StepResult } from '../parallel_model.js';
+import { addMetrics, criterionOf, globalCount, localCount, reduceResult } from '../loss_reduction.js';
 
 /** The mean of a per-rank scalar over the group (no collective for one rank). */
 export function meanOverRanks(group: ProcessGroup, v: number): number {
@@ -27,7 +30,10 @@ export class DataParallelModel implements ParallelModel {
   readonly optimizerGrads: GradientSource;
   readonly tiedCopiesLeftOutOfNorm: ReadonlySet<Tensor> = new Set();
 
-  constructor(readonly module: Module, readonly dp: DataParallel, private readonly loss: LossFn, grads: GradientSource = dp) {
+  private readonly criterion: Criterion;
+
+  constructor(readonly module: Module, readonly dp: DataParallel, loss: LossFn | Criterion, grads: GradientSource = dp) {
+    this.criterion = criterionOf(loss);
     this.parts = [module];
     this.grads = grads;
     this.optimizerGrads = grads;
@@ -55,40 +61,65 @@ export class DataParallelModel implements ParallelModel {
     this.dp.waitParams();
   }
 
-  private lossOf(mb: MicroBatch): Tensor {
-    const out = (this.module as unknown as { call: (...a: Tensor[]) => StageValue }).call(...asList(mb.x));
-    return this.loss(out, mb.y);
+  private output(mb: MicroBatch): StageValue {
+    return (this.module as unknown as { call: (...a: Tensor[]) => StageValue }).call(...asList(mb.x));
   }
 
-  step(microBatches: MicroBatch[]): { loss: number } {
-    const M = microBatches.length;
-    let sum = 0;
-    microBatches.forEach((mb, k) => {
-      // Each micro-batch in its own scope: its activations go before the next one starts.
-      const micro = (): number => tidy(() => {
-        const l = this.lossOf(mb);
-        l.div(M).backward(); // the mean over micro-batches, as one big batch would give
-        return l.item();
+  step(microBatches: MicroBatch[]): StepResult {
+    try {
+      const M = microBatches.length;
+      const N = globalCount(this.dp.group, localCount(this.criterion, microBatches));
+      if (N === 0) return { loss: 0, count: 0 }; // nothing trained anywhere: no gradient (every rank agrees)
+      // Divided by N / D: DataParallel's 1 / D average then gives the sum over the global batch / N.
+      const per = N / this.dp.group.size;
+      let sum = 0;
+      const metrics: Record<string, number> = {};
+      microBatches.forEach((mb, k) => {
+        // Each micro-batch in its own scope: its activations go before the next one starts. Its
+        // documents are in effect through its backward too (activation checkpoints recompute).
+        const micro = (): number => withDocuments(mb.docs, () => tidy(() => {
+          const r = this.criterion.apply(this.output(mb), mb);
+          r.loss.div(per).backward();
+          addMetrics(metrics, r.metrics);
+          return r.value;
+        }));
+        sum += k < M - 1 ? this.noSync(micro) : micro();
       });
-      sum += k < M - 1 ? this.noSync(micro) : micro();
-    });
-    this.finishGradSync();
-    return { loss: meanOverRanks(this.dp.group, sum / M) };
+      this.finishGradSync();
+      return reduceResult([this.dp.group], sum, metrics, N);
+    } finally {
+      disposeDocuments(microBatches);
+    }
   }
 
-  evaluate(microBatches: MicroBatch[]): number {
+  /** Runs fn over each micro-batch's output, forward only, in eval mode and inside its documents. */
+  private eachForward<R>(microBatches: MicroBatch[], fn: (out: StageValue, mb: MicroBatch) => R): R[] {
     const training = this.module.training;
     this.module.eval();
-    let sum = 0;
     try {
-      noGrad(() => {
-        for (const mb of microBatches) sum += tidy(() => this.lossOf(mb).item());
-      });
+      return noGrad(() => microBatches.map((mb) => withDocuments(mb.docs, () => tidy(() => fn(this.output(mb), mb)))));
     } finally {
       this.module.train(training);
     }
-    // Equal-sized micro-batches everywhere, so the mean of means is the global mean.
-    return meanOverRanks(this.dp.group, sum / microBatches.length);
+  }
+
+  evaluate(microBatches: MicroBatch[]): StepResult {
+    try {
+      const N = globalCount(this.dp.group, localCount(this.criterion, microBatches));
+      const metrics: Record<string, number> = {};
+      const values = this.eachForward(microBatches, (out, mb) => {
+        const r = this.criterion.apply(out, mb);
+        addMetrics(metrics, r.metrics);
+        return r.value;
+      });
+      return reduceResult([this.dp.group], values.reduce((a, v) => a + v, 0), metrics, N);
+    } finally {
+      disposeDocuments(microBatches);
+    }
+  }
+
+  forwardOnly(microBatches: MicroBatch[], read: (output: StageValue, mb: MicroBatch) => Float64Array): Float64Array[] {
+    return this.eachForward(microBatches, read);
   }
 
   memory(optimizerBytes = 0): MemoryReport {

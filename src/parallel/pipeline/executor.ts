@@ -12,9 +12,12 @@
 //   output gradient needs none, since it is shaped like the output this stage sent.
 // - F runs the stage on its inputs: the micro-batch's x on the first stage, else the received
 //   activations, those that carry a gradient made leaves that require grad (so backward leaves the
-//   gradient to send upstream in their .grad). The last stage applies the model's loss function and
-//   scales it by lossScale (1/m): the gradients of m micro-batches are summed with 1/m each, which
-//   equals the full batch's mean-loss gradient.
+//   gradient to send upstream in their .grad). The last stage applies the criterion and turns its
+//   sum into the backward root (`root`: divided by the global count over D, [Note: global loss
+//   reduction] in ../loss_reduction.ts), so the summed gradients of the micro-batches are the
+//   global batch's mean-loss gradient.
+// - F, B and I run inside their micro-batch's documents (src/nn/documents.ts): a checkpointed
+//   block's recompute in B or I sees the documents its forward saw. W recomputes nothing.
 // - B is one backward from the stage outputs (with the received output gradients) to every leaf.
 // - I/W (zero bubble): I runs backward with inputs = [the stage input, the parameters not split],
 //   so the engine runs only what the input gradient needs and skips the weight-gradient kernels of
@@ -33,13 +36,15 @@
 // - Evaluation (runForward) runs the same list with only its F, RECV_F and SEND_F actions, under
 //   noGrad: every F keeps its place relative to the other forwards, and each F depends only on
 //   forwards that precede it in the full list too, so the filtered lists cannot deadlock either.
-//   No input requires grad and the last stage keeps only the loss value.
+//   No input requires grad and the last stage keeps only the loss value (or what `read` makes of its output).
 import { Tensor, backward, empty, keep, noGrad, tidy, tensor, zerosLike, isFloating, type DType } from '../../tensor/index.js';
 import type { ProcessGroup, Work } from '../../distributed/process_group.js';
 import type { Action, PipelineSchedule } from './schedule.js';
 import type { Stage } from './stage.js';
-import { asList, type LossFn, type MicroBatch, type StageValue } from '../parallel_model.js';
+import { asList, type Criterion, type MicroBatch, type StageValue } from '../parallel_model.js';
 import { insideCheckpointedRegion } from '../../nn/checkpoint.js';
+import { withDocuments } from '../../nn/documents.js';
+import { addMetrics } from '../loss_reduction.js';
 
 /** Tensors per activation message, and dimensions per tensor, that the header can describe. */
 const MAX_TENSORS = 8, MAX_DIMS = 8;
@@ -112,8 +117,8 @@ export interface ExecutorOptions {
   group: ProcessGroup;
   /** This rank's stages by global index. */
   stages: Map<number, Stage>;
-  /** The criterion the last stage applies to its output and the micro-batch's y. */
-  loss: LossFn;
+  /** The criterion the last stage applies to its output and the micro-batch. */
+  criterion: Criterion;
   /**
    * Where W writes the weight gradients it forms by hand, when the parameters' gradients live in
    * a data-parallel wrapper's buckets (see [Note: pipeline x ZeRO] in pipeline_parallel.ts):
@@ -128,6 +133,18 @@ export interface HandGrads {
   view(param: Tensor): Tensor;
   written(param: Tensor): void;
 }
+
+/** What the last stage's rank sums over a step's micro-batches (zero elsewhere). */
+export interface StageSums {
+  /** Σ criterion values. */
+  value: number;
+  metrics: Record<string, number>;
+  /** With `read` (forward only): per micro-batch what read made of the last stage's output. */
+  read: (Float64Array | undefined)[];
+}
+
+/** A micro-batch's backward root from its criterion sum (the loss scaled for the step). */
+export type LossRoot = (loss: Tensor, mb: MicroBatch) => Tensor;
 
 /** One compute action's wall-clock span (performance.now() milliseconds), for bubble measurements. */
 export interface TraceEvent {
@@ -149,7 +166,7 @@ export class Executor {
   private readonly stages: Map<number, Stage>;
   private readonly group: ProcessGroup;
   private readonly rank: number;
-  private readonly loss: LossFn;
+  private readonly criterion: Criterion;
   private readonly handGrads: HandGrads | undefined;
   /** The split Linears' forward hooks append here while a zero-bubble F runs. */
   private capturing: Capture[] | undefined;
@@ -160,7 +177,7 @@ export class Executor {
     this.stages = o.stages;
     this.group = o.group;
     this.rank = o.rank;
-    this.loss = o.loss;
+    this.criterion = o.criterion;
     this.handGrads = o.handGrads;
     if (this.s.actions.some((list) => list.some((a) => a.kind === 'I' || a.kind === 'W'))) {
       for (const st of this.stages.values()) {
@@ -189,23 +206,25 @@ export class Executor {
   }
 
   /**
-   * Runs this rank's actions for one step. Returns the sum over micro-batches of the unscaled
-   * loss where this rank holds the last stage, else 0.
+   * Runs this rank's actions for one step, each micro-batch's backward from root(its criterion
+   * sum). Returns the criterion's sums where this rank holds the last stage, else zeros.
    */
-  run(micro: MicroBatch[], lossScale: number, trace?: TraceEvent[]): number {
-    return this.execute(micro, lossScale, trace, false);
+  run(micro: MicroBatch[], root: LossRoot, trace?: TraceEvent[]): StageSums {
+    return this.execute(micro, root, trace);
   }
 
   /**
    * Runs this rank's forward actions only, under noGrad (evaluation): the same activations travel
-   * by the same sends and receives, nothing is kept for a backward. Returns the sum over
-   * micro-batches of the loss where this rank holds the last stage, else 0.
+   * by the same sends and receives, nothing is kept for a backward. Returns the criterion's sums
+   * where this rank holds the last stage, else zeros; with `read`, what it made of each last-stage
+   * output instead (the criterion is not applied).
    */
-  runForward(micro: MicroBatch[]): number {
-    return noGrad(() => this.execute(micro, 1, undefined, true));
+  runForward(micro: MicroBatch[], read?: (out: StageValue, mb: MicroBatch) => Float64Array): StageSums {
+    return noGrad(() => this.execute(micro, undefined, undefined, read));
   }
 
-  private execute(micro: MicroBatch[], lossScale: number, trace: TraceEvent[] | undefined, forwardOnly: boolean): number {
+  /** root undefined: forward only (noGrad by the caller); read: what the last stage keeps of its outputs then. */
+  private execute(micro: MicroBatch[], root: LossRoot | undefined, trace?: TraceEvent[], read?: (out: StageValue, mb: MicroBatch) => Float64Array): StageSums {
     const m = this.s.micro;
     if (micro.length !== m) throw new Error(`pipeline step: the schedule was built for ${m} micro-batches, got ${micro.length}`);
     const shapes = (mb: MicroBatch) => [...asList(mb.x), ...asList(mb.y)].map((t) => `[${t.shape.join(',')}]`).join(' ');
@@ -226,9 +245,9 @@ export class Executor {
     // A RECV_B posted before its forward ran (m < p) waits as its action: B posts it, with RECV_B's peer.
     const recvB = new Map<string, Posted | { deferred: Action }>();
     const sends: { work: Work; t: Tensor }[] = [];
-    let lossSum = 0;
+    const sums: StageSums = { value: 0, metrics: {}, read: new Array<Float64Array | undefined>(m).fill(undefined) };
     const all = this.s.actions[this.rank]!;
-    const actions = forwardOnly ? all.filter((a) => a.kind === 'F' || a.kind === 'RECV_F' || a.kind === 'SEND_F') : all;
+    const actions = root === undefined ? all.filter((a) => a.kind === 'F' || a.kind === 'RECV_F' || a.kind === 'SEND_F') : all;
     const owned: Tensor[] = []; // every tensor kept across actions, freed at the end
     const own = (t: Tensor): Tensor => {
       owned.push(keep(t));
@@ -292,9 +311,11 @@ export class Executor {
             case 'SEND_B':
               slot(a.stage, a.micro).inputGrads!.forEach((t, j) => sends.push({ t, work: this.group.send(t, a.peer!, this.tag('B', a.stage - 1, a.micro, j)) }));
               break;
-            case 'F':
-              lossSum += this.forward(stageOf(a), a, micro[a.micro]!, slot, recvF, waitAll, lossScale, own, forwardOnly);
+            case 'F': {
+              const mb = micro[a.micro]!;
+              withDocuments(mb.docs, () => this.forward(stageOf(a), a, mb, slot, recvF, waitAll, root, own, read, sums));
               break;
+            }
             case 'B':
             case 'I': {
               let gradOut: Tensor[] | undefined;
@@ -308,7 +329,7 @@ export class Executor {
                   if (!gradOut) throw new Error(`the input gradient of stage ${a.stage + 1} is not here (neither received nor computed on this rank)`);
                 }
               }
-              this.backward(stageOf(a), a, slot, gradOut, own);
+              withDocuments(micro[a.micro]!.docs, () => this.backward(stageOf(a), a, slot, gradOut, own));
               break;
             }
             case 'W':
@@ -344,14 +365,14 @@ export class Executor {
       for (const t of owned) t.dispose();
       this.capturing = undefined;
     }
-    return lossSum;
+    return sums;
   }
 
   private forward(
     st: Stage, a: Action, mb: MicroBatch, slot: (s: number, i: number) => Slot,
-    recvF: Map<string, Posted>, waitAll: (p: Posted) => Tensor[], lossScale: number,
-    own: (t: Tensor) => Tensor, forwardOnly: boolean,
-  ): number {
+    recvF: Map<string, Posted>, waitAll: (p: Posted) => Tensor[], root: LossRoot | undefined,
+    own: (t: Tensor) => Tensor, read: ((out: StageValue, mb: MicroBatch) => Float64Array) | undefined, sums: StageSums,
+  ): void {
     const sl = slot(a.stage, a.micro);
     let inputs: Tensor[];
     if (st.isFirst) {
@@ -370,15 +391,14 @@ export class Executor {
         carries = prev.map((o) => o.requiresGrad);
         inputs = prev.map((o) => own(o.detach()));
       }
-      sl.inputCarriesGrad = forwardOnly ? inputs.map(() => false) : carries;
+      sl.inputCarriesGrad = root === undefined ? inputs.map(() => false) : carries;
       inputs.forEach((t, i) => {
         if (sl.inputCarriesGrad![i]) t.requiresGrad_(true);
       });
       sl.inputs = inputs;
     }
-    const capturing = !forwardOnly && st.splitLinears.length > 0 && this.removers.length > 0 ? (sl.captures = []) : undefined;
+    const capturing = root !== undefined && st.splitLinears.length > 0 && this.removers.length > 0 ? (sl.captures = []) : undefined;
     this.capturing = capturing;
-    let loss = 0;
     try {
       tidy(() => {
         const out = (st.module as unknown as { call: (...x: Tensor[]) => StageValue }).call(...inputs);
@@ -390,15 +410,18 @@ export class Executor {
           sl.outputs = asList(out).map((t) => keep(own.has(t) ? t.view(t.shape) : t));
           return;
         }
-        const l = this.loss(out, mb.y);
-        if (l.numel() !== 1) throw new Error(`the loss function returned a tensor of shape [${l.shape}]; it must return a scalar (the mean over the micro-batch)`);
-        loss = l.item();
-        if (!forwardOnly) sl.loss = keep(l.mul(lossScale));
+        if (read) {
+          sums.read[a.micro] = read(out, mb);
+          return;
+        }
+        const r = this.criterion.apply(out, mb);
+        sums.value += r.value;
+        addMetrics(sums.metrics, r.metrics);
+        if (root) sl.loss = keep(root(r.loss, mb));
       });
     } finally {
       this.capturing = undefined;
     }
-    return loss;
   }
 
   private backward(st: Stage, a: Action, slot: (s: number, i: number) => Slot, gradOut: Tensor[] | undefined, own: (t: Tensor) => Tensor): void {

@@ -12,7 +12,7 @@
 // The values, micro-batches and criterion are the types every layout shares (parallel_model.ts).
 import { Module } from '../../nn/module.js';
 import type { Tensor } from '../../tensor/index.js';
-import { asList, type LossFn, type StageValue } from '../parallel_model.js';
+import { asList, type Criterion, type LossFn, type StageValue } from '../parallel_model.js';
 
 /** A parameter used by several stages, each holding its own copy (a tied input embedding and output head). */
 export interface TiedParameter {
@@ -25,7 +25,8 @@ export interface TiedParameter {
 export interface PipelineModel {
   /** Builds stage `index` of `numStages`; a rank builds only the stages it runs. */
   stage(index: number, numStages: number): Module;
-  loss: LossFn;
+  /** What the last stage applies: a LossFn (with `reduces`, summed over trained tokens) or a Criterion. */
+  loss: LossFn | Criterion;
   /**
    * Parameters tied across stages for this number of stages. Their copies must start equal; after
    * each step every copy holds the sum of their gradients, and the norm counts the first copy only.
@@ -58,7 +59,7 @@ export interface SequentialOptions {
    * manualSeed(seed + i) first) for every split to start from the whole model's weights.
    */
   layer: (i: number) => Module;
-  loss: LossFn;
+  loss: LossFn | Criterion;
   /**
    * Where each stage after the first starts (numStages - 1 increasing layer indices), or a
    * function of numStages returning them. Default: an even split, earlier stages taking the rest.

@@ -24,9 +24,11 @@
 //      (a frozen tied parameter, every copy requiresGrad = false, has nothing to exchange);
 //   2. data parallel: the stages' DataParallel (zero 0, 1, 2 or 3) reduces its buckets once (see
 //      [Note: pipeline x ZeRO]);
-//   3. the loss (mean over micro-batches and dp replicas) is all-reduced so every rank reports it.
+//   3. the loss (the criterion's sum over the last stage's micro-batches and the dp replicas, over
+//      the global count: [Note: global loss reduction] in ../loss_reduction.ts) is all-reduced so
+//      every rank reports it; each micro-batch's backward started from its sum over (count / dp size).
 // With { sync: false } steps 1-2 are left for a later step (gradient accumulation across steps:
-// pass lossScale 1/(m * steps) to weigh them).
+// pass lossScale 1/(m * steps) to weigh them, each micro-batch then its own mean).
 //
 // evaluate() runs the schedule's forward actions only (Executor.runForward: the same sends and
 // receives, under noGrad, stages in eval mode) and reduces the loss like step(). Under ZeRO the
@@ -69,7 +71,8 @@ import type { ProcessGroup } from '../../distributed/process_group.js';
 import type { DeviceMesh } from '../../distributed/mesh.js';
 import { Module } from '../../nn/module.js';
 import type { UnitPolicy } from '../data_parallel/fsdp.js';
-import type { MicroBatch, ParallelModel } from '../parallel_model.js';
+import { disposeDocuments, type Criterion, type MicroBatch, type ParallelModel, type StageValue, type StepResult } from '../parallel_model.js';
+import { addMetrics, bindLoss, criterionOf, globalCount, localCount, reduceResult } from '../loss_reduction.js';
 import type { GradShard, GradientSource } from '../grads.js';
 import type { DataParallel, AccumulateFlavour, MemoryReport, ZeroStage } from '../data_parallel/data_parallel.js';
 import { buildDataParallel, type DataParallelSpec } from '../data_parallel/wrappers.js';
@@ -79,7 +82,7 @@ import { placementsOf, type ParamPlacement } from '../placement.js';
 import { buildSchedule, peakActivations, peakDeferredWeightGrads, validateSchedule, type PipelineSchedule, type ScheduleName } from './schedule.js';
 import { axisStride, computeBytes, crossesHosts, type PlanAxis } from '../../distributed/plan_terms.js';
 import { Stage } from './stage.js';
-import { Executor, type TraceEvent } from './executor.js';
+import { Executor, type LossRoot, type StageSums, type TraceEvent } from './executor.js';
 import { ExpertPiecesSource, ExpertStepPieces, expertPlacements, gatherExperts } from '../expert_parallel.js';
 import type { PipelineModel, TiedParameter } from './model.js';
 
@@ -142,7 +145,10 @@ class LocalStages extends Module {
 }
 
 export interface PipelineStepOptions {
-  /** Multiplies each micro-batch loss before backward (default 1/m). */
+  /**
+   * Multiplies each micro-batch's mean (its criterion sum over its own count) before backward, in
+   * place of the global count's weighting (gradient accumulation across steps: 1/(m x steps)).
+   */
   lossScale?: number;
   /** Finish gradients (tied sum, dp average) after this step (default true). */
   sync?: boolean;
@@ -177,6 +183,7 @@ export class PipelineParallel implements ParallelModel {
   /** With a dp group: the stages' data-parallel wrapper, any zero stage (see [Note: pipeline x ZeRO]). */
   readonly dp: DataParallel | undefined;
   private readonly executor: Executor;
+  private readonly criterion: Criterion;
   private readonly slotOf = new Map<Tensor, ParamSlot>();
   private readonly tied: TiedGroup[];
   /** Tied copies other than the first: left out of the norm (the first counts the sum once). */
@@ -189,10 +196,11 @@ export class PipelineParallel implements ParallelModel {
   readonly edpGroup: ProcessGroup | undefined;
 
   constructor(model: PipelineModel, opts: PipelineOptions) {
-    if (!model || typeof model.stage !== 'function' || typeof model.loss !== 'function') {
+    if (!model || typeof model.stage !== 'function' || !(typeof model.loss === 'function' || typeof (model.loss as Criterion | undefined)?.apply === 'function')) {
       throw new Error('PipelineParallel: the model must be a PipelineModel ({ stage(index, numStages), loss(output, target) }); build one with sequentialStages(...) or, for a GPT, gptPipeline(cfg, { initSeed })');
     }
     this.model = model;
+    this.criterion = criterionOf(bindLoss(model.loss, model));
     this.ppGroup = opts.pp;
     this.schedule = buildSchedule(opts.schedule, {
       pp: opts.pp.size, micro: opts.micro,
@@ -236,7 +244,7 @@ export class PipelineParallel implements ParallelModel {
       for (const w of [dense, experts]) for (const s of w?.parametersWithSlots() ?? []) this.slotOf.set(s.param, s);
     }
     this.executor = new Executor({
-      schedule: this.schedule, rank, group: opts.pp, loss: model.loss,
+      schedule: this.schedule, rank, group: opts.pp, criterion: this.criterion,
       stages: new Map(this.stages.map((st) => [st.index, st])),
       ...(this.dp ? { handGrads: { view: (p: Tensor) => this.accumulatingGrad(p), written: (p: Tensor) => this.wrapperOf(p).markGradient(p) } } : {}),
     });
@@ -367,28 +375,85 @@ export class PipelineParallel implements ParallelModel {
 
   /**
    * One step over m micro-batches: forward and backward by the schedule, then the gradient
-   * finish (see the file header). Returns the mean loss over the global batch, on every rank.
+   * finish (see the file header). Returns the loss over the global batch, on every rank. Every
+   * stage holds the micro-batches' targets, so each counts the global batch's units itself.
    */
-  step(microBatches: MicroBatch[], opts: PipelineStepOptions = {}): { loss: number } {
-    const m = this.schedule.micro;
-    const lossScale = opts.lossScale ?? 1 / m;
-    for (const w of [this.dp, this.edp]) {
-      // Backward passes accumulate into the full buckets; they are reduced once, in syncGrads.
-      w?.holdReductions();
-      w?.allocateGradients();
+  step(microBatches: MicroBatch[], opts: PipelineStepOptions = {}): StepResult {
+    try {
+      const N = globalCount(this.dpGroup, localCount(this.criterion, microBatches));
+      if (N === 0) return { loss: 0, count: 0 }; // nothing trained anywhere: no gradient (every rank agrees)
+      const D = this.dpGroup?.size ?? 1;
+      const { lossScale } = opts;
+      const root: LossRoot = lossScale === undefined
+        ? (l) => l.div(N / D)
+        : (l, mb) => {
+          const n = this.criterion.count(mb);
+          return l.mul(n > 0 ? lossScale / n : 0);
+        };
+      for (const w of [this.dp, this.edp]) {
+        // Backward passes accumulate into the full buckets; they are reduced once, in syncGrads.
+        w?.holdReductions();
+        w?.allocateGradients();
+      }
+      const sums = this.executor.run(microBatches, root, opts.trace);
+      if (opts.sync ?? true) this.syncGrads();
+      return this.reduce(sums, N);
+    } finally {
+      disposeDocuments(microBatches);
     }
-    const lossSum = this.executor.run(microBatches, lossScale, opts.trace);
-    if (opts.sync ?? true) this.syncGrads();
-    return { loss: this.meanLoss(lossSum / m) };
   }
 
   /**
-   * Evaluation: the mean loss over the given micro-batches (a positive multiple of m, each shaped
+   * Evaluation: the loss over the given micro-batches (a positive multiple of m, each shaped
    * like step()'s, run m at a time) and over the dp replicas, the same number on every rank. Forward
    * only, under noGrad, with the stages in eval mode (restored after); gradients and optimizer state
    * are not touched. Every rank of the pipeline and dp groups calls it with its own micro-batches.
    */
-  evaluate(microBatches: MicroBatch[]): number {
+  evaluate(microBatches: MicroBatch[]): StepResult {
+    try {
+      const N = globalCount(this.dpGroup, localCount(this.criterion, microBatches));
+      const sums: StageSums = { value: 0, metrics: {}, read: [] };
+      for (const s of this.forwardChunks(microBatches, (part) => this.executor.runForward(part))) {
+        sums.value += s.value;
+        addMetrics(sums.metrics, s.metrics);
+      }
+      return this.reduce(sums, N);
+    } finally {
+      disposeDocuments(microBatches);
+    }
+  }
+
+  /**
+   * Forward only, as evaluate runs it: `read` runs on the last stage's rank, and what it returns is
+   * broadcast over the pipeline group, so every rank returns it (see ParallelModel.forwardOnly).
+   */
+  forwardOnly(microBatches: MicroBatch[], read: (output: StageValue, mb: MicroBatch) => Float64Array): Float64Array[] {
+    const local = this.forwardChunks(microBatches, (part) => this.executor.runForward(part, read)).flatMap((s) => s.read);
+    if (this.ppGroup.size === 1) return local.map((v) => v!);
+    const last = this.schedule.stageRank(this.schedule.numStages - 1);
+    const mine = this.ppGroup.rank === last;
+    return tidy(() => {
+      const lengths = tensor(Float64Array.from(local, (v) => (mine ? v!.length : 0)));
+      this.ppGroup.broadcast(lengths, last).wait();
+      const ns = lengths.toNumbers();
+      const all = new Float64Array(ns.reduce((a, n) => a + n, 0));
+      if (mine) {
+        let at = 0;
+        for (const v of local) {
+          all.set(v!, at);
+          at += v!.length;
+        }
+      }
+      const t = tensor(all);
+      if (all.length > 0) this.ppGroup.broadcast(t, last).wait();
+      const got = Float64Array.from(t.toNumbers());
+      let at = 0;
+      return ns.map((n) => got.slice(at, (at += n)));
+    });
+  }
+
+  /** Runs a forward-only pass over the micro-batches m at a time, the stages in eval mode (restored after). */
+  private forwardChunks(microBatches: MicroBatch[], run: (part: MicroBatch[]) => StageSums): StageSums[] {
     const m = this.schedule.micro;
     const n = microBatches.length;
     if (n === 0 || n % m !== 0) {
@@ -396,23 +461,39 @@ export class PipelineParallel implements ParallelModel {
     }
     const training = this.stages.map((s) => s.module.training);
     for (const s of this.stages) s.module.eval();
-    let lossSum = 0;
+    const out: StageSums[] = [];
     try {
-      for (let k = 0; k < n; k += m) lossSum += this.executor.runForward(microBatches.slice(k, k + m));
+      for (let k = 0; k < n; k += m) out.push(run(microBatches.slice(k, k + m)));
     } finally {
       this.stages.forEach((s, i) => s.module.train(training[i]));
     }
-    return this.meanLoss(lossSum / n);
+    return out;
   }
 
-  /** A per-micro-batch mean held by the last stage's rank: summed over pp, averaged over dp, on every rank. */
-  private meanLoss(local: number): number {
-    return tidy(() => {
-      const l = tensor([local], { dtype: 'float64' });
-      if (this.ppGroup.size > 1) this.ppGroup.allReduce(l, 'sum').wait();
-      if (this.dpGroup) this.dpGroup.allReduce(l, 'avg').wait();
-      return l.item();
-    });
+  /**
+   * The last stage's sums, summed over pp and dp and divided by the global count, on every rank.
+   * The metric names are the last stage's: broadcast over pp (as JSON) when it has any.
+   */
+  private reduce(sums: StageSums, N: number): StepResult {
+    let { value, metrics } = sums;
+    if (this.ppGroup.size > 1) {
+      const last = this.schedule.stageRank(this.schedule.numStages - 1);
+      const json = this.ppGroup.rank === last && Object.keys(metrics).length > 0 ? new TextEncoder().encode(JSON.stringify(metrics)) : new Uint8Array(0);
+      const [v, len] = tidy(() => {
+        const t = tensor(Float64Array.from([value, json.length]));
+        this.ppGroup.allReduce(t, 'sum').wait();
+        return t.toNumbers();
+      });
+      value = v!;
+      if (len! > 0) {
+        metrics = tidy(() => {
+          const t = tensor(Float64Array.from({ length: len! }, (_, i) => json[i] ?? 0));
+          this.ppGroup.broadcast(t, last).wait();
+          return JSON.parse(new TextDecoder().decode(Uint8Array.from(t.toNumbers()))) as Record<string, number>;
+        });
+      }
+    }
+    return reduceResult([this.dpGroup], value, metrics, N);
   }
 
   /**

@@ -10,7 +10,7 @@
 import { type Tensor, cat } from '../../tensor/index.js';
 import type { ProcessGroup } from '../../distributed/process_group.js';
 import type { GradShard, GradientSource, StepPiece } from '../grads.js';
-import { WrappedModel, type ParallelModel } from '../parallel_model.js';
+import { WrappedModel, type MicroBatch, type ParallelModel, type StageValue } from '../parallel_model.js';
 import { slicedOverTp, type ParamPlacement } from '../placement.js';
 import { allGatherDim } from './comm.js';
 import type { TensorParallelApplied, TpPlacement } from './styles.js';
@@ -99,7 +99,11 @@ export class TensorParallelModel extends WrappedModel {
   /** Every local parameter's placement, over all parts (a pipeline rank may hold several stages). */
   private readonly tpPlacements = new Map<Tensor, TpPlacement>();
 
-  constructor(inner: ParallelModel, private readonly applied: TensorParallelApplied[], private readonly opts: { sequenceParallel: boolean }) {
+  /**
+   * `lossScope`: runs a criterion with the layout's crossEntropy (the vocab-parallel one under loss
+   * parallelism, parallelize's); forwardOnly's reader runs inside it too.
+   */
+  constructor(inner: ParallelModel, private readonly applied: TensorParallelApplied[], private readonly opts: { sequenceParallel: boolean; lossScope?: <T>(fn: () => T) => T }) {
     super(inner);
     for (const a of applied) for (const [p, pl] of a.placements) this.tpPlacements.set(p, pl);
     this.tpGrads = new TensorParallelGrads(inner.grads, () => inner.namedParameters().flatMap(([, p]) => (p.requiresGrad ? [p] : [])), inner.tiedCopiesLeftOutOfNorm, this.tpPlacements, applied[0]!.group);
@@ -118,6 +122,10 @@ export class TensorParallelModel extends WrappedModel {
     if (pl?.kind === 'shard') return gatherSlices(p.detach(), pl);
     const w = this.inner.whole(p); // expert parallelism gathers its expert slices
     return w === p && pl ? p.detach() : w;
+  }
+  override forwardOnly(microBatches: MicroBatch[], read: (output: StageValue, mb: MicroBatch) => Float64Array): Float64Array[] {
+    const scope = this.opts.lossScope;
+    return this.inner.forwardOnly(microBatches, scope ? (out, mb) => scope(() => read(out, mb)) : read);
   }
   override summary(): string {
     const a = this.applied[0]!;
