@@ -2,8 +2,8 @@
 // turns trained, the rest masked) named as data.source with data.format = "chat", prepared into the
 // cache by verify before its ranks start, packed (rows hold several conversations) and trained for
 // train.epochs (verify sets it to 0 and trains --steps of the same rows). Under every layout (data
-// parallel, ZeRO-1/2/3, HSDP, pipelines, tensor parallel with sequence and loss parallelism, expert
-// parallel) the ranks' losses, gradient norms and parameters equal one process's
+// parallel, ZeRO-1/2/3, HSDP, pipelines, tensor parallel with sequence and loss parallelism, context
+// parallel alone and under a pipeline, expert parallel) the ranks' losses, gradient norms and parameters equal one process's
 // within verify's float32 tolerance: the loss is the sum over the global batch's trained targets
 // over their count, whatever the layout cuts. And `verify --resume` of the same config resumes exactly
 // (the examples' loader state in the checkpoint). The float64 equivalence of the same layouts on masked
@@ -61,8 +61,10 @@ const LAYOUTS: [string, string[]][] = [
   ['pp = 2, 1F1B', ['--parallel.pp=2', '--data.microBatches=4']],
   ['pp = 2, zero bubble', ['--parallel.pp=2', '--parallel.ppSchedule=zb', '--data.microBatches=4']],
   ['tp = 2 with sequence and loss parallelism', ['--parallel.tp=2', '--parallel.sequenceParallel=true', '--parallel.lossParallel=true']],
+  ['cp = 2', ['--parallel.cp=2']],
   ['ep = 2 (4 experts)', ['--parallel.ep=2', '--data.microBatches=1', ...MOE]],
   ['HSDP 2 x 2, ZeRO-3, on 4 ranks', ['--nproc', '4', '--parallel.zero=3', '--parallel.dpShard=2', '--parallel.dpReplicate=2', '--data.microBatches=1']],
+  ['cp = 2 x pp = 2 on 4 ranks', ['--nproc', '4', '--parallel.cp=2', '--parallel.pp=2']],
 ];
 const layouts = run(['verify', config, '--nproc', '2', '--steps', '3', ...LAYOUTS.slice(1).flatMap(([, o]) => ['--and', ...o])]);
 
