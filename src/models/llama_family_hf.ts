@@ -1,0 +1,33 @@
+// The Llama's Hugging Face form over its families: a config.json is read by its model_type's
+// format, a model is written as its model.family's (LlamaForCausalLM, Qwen2ForCausalLM,
+// Qwen3ForCausalLM). A family is one entry in the map below (typed by llama_config.ts's list).
+import type { Module } from '../nn/module.js';
+import { Llama } from './llama.js';
+import { resolveLlamaConfig, type LlamaConfig, type LlamaFamily } from './llama_config.js';
+import { llamaHf } from './llama_hf.js';
+import { qwen2Hf, qwen3Hf } from './qwen_hf.js';
+import type { HfFormat } from './spec.js';
+
+const byFamily: { readonly [F in LlamaFamily]: HfFormat<LlamaConfig> } = { llama: llamaHf, qwen2: qwen2Hf, qwen3: qwen3Hf };
+
+/** The format a config's family is written as. */
+function formatOf(cfg: Partial<LlamaConfig>): HfFormat<LlamaConfig> {
+  return byFamily[resolveLlamaConfig(cfg).family];
+}
+
+export const llamaFamilyHf: HfFormat<LlamaConfig> = {
+  architecture: llamaHf.architecture,
+  modelType: llamaHf.modelType,
+  modelTypes: Object.fromEntries(Object.values(byFamily).map((f) => [f.modelType, f.architecture])),
+
+  fromConfig(hf) {
+    const f = Object.values(byFamily).find((x) => x.modelType === hf.model_type) ?? llamaHf;
+    // Every family's options, so a run's [model] section is compared on them too (train.initFrom).
+    return { family: 'llama', attnBias: 'none', qkNorm: false, ...f.fromConfig(hf) };
+  },
+  toConfig: (cfg) => formatOf(cfg).toConfig(cfg),
+  tensors: (cfg) => formatOf(cfg).tensors(cfg),
+  ignored: llamaHf.ignored,
+  configOf: (model: Module) => (model instanceof Llama ? { ...model.cfg } : undefined),
+  resolve: (cfg) => resolveLlamaConfig(cfg),
+};
