@@ -23,7 +23,9 @@ export const llamaFamilyHf: HfFormat<LlamaConfig> = {
   fromConfig(hf) {
     const f = Object.values(byFamily).find((x) => x.modelType === hf.model_type) ?? llamaHf;
     // Every family's options, so a run's [model] section is compared on them too (train.initFrom).
-    return { family: 'llama', attnBias: 'none', qkNorm: false, ...f.fromConfig(hf) };
+    // (After the format's own fields: arch first in the [model] section an error offers to paste.)
+    const d = f.fromConfig(hf);
+    return { ...d, family: d.family ?? 'llama', attnBias: d.attnBias ?? 'none', qkNorm: d.qkNorm ?? false };
   },
   toConfig: (cfg) => formatOf(cfg).toConfig(cfg),
   tensors: (cfg) => formatOf(cfg).tensors(cfg),
