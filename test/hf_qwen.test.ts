@@ -12,7 +12,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setNumThreads } from '../src/tensor/index.js';
 import { loadPretrained, savePretrained, readHfDir } from '../src/checkpoint/hf.js';
-import { Llama } from '../src/models/llama.js';
+import { Llama, resolveLlamaConfig } from '../src/models/llama.js';
+import { llamaRules } from '../src/models/llama_config.js';
 import { generate } from '../src/inference/generate.js';
 import { oracleMissing } from './oracle/oracle.js';
 import { assertSameParameters, checkAgainst, hfReference, HF_PROMPT, GREEDY, type HfRef } from './oracle/hf_oracle.js';
@@ -133,4 +134,11 @@ test('a Qwen config.json flotilla cannot read exactly is one error naming the fi
   const m = new Llama({ vocabSize: 61, blockSize: 8, nLayer: 1, nHead: 2, nEmbd: 8, family: 'qwen3', attnBias: 'qkv', qkNorm: true });
   assert.throws(() => savePretrained(m, join(root, 'never')), /model\.family = "qwen3" \(Qwen3ForCausalLM\) has q\/k norms .* set model\.qkNorm = true and model\.attnBias = "none" or "all"/);
   m.dispose();
+  // And a Llama with Qwen's options would lose them as a LlamaForCausalLM: refused, not dropped.
+  const l = new Llama({ vocabSize: 61, blockSize: 8, nLayer: 1, nHead: 2, nEmbd: 8, attnBias: 'qkv' });
+  assert.throws(() => savePretrained(l, join(root, 'never')), /model\.family = "llama" \(LlamaForCausalLM\) has no attention biases and no q\/k norms: set model\.attnBias = "none" .* or model\.family = "qwen2" or "qwen3"/);
+  l.dispose();
+  // The config's validation finds the same before any rank starts.
+  assert.deepEqual(llamaRules.shapeProblems({ ...resolveLlamaConfig({}), family: 'qwen2' }, { seqLen: 8, pp: 1, ppVirtualStages: 1, tp: 1, sequenceParallel: false }),
+    ['model.family = "qwen2" (Qwen2ForCausalLM) has biases on q, k and v and no q/k norms: set model.attnBias = "qkv" and model.qkNorm = false (got model.attnBias = "none", model.qkNorm = false)']);
 });

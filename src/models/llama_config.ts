@@ -96,9 +96,28 @@ export function llamaNumParams(cfg: Partial<LlamaConfig>): number {
   return c.vocabSize * C + c.nLayer * block + moe + C + (c.tieEmbeddings ? 0 : c.vocabSize * C);
 }
 
+/**
+ * What the config's family cannot express (its Hugging Face class has no such model): empty, or
+ * one message naming the fields to set.
+ */
+export function llamaFamilyProblems(m: Pick<LlamaConfig, 'family' | 'attnBias' | 'qkNorm'>): string[] {
+  const where = `model.family = "${m.family}"`, got = `(got model.attnBias = "${m.attnBias}", model.qkNorm = ${m.qkNorm})`;
+  switch (m.family) {
+    case 'llama':
+      // (transformers' attention_bias would give all four; flotilla's LlamaForCausalLM map has none.)
+      return m.attnBias !== 'none' || m.qkNorm ? [`${where} (LlamaForCausalLM) has no attention biases and no q/k norms: set model.attnBias = "none" and model.qkNorm = false, or model.family = "qwen2" or "qwen3" ${got}`] : [];
+    case 'qwen2':
+      return m.attnBias !== 'qkv' || m.qkNorm ? [`${where} (Qwen2ForCausalLM) has biases on q, k and v and no q/k norms: set model.attnBias = "qkv" and model.qkNorm = false ${got}`] : [];
+    case 'qwen3':
+      return m.attnBias === 'qkv' || !m.qkNorm ? [`${where} (Qwen3ForCausalLM) has q/k norms and attention biases on all of q, k, v, o or none: set model.qkNorm = true and model.attnBias = "none" or "all" ${got}`] : [];
+    default:
+      return [];
+  }
+}
+
 /** Every problem of a Llama config under a layout, each naming the field and the fix. */
 function llamaShapeProblems(m: LlamaConfig, ctx: ShapeContext): string[] {
-  const p: string[] = moeProblems(m.moe, m.nLayer);
+  const p: string[] = [...moeProblems(m.moe, m.nLayer), ...llamaFamilyProblems(m)];
   if (m.headDim === 0 && m.nEmbd % m.nHead !== 0) p.push(`model.nEmbd (${m.nEmbd}) must be divisible by model.nHead (${m.nHead}), or set model.headDim`);
   const nKv = m.nKvHead === 0 ? m.nHead : m.nKvHead;
   if (m.nHead % nKv !== 0) p.push(`model.nKvHead (${nKv}) must divide model.nHead (${m.nHead}) (grouped-query attention: 1 = multi-query, model.nHead = multi-head)`);

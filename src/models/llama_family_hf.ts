@@ -3,7 +3,7 @@
 // Qwen3ForCausalLM). A family is one entry in the map below (typed by llama_config.ts's list).
 import type { Module } from '../nn/module.js';
 import { Llama } from './llama.js';
-import { resolveLlamaConfig, type LlamaConfig, type LlamaFamily } from './llama_config.js';
+import { llamaFamilyProblems, resolveLlamaConfig, type LlamaConfig, type LlamaFamily } from './llama_config.js';
 import { llamaHf } from './llama_hf.js';
 import { qwen2Hf, qwen3Hf } from './qwen_hf.js';
 import type { HfFormat } from './spec.js';
@@ -12,7 +12,11 @@ const byFamily: { readonly [F in LlamaFamily]: HfFormat<LlamaConfig> } = { llama
 
 /** The format a config's family is written as. */
 function formatOf(cfg: Partial<LlamaConfig>): HfFormat<LlamaConfig> {
-  return byFamily[resolveLlamaConfig(cfg).family];
+  const c = resolveLlamaConfig(cfg);
+  // A parameter the family's class has no name for would be left out of the directory: refused.
+  const [problem] = llamaFamilyProblems(c);
+  if (problem) throw new Error(problem);
+  return byFamily[c.family];
 }
 
 export const llamaFamilyHf: HfFormat<LlamaConfig> = {

@@ -4,7 +4,7 @@
 // attention_bias. Everything else (RMSNorm pre-norm blocks, rotate-half rotary positions,
 // grouped-query attention, SwiGLU) is the Llama's, so the shape fields are read by llama_hf.ts.
 import type { LlamaConfig } from './llama_config.js';
-import { resolveLlamaConfig } from './llama_config.js';
+import { llamaFamilyProblems, resolveLlamaConfig } from './llama_config.js';
 import { llamaHf } from './llama_hf.js';
 import type { HfFormat, HfTensor } from './spec.js';
 
@@ -31,14 +31,10 @@ function refuseSlidingWindows(hf: Record<string, unknown>, label: string): void 
   }
 }
 
-/** What the family's class can express; a config it cannot is an error naming the fields. */
-function checkExpressible(c: LlamaConfig, family: Family): void {
-  const where = `model.family = "${family}"`;
-  if (family === 'qwen2') {
-    if (c.attnBias !== 'qkv' || c.qkNorm) throw new Error(`${where} (Qwen2ForCausalLM) has biases on q, k and v and no q/k norms: set model.attnBias = "qkv" and model.qkNorm = false (got "${c.attnBias}", ${c.qkNorm})`);
-  } else if (c.attnBias === 'qkv' || !c.qkNorm) {
-    throw new Error(`${where} (Qwen3ForCausalLM) has q/k norms and attention biases on all of q, k, v, o or none: set model.qkNorm = true and model.attnBias = "none" or "all" (got "${c.attnBias}", ${c.qkNorm})`);
-  }
+/** A config its family's class cannot express is an error naming the fields (llama_config.ts). */
+function checkExpressible(c: LlamaConfig): void {
+  const [problem] = llamaFamilyProblems(c);
+  if (problem) throw new Error(problem);
 }
 
 function qwenHf(family: Family): HfFormat<LlamaConfig> {
@@ -64,7 +60,7 @@ function qwenHf(family: Family): HfFormat<LlamaConfig> {
 
     toConfig(cfg) {
       const c = resolveLlamaConfig(cfg);
-      checkExpressible(c, family);
+      checkExpressible(c);
       const { attention_bias: _a, mlp_bias: _m, pretraining_tp: _p, architectures: _r, model_type: _t, ...common } = llamaHf.toConfig(c);
       return {
         architectures: [architecture], model_type: family, ...common,
@@ -75,7 +71,7 @@ function qwenHf(family: Family): HfFormat<LlamaConfig> {
 
     tensors(cfg) {
       const c = resolveLlamaConfig(cfg);
-      checkExpressible(c, family);
+      checkExpressible(c);
       const A = c.nHead * c.headDim, KV = c.nKvHead * c.headDim;
       const out: HfTensor[] = [];
       // In transformers' order: each projection's bias after its weight, the norms after o_proj.
