@@ -9,7 +9,7 @@
 // <|im_start|>/<|im_end|> and prepared once with `flotilla prepare --format chat` (the prepare API);
 // the loss is on the assistant turns.
 //
-//   node --import tsx bench/packing.ts [--seq-len 512,1024] [--batch 8] [--steps 10] [--reps 3] [--nproc 1,2] [--write]
+//   node --import tsx bench/packing.ts [--seq-len 512,1024] [--batch 8] [--steps 10] [--reps 5] [--nproc 1,2] [--write]
 // Each --seq-len is its own set of runs on the same conversations (the model's context is the largest).
 // --write replaces the "packing" section of docs/BENCHMARKS.md.
 import { spawn } from 'node:child_process';
@@ -30,7 +30,7 @@ const ROOT = resolve(import.meta.dirname, '..');
 const { values: a } = parseArgs({
   options: {
     'seq-len': { type: 'string', default: '512,1024' }, batch: { type: 'string', default: '8' }, steps: { type: 'string', default: '10' },
-    reps: { type: 'string', default: '3' }, nproc: { type: 'string', default: '1,2' }, conversations: { type: 'string', default: '3000' },
+    reps: { type: 'string', default: '5' }, nproc: { type: 'string', default: '1,2' }, conversations: { type: 'string', default: '3000' },
     layers: { type: 'string', default: '4' }, width: { type: 'string', default: '128' }, write: { type: 'boolean', default: false },
   },
 });
@@ -184,10 +184,11 @@ try {
               throw new Error(`step ${row.step} (seqLen ${seqLen}, pack ${pack}): the trainer reports ${row.trainedTokens} trained tokens, the loader's rows hold ${counted[row.step - 1]}`);
             }
           }
+          // The median step time (a loaded machine's stalls hit single steps) and the mean trained tokens of those steps.
           const timed = rows.filter((row) => row.step > WARM);
-          const seconds = timed.reduce((s, row) => s + (batch * seqLen) / row.tokensPerSec, 0);
-          const tokens = timed.reduce((s, row) => s + counted[row.step - 1]!, 0);
-          const run: Run = { seqLen, nproc, pack, trainedPerSec: tokens / seconds, tokensPerSec: (timed.length * batch * seqLen) / seconds, stepMs: (1e3 * seconds) / timed.length };
+          const step = median(timed.map((row) => (batch * seqLen) / row.tokensPerSec));
+          const tokens = timed.reduce((s, row) => s + counted[row.step - 1]!, 0) / timed.length;
+          const run: Run = { seqLen, nproc, pack, trainedPerSec: tokens / step, tokensPerSec: (batch * seqLen) / step, stepMs: 1e3 * step };
           runs.push(run);
           console.log(`rep ${r + 1}, seqLen ${seqLen}, ${nproc} rank(s), ${pack ? 'packed' : 'padded'}: ${run.trainedPerSec.toFixed(0)} trained tokens/s, step ${run.stepMs.toFixed(0)} ms`);
         }
@@ -215,7 +216,11 @@ for (const seqLen of seqLens) {
       rows.push(`| ${seqLen} | ${nproc} | ${pack ? 'packed' : 'padded to seqLen'} | ${fill[key(seqLen, pack)] ?? '-'} | ${perStep(seqLen, pack).toFixed(0)} (${((100 * perStep(seqLen, pack)) / (batch * seqLen)).toFixed(1)}%) | ` +
         `${f(xs, 'stepMs')} | ${f(xs, 'trainedPerSec')} | ${pack ? `**${median(ratios).toFixed(2)}x** (${ratios.map((x) => x.toFixed(2)).join(', ')})` : ''} |`);
     }
-    verdicts.push(`seqLen ${seqLen}, ${nproc} rank${nproc > 1 ? 's' : ''}: ${median(ratios).toFixed(2)}x (${median(ratios) >= 2 ? 'meets' : 'misses'} the >= 2x goal)`);
+    // A packed step computes the same rows x seqLen as a padded one (and the documents' mask besides), so
+    // a measured ratio above the trained-tokens ratio is the load's doing, not packing's.
+    const holds = median(ratios) >= 2 && tokenGain >= 2;
+    verdicts.push(`seqLen ${seqLen}, ${nproc} rank${nproc > 1 ? 's' : ''}: ${median(ratios).toFixed(2)}x (${holds ? 'meets' : 'misses'} the >= 2x goal` +
+      `${!holds && median(ratios) >= 2 ? `: above 2x by the load's noise only, with ${tokenGain.toFixed(2)}x the trained tokens a step at the same step shape` : ''})`);
     explain.push(`seqLen ${seqLen}, ${nproc} rank${nproc > 1 ? 's' : ''}: ${tokenGain.toFixed(2)}x the trained tokens a step, a packed step ${stepRatio.toFixed(2)}x a padded one`);
   }
 }
@@ -234,7 +239,7 @@ const body = [
     '**The padded baseline pads every row to data.seqLen, not to the longest row of its batch**: that is what flotilla\'s loader does (a fixed batch shape); ' +
     'a loader padding each batch to its longest row would do less wasted work than this baseline, and narrow the gap. ' +
     `Trained tokens are the targets the loss is taken on (y != ${IGNORE_INDEX}), counted from the loader's rows of each step (the same global rows under every layout); ` +
-    `a run's rate is those of steps ${WARM + 1}-${steps} over their step times (metrics.jsonl; the first ${WARM} steps left out). ` +
+    `a run's rate is the mean trained tokens of steps ${WARM + 1}-${steps} over their median step time (metrics.jsonl; the first ${WARM} steps left out). ` +
     `Packed and padded runs alternate (${reps} repetitions, which mode goes first alternating), so a loaded machine slows both alike; the ratio is the median over repetitions of ` +
     'each packed run\'s rate over the padded run beside it. Fill is what the trainer\'s `[data]` line prints (the conversations\' tokens over rows x seqLen, first epoch); ' +
     'trained tokens a step are the mean over the timed steps, with their share of the batch\'s tokens.',
