@@ -9,7 +9,7 @@
 // <|im_start|>/<|im_end|> and prepared once with `flotilla prepare --format chat` (the prepare API);
 // the loss is on the assistant turns.
 //
-//   node --import tsx bench/packing.ts [--seq-len 512,1024] [--batch 8] [--steps 10] [--reps 5] [--nproc 1,2] [--write]
+//   node --import tsx bench/packing.ts [--seq-len 512,1024] [--batch 8] [--steps 10] [--reps 3] [--nproc 1,2] [--write]
 // Each --seq-len is its own set of runs on the same conversations (the model's context is the largest).
 // --write replaces the "packing" section of docs/BENCHMARKS.md.
 import { spawn } from 'node:child_process';
@@ -30,7 +30,7 @@ const ROOT = resolve(import.meta.dirname, '..');
 const { values: a } = parseArgs({
   options: {
     'seq-len': { type: 'string', default: '512,1024' }, batch: { type: 'string', default: '8' }, steps: { type: 'string', default: '10' },
-    reps: { type: 'string', default: '5' }, nproc: { type: 'string', default: '1,2' }, conversations: { type: 'string', default: '3000' },
+    reps: { type: 'string', default: '3' }, nproc: { type: 'string', default: '1,2' }, conversations: { type: 'string', default: '3000' },
     layers: { type: 'string', default: '4' }, width: { type: 'string', default: '128' }, write: { type: 'boolean', default: false },
   },
 });
@@ -184,11 +184,10 @@ try {
               throw new Error(`step ${row.step} (seqLen ${seqLen}, pack ${pack}): the trainer reports ${row.trainedTokens} trained tokens, the loader's rows hold ${counted[row.step - 1]}`);
             }
           }
-          // The median step time (a loaded machine's stalls hit single steps) and the mean trained tokens of those steps.
           const timed = rows.filter((row) => row.step > WARM);
-          const step = median(timed.map((row) => (batch * seqLen) / row.tokensPerSec));
-          const tokens = timed.reduce((s, row) => s + counted[row.step - 1]!, 0) / timed.length;
-          const run: Run = { seqLen, nproc, pack, trainedPerSec: tokens / step, tokensPerSec: (batch * seqLen) / step, stepMs: 1e3 * step };
+          const seconds = timed.reduce((s, row) => s + (batch * seqLen) / row.tokensPerSec, 0);
+          const tokens = timed.reduce((s, row) => s + counted[row.step - 1]!, 0);
+          const run: Run = { seqLen, nproc, pack, trainedPerSec: tokens / seconds, tokensPerSec: (timed.length * batch * seqLen) / seconds, stepMs: (1e3 * seconds) / timed.length };
           runs.push(run);
           console.log(`rep ${r + 1}, seqLen ${seqLen}, ${nproc} rank(s), ${pack ? 'packed' : 'padded'}: ${run.trainedPerSec.toFixed(0)} trained tokens/s, step ${run.stepMs.toFixed(0)} ms`);
         }
@@ -239,7 +238,7 @@ const body = [
     '**The padded baseline pads every row to data.seqLen, not to the longest row of its batch**: that is what flotilla\'s loader does (a fixed batch shape); ' +
     'a loader padding each batch to its longest row would do less wasted work than this baseline, and narrow the gap. ' +
     `Trained tokens are the targets the loss is taken on (y != ${IGNORE_INDEX}), counted from the loader's rows of each step (the same global rows under every layout); ` +
-    `a run's rate is the mean trained tokens of steps ${WARM + 1}-${steps} over their median step time (metrics.jsonl; the first ${WARM} steps left out). ` +
+    `a run's rate is the trained tokens of steps ${WARM + 1}-${steps} over their step times (metrics.jsonl; the first ${WARM} steps left out). ` +
     `Packed and padded runs alternate (${reps} repetitions, which mode goes first alternating), so a loaded machine slows both alike; the ratio is the median over repetitions of ` +
     'each packed run\'s rate over the padded run beside it. Fill is what the trainer\'s `[data]` line prints (the conversations\' tokens over rows x seqLen, first epoch); ' +
     'trained tokens a step are the mean over the timed steps, with their share of the batch\'s tokens.',
