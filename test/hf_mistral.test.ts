@@ -12,7 +12,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setNumThreads, noGrad } from '../src/tensor/index.js';
 import { loadPretrained, savePretrained } from '../src/checkpoint/hf.js';
-import { Llama } from '../src/models/llama.js';
+import { Llama, type LlamaConfig } from '../src/models/llama.js';
+import { defaultLlamaConfig, llamaRules } from '../src/models/llama_config.js';
+import type { ShapeContext } from '../src/models/spec.js';
 import { generate } from '../src/inference/generate.js';
 import { oracleMissing } from './oracle/oracle.js';
 import { scaledErr } from './oracle/check.js';
@@ -55,7 +57,7 @@ test('Mistral directories load with the reference\'s logits to float64 rounding 
   assert.ok(scaledErr(r.windowed.logits, r.full.logits) > 1e-3, 'the window made no difference to the reference');
   const w = loadPretrained(dirs.windowed), f = loadPretrained(dirs.full), d = loadPretrained(dirs.defaults);
   assert.ok(w.model instanceof Llama);
-  assert.deepEqual([w.config.arch, w.config.slidingWindow, w.config.nKvHead, f.config.slidingWindow], ['llama', 4, 2, 0]);
+  assert.deepEqual([w.config.arch, w.config.family, w.config.slidingWindow, w.config.nKvHead, f.config.slidingWindow], ['llama', 'mistral', 4, 2, 0]);
   assert.deepEqual([d.config.nKvHead, d.config.slidingWindow, d.config.rmsNormEps], [8, 4096, 1e-6]);
   for (const m of [w, f, d]) m.model.dispose();
   checkAgainst(dirs.windowed, r.windowed);
@@ -81,7 +83,7 @@ test('Mistral generation from the key/value cache equals recomputing the whole c
   }
 });
 
-test('savePretrained writes a Llama with a sliding window as MistralForCausalLM; it loads back bit-identically and the reference reads it', { skip }, () => {
+test('savePretrained writes model.family = "mistral" as MistralForCausalLM (sliding_window, or null); it loads back bit-identically and the reference reads it', { skip }, () => {
   const r = made();
   const a = loadPretrained(dirs.windowed);
   const out = join(root, 'out-windowed');
@@ -90,9 +92,11 @@ test('savePretrained writes a Llama with a sliding window as MistralForCausalLM;
   assert.deepEqual([cfg.architectures, cfg.model_type, cfg.sliding_window, cfg.num_key_value_heads], [['MistralForCausalLM'], 'mistral', 4, 2]);
   assertSameParameters(a.model, loadPretrained(out).model, 'float32 round trip');
   a.model.dispose();
-  // Without a window the model is a Llama, written as one.
+  // Without a window it is still a Mistral (sliding_window null).
   const f = loadPretrained(dirs.full);
-  assert.equal(savePretrained(f.model, join(root, 'out-full')).architecture, 'LlamaForCausalLM');
+  const outFull = join(root, 'out-full');
+  assert.equal(savePretrained(f.model, outFull).architecture, 'MistralForCausalLM');
+  assert.equal((JSON.parse(readFileSync(join(outFull, 'config.json'), 'utf8')) as Record<string, unknown>).sliding_window, null);
   f.model.dispose();
   const [back] = hfReference([{ mode: 'read', dir: out }]) as [HfRef];
   assert.equal(scaledErr(back.logits, r.windowed.logits), 0);
@@ -120,12 +124,22 @@ test('a Mistral config.json flotilla cannot read is one error naming the field',
 test('model.slidingWindow must be a whole number >= 0; a windowed model MistralForCausalLM cannot describe is refused before anything is written', () => {
   assert.throws(() => new Llama({ slidingWindow: -1 }), /slidingWindow must be a whole number >= 0/);
   assert.throws(() => new Llama({ slidingWindow: 2.5 }), /slidingWindow must be a whole number >= 0/);
-  const m = new Llama({ vocabSize: 16, blockSize: 16, nLayer: 1, nHead: 2, nEmbd: 8, slidingWindow: 4, ropeScaling: 'llama3' });
-  const out = join(root, 'refused');
-  try {
-    assert.throws(() => savePretrained(m, out), /MistralForCausalLM has no rope_scaling.*set model\.ropeScaling = "none"/);
-    assert.ok(!existsSync(out), 'nothing is written');
-  } finally {
-    m.dispose();
+  const small = { vocabSize: 16, blockSize: 16, nLayer: 1, nHead: 2, nEmbd: 8, slidingWindow: 4 };
+  const refused: [Partial<LlamaConfig>, RegExp][] = [
+    [{ ...small, family: 'mistral', ropeScaling: 'llama3' }, /MistralForCausalLM has no rope_scaling.*set model\.ropeScaling = "none"/],
+    [{ ...small, family: 'llama' }, /model\.family = "llama" has no sliding window: set model\.family = "mistral"/],
+    [{ ...small, family: 'qwen2', attnBias: 'qkv' }, /model\.family = "qwen2" has no sliding window/],
+  ];
+  for (const [cfg, re] of refused) {
+    const m = new Llama(cfg);
+    const out = join(root, 'refused');
+    try {
+      assert.throws(() => savePretrained(m, out), re);
+      assert.ok(!existsSync(out), 'nothing is written');
+    } finally {
+      m.dispose();
+    }
   }
+  // The config's rules say so before any rank starts.
+  assert.match(llamaRules.shapeProblems({ ...defaultLlamaConfig, slidingWindow: 4 }, { seqLen: 8, pp: 1, ppVirtualStages: 1, tp: 1, sequenceParallel: false } satisfies ShapeContext).join('\n'), /set model\.family = "mistral"/);
 });

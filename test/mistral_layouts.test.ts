@@ -15,7 +15,7 @@ const F64: Tolerance = { loss: 1e-12, norm: 1e-12, param: 1e-10 };
 /** bf16-mixed data parallel against one process in bf16-mixed (as test/llama_layouts.test.ts): reduction order only. */
 const BF16_DP: Tolerance = { loss: 1e-6, norm: 1e-6, param: 1e-6, scaled: true };
 
-const window = { model: { slidingWindow: 3 } };
+const window = { model: { slidingWindow: 3, family: 'mistral' } };
 const base = { micro: 2, steps: 3, ...window };
 const run = (name: string, layout: Run['layout'], extra: Partial<Run> = {}): Run => ({ name, layout, ...base, ...extra });
 const bf16 = { precision: 'bf16-mixed' } as const;

@@ -76,33 +76,29 @@ function hfSpecs(): ModelSpec[] {
   return modelArchs().map(modelSpec).filter((s) => s.hf !== undefined);
 }
 
-/** Every transformers class flotilla reads, with the architecture it loads into. */
-function hfFormats(): { spec: ModelSpec; format: HfFormat }[] {
-  return hfSpecs().flatMap((spec) => [spec.hf!, ...(spec.hfFamilies ?? [])].map((format) => ({ spec, format })));
+/** The model_types an architecture reads, with their transformers class. */
+function typesOf(f: HfFormat): Readonly<Record<string, string>> {
+  return f.modelTypes ?? { [f.modelType]: f.architecture };
 }
 
 function supported(): string {
-  return hfFormats().map(({ format: f }) => `${f.architecture} (model_type "${f.modelType}")`).join(', ');
+  return hfSpecs().flatMap((s) => Object.entries(typesOf(s.hf!)).map(([t, a]) => `${a} (model_type "${t}")`)).join(', ');
 }
 
-/** The transformers class a model of `spec` with config `cfg` is written as ([model] of a family claims its own). */
-function writtenAs(spec: ModelSpec, cfg: Record<string, unknown>): HfFormat | undefined {
-  return (spec.hfFamilies ?? []).find((f) => f.writes?.(cfg) === true) ?? spec.hf;
-}
-
-/** The registered architecture and class a config.json describes. */
-function formatOf(path: string, config: Record<string, unknown>): { spec: ModelSpec; format: HfFormat } {
+/** The registered architecture a config.json describes. */
+function formatOf(path: string, config: Record<string, unknown>): ModelSpec {
   const type = config.model_type;
   const archs = config.architectures;
-  const found = hfFormats().find(({ format }) => format.modelType === type);
-  if (!found) throw new CheckpointError(`${path}: model_type ${JSON.stringify(type)} is not supported; flotilla reads ${supported()}`);
+  const spec = hfSpecs().find((s) => typeof type === 'string' && Object.hasOwn(typesOf(s.hf!), type));
+  if (!spec) throw new CheckpointError(`${path}: model_type ${JSON.stringify(type)} is not supported; flotilla reads ${supported()}`);
   if (archs !== undefined) {
     const first = Array.isArray(archs) ? archs[0] : undefined;
-    if (first !== found.format.architecture) {
-      throw new CheckpointError(`${path}: architectures = ${JSON.stringify(archs)} is not supported; for model_type "${type}" flotilla reads ${found.format.architecture}`);
+    const want = typesOf(spec.hf!)[type as string];
+    if (first !== want) {
+      throw new CheckpointError(`${path}: architectures = ${JSON.stringify(archs)} is not supported; for model_type "${type}" flotilla reads ${want}`);
     }
   }
-  return found;
+  return spec;
 }
 
 /** Headers of the directory's safetensors files: every stored tensor by (canonical) name. */
@@ -167,7 +163,8 @@ export function readHfDir(path: string): HfDir {
   if (!existsSync(dir)) throw new CheckpointError(`${path} does not exist`);
   if (!existsSync(cfgPath)) throw new CheckpointError(`${path} has no ${HF_CONFIG}: it is not a Hugging Face model directory`);
   const config = readJsonObject(cfgPath);
-  const { spec, format } = formatOf(cfgPath, config);
+  const spec = formatOf(cfgPath, config);
+  const format = spec.hf!;
   let determined: Record<string, unknown>;
   try {
     determined = format.fromConfig(config);
@@ -393,7 +390,7 @@ export interface HfWriteReport {
  * flotilla name (`params`; a tied head is absent). The directory appears whole or not at all.
  */
 export function writeHfDir(dir: string, spec: ModelSpec, cfg: Record<string, unknown>, params: Record<string, Tensor>, opts: SaveHfOptions = {}): HfWriteReport {
-  const format = writtenAs(spec, cfg);
+  const format = spec.hf;
   if (!format) throw new CheckpointError(`model.arch = "${spec.arch}" has no Hugging Face form; flotilla writes ${supported()}`);
   const out = resolve(dir);
   checkOutDir(out);
@@ -401,8 +398,6 @@ export function writeHfDir(dir: string, spec: ModelSpec, cfg: Record<string, unk
   if (!['float32', 'bfloat16', 'float16'].includes(dtype)) throw new Error(`savePretrained: dtype ${dtype} is not float32, bfloat16 or float16`);
   const max = parseSize(opts.maxShardSize ?? '5GB');
   if (opts.tokenizer !== undefined && !existsSync(opts.tokenizer)) throw new CheckpointError(`tokenizer ${opts.tokenizer} does not exist`);
-  // config.json first: a config the class cannot describe fails before anything is written.
-  const hfConfig = format.toConfig(cfg);
   const entries = format.tensors(cfg);
   const es = elementSize(dtype);
   for (const t of entries) {
@@ -448,7 +443,7 @@ export function writeHfDir(dir: string, spec: ModelSpec, cfg: Record<string, unk
       const sorted = Object.fromEntries(Object.keys(weightMap).sort().map((k) => [k, weightMap[k]!]));
       writeFileSync(join(tmp, HF_INDEX), `${JSON.stringify({ metadata: { total_size: total }, weight_map: sorted }, null, 2)}\n`);
     }
-    writeFileSync(join(tmp, HF_CONFIG), `${JSON.stringify({ ...hfConfig, torch_dtype: dtype }, null, 2)}\n`);
+    writeFileSync(join(tmp, HF_CONFIG), `${JSON.stringify({ ...format.toConfig(cfg), torch_dtype: dtype }, null, 2)}\n`);
     if (opts.tokenizer !== undefined) copyTokenizer(opts.tokenizer, tmp);
     if (existsSync(out)) rmdirSync(out); // empty (checked above)
     renameSync(tmp, out);
@@ -456,7 +451,8 @@ export function writeHfDir(dir: string, spec: ModelSpec, cfg: Record<string, unk
     rmSync(tmp, { recursive: true, force: true });
     throw e;
   }
-  return { dir: out, architecture: format.architecture, tensors: entries.length, bytes: total, files: shards.map((_, k) => fileOf(k)) };
+  const written = format.toConfig(cfg).architectures;
+  return { dir: out, architecture: Array.isArray(written) && typeof written[0] === 'string' ? written[0] : format.architecture, tensors: entries.length, bytes: total, files: shards.map((_, k) => fileOf(k)) };
 }
 
 /**

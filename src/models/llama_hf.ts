@@ -68,8 +68,6 @@ export const llamaHf: HfFormat<LlamaConfig> = {
       intermediateSize: hfInt(hf, 'intermediate_size', d.intermediate_size),
       rmsNormEps: hfNumber(hf, 'rms_norm_eps', d.rms_norm_eps), ropeTheta: hfNumber(hf, 'rope_theta', d.rope_theta),
       ...ropeScaling(hf), tieEmbeddings: tie,
-      // LlamaForCausalLM attends to the whole context (a window is MistralForCausalLM's, mistral_hf.ts).
-      slidingWindow: 0,
     };
   },
 

@@ -1,8 +1,8 @@
 // Mistral as transformers' MistralForCausalLM: the Llama with a sliding attention window
 // (model.slidingWindow; sliding_window null = full causal attention) and Mistral's config defaults.
-// Its tensors are the Llama's, under the same names, so the map is llama_hf.ts's; a Llama with a
-// sliding window is written as this class (LlamaForCausalLM has no window to hold it).
-import { resolveLlamaConfig, type LlamaConfig } from './llama_config.js';
+// Its tensors are the Llama's, under the same names, so the map is llama_hf.ts's; model.family =
+// "mistral" writes this class (llama_family_hf.ts).
+import { llamaFamilyProblems, resolveLlamaConfig, type LlamaConfig } from './llama_config.js';
 import { llamaHf } from './llama_hf.js';
 import type { HfFormat } from './spec.js';
 
@@ -29,11 +29,13 @@ export const mistralHf: HfFormat<LlamaConfig> = {
     // MistralConfig: an absent num_key_value_heads is 8, a null one the number of query heads.
     const filled: Record<string, unknown> = { ...MISTRAL_DEFAULTS, ...Object.fromEntries(Object.entries(hf).filter(([, v]) => v !== undefined)) };
     if (filled.num_key_value_heads === null) filled.num_key_value_heads = filled.num_attention_heads;
-    return { ...llamaHf.fromConfig(filled), slidingWindow: slidingWindow(hf) };
+    return { ...llamaHf.fromConfig(filled), family: 'mistral', attnBias: 'none', qkNorm: false, slidingWindow: slidingWindow(hf) };
   },
 
   toConfig(cfg) {
     const c = resolveLlamaConfig(cfg);
+    const [problem] = llamaFamilyProblems(c);
+    if (problem) throw new Error(problem);
     if (c.ropeScaling !== 'none') throw new Error(`MistralForCausalLM has no rope_scaling; a model with model.slidingWindow = ${c.slidingWindow} and model.ropeScaling = "${c.ropeScaling}" has no Hugging Face form (set model.ropeScaling = "none")`);
     const { attention_bias: _a, mlp_bias: _m, pretraining_tp: _p, rope_scaling: _r, ...shared } = llamaHf.toConfig(cfg);
     return { ...shared, architectures: ['MistralForCausalLM'], model_type: 'mistral', sliding_window: c.slidingWindow > 0 ? c.slidingWindow : null };
@@ -43,5 +45,4 @@ export const mistralHf: HfFormat<LlamaConfig> = {
   ignored: llamaHf.ignored,
   configOf: (model) => llamaHf.configOf(model),
   resolve: (cfg) => resolveLlamaConfig(cfg),
-  writes: (cfg) => (cfg.slidingWindow ?? 0) > 0,
 };

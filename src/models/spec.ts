@@ -51,11 +51,6 @@ export interface ModelSpec<C = any> extends ModelRules<C> {
   tensorPlan(opts: { sequenceParallel?: boolean; lossParallel?: boolean }): TpPlan | ((part: Module) => TpPlan);
   /** How the model reads and writes Hugging Face directories (src/checkpoint/hf.ts), when it can. */
   readonly hf?: HfFormat<C>;
-  /**
-   * More transformers classes that load into this architecture (MistralForCausalLM into the Llama);
-   * a model is written as the first whose `writes` claims its config, else as `hf`.
-   */
-  readonly hfFamilies?: readonly HfFormat<C>[];
 }
 
 /** One parameter as transformers stores it. */
@@ -79,6 +74,12 @@ export interface HfFormat<C = any> {
   /** config.json's `model_type` (e.g. "llama"). */
   readonly modelType: string;
   /**
+   * Every model_type it reads, with its `architectures[0]`, when it is more than one (the Llama's
+   * families: llama_family_hf.ts); fromConfig then reads each, and toConfig and tensors write the
+   * config's own.
+   */
+  readonly modelTypes?: Readonly<Record<string, string>>;
+  /**
    * The [model] fields a config.json describes (arch included); a field this model cannot honour is
    * an error naming it and what is supported.
    */
@@ -95,6 +96,4 @@ export interface HfFormat<C = any> {
   configOf(model: Module): C | undefined;
   /** The config with its derived fields (0 = from the others) filled in, to compare two configs. */
   resolve?(cfg: C): C;
-  /** For a spec's hfFamilies: whether a model of this config is written as this class. */
-  writes?(cfg: C): boolean;
 }
