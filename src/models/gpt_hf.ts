@@ -97,5 +97,7 @@ export const gpt2Hf: HfFormat<GPTConfig> = {
   // Checkpoints saved from GPT2Model (the original "gpt2" upload) have no "transformer." prefix.
   canonicalName: (stored) => (stored.startsWith('transformer.') || stored.startsWith('lm_head.') ? stored : `transformer.${stored}`),
 
+  misfit: (cfg) => (cfg.moe && cfg.moe.experts > 0 ? 'it has no experts (moe.experts = 0)' : undefined),
+
   configOf: (model: Module) => (model instanceof GPT ? { ...model.cfg } : undefined),
 };

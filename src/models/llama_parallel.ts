@@ -13,6 +13,7 @@ import { Llama, LlamaBlock, LlamaStage, resolveLlamaConfig, type LlamaConfig } f
 import { llamaRules } from './llama_config.js';
 import type { ModelSpec } from './spec.js';
 import { llamaHf } from './llama_hf.js';
+import { mixtralHf } from './mixtral_hf.js';
 
 /**
  * The Llama's tensor-parallel plan ([Note: tp styles]): q, k, v, gate and up column-parallel (each
@@ -94,4 +95,5 @@ export const llamaSpec: ModelSpec<LlamaConfig> = {
   units: llamaUnits,
   tensorPlan: (opts) => llamaTensorPlan(opts),
   hf: llamaHf,
+  hfVariants: [mixtralHf],
 };

@@ -51,6 +51,8 @@ export interface ModelSpec<C = any> extends ModelRules<C> {
   tensorPlan(opts: { sequenceParallel?: boolean; lossParallel?: boolean }): TpPlan | ((part: Module) => TpPlan);
   /** How the model reads and writes Hugging Face directories (src/checkpoint/hf.ts), when it can. */
   readonly hf?: HfFormat<C>;
+  /** Further transformers classes this architecture reads and writes (Mixtral: the Llama with [moe]). */
+  readonly hfVariants?: readonly HfFormat<C>[];
 }
 
 /** One parameter as transformers stores it. */
@@ -65,6 +67,11 @@ export interface HfTensor {
   transpose?: boolean;
   /** Not a parameter of this config: written as zeros (a bias-free GPT's biases), not read. */
   zeros?: boolean;
+  /**
+   * One of `count` stored tensors stacked along flotilla's first dim: this one is slice `index` (an
+   * expert's Linear of a grouped (experts, in, out) stack). `shape` and `transpose` are the slice's.
+   */
+  stack?: { index: number; count: number };
 }
 
 /** An architecture's map to a transformers model class: the config fields and the tensor names. */
@@ -86,6 +93,8 @@ export interface HfFormat<C = any> {
   readonly ignored?: RegExp;
   /** Names older saves used, mapped to today's (GPT-2 checkpoints without the "transformer." prefix). */
   canonicalName?(stored: string): string;
+  /** Why this format cannot hold a model of this config (undefined: it can); a spec's formats are tried in order. */
+  misfit?(cfg: C): string | undefined;
   /** This architecture's whole-model config, when `model` is one of its models (savePretrained). */
   configOf(model: Module): C | undefined;
   /** The config with its derived fields (0 = from the others) filled in, to compare two configs. */
