@@ -292,7 +292,7 @@ export function configDifferences(run: Record<string, unknown>, h: HfDir): strin
     if (k === 'dropout') continue;
     if (k === 'moe') {
       // The fields the directory's routing determines; the balance settings are the run's.
-      const a = (mine.moe ?? {}) as Record<string, unknown>, b = theirs.moe as Record<string, unknown>;
+      const a = (mine.moe ?? defaultMoEConfig) as unknown as Record<string, unknown>, b = theirs.moe as Record<string, unknown>;
       for (const f of Object.keys(h.determined.moe as object)) if (a[f] !== b[f]) out.push(`moe.${f} is ${JSON.stringify(a[f])} here and ${JSON.stringify(b[f])} for ${HF_CONFIG}`);
       continue;
     }
