@@ -186,14 +186,24 @@ test('flotilla train --nproc 2 with expert parallelism (ep = 2) under ZeRO-3 sta
   const hfDir = join(root, 'base');
   savePretrained(src, hfDir, { tokenizer, maxShardSize: '40KB' });
   src.dispose();
+  // The same run in one process and on 2 ranks (dp 2 sharded by ZeRO-3, experts split by ep = 2).
+  const train = async (name: string, layout: string[]) => {
+    const dir = join(root, name);
+    const r = await flotilla([
+      'train', join(ROOT, 'examples', 'llama-tiny.toml'), ...layout, `--train.runDir=${dir}`, `--train.initFrom=${hfDir}`,
+      '--model.blockSize=32', '--model.nLayer=2', '--model.nEmbd=32', '--model.intermediateSize=16', '--model.ropeTheta=500000',
+      '--moe.experts=4', '--moe.topK=2', '--moe.normTopK=true', '--data.seqLen=32', '--data.globalBatch=4', '--data.microBatches=2',
+      '--train.steps=2', '--train.evalEvery=0', '--optim.lr=1e-30', '--optim.minLr=0', '--optim.warmupSteps=0', '--checkpoint.every=2', '--log.progress=plain',
+    ], { timeoutMs: 240_000 });
+    assert.equal(r.code, 0, `${r.out}\n${r.err}`);
+    return readFileSync(join(dir, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { loss?: number }).filter((m) => m.loss !== undefined).map((m) => m.loss!);
+  };
+  const one = await train('one', ['--nproc', '1']);
+  const two = await train('run', ['--nproc', '2', '--parallel.ep=2', '--parallel.zero=3', '--data.microBatches=1']);
+  assert.equal(one.length, 2);
+  assert.equal(two.length, 2);
+  two.forEach((l, i) => assert.ok(Math.abs(l - one[i]!) <= 1e-5 * Math.abs(one[i]!), `step ${i + 1}: loss ${l} on 2 ranks, ${one[i]} in one process`));
   const run = join(root, 'run');
-  const r = await flotilla([
-    'train', join(ROOT, 'examples', 'llama-tiny.toml'), '--nproc', '2', `--train.runDir=${run}`, `--train.initFrom=${hfDir}`,
-    '--model.blockSize=32', '--model.nLayer=2', '--model.nEmbd=32', '--model.intermediateSize=16', '--model.ropeTheta=500000',
-    '--moe.experts=4', '--moe.topK=2', '--moe.normTopK=true', '--parallel.ep=2', '--parallel.zero=3', '--data.seqLen=32', '--data.globalBatch=4',
-    '--train.steps=1', '--train.evalEvery=0', '--optim.lr=1e-30', '--optim.minLr=0', '--optim.warmupSteps=0', '--checkpoint.every=1', '--log.progress=plain',
-  ], { timeoutMs: 240_000 });
-  assert.equal(r.code, 0, `${r.out}\n${r.err}`);
   const out = join(root, 'exported');
   const lines: string[] = [];
   assert.equal(exportCommand([run, out, '--format', 'hf'], (l) => lines.push(l)), 0);

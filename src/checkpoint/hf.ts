@@ -7,8 +7,9 @@
 // Reading goes through placements ([Note: placement] in src/parallel/placement.ts) like a
 // checkpoint: a rank reads only the byte ranges of the elements it holds, so fine-tuning a large
 // model under ZeRO-3 or tensor parallelism never materialises it whole. A transposed tensor (GPT-2's
-// Conv1D) is read as the columns its rows need. Writing goes to a temporary directory renamed into
-// place, so a failed export leaves nothing behind.
+// Conv1D) is read as the columns its rows need; a stacked one (a Mixtral expert's Linear, one slice of
+// a grouped expert stack) is read slice by slice, so an expert-parallel rank reads only its experts.
+// Writing goes to a temporary directory renamed into place, so a failed export leaves nothing behind.
 import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { basename, dirname, join, resolve } from 'node:path';
 import { randomBytes } from 'node:crypto';
