@@ -75,7 +75,7 @@ function modelDefaults(): ModelConfig {
 
 /** Every Hugging Face format of every registered architecture, with its spec. */
 function hfFormats(): { spec: ModelSpec; format: HfFormat }[] {
-  return modelArchs().map(modelSpec).flatMap((spec) => [spec.hf, ...(spec.hfVariants ?? [])].filter((f) => f !== undefined).map((format) => ({ spec, format })));
+  return modelArchs().map(modelSpec).flatMap((spec) => [spec.hf, ...(spec.hfFamilies ?? [])].filter((f) => f !== undefined).map((format) => ({ spec, format })));
 }
 
 function supported(): string {
@@ -84,12 +84,12 @@ function supported(): string {
 
 /** The format a model of `spec` with config `cfg` is written in: the first of its formats that can hold it. */
 export function hfFormatFor(spec: ModelSpec, cfg: Record<string, unknown>): HfFormat | undefined {
-  return [spec.hf, ...(spec.hfVariants ?? [])].find((f) => f !== undefined && f.misfit?.(cfg) === undefined);
+  return [spec.hf, ...(spec.hfFamilies ?? [])].find((f) => f !== undefined && f.misfit?.(cfg) === undefined);
 }
 
 /** Why none of the spec's formats holds this config, one reason per format. */
 function misfits(spec: ModelSpec, cfg: Record<string, unknown>): string {
-  return [spec.hf, ...(spec.hfVariants ?? [])].filter((f) => f !== undefined).map((f) => `${f.architecture}: ${f.misfit?.(cfg)}`).join('; ');
+  return [spec.hf, ...(spec.hfFamilies ?? [])].filter((f) => f !== undefined).map((f) => `${f.architecture}: ${f.misfit?.(cfg)}`).join('; ');
 }
 
 /** The registered architecture and format a config.json describes. */

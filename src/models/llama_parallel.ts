@@ -95,5 +95,5 @@ export const llamaSpec: ModelSpec<LlamaConfig> = {
   units: llamaUnits,
   tensorPlan: (opts) => llamaTensorPlan(opts),
   hf: llamaHf,
-  hfVariants: [mixtralHf],
+  hfFamilies: [mixtralHf],
 };

@@ -51,8 +51,8 @@ export interface ModelSpec<C = any> extends ModelRules<C> {
   tensorPlan(opts: { sequenceParallel?: boolean; lossParallel?: boolean }): TpPlan | ((part: Module) => TpPlan);
   /** How the model reads and writes Hugging Face directories (src/checkpoint/hf.ts), when it can. */
   readonly hf?: HfFormat<C>;
-  /** Further transformers classes this architecture reads and writes (Mixtral: the Llama with [moe]). */
-  readonly hfVariants?: readonly HfFormat<C>[];
+  /** More transformers classes that load into this architecture (MixtralForCausalLM: the Llama with [moe]); a model is written as the first of hf, then these, that fits its config (misfit). */
+  readonly hfFamilies?: readonly HfFormat<C>[];
 }
 
 /** One parameter as transformers stores it. */
