@@ -13,6 +13,8 @@ import { join } from 'node:path';
 import { noGrad, setNumThreads, tidy, zeros } from '../src/tensor/index.js';
 import { loadPretrained, savePretrained, readHfDir, loadHfWeights } from '../src/checkpoint/hf.js';
 import { exportCommand } from '../src/cli/checkpoint.js';
+import { initFrom } from '../src/train/checkpointing.js';
+import { placementsOf } from '../src/parallel/placement.js';
 import { flotilla, ROOT } from './helpers/cli.js';
 import { generate, type CausalLM } from '../src/inference/generate.js';
 import { Llama } from '../src/models/llama.js';
@@ -130,6 +132,15 @@ test('a Mixtral flotilla cannot read or write exactly is one error naming the fi
   withCfg({ router_jitter_noise: 0.1 }, /router_jitter_noise = 0\.1 is not supported/);
   withCfg({ num_local_experts: 4 }, /tensor 'model\.layers\.0\.block_sparse_moe\.gate\.weight' is \[5, 24\], but config\.json implies \[4, 24\]/);
   withCfg({ num_experts_per_tok: 6 }, /num_experts_per_tok = 6 is above num_local_experts = 5/);
+  // A run without the directory's [moe] is refused naming the fields and the section to set.
+  const t = loadPretrained(dirs.tied);
+  const { moe: _moe, ...dense } = t.config as unknown as Record<string, unknown>;
+  try {
+    assert.throws(() => initFrom(dirs.tied, placementsOf(t.model.namedParameters()), t.model.numParams(), dense),
+      /moe\.experts is 0 here and 5 for config\.json; moe\.topK is 1 here and 3 for config\.json; moe\.normTopK is false here and true for config\.json\..*\[moe\]\nexperts = 5\ntopK = 3/s);
+  } finally {
+    t.model.dispose();
+  }
   const m = new Llama({ vocabSize: 61, blockSize: 16, nLayer: 1, nHead: 2, nEmbd: 16, intermediateSize: 8, moe: { experts: 2, topK: 1 } as never });
   try {
     assert.throws(() => savePretrained(m, join(root, 'never')), /no Hugging Face form \(LlamaForCausalLM: it has no experts.*MixtralForCausalLM: its routing needs moe\.normTopK = true/);
