@@ -78,8 +78,13 @@ function hfFormats(): { spec: ModelSpec; format: HfFormat }[] {
   return modelArchs().map(modelSpec).flatMap((spec) => [spec.hf, ...(spec.hfFamilies ?? [])].filter((f) => f !== undefined).map((format) => ({ spec, format })));
 }
 
+/** The model_types an architecture reads, with their transformers class. */
+function typesOf(f: HfFormat): Readonly<Record<string, string>> {
+  return f.modelTypes ?? { [f.modelType]: f.architecture };
+}
+
 function supported(): string {
-  return hfFormats().map(({ format: f }) => `${f.architecture} (model_type "${f.modelType}")`).join(', ');
+  return hfFormats().flatMap(({ format }) => Object.entries(typesOf(format)).map(([t, a]) => `${a} (model_type "${t}")`)).join(', ');
 }
 
 /** The format a model of `spec` with config `cfg` is written in: the first of its formats that can hold it. */
@@ -96,12 +101,13 @@ function misfits(spec: ModelSpec, cfg: Record<string, unknown>): string {
 function formatOf(path: string, config: Record<string, unknown>): { spec: ModelSpec; format: HfFormat } {
   const type = config.model_type;
   const archs = config.architectures;
-  const found = hfFormats().find((f) => f.format.modelType === type);
+  const found = hfFormats().find(({ format }) => typeof type === 'string' && Object.hasOwn(typesOf(format), type));
   if (!found) throw new CheckpointError(`${path}: model_type ${JSON.stringify(type)} is not supported; flotilla reads ${supported()}`);
   if (archs !== undefined) {
     const first = Array.isArray(archs) ? archs[0] : undefined;
-    if (first !== found.format.architecture) {
-      throw new CheckpointError(`${path}: architectures = ${JSON.stringify(archs)} is not supported; for model_type "${type}" flotilla reads ${found.format.architecture}`);
+    const want = typesOf(found.format)[type as string];
+    if (first !== want) {
+      throw new CheckpointError(`${path}: architectures = ${JSON.stringify(archs)} is not supported; for model_type "${type}" flotilla reads ${want}`);
     }
   }
   return found;
@@ -489,7 +495,8 @@ export function writeHfDir(dir: string, spec: ModelSpec, cfg: Record<string, unk
     rmSync(tmp, { recursive: true, force: true });
     throw e;
   }
-  return { dir: out, architecture: format.architecture, tensors: entries.length, bytes: total, files: shards.map((_, k) => fileOf(k)) };
+  const written = format.toConfig(cfg).architectures;
+  return { dir: out, architecture: Array.isArray(written) && typeof written[0] === 'string' ? written[0] : format.architecture, tensors: entries.length, bytes: total, files: shards.map((_, k) => fileOf(k)) };
 }
 
 /**

@@ -112,9 +112,6 @@ export const llamaHf: HfFormat<LlamaConfig> = {
   // The rotary frequencies older transformers saved with every layer.
   ignored: /^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$/,
 
-  // A Llama with experts is a MixtralForCausalLM (mixtral_hf.ts).
-  misfit: (cfg) => (cfg.moe && cfg.moe.experts > 0 ? 'it has no experts (moe.experts = 0)' : undefined),
-
   configOf: (model: Module) => (model instanceof Llama ? { ...model.cfg } : undefined),
 
   resolve: (cfg) => resolveLlamaConfig(cfg),

@@ -40,7 +40,7 @@ export const mixtralHf: HfFormat<LlamaConfig> = {
     // output_router_logits and router_aux_loss_coef only add the balance loss in training; the run's
     // moe.balance and moe.auxCoeff decide that, so they are not read.
     const base = llamaHf.fromConfig({ ...d, ...hf, attention_bias: false, mlp_bias: false });
-    return { ...base, moe: mixtralMoE(experts, topK) };
+    return { ...base, family: 'llama', attnBias: 'none', qkNorm: false, moe: mixtralMoE(experts, topK) };
   },
 
   toConfig(cfg) {
@@ -80,6 +80,8 @@ export const mixtralHf: HfFormat<LlamaConfig> = {
   ignored: llamaHf.ignored!,
 
   misfit(cfg) {
+    const c = resolveLlamaConfig(cfg);
+    if (c.family !== 'llama' || c.attnBias !== 'none' || c.qkNorm) return 'its attention is the Llama\'s (model.family = "llama", attnBias = "none", qkNorm = false)';
     const m = cfg.moe;
     if (!m || m.experts === 0) return 'it has experts in every block (moe.experts > 0)';
     const want = { ...defaultMoEConfig, ...mixtralMoE(m.experts, m.topK), hidden: m.hidden };
