@@ -93,5 +93,5 @@ export const llamaSpec: ModelSpec<LlamaConfig> = {
   loss: llamaCriterion,
   units: llamaUnits,
   tensorPlan: (opts) => llamaTensorPlan(opts),
-  hf: llamaHf,
+  hf: { ...llamaHf, configOf: (model) => (model instanceof Llama ? { ...model.cfg } : undefined) },
 };
