@@ -370,11 +370,32 @@ test('flotilla train\'s .jsonl source: prepared into the cache under a key of th
     // A bad line: FILE:LINE, and nothing in the cache a run would read.
     const bad = writeLines('train_bad.jsonl', [{ messages: [u('Hi'), a('Hello.')] }, 'nope']);
     const bd = { ...d, source: bad };
-    assert.match(await failure(prepareExampleSources(bd, { workers: 0, print: () => {} })), new RegExp(`train_bad\\.jsonl:2: not JSON`));
+    const msg = await failure(prepareExampleSources(bd, { workers: 0, print: () => {} }));
+    assert.match(msg, new RegExp(`train_bad\\.jsonl:2: not JSON`));
+    // The hint names what a run can do: prepare the file with --skip-bad and name the directory (no
+    // --skip-bad alone, which is prepare's flag and not train's).
+    assert.match(msg, /fix the line, or prepare the file with `flotilla prepare .*train_bad\.jsonl --format chat --tokenizer .* --chat-template model --train-on assistant --skip-bad --out DIR` \(bad lines counted and skipped\) and set data\.source to DIR$/);
     assert.equal(existsSync(exampleCacheDir(bd, bad, undefined, env)!), false);
   } finally {
     if (prev === undefined) delete process.env.FLOTILLA_CACHE_DIR;
     else process.env.FLOTILLA_CACHE_DIR = prev;
+  }
+});
+
+test('a run\'s example sources: each wrong source is one problem (the data check and the examples\' check do not both report it), a missing .jsonl among them', async () => {
+  const text = join(dir, 'text-prepared');
+  await prepare({ sources: [join(ROOT, 'README.md')], tokenizer: hf, out: text, workers: 0, ...quiet });
+  const empty = join(dir, 'no-manifest');
+  mkdirSync(empty, { recursive: true });
+  for (const [source, why] of [
+    [text, /holds text data \(prepared with --format text\), but data\.format = "completion"/],
+    [join(ROOT, 'README.md'), /data\.format = "completion" reads a \.jsonl file of examples/],
+    [empty, /no-manifest has no manifest\.json/],
+    [join(dir, 'missing.jsonl'), /missing\.jsonl does not exist; name a \.jsonl file of examples/],
+  ] as const) {
+    const problems = checkRunnable(parseConfig('', [`--data.source=${source}`, `--data.tokenizer=${hf}`, '--data.format=completion', '--data.seqLen=32']), 1);
+    assert.equal(problems.length, 1, problems.join('\n'));
+    assert.match(problems[0]!, why);
   }
 });
 

@@ -140,6 +140,38 @@ test('preference pairs: chosen then rejected in one row, cut evenly from their t
   });
 });
 
+test('a preference pair whose cut to seqLen would leave a response with no trained target is left out, counted with the dropped', () => {
+  const pc = { ids: [5, 6, 7, 8], trained: [0, 0, 1, 1] }; // fits a row of 8
+  const pr = { ids: [5, 6, 9], trained: [0, 0, 1] };
+  const qc = { ids: [3, 40, 41, 42, 43], trained: [0, 1, 1, 1, 1] }; // cut by 4, both responses keep targets
+  const qr = { ids: [3, 50, 51, 52, 53, 54, 55], trained: [0, 1, 1, 1, 1, 1, 1] };
+  const long = [3, 3, 3, 3, 3, 3];
+  const zc = { ids: [...long, 60], trained: [0, 0, 0, 0, 0, 0, 1] }; // cut by 7: the chosen keeps 3 prompt tokens
+  const zr = { ids: [...long, 70, 71], trained: [0, 0, 0, 0, 0, 0, 1, 1] };
+  tidy(() => {
+    const c = corpus([pc, pr, zc, zr, qc, qr], 'preference');
+    assert.equal(c.units, 3);
+    assert.equal(c.keepsTargets(1, 8), false);
+    assert.equal(c.keepsTargets(1, 15), true, 'uncut, it trains');
+    assert.equal(c.keepsTargets(2, 8), true);
+    for (const pack of [false, true]) {
+      const l = new ExampleLoader({ sources: [c], seqLen: 8, globalBatch: 2, pack, shuffle: false, padId: 0, epochs: 2 });
+      assert.match(l.describe(l.stepsFor(2)), /^3 pairs -> 2 rows x 8 per epoch .*; 1 truncated, 1 dropped \(overflow = truncate; 1 of them pairs that a cut to 8 tokens would leave with a response of no trained token\); 2 epoch\(s\) = 2 steps/);
+      for (let step = 0; step < 2; step++) {
+        const b = l.batch(step, 0);
+        assert.deepEqual(Array.from(b.seqs!.pairIds).sort(), [0, 2], `pack ${pack}, step ${step}`);
+        assert.ok(Array.from(b.seqs!.lengths).every((n) => n > 0), 'every sequence has trained targets');
+        b.docs?.dispose();
+      }
+    }
+    // overflow = "drop" leaves out every pair longer than a row, as before.
+    const d = new ExampleLoader({ sources: [c], seqLen: 8, globalBatch: 1, pack: false, shuffle: false, padId: 0, overflow: 'drop' });
+    assert.match(d.describe(10), /0 truncated, 2 dropped \(overflow = drop\)/);
+    // Every pair so: one error naming the fix.
+    assert.throws(() => new ExampleLoader({ sources: [corpus([zc, zr], 'preference')], seqLen: 8, globalBatch: 1, pack: false, padId: 0 }), /no preference pair fits data\.seqLen = 8: .*cutting it would leave a response with no trained token; use a longer data\.seqLen/);
+  });
+});
+
 test('data-parallel ranks and micro-batches partition the global batch (the rows of a one-rank run)', () => {
   const base = { sources: [corpus(docs)], seqLen: 32, globalBatch: 12, pack: true, seed: 3, padId: 0 };
   tidy(() => {
@@ -262,6 +294,12 @@ test('prepared shards: documents, masks (at any bit offset) and pairs read by by
         assert.deepEqual(tr.subarray(0, n[0]), tr2.subarray(0, m[0]));
         assert.deepEqual(Array.from(ids.subarray(0, n[0])), chat[u]!.ids);
         assert.deepEqual(Array.from(tr.subarray(0, n[0])), chat[u]!.trained.map(Number));
+        // A document keeps a trained target when one of its tokens 1 .. n - 1 (cut to max) is trained.
+        for (const max of [1, 2, 3, 5, 64]) {
+          const want = chat[u]!.trained.slice(1, max).some(Boolean);
+          assert.equal(c.keepsTargets(u < 36 ? u : u - 36, max), want, `document ${u} cut to ${max}`);
+          assert.equal(mem.keepsTargets(u, max), want);
+        }
       }
       assert.equal(ex.padId, 0);
       tidy(() => {

@@ -26,6 +26,7 @@ import { loadConfig } from '../src/config/index.js';
 import { runOracle, oracleMissing } from './oracle/oracle.js';
 import { flotilla } from './helpers/cli.js';
 import { baseIdentity } from '../src/train/lora_run.js';
+import { writeChatTokenizer } from './fixtures/chat_model.js';
 
 setNumThreads(1);
 const skip = oracleMissing();
@@ -84,7 +85,7 @@ function makeBase(c: Case, dir: string, seed: number, dtype: 'float32' | 'bfloat
  * A LoRA run's checkpoint made through the API: the base's model with adapters (B made nonzero), the
  * adapters alone saved, and a meta.config that says how it was built.
  */
-async function makeLoraRun(c: Case, base: string, model: ModelConfig, run: string): Promise<Map<string, number[]>> {
+async function makeLoraRun(c: Case, base: string, model: ModelConfig, run: string, tokenizer = 'byte'): Promise<Map<string, number[]>> {
   const spec = modelSpec(c.arch);
   const m = spec.build(model, { initSeed: 0 });
   try {
@@ -92,7 +93,7 @@ async function makeLoraRun(c: Case, base: string, model: ModelConfig, run: strin
     manualSeed(5);
     for (const [, a] of loraAdapters(m)) noGrad(() => a.B.weight.copy_(randn(a.B.weight.shape).mul(0.2)));
     const adapters = m.namedParameters().filter(([n]) => /\.lora[AB]\.weight$/.test(n));
-    const config = { model: { ...model }, lora: { ...c.lora, baseDtype: 'fp32', adapter: '' }, train: { initFrom: base, seed: 11 }, data: { tokenizer: 'byte' } };
+    const config = { model: { ...model }, lora: { ...c.lora, baseDtype: 'fp32', adapter: '' }, train: { initFrom: base, seed: 11 }, data: { tokenizer } };
     await new Checkpointer({ dir: join(run, 'checkpoints'), keep: 1, async: false, world }).save(3, { placements: placementsOf(adapters) }, { config, base: baseIdentity(base) });
     return new Map(adapters.map(([n, t]) => [n, t.toNumbers()]));
   } finally {
@@ -118,6 +119,23 @@ function cli(args: string[]): string[] {
   assert.equal(exportCommand(args, (l) => lines.push(l)), 0);
   return lines;
 }
+
+test('a chat run whose data.tokenizer is a Hugging Face directory: export --format peft and --merge carry its tokenizer.json and tokenizer_config.json (the chat template)', async () => {
+  const c = CASES[0]!;
+  const m = await setup(c);
+  const tokenizer = writeChatTokenizer(join(root, 'chat-tokenizer'));
+  const run = join(root, 'chat-run');
+  await makeLoraRun(c, m.base, m.model, run, tokenizer);
+  const peft = join(root, 'chat-peft'), merged = join(root, 'chat-merged');
+  cli([run, peft, '--format', 'peft']);
+  cli([run, merged, '--format', 'hf', '--merge']);
+  for (const out of [peft, merged]) {
+    for (const f of ['tokenizer.json', 'tokenizer_config.json']) {
+      assert.ok(existsSync(join(out, f)), `${out} has ${f}: ${readdirSync(out).join(', ')}`);
+      assert.equal(readFileSync(join(out, f), 'utf8'), readFileSync(join(tokenizer, f), 'utf8'), `${out}/${f}`);
+    }
+  }
+});
 
 const greedy = (prompt: string) => ({ prompts: [prompt], tokens: 12, temperature: 0, topK: 0, topP: 1, seed: 1, ignoreEos: true });
 

@@ -338,6 +338,18 @@ export interface SaveHfOptions {
 /** Files of a Hugging Face directory that go with its tokenizer.json: special tokens and the chat template. */
 export const TOKENIZER_COMPANIONS = ['tokenizer_config.json', 'special_tokens_map.json', 'chat_template.jinja'] as const;
 
+/**
+ * Copies a tokenizer.json into dir as HF_TOKENIZER, with the TOKENIZER_COMPANIONS beside it: a model
+ * directory's tokenizer travels with what describes it (special tokens, the chat template).
+ */
+export function copyTokenizer(tokenizerJson: string, dir: string): void {
+  copyFileSync(tokenizerJson, join(dir, HF_TOKENIZER));
+  for (const f of TOKENIZER_COMPANIONS) {
+    const p = join(dirname(tokenizerJson), f);
+    if (existsSync(p)) copyFileSync(p, join(dir, f));
+  }
+}
+
 const UNITS: Record<string, number> = { b: 1, kb: 1e3, mb: 1e6, gb: 1e9, tb: 1e12, kib: 2 ** 10, mib: 2 ** 20, gib: 2 ** 30, tib: 2 ** 40 };
 
 /** Bytes of a size such as "2GB" (decimal units, as transformers), "512MiB" or 1000000. */
@@ -426,14 +438,7 @@ export function writeHfDir(dir: string, spec: ModelSpec, cfg: Record<string, unk
       writeFileSync(join(tmp, HF_INDEX), `${JSON.stringify({ metadata: { total_size: total }, weight_map: sorted }, null, 2)}\n`);
     }
     writeFileSync(join(tmp, HF_CONFIG), `${JSON.stringify({ ...format.toConfig(cfg), torch_dtype: dtype }, null, 2)}\n`);
-    if (opts.tokenizer !== undefined) {
-      copyFileSync(opts.tokenizer, join(tmp, HF_TOKENIZER));
-      // A model directory's tokenizer travels with what describes it (special tokens, the chat template).
-      for (const f of TOKENIZER_COMPANIONS) {
-        const p = join(dirname(opts.tokenizer), f);
-        if (existsSync(p)) copyFileSync(p, join(tmp, f));
-      }
-    }
+    if (opts.tokenizer !== undefined) copyTokenizer(opts.tokenizer, tmp);
     if (existsSync(out)) rmdirSync(out); // empty (checked above)
     renameSync(tmp, out);
   } catch (e) {

@@ -29,7 +29,7 @@ import { readSafetensorsHeader, saveSafetensors } from './safetensors.js';
 import { CheckpointError } from './format.js';
 import { PEFT_CONFIG, PEFT_WEIGHTS, peftSettingsProblem, readPeftConfig, type LoraSettings, type PeftAdapterConfig, type PeftLora } from './peft_config.js';
 import { RangeReader } from './range_reader.js';
-import { fillHeld } from './hf.js';
+import { copyTokenizer, fillHeld } from './hf.js';
 
 export { PEFT_CONFIG, PEFT_WEIGHTS, type LoraSettings, type PeftLora } from './peft_config.js';
 
@@ -110,6 +110,8 @@ export interface PeftWriteOptions {
   lora: PeftLora;
   /** base_model_name_or_path: the base the adapters were trained on. */
   base: string;
+  /** A tokenizer.json to copy in, with the TOKENIZER_COMPANIONS beside it (hf.ts copyTokenizer). */
+  tokenizer?: string;
 }
 
 export interface PeftWriteReport {
@@ -184,6 +186,7 @@ export function writePeftAdapter(dir: string, o: PeftWriteOptions): PeftWriteRep
   try {
     saveSafetensors(join(tmp, PEFT_WEIGHTS), tensors, { format: 'pt' });
     writeFileSync(join(tmp, PEFT_CONFIG), `${JSON.stringify(config, null, 2)}\n`);
+    if (o.tokenizer !== undefined) copyTokenizer(o.tokenizer, tmp);
     if (existsSync(out)) rmdirSync(out); // empty (checked above)
     renameSync(tmp, out);
   } catch (e) {

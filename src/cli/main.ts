@@ -64,12 +64,14 @@ usage:
       model config in its metadata.
   flotilla export <checkpoint|run dir> <out dir> --format hf [--merge] [--dtype bf16|fp32] [--max-shard-size 5GB]
       Write a Hugging Face directory transformers loads (GPT2LMHeadModel, LlamaForCausalLM):
-      config.json, safetensors (sharded with an index above the size), the run's tokenizer.json.
+      config.json, safetensors (sharded with an index above the size), the run's tokenizer.json
+      (with tokenizer_config.json, special_tokens_map.json, chat_template.jinja when beside it).
       A LoRA run's checkpoint needs --merge: its base (train.initFrom) with the adapters merged in,
       stored in the base's dtype unless --dtype says.
   flotilla export <LoRA checkpoint|run dir> <out dir> --format peft
       Write a LoRA run's adapters as a PEFT adapter (adapter_config.json, adapter_model.safetensors)
-      that PEFT, transformers and vLLM load on the base.
+      that PEFT, transformers and vLLM load on the base; with the tokenizer the run read when
+      data.tokenizer names a file or directory (and its chat template).
   flotilla generate <checkpoint|run dir|exported.safetensors|hf dir> [--adapter PEFT_DIR] [--chat] --prompt TEXT [--prompt TEXT ...]
                     [--chat-template model|chatml|FILE] [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ignore-eos] [--out FILE]
       Sample text from a trained model in one process, every prompt in one batch with a key/value

@@ -26,7 +26,9 @@ export async function prepareRunData(cfg: FlotillaConfig, configPath: string): P
   if (cfg.data.format === 'text') return;
   const { exampleDataProblems, prepareExampleSources } = await import('../data/example_source.js');
   const { explainPaths } = await import('../config/paths.js');
-  const problems = explainPaths(cfg, exampleDataProblems(cfg.data));
+  const { checkDataConfig } = await import('../data/sources.js');
+  // The data's own checks (the sources exist, the directories' sizes and tokenizer), then the examples'.
+  const problems = explainPaths(cfg, [...checkDataConfig(cfg.data, cfg.model.vocabSize), ...exampleDataProblems(cfg.data)]);
   if (problems.length > 0) throw new ConfigError(problems, configPath);
   const quiet = cfg.log.progress === 'off';
   try {

@@ -58,10 +58,15 @@ interface Record_ {
   trained?: string[];
 }
 
-/** Overrides that make both runs comparable and keep them out of the user's run directory. */
-function runOverrides(dir: string, steps: number): string[] {
+/**
+ * Overrides that make both runs comparable and keep them out of the user's run directory. Both
+ * train `steps` steps: with train.epochs set the steps would be the epochs', so it is set to 0. The
+ * loader's rows are one stream over the epochs either way ([Note: example rows] in
+ * src/data/example_loader.ts): the runs read the same rows as the first steps of the epochs would.
+ */
+export function runOverrides(dir: string, steps: number): string[] {
   return [
-    `--train.steps=${steps}`, '--train.evalEvery=0', '--train.evalBatches=1', '--log.progress=off', '--log.metrics=',
+    `--train.steps=${steps}`, '--train.epochs=0', '--train.evalEvery=0', '--train.evalBatches=1', '--log.progress=off', '--log.metrics=',
     `--train.runDir=${dir}`, '--model.dropout=0', '--lora.dropout=0', '--checkpoint.every=0',
   ];
 }
@@ -92,6 +97,17 @@ export async function verifyCommand(a: VerifyArgs, mainScript: string, print: (l
     if (problems.length > 0) throw new ConfigError(problems, a.layouts.length > 1 ? `${a.config} (layout ${i + 1}: --nproc ${l.nproc} ${l.overrides.join(' ')})` : a.config);
     return { ...l, cfg, dp: dataParallelDegree(cfg.parallel, l.nproc) }; // the layout's own rule (src/parallel/layout.ts)
   });
+  // A .jsonl of examples is prepared once before any rank starts, as `flotilla train` does (a
+  // layout's overrides may name other data: each distinct source and its preparation is prepared).
+  const { prepareRunData } = await import('./train_run.js');
+  const prepared = new Set<string>();
+  for (const l of layouts) {
+    const d = l.cfg.data;
+    const key = JSON.stringify([d.source, d.sources, d.valSource, d.tokenizer, d.format, d.chatTemplate, d.trainOn]);
+    if (prepared.has(key)) continue;
+    prepared.add(key);
+    await prepareRunData(l.cfg, a.config);
+  }
   const dir = mkdtempSync(join(tmpdir(), 'flotilla-verify-'));
   try {
     const { runLauncher } = await import('./run.js');
@@ -113,12 +129,14 @@ export async function verifyCommand(a: VerifyArgs, mainScript: string, print: (l
     }
     // The references: one process on the same global batches, trained once per distinct config.
     const { train } = await import('../train/trainer.js');
+    const { resolveExampleSources } = await import('../data/example_source.js');
     const references = new Map<string, string>();
     let failed = 0;
     for (const [i, l] of layouts.entries()) {
       if (a.layouts.length > 1) print('');
       print(describe(l.cfg, a.config, a.steps, l.nproc));
       if (l.cfg.model.dropout > 0) print(`verify: model.dropout=${l.cfg.model.dropout} set to 0 for both runs (dropout draws differ between layouts)`);
+      if (l.cfg.train.epochs > 0) print(`verify: train.epochs=${l.cfg.train.epochs} set to 0 for both runs: they train --steps ${a.steps}, the first rows of the epochs`);
       if (l.cfg.lora.rank > 0 && l.cfg.lora.dropout > 0) print(`verify: lora.dropout=${l.cfg.lora.dropout} set to 0 for both runs (data-parallel ranks draw their own rows' masks)`);
       const layoutDir = join(dir, `layout-${i}`);
       if (!existsSync(join(layoutDir, 'rank0.json'))) {
@@ -131,6 +149,7 @@ export async function verifyCommand(a: VerifyArgs, mainScript: string, print: (l
       let refDir = references.get(key);
       if (refDir === undefined) {
         refDir = join(dir, `reference-${references.size}`);
+        resolveExampleSources(refCfg.data); // trained here, as a rank does (trainHere): from the prepared directory
         await train(refCfg, { recordDir: refDir, print: () => {} });
         rmSync(join(dir, 'run-reference'), { recursive: true, force: true });
         references.set(key, refDir);

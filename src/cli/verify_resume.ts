@@ -25,8 +25,9 @@ interface StepRecord {
   steps: { step: number; loss: number; gradNorm: number }[];
 }
 
+/** Both runs train `steps` steps: train.epochs, which would set them, is 0 (as in verify.ts's runOverrides). */
 function common(dir: string, steps: number): string[] {
-  return [`--train.steps=${steps}`, '--train.evalEvery=0', '--train.evalBatches=1', '--log.progress=off', '--log.metrics=', `--train.runDir=${dir}`];
+  return [`--train.steps=${steps}`, '--train.epochs=0', '--train.evalEvery=0', '--train.evalBatches=1', '--log.progress=off', '--log.metrics=', `--train.runDir=${dir}`];
 }
 
 export async function verifyResumeCommand(a: VerifyResumeArgs, mainScript: string, print: (l: string) => void): Promise<number> {
@@ -38,9 +39,14 @@ export async function verifyResumeCommand(a: VerifyResumeArgs, mainScript: strin
   if (p1.length > 0) throw new ConfigError(p1, a.config);
   const thenOverrides = a.then?.overrides ?? [];
   const thenNproc = a.then?.nproc ?? a.nproc;
-  const p2 = checkRunnable(loadConfig(a.config, [...a.overrides, ...thenOverrides]), thenNproc);
+  const thenCfg = loadConfig(a.config, [...a.overrides, ...thenOverrides]);
+  const p2 = checkRunnable(thenCfg, thenNproc);
   if (p2.length > 0) throw new ConfigError(p2, `${a.config} (after --then)`);
   const sameLayout = a.then === undefined;
+  // A .jsonl of examples is prepared before any rank starts, as `flotilla train` does.
+  const { prepareRunData } = await import('./train_run.js');
+  await prepareRunData(cfg, a.config);
+  if (JSON.stringify(thenCfg.data) !== JSON.stringify(cfg.data)) await prepareRunData(thenCfg, a.config);
   const dir = mkdtempSync(join(tmpdir(), 'flotilla-verify-resume-'));
   try {
     const { runLauncher } = await import('./run.js');
@@ -49,6 +55,7 @@ export async function verifyResumeCommand(a: VerifyResumeArgs, mainScript: strin
     const resumed = join(dir, 'resumed');
     print(`verify: ${a.steps} step(s) of ${a.config} on ${a.nproc} rank(s), saving at step ${a.resumeAt}; then steps ${a.resumeAt + 1}..${a.steps} again from that checkpoint ` +
       (sameLayout ? 'under the same layout (expected: bit-identical)' : `on ${thenNproc} rank(s) with ${thenOverrides.join(' ') || 'the same overrides'} (tolerance: loss ${RESUME_TOLERANCE.loss}, parameters ${RESUME_TOLERANCE.params}, relative)`));
+    if (cfg.train.epochs > 0) print(`verify: train.epochs=${cfg.train.epochs} set to 0 for both runs: they train --steps ${a.steps}, the first rows of the epochs`);
     const backend = cfg.parallel.backend;
     const ckpt = join(dir, 'run-straight', 'checkpoints', `step-${String(a.resumeAt).padStart(6, '0')}`);
     const straightRun = [a.config, ...a.overrides, ...common(join(dir, 'run-straight'), a.steps), `--checkpoint.every=${a.resumeAt}`, `--checkpoint.keep=${a.steps}`, '--record', straight];

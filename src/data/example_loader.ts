@@ -4,7 +4,9 @@
 //
 // [Note: example rows]
 // Each epoch is planned from the units' lengths alone (src/data/packing.ts: a shuffle by
-// (train.seed, epoch), then first-fit packing or one unit a row), and the run's rows form one
+// (train.seed, epoch), then first-fit packing or one unit a row; a preference pair that a cut to
+// the row would leave with a response of no trained target is left out of every epoch, counted
+// with the dropped units, so DPO never compares an empty response), and the run's rows form one
 // stream across epochs: step s reads global rows [s * G, (s + 1) * G), cut between data-parallel
 // ranks and micro-batches exactly as [Note: global batch partition] cuts samples. So the rows a
 // (step, micro) reads are a function of the step, the seed and the data: a resume needs the
@@ -146,7 +148,7 @@ export class ExampleLoader implements TrainLoader {
       ? `${this.epochs} epoch(s) = ${n(steps)} steps${this.rows.stream.rowsBefore(this.epochs) % this.globalBatch !== 0 ? ' (the last step completed from the next epoch\'s rows)' : ''}`
       : `train.steps = ${n(steps)} steps = ${(steps * this.globalBatch / p.rows).toFixed(2)} epochs`;
     return `${n(this.units)} ${what} -> ${n(p.rows)} rows x ${this.seqLen} per epoch (${this.pack ? 'packed, ' : ''}fill ${(100 * p.fill).toFixed(1)}%); ` +
-      `${n(p.truncated)} truncated, ${n(p.dropped)} dropped (overflow = ${this.overflow}); ${tail}`;
+      `${n(p.truncated)} truncated, ${n(p.dropped)} dropped (overflow = ${this.overflow}${this.rows.untrainedPairs > 0 ? `; ${n(this.rows.untrainedPairs)} of them pairs that a cut to ${this.seqLen} tokens would leave with a response of no trained token` : ''}); ${tail}`;
   }
 
   localSampleIds(step: number): number[] {

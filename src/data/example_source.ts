@@ -76,7 +76,8 @@ function sourcePaths(d: ExampleDataSpec): { what: string; path: string }[] {
 /**
  * Problems of the example fields against the sources, without tokenizing: the template (chat), and
  * each source a .jsonl to prepare or a prepared directory of the same kind, template and trainOn.
- * Under format = "text", a prepared example directory is refused. Missing paths are checkDataConfig's.
+ * Under format = "text", a prepared example directory is refused. Missing paths (but a .jsonl) and
+ * directories without a manifest are checkDataConfig's (src/data/sources.ts), which leaves these to this.
  */
 export function exampleDataProblems(d: ExampleDataSpec): string[] {
   const p: string[] = [];
@@ -89,6 +90,7 @@ export function exampleDataProblems(d: ExampleDataSpec): string[] {
   const want = runExpectation(d, template);
   for (const { what, path } of sourcePaths(d)) {
     if (path === MOBY_DICK || !existsSync(path)) {
+      if (isExampleJsonl(d, path) && path !== MOBY_DICK) p.push(`${what}: ${resolve(path)} does not exist; name a .jsonl file of examples (one JSON object a line) or a directory made by \`flotilla prepare ... --format ${d.format}\``);
       if (d.format !== 'text' && path === MOBY_DICK) p.push(`${what} = "${MOBY_DICK}" is text, and data.format = ${JSON.stringify(d.format)}; name a .jsonl of examples or a directory made by \`flotilla prepare --format ${d.format}\``);
       continue;
     }
@@ -98,7 +100,7 @@ export function exampleDataProblems(d: ExampleDataSpec): string[] {
         const problem = datasetProblem(readManifest(path), path, want);
         if (problem !== undefined) p.push(`${what}: ${problem}`);
       } catch { /* a broken manifest is checkDataConfig's to report */ }
-    } else if (d.format !== 'text' && !isExampleJsonl(d, path)) {
+    } else if (!dir && d.format !== 'text' && !isExampleJsonl(d, path)) { // a directory without a manifest is checkDataConfig's
       p.push(`${what} = ${path}: data.format = ${JSON.stringify(d.format)} reads a .jsonl file of examples (one JSON object a line) or a directory made by \`flotilla prepare --format ${d.format}\``);
     }
   }
@@ -141,6 +143,8 @@ export async function prepareExampleSources(d: ExampleDataSpec, o: { print?: (li
     await prepare({
       sources: [path], tokenizer: d.tokenizer, out, format: d.format as Exclude<DatasetKind, 'text'>,
       chatTemplate: template?.source ?? '', trainOn: d.trainOn,
+      // A run prepares every line or none: skipping bad ones is `flotilla prepare`'s choice, made once.
+      badLineHint: `; fix the line, or prepare the file with \`flotilla prepare ${path} --format ${d.format} --tokenizer ${d.tokenizer}${template && d.format !== 'completion' ? ` --chat-template ${template.source}` : ''}${d.format === 'chat' ? ` --train-on ${d.trainOn}` : ''} --skip-bad --out DIR\` (bad lines counted and skipped) and set ${what} to DIR`,
       progress: o.progress ?? false, ...(o.print ? { print: o.print } : {}), ...(o.workers !== undefined ? { workers: o.workers } : {}),
     });
   }

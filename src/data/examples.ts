@@ -114,25 +114,43 @@ export class ExampleCorpus {
    */
   read(u: number, max: number, ids: Int32Array, trained: Uint8Array, at: number): DocLengths {
     const { shard, doc } = this.locate(u);
+    const fitted = this.fit(u, max);
+    this.readDoc(shard, doc, fitted[0], ids, trained, at);
+    if (fitted.length === 2) this.readDoc(shard, doc + 1, fitted[1], ids, trained, at + fitted[0]);
+    return fitted;
+  }
+
+  /** Tokens of each document of unit u that read(u, max) writes. */
+  fit(u: number, max: number): DocLengths {
     const full = this.docLengths(u);
-    if (full.length === 1) {
-      const n = Math.min(full[0], max);
-      this.readDoc(shard, doc, n, ids, trained, at);
-      return [n];
+    return full.length === 1 ? [Math.min(full[0], max)] : fitPair(full[0], full[1], max);
+  }
+
+  /**
+   * Whether every document of unit u, fitted to `max` tokens, keeps a trained target (a set bit at
+   * one of its tokens 1 .. n - 1, the targets of its positions 0 .. n - 2). A preference pair whose
+   * response a cut leaves untrained has no log-probability to compare, so the plans leave it out.
+   */
+  keepsTargets(u: number, max: number): boolean {
+    const { shard, doc } = this.locate(u);
+    return this.fit(u, max).every((n, i) => this.anyTrained(shard, doc + i, n));
+  }
+
+  private anyTrained(shard: OpenShard, doc: number, n: number): boolean {
+    const s = shard.spec;
+    const start = s.offsets[doc]!;
+    if (n < 2) return false;
+    const bit = (mask: Uint8Array, t: number) => (mask[t >> 3]! >> (t & 7)) & 1;
+    if (s.kind === 'memory') {
+      for (let k = 1; k < n; k++) if (bit(s.mask, start + k)) return true;
+      return false;
     }
-    let [c, r] = full;
-    const excess = c + r - max;
-    if (excess > 0) {
-      if (max < 2) throw new Error(`a preference pair needs 2 tokens of a row at least; data.seqLen is ${max}`);
-      let cutC = Math.ceil(excess / 2), cutR = excess - cutC;
-      if (c - cutC < 1) [cutC, cutR] = [c - 1, excess - (c - 1)];
-      if (r - cutR < 1) [cutR, cutC] = [r - 1, excess - (r - 1)];
-      c -= cutC;
-      r -= cutR;
-    }
-    this.readDoc(shard, doc, c, ids, trained, at);
-    this.readDoc(shard, doc + 1, r, ids, trained, at + c);
-    return [c, r];
+    shard.fdMask ??= openFd(s.mask);
+    const m0 = Math.floor(start / 8), m1 = Math.ceil((start + n) / 8);
+    if (this.mbuf.byteLength < m1 - m0) this.mbuf = Buffer.alloc(Math.max(m1 - m0, 1024));
+    preadAll(shard.fdMask, this.mbuf, m1 - m0, m0, s.mask);
+    for (let k = 1; k < n; k++) if (bit(this.mbuf, start + k - m0 * 8)) return true;
+    return false;
   }
 
   private readDoc(shard: OpenShard, doc: number, n: number, ids: Int32Array, trained: Uint8Array, at: number): void {
@@ -192,6 +210,20 @@ export class ExampleCorpus {
       s.fdBin = s.fdMask = undefined;
     }
   }
+}
+
+/**
+ * A pair of c + r tokens fitted to `max`: both responses lose their tails evenly (the prompt, their
+ * common head, kept), each keeping one token at least.
+ */
+export function fitPair(c: number, r: number, max: number): [number, number] {
+  const excess = c + r - max;
+  if (excess <= 0) return [c, r];
+  if (max < 2) throw new Error(`a preference pair needs 2 tokens of a row at least; data.seqLen is ${max}`);
+  let cutC = Math.ceil(excess / 2), cutR = excess - cutC;
+  if (c - cutC < 1) [cutC, cutR] = [c - 1, excess - (c - 1)];
+  if (r - cutR < 1) [cutR, cutC] = [r - 1, excess - (r - 1)];
+  return [c - cutC, r - cutR];
 }
 
 function openFd(path: string): number {
@@ -256,6 +288,8 @@ export class ExampleRows {
   readonly seqLen: number;
   readonly localBatch: number;
   readonly microBatchSize: number;
+  /** Preference pairs left out of every epoch: cut to seqLen, a response would keep no trained target. */
+  readonly untrainedPairs: number;
   private readonly firstUnit: number[] = [];
   private readonly ids: Int32Array;
   private readonly trained: Uint8Array;
@@ -270,7 +304,20 @@ export class ExampleRows {
     }
     const lengths = new Int32Array(n);
     corpora.forEach((c, i) => lengths.set(c.lengths(), this.firstUnit[i]!));
-    this.stream = new EpochStream(lengths, spec.seed, { ...spec.pack, shuffle: spec.shuffle });
+    // A preference pair cut to seqLen may lose every trained token of a response: left out of every
+    // epoch and counted with the dropped units (only the units longer than a row are read for it).
+    const T = spec.pack.seqLen;
+    let leftOut: Uint8Array | undefined;
+    if (spec.pack.overflow === 'truncate') {
+      corpora.forEach((c, i) => {
+        if (!c.pairs) return;
+        for (let u = 0; u < c.units; u++) {
+          if (c.unitLength(u) > T && !c.keepsTargets(u, T)) (leftOut ??= new Uint8Array(n))[this.firstUnit[i]! + u] = 1;
+        }
+      });
+    }
+    this.untrainedPairs = leftOut?.reduce((a, v) => a + v, 0) ?? 0;
+    this.stream = new EpochStream(lengths, spec.seed, { ...spec.pack, shuffle: spec.shuffle, ...(leftOut ? { leftOut } : {}) });
     this.localBatch = spec.globalBatch / spec.dpSize;
     this.microBatchSize = this.localBatch / spec.microBatches;
     this.ids = new Int32Array(this.seqLen);

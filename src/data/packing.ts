@@ -21,6 +21,7 @@ export interface EpochPlan {
   unit: Int32Array;
   take: Int32Array;
   truncated: number;
+  /** Units left out: longer than seqLen under overflow = "drop", or named by `leftOut`. */
   dropped: number;
   /** Tokens taken over rows x seqLen. */
   fill: number;
@@ -50,7 +51,7 @@ export function epochOrder(n: number, seed: number, epoch: number, shuffle = tru
  * it fits, oldest first, else opens a row (closing the oldest when 16 are open); rows are emitted
  * as they close (full, or pushed out), the rest at the end in the order they opened.
  */
-export function planEpoch(lengths: Int32Array, seed: number, epoch: number, o: PackOptions & { shuffle?: boolean }): EpochPlan {
+export function planEpoch(lengths: Int32Array, seed: number, epoch: number, o: PackOptions & { shuffle?: boolean; leftOut?: Uint8Array }): EpochPlan {
   const T = o.seqLen;
   if (!(Number.isInteger(T) && T > 0)) throw new Error(`planEpoch: seqLen must be a positive integer, got ${T}`);
   const order = epochOrder(lengths.length, seed, epoch, o.shuffle ?? true);
@@ -68,6 +69,10 @@ export function planEpoch(lengths: Int32Array, seed: number, epoch: number, o: P
     const len = lengths[u]!;
     if (len <= 0) throw new Error(`planEpoch: unit ${u} has ${len} tokens`);
     let take = len;
+    if (o.leftOut?.[u]) {
+      dropped++;
+      continue;
+    }
     if (len > T) {
       if (o.overflow === 'drop') {
         dropped++;
@@ -113,10 +118,12 @@ export class EpochStream {
   private readonly cumRows: number[] = [0];
   private readonly cache = new Map<number, EpochPlan>();
 
-  constructor(readonly lengths: Int32Array, readonly seed: number, readonly o: PackOptions & { shuffle: boolean }) {
+  constructor(readonly lengths: Int32Array, readonly seed: number, readonly o: PackOptions & { shuffle: boolean; leftOut?: Uint8Array }) {
     this.units = lengths.length;
     if (this.rowsIn(0) === 0) {
-      throw new Error(`no example fits data.seqLen = ${o.seqLen} with data.overflow = "drop" (${this.units} examples, every one longer); use a longer data.seqLen or data.overflow = "truncate"`);
+      throw new Error(o.leftOut
+        ? `no preference pair fits data.seqLen = ${o.seqLen}: each of the ${this.units} pairs is longer, and cutting it would leave a response with no trained token; use a longer data.seqLen`
+        : `no example fits data.seqLen = ${o.seqLen} with data.overflow = "drop" (${this.units} examples, every one longer); use a longer data.seqLen or data.overflow = "truncate"`);
     }
   }
 

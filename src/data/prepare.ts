@@ -35,6 +35,8 @@ export interface PrepareOptions {
   workers?: number;
   /** Count and skip jsonl lines that are not JSON or lack the field, instead of stopping. */
   skipBad?: boolean;
+  /** How a bad example line's error ends, when the --skip-bad of `flotilla prepare` is not the caller's to give (a run's .jsonl source). */
+  badLineHint?: string;
   /** Input megabytes per shard (default 64). */
   shardMb?: number;
   /** Progress: a bar on a terminal, else a line per 10% (default), or nothing. */
@@ -390,7 +392,7 @@ export async function prepare(o: PrepareOptions): Promise<PrepareResult> {
   );
   const progress = new ProgressLine(totalBytes, o.progress ?? true, print);
   await progress.init(o.progress ?? true);
-  const ctx: UnitContext = { tokenizer: tok.spec, dtype, field, skipBad: o.skipBad ?? false, ...(example ? { example: example.ctx } : {}) };
+  const ctx: UnitContext = { tokenizer: tok.spec, dtype, field, skipBad: o.skipBad ?? false, ...(o.badLineHint !== undefined ? { badLineHint: o.badLineHint } : {}), ...(example ? { example: example.ctx } : {}) };
   const made: number[] = [];
   try {
     if (nWorkers <= 0) {

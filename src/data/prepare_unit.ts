@@ -38,6 +38,8 @@ export interface UnitContext {
   dtype: TokenDtype;
   field: string;
   skipBad: boolean;
+  /** How a bad example line's error ends (default: fix it or pass `flotilla prepare`'s --skip-bad). */
+  badLineHint?: string;
   /** Example formats: how a line becomes ids and trained bits (absent: text). */
   example?: ExampleContext;
 }
@@ -301,7 +303,7 @@ function processExamples(job: UnitJob, ctx: UnitContext, ex: ExampleContext, tok
     m.push(e.trained);
     ends.push(w.tokens);
   };
-  const hint = ctx.skipBad ? '' : '; fix the line, or pass --skip-bad to count and skip bad lines';
+  const hint = ctx.skipBad ? '' : ctx.badLineHint ?? '; fix the line, or pass --skip-bad to count and skip bad lines';
   try {
     forEachLine(u.file, u.start, u.end, u.firstLine, (line, lineNo) => {
       if (line.trim() === '') return;

@@ -202,9 +202,8 @@ export function datasetProblem(m: Manifest, dir: string, want: DatasetExpectatio
   const kind = m.kind ?? 'text';
   const where = resolve(dir);
   const again = (flag: string): string => `prepare it again with \`flotilla prepare ... --format ${want.format}${flag}\` (or name another directory)`;
-  if (kind !== want.format) {
-    return `${where} holds ${kind} data (prepared with --format ${kind}), but data.format = ${JSON.stringify(want.format)}; set data.format = ${JSON.stringify(kind)}, or ${again('')}`;
-  }
+  const wrongKind = kindProblem(kind, where, want.format);
+  if (wrongKind !== undefined) return wrongKind;
   if (!isExampleKind(kind) || m.template === undefined) return undefined;
   if (kind === 'chat' && m.template.trainOn !== want.trainOn) {
     return `${where} was prepared with --train-on ${m.template.trainOn}, but data.trainOn = ${JSON.stringify(want.trainOn)} (the loss mask is made by prepare); set data.trainOn = ${JSON.stringify(m.template.trainOn)}, or ${again(` --train-on ${want.trainOn}`)}`;
@@ -217,6 +216,12 @@ export function datasetProblem(m: Manifest, dir: string, want: DatasetExpectatio
     return `${where} was prepared with the chat template ${m.template.source}, and data.chatTemplate gives none to check it against; set data.chatTemplate = ${JSON.stringify(m.template.source)}`;
   }
   return undefined;
+}
+
+/** A prepared dataset of another kind than data.format: the message naming both fixes, else undefined. */
+export function kindProblem(kind: DatasetKind, dir: string, format: DatasetKind): string | undefined {
+  if (kind === format) return undefined;
+  return `${resolve(dir)} holds ${kind} data (prepared with --format ${kind}), but data.format = ${JSON.stringify(format)}; set data.format = ${JSON.stringify(kind)}, or prepare it again with \`flotilla prepare ... --format ${format}\` (or name another directory)`;
 }
 
 // [Note: example dataset reader] What the example loader (src/data/examples.ts) reads of a version 2

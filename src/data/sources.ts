@@ -9,7 +9,7 @@ import { existsSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { MOBY_DICK, loadCorpus } from './corpus.js';
 import { TokenCorpus, type SegmentSpec } from './corpus_files.js';
-import { MANIFEST, openExamples, openFlatBin, openPrepared } from './prepared.js';
+import { MANIFEST, kindProblem, openExamples, openFlatBin, openPrepared, readManifest } from './prepared.js';
 import { ExampleCorpus, exampleCorpusSpec, type ExampleKind } from './examples.js';
 import { cachedTokens } from './token_cache.js';
 import type { LoaderSource } from './sampler.js';
@@ -59,14 +59,19 @@ function checkEntry(e: SourceEntry, what: string, tok: TokenizerIdentity, vocabS
   const kind = sourceKind(e.path);
   if (format !== 'text') {
     if (e.weight !== 1) return `${what}: data.format = "${format}" concatenates its sources (each example read once an epoch); the weight of ${e.path} is ${e.weight}: give every source weight 1`;
-    // A .jsonl of examples is prepared into the cache before the ranks start (src/data/example_source.ts checks it).
-    if (kind === 'text' && e.path.toLowerCase().endsWith('.jsonl')) return undefined;
-    if (kind !== 'prepared') {
-      return `${what}: data.format = "${format}" reads a prepared directory; prepare ${e.path} with \`flotilla prepare ${e.path} --format ${format} --tokenizer ${tok.spec} --out DIR\` and name DIR`;
+    // Checked here: that the path exists, and a prepared directory of the run's kind (sizes, tokenizer).
+    // A .jsonl of examples (prepared into the cache before the ranks start), another file,
+    // "moby-dick", and a directory of another kind, template or trainOn are example_source.ts's
+    // checks (exampleDataProblems), reported there once.
+    const abs = resolve(e.path);
+    if (kind === 'moby-dick' || (kind === 'text' && e.path.toLowerCase().endsWith('.jsonl'))) return undefined;
+    if (!existsSync(abs)) {
+      return `${what}: ${abs} does not exist; name a .jsonl file of examples (one JSON object a line) or a directory made by \`flotilla prepare ... --format ${format}\``;
     }
+    if (kind !== 'prepared') return undefined;
     try {
-      // The kind, template and trainOn are example_source.ts's checks (exampleDataProblems).
-      openExamples(resolve(e.path), { tokenizer: tok, vocabSize });
+      if (existsSync(join(abs, MANIFEST)) && (readManifest(abs).kind ?? 'text') !== format) return undefined;
+      openExamples(abs, { tokenizer: tok, vocabSize });
     } catch (err) {
       return `${what}: ${(err as Error).message}`;
     }
@@ -227,7 +232,9 @@ function loadExampleData(d: DataSpec, tok: Tokenizer, vocabSize: number, verify:
   const open = (path: string): { corpus: ExampleCorpus; key: string; label: string } => {
     const dir = resolve(path);
     const { manifest, shards, kind } = openExamples(dir, { tokenizer: tok, vocabSize, checksum: verify });
-    if (kind !== format) throw new Error(`${dir} holds ${kind} data (prepared with --format ${kind}), but data.format = ${JSON.stringify(format)}; set data.format = ${JSON.stringify(kind)}, or prepare it again with --format ${format}`);
+    // The run's checks refused another kind before any rank started (exampleDataProblems); a caller of loadTrainData gets the same message.
+    const wrong = kindProblem(kind, dir, format);
+    if (wrong !== undefined) throw new Error(wrong);
     const corpus = new ExampleCorpus(exampleCorpusSpec({ name: dir, kind: format, shards, vocabSize }));
     opened.push(corpus);
     return { corpus, key: manifest.key, label: `${path} (${manifest.shards.length} shard(s), ${corpus.units.toLocaleString('en-US')} ${format === 'preference' ? 'pairs' : 'examples'})` };

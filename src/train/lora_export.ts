@@ -65,7 +65,9 @@ export function exportPeft(arg: string, out: string): PeftWriteReport & { step: 
   const slots = wholeModelSlots(c.model, c.lora.targets, c.lora.rank);
   const { meta, tensors } = consolidate(c.dir);
   try {
-    const r = writePeftAdapter(out, { slots, tensors, lora: c.lora, base: c.base });
+    // The adapters go with the tokenizer their run read (a chat run's template and special tokens).
+    const tokenizer = runTokenizer(c)?.file;
+    const r = writePeftAdapter(out, { slots, tensors, lora: c.lora, base: c.base, ...(tokenizer ? { tokenizer } : {}) });
     return { ...r, step: meta.step };
   } finally {
     for (const t of Object.values(tensors)) t.dispose();
@@ -85,11 +87,27 @@ export function baseDtypeOf(base: string): 'float32' | 'bfloat16' | 'float16' {
   return first && ok(first.dtype) ? first.dtype : 'float32';
 }
 
-/** The tokenizer.json that goes with a merged export: the base directory's, else the run's own. */
-export function loraTokenizer(c: LoraCheckpoint): string | undefined {
-  if (isHfDir(c.base) && existsSync(join(c.base, HF_TOKENIZER))) return join(c.base, HF_TOKENIZER);
+/**
+ * The tokenizer.json the run's data was tokenized with (data.tokenizer): a Hugging Face tokenizer
+ * directory's (its companions beside it), or a .json file; undefined for a named one ("byte", "gpt2").
+ */
+export function runTokenizer(c: LoraCheckpoint): { file: string; dir: boolean } | undefined {
   const tok = (c.meta.config.data as { tokenizer?: unknown } | undefined)?.tokenizer;
-  return typeof tok === 'string' && tok.endsWith('.json') && existsSync(tok) ? tok : undefined;
+  if (typeof tok !== 'string' || !existsSync(tok)) return undefined;
+  if (statSync(tok).isDirectory()) return existsSync(join(tok, HF_TOKENIZER)) ? { file: join(tok, HF_TOKENIZER), dir: true } : undefined;
+  return tok.endsWith('.json') ? { file: tok, dir: false } : undefined;
+}
+
+/**
+ * The tokenizer.json that goes with a merged export (writeHfDir copies its companions along): the
+ * run's data.tokenizer when it is a directory (a chat run's special tokens and template), else the
+ * base directory's, else the run's own .json.
+ */
+export function loraTokenizer(c: LoraCheckpoint): string | undefined {
+  const run = runTokenizer(c);
+  if (run?.dir) return run.file;
+  if (isHfDir(c.base) && existsSync(join(c.base, HF_TOKENIZER))) return join(c.base, HF_TOKENIZER);
+  return run?.file;
 }
 
 /** Every parameter of a model by name, the adapters left out (what a merged export writes). */

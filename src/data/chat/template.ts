@@ -9,6 +9,11 @@ import { Environment, Interpreter, Template } from '@huggingface/jinja';
 import type { Message } from './examples.js';
 
 /** A loaded chat template. */
+/** A template as the engine parsed it (see ChatTemplate.compiled). */
+export interface CompiledTemplate {
+  readonly parsed: unknown;
+}
+
 export interface ChatTemplate {
   /** "model" (a Hugging Face directory's), "chatml" or the .jinja path. */
   source: string;
@@ -19,7 +24,11 @@ export interface ChatTemplate {
   tokens: Record<string, string>;
   /** sha256 of the template text, bos and eos: what decides the rendered text. */
   identity: string;
-  readonly compiled: Template;
+  /**
+   * The parsed template. Opaque on purpose: the engine's own type declarations stay out of
+   * flotilla's, so a project compiling against flotilla's types does not compile the engine's.
+   */
+  readonly compiled: CompiledTemplate;
 }
 
 /** A template that cannot be loaded or that fails (raise_exception included) on a conversation. */
@@ -93,7 +102,7 @@ export function tokenizerSpecials(dir: string): { bos?: string; eos?: string; ad
   return { ...(cfg.tokens.bos_token ? { bos: cfg.tokens.bos_token } : {}), ...(cfg.tokens.eos_token ? { eos: cfg.tokens.eos_token } : {}), addBos };
 }
 
-function compile(text: string, source: string): Template {
+function compile(text: string, source: string): CompiledTemplate {
   try {
     return new Template(text);
   } catch (e) {
@@ -203,7 +212,7 @@ export function renderChat(t: ChatTemplate, messages: readonly Message[], o: { a
   };
   try {
     for (const [k, v] of Object.entries(globals)) env.set(k, v);
-    return new Interpreter(env).run(t.compiled.parsed).value as string;
+    return new Interpreter(env).run((t.compiled as Template).parsed).value as string;
   } catch (e) {
     if (e instanceof TemplateRaised) throw new ChatTemplateError(`the chat template (${t.source}) rejected the conversation: ${e.message}`);
     throw new ChatTemplateError(`the chat template (${t.source}) failed to render: ${(e as Error).message}`);
