@@ -76,20 +76,26 @@ function hfSpecs(): ModelSpec[] {
   return modelArchs().map(modelSpec).filter((s) => s.hf !== undefined);
 }
 
+/** The model_types an architecture reads, with their transformers class. */
+function typesOf(f: HfFormat): Readonly<Record<string, string>> {
+  return f.modelTypes ?? { [f.modelType]: f.architecture };
+}
+
 function supported(): string {
-  return hfSpecs().map((s) => `${s.hf!.architecture} (model_type "${s.hf!.modelType}")`).join(' and ');
+  return hfSpecs().flatMap((s) => Object.entries(typesOf(s.hf!)).map(([t, a]) => `${a} (model_type "${t}")`)).join(', ');
 }
 
 /** The registered architecture a config.json describes. */
 function formatOf(path: string, config: Record<string, unknown>): ModelSpec {
   const type = config.model_type;
   const archs = config.architectures;
-  const spec = hfSpecs().find((s) => s.hf!.modelType === type);
+  const spec = hfSpecs().find((s) => typeof type === 'string' && Object.hasOwn(typesOf(s.hf!), type));
   if (!spec) throw new CheckpointError(`${path}: model_type ${JSON.stringify(type)} is not supported; flotilla reads ${supported()}`);
   if (archs !== undefined) {
     const first = Array.isArray(archs) ? archs[0] : undefined;
-    if (first !== spec.hf!.architecture) {
-      throw new CheckpointError(`${path}: architectures = ${JSON.stringify(archs)} is not supported; for model_type "${type}" flotilla reads ${spec.hf!.architecture}`);
+    const want = typesOf(spec.hf!)[type as string];
+    if (first !== want) {
+      throw new CheckpointError(`${path}: architectures = ${JSON.stringify(archs)} is not supported; for model_type "${type}" flotilla reads ${want}`);
     }
   }
   return spec;
@@ -445,7 +451,8 @@ export function writeHfDir(dir: string, spec: ModelSpec, cfg: Record<string, unk
     rmSync(tmp, { recursive: true, force: true });
     throw e;
   }
-  return { dir: out, architecture: format.architecture, tensors: entries.length, bytes: total, files: shards.map((_, k) => fileOf(k)) };
+  const written = format.toConfig(cfg).architectures;
+  return { dir: out, architecture: Array.isArray(written) && typeof written[0] === 'string' ? written[0] : format.architecture, tensors: entries.length, bytes: total, files: shards.map((_, k) => fileOf(k)) };
 }
 
 /**

@@ -41,18 +41,22 @@ function readJson(path: string): Record<string, unknown> {
   return v as Record<string, unknown>;
 }
 
+/** The model_types a map reads, with their transformers class. */
+const typesOf = (m: HfMap): Readonly<Record<string, string>> => m.modelTypes ?? { [m.modelType]: m.architecture };
+
 /** The architecture a config.json describes, by model_type (and architectures[0]). */
-function mapOf(path: string, config: Record<string, unknown>): { arch: string; map: HfMap } {
+function mapOf(path: string, config: Record<string, unknown>): { arch: string; map: HfMap; architecture: string } {
   const maps = hfMaps();
   const type = config.model_type;
-  const hit = maps.find((m) => m.map.modelType === type);
-  const supported = maps.map((m) => `${m.map.architecture} (model_type "${m.map.modelType}")`).join(', ');
+  const hit = maps.find((m) => typeof type === 'string' && Object.hasOwn(typesOf(m.map), type));
+  const supported = maps.flatMap((m) => Object.entries(typesOf(m.map)).map(([t, a]) => `${a} (model_type "${t}")`)).join(', ');
   if (!hit) throw new Error(`${path}: model_type ${JSON.stringify(type)} is not supported; flotilla reads ${supported}`);
+  const want = typesOf(hit.map)[type as string]!;
   const archs = config.architectures;
-  if (archs !== undefined && (!Array.isArray(archs) || archs[0] !== hit.map.architecture)) {
-    throw new Error(`${path}: architectures = ${JSON.stringify(archs)} is not supported; for model_type "${String(type)}" flotilla reads ${hit.map.architecture}`);
+  if (archs !== undefined && (!Array.isArray(archs) || archs[0] !== want)) {
+    throw new Error(`${path}: architectures = ${JSON.stringify(archs)} is not supported; for model_type "${String(type)}" flotilla reads ${want}`);
   }
-  return hit;
+  return { ...hit, architecture: want };
 }
 
 /**
@@ -65,7 +69,7 @@ export function initFromModel(path: string): InitFromModel | undefined {
   const cfgPath = join(path, HF_CONFIG);
   if (existsSync(cfgPath)) {
     const config = readJson(cfgPath);
-    const { arch, map } = mapOf(cfgPath, config);
+    const { arch, map, architecture } = mapOf(cfgPath, config);
     let determined: Record<string, unknown>;
     try {
       determined = map.fromConfig(config);
@@ -79,7 +83,7 @@ export function initFromModel(path: string): InitFromModel | undefined {
       else if (k !== 'dropout') sections.model![k] = v;
     }
     const tok = join(path, HF_TOKENIZER);
-    return { what: `the Hugging Face directory ${path} (${map.architecture})`, sections, map, hf: true, ...(existsSync(tok) ? { tokenizer: path } : {}) };
+    return { what: `the Hugging Face directory ${path} (${architecture})`, sections, map, hf: true, ...(existsSync(tok) ? { tokenizer: path } : {}) };
   }
   const metaPath = join(path, CKPT_META);
   if (existsSync(metaPath)) {

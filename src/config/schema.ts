@@ -5,7 +5,7 @@
 // the GPT's for the fields both architectures have), the [model] architectures from the model registry.
 import { PARALLEL_CHOICES, PARALLEL_DEFAULTS, type ParallelConfig } from '../parallel/layout.js';
 import { defaultGPTConfig as gpt, gptRules, type GPTConfig } from '../models/gpt_config.js';
-import { defaultLlamaConfig as llama, type LlamaConfig } from '../models/llama_config.js';
+import { defaultLlamaConfig as llama, llamaAttnBiases, llamaFamilies, type LlamaConfig } from '../models/llama_config.js';
 import { defaultMoEConfig, type MoEConfig } from '../nn/moe_config.js';
 import type { SourceEntry } from '../data/sources.js';
 import { tokenizerIdentity } from '../data/tokenizer.js';
@@ -172,6 +172,9 @@ export const configSchema: Schema<FlotillaConfig> = {
       arch: { kind: 'string', default: gptRules.arch, doc: 'The architecture: "gpt" (GPT-2 style: learned positions, LayerNorm, GELU MLP; src/models/gpt.ts), "llama" (RMSNorm, rotary positions, grouped-query attention, SwiGLU, no biases; src/models/llama.ts), or one a script registered with registerModel. Fields marked (gpt) or (llama) apply to that architecture only.' },
       gelu: { kind: 'string', default: gpt.gelu!, choices: ['exact', 'tanh'], doc: '(gpt) The MLP\'s GELU: "exact" (erf), or "tanh" (the approximation GPT-2 was trained with, transformers\' gelu_new).' },
       nKvHead: { kind: 'int', default: llama.nKvHead, min: 0, doc: '(llama) Key/value heads (grouped-query attention): 1 = multi-query, model.nHead = multi-head; must divide model.nHead; 0 = model.nHead.' },
+      family: { kind: 'string', default: llama.family, choices: [...llamaFamilies], doc: '(llama) The Hugging Face family the model is read from and exported as: "llama" (LlamaForCausalLM), "qwen2" (Qwen2ForCausalLM, Qwen2.5: model.attnBias = "qkv"), "qwen3" (Qwen3ForCausalLM: model.qkNorm = true, model.attnBias "none" or "all"). Set from config.json when a directory is read.' },
+      attnBias: { kind: 'string', default: llama.attnBias, choices: [...llamaAttnBiases], doc: '(llama) Biases of the attention projections: "none" (Llama, Qwen3 by default), "qkv" (on q, k and v: Qwen2/2.5), "all" (q, k, v and o: attention_bias = true).' },
+      qkNorm: { kind: 'bool', default: llama.qkNorm, doc: '(llama) RMSNorm of every query and key head (a weight of model.headDim each, before the rotary positions), as Qwen3.' },
       headDim: { kind: 'int', default: llama.headDim, min: 0, doc: '(llama) Width of one attention head; 0 = model.nEmbd / model.nHead.' },
       intermediateSize: { kind: 'int', default: llama.intermediateSize, min: 0, doc: '(llama) Hidden width of the SwiGLU MLP; 0 = 8/3 x model.nEmbd rounded up to a multiple of 64 (Llama\'s rule).' },
       rmsNormEps: { kind: 'float', default: llama.rmsNormEps, above: 0, doc: '(llama) RMSNorm epsilon.' },

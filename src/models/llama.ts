@@ -1,6 +1,7 @@
 // A Llama-family decoder (Llama 2/3, Mistral-style shapes): RMSNorm pre-norm blocks, rotary
 // positions (transformers' rotate-half convention, so Hugging Face weights load without any
-// permutation), grouped-query attention and a SwiGLU MLP, no biases, optionally tied head. Built
+// permutation), grouped-query attention and a SwiGLU MLP, optionally tied head; as options, Qwen2's
+// and Qwen3's attention biases and Qwen3's per-head query and key norms. Built
 // from flotilla's own layers, with the GPT's conventions (src/models/gpt.ts): every parameter drawn
 // from (initSeed, its whole-model name), deferInit for ZeRO-3, and a pipeline stage is "the model
 // minus what it does not own" (LlamaStage). Its layouts' plans are in llama_parallel.ts.
@@ -9,6 +10,7 @@
 //   wte                            model.embed_tokens
 //   layers.{i}.attnNorm            model.layers.{i}.input_layernorm
 //   layers.{i}.attn.{q,k,v,o}      model.layers.{i}.self_attn.{q,k,v,o}_proj
+//   layers.{i}.attn.{qNorm,kNorm}  model.layers.{i}.self_attn.{q,k}_norm (Qwen3)
 //   layers.{i}.mlpNorm             model.layers.{i}.post_attention_layernorm
 //   layers.{i}.mlp.{gate,up,down}  model.layers.{i}.mlp.{gate,up,down}_proj
 //   norm                           model.norm
@@ -156,6 +158,10 @@ export interface LlamaLayerConfig {
   intermediateSize: number;
   rmsNormEps: number;
   dropout: number;
+  /** Biases of the attention projections (q, k, v; o too with 'all'). */
+  attnBias?: LlamaConfig['attnBias'];
+  /** RMSNorm of each query and key head before rotary (Qwen3). */
+  qkNorm?: boolean;
   /** Mixture-of-experts settings; a block built with `{ moe: true }` uses them for its MLP. */
   moe?: MoEConfig;
 }
@@ -173,15 +179,34 @@ export class LlamaAttention extends Module {
   readonly o: Linear;
   readonly attnDrop: Dropout;
   readonly headDim: number;
+  /** Qwen3's norms of each query and key head (weights of headDim, shared by the heads). */
+  readonly qNorm?: RMSNorm;
+  readonly kNorm?: RMSNorm;
 
   constructor(cfg: LlamaLayerConfig, readonly rope: RotaryTables) {
     super();
     const C = cfg.nEmbd, hd = (this.headDim = cfg.headDim);
-    this.q = this.registerModule('q', new Linear(C, cfg.nHead * hd, { bias: false }));
-    this.k = this.registerModule('k', new Linear(C, cfg.nKvHead * hd, { bias: false }));
-    this.v = this.registerModule('v', new Linear(C, cfg.nKvHead * hd, { bias: false }));
-    this.o = this.registerModule('o', new Linear(cfg.nHead * hd, C, { bias: false }));
+    const qkv = (cfg.attnBias ?? 'none') !== 'none', o = cfg.attnBias === 'all';
+    this.q = this.registerModule('q', new Linear(C, cfg.nHead * hd, { bias: qkv }));
+    this.k = this.registerModule('k', new Linear(C, cfg.nKvHead * hd, { bias: qkv }));
+    this.v = this.registerModule('v', new Linear(C, cfg.nKvHead * hd, { bias: qkv }));
+    this.o = this.registerModule('o', new Linear(cfg.nHead * hd, C, { bias: o }));
     this.attnDrop = this.registerModule('attnDrop', new Dropout(cfg.dropout));
+    if (cfg.qkNorm) {
+      this.qNorm = this.registerModule('qNorm', new RMSNorm(hd, cfg.rmsNormEps));
+      this.kNorm = this.registerModule('kNorm', new RMSNorm(hd, cfg.rmsNormEps));
+    }
+  }
+
+  /** q (B, T, nh hd) and k (B, T, nkv hd) with each head normed (Qwen3), else as given. */
+  normHeads(q: Tensor, k: Tensor): [Tensor, Tensor] {
+    if (!this.qNorm) return [q, k];
+    const hd = this.headDim;
+    const per = (n: RMSNorm, t: Tensor) => {
+      const [B, T, W] = t.shape as [number, number, number];
+      return n.call(t.view(B, T, W / hd, hd)).view(B, T, W);
+    };
+    return [per(this.qNorm, q), per(this.kNorm!, k)];
   }
 
   /** x: (B, T, C) at positions offset .. offset + T - 1. */
@@ -191,7 +216,7 @@ export class LlamaAttention extends Module {
     // bfloat16 rounding of the input's gradient (summed in bfloat16; autocast sums in float32).
     // (Under tp the plan's prepareInput casts before communicating, and this cast is a no-op.)
     const [xc] = castFor('linear', x) as [Tensor];
-    const q = this.q.call(xc), k = this.k.call(xc), v = this.v.call(xc);
+    const [q, k] = this.normHeads(this.q.call(xc), this.k.call(xc)), v = this.v.call(xc);
     // Selective checkpointing recomputes the core (rotary, scores, softmax) in backward; it has no parameters.
     const y = activationCheckpointMode() === 'selective' && isGradEnabled()
       ? checkpointRegion(this, [q, k, v], (a, b, c) => this.core(a, b, c, offset), () => [], { dropout: this.attnDrop.p > 0 })
@@ -250,7 +275,7 @@ export class LlamaAttention extends Module {
  * own ([Note: kv cache] in src/nn/kv_cache.ts); keys are stored rotated, at each row's positions.
  */
 export function llamaAttentionDecode(a: LlamaAttention, x: Tensor, cache: KVCache, layer: number, allowed: Tensor | undefined): Tensor {
-  const q = a.q.call(x), k = a.k.call(x), v = a.v.call(x);
+  const [q, k] = a.normHeads(a.q.call(x), a.k.call(x)), v = a.v.call(x);
   const [B, T, Cq] = q.shape as [number, number, number];
   const hd = a.headDim, nh = Cq / hd, nkv = k.shape[2]! / hd, group = nh / nkv;
   const rd: DType = q.dtype === 'float64' ? 'float64' : 'float32';
@@ -385,10 +410,11 @@ abstract class LlamaParts extends Module {
     return this.hasTiedHeadCopy && localName === 'head.weight' ? 'wte.weight' : localName;
   }
 
-  /** transformers' Llama init: N(0, 0.02) matrices, RMSNorm weights 1; seeded by name when initSeed is given. */
+  /** transformers' Llama init: N(0, 0.02) matrices, RMSNorm weights 1, biases 0; seeded by name when initSeed is given. */
   private initParameter(name: string, p: Tensor, initSeed: number | undefined): void {
     if (initSeed !== undefined) seedParameter(initSeed, name);
-    if (/(^|\.)(attnNorm|mlpNorm|norm)\.weight$/.test(name)) p.fill_(1);
+    if (/(^|\.)(attnNorm|mlpNorm|norm|qNorm|kNorm)\.weight$/.test(name)) p.fill_(1);
+    else if (name.endsWith('.bias')) p.zero_();
     else p.normal_(0, 0.02);
   }
 

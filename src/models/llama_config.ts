@@ -4,7 +4,20 @@ import type { ModelRules, ShapeContext } from './spec.js';
 import type { LinearShape } from '../nn/lora_targets.js';
 import { checkMoEConfig, isMoELayer, moeLayerParams, moeProblems, type MoEConfig } from '../nn/moe_config.js';
 
+/**
+ * The Hugging Face families the Llama's options cover (what `flotilla export --format hf` writes and
+ * which config.json it reads: llama_family_hf.ts). A new family is one entry here and its format.
+ */
+export const llamaFamilies = ['llama', 'qwen2', 'qwen3'] as const;
+export type LlamaFamily = (typeof llamaFamilies)[number];
+
+/** Biases of the attention projections: none (Llama), on q, k and v (Qwen2), or on all four (attention_bias = true). */
+export const llamaAttnBiases = ['none', 'qkv', 'all'] as const;
+export type LlamaAttnBias = (typeof llamaAttnBiases)[number];
+
 export interface LlamaConfig {
+  /** The Hugging Face family it is exported as (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM). */
+  family: LlamaFamily;
   vocabSize: number;
   /** Longest context (max_position_embeddings). */
   blockSize: number;
@@ -27,6 +40,10 @@ export interface LlamaConfig {
   /** On the attention probabilities only (transformers' attention_dropout). */
   dropout: number;
   tieEmbeddings: boolean;
+  /** Biases of the attention projections. */
+  attnBias: LlamaAttnBias;
+  /** Qwen3's RMSNorm of each query and key head (weights of headDim, before rotary positions). */
+  qkNorm: boolean;
   /** Mixture of experts (the [moe] section): an MoE MLP every moe.every blocks when moe.experts > 0. */
   moe?: MoEConfig;
 }
@@ -34,7 +51,7 @@ export interface LlamaConfig {
 export const defaultLlamaConfig: LlamaConfig = {
   vocabSize: 256, blockSize: 128, nLayer: 4, nHead: 4, nKvHead: 0, nEmbd: 128, headDim: 0, intermediateSize: 0,
   rmsNormEps: 1e-5, ropeTheta: 10000, ropeScaling: 'none', ropeFactor: 8, ropeLowFreqFactor: 1, ropeHighFreqFactor: 4,
-  ropeOriginalMaxPositions: 8192, dropout: 0, tieEmbeddings: false,
+  ropeOriginalMaxPositions: 8192, dropout: 0, tieEmbeddings: false, family: 'llama', attnBias: 'none', qkNorm: false,
 };
 
 /** Llama's MLP width for a model width: int(8/3 nEmbd) rounded up to a multiple of 64. */
@@ -57,6 +74,8 @@ export function resolveLlamaConfig(cfg: Partial<LlamaConfig>): LlamaConfig {
   if (c.intermediateSize === 0) c.intermediateSize = llamaIntermediateSize(c.nEmbd);
   if (c.nHead % c.nKvHead !== 0) throw new Error(`Llama: nKvHead (${c.nKvHead}) must divide nHead (${c.nHead})`);
   if (c.headDim % 2 !== 0) throw new Error(`Llama: headDim (${c.headDim}) must be even (rotary embeddings rotate pairs)`);
+  if (!llamaFamilies.includes(c.family)) throw new Error(`Llama: family ${JSON.stringify(c.family)} is not one of ${llamaFamilies.map((f) => JSON.stringify(f)).join(', ')}`);
+  if (!llamaAttnBiases.includes(c.attnBias)) throw new Error(`Llama: attnBias ${JSON.stringify(c.attnBias)} is not one of ${llamaAttnBiases.map((f) => JSON.stringify(f)).join(', ')}`);
   const moe = checkMoEConfig(c.moe, c.nLayer);
   if (moe) c.moe = moe;
   else delete c.moe;
@@ -68,7 +87,8 @@ export function llamaNumParams(cfg: Partial<LlamaConfig>): number {
   const c = resolveLlamaConfig(cfg);
   const C = c.nEmbd, A = c.nHead * c.headDim, KV = c.nKvHead * c.headDim;
   const mlp = 3 * C * c.intermediateSize;
-  const block = 2 * C + C * A + 2 * C * KV + A * C + mlp;
+  const bias = c.attnBias === 'none' ? 0 : A + 2 * KV + (c.attnBias === 'all' ? C : 0);
+  const block = 2 * C + C * A + 2 * C * KV + A * C + mlp + bias + (c.qkNorm ? 2 * c.headDim : 0);
   let moe = 0;
   for (let i = 0; i < c.nLayer; i++) {
     if (isMoELayer(c.moe, i)) moe += moeLayerParams(c.moe!, C, 3 * C * (c.moe!.hidden || c.intermediateSize)) - mlp;
@@ -76,9 +96,28 @@ export function llamaNumParams(cfg: Partial<LlamaConfig>): number {
   return c.vocabSize * C + c.nLayer * block + moe + C + (c.tieEmbeddings ? 0 : c.vocabSize * C);
 }
 
+/**
+ * What the config's family cannot express (its Hugging Face class has no such model): empty, or
+ * one message naming the fields to set.
+ */
+export function llamaFamilyProblems(m: Pick<LlamaConfig, 'family' | 'attnBias' | 'qkNorm'>): string[] {
+  const where = `model.family = "${m.family}"`, got = `(got model.attnBias = "${m.attnBias}", model.qkNorm = ${m.qkNorm})`;
+  switch (m.family) {
+    case 'llama':
+      // (transformers' attention_bias would give all four; flotilla's LlamaForCausalLM map has none.)
+      return m.attnBias !== 'none' || m.qkNorm ? [`${where} (LlamaForCausalLM) has no attention biases and no q/k norms: set model.attnBias = "none" and model.qkNorm = false, or model.family = "qwen2" or "qwen3" ${got}`] : [];
+    case 'qwen2':
+      return m.attnBias !== 'qkv' || m.qkNorm ? [`${where} (Qwen2ForCausalLM) has biases on q, k and v and no q/k norms: set model.attnBias = "qkv" and model.qkNorm = false ${got}`] : [];
+    case 'qwen3':
+      return m.attnBias === 'qkv' || !m.qkNorm ? [`${where} (Qwen3ForCausalLM) has q/k norms and attention biases on all of q, k, v, o or none: set model.qkNorm = true and model.attnBias = "none" or "all" ${got}`] : [];
+    default:
+      return [];
+  }
+}
+
 /** Every problem of a Llama config under a layout, each naming the field and the fix. */
 function llamaShapeProblems(m: LlamaConfig, ctx: ShapeContext): string[] {
-  const p: string[] = moeProblems(m.moe, m.nLayer);
+  const p: string[] = [...moeProblems(m.moe, m.nLayer), ...llamaFamilyProblems(m)];
   if (m.headDim === 0 && m.nEmbd % m.nHead !== 0) p.push(`model.nEmbd (${m.nEmbd}) must be divisible by model.nHead (${m.nHead}), or set model.headDim`);
   const nKv = m.nKvHead === 0 ? m.nHead : m.nKvHead;
   if (m.nHead % nKv !== 0) p.push(`model.nKvHead (${nKv}) must divide model.nHead (${m.nHead}) (grouped-query attention: 1 = multi-query, model.nHead = multi-head)`);
@@ -114,7 +153,8 @@ export const llamaRules: ModelRules<LlamaConfig> = {
   describe: (m) => {
     const c = resolveLlamaConfig(m);
     return `Llama ${c.nLayer} layers, ${c.nHead} heads (${c.nKvHead} key/value) of ${c.headDim}, width ${c.nEmbd}, MLP ${c.intermediateSize}, context ${c.blockSize}` +
-      (c.ropeScaling === 'llama3' ? `, rope theta ${c.ropeTheta} scaled (llama3, factor ${c.ropeFactor})` : `, rope theta ${c.ropeTheta}`) + (c.tieEmbeddings ? ', tied head' : '');
+      (c.ropeScaling === 'llama3' ? `, rope theta ${c.ropeTheta} scaled (llama3, factor ${c.ropeFactor})` : `, rope theta ${c.ropeTheta}`) + (c.tieEmbeddings ? ', tied head' : '') +
+      (c.attnBias !== 'none' ? `, attention biases (${c.attnBias})` : '') + (c.qkNorm ? ', q/k norms' : '') + (c.family !== 'llama' ? ` (${c.family})` : '');
   },
   numParams: (m) => llamaNumParams(m),
   linears(m) {

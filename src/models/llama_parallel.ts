@@ -12,7 +12,7 @@ import { planStages, type PartCosts } from './gpt_parallel.js';
 import { Llama, LlamaBlock, LlamaStage, resolveLlamaConfig, type LlamaConfig } from './llama.js';
 import { llamaRules } from './llama_config.js';
 import type { ModelSpec } from './spec.js';
-import { llamaHf } from './llama_hf.js';
+import { llamaFamilyHf } from './llama_family_hf.js';
 
 /**
  * The Llama's tensor-parallel plan ([Note: tp styles]): q, k, v, gate and up column-parallel (each
@@ -22,7 +22,11 @@ import { llamaHf } from './llama_hf.js';
  * their input once for their column-parallel projections (one communication each way, not one per
  * projection). With sequence parallelism the RMSNorms run on this rank's tokens: the embedding's
  * lookup is reduce-scattered over tokens, and the attention and the MLP gather them. Given a part
- * (a pipeline stage), only the modules it holds are named.
+ * (a pipeline stage), only the modules it holds are named. Attention biases split with their
+ * projection's output rows (q, k, v; o's is added once after the sum). Qwen3's per-head norms
+ * are whole on every rank (they act within a head), but each rank's gradient is the part of its
+ * own heads: they take the sequence-parallel style without input scatter, whose gradients are
+ * summed over tp.
  */
 export function llamaTensorPlan(opts: { sequenceParallel?: boolean; lossParallel?: boolean } = {}): (part: Module) => TpPlan {
   const sp = opts.sequenceParallel ?? false;
@@ -51,6 +55,9 @@ export function llamaTensorPlan(opts: { sequenceParallel?: boolean; lossParallel
         } satisfies TpPlan);
       }
       if (sp) for (const m of ['attnNorm', 'mlpNorm']) plan[`layers.*.${m}`] = 'sequenceParallel';
+      if (has.has(`${[...has].find((n) => /^layers\.\d+$/.test(n))}.attn.qNorm`)) {
+        for (const m of ['qNorm', 'kNorm']) plan[`layers.*.attn.${m}`] = 'sequenceParallel';
+      }
     }
     if (has.has('head')) {
       if (sp) plan.norm = 'sequenceParallel';
@@ -93,5 +100,5 @@ export const llamaSpec: ModelSpec<LlamaConfig> = {
   loss: llamaCriterion,
   units: llamaUnits,
   tensorPlan: (opts) => llamaTensorPlan(opts),
-  hf: { ...llamaHf, configOf: (model) => (model instanceof Llama ? { ...model.cfg } : undefined) },
+  hf: { ...llamaFamilyHf, configOf: (model) => (model instanceof Llama ? { ...model.cfg } : undefined) },
 };

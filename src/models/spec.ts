@@ -80,6 +80,12 @@ export interface HfFormat<C = any> {
   /** config.json's `model_type` (e.g. "llama"). */
   readonly modelType: string;
   /**
+   * Every model_type it reads, with its `architectures[0]`, when it is more than one (the Llama's
+   * families: llama_family_hf.ts); fromConfig then reads each, and toConfig and tensors write the
+   * config's own.
+   */
+  readonly modelTypes?: Readonly<Record<string, string>>;
+  /**
    * The [model] fields a config.json describes (arch included); a field this model cannot honour is
    * an error naming it and what is supported.
    */

@@ -1,4 +1,4 @@
-"""Reference forwards of transformers' GPT2LMHeadModel and LlamaForCausalLM, written from the published
+"""Reference forwards of transformers' GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM, written from the published
 model descriptions on transformers' tensor names and layouts (transformers itself is not installed), and
 the Hugging Face directory layout (config.json, model.safetensors or shards + model.safetensors.index.json).
 
@@ -40,6 +40,11 @@ def llama_cfg(c):
     d = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
              num_key_value_heads=None, head_dim=None, max_position_embeddings=2048, rms_norm_eps=1e-6, rope_theta=10000.0,
              rope_scaling=None, tie_word_embeddings=False, hidden_act='silu', attention_bias=False, mlp_bias=False)
+    if c['model_type'] in ('qwen2', 'qwen3'):
+        # Qwen2Config / Qwen3Config defaults; Qwen2 has q, k, v biases always, Qwen3 q_norm and k_norm.
+        d.update(vocab_size=151936, intermediate_size=22016, max_position_embeddings=32768)
+        if c['model_type'] == 'qwen3':
+            d['head_dim'] = 128
     d.update(c)
     if d['num_key_value_heads'] is None:
         d['num_key_value_heads'] = d['num_attention_heads']
@@ -68,8 +73,10 @@ def expected(config):
         out['transformer.ln_f.bias'] = [C]
         if not c['tie_word_embeddings']:
             out['lm_head.weight'] = [c['vocab_size'], C]
-    elif config['model_type'] == 'llama':
+    elif config['model_type'] in ('llama', 'qwen2', 'qwen3'):
         c = llama_cfg(config)
+        qkv_bias = config['model_type'] == 'qwen2' or (config['model_type'] == 'qwen3' and c['attention_bias'])
+        o_bias = config['model_type'] == 'qwen3' and c['attention_bias']
         C, hd, I = c['hidden_size'], c['head_dim'], c['intermediate_size']
         nh, nkv = c['num_attention_heads'], c['num_key_value_heads']
         out['model.embed_tokens.weight'] = [c['vocab_size'], C]
@@ -80,6 +87,12 @@ def expected(config):
                         h + 'self_attn.v_proj.weight': [nkv * hd, C], h + 'self_attn.o_proj.weight': [C, nh * hd],
                         h + 'post_attention_layernorm.weight': [C],
                         h + 'mlp.gate_proj.weight': [I, C], h + 'mlp.up_proj.weight': [I, C], h + 'mlp.down_proj.weight': [C, I]})
+            if qkv_bias:
+                out.update({h + 'self_attn.q_proj.bias': [nh * hd], h + 'self_attn.k_proj.bias': [nkv * hd], h + 'self_attn.v_proj.bias': [nkv * hd]})
+            if o_bias:
+                out[h + 'self_attn.o_proj.bias'] = [C]
+            if config['model_type'] == 'qwen3':
+                out.update({h + 'self_attn.q_norm.weight': [hd], h + 'self_attn.k_norm.weight': [hd]})
         out['model.norm.weight'] = [C]
         if not c['tie_word_embeddings']:
             out['lm_head.weight'] = [c['vocab_size'], C]
@@ -158,7 +171,14 @@ def rms_norm(x, w, eps):
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
+def linear(h, P, name):
+    """nn.Linear on transformers' names: h W^T (+ b when the state dict has the bias)."""
+    y = h @ P[name + '.weight'].t()
+    return y + P[name + '.bias'] if name + '.bias' in P else y
+
+
 def llama_forward(P, c, idx):
+    qwen3 = c['model_type'] == 'qwen3'
     c = llama_cfg(c)
     B, T = idx.shape
     nh, nkv, hd, eps = c['num_attention_heads'], c['num_key_value_heads'], c['head_dim'], c['rms_norm_eps']
@@ -170,9 +190,14 @@ def llama_forward(P, c, idx):
     for i in range(c['num_hidden_layers']):
         p = lambda n: P[f'model.layers.{i}.{n}']  # noqa: E731
         h = rms_norm(x, p('input_layernorm.weight'), eps)
-        q = (h @ p('self_attn.q_proj.weight').t()).view(B, T, nh, hd).transpose(1, 2)
-        k = (h @ p('self_attn.k_proj.weight').t()).view(B, T, nkv, hd).transpose(1, 2)
-        v = (h @ p('self_attn.v_proj.weight').t()).view(B, T, nkv, hd).transpose(1, 2)
+        a = f'model.layers.{i}.self_attn.'
+        q = linear(h, P, a + 'q_proj').view(B, T, nh, hd)
+        k = linear(h, P, a + 'k_proj').view(B, T, nkv, hd)
+        v = linear(h, P, a + 'v_proj').view(B, T, nkv, hd).transpose(1, 2)
+        if qwen3:  # RMSNorm over each head's width, before the rotary positions
+            q = rms_norm(q, p('self_attn.q_norm.weight'), eps)
+            k = rms_norm(k, p('self_attn.k_norm.weight'), eps)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         # Grouped-query attention: query head j reads key/value head j // (nh / nkv).
@@ -181,7 +206,7 @@ def llama_forward(P, c, idx):
         att = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
         att = att.masked_fill(~causal, float('-inf')).softmax(-1)
         y = (att @ v).transpose(1, 2).reshape(B, T, nh * hd)
-        x = x + y @ p('self_attn.o_proj.weight').t()
+        x = x + linear(y, P, a + 'o_proj')
         h = rms_norm(x, p('post_attention_layernorm.weight'), eps)
         x = x + (F.silu(h @ p('mlp.gate_proj.weight').t()) * (h @ p('mlp.up_proj.weight').t())) @ p('mlp.down_proj.weight').t()
     x = rms_norm(x, P['model.norm.weight'], eps)

@@ -23,6 +23,8 @@
 //   sequenceParallel  a module on sequence-sharded activations (LayerNorm, RMSNorm, Dropout): its
 //                   parameters are replicated and its gradients partial, so they are all-reduced
 //                   over g as they arrive; `input: 'replicated'` takes this rank's tokens first.
+//                   (Also a norm within each head on head-sharded activations, Qwen3's q/k norms:
+//                   the same partial gradients, nothing to scatter.)
 //   localRng        a Dropout on sharded activations: a mask of its own on every rank.
 //   lossParallel    the output head: colwise with the logits left sharded over the vocabulary; the
 //                   criterion's cross-entropy becomes the vocab-parallel one (loss.ts).
