@@ -65,6 +65,16 @@ test('[model] comes from the directory\'s config.json, the tokenizer with it; th
   assert.equal(fromFile.train.initFrom, base);
 });
 
+test('a family of the Llama (Qwen2ForCausalLM) gives its family fields too, and a set one against it is named', () => {
+  const dir = join(root, 'qwen2');
+  const m = new Llama({ ...MODEL, family: 'qwen2', attnBias: 'qkv' }, { initSeed: 6 });
+  savePretrained(m, dir);
+  m.dispose();
+  const c = parseConfig('', [`--train.initFrom=${dir}`]);
+  assert.deepEqual([c.model.arch, c.model.family, c.model.attnBias, c.model.qkNorm, c.model.nKvHead], ['llama', 'qwen2', 'qkv', false, 2]);
+  assert.match(problemsOf(() => parseConfig('', [`--train.initFrom=${dir}`, '--model.attnBias=none'])).join('\n'), /^model\.attnBias = "none" is set, and train\.initFrom is the Hugging Face directory .*qwen2 \(Qwen2ForCausalLM\), whose model has model\.attnBias = "qkv": remove model\.attnBias/);
+});
+
 test('a [model] field set against the directory is one error naming it, both values and the fix', () => {
   const p = problemsOf(() => parseConfig('[model]\nnLayer = 3\n', [`--train.initFrom=${base}`]));
   assert.equal(p.length, 1, p.join('\n'));
