@@ -101,6 +101,6 @@ export const llamaSpec: ModelSpec<LlamaConfig> = {
   loss: llamaCriterion,
   units: llamaUnits,
   tensorPlan: (opts) => llamaTensorPlan(opts),
-  hf: llamaFamilyHf,
-  hfFamilies: [mixtralHf],
+  hf: { ...llamaFamilyHf, configOf: (model) => (model instanceof Llama ? { ...model.cfg } : undefined) },
+  hfFamilies: [{ ...mixtralHf, configOf: (model) => (model instanceof Llama ? { ...model.cfg } : undefined) }],
 };

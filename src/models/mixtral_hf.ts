@@ -6,12 +6,11 @@
 // block's experts as grouped stacks (experts, in, out), so each stored Linear is one transposed
 // slice of a stack (HfTensor.stack). Routing is dropless (moe.capacityFactor = 0), with no shared
 // experts and no selection bias.
-import type { Module } from '../nn/module.js';
 import { defaultMoEConfig, type MoEConfig } from '../nn/moe_config.js';
-import { resolveLlamaConfig, type LlamaConfig } from './llama.js';
+import { resolveLlamaConfig, type LlamaConfig } from './llama_config.js';
 import { llamaHf } from './llama_hf.js';
 import { hfInt, hfRequire } from './gpt_hf.js';
-import type { HfFormat, HfTensor } from './spec.js';
+import type { HfMap, HfTensor } from './spec.js';
 
 /** transformers' MixtralConfig defaults, for the fields a config.json leaves out. */
 const MIXTRAL_DEFAULTS = {
@@ -25,7 +24,7 @@ function mixtralMoE(experts: number, topK: number): Partial<MoEConfig> {
   return { experts, topK, every: 1, sharedExperts: 0, hidden: 0, router: 'softmax', normTopK: true, capacityFactor: 0 };
 }
 
-export const mixtralHf: HfFormat<LlamaConfig> = {
+export const mixtralHf: HfMap<LlamaConfig> = {
   architecture: 'MixtralForCausalLM',
   modelType: 'mixtral',
 
@@ -89,8 +88,6 @@ export const mixtralHf: HfFormat<LlamaConfig> = {
     if (m.balance === 'bias') return 'its router has no selection bias (moe.balance = "aux")';
     return off.length > 0 ? `its routing needs ${off.map((k) => `moe.${k} = ${JSON.stringify(want[k])}`).join(', ')}` : undefined;
   },
-
-  configOf: (model: Module) => llamaHf.configOf(model),
 
   resolve: (cfg) => resolveLlamaConfig(cfg),
 };

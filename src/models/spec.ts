@@ -33,6 +33,14 @@ export interface ModelRules<C = any> {
    * model has them: what LoRA targets are checked against before any rank starts (src/nn/lora_targets.ts).
    */
   linears?(cfg: C): LinearShape[];
+  /**
+   * The architecture's Hugging Face map without the model class (HfMap): how a config resolves
+   * `[train] initFrom = HF_DIR` into its [model] section before any rank starts (src/config/init_from.ts).
+   * A spec's `hf` stands for it.
+   */
+  readonly hfMap?: HfMap<C>;
+  /** More Hugging Face maps of the architecture (MixtralForCausalLM for the Llama), as hfMap; a spec's hfFamilies stand for them. */
+  readonly hfFamilyMaps?: readonly HfMap<C>[];
 }
 
 export interface ModelSpec<C = any> extends ModelRules<C> {
@@ -106,3 +114,6 @@ export interface HfFormat<C = any> {
   /** The config with its derived fields (0 = from the others) filled in, to compare two configs. */
   resolve?(cfg: C): C;
 }
+
+/** An HfFormat without configOf, the one part that needs the model's class: kept in files that load no tensor library. */
+export type HfMap<C = any> = Omit<HfFormat<C>, 'configOf'>;
