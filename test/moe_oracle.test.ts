@@ -72,6 +72,9 @@ const layerCases: [string, Partial<MoEConfig>, ExpertKind?][] = [
   ['top-2 softmax, expert bias, SwiGLU experts', { topK: 2, router: 'softmax', balance: 'bias' }, 'swiglu'],
   ['top-1 softmax, capacity 0.5 drops tokens', { topK: 1, capacityFactor: 0.5 }],
   ['top-2 sigmoid, capacity 1 drops tokens, expert bias, a shared expert', { topK: 2, router: 'sigmoid', balance: 'bias', capacityFactor: 1, sharedExperts: 1 }],
+  // The chosen scores renormalised to sum 1 (Mixtral): the weights and the router's gradient through them.
+  ['top-2 softmax renormalised (normTopK), aux loss, SwiGLU experts', { topK: 2, router: 'softmax', balance: 'aux', normTopK: true }, 'swiglu'],
+  ['top-3 sigmoid renormalised (normTopK), capacity 1 drops tokens', { topK: 3, router: 'sigmoid', normTopK: true, capacityFactor: 1 }],
 ];
 
 for (const [name, m, kind] of layerCases) {

@@ -7,12 +7,14 @@
 // Reading goes through placements ([Note: placement] in src/parallel/placement.ts) like a
 // checkpoint: a rank reads only the byte ranges of the elements it holds, so fine-tuning a large
 // model under ZeRO-3 or tensor parallelism never materialises it whole. A transposed tensor (GPT-2's
-// Conv1D) is read as the columns its rows need. Writing goes to a temporary directory renamed into
-// place, so a failed export leaves nothing behind.
+// Conv1D) is read as the columns its rows need; a stacked one (a Mixtral expert's Linear, one slice of
+// a grouped expert stack) is read slice by slice, so an expert-parallel rank reads only its experts.
+// Writing goes to a temporary directory renamed into place, so a failed export leaves nothing behind.
 import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { basename, dirname, join, resolve } from 'node:path';
 import { randomBytes } from 'node:crypto';
-import { Tensor, getDefaultDtype, noGrad, setDefaultDtype, tidy, zeros } from '../tensor/index.js';
+import { Tensor, cat, getDefaultDtype, noGrad, setDefaultDtype, tidy, zeros } from '../tensor/index.js';
+import { defaultMoEConfig } from '../nn/moe_config.js';
 import { native } from '../tensor/native.js';
 import { dtypeCode, elementSize, isFloating, type DType } from '../tensor/dtype.js';
 import type { Module } from '../nn/module.js';
@@ -57,8 +59,8 @@ export interface HfDir {
   determined: Record<string, unknown>;
   /** Stored tensors by transformers' name. */
   stored: Map<string, Stored>;
-  /** What each of the model's parameters is stored as, by flotilla name. */
-  tensors: Map<string, HfTensor>;
+  /** What each of the model's parameters is stored as, by flotilla name (several: a stack's slices, in order). */
+  tensors: Map<string, HfTensor[]>;
   /** tokenizer.json, when the directory has one. */
   tokenizer?: string;
 }
@@ -71,9 +73,9 @@ function modelDefaults(): ModelConfig {
   return out as unknown as ModelConfig;
 }
 
-/** The architectures that read and write Hugging Face directories. */
-function hfSpecs(): ModelSpec[] {
-  return modelArchs().map(modelSpec).filter((s) => s.hf !== undefined);
+/** Every Hugging Face format of every registered architecture, with its spec. */
+function hfFormats(): { spec: ModelSpec; format: HfFormat }[] {
+  return modelArchs().map(modelSpec).flatMap((spec) => [spec.hf, ...(spec.hfFamilies ?? [])].filter((f) => f !== undefined).map((format) => ({ spec, format })));
 }
 
 /** The model_types an architecture reads, with their transformers class. */
@@ -82,23 +84,39 @@ function typesOf(f: HfFormat): Readonly<Record<string, string>> {
 }
 
 function supported(): string {
-  return hfSpecs().flatMap((s) => Object.entries(typesOf(s.hf!)).map(([t, a]) => `${a} (model_type "${t}")`)).join(', ');
+  return hfFormats().flatMap(({ format }) => Object.entries(typesOf(format)).map(([t, a]) => `${a} (model_type "${t}")`)).join(', ');
 }
 
-/** The registered architecture a config.json describes. */
-function formatOf(path: string, config: Record<string, unknown>): ModelSpec {
+/** The format a model of `spec` with config `cfg` is written in: the first of its formats that can hold it. */
+export function hfFormatFor(spec: ModelSpec, cfg: Record<string, unknown>): HfFormat | undefined {
+  return [spec.hf, ...(spec.hfFamilies ?? [])].find((f) => f !== undefined && f.misfit?.(cfg) === undefined);
+}
+
+/** Why none of the spec's formats holds this config, one reason per format. */
+function misfits(spec: ModelSpec, cfg: Record<string, unknown>): string {
+  return [spec.hf, ...(spec.hfFamilies ?? [])].filter((f) => f !== undefined).map((f) => `${f.architecture}: ${f.misfit?.(cfg)}`).join('; ');
+}
+
+/** The registered architecture and format a config.json describes. */
+function formatOf(path: string, config: Record<string, unknown>): { spec: ModelSpec; format: HfFormat } {
   const type = config.model_type;
   const archs = config.architectures;
-  const spec = hfSpecs().find((s) => typeof type === 'string' && Object.hasOwn(typesOf(s.hf!), type));
-  if (!spec) throw new CheckpointError(`${path}: model_type ${JSON.stringify(type)} is not supported; flotilla reads ${supported()}`);
+  const found = hfFormats().find(({ format }) => typeof type === 'string' && Object.hasOwn(typesOf(format), type));
+  if (!found) throw new CheckpointError(`${path}: model_type ${JSON.stringify(type)} is not supported; flotilla reads ${supported()}`);
   if (archs !== undefined) {
     const first = Array.isArray(archs) ? archs[0] : undefined;
-    const want = typesOf(spec.hf!)[type as string];
+    const want = typesOf(found.format)[type as string];
     if (first !== want) {
       throw new CheckpointError(`${path}: architectures = ${JSON.stringify(archs)} is not supported; for model_type "${type}" flotilla reads ${want}`);
     }
   }
-  return spec;
+  return found;
+}
+
+/** The shape of the flotilla parameter an entry is (a slice of, when stacked). */
+function paramShape(t: HfTensor): number[] {
+  const one = t.transpose ? [t.shape[1]!, t.shape[0]!] : t.shape;
+  return t.stack ? [t.stack.count, ...one] : one;
 }
 
 /** Headers of the directory's safetensors files: every stored tensor by (canonical) name. */
@@ -163,8 +181,7 @@ export function readHfDir(path: string): HfDir {
   if (!existsSync(dir)) throw new CheckpointError(`${path} does not exist`);
   if (!existsSync(cfgPath)) throw new CheckpointError(`${path} has no ${HF_CONFIG}: it is not a Hugging Face model directory`);
   const config = readJsonObject(cfgPath);
-  const spec = formatOf(cfgPath, config);
-  const format = spec.hf!;
+  const { spec, format } = formatOf(cfgPath, config);
   let determined: Record<string, unknown>;
   try {
     determined = format.fromConfig(config);
@@ -174,7 +191,8 @@ export function readHfDir(path: string): HfDir {
   const model = { ...modelDefaults(), ...determined } as ModelConfig;
   const stored = readStored(dir, format);
   const expected = format.tensors(model).filter((t) => !t.zeros);
-  const tensors = new Map(expected.map((t) => [t.name, t]));
+  const tensors = new Map<string, HfTensor[]>();
+  for (const t of expected) tensors.set(t.name, [...(tensors.get(t.name) ?? []), t]);
   const byHf = new Set(expected.map((t) => t.hf));
   for (const t of expected) {
     const s = stored.get(t.hf);
@@ -240,14 +258,30 @@ export function loadHfWeights(h: HfDir, placements: readonly ParamPlacement[]): 
   const reader = new RangeReader(h.dir);
   try {
     for (const p of placements) {
-      const t = h.tensors.get(p.name);
-      if (!t) throw new CheckpointError(`${h.dir}: this model has a parameter '${p.name}' that a ${h.format.architecture} does not store; it is a different model`);
-      const want = t.transpose ? [t.shape[1]!, t.shape[0]!] : t.shape;
-      if (want.length !== p.shape.length || want.some((d, i) => d !== p.shape[i])) {
+      const parts = h.tensors.get(p.name);
+      if (!parts) throw new CheckpointError(`${h.dir}: this model has a parameter '${p.name}' that a ${h.format.architecture} does not store; it is a different model`);
+      const t = parts[0]!;
+      const want = paramShape(t);
+      if (want.length !== p.shape.length || want.some((d, i) => d !== p.shape[i]) || (t.stack && parts.length !== t.stack.count)) {
         throw new CheckpointError(`${h.dir}: '${t.hf}' holds [${want.join(', ')}] for parameter '${p.name}', which is [${p.shape.join(', ')}] in this model; it comes from a different model config`);
       }
-      const s = h.stored.get(t.hf)!;
-      fillHeld(p, (whole, n) => readElements(reader, s, t, whole, n));
+      if (!t.stack) {
+        const s = h.stored.get(t.hf)!;
+        fillHeld(p, (whole, n) => readElements(reader, s, t, whole, n));
+        continue;
+      }
+      // A stack: slice j is elements [j per, (j + 1) per) of the whole, read from its own tensor.
+      const per = t.shape.reduce((a, b) => a * b, 1);
+      fillHeld(p, (whole, n) => {
+        const pieces: Tensor[] = [];
+        for (let a = whole; a < whole + n;) {
+          const j = Math.floor(a / per), m = Math.min(whole + n, (j + 1) * per) - a;
+          const part = parts[j]!;
+          pieces.push(readElements(reader, h.stored.get(part.hf)!, part, a - j * per, m));
+          a += m;
+        }
+        return pieces.length === 1 ? pieces[0]! : cat(pieces, 0);
+      });
     }
   } finally {
     reader.close();
@@ -263,6 +297,12 @@ export function configDifferences(run: Record<string, unknown>, h: HfDir): strin
   const theirs = (h.format.resolve?.(h.model) ?? h.model) as Record<string, unknown>;
   for (const k of Object.keys(h.determined)) {
     if (k === 'dropout') continue;
+    if (k === 'moe') {
+      // The fields the directory's routing determines; the balance settings are the run's.
+      const a = (mine.moe ?? defaultMoEConfig) as unknown as Record<string, unknown>, b = theirs.moe as Record<string, unknown>;
+      for (const f of Object.keys(h.determined.moe as object)) if (a[f] !== b[f]) out.push(`moe.${f} is ${JSON.stringify(a[f])} here and ${JSON.stringify(b[f])} for ${HF_CONFIG}`);
+      continue;
+    }
     if (mine[k] !== theirs[k]) out.push(`model.${k} is ${JSON.stringify(run[k])} here and ${JSON.stringify(theirs[k])} in ${HF_CONFIG}`);
   }
   return out;
@@ -277,10 +317,12 @@ export function initFromHf(dir: string, placements: readonly ParamPlacement[], r
   if (runModel) {
     const diff = configDifferences(runModel, h);
     if (diff.length > 0) {
-      const set = Object.entries(h.determined).filter(([k]) => k !== 'dropout').map(([k, v]) => `${k} = ${typeof v === 'string' ? JSON.stringify(v) : v}`);
+      const line = ([k, v]: [string, unknown]) => `${k} = ${typeof v === 'string' ? JSON.stringify(v) : v}`;
+      const set = Object.entries(h.determined).filter(([k]) => k !== 'dropout' && k !== 'moe').map(line);
+      const moe = h.determined.moe ? `\n[moe]\n${Object.entries(h.determined.moe as object).map(line).join('\n')}` : '';
       throw new CheckpointError(
         `train.initFrom: ${dir} holds a ${h.format.architecture} that is not this run's model: ${diff.join('; ')}. ` +
-          `Set the [model] section to the directory's model:\n[model]\n${set.join('\n')}`,
+          `Set the [model] section to the directory's model:\n[model]\n${set.join('\n')}${moe}`,
       );
     }
   }
@@ -390,8 +432,9 @@ export interface HfWriteReport {
  * flotilla name (`params`; a tied head is absent). The directory appears whole or not at all.
  */
 export function writeHfDir(dir: string, spec: ModelSpec, cfg: Record<string, unknown>, params: Record<string, Tensor>, opts: SaveHfOptions = {}): HfWriteReport {
-  const format = spec.hf;
-  if (!format) throw new CheckpointError(`model.arch = "${spec.arch}" has no Hugging Face form; flotilla writes ${supported()}`);
+  if (!spec.hf) throw new CheckpointError(`model.arch = "${spec.arch}" has no Hugging Face form; flotilla writes ${supported()}`);
+  const format = hfFormatFor(spec, cfg);
+  if (!format) throw new CheckpointError(`this model has no Hugging Face form (${misfits(spec, cfg)}); export it as one file instead: flotilla export CHECKPOINT out.safetensors`);
   const out = resolve(dir);
   checkOutDir(out);
   const dtype = opts.dtype ?? 'float32';
@@ -404,7 +447,7 @@ export function writeHfDir(dir: string, spec: ModelSpec, cfg: Record<string, unk
     if (t.zeros) continue;
     const p = params[t.name];
     if (!p) throw new Error(`internal: the model has no parameter '${t.name}' for '${t.hf}'`);
-    const want = t.transpose ? [t.shape[1]!, t.shape[0]!] : t.shape;
+    const want = paramShape(t);
     if (p.shape.join(',') !== want.join(',')) throw new CheckpointError(`parameter '${t.name}' is [${p.shape.join(', ')}], its config implies [${want.join(', ')}]`);
   }
   // Shards as transformers cuts them: in order, a new one when the next tensor would pass the limit.
@@ -431,7 +474,8 @@ export function writeHfDir(dir: string, spec: ModelSpec, cfg: Record<string, unk
       tidy(() => {
         const tensors: Record<string, Tensor> = {};
         for (const t of shard) {
-          const src = t.zeros ? zeros(t.shape, { dtype }) : params[t.name]!.detach();
+          const whole = t.zeros ? zeros(t.shape, { dtype }) : params[t.name]!.detach();
+          const src = t.stack ? whole.select(0, t.stack.index) : whole;
           const laid = t.transpose ? src.t().contiguous() : src;
           tensors[t.hf] = laid.dtype === dtype ? laid : laid.to(dtype);
           weightMap[t.hf] = fileOf(k);
@@ -461,7 +505,7 @@ export function writeHfDir(dir: string, spec: ModelSpec, cfg: Record<string, unk
  * sharded with an index above maxShardSize, and opts.tokenizer as tokenizer.json.
  */
 export function savePretrained(model: Module, dir: string, opts: SaveHfOptions = {}): HfWriteReport {
-  for (const spec of hfSpecs()) {
+  for (const spec of modelArchs().map(modelSpec).filter((s) => s.hf !== undefined)) {
     const cfg = spec.hf!.configOf(model);
     if (cfg !== undefined) return writeHfDir(dir, spec, cfg as Record<string, unknown>, Object.fromEntries(model.namedParameters()), opts);
   }
@@ -476,11 +520,13 @@ export function exportCheckpointHf(arg: string, out: string, opts: Omit<SaveHfOp
   checkOutDir(resolve(out));
   const { meta, tensors } = consolidate(arg);
   try {
-    const model = { ...modelDefaults(), ...(meta.config.model ?? {}) } as ModelConfig;
-    if (Number(meta.config.moe?.experts ?? 0) > 0) {
-      throw new CheckpointError(`${arg} holds a mixture-of-experts model (moe.experts = ${meta.config.moe!.experts}), which has no Hugging Face form in flotilla; export it as one file instead: flotilla export ${arg} out.safetensors`);
-    }
+    const experts = Number(meta.config.moe?.experts ?? 0);
+    const model = { ...modelDefaults(), ...(meta.config.model ?? {}), ...(experts > 0 ? { moe: { ...defaultMoEConfig, ...meta.config.moe } } : {}) } as ModelConfig;
     const spec = modelSpec(model.arch);
+    if (experts > 0 && !hfFormatFor(spec, model as unknown as Record<string, unknown>)) {
+      const why = spec.hf ? ` (${misfits(spec, model as unknown as Record<string, unknown>)})` : '';
+      throw new CheckpointError(`${arg} holds a mixture-of-experts model (moe.experts = ${experts}), which has no Hugging Face form in flotilla${why}; export it as one file instead: flotilla export ${arg} out.safetensors`);
+    }
     const tok = (meta.config.data as { tokenizer?: unknown } | undefined)?.tokenizer;
     const tokenizer = typeof tok === 'string' && tok.endsWith('.json') && existsSync(tok) ? tok : undefined;
     const r = writeHfDir(out, spec, model as unknown as Record<string, unknown>, tensors, { ...opts, ...(tokenizer ? { tokenizer } : {}) });

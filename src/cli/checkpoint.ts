@@ -13,6 +13,7 @@ import { exportCheckpoint, withMoE } from '../checkpoint/export.js';
 import { CheckpointError, readMeta } from '../checkpoint/format.js';
 import { readSafetensorsHeader } from '../checkpoint/safetensors.js';
 import { UsageError } from './usage.js';
+import { modelEosIds } from '../inference/stop_ids.js';
 import { exportCheckpointHf, hfTokenizerSpec, isHfDir, loadHfInto, parseSize, readHfDir } from '../checkpoint/hf.js';
 import { exportMergedHf, exportPeft, readLoraCheckpoint, type LoraCheckpoint } from '../train/lora_export.js';
 import { attachPeftAdapter } from '../checkpoint/peft.js';
@@ -217,6 +218,8 @@ export async function generate(path: string, o: GenerateOptions): Promise<{ prom
       prompts = o.prompts.map((p) => (p === '' && eot !== undefined ? [eot] : Array.from(codec.encode(p))));
     }
     if (prompts.some((p) => p.length === 0)) throw new UsageError('generate: --prompt needs some text');
+    // The family's end ids (eos_token_id may be a list: end of turn and end of text) end a reply too.
+    for (const id of modelEosIds([isHfDir(path) ? path : undefined, tokenizerDirOf(tokenizer)])) if (!stop.includes(id)) stop.push(id);
     const out = generateTokens(model, prompts, {
       maxNewTokens: o.tokens, temperature: o.temperature, topK: o.topK, topP: o.topP, seed: o.seed >>> 0,
       ...(!o.ignoreEos ? { stopIds: stop } : {}),

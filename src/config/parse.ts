@@ -2,7 +2,7 @@
 // defaults, each value checked against its field, unknown names answered with a suggestion; and
 // writing one back as documented TOML (the run's saved config.toml).
 import { readFileSync, existsSync, statSync } from 'node:fs';
-import { dirname, resolve } from 'node:path';
+import { dirname, isAbsolute, resolve } from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import type { SourceEntry } from '../data/sources.js';
 import { hfTokenizerDir, tokenizerIdentity } from '../data/tokenizer.js';
@@ -10,6 +10,7 @@ import { configSchema, fieldsOf, schemaDefaults, sections, type AnyField, type F
 import { ConfigError } from './error.js';
 import { explainPaths, pathOrigins, resolveInputPaths } from './paths.js';
 import { validateConfig } from './validate.js';
+import { applyInitFromModel, initFromModel, type InitFromModel } from './init_from.js';
 
 function editDistance(a: string, b: string): number {
   const d = Array.from({ length: a.length + 1 }, (_, i) => [i, ...Array<number>(b.length).fill(0)]);
@@ -193,6 +194,42 @@ function checkRaw(table: Record<string, unknown>): { raw: RawConfig; problems: s
   return { raw, problems };
 }
 
+/** train.initFrom as the resolver will make it absolute ([Note: config paths]). */
+function initFromPath(cfg: RawConfig, fromCli: RawConfig, baseDir: string | undefined): string {
+  const v = String(cfg.train!.initFrom);
+  return isAbsolute(v) ? v : fromCli.train?.initFrom !== undefined || baseDir === undefined ? resolve(v) : resolve(baseDir, v);
+}
+
+/** Reads train.initFrom's model and fills the fields the user did not set; problems go to `problems`. */
+function initFromOf(cfg: RawConfig, fromFile: RawConfig, fromCli: RawConfig, baseDir: string | undefined, problems: string[]): InitFromModel | undefined {
+  if (typeof cfg.train!.initFrom !== 'string' || cfg.train!.initFrom === '') return undefined;
+  const set: RawConfig = {};
+  for (const layer of [fromFile, fromCli]) for (const [s, body] of Object.entries(layer)) Object.assign((set[s] ??= {}), body);
+  let from: InitFromModel | undefined;
+  try {
+    from = initFromModel(initFromPath(cfg, fromCli, baseDir));
+  } catch (e) {
+    problems.push(`train.initFrom: ${(e as Error).message}`);
+    return undefined;
+  }
+  if (from) problems.push(...applyInitFromModel(cfg, set, from));
+  return from;
+}
+
+/**
+ * A Hugging Face directory's tokenizer comes with it when data.tokenizer is left at its default;
+ * examples need one, so a directory without tokenizer.json is an error naming the fix.
+ */
+function initFromTokenizer(cfg: RawConfig, fromFile: RawConfig, fromCli: RawConfig, from: InitFromModel): string[] {
+  if (!from.hf || fromFile.data?.tokenizer !== undefined || fromCli.data?.tokenizer !== undefined) return [];
+  if (from.tokenizer !== undefined) {
+    cfg.data!.tokenizer = from.tokenizer;
+    return [];
+  }
+  if (cfg.data!.format === 'text') return [];
+  return [`data.format = ${JSON.stringify(cfg.data!.format)} needs the model's tokenizer, and train.initFrom is ${from.what}, which has no tokenizer.json: put the model's tokenizer.json and tokenizer_config.json in the directory, or set data.tokenizer`];
+}
+
 /**
  * Builds a config from TOML text and command-line overrides (which win), over the defaults.
  * `where` names the source in messages (the file path); `baseDir` is the directory relative paths
@@ -213,6 +250,8 @@ export function parseConfig(tomlText: string, overrides: readonly string[] = [],
   for (const layer of [fromFile.raw, fromCli.raw]) {
     for (const [s, body] of Object.entries(layer)) Object.assign(cfg[s]!, body);
   }
+  // train.initFrom's model fills [model] ([Note: initFrom model] in init_from.ts), its tokenizer data.tokenizer.
+  const from = initFromOf(cfg, fromFile.raw, fromCli.raw, baseDir, problems);
   for (const s of sections) {
     for (const [k, f] of Object.entries(fieldsOf(s)!)) {
       // TOML has no separate float syntax for whole numbers: 1 is accepted where a float is wanted.
@@ -220,6 +259,7 @@ export function parseConfig(tomlText: string, overrides: readonly string[] = [],
       if (problem) problems.push(problem);
     }
   }
+  if (problems.length === 0 && from !== undefined) problems.push(...initFromTokenizer(cfg, fromFile.raw, fromCli.raw, from));
   if (problems.length === 0) problems.push(...validateConfig(cfg as unknown as FlotillaConfig));
   if (problems.length > 0) throw new ConfigError(problems, where);
   const resolved = cfg as unknown as FlotillaConfig;

@@ -2,9 +2,8 @@
 // (src/checkpoint/hf.ts reads and writes the directories). GPT-2's Conv1D layers keep weights as
 // [in, out], the transpose of a Linear's; its c_attn is the same fused [q | k | v] projection as
 // the GPT's attn.qkv, so the map is one tensor to one tensor.
-import type { Module } from '../nn/module.js';
-import { GPT, type GPTConfig } from './gpt.js';
-import type { HfFormat, HfTensor } from './spec.js';
+import type { GPTConfig } from './gpt_config.js';
+import type { HfMap, HfTensor } from './spec.js';
 
 /** transformers' GPT2Config defaults, for the fields a config.json leaves out. */
 const GPT2_DEFAULTS = {
@@ -30,7 +29,7 @@ export function hfRequire(hf: Record<string, unknown>, field: string, dflt: unkn
   if (!ok.includes(v)) throw new Error(`config.json: ${field} = ${JSON.stringify(v)} is not supported; ${why}`);
 }
 
-export const gpt2Hf: HfFormat<GPTConfig> = {
+export const gpt2Hf: HfMap<GPTConfig> = {
   architecture: 'GPT2LMHeadModel',
   modelType: 'gpt2',
 
@@ -97,5 +96,5 @@ export const gpt2Hf: HfFormat<GPTConfig> = {
   // Checkpoints saved from GPT2Model (the original "gpt2" upload) have no "transformer." prefix.
   canonicalName: (stored) => (stored.startsWith('transformer.') || stored.startsWith('lm_head.') ? stored : `transformer.${stored}`),
 
-  configOf: (model: Module) => (model instanceof GPT ? { ...model.cfg } : undefined),
+  misfit: (cfg) => (cfg.moe && cfg.moe.experts > 0 ? 'it has no experts (moe.experts = 0)' : undefined),
 };

@@ -212,5 +212,5 @@ export const gptSpec: ModelSpec<GPTConfig> = {
   loss: gptCriterion,
   units: gptUnits,
   tensorPlan: (opts) => gptTensorPlan(opts),
-  hf: gpt2Hf,
+  hf: { ...gpt2Hf, configOf: (model) => (model instanceof GPT ? { ...model.cfg } : undefined) },
 };

@@ -1,18 +1,17 @@
 // The Llama's Hugging Face form over its families: a config.json is read by its model_type's
 // format, a model is written as its model.family's (LlamaForCausalLM, Qwen2ForCausalLM,
-// Qwen3ForCausalLM, MistralForCausalLM). A family is one entry in the map below (typed by llama_config.ts's list).
-import type { Module } from '../nn/module.js';
-import { Llama } from './llama.js';
+// Qwen3ForCausalLM, MistralForCausalLM). A family is one entry in the map below (typed by llama_config.ts's list). No
+// model class here (the spec adds configOf): a config resolves `[train] initFrom` with it before any rank starts.
 import { llamaFamilyProblems, resolveLlamaConfig, type LlamaConfig, type LlamaFamily } from './llama_config.js';
 import { llamaHf } from './llama_hf.js';
 import { qwen2Hf, qwen3Hf } from './qwen_hf.js';
 import { mistralHf } from './mistral_hf.js';
-import type { HfFormat } from './spec.js';
+import type { HfMap } from './spec.js';
 
-const byFamily: { readonly [F in LlamaFamily]: HfFormat<LlamaConfig> } = { llama: llamaHf, qwen2: qwen2Hf, qwen3: qwen3Hf, mistral: mistralHf };
+const byFamily: { readonly [F in LlamaFamily]: HfMap<LlamaConfig> } = { llama: llamaHf, qwen2: qwen2Hf, qwen3: qwen3Hf, mistral: mistralHf };
 
 /** The format a config's family is written as. */
-function formatOf(cfg: Partial<LlamaConfig>): HfFormat<LlamaConfig> {
+function formatOf(cfg: Partial<LlamaConfig>): HfMap<LlamaConfig> {
   const c = resolveLlamaConfig(cfg);
   // A parameter the family's class has no name for would be left out of the directory: refused.
   const [problem] = llamaFamilyProblems(c);
@@ -20,7 +19,7 @@ function formatOf(cfg: Partial<LlamaConfig>): HfFormat<LlamaConfig> {
   return byFamily[c.family];
 }
 
-export const llamaFamilyHf: HfFormat<LlamaConfig> = {
+export const llamaFamilyHf: HfMap<LlamaConfig> = {
   architecture: llamaHf.architecture,
   modelType: llamaHf.modelType,
   modelTypes: Object.fromEntries(Object.values(byFamily).map((f) => [f.modelType, f.architecture])),
@@ -35,6 +34,7 @@ export const llamaFamilyHf: HfFormat<LlamaConfig> = {
   toConfig: (cfg) => formatOf(cfg).toConfig(cfg),
   tensors: (cfg) => formatOf(cfg).tensors(cfg),
   ignored: llamaHf.ignored,
-  configOf: (model: Module) => (model instanceof Llama ? { ...model.cfg } : undefined),
+  // A Llama with experts is a MixtralForCausalLM (mixtral_hf.ts).
+  misfit: (cfg) => (cfg.moe && cfg.moe.experts > 0 ? 'it has no experts (moe.experts = 0)' : undefined),
   resolve: (cfg) => resolveLlamaConfig(cfg),
 };

@@ -2,10 +2,9 @@
 // name map (src/checkpoint/hf.ts reads and writes the directories). The model already computes
 // rotary positions in transformers' rotate-half convention, so q_proj and k_proj load as stored,
 // with no permutation, and every Linear is (out, in) on both sides.
-import type { Module } from '../nn/module.js';
-import { Llama, resolveLlamaConfig, type LlamaConfig } from './llama.js';
+import { resolveLlamaConfig, type LlamaConfig } from './llama_config.js';
 import { hfInt, hfRequire } from './gpt_hf.js';
-import type { HfFormat, HfTensor } from './spec.js';
+import type { HfMap, HfTensor } from './spec.js';
 
 /** transformers' LlamaConfig defaults, for the fields a config.json leaves out. */
 const LLAMA_DEFAULTS = {
@@ -43,7 +42,7 @@ function ropeScaling(hf: Record<string, unknown>): Record<string, unknown> {
   return { ropeScaling: 'llama3', ropeFactor: num('factor'), ropeLowFreqFactor: lo, ropeHighFreqFactor: hi, ropeOriginalMaxPositions: orig };
 }
 
-export const llamaHf: HfFormat<LlamaConfig> = {
+export const llamaHf: HfMap<LlamaConfig> = {
   architecture: 'LlamaForCausalLM',
   modelType: 'llama',
 
@@ -112,7 +111,6 @@ export const llamaHf: HfFormat<LlamaConfig> = {
   // The rotary frequencies older transformers saved with every layer.
   ignored: /^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$/,
 
-  configOf: (model: Module) => (model instanceof Llama ? { ...model.cfg } : undefined),
 
   resolve: (cfg) => resolveLlamaConfig(cfg),
 };

@@ -13,6 +13,7 @@ import { Llama, LlamaBlock, LlamaStage, resolveLlamaConfig, type LlamaConfig } f
 import { llamaRules } from './llama_config.js';
 import type { ModelSpec } from './spec.js';
 import { llamaFamilyHf } from './llama_family_hf.js';
+import { mixtralHf } from './mixtral_hf.js';
 
 /**
  * The Llama's tensor-parallel plan ([Note: tp styles]): q, k, v, gate and up column-parallel (each
@@ -100,5 +101,6 @@ export const llamaSpec: ModelSpec<LlamaConfig> = {
   loss: llamaCriterion,
   units: llamaUnits,
   tensorPlan: (opts) => llamaTensorPlan(opts),
-  hf: llamaFamilyHf,
+  hf: { ...llamaFamilyHf, configOf: (model) => (model instanceof Llama ? { ...model.cfg } : undefined) },
+  hfFamilies: [{ ...mixtralHf, configOf: (model) => (model instanceof Llama ? { ...model.cfg } : undefined) }],
 };

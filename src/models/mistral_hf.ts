@@ -4,7 +4,7 @@
 // "mistral" writes this class (llama_family_hf.ts).
 import { llamaFamilyProblems, resolveLlamaConfig, type LlamaConfig } from './llama_config.js';
 import { llamaHf } from './llama_hf.js';
-import type { HfFormat } from './spec.js';
+import type { HfMap } from './spec.js';
 
 /** transformers' MistralConfig defaults (Mistral 7B), for the fields a config.json leaves out. */
 const MISTRAL_DEFAULTS: Record<string, unknown> = {
@@ -21,7 +21,7 @@ function slidingWindow(hf: Record<string, unknown>): number {
   return w;
 }
 
-export const mistralHf: HfFormat<LlamaConfig> = {
+export const mistralHf: HfMap<LlamaConfig> = {
   architecture: 'MistralForCausalLM',
   modelType: 'mistral',
 
@@ -43,6 +43,5 @@ export const mistralHf: HfFormat<LlamaConfig> = {
 
   tensors: (cfg) => llamaHf.tensors(cfg),
   ignored: llamaHf.ignored,
-  configOf: (model) => llamaHf.configOf(model),
   resolve: (cfg) => resolveLlamaConfig(cfg),
 };

@@ -6,7 +6,9 @@
 // architectures is rules.ts's, so validating a config loads no model; this file completes each
 // built-in entry there with its spec. A new architecture is a config file with its rules (one line
 // in rules.ts's builtinRules), a file holding its spec (one line in builtinSpecs below, which the
-// type requires); a user's own is registerModel(spec).
+// type requires); a user's own is registerModel(spec). Its Hugging Face map (*_hf.ts, an HfMap)
+// imports no model class either (the spec adds configOf), so a config resolves `[train] initFrom =
+// HF_DIR` into [model] before any rank starts (rules.ts's builtinRules lists it).
 import type { ModelRules, ModelSpec } from './spec.js';
 import { gptSpec } from './gpt_parallel.js';
 import { llamaSpec } from './llama_parallel.js';

@@ -33,6 +33,14 @@ export interface ModelRules<C = any> {
    * model has them: what LoRA targets are checked against before any rank starts (src/nn/lora_targets.ts).
    */
   linears?(cfg: C): LinearShape[];
+  /**
+   * The architecture's Hugging Face map without the model class (HfMap): how a config resolves
+   * `[train] initFrom = HF_DIR` into its [model] section before any rank starts (src/config/init_from.ts).
+   * A spec's `hf` stands for it.
+   */
+  readonly hfMap?: HfMap<C>;
+  /** More Hugging Face maps of the architecture (MixtralForCausalLM for the Llama), as hfMap; a spec's hfFamilies stand for them. */
+  readonly hfFamilyMaps?: readonly HfMap<C>[];
 }
 
 export interface ModelSpec<C = any> extends ModelRules<C> {
@@ -51,6 +59,8 @@ export interface ModelSpec<C = any> extends ModelRules<C> {
   tensorPlan(opts: { sequenceParallel?: boolean; lossParallel?: boolean }): TpPlan | ((part: Module) => TpPlan);
   /** How the model reads and writes Hugging Face directories (src/checkpoint/hf.ts), when it can. */
   readonly hf?: HfFormat<C>;
+  /** More transformers classes that load into this architecture (MixtralForCausalLM: the Llama with [moe]); a model is written as the first of hf, then these, that fits its config (misfit). */
+  readonly hfFamilies?: readonly HfFormat<C>[];
 }
 
 /** One parameter as transformers stores it. */
@@ -65,6 +75,11 @@ export interface HfTensor {
   transpose?: boolean;
   /** Not a parameter of this config: written as zeros (a bias-free GPT's biases), not read. */
   zeros?: boolean;
+  /**
+   * One of `count` stored tensors stacked along flotilla's first dim: this one is slice `index` (an
+   * expert's Linear of a grouped (experts, in, out) stack). `shape` and `transpose` are the slice's.
+   */
+  stack?: { index: number; count: number };
 }
 
 /** An architecture's map to a transformers model class: the config fields and the tensor names. */
@@ -92,8 +107,13 @@ export interface HfFormat<C = any> {
   readonly ignored?: RegExp;
   /** Names older saves used, mapped to today's (GPT-2 checkpoints without the "transformer." prefix). */
   canonicalName?(stored: string): string;
+  /** Why this format cannot hold a model of this config (undefined: it can); a spec's formats are tried in order. */
+  misfit?(cfg: C): string | undefined;
   /** This architecture's whole-model config, when `model` is one of its models (savePretrained). */
   configOf(model: Module): C | undefined;
   /** The config with its derived fields (0 = from the others) filled in, to compare two configs. */
   resolve?(cfg: C): C;
 }
+
+/** An HfFormat without configOf, the one part that needs the model's class: kept in files that load no tensor library. */
+export type HfMap<C = any> = Omit<HfFormat<C>, 'configOf'>;

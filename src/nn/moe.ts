@@ -8,7 +8,8 @@
 // - Selection is a stable descending sort of the scores (plus the expert bias under
 //   balance = "bias"), so equal scores go to the lower expert index on every rank and every run.
 // - A token's weight for an expert is that expert's score (softmax probability or sigmoid), not
-//   renormalised over the chosen ones, so the router learns from the main loss at topK = 1 too.
+//   renormalised over the chosen ones, so the router learns from the main loss at topK = 1 too;
+//   normTopK renormalises them to sum 1 over the chosen ones (Mixtral's and Qwen3-MoE's forward).
 // - Capacity (capacityFactor > 0): an expert takes ceil(factor x topK x tokens / experts)
 //   assignments; first choices go before second ones, then tokens in order; the rest are dropped
 //   (the token keeps its residual). Which assignment went where is integer bookkeeping on the host:
@@ -229,7 +230,8 @@ export class MoE extends Module {
     });
     const shard = sequenceShard();
     const route = shard ? this.routeWhole(top, B, T, shard) : this.route(top.toArray() as BigInt64Array, N);
-    const gates = scores.gather(1, top.t()).t().reshape(k * N); // (k N), k-major as `top`
+    const chosen = scores.gather(1, top.t()); // (N, k)
+    const gates = (this.cfg.normTopK ? chosen.div(chosen.sum(-1, true)) : chosen).t().reshape(k * N); // (k N), k-major as `top`
 
     // The grouped computation: the kept assignments' rows, sorted by expert, through their experts.
     const tok = tensor(route.token), which = tensor(route.assignment);

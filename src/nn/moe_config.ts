@@ -17,6 +17,8 @@ export interface MoEConfig {
   hidden: number;
   /** Router scores: softmax over the experts, or each expert's own sigmoid. */
   router: MoERouter;
+  /** Weight a token's chosen experts by their scores renormalised to sum 1 (Mixtral, Qwen3-MoE's norm_topk_prob), not the raw scores. */
+  normTopK: boolean;
   /** "aux": the Switch auxiliary loss times auxCoeff; "bias": a per-expert selection bias moved after each step (no loss). */
   balance: MoEBalance;
   auxCoeff: number;
@@ -27,7 +29,7 @@ export interface MoEConfig {
 }
 
 export const defaultMoEConfig: MoEConfig = {
-  experts: 0, topK: 1, every: 1, sharedExperts: 0, hidden: 0, router: 'softmax', balance: 'aux', auxCoeff: 0.01, biasRate: 1e-3, capacityFactor: 0,
+  experts: 0, topK: 1, every: 1, sharedExperts: 0, hidden: 0, router: 'softmax', normTopK: false, balance: 'aux', auxCoeff: 0.01, biasRate: 1e-3, capacityFactor: 0,
 };
 
 /** Whether block `layer` (global index) has an MoE MLP. */
@@ -46,6 +48,7 @@ export function moeProblems(m: MoEConfig | undefined, nLayer: number): string[] 
   if (m.topK > m.experts) p.push(`moe.topK (${m.topK}) must be <= moe.experts (${m.experts}); lower moe.topK or raise moe.experts`);
   if (m.every > nLayer) p.push(`moe.every (${m.every}) is above model.nLayer (${nLayer}), so no block would have experts; lower moe.every`);
   if (m.router !== 'softmax' && m.router !== 'sigmoid') p.push(`moe.router must be "softmax" or "sigmoid", got ${JSON.stringify(m.router)}`);
+  if (typeof m.normTopK !== 'boolean') p.push(`moe.normTopK must be true or false, got ${JSON.stringify(m.normTopK)}`);
   if (m.balance !== 'aux' && m.balance !== 'bias') p.push(`moe.balance must be "aux" or "bias", got ${JSON.stringify(m.balance)}`);
   if (!(m.auxCoeff >= 0)) p.push(`moe.auxCoeff must be >= 0, got ${m.auxCoeff}`);
   if (!(m.biasRate >= 0)) p.push(`moe.biasRate must be >= 0, got ${m.biasRate}`);

@@ -219,7 +219,7 @@ export function loraRunModel(path: string): LoraRunModel {
   const model = applyRunLora(spec.build(modelCfg, { initSeed: config.train.seed }), config, spec, modelCfg);
   try {
     const placements = placementsOf(model.namedParameters());
-    initFrom(config.train.initFrom, frozenPlacements(placements), numParams, config.model as unknown as Record<string, unknown>);
+    initFrom(config.train.initFrom, frozenPlacements(placements), numParams, modelCfg as unknown as Record<string, unknown>);
     const trainable = trainablePlacements(placements);
     loadCheckpoint(dir, trainable, { numParams: trainable.reduce((a, p) => a + p.param.numel(), 0) });
   } catch (e) {

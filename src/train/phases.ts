@@ -213,14 +213,14 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
       header('elastic', `${launcherEnv().elastic}; ${describeLayout(layout)}${micro.why ? `; ${micro.why}` : ''}; no checkpoint yet: started again from step 0`);
     }
     if (lora) {
-      initFrom(cfg.train.initFrom, frozenPlacements(model.placements()), numParams, cfg.model as unknown as Record<string, unknown>);
+      initFrom(cfg.train.initFrom, frozenPlacements(model.placements()), numParams, modelConfigOf(cfg) as unknown as Record<string, unknown>);
       // [lora] adapter: a PEFT adapter's tensors continue training (each rank reads the ranges it holds).
       const fromPeft = resumedFrom === undefined && cfg.lora.adapter !== '';
       if (fromPeft) loadPeftAdapter(cfg.lora.adapter, placements(), { model: modelCfg as unknown as Record<string, unknown>, lora: cfg.lora });
       const adapters = resumedFrom !== undefined ? `adapters from step ${startStep}` : fromPeft ? `adapters from ${cfg.lora.adapter}, step 0` : 'new adapters (A from train.seed, B zero), step 0';
       header('init', `frozen base from ${cfg.train.initFrom}; ${adapters}`);
     } else if (resumedFrom === undefined && cfg.train.initFrom !== '') {
-      initFrom(cfg.train.initFrom, placements(), numParams, cfg.model as unknown as Record<string, unknown>);
+      initFrom(cfg.train.initFrom, placements(), numParams, modelConfigOf(cfg) as unknown as Record<string, unknown>);
       header('init', `weights from ${cfg.train.initFrom}; step 0, fresh optimizer state`);
     }
     // ---- DPO's reference ([Note: DPO reference] in reference.ts): the policy with its adapters off,
@@ -232,7 +232,7 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
         scope: (fn) => autocast(cfg.train.precision, fn),
         copy: () => {
           const copy = parallelize(withObjective(frozen(buildPlain()), criterion), mesh, plan);
-          if (cfg.train.initFrom !== '') initFrom(cfg.train.initFrom, copy.placements(), numParams, cfg.model as unknown as Record<string, unknown>);
+          if (cfg.train.initFrom !== '') initFrom(cfg.train.initFrom, copy.placements(), numParams, modelConfigOf(cfg) as unknown as Record<string, unknown>);
           return copy;
         },
       });

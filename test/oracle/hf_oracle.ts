@@ -28,10 +28,10 @@ export interface HfRef {
   greedy: number[];
 }
 
-/** The reference's logits (of HF_IDX) and greedy tokens (after HF_PROMPT) for each job, in one process. */
-export function hfReference(jobs: HfJob[]): HfRef[] {
+/** The reference's logits (of HF_IDX) and greedy tokens (after HF_PROMPT) for each job, in one process (`script`: test/oracle/<script>.py). */
+export function hfReference(jobs: HfJob[], script = 'hf_reference'): HfRef[] {
   const prompt = tensor(Int32Array.from(HF_PROMPT), { shape: [1, HF_PROMPT.length], dtype: 'int64' });
-  const r = runOracle('hf_reference', { idx: HF_IDX, prompt }, { greedy: GREEDY, jobs });
+  const r = runOracle(script, { idx: HF_IDX, prompt }, { greedy: GREEDY, jobs });
   prompt.dispose();
   return jobs.map((_, i) => ({ logits: r.tensors[`logits.${i}`]!, greedy: r.tensors[`greedy.${i}`]!.toNumbers() }));
 }

@@ -61,7 +61,8 @@ def moe(P, pre, x, m, kind):
             if used[e] >= cap:
                 continue
             used[e] += 1
-            rows[t] = rows[t] + scores[t, e] * expert(P, pre + 'experts.', e, xf[t:t + 1], kind)[0]
+            w = scores[t, e] / sum(scores[t, c] for c in top[t]) if m.get('normTopK', False) else scores[t, e]
+            rows[t] = rows[t] + w * expert(P, pre + 'experts.', e, xf[t:t + 1], kind)[0]
     out = torch.stack(rows)
     for s in range(m['sharedExperts']):
         out = out + expert(P, pre + 'shared.', s, xf, kind)
