@@ -14,6 +14,7 @@ import { noGrad, setNumThreads, tidy, zeros } from '../src/tensor/index.js';
 import { loadPretrained, savePretrained, readHfDir, loadHfWeights } from '../src/checkpoint/hf.js';
 import { exportCommand } from '../src/cli/checkpoint.js';
 import { initFrom } from '../src/train/checkpointing.js';
+import { initFromModel } from '../src/config/init_from.js';
 import { placementsOf } from '../src/parallel/placement.js';
 import { flotilla, ROOT } from './helpers/cli.js';
 import { generate, type CausalLM } from '../src/inference/generate.js';
@@ -91,6 +92,11 @@ test('savePretrained writes a Llama with [moe] as a MixtralForCausalLM (one Line
   assert.equal(wa.architecture, 'MixtralForCausalLM');
   const cfg = JSON.parse(readFileSync(join(outA, 'config.json'), 'utf8')) as Record<string, unknown>;
   assert.deepEqual([cfg.model_type, cfg.num_local_experts, cfg.num_experts_per_tok, cfg.intermediate_size, cfg.sliding_window], ['mixtral', 4, 2, 24, null]);
+  // As train.initFrom, the directory gives a run its [model] and [moe] before any rank starts.
+  const from = initFromModel(outA)!;
+  assert.match(from.what, /MixtralForCausalLM/);
+  assert.equal(from.sections.model!.arch, 'llama');
+  assert.deepEqual([from.sections.moe!.experts, from.sections.moe!.topK, from.sections.moe!.normTopK], [4, 2, true]);
   assert.deepEqual([...readHfDir(outA).stored.keys()].filter((k) => k.startsWith('model.layers.1.block_sparse_moe.')).sort(), [
     'model.layers.1.block_sparse_moe.experts.0.w1.weight', 'model.layers.1.block_sparse_moe.experts.0.w2.weight', 'model.layers.1.block_sparse_moe.experts.0.w3.weight',
     'model.layers.1.block_sparse_moe.experts.1.w1.weight', 'model.layers.1.block_sparse_moe.experts.1.w2.weight', 'model.layers.1.block_sparse_moe.experts.1.w3.weight',
