@@ -22,10 +22,10 @@
 import { type Tensor, tensor } from '../tensor/index.js';
 import { documentLayout } from '../nn/documents.js';
 import { IGNORE_INDEX, type MicroBatch, type SequenceTable } from '../parallel/parallel_model.js';
-import { globalBatchProblem } from './batch_split.js';
+import { BatchCursor } from './batch_cursor.js';
 import { ExampleCorpus, ExampleRows, PLANES, planesOf, type ExampleRowsSpec, type RowPlanes } from './examples.js';
-import { checkSeed, positiveInt, type Batch, type ExampleState, type LoaderState, type TrainLoader } from './loader.js';
-import { Prefetcher } from './prefetch.js';
+import { checkSeed, type Batch, type ExampleState, type LoaderState, type TrainLoader } from './loader.js';
+import type { PrefetchSource } from './prefetch.js';
 
 export interface ExampleLoaderOptions {
   sources: ExampleCorpus[];
@@ -58,15 +58,8 @@ export interface ExampleBatch extends MicroBatch {
   docIds: Int32Array;
 }
 
-export class ExampleLoader implements TrainLoader {
+export class ExampleLoader extends BatchCursor<ExampleBatch> implements TrainLoader {
   readonly sources: ExampleCorpus[];
-  readonly seqLen: number;
-  readonly globalBatch: number;
-  readonly dpRank: number;
-  readonly dpSize: number;
-  readonly microBatches: number;
-  readonly localBatch: number;
-  readonly microBatchSize: number;
   readonly pairs: boolean;
   readonly pack: boolean;
   readonly overflow: 'truncate' | 'drop';
@@ -74,37 +67,21 @@ export class ExampleLoader implements TrainLoader {
   readonly datasetKey: string;
   private rows: ExampleRows;
   private seedValue: number;
-  private stepValue = 0;
-  private microValue = 0;
-  private readonly prefetchDepth: number;
-  private prefetcher: Prefetcher | undefined;
   private readonly slot: Int32Array;
 
   constructor(private readonly o: ExampleLoaderOptions) {
+    super(o, o.prefetch ?? 0);
     if (o.sources.length === 0) throw new Error('loader: sources is empty; give at least one example dataset');
     const kinds = new Set(o.sources.map((s) => s.pairs));
     if (kinds.size > 1) throw new Error(`loader: preference data cannot be mixed with chat or completion data (${o.sources.map((s) => `${s.name}: ${s.kind}`).join(', ')})`);
     this.sources = o.sources;
     this.pairs = o.sources[0]!.pairs;
-    this.seqLen = positiveInt(o.seqLen, 'seqLen');
     if (this.pairs && this.seqLen < 2) throw new Error(`loader: a preference pair takes two documents of a row; data.seqLen = ${this.seqLen} is too short`);
-    this.globalBatch = positiveInt(o.globalBatch, 'globalBatch');
-    this.dpSize = positiveInt(o.dpSize ?? 1, 'dpSize');
-    this.microBatches = positiveInt(o.microBatches ?? 1, 'microBatches');
-    this.dpRank = o.dpRank ?? 0;
-    if (!Number.isInteger(this.dpRank) || this.dpRank < 0 || this.dpRank >= this.dpSize) {
-      throw new Error(`loader: dpRank ${this.dpRank} is outside 0..${this.dpSize - 1} (dpSize ${this.dpSize})`);
-    }
-    const split = globalBatchProblem({ globalBatch: this.globalBatch, microBatches: this.microBatches, dp: this.dpSize });
-    if (split) throw new Error(split);
-    this.localBatch = this.globalBatch / this.dpSize;
-    this.microBatchSize = this.localBatch / this.microBatches;
     this.pack = o.pack ?? false;
     this.overflow = o.overflow ?? 'truncate';
     this.epochs = o.epochs ?? 0;
     this.datasetKey = o.datasetKey ?? o.sources.map((s) => `${s.name}[${s.spec.lo},${s.spec.hi})`).join('+');
     this.seedValue = checkSeed(o.seed ?? 0);
-    this.prefetchDepth = o.prefetch ?? 0;
     this.rows = new ExampleRows(this.sources, this.rowsSpec());
     this.slot = new Int32Array(PLANES * this.microBatchSize * this.seqLen);
   }
@@ -121,12 +98,6 @@ export class ExampleLoader implements TrainLoader {
 
   get seed(): number {
     return this.seedValue;
-  }
-  get step(): number {
-    return this.stepValue;
-  }
-  get micro(): number {
-    return this.microValue;
   }
   /** Examples (or pairs) the rows are planned from. */
   get units(): number {
@@ -151,47 +122,17 @@ export class ExampleLoader implements TrainLoader {
       `${n(p.truncated)} truncated, ${n(p.dropped)} dropped (overflow = ${this.overflow}${this.rows.untrainedPairs > 0 ? `; ${n(this.rows.untrainedPairs)} of them pairs that a cut to ${this.seqLen} tokens would leave with a response of no trained token` : ''}); ${tail}`;
   }
 
-  localSampleIds(step: number): number[] {
-    void step;
-    const first = this.dpRank * this.localBatch;
-    return Array.from({ length: this.localBatch }, (_, i) => first + i);
-  }
-
-  microSampleIds(step: number, micro: number): number[] {
-    if (!Number.isInteger(micro) || micro < 0 || micro >= this.microBatches) {
-      throw new Error(`loader: micro-batch ${micro} is outside 0..${this.microBatches - 1}`);
-    }
-    return this.localSampleIds(step).slice(micro * this.microBatchSize, (micro + 1) * this.microBatchSize);
-  }
-
-  /** One micro-batch by position; does not move the cursor. */
-  batch(step: number, micro: number): ExampleBatch {
-    if (!Number.isInteger(step) || step < 0) throw new Error(`loader: step must be a non-negative integer, got ${step}`);
-    this.microSampleIds(step, micro);
+  protected read(step: number, micro: number): ExampleBatch {
     this.rows.fill(step, micro, planesOf(this.slot, this.microBatchSize * this.seqLen));
     return this.assemble(this.slot);
   }
 
-  next(): Batch & ExampleBatch {
-    const step = this.stepValue;
-    const micro = this.microValue;
-    let b: ExampleBatch;
-    if (this.prefetchDepth > 0) {
-      const pos = step * this.microBatches + micro;
-      if (!this.prefetcher || !this.prefetcher.serves(pos)) {
-        this.prefetcher?.close();
-        this.prefetcher = new Prefetcher({ kind: 'examples', spec: this.rowsSpec() }, pos, this.prefetchDepth);
-      }
-      b = this.prefetcher.take(pos, (slot) => this.assemble(slot));
-    } else {
-      b = this.batch(step, micro);
-    }
-    this.microValue++;
-    if (this.microValue === this.microBatches) {
-      this.microValue = 0;
-      this.stepValue++;
-    }
-    return { ...b, step, micro };
+  protected prefetchSource(): PrefetchSource {
+    return { kind: 'examples', spec: this.rowsSpec() };
+  }
+
+  protected fromSlot(slot: Int32Array): ExampleBatch {
+    return this.assemble(slot);
   }
 
   /** Tensors (copies: the native side takes ordinary buffers, and the slot is reused) of one slot's planes. */
@@ -225,12 +166,7 @@ export class ExampleLoader implements TrainLoader {
 
   /** Restores the cursor and seed; the geometry and the example fields must match the run that saved it. */
   loadStateDict(s: LoaderState): void {
-    if (s.globalBatch !== this.globalBatch || s.seqLen !== this.seqLen) {
-      throw new Error(
-        `loader state was saved with data.globalBatch=${s.globalBatch}, data.seqLen=${s.seqLen}; this run has ` +
-          `${this.globalBatch}, ${this.seqLen}: resume with the same values to read the same rows`,
-      );
-    }
+    this.checkState(s, 'rows');
     if (!s.examples) throw new Error('loader state was saved by a run on text (data.format = "text"); this run reads examples: resume with the data.format and data.source of that run');
     const mine = this.exampleState();
     if (s.examples.datasetKey !== mine.datasetKey) {
@@ -242,22 +178,11 @@ export class ExampleLoader implements TrainLoader {
         throw new Error(`loader state was saved with ${names[k]} = ${JSON.stringify(s.examples[k])}; this run has ${JSON.stringify(mine[k])}: resume with the same value to read the same rows`);
       }
     }
-    if (!Number.isInteger(s.step) || s.step < 0 || !Number.isInteger(s.micro) || s.micro < 0 || s.micro >= this.microBatches) {
-      throw new Error(`loader state has an invalid position (step ${s.step}, micro ${s.micro}) for ${this.microBatches} micro-batch(es)`);
-    }
     if (checkSeed(s.seed) !== this.seedValue) {
       this.seedValue = s.seed;
       this.rows = new ExampleRows(this.sources, this.rowsSpec());
     }
-    this.stepValue = s.step;
-    this.microValue = s.micro;
-    this.prefetcher?.close();
-    this.prefetcher = undefined;
-  }
-
-  close(): void {
-    this.prefetcher?.close();
-    this.prefetcher = undefined;
+    this.setPosition(s);
   }
 }
 

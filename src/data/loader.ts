@@ -20,8 +20,8 @@
 import { type Tensor, tensor } from '../tensor/index.js';
 import type { TokenArray } from './tokenizer.js';
 import { TokenCorpus } from './corpus_files.js';
-import { Prefetcher } from './prefetch.js';
-import { globalBatchProblem } from './batch_split.js';
+import type { PrefetchSource } from './prefetch.js';
+import { BatchCursor } from './batch_cursor.js';
 import { Sampler, type LoaderSource, type Sample, type SamplerSpec } from './sampler.js';
 import type { DocumentLayout } from '../nn/documents.js';
 import type { MicroBatch, SequenceTable } from '../parallel/parallel_model.js';
@@ -100,48 +100,21 @@ export interface LoaderState {
   examples?: ExampleState;
 }
 
-export function positiveInt(v: number, name: string): number {
-  if (!Number.isInteger(v) || v <= 0) throw new Error(`loader: ${name} must be a positive integer, got ${v}`);
-  return v;
-}
+export { positiveInt } from './batch_cursor.js';
 
-export class DataLoader implements TrainLoader {
+export class DataLoader extends BatchCursor<{ x: Tensor; y: Tensor }> implements TrainLoader {
   readonly sources: LoaderSource[];
-  readonly seqLen: number;
-  readonly globalBatch: number;
-  readonly dpRank: number;
-  readonly dpSize: number;
-  readonly microBatches: number;
-  /** Samples this rank reads per step (all micro-batches). */
-  readonly localBatch: number;
-  /** Samples per micro-batch on this rank (the B of each batch). */
-  readonly microBatchSize: number;
   private seedValue: number;
-  private stepValue = 0;
-  private microValue = 0;
   private readonly sampler: Sampler;
-  private readonly prefetchDepth: number;
-  private prefetcher: Prefetcher | undefined;
 
   constructor(o: LoaderOptions) {
+    super(o, o.prefetch ?? 0);
     if ((o.tokens === undefined) === (o.sources === undefined)) throw new Error('loader: give either tokens or sources');
     this.sources = o.sources ?? [{ corpus: TokenCorpus.fromArray(o.tokens!), weight: 1 }];
     if (this.sources.length === 0) throw new Error('loader: sources is empty; give at least one source');
     for (const s of this.sources) {
       if (!(Number.isFinite(s.weight) && s.weight > 0)) throw new Error(`loader: the weight of ${s.corpus.name} must be a positive number, got ${s.weight}`);
     }
-    this.seqLen = positiveInt(o.seqLen, 'seqLen');
-    this.globalBatch = positiveInt(o.globalBatch, 'globalBatch');
-    this.dpSize = positiveInt(o.dpSize ?? 1, 'dpSize');
-    this.microBatches = positiveInt(o.microBatches ?? 1, 'microBatches');
-    this.dpRank = o.dpRank ?? 0;
-    if (!Number.isInteger(this.dpRank) || this.dpRank < 0 || this.dpRank >= this.dpSize) {
-      throw new Error(`loader: dpRank ${this.dpRank} is outside 0..${this.dpSize - 1} (dpSize ${this.dpSize})`);
-    }
-    const split = globalBatchProblem({ globalBatch: this.globalBatch, microBatches: this.microBatches, dp: this.dpSize });
-    if (split) throw new Error(split);
-    this.localBatch = this.globalBatch / this.dpSize;
-    this.microBatchSize = this.localBatch / this.microBatches;
     for (const s of this.sources) {
       if (s.corpus.starts(this.seqLen + 1) === 0) {
         throw new Error(
@@ -153,7 +126,6 @@ export class DataLoader implements TrainLoader {
     this.seedValue = checkSeed(o.seed ?? 0);
     const geo = { seqLen: this.seqLen, globalBatch: this.globalBatch, dpRank: this.dpRank, dpSize: this.dpSize, microBatches: this.microBatches };
     this.sampler = new Sampler(this.sources, geo);
-    this.prefetchDepth = o.prefetch ?? 0;
   }
 
   /** The tokens of a single in-memory source (the original constructor's `tokens`). */
@@ -174,15 +146,6 @@ export class DataLoader implements TrainLoader {
   get seed(): number {
     return this.seedValue;
   }
-  /** Step of the next batch next() returns. */
-  get step(): number {
-    return this.stepValue;
-  }
-  /** Micro-batch of the next batch next() returns. */
-  get micro(): number {
-    return this.microValue;
-  }
-
   /** Window starts of the whole global batch of `step` (identical on every rank; with one in-memory source, token offsets). */
   sampleOffsets(step: number): number[] {
     return this.sampler.samples(this.seedValue, step).map((s) => s.window);
@@ -193,25 +156,7 @@ export class DataLoader implements TrainLoader {
     return this.sampler.samples(this.seedValue, step);
   }
 
-  /** Indices into the global batch that this rank reads at `step` (all its micro-batches, in order). */
-  localSampleIds(step: number): number[] {
-    void step; // the slice is the same every step; the argument keeps the contract open to shuffling
-    const first = this.dpRank * this.localBatch;
-    return Array.from({ length: this.localBatch }, (_, i) => first + i);
-  }
-
-  /** Indices into the global batch of one micro-batch of this rank. */
-  microSampleIds(step: number, micro: number): number[] {
-    if (!Number.isInteger(micro) || micro < 0 || micro >= this.microBatches) {
-      throw new Error(`loader: micro-batch ${micro} is outside 0..${this.microBatches - 1}`);
-    }
-    return this.localSampleIds(step).slice(micro * this.microBatchSize, (micro + 1) * this.microBatchSize);
-  }
-
-  /** The (x, y) of one micro-batch, by position; does not move the cursor. */
-  batch(step: number, micro: number): { x: Tensor; y: Tensor } {
-    if (!Number.isInteger(step) || step < 0) throw new Error(`loader: step must be a non-negative integer, got ${step}`);
-    this.microSampleIds(step, micro); // checks micro
+  protected read(step: number, micro: number): { x: Tensor; y: Tensor } {
     const T = this.seqLen;
     const B = this.microBatchSize;
     const xs = new Int32Array(B * T);
@@ -220,35 +165,19 @@ export class DataLoader implements TrainLoader {
     return this.toTensors(xs, ys);
   }
 
+  protected prefetchSource(): PrefetchSource {
+    return { kind: 'windows', spec: this.samplerSpec(), seed: this.seedValue };
+  }
+
+  protected fromSlot(slot: Int32Array): { x: Tensor; y: Tensor } {
+    // The native side takes ordinary buffers only: copy out of the shared ring.
+    const bt = this.microBatchSize * this.seqLen;
+    return this.toTensors(slot.slice(0, bt), slot.slice(bt, 2 * bt));
+  }
+
   private toTensors(xs: Int32Array, ys: Int32Array): { x: Tensor; y: Tensor } {
     const shape = [this.microBatchSize, this.seqLen];
     return { x: tensor(xs, { shape, dtype: 'int64' }), y: tensor(ys, { shape, dtype: 'int64' }) };
-  }
-
-  /** The next micro-batch; after the last micro-batch of a step the cursor moves to the next step. */
-  next(): Batch {
-    const step = this.stepValue;
-    const micro = this.microValue;
-    let x: Tensor;
-    let y: Tensor;
-    if (this.prefetchDepth > 0) {
-      const pos = step * this.microBatches + micro;
-      if (!this.prefetcher || !this.prefetcher.serves(pos)) {
-        this.prefetcher?.close();
-        this.prefetcher = new Prefetcher({ kind: 'windows', spec: this.samplerSpec(), seed: this.seedValue }, pos, this.prefetchDepth);
-      }
-      // The native side takes ordinary buffers only: copy out of the shared ring.
-      const bt = this.microBatchSize * this.seqLen;
-      ({ x, y } = this.prefetcher.take(pos, (slot) => this.toTensors(slot.slice(0, bt), slot.slice(bt, 2 * bt))));
-    } else {
-      ({ x, y } = this.batch(step, micro));
-    }
-    this.microValue++;
-    if (this.microValue === this.microBatches) {
-      this.microValue = 0;
-      this.stepValue++;
-    }
-    return { x, y, step, micro };
   }
 
   stateDict(): LoaderState {
@@ -260,26 +189,9 @@ export class DataLoader implements TrainLoader {
     if (s.examples) {
       throw new Error(`loader state was saved by a run on examples (data.format other than "text", data.pack = ${s.examples.pack}); this run reads text: resume with the data.format and data.source of that run`);
     }
-    if (s.globalBatch !== this.globalBatch || s.seqLen !== this.seqLen) {
-      throw new Error(
-        `loader state was saved with data.globalBatch=${s.globalBatch}, data.seqLen=${s.seqLen}; this run has ` +
-          `${this.globalBatch}, ${this.seqLen}: resume with the same values to read the same batches`,
-      );
-    }
-    if (!Number.isInteger(s.step) || s.step < 0 || !Number.isInteger(s.micro) || s.micro < 0 || s.micro >= this.microBatches) {
-      throw new Error(`loader state has an invalid position (step ${s.step}, micro ${s.micro}) for ${this.microBatches} micro-batch(es)`);
-    }
+    this.checkState(s, 'batches');
     this.seedValue = checkSeed(s.seed);
-    this.stepValue = s.step;
-    this.microValue = s.micro;
-    this.prefetcher?.close(); // it read ahead from the old position
-    this.prefetcher = undefined;
-  }
-
-  /** Stops the prefetch worker (if any). The loader still works afterwards, reading inline. */
-  close(): void {
-    this.prefetcher?.close();
-    this.prefetcher = undefined;
+    this.setPosition(s);
   }
 }
 
