@@ -30,12 +30,12 @@ const HOLDS_ALL_LONGEST = [
 // Of the files that take no launch slot (in-process tests, PyTorch oracles), the longest, most first.
 const FILLERS_LONGEST = [
   'moe_oracle', 'data_rss', 'hardening_files', 'optim_oracle', 'llama_oracle', 'engine_allocator', 'report_input', 'data_tokenizers',
-  'data_prepare', 'memory_training', 'pipeline_schedule', 'gpt_oracle', 'train_run_lock', 'hf_gpt2', 'hf_llama', 'train_trainer',
+  'data_prepare', 'memory_training', 'pipeline_schedule', 'gpt_oracle', 'train_run_lock', 'hf_gpt2', 'hf_llama', 'hf_mistral', 'hf_qwen3_moe', 'train_trainer',
 ];
 
 // Of the rest (they take launch slots, and run after the files above), the longest, most first.
 const REST_LONGEST = [
-  'chat_flow', 'dpo_train', 'dpo_layouts', 'chat_verify', 'example_loader', 'cp_ring_documents', 'lora_peft', 'lora_bf16_base', 'lora_layouts_more', 'lora_bf16_cli', 'lora_layouts', 'parallel_grads', 'hardening_teardown', 'checkpointing_activation_memory', 'cp_verify', 'parallel_user_model', 'data_train',
+  'chat_flow', 'dpo_train', 'dpo_layouts', 'chat_verify', 'example_loader', 'cp_ring_documents', 'mistral_layouts', 'cp_ring_window', 'lora_peft', 'lora_bf16_base', 'lora_layouts_more', 'lora_bf16_cli', 'lora_layouts', 'parallel_grads', 'hardening_teardown', 'checkpointing_activation_memory', 'cp_verify', 'parallel_user_model', 'data_train',
   'distributed_contract', 'config_paths', 'hf_train', 'cli_prepare_direct', 'tp_layers', 'cp_ring_attention', 'masked_layouts', 'masked_loss',
 ];
 

@@ -172,7 +172,7 @@ export const configSchema: Schema<FlotillaConfig> = {
       arch: { kind: 'string', default: gptRules.arch, doc: 'The architecture: "gpt" (GPT-2 style: learned positions, LayerNorm, GELU MLP; src/models/gpt.ts), "llama" (RMSNorm, rotary positions, grouped-query attention, SwiGLU, no biases; src/models/llama.ts), or one a script registered with registerModel. Fields marked (gpt) or (llama) apply to that architecture only.' },
       gelu: { kind: 'string', default: gpt.gelu!, choices: ['exact', 'tanh'], doc: '(gpt) The MLP\'s GELU: "exact" (erf), or "tanh" (the approximation GPT-2 was trained with, transformers\' gelu_new).' },
       nKvHead: { kind: 'int', default: llama.nKvHead, min: 0, doc: '(llama) Key/value heads (grouped-query attention): 1 = multi-query, model.nHead = multi-head; must divide model.nHead; 0 = model.nHead.' },
-      family: { kind: 'string', default: llama.family, choices: [...llamaFamilies], doc: '(llama) The Hugging Face family the model is read from and exported as: "llama" (LlamaForCausalLM), "qwen2" (Qwen2ForCausalLM, Qwen2.5: model.attnBias = "qkv"), "qwen3" (Qwen3ForCausalLM: model.qkNorm = true, model.attnBias "none" or "all"). Set from config.json when a directory is read.' },
+      family: { kind: 'string', default: llama.family, choices: [...llamaFamilies], doc: '(llama) The Hugging Face family the model is read from and exported as: "llama" (LlamaForCausalLM), "qwen2" (Qwen2ForCausalLM, Qwen2.5: model.attnBias = "qkv"), "qwen3" (Qwen3ForCausalLM: model.qkNorm = true, model.attnBias "none" or "all"), "mistral" (MistralForCausalLM: model.slidingWindow, 0 = sliding_window null). Set from config.json when a directory is read.' },
       attnBias: { kind: 'string', default: llama.attnBias, choices: [...llamaAttnBiases], doc: '(llama) Biases of the attention projections: "none" (Llama, Qwen3 by default), "qkv" (on q, k and v: Qwen2/2.5), "all" (q, k, v and o: attention_bias = true).' },
       qkNorm: { kind: 'bool', default: llama.qkNorm, doc: '(llama) RMSNorm of every query and key head (a weight of model.headDim each, before the rotary positions), as Qwen3.' },
       headDim: { kind: 'int', default: llama.headDim, min: 0, doc: '(llama) Width of one attention head; 0 = model.nEmbd / model.nHead.' },
@@ -184,6 +184,7 @@ export const configSchema: Schema<FlotillaConfig> = {
       ropeLowFreqFactor: { kind: 'float', default: llama.ropeLowFreqFactor, above: 0, doc: '(llama, ropeScaling = "llama3") rope_scaling.low_freq_factor.' },
       ropeHighFreqFactor: { kind: 'float', default: llama.ropeHighFreqFactor, above: 0, doc: '(llama, ropeScaling = "llama3") rope_scaling.high_freq_factor; above model.ropeLowFreqFactor.' },
       ropeOriginalMaxPositions: { kind: 'int', default: llama.ropeOriginalMaxPositions, min: 1, doc: '(llama, ropeScaling = "llama3") rope_scaling.original_max_position_embeddings.' },
+      slidingWindow: { kind: 'int', default: llama.slidingWindow, min: 0, doc: '(llama) Sliding-window attention (Mistral\'s sliding_window): a token reads the previous slidingWindow tokens of its document, itself included (query i reads key j when i - j < slidingWindow); 0 = full causal attention. Training (packed documents, context parallelism) and generation apply it; only model.family = "mistral" has one.' },
     },
   },
   moe: {

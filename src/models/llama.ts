@@ -113,14 +113,16 @@ export class RotaryTables {
 
   /**
    * The causal mask as an additive bias for `group` query heads stacked along the rows: (group T, T),
-   * 0 where a query may see a key and -inf where not. Kept per (dtype, T, group).
+   * 0 where a query may see a key and -inf where not; with cfg.slidingWindow = W > 0 query i sees
+   * keys j with i - W < j <= i only. Kept per (dtype, T, group).
    */
   causalBias(dtype: DType, T: number, group: number): Tensor {
     const key = `${dtype}:${T}:${group}`;
     let b = this.biases.get(key);
     if (!b) {
       b = noGrad(() => {
-        const allowed = ones([T, T], { dtype: 'bool' }).tril();
+        const W = this.cfg.slidingWindow;
+        const allowed = W > 0 ? ones([T, T], { dtype: 'bool' }).tril().triu(-(W - 1)) : ones([T, T], { dtype: 'bool' }).tril();
         return keep(zerosLike(allowed, { dtype }).maskedFill(allowed.logicalNot(), -Infinity).repeat(group, 1));
       });
       this.biases.set(key, b);
@@ -237,7 +239,7 @@ export class LlamaAttention extends Module {
     // Under context parallelism the tokens are chunks of longer sequences, rotated at their global
     // positions, and attention over the whole sequence comes from the shard ([Note: sequence shard]).
     // Packed rows restart positions at each document ([Note: documents]; under a shard, this rank's chunks of them).
-    const shard = sequenceShard(), docs = documents();
+    const shard = sequenceShard(), docs = documents(), window = this.rope.cfg.slidingWindow;
     const { cos, sinSigned } = docs ? this.rope.at(rd, docs.positions)
       : shard ? this.rope.at(rd, shard.positions(T).view(1, T))
         : typeof positions === 'number' ? this.rope.slice(rd, positions, T) : this.rope.at(rd, positions);
@@ -248,7 +250,7 @@ export class LlamaAttention extends Module {
     if (shard) {
       const [vc] = castFor('matmul', v) as [Tensor];
       const heads = (t: Tensor) => t.transpose(1, 2); // (B, n, T, hd)
-      return shard.attention(heads(qr), heads(kr), heads(vc.view(B, T, nkv, hd)), 1 / Math.sqrt(hd)).transpose(1, 2).reshape(B, T, nh * hd);
+      return shard.attention(heads(qr), heads(kr), heads(vc.view(B, T, nkv, hd)), 1 / Math.sqrt(hd), window).transpose(1, 2).reshape(B, T, nh * hd);
     }
     // Query head h uses key/value head h / group (repeat_kv's order): the group's query heads are
     // stacked along the rows, so k and v are never repeated. q: (B nkv, group T, hd), k^T: (B nkv, hd, T).
@@ -256,8 +258,8 @@ export class LlamaAttention extends Module {
     const kt = kr.transpose(1, 2).reshape(B * nkv, T, hd).transpose(1, 2);
     // One baddbmm: the scale is the GEMM's alpha (applied to the accumulated product, as matmul then
     // mul would), the causal mask an additive 0 / -inf bias: no separate passes over the (T, T) scores.
-    // Packed rows: causal within each document, a bias per row, kept for every layer.
-    const bias = docs ? docs.bias(qg.dtype, nkv, group) : this.rope.causalBias(qg.dtype, T, group).expand(B * nkv, group * T, T);
+    // Packed rows: causal within each document (and its window), a bias per row, kept for every layer.
+    const bias = docs ? docs.bias(qg.dtype, nkv, group, window) : this.rope.causalBias(qg.dtype, T, group).expand(B * nkv, group * T, T);
     let att = bias
       .baddbmm(qg, kt, { alpha: 1 / Math.sqrt(hd) })
       .view(B, nh, T, T);
@@ -463,7 +465,8 @@ export class Llama extends LlamaParts {
     const T = idx.shape[1]!;
     if (cache.length + T > this.cfg.blockSize) throw new Error(`Llama: ${cache.length + T} positions exceed blockSize ${this.cfg.blockSize}`);
     let x = this.wte.call(idx);
-    const allowed = cache.allowed(T);
+    // A sliding window masks keys older than the window; the cache keeps them (memory as without one).
+    const allowed = cache.allowed(T, this.cfg.slidingWindow);
     this.layers.items.forEach((b, i) => {
       const h = x.add(llamaAttentionDecode(b.attn, b.attnNorm.call(x), cache, i, allowed));
       x = h.add(b.mlp.call(b.mlpNorm.call(h)));

@@ -8,7 +8,7 @@ import { checkMoEConfig, isMoELayer, moeLayerParams, moeProblems, type MoEConfig
  * The Hugging Face families the Llama's options cover (what `flotilla export --format hf` writes and
  * which config.json it reads: llama_family_hf.ts). A new family is one entry here and its format.
  */
-export const llamaFamilies = ['llama', 'qwen2', 'qwen3'] as const;
+export const llamaFamilies = ['llama', 'qwen2', 'qwen3', 'mistral'] as const;
 export type LlamaFamily = (typeof llamaFamilies)[number];
 
 /** Biases of the attention projections: none (Llama), on q, k and v (Qwen2), or on all four (attention_bias = true). */
@@ -16,7 +16,7 @@ export const llamaAttnBiases = ['none', 'qkv', 'all'] as const;
 export type LlamaAttnBias = (typeof llamaAttnBiases)[number];
 
 export interface LlamaConfig {
-  /** The Hugging Face family it is exported as (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM). */
+  /** The Hugging Face family it is exported as (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM). */
   family: LlamaFamily;
   vocabSize: number;
   /** Longest context (max_position_embeddings). */
@@ -44,6 +44,11 @@ export interface LlamaConfig {
   attnBias: LlamaAttnBias;
   /** Qwen3's RMSNorm of each query and key head (weights of headDim, before rotary positions). */
   qkNorm: boolean;
+  /**
+   * Sliding-window attention (Mistral's sliding_window): query i reads key j only when
+   * i - j < slidingWindow (positions within its document); 0 = full causal attention.
+   */
+  slidingWindow: number;
   /** Mixture of experts (the [moe] section): an MoE MLP every moe.every blocks when moe.experts > 0. */
   moe?: MoEConfig;
 }
@@ -51,7 +56,7 @@ export interface LlamaConfig {
 export const defaultLlamaConfig: LlamaConfig = {
   vocabSize: 256, blockSize: 128, nLayer: 4, nHead: 4, nKvHead: 0, nEmbd: 128, headDim: 0, intermediateSize: 0,
   rmsNormEps: 1e-5, ropeTheta: 10000, ropeScaling: 'none', ropeFactor: 8, ropeLowFreqFactor: 1, ropeHighFreqFactor: 4,
-  ropeOriginalMaxPositions: 8192, dropout: 0, tieEmbeddings: false, family: 'llama', attnBias: 'none', qkNorm: false,
+  ropeOriginalMaxPositions: 8192, dropout: 0, tieEmbeddings: false, family: 'llama', attnBias: 'none', qkNorm: false, slidingWindow: 0,
 };
 
 /** Llama's MLP width for a model width: int(8/3 nEmbd) rounded up to a multiple of 64. */
@@ -66,6 +71,7 @@ export function resolveLlamaConfig(cfg: Partial<LlamaConfig>): LlamaConfig {
   for (const k of ['vocabSize', 'blockSize', 'nLayer', 'nHead', 'nEmbd'] as const) {
     if (!Number.isInteger(c[k]) || c[k] <= 0) throw new Error(`Llama: ${k} must be a positive integer, got ${c[k]}`);
   }
+  if (!Number.isInteger(c.slidingWindow) || c.slidingWindow < 0) throw new Error(`Llama: slidingWindow must be a whole number >= 0 (0 = full causal attention), got ${c.slidingWindow}`);
   if (c.nKvHead === 0) c.nKvHead = c.nHead;
   if (c.headDim === 0) {
     if (c.nEmbd % c.nHead !== 0) throw new Error(`Llama: nEmbd (${c.nEmbd}) must be divisible by nHead (${c.nHead}), or set headDim`);
@@ -100,9 +106,13 @@ export function llamaNumParams(cfg: Partial<LlamaConfig>): number {
  * What the config's family cannot express (its Hugging Face class has no such model): empty, or
  * one message naming the fields to set.
  */
-export function llamaFamilyProblems(m: Pick<LlamaConfig, 'family' | 'attnBias' | 'qkNorm'>): string[] {
+export function llamaFamilyProblems(m: Pick<LlamaConfig, 'family' | 'attnBias' | 'qkNorm'> & { slidingWindow?: number }): string[] {
   const where = `model.family = "${m.family}"`, got = `(got model.attnBias = "${m.attnBias}", model.qkNorm = ${m.qkNorm})`;
+  // Only MistralForCausalLM has a sliding window (Qwen's use_sliding_window is refused by qwen_hf.ts).
+  if ((m.slidingWindow ?? 0) > 0 && m.family !== 'mistral') return [`${where} has no sliding window: set model.family = "mistral" (MistralForCausalLM), or model.slidingWindow = 0 (got model.slidingWindow = ${m.slidingWindow})`];
   switch (m.family) {
+    case 'mistral':
+      return m.attnBias !== 'none' || m.qkNorm ? [`${where} (MistralForCausalLM) has no attention biases and no q/k norms: set model.attnBias = "none" and model.qkNorm = false ${got}`] : [];
     case 'llama':
       // (transformers' attention_bias would give all four; flotilla's LlamaForCausalLM map has none.)
       return m.attnBias !== 'none' || m.qkNorm ? [`${where} (LlamaForCausalLM) has no attention biases and no q/k norms: set model.attnBias = "none" and model.qkNorm = false, or model.family = "qwen2" or "qwen3" ${got}`] : [];
@@ -126,6 +136,8 @@ function llamaShapeProblems(m: LlamaConfig, ctx: ShapeContext): string[] {
   if (m.ropeScaling === 'llama3' && !(m.ropeHighFreqFactor > m.ropeLowFreqFactor)) {
     p.push(`model.ropeHighFreqFactor (${m.ropeHighFreqFactor}) must be above model.ropeLowFreqFactor (${m.ropeLowFreqFactor}) with model.ropeScaling = "llama3"`);
   }
+  const w = m.slidingWindow ?? 0;
+  if (!Number.isInteger(w) || w < 0) p.push(`model.slidingWindow (${w}) must be a whole number >= 0 (0 = full causal attention)`);
   if (ctx.seqLen > m.blockSize) p.push(`data.seqLen (${ctx.seqLen}) must be <= model.blockSize (${m.blockSize}); lower data.seqLen or raise model.blockSize`);
   const stages = ctx.pp * ctx.ppVirtualStages;
   if (ctx.pp > 1 && m.nLayer < stages) {
@@ -154,7 +166,7 @@ export const llamaRules: ModelRules<LlamaConfig> = {
     const c = resolveLlamaConfig(m);
     return `Llama ${c.nLayer} layers, ${c.nHead} heads (${c.nKvHead} key/value) of ${c.headDim}, width ${c.nEmbd}, MLP ${c.intermediateSize}, context ${c.blockSize}` +
       (c.ropeScaling === 'llama3' ? `, rope theta ${c.ropeTheta} scaled (llama3, factor ${c.ropeFactor})` : `, rope theta ${c.ropeTheta}`) + (c.tieEmbeddings ? ', tied head' : '') +
-      (c.attnBias !== 'none' ? `, attention biases (${c.attnBias})` : '') + (c.qkNorm ? ', q/k norms' : '') + (c.family !== 'llama' ? ` (${c.family})` : '');
+      (c.attnBias !== 'none' ? `, attention biases (${c.attnBias})` : '') + (c.qkNorm ? ', q/k norms' : '') + (c.family !== 'llama' ? ` (${c.family})` : '') + (c.slidingWindow ? `, sliding window ${c.slidingWindow}` : '');
   },
   numParams: (m) => llamaNumParams(m),
   linears(m) {

@@ -17,10 +17,13 @@ export interface DocumentLayout {
   readonly ids: Tensor;
   /** Under context parallelism: the whole rows' ids (B, T x cp) the ring masks with; ids/positions are this rank's chunks. */
   readonly full?: Tensor;
-  /** (B, 1, T, T) bool: query i may read key j (j <= i, same document). Built once, kept. */
-  allowed(): Tensor;
-  /** An additive mask (B x heads, group x T, T) of 0 / -inf in dtype, for the baddbmm attention forms. */
-  bias(dtype: DType, heads: number, group: number): Tensor;
+  /**
+   * (B, 1, T, T) bool: query i may read key j (j <= i, same document; with a sliding `window` > 0
+   * also i - j < window). Built once per window, kept.
+   */
+  allowed(window?: number): Tensor;
+  /** An additive mask (B x heads, group x T, T) of 0 / -inf in dtype, for the baddbmm attention forms (`window` as allowed's). */
+  bias(dtype: DType, heads: number, group: number, window?: number): Tensor;
   /** This rank's context-parallel chunks of positions and ids, with `full` the whole rows' ids. */
   chunked(group: ProcessGroup): DocumentLayout;
   dispose(): void;
@@ -70,30 +73,34 @@ export function documentLayout(positions: Int32Array, ids: Int32Array, B: number
 
 /** Whole rows on one process (or one pipeline stage, one tensor-parallel rank): the masks are built here. */
 class PackedRows implements DocumentLayout {
-  private allowedMask?: Tensor;
+  private readonly allowedMasks = new Map<number, Tensor>();
   private readonly biases = new Map<string, Tensor>();
   private readonly chunks = new Map<ProcessGroup, DocumentLayout>();
   private disposed = false;
   constructor(readonly positions: Tensor, readonly ids: Tensor) {}
 
-  allowed(): Tensor {
+  allowed(window = 0): Tensor {
     this.live();
-    if (!this.allowedMask) {
+    let m = this.allowedMasks.get(window);
+    if (!m) {
       const [, T] = this.ids.shape as [number, number];
-      this.allowedMask = noGrad(() => keep(tidy(() => {
+      m = noGrad(() => keep(tidy(() => {
         const same = this.ids.unsqueeze(2).eq(this.ids.unsqueeze(1)); // (B, T, T): query i, key j
-        return same.logicalAnd(ones([T, T], { dtype: 'bool' }).tril()).unsqueeze(1);
+        // Within a document positions advance with the index, so the window is on i - j.
+        const band = window > 0 ? ones([T, T], { dtype: 'bool' }).tril().triu(-(window - 1)) : ones([T, T], { dtype: 'bool' }).tril();
+        return same.logicalAnd(band).unsqueeze(1);
       })));
+      this.allowedMasks.set(window, m);
     }
-    return this.allowedMask;
+    return m;
   }
 
-  bias(dtype: DType, heads: number, group: number): Tensor {
+  bias(dtype: DType, heads: number, group: number, window = 0): Tensor {
     this.live();
-    const key = `${dtype}:${heads}:${group}`;
+    const key = `${dtype}:${heads}:${group}:${window}`;
     let b = this.biases.get(key);
     if (!b) {
-      const allowed = this.allowed();
+      const allowed = this.allowed(window);
       const [B, , T] = allowed.shape as [number, number, number, number];
       // Entry n heads + h of the batched product is row n's head h; its rows are `group` query
       // heads' T queries stacked (the Llama's grouped-query form): the same (T, T) mask each time.
@@ -119,7 +126,8 @@ class PackedRows implements DocumentLayout {
     this.disposed = true;
     for (const d of this.chunks.values()) d.dispose();
     for (const b of this.biases.values()) b.dispose();
-    this.allowedMask?.dispose();
+    for (const m of this.allowedMasks.values()) m.dispose();
+    this.allowedMasks.clear();
     this.positions.dispose();
     this.ids.dispose();
     this.chunks.clear();

@@ -41,15 +41,18 @@ export class KVCache {
   /**
    * Whether the next T queries may see each key, (B, 1, T, length + T) bool (undefined: all): causal, and never a
    * padding key, except a padding query's own (its row would otherwise be all -inf, and the NaN of
-   * its softmax would reach real rows through 0 x NaN in the next layer's products).
+   * its softmax would reach real rows through 0 x NaN in the next layer's products). With a sliding
+   * `window` > 0, a query at index i sees keys j with i - j < window only (left padding shifts a
+   * row's positions and indices alike, so the difference is the positions').
    */
-  allowed(T: number): Tensor | undefined {
-    // One new token with no padding sees every key: no mask at all (the common decoding step).
-    if (T === 1 && !this.padded) return undefined;
+  allowed(T: number, window = 0): Tensor | undefined {
     const Tk = this.length + T;
+    const windowed = window > 0 && Tk > window;
+    // One new token with no padding sees every key: no mask at all (the common decoding step).
+    if (T === 1 && !this.padded && !windowed) return undefined;
     const key = arange(0, Tk, 1, { dtype: 'int64' }).view(1, Tk);
     const query = arange(this.length, Tk, 1, { dtype: 'int64' }).view(T, 1);
-    const causal = key.le(query).view(1, 1, T, Tk);
+    const causal = (windowed ? key.le(query).logicalAnd(key.gt(query.sub(window))) : key.le(query)).view(1, 1, T, Tk);
     const self = key.eq(query).view(1, 1, T, Tk);
     const real = key.ge(this.padIds).view(this.batch, 1, 1, Tk); // (B, Tk): not padding
     return causal.logicalAnd(real.logicalOr(self));

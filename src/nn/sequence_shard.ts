@@ -15,9 +15,10 @@ export interface SequenceShard {
   /**
    * Causal attention of this rank's queries over the whole sequence's keys and values:
    * q (B, H, T, hd), k and v (B, Hkv, T, hd) with H a multiple of Hkv (query head h reads key/value
-   * head h / (H / Hkv)), scores scaled by `scale`. Returns (B, H, T, hd) in q's dtype.
+   * head h / (H / Hkv)), scores scaled by `scale`. With a sliding `window` > 0 a query at global
+   * index i reads keys j with i - j < window only. Returns (B, H, T, hd) in q's dtype.
    */
-  attention(q: Tensor, k: Tensor, v: Tensor, scale: number): Tensor;
+  attention(q: Tensor, k: Tensor, v: Tensor, scale: number, window?: number): Tensor;
   /**
    * Every rank's part of t (B, T, ...) gathered into whole sequences (B, T x ranks, ...), tokens in
    * their global order: for decisions taken over all the tokens of a batch (an MoE layer's routing,

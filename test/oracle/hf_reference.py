@@ -1,4 +1,5 @@
-"""Reference forwards of transformers' GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM, written from the published
+"""Reference forwards of transformers' GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and
+MistralForCausalLM (the Llama with a sliding attention window: query i reads key j when i - j < sliding_window), written from the published
 model descriptions on transformers' tensor names and layouts (transformers itself is not installed), and
 the Hugging Face directory layout (config.json, model.safetensors or shards + model.safetensors.index.json).
 
@@ -53,6 +54,15 @@ def llama_cfg(c):
     return d
 
 
+def mistral_cfg(c):
+    # MistralConfig's defaults (Mistral 7B), then the Llama's fields it shares; sliding_window None = full causal.
+    d = dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+             num_key_value_heads=8, head_dim=None, max_position_embeddings=4096 * 32, rms_norm_eps=1e-6, rope_theta=10000.0,
+             sliding_window=4096, tie_word_embeddings=False, hidden_act='silu')
+    d.update(c)
+    return llama_cfg(d)
+
+
 def expected(config):
     """{name: shape} of the state dict transformers saves for this config (a tied head not stored)."""
     out = {}
@@ -73,8 +83,8 @@ def expected(config):
         out['transformer.ln_f.bias'] = [C]
         if not c['tie_word_embeddings']:
             out['lm_head.weight'] = [c['vocab_size'], C]
-    elif config['model_type'] in ('llama', 'qwen2', 'qwen3'):
-        c = llama_cfg(config)
+    elif config['model_type'] in ('llama', 'qwen2', 'qwen3', 'mistral'):
+        c = mistral_cfg(config) if config['model_type'] == 'mistral' else llama_cfg(config)
         qkv_bias = config['model_type'] == 'qwen2' or (config['model_type'] == 'qwen3' and c['attention_bias'])
         o_bias = config['model_type'] == 'qwen3' and c['attention_bias']
         C, hd, I = c['hidden_size'], c['head_dim'], c['intermediate_size']
@@ -179,13 +189,18 @@ def linear(h, P, name):
 
 def llama_forward(P, c, idx):
     qwen3 = c['model_type'] == 'qwen3'
-    c = llama_cfg(c)
+    c = mistral_cfg(c) if c['model_type'] == 'mistral' else llama_cfg(c)
     B, T = idx.shape
     nh, nkv, hd, eps = c['num_attention_heads'], c['num_key_value_heads'], c['head_dim'], c['rms_norm_eps']
     freqs = torch.arange(T, dtype=torch.float64)[:, None] * rope_inv_freq(c)[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos(), emb.sin()  # (T, hd)
     causal = torch.ones(T, T, dtype=torch.bool).tril()
+    W = c.get('sliding_window') if c['model_type'] == 'mistral' else None  # (Qwen's is off: use_sliding_window false)
+    if W is not None:
+        # Mistral's sliding window: query i reads key j only when j > i - W.
+        qi, kj = torch.arange(T)[:, None], torch.arange(T)[None, :]
+        causal = causal & (kj > qi - W)
     x = P['model.embed_tokens.weight'][idx]
     for i in range(c['num_hidden_layers']):
         p = lambda n: P[f'model.layers.{i}.{n}']  # noqa: E731

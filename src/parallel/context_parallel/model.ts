@@ -31,10 +31,10 @@ export function ringShard(group: ProcessGroup): SequenceShard & { attentionCalls
       const c = T / 2;
       return cat([arange(a * c, (a + 1) * c), arange(b * c, (b + 1) * c)]);
     },
-    attention(q, k, v, scale) {
+    attention(q, k, v, scale, window) {
       this.attentionCalls++;
       // Packed rows: every rank holds the whole rows' document ids ([Note: ring documents]).
-      return ringAttention(q, k, v, group, scale, documents()?.full);
+      return ringAttention(q, k, v, group, scale, documents()?.full, undefined, window);
     },
     wholeSequences(t) {
       const C = group.size, c = t.shape[1]! / 2;

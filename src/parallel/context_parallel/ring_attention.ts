@@ -36,7 +36,13 @@
 // keys all lie in documents that end before any of its queries' begins (for every row) is skipped
 // outright: the ids are non-decreasing along a row, so that is two numbers per row, decided on the
 // CPU in forward and kept for backward.
-import { type Tensor, type DType, cat, defineFunction, empty, ones, stack, tidy, zerosLike } from '../../tensor/index.js';
+//
+// [Note: ring window] Sliding-window attention (a query at global index i reads keys j with
+// i - j < window): a block's mask also masks the keys at or beyond the window (from the chunks'
+// global indices; within a document the index difference is the position difference), and a block
+// whose nearest key is already outside the window for its first query is skipped outright, like a
+// block of earlier documents. Rows left with no key in a block merge with weight 0 as above.
+import { type Tensor, type DType, arange, cat, defineFunction, empty, ones, stack, tidy, zerosLike } from '../../tensor/index.js';
 import type { ProcessGroup } from '../../distributed/process_group.js';
 
 /** The global chunk indices of cp rank r's two halves ([Note: load-balanced chunks]). */
@@ -70,9 +76,11 @@ interface Geometry {
   mine: [number, number];
   /** Packed rows: every token's document id (B, T x cp, the whole rows), as a tensor and on the host. */
   docs?: { ids: Tensor; host: number[]; T: number };
+  /** Sliding window (0 = full causal): [Note: ring window]. */
+  window: number;
 }
 
-/** Blocks computed and skipped (documents only), for tests and for the curious. */
+/** Blocks computed and skipped (documents and windows only), for tests and for the curious. */
 export interface RingStats { computed: number; skipped: number }
 
 /** Query half h (B, H, c, hd) as (B, Hkv, g c, hd) in the accumulating dtype. */
@@ -104,7 +112,9 @@ function scores(qh: Tensor, k: Tensor, masked: Tensor | undefined, geo: Geometry
  * is masked too); undefined when nothing is.
  */
 function maskOf(qChunk: number, kChunks: readonly [number, number], n: number, diagonal: boolean, geo: Geometry): Tensor | undefined {
-  const causal = diagonal ? blockMask(n, geo) : undefined;
+  const diag = diagonal ? blockMask(n, geo) : undefined;
+  const outside = windowMask(qChunk, kChunks, n, geo);
+  const causal = diag && outside ? diag.logicalOr(outside) : diag ?? outside;
   const ids = geo.docs?.ids;
   if (!ids) return causal;
   const { c, g } = geo;
@@ -115,13 +125,28 @@ function maskOf(qChunk: number, kChunks: readonly [number, number], n: number, d
 }
 
 /**
+ * Keys of the block at or beyond the window of its queries, (g c, n c) bool ([Note: ring window]);
+ * undefined when every key is within every query's window (or there is no window).
+ */
+function windowMask(qChunk: number, kChunks: readonly [number, number], n: number, geo: Geometry): Tensor | undefined {
+  const { c, g, window } = geo;
+  if (window <= 0 || qChunk * c + c - 1 - kChunks[0] * c < window) return undefined;
+  const chunk = (k: number) => arange(k * c, k * c + c, 1, { dtype: 'int64' });
+  const q = chunk(qChunk).view(c, 1);
+  const k = (n === 1 ? chunk(kChunks[0]) : cat([chunk(kChunks[0]), chunk(kChunks[1])], 0)).view(1, n * c);
+  return q.sub(k).ge(window).repeat(g, 1);
+}
+
+/**
  * Whether no query of chunk qChunk reads any of the first n key chunks, in any row: the last of
- * those keys is in an earlier document than the chunk's first query ([Note: ring documents]).
+ * those keys is in an earlier document than the chunk's first query ([Note: ring documents]), or
+ * beyond its window ([Note: ring window]).
  */
 function skippable(qChunk: number, kChunks: readonly [number, number], n: number, geo: Geometry): boolean {
+  const lastKey = (kChunks[n - 1]! + 1) * geo.c - 1, firstQuery = qChunk * geo.c;
+  if (geo.window > 0 && firstQuery - lastKey >= geo.window) return true;
   const d = geo.docs;
   if (!d) return false;
-  const lastKey = (kChunks[n - 1]! + 1) * geo.c - 1, firstQuery = qChunk * geo.c;
   for (let b = 0; b < geo.B; b++) if (d.host[b * d.T + lastKey]! >= d.host[b * d.T + firstQuery]!) return false;
   return true;
 }
@@ -131,14 +156,14 @@ function keyChunksAt(step: number, geo: Geometry, cp: number, rank: number): [nu
   return chunksOf((rank - step + cp) % cp, cp);
 }
 
-const ringAttentionFn = defineFunction<[Tensor, Tensor, Tensor, ProcessGroup, number, Tensor | undefined, RingStats | undefined]>({
-  forward(ctx, q, k, v, group, scale, docIds, stats) {
+const ringAttentionFn = defineFunction<[Tensor, Tensor, Tensor, ProcessGroup, number, Tensor | undefined, RingStats | undefined, number]>({
+  forward(ctx, q, k, v, group, scale, docIds, stats, window) {
     const [B, H, T, hd] = q.shape as [number, number, number, number];
     const Hkv = k.shape[1]!, C = group.size, r = group.rank, c = T / 2;
     const acc: DType = q.dtype === 'float64' ? 'float64' : 'float32';
     const geo: Geometry = {
       B, H, Hkv, g: H / Hkv, T, c, hd, scale, acc, mine: chunksOf(r, C),
-      docs: docIds ? { ids: docIds, host: docIds.toNumbers(), T: docIds.shape[1]! } : undefined,
+      docs: docIds ? { ids: docIds, host: docIds.toNumbers(), T: docIds.shape[1]! } : undefined, window,
     };
     // Which blocks run, decided here and kept for backward: skip[s][h].
     const skip: boolean[][] = [];
@@ -241,7 +266,7 @@ const ringAttentionFn = defineFunction<[Tensor, Tensor, Tensor, ProcessGroup, nu
     }
     const dk = dPair.select(0, 0).to(k!.dtype), dv = dPair.select(0, 1).to(v!.dtype);
     const dqAll = cat(dq.map((t) => t.view(B, H, c, hd)), 2).to(q!.dtype);
-    return [dqAll, dk, dv, undefined, undefined, undefined, undefined];
+    return [dqAll, dk, dv, undefined, undefined, undefined, undefined, undefined];
   },
 }, 'RingAttention');
 
@@ -250,14 +275,16 @@ const ringAttentionFn = defineFunction<[Tensor, Tensor, Tensor, ProcessGroup, nu
  * `group` as [Note: load-balanced chunks] says: q (B, H, 2c, hd), k and v (B, Hkv, 2c, hd) ->
  * (B, H, 2c, hd). On a group of one it is plain causal attention, computed blockwise. With
  * `docIds`, the whole rows' document ids (B, 2c x cp), a query reads only its own document's keys
- * ([Note: ring documents]); `stats` counts the blocks computed and skipped.
+ * ([Note: ring documents]); `stats` counts the blocks computed and skipped. A sliding `window` > 0
+ * limits a query at global index i to keys j with i - j < window ([Note: ring window]).
  */
-export function ringAttention(q: Tensor, k: Tensor, v: Tensor, group: ProcessGroup, scale: number, docIds?: Tensor, stats?: RingStats): Tensor {
+export function ringAttention(q: Tensor, k: Tensor, v: Tensor, group: ProcessGroup, scale: number, docIds?: Tensor, stats?: RingStats, window = 0): Tensor {
   const [B, H, T] = q.shape as [number, number, number, number];
   if (T % 2 !== 0) throw new Error(`ringAttention: a rank holds two equal chunks of each sequence, got ${T} tokens`);
   if (H % k.shape[1]! !== 0) throw new Error(`ringAttention: ${H} query heads do not group over ${k.shape[1]} key/value heads`);
   if (docIds && (docIds.ndim !== 2 || docIds.shape[0] !== B || docIds.shape[1] !== T * group.size)) {
     throw new Error(`ringAttention: document ids of shape [${docIds.shape}] are not the whole rows [${B}, ${T * group.size}] (${T} tokens on each of ${group.size} ranks)`);
   }
-  return ringAttentionFn(q, k, v, group, scale, docIds, stats);
+  if (!Number.isInteger(window) || window < 0) throw new Error(`ringAttention: window must be a whole number >= 0, got ${window}`);
+  return ringAttentionFn(q, k, v, group, scale, docIds, stats, window);
 }
