@@ -30,7 +30,7 @@ const HOLDS_ALL_LONGEST = [
 // Of the files that take no launch slot (in-process tests, PyTorch oracles), the longest, most first.
 const FILLERS_LONGEST = [
   'moe_oracle', 'data_rss', 'hardening_files', 'optim_oracle', 'llama_oracle', 'engine_allocator', 'report_input', 'data_tokenizers',
-  'data_prepare', 'memory_training', 'pipeline_schedule', 'gpt_oracle', 'train_run_lock', 'hf_gpt2', 'hf_llama', 'hf_mistral', 'train_trainer',
+  'data_prepare', 'memory_training', 'pipeline_schedule', 'gpt_oracle', 'train_run_lock', 'hf_gpt2', 'hf_llama', 'hf_mistral', 'hf_qwen3_moe', 'train_trainer',
 ];
 
 // Of the rest (they take launch slots, and run after the files above), the longest, most first.

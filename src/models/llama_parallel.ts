@@ -14,6 +14,7 @@ import { llamaRules } from './llama_config.js';
 import type { ModelSpec } from './spec.js';
 import { llamaFamilyHf } from './llama_family_hf.js';
 import { mixtralHf } from './mixtral_hf.js';
+import { qwen3MoeHf } from './qwen3_moe_hf.js';
 
 /**
  * The Llama's tensor-parallel plan ([Note: tp styles]): q, k, v, gate and up column-parallel (each
@@ -102,5 +103,5 @@ export const llamaSpec: ModelSpec<LlamaConfig> = {
   units: llamaUnits,
   tensorPlan: (opts) => llamaTensorPlan(opts),
   hf: { ...llamaFamilyHf, configOf: (model) => (model instanceof Llama ? { ...model.cfg } : undefined) },
-  hfFamilies: [{ ...mixtralHf, configOf: (model) => (model instanceof Llama ? { ...model.cfg } : undefined) }],
+  hfFamilies: [mixtralHf, qwen3MoeHf].map((f) => ({ ...f, configOf: (model) => (model instanceof Llama ? { ...model.cfg } : undefined) })),
 };

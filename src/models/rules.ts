@@ -8,12 +8,13 @@ import { llamaRules } from './llama_config.js';
 import { gpt2Hf } from './gpt_hf.js';
 import { llamaFamilyHf } from './llama_family_hf.js';
 import { mixtralHf } from './mixtral_hf.js';
+import { qwen3MoeHf } from './qwen3_moe_hf.js';
 
 /**
  * The built-in architectures by name, with their Hugging Face maps (a config resolves
  * `[train] initFrom = HF_DIR` with them); registry.ts gives each its spec (typed by this list).
  */
-export const builtinRules = { gpt: { ...gptRules, hfMap: gpt2Hf }, llama: { ...llamaRules, hfMap: llamaFamilyHf, hfFamilyMaps: [mixtralHf] } } as const;
+export const builtinRules = { gpt: { ...gptRules, hfMap: gpt2Hf }, llama: { ...llamaRules, hfMap: llamaFamilyHf, hfFamilyMaps: [mixtralHf, qwen3MoeHf] } } as const;
 export type BuiltinArch = keyof typeof builtinRules;
 
 /** Every known architecture: its rules, or its whole spec once registry.ts (or registerModel) gave it. */
