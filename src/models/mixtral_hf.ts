@@ -11,6 +11,10 @@ import { resolveLlamaConfig, type LlamaConfig } from './llama_config.js';
 import { llamaHf } from './llama_hf.js';
 import { hfInt, hfRequire } from './gpt_hf.js';
 import type { HfMap, HfTensor } from './spec.js';
+import { expertTensors, type ExpertNames } from './moe_hf.js';
+
+/** Mixtral's names: block_sparse_moe.gate, experts.j.w1 (gate), w3 (up), w2 (down). */
+const MIXTRAL_EXPERTS: ExpertNames = { router: 'gate.weight', gate: (j) => `experts.${j}.w1.weight`, up: (j) => `experts.${j}.w3.weight`, down: (j) => `experts.${j}.w2.weight` };
 
 /** transformers' MixtralConfig defaults, for the fields a config.json leaves out. */
 const MIXTRAL_DEFAULTS = {
@@ -62,16 +66,7 @@ export const mixtralHf: HfMap<LlamaConfig> = {
       out.push(t);
       const layer = /^layers\.(\d+)\.mlpNorm\.weight$/.exec(t.name)?.[1];
       if (layer === undefined) continue;
-      const f = `layers.${layer}.mlp.`, h = `model.layers.${layer}.block_sparse_moe.`;
-      out.push({ name: `${f}router`, hf: `${h}gate.weight`, shape: [E, C] });
-      for (let j = 0; j < E; j++) {
-        const stack = { index: j, count: E };
-        out.push(
-          { name: `${f}experts.gate`, hf: `${h}experts.${j}.w1.weight`, shape: [H, C], transpose: true, stack },
-          { name: `${f}experts.down`, hf: `${h}experts.${j}.w2.weight`, shape: [C, H], transpose: true, stack },
-          { name: `${f}experts.up`, hf: `${h}experts.${j}.w3.weight`, shape: [H, C], transpose: true, stack },
-        );
-      }
+      out.push(...expertTensors(layer, `model.layers.${layer}.block_sparse_moe.`, MIXTRAL_EXPERTS, E, C, H));
     }
     return out;
   },

@@ -12,6 +12,10 @@ import { llamaFamilyProblems, resolveLlamaConfig, type LlamaConfig } from './lla
 import { qwen3Hf } from './qwen_hf.js';
 import { hfInt } from './gpt_hf.js';
 import type { HfMap, HfTensor } from './spec.js';
+import { expertTensors, type ExpertNames } from './moe_hf.js';
+
+/** Qwen3-MoE's names: mlp.gate, mlp.experts.j.{gate,up,down}_proj. */
+const QWEN3_MOE_EXPERTS: ExpertNames = { router: 'gate.weight', gate: (j) => `experts.${j}.gate_proj.weight`, up: (j) => `experts.${j}.up_proj.weight`, down: (j) => `experts.${j}.down_proj.weight` };
 
 /** transformers' Qwen3MoeConfig defaults, for the fields a config.json leaves out (head_dim: hidden_size / num_attention_heads). */
 const QWEN3_MOE_DEFAULTS = {
@@ -78,16 +82,7 @@ export const qwen3MoeHf: HfMap<LlamaConfig> = {
       if (sparse && /\.mlp\./.test(t.name)) continue;
       out.push(t);
       if (!sparse || !t.name.endsWith('.mlpNorm.weight')) continue;
-      const f = `layers.${layer}.mlp.`, h = `model.layers.${layer}.mlp.`;
-      out.push({ name: `${f}router`, hf: `${h}gate.weight`, shape: [E, C] });
-      for (let j = 0; j < E; j++) {
-        const stack = { index: j, count: E };
-        out.push(
-          { name: `${f}experts.gate`, hf: `${h}experts.${j}.gate_proj.weight`, shape: [H, C], transpose: true, stack },
-          { name: `${f}experts.up`, hf: `${h}experts.${j}.up_proj.weight`, shape: [H, C], transpose: true, stack },
-          { name: `${f}experts.down`, hf: `${h}experts.${j}.down_proj.weight`, shape: [C, H], transpose: true, stack },
-        );
-      }
+      out.push(...expertTensors(layer, `model.layers.${layer}.mlp.`, QWEN3_MOE_EXPERTS, E, C, H));
     }
     return out;
   },
