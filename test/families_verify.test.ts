@@ -32,36 +32,36 @@ const config = join(root, 'no-model.toml');
 }
 
 const base = { vocabSize: 512, blockSize: 32, nLayer: 2, nHead: 4, nKvHead: 2, nEmbd: 32, intermediateSize: 32 };
-const FAMILIES: { name: string; model: Record<string, unknown>; arch: string; layouts: [string, string[]][] }[] = [
+const FAMILIES: { name: string; model: Record<string, unknown>; arch: string; layouts: [string, string[], string][] }[] = [
   {
     name: 'Qwen3', arch: 'Qwen3ForCausalLM', model: { family: 'qwen3', qkNorm: true, attnBias: 'all' },
     layouts: [
-      ['ZeRO-3', ['--parallel.zero=3']],
-      ['pp = 2', ['--parallel.zero=0', '--parallel.pp=2', '--data.microBatches=2']],
-      ['tp = 2 with sequence parallelism', ['--parallel.zero=0', '--parallel.tp=2', '--parallel.sequenceParallel=true']],
-      ['cp = 2', ['--parallel.zero=0', '--parallel.cp=2']],
+      ['ZeRO-3', ['--parallel.zero=3'], 'zero 3'],
+      ['pp = 2', ['--parallel.zero=0', '--parallel.pp=2', '--data.microBatches=2'], 'pp 2'],
+      ['tp = 2 with sequence parallelism', ['--parallel.zero=0', '--parallel.tp=2', '--parallel.sequenceParallel=true'], 'tp 2'],
+      ['cp = 2', ['--parallel.zero=0', '--parallel.cp=2'], 'cp 2'],
     ],
   },
   {
     // A window of 8 positions in sequences of 32: under cp = 2 it reaches across the ring's halves.
     name: 'Mistral', arch: 'MistralForCausalLM', model: { family: 'mistral', slidingWindow: 8 },
     layouts: [
-      ['dp = 2, full activation checkpointing', ['--train.activationCheckpoint=full']],
-      ['cp = 2', ['--train.activationCheckpoint=none', '--parallel.cp=2']],
-      ['tp = 2', ['--train.activationCheckpoint=none', '--parallel.tp=2']],
+      ['dp = 2, full activation checkpointing', ['--train.activationCheckpoint=full'], 'zero 0'],
+      ['cp = 2', ['--train.activationCheckpoint=none', '--parallel.cp=2'], 'cp 2'],
+      ['tp = 2', ['--train.activationCheckpoint=none', '--parallel.tp=2'], 'tp 2'],
     ],
   },
   {
     name: 'Mixtral', arch: 'MixtralForCausalLM', model: { moe: { experts: 4, topK: 2, normTopK: true } },
     layouts: [
-      ['ep = 2', ['--parallel.ep=2']],
-      ['ZeRO-3 with ep = 2', ['--parallel.ep=2', '--parallel.zero=3']],
-      ['pp = 2', ['--parallel.ep=1', '--parallel.pp=2', '--data.microBatches=2']],
+      ['ep = 2', ['--parallel.ep=2'], 'ep 2'],
+      ['ZeRO-3 with ep = 2', ['--parallel.ep=2', '--parallel.zero=3'], 'zero 3, .*ep 2'],
+      ['pp = 2', ['--parallel.ep=1', '--parallel.pp=2', '--data.microBatches=2'], 'pp 2'],
     ],
   },
   {
     name: 'Qwen3-MoE', arch: 'Qwen3MoeForCausalLM', model: { family: 'qwen3', qkNorm: true, moe: { experts: 4, topK: 2, normTopK: false } },
-    layouts: [['ZeRO-1 with ep = 2', ['--parallel.ep=2', '--parallel.zero=1']]],
+    layouts: [['ZeRO-1 with ep = 2', ['--parallel.ep=2', '--parallel.zero=1'], 'zero 1, .*ep 2']],
   },
 ];
 
@@ -75,11 +75,14 @@ for (const f of FAMILIES) {
   m.dispose();
   const [first, ...rest] = f.layouts;
   const r = started(queue(() => flotilla(['verify', config, ...common, `--train.initFrom=${dir}`, ...first![1], ...rest.flatMap(([, o]) => ['--and', ...o])], { timeoutMs: 500_000 })));
-  for (const [i, [what]] of f.layouts.entries()) {
+  // Each layout: [what, its overrides, what its block's first line shows of it].
+  for (const [i, [what, , shown]] of f.layouts.entries()) {
     test(`flotilla verify passes for a ${f.name} (${f.arch}) from its Hugging Face directory under ${what}`, async () => {
       assert.equal(written.architecture, f.arch);
       const { out, err } = await r;
-      assert.match(verifyBlock(out, i), /^PASS \(/m, `${out}\n${err}`);
+      const block = verifyBlock(out, i);
+      assert.match(block, new RegExp(`^verify: 2 step\\(s\\) .* on 2 ranks \\(.*${shown}.*\\) against one process$`, 'm'), `${out}\n${err}`);
+      assert.match(block, /^PASS \(/m, `${out}\n${err}`);
     });
   }
   test(`verify: every layout of the ${f.name} passes`, async () => {
