@@ -170,7 +170,7 @@ export const llamaRules: ModelRules<LlamaConfig> = {
   },
   numParams: (m) => llamaNumParams(m),
   linears(m) {
-    // transformers' LlamaForCausalLM names (llama_hf.ts); an MoE block's experts are no Linears. The
+    // transformers' LlamaForCausalLM names (llama_hf.ts); an MoE block's experts are stacks of Linears. The
     // head's width is 0 while the vocabulary is not resolved (model.vocabSize = 0 = the tokenizer's).
     const c = { ...resolveLlamaConfig({ ...m, vocabSize: m.vocabSize || 1 }), vocabSize: m.vocabSize }, C = c.nEmbd, A = c.nHead * c.headDim, KV = c.nKvHead * c.headDim, I = c.intermediateSize;
     const out: LinearShape[] = [];
@@ -179,6 +179,12 @@ export const llamaRules: ModelRules<LlamaConfig> = {
       const f = `layers.${i}.`, h = `model.layers.${i}.`;
       out.push(lin(`${f}attn.q`, `${h}self_attn.q_proj`, C, A), lin(`${f}attn.k`, `${h}self_attn.k_proj`, C, KV), lin(`${f}attn.v`, `${h}self_attn.v_proj`, C, KV), lin(`${f}attn.o`, `${h}self_attn.o_proj`, A, C));
       if (!isMoELayer(c.moe, i)) out.push(lin(`${f}mlp.gate`, `${h}mlp.gate_proj`, C, I), lin(`${f}mlp.up`, `${h}mlp.up_proj`, C, I), lin(`${f}mlp.down`, `${h}mlp.down_proj`, I, C));
+      else {
+        // The experts' projections, stacks of per-expert Linears (mixtral_hf.ts, qwen3_moe_hf.ts; [Note: LoRA on experts]).
+        const E = c.moe!.experts, H = c.moe!.hidden || I, q = c.family === 'qwen3';
+        const e = (name: string, hfName: string, inF: number, outF: number): LinearShape => ({ ...lin(`${f}mlp.experts.${name}`, q ? `${h}mlp.experts.${hfName}_proj` : `${h}block_sparse_moe.experts.${hfName}`, inF, outF), experts: E });
+        out.push(e('gate', q ? 'gate' : 'w1', C, H), e('up', q ? 'up' : 'w3', C, H), e('down', q ? 'down' : 'w2', H, C));
+      }
     }
     out.push(lin('head', c.tieEmbeddings ? undefined : 'lm_head', C, c.vocabSize));
     return out;
