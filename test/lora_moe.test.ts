@@ -77,3 +77,23 @@ test('LoRA targets on Qwen3-MoE experts: gate_proj reaches the dense MLPs and th
   assert.equal(b.expertAdapters.size, 0);
   assert.throws(() => applyLora(spec.build(c as never, { initSeed: 7 }), { rank: 20, targets: ['down_proj'], hfNames: hf }), /rank 20 is larger/);
 }));
+
+// ep = 2 on 2 ranks against one process (test/fixtures/lora_layouts_rank.ts, float64): an MoE GPT
+// with adapters on its experts' fc and proj (and the shared expert's), 2 AdamW steps.
+import { equivalenceSuite } from './helpers/equivalence.js';
+import { pool } from './helpers/pool.js';
+import type { Out, Run } from './fixtures/lora_layouts_rank.js';
+
+const suite = equivalenceSuite<Run, Out>('lora-moe', 'test/fixtures/lora_layouts_rank.ts', { timeoutMs: 300_000, queue: pool() });
+const EXPERTS = { rank: 2, alpha: 4, targets: ['fc', 'proj'] };
+const MOE = { topK: 2, router: 'softmax', balance: 'aux', sharedExperts: 1 } as const;
+const ref = suite.launch(1, [{ name: 'ref', micro: 4, steps: 2, lora: EXPERTS, moe: MOE }]);
+const ep2 = suite.launch(2, [{ name: 'ep2', layout: { ep: 2 }, micro: 2, steps: 2, lora: EXPERTS, moe: MOE }]);
+
+test('LoRA on experts under ep = 2 equals one process: losses and adapter values after 2 steps (float64)', async () => {
+  await Promise.all([ref, ep2]);
+  // Every parameter whole (the experts' adapters gathered over ep), losses and norms before clipping.
+  const { ref: r } = suite.compare('ep2', 2, 'ref', { loss: 1e-12, norm: 1e-11, param: 1e-10 });
+  assert.ok(r.trainable.some((k) => /\.mlp\.experts\.fcLora\.loraA$/.test(k)), r.trainable.join(', ')); // 'proj' also names attn.proj
+  assert.ok(r.params[r.trainable.find((k) => k.endsWith('fcLora.loraB'))!]!.some((v) => v !== 0), 'B did not train');
+});
