@@ -13,6 +13,7 @@ import { qwen3MoeHf } from '../src/models/qwen3_moe_hf.js';
 import { defaultMoEConfig } from '../src/nn/moe.js';
 import type { Llama } from '../src/models/llama.js';
 import { withFloat64 } from './oracle/check.js';
+import { adapterSlots, wholeModelSlots } from '../src/checkpoint/peft.js';
 
 setNumThreads(1);
 const cfg = (family: 'llama' | 'qwen3') => ({
@@ -76,6 +77,10 @@ test('LoRA targets on Qwen3-MoE experts: gate_proj reaches the dense MLPs and th
   const b = applyLora(other, { rank: 2, targets: ['all-linear'], hfNames: hf });
   assert.equal(b.expertAdapters.size, 0);
   assert.throws(() => applyLora(spec.build(c as never, { initSeed: 7 }), { rank: 20, targets: ['down_proj'], hfNames: hf }), /rank 20 is larger/);
+  // No PEFT export of expert adapters yet: refused with the fix, from the model and from the config alike.
+  assert.throws(() => adapterSlots(model, spec, c as never), /layers\.1\.mlp\.experts\.gate.*no PEFT export.*target Linears only/);
+  assert.throws(() => wholeModelSlots(c as never, ['gate_proj'], 2), /layers\.1\.mlp\.experts\.gate.*no PEFT export.*target Linears only/);
+  assert.equal(wholeModelSlots(c as never, ['q_proj'], 2).length, 2);
 }));
 
 // ep = 2 on 2 ranks against one process (test/fixtures/lora_layouts_rank.ts, float64): an MoE GPT

@@ -64,7 +64,7 @@ function hfModules(spec: ModelSpec, cfg: Record<string, unknown>): { names: Map<
   return { names: hfModuleNames(tensors), transposed };
 }
 
-const EXPERTS_NO_PEFT = 'adapters on MoE experts have no PEFT export in flotilla yet; export the model with the adapters merged instead (flotilla export CHECKPOINT OUT --format hf --merge)';
+const EXPERTS_NO_PEFT = 'adapters on MoE experts have no PEFT export in flotilla yet (PEFT would store a lora_A and lora_B for each expert\'s Linear); resume or evaluate them from the run\'s checkpoint, or target Linears only (e.g. q_proj, v_proj) to export PEFT adapters';
 
 /** The options applyLora needs to resolve Hugging Face target names for a model of this config. */
 export function loraHfNames(spec: ModelSpec, cfg: Record<string, unknown>): Map<string, string> {
