@@ -22,6 +22,8 @@ import { Llama } from '../src/models/llama.js';
 import { GPT } from '../src/models/gpt.js';
 import { modelSpec } from '../src/models/registry.js';
 import { hfModuleNames } from '../src/nn/lora.js';
+import { GroupedExperts } from '../src/nn/moe.js';
+import { EXPERT_PROJECTIONS, expertProjectionNames } from '../src/nn/lora_experts.js';
 import { loadPretrained, savePretrained } from '../src/checkpoint/hf.js';
 import { loadSafetensors } from '../src/checkpoint/safetensors.js';
 import { consolidate } from '../src/checkpoint/export.js';
@@ -251,7 +253,14 @@ test('each architecture\'s list of Linears is the built model\'s (paths, shapes,
       const l = x as Linear;
       return { path, ...(hf.has(path) ? { hf: hf.get(path)! } : {}), inFeatures: l.inFeatures, outFeatures: l.outFeatures };
     });
-    assert.deepEqual(spec.linears!(mc), built, args.join(' '));
+    const listed = spec.linears!(mc);
+    assert.deepEqual(listed.filter((l) => l.experts === undefined), built, args.join(' '));
+    // The Llama's experts' projections, stacks of per-expert Linears ([Note: LoRA on experts]): the built stacks' shapes.
+    const stacks = m.namedModules().filter((e): e is [string, GroupedExperts] => e[1] instanceof GroupedExperts).flatMap(([path, g]) => expertProjectionNames(g).map((n) => {
+      const w = g[EXPERT_PROJECTIONS[n]!]!;
+      return { path: `${path}.${n}`, ...(hf.has(`${path}.${n}`) ? { hf: hf.get(`${path}.${n}`)! } : {}), inFeatures: w.shape[1]!, outFeatures: w.shape[2]!, experts: g.groups };
+    }));
+    if (c.model.arch === 'llama') assert.deepEqual(listed.filter((l) => l.experts !== undefined), stacks, args.join(' '));
     m.dispose();
   }
 });

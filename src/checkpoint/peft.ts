@@ -21,7 +21,7 @@ import { native } from '../tensor/native.js';
 import { dtypeCode, elementSize, isFloating, type DType } from '../tensor/dtype.js';
 import type { Module } from '../nn/module.js';
 import { Linear } from '../nn/layers.js';
-import { applyLora, hfModuleNames, isLoraParameter, loraAdapters } from '../nn/lora.js';
+import { applyLora, expertLoraAdapters, hfModuleNames, isLoraParameter, loraAdapters } from '../nn/lora.js';
 import { loraTargetProblems } from '../nn/lora_targets.js';
 import { placementsOf, type ParamPlacement } from '../parallel/placement.js';
 import { modelSpec, type ModelSpec } from '../models/registry.js';
@@ -64,6 +64,8 @@ function hfModules(spec: ModelSpec, cfg: Record<string, unknown>): { names: Map<
   return { names: hfModuleNames(tensors), transposed };
 }
 
+const EXPERTS_NO_PEFT = 'adapters on MoE experts have no PEFT export in flotilla yet (PEFT would store a lora_A and lora_B for each expert\'s Linear); resume or evaluate them from the run\'s checkpoint, or target Linears only (e.g. q_proj, v_proj) to export PEFT adapters';
+
 /** The options applyLora needs to resolve Hugging Face target names for a model of this config. */
 export function loraHfNames(spec: ModelSpec, cfg: Record<string, unknown>): Map<string, string> {
   return hfModules(spec, cfg).names;
@@ -72,6 +74,8 @@ export function loraHfNames(spec: ModelSpec, cfg: Record<string, unknown>): Map<
 /** The adapted Linears of a model (whole, or a pipeline stage: what it holds), with their PEFT names. */
 export function adapterSlots(model: Module, spec: ModelSpec, cfg: Record<string, unknown>): AdapterSlot[] {
   const { names, transposed } = hfModules(spec, cfg);
+  const experts = expertLoraAdapters(model);
+  if (experts.length > 0) throw new CheckpointError(`'${experts[0]![0]}': ${EXPERTS_NO_PEFT}`);
   return loraAdapters(model).map(([path, a]) => {
     const hf = names.get(path);
     if (hf === undefined) throw new CheckpointError(`the adapted Linear '${path}' has no Hugging Face name in a ${spec.hf!.architecture}, so it has no PEFT name`);
@@ -92,6 +96,7 @@ export function wholeModelSlots(cfg: Record<string, unknown>, targets: readonly 
   const r = loraTargetProblems(linears, { rank, targets, head: 'head' });
   if (r.problems.length > 0) throw new CheckpointError(`LoRA: ${r.problems[0]}`);
   return linears.filter((l) => r.chosen.has(l.path)).map((l) => {
+    if (l.experts !== undefined) throw new CheckpointError(`'${l.path}': ${EXPERTS_NO_PEFT}`);
     if (l.hf === undefined) throw new CheckpointError(`the adapted Linear '${l.path}' has no Hugging Face name in a ${spec.hf!.architecture}, so it has no PEFT name`);
     return { path: l.path, hf: l.hf, rank, inFeatures: l.inFeatures, outFeatures: l.outFeatures, transposed: transposed.has(l.path) };
   });

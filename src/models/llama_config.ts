@@ -2,6 +2,8 @@
 // the config's validation (src/config) and the launcher read them without loading the tensor library.
 import type { ModelRules, ShapeContext } from './spec.js';
 import type { LinearShape } from '../nn/lora_targets.js';
+import { mixtralHf } from './mixtral_hf.js';
+import { qwen3MoeHf } from './qwen3_moe_hf.js';
 import { checkMoEConfig, isMoELayer, moeLayerParams, moeProblems, type MoEConfig } from '../nn/moe_config.js';
 
 /**
@@ -170,15 +172,28 @@ export const llamaRules: ModelRules<LlamaConfig> = {
   },
   numParams: (m) => llamaNumParams(m),
   linears(m) {
-    // transformers' LlamaForCausalLM names (llama_hf.ts); an MoE block's experts are no Linears. The
+    // transformers' LlamaForCausalLM names (llama_hf.ts); an MoE block's experts are stacks of Linears. The
     // head's width is 0 while the vocabulary is not resolved (model.vocabSize = 0 = the tokenizer's).
     const c = { ...resolveLlamaConfig({ ...m, vocabSize: m.vocabSize || 1 }), vocabSize: m.vocabSize }, C = c.nEmbd, A = c.nHead * c.headDim, KV = c.nKvHead * c.headDim, I = c.intermediateSize;
     const out: LinearShape[] = [];
+    const stacks = new Map<string, string>();
+    if (c.moe && c.moe.experts > 0) {
+      const fits = [mixtralHf, qwen3MoeHf].find((f) => f.misfit!(m) === undefined);
+      for (const t of fits?.tensors(m) ?? []) if (t.stack) stacks.set(t.name, t.hf.slice(0, -'.weight'.length).replace(/\.experts\.\d+\./, '.experts.'));
+    }
     const lin = (path: string, hf: string | undefined, inFeatures: number, outFeatures: number): LinearShape => ({ path, ...(hf ? { hf } : {}), inFeatures, outFeatures });
     for (let i = 0; i < c.nLayer; i++) {
       const f = `layers.${i}.`, h = `model.layers.${i}.`;
       out.push(lin(`${f}attn.q`, `${h}self_attn.q_proj`, C, A), lin(`${f}attn.k`, `${h}self_attn.k_proj`, C, KV), lin(`${f}attn.v`, `${h}self_attn.v_proj`, C, KV), lin(`${f}attn.o`, `${h}self_attn.o_proj`, A, C));
       if (!isMoELayer(c.moe, i)) out.push(lin(`${f}mlp.gate`, `${h}mlp.gate_proj`, C, I), lin(`${f}mlp.up`, `${h}mlp.up_proj`, C, I), lin(`${f}mlp.down`, `${h}mlp.down_proj`, I, C));
+      else {
+        // The experts' projections, stacks of per-expert Linears ([Note: LoRA on experts]), named as
+        // the Hugging Face class this config writes names them (Mixtral's w1/w3/w2, Qwen3-MoE's
+        // gate_proj/up_proj/down_proj), without the expert's index; none when no class fits.
+        const E = c.moe!.experts, H = c.moe!.hidden || I;
+        const e = (name: string, inF: number, outF: number): LinearShape => ({ ...lin(`${f}mlp.experts.${name}`, stacks.get(`${f}mlp.experts.${name}`), inF, outF), experts: E });
+        out.push(e('gate', C, H), e('up', C, H), e('down', H, C));
+      }
     }
     out.push(lin('head', c.tieEmbeddings ? undefined : 'lm_head', C, c.vocabSize));
     return out;

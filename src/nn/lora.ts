@@ -21,7 +21,9 @@ import { type Tensor, noGrad, empty, isFloating } from '../tensor/index.js';
 import { seedParameter } from './init.js';
 import { Module } from './module.js';
 import { Dropout, Linear } from './layers.js';
-import { chooseLoraTargets, loraRankProblem } from './lora_targets.js';
+import { chooseLoraTargets, loraRankProblem, type LinearShape } from './lora_targets.js';
+import { GroupedExperts } from './moe.js';
+import { EXPERT_PROJECTIONS, attachExpertLora, drawExpertLora, expertLoraAdapters, expertProjectionNames, isExpertLoraParameter, type ExpertLora } from './lora_experts.js';
 
 export interface LoraOptions {
   /** The adapters' rank r (> 0, at most the smaller dimension of each target). */
@@ -118,6 +120,8 @@ export function isLoraParameter(name: string): boolean {
   return /\.lora[AB]\.weight$/.test(name);
 }
 
+export { expertLoraAdapters, isExpertLoraParameter, type ExpertLora };
+
 /** The adapter attached to a Linear, if any. */
 export function loraAdapterOf(m: Module): LoraAdapter | undefined {
   return m instanceof Linear ? adapters.get(m) : undefined;
@@ -135,7 +139,7 @@ export function loraAdapters(model: Module): [string, LoraAdapter][] {
 
 /** Runs fn with every adapter of the model off (the base alone), restoring each one's switch after. */
 export function withAdaptersDisabled<T>(model: Module, fn: () => T): T {
-  const all = loraAdapters(model).map(([, a]) => a);
+  const all: { enabled: boolean }[] = [...loraAdapters(model).map(([, a]) => a), ...expertLoraAdapters(model).map(([, a]) => a)];
   const before = all.map((a) => a.enabled);
   for (const a of all) a.enabled = false;
   try {
@@ -150,11 +154,13 @@ export function withAdaptersDisabled<T>(model: Module, fn: () => T): T {
 /** Merges every adapter of the model into its base weight. */
 export function mergeLora(model: Module): void {
   for (const [, a] of loraAdapters(model)) a.merge();
+  for (const [, a] of expertLoraAdapters(model)) a.merge();
 }
 
 /** Takes every merged adapter back out of its base weight. */
 export function unmergeLora(model: Module): void {
   for (const [, a] of loraAdapters(model)) if (a.merged) a.unmerge();
+  for (const [, a] of expertLoraAdapters(model)) if (a.merged) a.unmerge();
 }
 
 function checkRank(rank: number, m: Linear, path: string): void {
@@ -198,6 +204,8 @@ export interface ApplyLoraOptions extends LoraOptions {
 export interface AppliedLora {
   /** The adapters, by their Linear's module path. */
   adapters: Map<string, LoraAdapter>;
+  /** The adapters on experts, by `<experts path>.<projection>` ([Note: LoRA on experts]). */
+  expertAdapters: Map<string, ExpertLora>;
   /** The names of the parameters now trainable (the adapters') and of those frozen. */
   trainable: string[];
   frozen: string[];
@@ -207,10 +215,12 @@ export interface AppliedLora {
  * Hugging Face module paths by flotilla module path, from a model's tensor name map (the entries of
  * Linear weights: "<path>.weight" -> "<hf path>.weight").
  */
-export function hfModuleNames(tensors: readonly { name: string; hf: string }[]): Map<string, string> {
+export function hfModuleNames(tensors: readonly { name: string; hf: string; stack?: unknown }[]): Map<string, string> {
   const out = new Map<string, string>();
   for (const t of tensors) {
     if (t.name.endsWith('.weight') && t.hf.endsWith('.weight')) out.set(t.name.slice(0, -7), t.hf.slice(0, -7));
+    // An expert's Linear, one slice of a stack: the stack's projection takes its path without the expert's index.
+    else if (t.stack !== undefined && t.hf.endsWith('.weight')) out.set(t.name, t.hf.slice(0, -7).replace(/\.experts\.\d+\./, '.experts.'));
   }
   return out;
 }
@@ -226,12 +236,25 @@ export function applyLora(model: Module, opts: ApplyLoraOptions): AppliedLora {
   const linears = model.namedModules().filter((e): e is [string, Linear] => e[1] instanceof Linear && e[0] !== '');
   for (const [path, m] of linears) if (adapters.has(m)) throw new Error(`LoRA: ${path} already has an adapter; apply LoRA once`);
   const hf = opts.hfNames ?? new Map<string, string>();
-  const shapes = linears.map(([path, m]) => ({ path, ...(hf.has(path) ? { hf: hf.get(path)! } : {}), inFeatures: m.inFeatures, outFeatures: m.outFeatures }));
+  const shapes: LinearShape[] = linears.map(([path, m]) => ({ path, ...(hf.has(path) ? { hf: hf.get(path)! } : {}), inFeatures: m.inFeatures, outFeatures: m.outFeatures }));
+  // Expert projections ([Note: LoRA on experts]): `<experts path>.<gate|up|down|fc|proj>`.
+  const stacks: [string, GroupedExperts, string][] = model.namedModules()
+    .filter((e): e is [string, GroupedExperts] => e[1] instanceof GroupedExperts)
+    .flatMap(([path, e]) => expertProjectionNames(e).map((n): [string, GroupedExperts, string] => [`${path}.${n}`, e, n]));
+  for (const [path, e, n] of stacks) {
+    const w = e[EXPERT_PROJECTIONS[n]!]!;
+    shapes.push({ path, ...(hf.has(path) ? { hf: hf.get(path)! } : {}), inFeatures: w.shape[1]!, outFeatures: w.shape[2]!, experts: e.groups });
+  }
   const targets = opts.part ? opts.targets.filter((t) => 'chosen' in chooseLoraTargets(shapes, [t], head)) : opts.targets;
   const r = opts.part && targets.length === 0 ? { chosen: new Set<string>() } : chooseLoraTargets(shapes, targets, head);
   if ('problem' in r) throw new Error(`LoRA: ${r.problem}`);
   const chosen = r.chosen;
   for (const [path, m] of linears) if (chosen.has(path)) checkRank(opts.rank, m, path);
+  for (const l of shapes) {
+    if (l.experts === undefined || !chosen.has(l.path)) continue;
+    const p = loraRankProblem(opts.rank, l);
+    if (p !== undefined) throw new Error(`LoRA: ${p}`);
+  }
 
   const made = new Map<string, LoraAdapter>();
   for (const [path, m] of linears) {
@@ -242,8 +265,17 @@ export function applyLora(model: Module, opts: ApplyLoraOptions): AppliedLora {
     });
     made.set(path, a);
   }
+  const madeExperts = new Map<string, ExpertLora>();
+  const alpha = opts.alpha ?? opts.rank;
+  const scale = opts.rsLora ? alpha / Math.sqrt(opts.rank) : alpha / opts.rank;
+  for (const [path, e, n] of stacks) {
+    if (!chosen.has(path)) continue;
+    const experts = path.slice(0, path.lastIndexOf('.'));
+    madeExperts.set(path, noGrad(() => attachExpertLora(e, experts, n, { rank: opts.rank, alpha, scale, dropout: opts.dropout ?? 0 }, opts.initSeed)));
+  }
   const own = new Set<Tensor>();
   for (const a of made.values()) own.add(a.A.weight).add(a.B.weight);
+  for (const a of madeExperts.values()) own.add(a.loraA).add(a.loraB);
   const trainable: string[] = [], frozen: string[] = [];
   for (const [name, p] of model.namedParameters()) {
     if (own.has(p)) trainable.push(name);
@@ -253,7 +285,7 @@ export function applyLora(model: Module, opts: ApplyLoraOptions): AppliedLora {
       frozen.push(name);
     }
   }
-  return { adapters: made, trainable, frozen };
+  return { adapters: made, expertAdapters: madeExperts, trainable, frozen };
 }
 
 /**
@@ -276,6 +308,7 @@ function storeAs(p: Tensor, dtype: 'float32' | 'bfloat16'): void {
  * init] in module.ts).
  */
 export function drawLoraParameter(name: string, out: Tensor, initSeed: number): void {
+  if (isExpertLoraParameter(name)) return drawExpertLora(name, out, initSeed);
   noGrad(() => {
     if (name.endsWith('.loraB.weight')) {
       out.zero_();

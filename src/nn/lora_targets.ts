@@ -9,6 +9,8 @@ export interface LinearShape {
   hf?: string;
   inFeatures: number;
   outFeatures: number;
+  /** A projection of this many experts held as one stack (an MoE layer's; [Note: LoRA on experts]): named, not in "all-linear". */
+  experts?: number;
 }
 
 const last = (path: string): string => path.slice(path.lastIndexOf('.') + 1);
@@ -23,7 +25,7 @@ export function chooseLoraTargets(linears: readonly LinearShape[], targets: read
   const namesOf = (l: LinearShape): string[] => (l.hf === undefined ? [l.path] : [l.path, l.hf]);
   const chosen = new Set<string>();
   for (const target of targets) {
-    const hits = linears.filter((l) => (target === 'all-linear' ? l.path !== head : namesOf(l).some((n) => n === target || last(n) === target)));
+    const hits = linears.filter((l) => (target === 'all-linear' ? l.path !== head && l.experts === undefined : namesOf(l).some((n) => n === target || last(n) === target)));
     if (hits.length === 0) {
       const names = [...new Set(linears.flatMap((l) => namesOf(l).map(last)))].sort();
       return { problem: `target "${target}" matches no Linear of this model; its Linears are named ${names.map((n) => `"${n}"`).join(', ')} (or use "all-linear")` };
@@ -57,9 +59,9 @@ export function loraTargetProblems(linears: readonly LinearShape[], opts: { rank
   return { chosen: r.chosen, problems };
 }
 
-/** Parameters the adapters of `rank` on these Linears add: r x (in + out) each. */
+/** Parameters the adapters of `rank` on these Linears add: r x (in + out) each (per expert of a stack). */
 export function loraParamCount(linears: readonly LinearShape[], chosen: ReadonlySet<string>, rank: number): number {
-  return linears.reduce((a, l) => a + (chosen.has(l.path) ? rank * (l.inFeatures + l.outFeatures) : 0), 0);
+  return linears.reduce((a, l) => a + (chosen.has(l.path) ? (l.experts ?? 1) * rank * (l.inFeatures + l.outFeatures) : 0), 0);
 }
 
 /** A LoRA model's parameters: how many Linears are adapted, the adapters' parameters, the frozen base's. */

@@ -76,6 +76,18 @@ const addAuxGradient = defineFunction<[Tensor, Tensor, number]>({
 /** The expert MLP's form: the GPT's GELU MLP with biases, or the Llama's SwiGLU. */
 export type ExpertKind = 'gelu' | 'gelu-tanh' | 'swiglu';
 
+/** Which projection of an expert an adapter is on (the stack's field). */
+export type ExpertProjection = 'w1' | 'w2' | 'w3';
+
+/** What a grouped projection adds to x W (G, L, in) -> (G, L, out): LoRA on experts (lora_experts.ts). */
+export interface GroupedDelta {
+  enabled: boolean;
+  merged: boolean;
+  delta(x: Tensor): Tensor;
+  /** The same adapter on experts [first, first + count) only, attached to `into` (keepExperts). */
+  keep(into: GroupedExperts, first: number, count: number): void;
+}
+
 /**
  * G expert MLPs held as stacks: (G, in, out) weights, applied to x (G, L, C) -> (G, L, C), each
  * expert to its own row block, with one batched matmul per projection.
@@ -86,6 +98,8 @@ export class GroupedExperts extends Module {
   readonly w2: Tensor; // (G, H, C): the projection back
   readonly b1?: Tensor; // (G, H)
   readonly b2?: Tensor; // (G, C)
+  /** Adapters on projections (applyLora on expert targets, [Note: LoRA on experts] in lora_experts.ts). */
+  readonly adapters: Partial<Record<ExpertProjection, GroupedDelta>> = {};
   /** `opts.from`: take experts [first, first + groups) of another stack's values instead of drawing them. */
   constructor(readonly groups: number, readonly nEmbd: number, readonly hidden: number, readonly kind: ExpertKind, bias: boolean, opts: { from?: GroupedExperts; first?: number } = {}) {
     super();
@@ -107,16 +121,21 @@ export class GroupedExperts extends Module {
   forward(x: Tensor): Tensor {
     const [xc] = castFor('linear', x) as [Tensor];
     const w = (p: Tensor) => castParam('linear', p);
+    const bmm = (x: Tensor, proj: ExpertProjection): Tensor => {
+      const y = x.bmm(w(this[proj]!));
+      const a = this.adapters[proj];
+      return a && a.enabled && !a.merged ? y.add(a.delta(x)) : y;
+    };
     const addBias = (h: Tensor, b: Tensor | undefined) => (b ? h.add(castParam('linear', b).unsqueeze(1)) : h);
     if (this.kind === 'swiglu') {
-      const [g] = castFor('swiglu', xc.bmm(w(this.w1))) as [Tensor];
-      const [h] = castFor('linear', g.silu().mul(xc.bmm(w(this.w3!)))) as [Tensor]; // (G, L, H)
-      return h.bmm(w(this.w2));
+      const [g] = castFor('swiglu', bmm(xc, 'w1')) as [Tensor];
+      const [h] = castFor('linear', g.silu().mul(bmm(xc, 'w3'))) as [Tensor]; // (G, L, H)
+      return bmm(h, 'w2');
     }
-    let [h] = castFor('gelu', addBias(xc.bmm(w(this.w1)), this.b1)) as [Tensor];
+    let [h] = castFor('gelu', addBias(bmm(xc, 'w1'), this.b1)) as [Tensor];
     h = h.gelu(this.kind === 'gelu-tanh' ? 'tanh' : 'none');
     const [hc] = castFor('linear', h) as [Tensor];
-    return addBias(hc.bmm(w(this.w2)), this.b2); // (G, L, C)
+    return addBias(bmm(hc, 'w2'), this.b2); // (G, L, C)
   }
 }
 
@@ -208,6 +227,8 @@ export class MoE extends Module {
     // A slice of a frozen parameter (requiresGrad = false) is frozen too.
     const frozen = new Set(all.namedParameters().filter(([, p]) => !p.requiresGrad).map(([n]) => n));
     for (const [n, p] of kept.namedParameters()) if (frozen.has(n)) p.requiresGrad = false;
+    // A rank holds its experts' adapters ([Note: LoRA on experts]).
+    for (const a of Object.values(all.adapters)) a!.keep(kept, first, count);
     (this as { experts: GroupedExperts }).experts = this.registerModule('experts', kept);
     this.firstExpert = first;
     all.dispose();

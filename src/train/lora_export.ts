@@ -7,7 +7,7 @@ import { existsSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Tensor } from '../tensor/index.js';
 import type { Module } from '../nn/module.js';
-import { isLoraParameter, mergeLora } from '../nn/lora.js';
+import { isExpertLoraParameter, isLoraParameter, mergeLora } from '../nn/lora.js';
 import { consolidate, withMoE } from '../checkpoint/export.js';
 import { CheckpointError, readMeta, resolveCheckpoint, type CheckpointMeta } from '../checkpoint/format.js';
 import { isHfDir, readHfDir, writeHfDir, HF_TOKENIZER, type HfWriteReport, type SaveHfOptions } from '../checkpoint/hf.js';
@@ -112,7 +112,7 @@ export function loraTokenizer(c: LoraCheckpoint): string | undefined {
 
 /** Every parameter of a model by name, the adapters left out (what a merged export writes). */
 export function baseParameters(model: Module): Record<string, Tensor> {
-  return Object.fromEntries(model.namedParameters().filter(([n]) => !isLoraParameter(n)));
+  return Object.fromEntries(model.namedParameters().filter(([n]) => !isLoraParameter(n) && !isExpertLoraParameter(n)));
 }
 
 /**

@@ -36,8 +36,14 @@ export function loraOptionsOf(cfg: FlotillaConfig, spec: ModelSpec, modelCfg: un
   return {
     rank: l.rank, alpha: l.alpha, dropout: l.dropout, rsLora: l.rsLora, targets: l.targets, initSeed: cfg.train.seed, head: 'head',
     baseDtype: l.baseDtype === 'bf16' ? 'bfloat16' : 'float32',
-    ...(spec.hf ? { hfNames: hfModuleNames(spec.hf.tensors(modelCfg)) } : {}),
+    ...(spec.hf ? { hfNames: hfModuleNames(hfTensorsOf(spec, modelCfg)) } : {}),
   };
+}
+
+/** The tensor map of the Hugging Face class the config is written as: a family's (Mixtral, Qwen3-MoE: experts' names) when one fits. */
+function hfTensorsOf(spec: ModelSpec, modelCfg: unknown): { name: string; hf: string; stack?: unknown }[] {
+  const family = spec.hfFamilies?.find((f) => f.misfit?.(modelCfg) === undefined);
+  return (family ?? spec.hf!).tensors(modelCfg);
 }
 
 /**
