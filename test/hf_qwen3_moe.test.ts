@@ -15,11 +15,10 @@ import { join } from 'node:path';
 import { setNumThreads } from '../src/tensor/index.js';
 import { loadPretrained, savePretrained, readHfDir } from '../src/checkpoint/hf.js';
 import { initFromModel } from '../src/config/init_from.js';
-import { generate, type CausalLM } from '../src/inference/generate.js';
 import { Llama } from '../src/models/llama.js';
 import { MoE } from '../src/nn/moe.js';
 import { oracleMissing } from './oracle/oracle.js';
-import { assertSameParameters, checkAgainst, hfReference, GREEDY, HF_PROMPT, type HfRef } from './oracle/hf_oracle.js';
+import { assertSameParameters, checkAgainst, hfReference, type HfRef, decodedBothWays } from './oracle/hf_oracle.js';
 
 setNumThreads(1);
 const skip = oracleMissing();
@@ -53,17 +52,6 @@ function made(): Record<keyof typeof dirs, HfRef> {
   return refs;
 }
 
-/** Greedy tokens through generate, with and without the key/value cache. */
-function decoded(dir: string): [number[], number[]] {
-  const { model } = loadPretrained(dir, { dtype: 'float64' });
-  try {
-    const run = (cache: boolean) => generate(model as unknown as CausalLM, [HF_PROMPT], { maxNewTokens: GREEDY, temperature: 0, cache })[0]!;
-    return [run(true), run(false)];
-  } finally {
-    model.dispose();
-  }
-}
-
 test('Qwen3-MoE directories the reference writes load as the Llama (qwen3) with [moe], with its logits to float64 rounding and its greedy tokens, cached or not', { skip }, () => {
   const r = made();
   assert.ok(readdirSync(dirs.untied).filter((f) => /^model-\d{5}-of-\d{5}\.safetensors$/.test(f)).length > 2);
@@ -77,7 +65,7 @@ test('Qwen3-MoE directories the reference writes load as the Llama (qwen3) with 
   checkAgainst(dirs.untied, r.untied);
   checkAgainst(dirs.tied, r.tied);
   for (const [k, d] of Object.entries(dirs)) {
-    const [cached, plain] = decoded(d);
+    const [cached, plain] = decodedBothWays(d);
     assert.deepEqual(cached, r[k as keyof typeof dirs].greedy, `${k}: cached decoding`);
     assert.deepEqual(plain, r[k as keyof typeof dirs].greedy, `${k}: uncached decoding`);
   }

@@ -22,18 +22,13 @@
 import { type Tensor, tensor } from '../tensor/index.js';
 import { documentLayout } from '../nn/documents.js';
 import { IGNORE_INDEX, type MicroBatch, type SequenceTable } from '../parallel/parallel_model.js';
-import { BatchCursor } from './batch_cursor.js';
+import { BatchCursor, type GeometryOptions } from './batch_cursor.js';
 import { ExampleCorpus, ExampleRows, PLANES, planesOf, type ExampleRowsSpec, type RowPlanes } from './examples.js';
 import { checkSeed, type Batch, type ExampleState, type LoaderState, type TrainLoader } from './loader.js';
 import type { PrefetchSource } from './prefetch.js';
 
-export interface ExampleLoaderOptions {
+export interface ExampleLoaderOptions extends GeometryOptions {
   sources: ExampleCorpus[];
-  seqLen: number;
-  globalBatch: number;
-  dpRank?: number;
-  dpSize?: number;
-  microBatches?: number;
   seed?: number;
   /** Several examples a row (default false: one a row, padded). */
   pack?: boolean;

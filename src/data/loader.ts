@@ -21,14 +21,14 @@ import { type Tensor, tensor } from '../tensor/index.js';
 import type { TokenArray } from './tokenizer.js';
 import { TokenCorpus } from './corpus_files.js';
 import type { PrefetchSource } from './prefetch.js';
-import { BatchCursor } from './batch_cursor.js';
+import { BatchCursor, type GeometryOptions } from './batch_cursor.js';
 import { Sampler, type LoaderSource, type Sample, type SamplerSpec } from './sampler.js';
 import type { DocumentLayout } from '../nn/documents.js';
 import type { MicroBatch, SequenceTable } from '../parallel/parallel_model.js';
 
 export { sampleStream, uniformStream, blendedSource, Sampler, type LoaderSource, type Sample, type SamplerSpec } from './sampler.js';
 
-export interface LoaderOptions {
+export interface LoaderOptions extends GeometryOptions {
   /** The token stream to sample windows from (or `sources`). */
   tokens?: TokenArray;
   /** Weighted corpora to sample from (instead of `tokens`). */
@@ -38,16 +38,6 @@ export interface LoaderOptions {
    * reads the same windows; only when they are read changes.
    */
   prefetch?: number;
-  /** Tokens per sample (T). */
-  seqLen: number;
-  /** Samples per optimizer step, summed over every DP rank and micro-batch. */
-  globalBatch: number;
-  /** This process's data-parallel rank (default 0). */
-  dpRank?: number;
-  /** Number of data-parallel ranks (default 1). */
-  dpSize?: number;
-  /** Gradient-accumulation micro-batches per step (default 1). */
-  microBatches?: number;
   /** Seed of the sample offsets (uint32; default 0). */
   seed?: number;
 }

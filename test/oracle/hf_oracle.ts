@@ -4,6 +4,7 @@ import assert from 'node:assert/strict';
 import { type Tensor, tensor, tidy, noGrad } from '../../src/tensor/index.js';
 import type { Module } from '../../src/nn/module.js';
 import { loadPretrained } from '../../src/checkpoint/hf.js';
+import { generate, type CausalLM } from '../../src/inference/generate.js';
 import { runOracle } from './oracle.js';
 import { scaledErr } from './check.js';
 
@@ -75,5 +76,16 @@ export function assertSameParameters(a: Module, b: Module, what: string): void {
   for (const k of Object.keys(pa)) {
     assert.equal(pb[k]!.dtype, pa[k]!.dtype, `${what}: ${k} dtype`);
     assert.deepEqual(pb[k]!.toNumbers(), pa[k]!.toNumbers(), `${what}: ${k} is not bit-identical`);
+  }
+}
+
+/** A directory's greedy tokens through generate (float64), with and without the key/value cache. */
+export function decodedBothWays(dir: string): [number[], number[]] {
+  const { model } = loadPretrained(dir, { dtype: 'float64' });
+  try {
+    const run = (cache: boolean) => generate(model as unknown as CausalLM, [HF_PROMPT], { maxNewTokens: GREEDY, temperature: 0, cache })[0]!;
+    return [run(true), run(false)];
+  } finally {
+    model.dispose();
   }
 }
