@@ -4,63 +4,107 @@
 // Deliberately no include guard and no includes: the includer provides <cmath>, <cstdint>,
 // <cstring>, <algorithm>, <limits> and the Problem/Bf16 types, and wraps this file in a namespace.
 
-// Row-major C (M x N) += A (M x K) . B (K x N). M a multiple of MR, N of NR (the caller pads): an
-// MR x NR tile of C stays in registers across the whole K loop, and the innermost loop runs along
-// contiguous B and C, so the compiler vectorises it without reassociating any sum.
+// 32-byte vectors (GCC's vector extensions): one AVX register, or two SSE registers on the baseline.
+typedef float VF __attribute__((vector_size(32)));
+typedef int32_t VI __attribute__((vector_size(32)));
+typedef double VD __attribute__((vector_size(32)));
+template <typename V, typename A_t>
+static inline V LoadV(const A_t* p) {
+  V v;
+  std::memcpy(&v, p, sizeof(V));
+  return v;
+}
+template <typename V, typename A_t>
+static inline void StoreV(A_t* p, V v) {
+  std::memcpy(p, &v, sizeof(V));
+}
+template <typename A_t> struct Vec;
+template <> struct Vec<float> { typedef VF type; };
+template <> struct Vec<double> { typedef VD type; };
+
+// Row-major C (M x N) += A (M x K) . B (K x N). M a multiple of 4, N of two vectors (the caller
+// pads): a 4 x 2-vector tile of C stays in registers across the whole K loop, each step one
+// broadcast of A per row and two loads of B.
 template <typename A_t>
 static inline void Gemm(int M, int N, int K, const A_t* A, int lda, const A_t* B, int ldb, A_t* C, int ldc) {
-  constexpr int MR = 4, NR = 64 / sizeof(A_t);
-  for (int i = 0; i < M; i += MR) {
-    for (int j = 0; j < N; j += NR) {
-      A_t acc[MR][NR];
-      for (int r = 0; r < MR; ++r)
-        for (int c = 0; c < NR; ++c) acc[r][c] = C[(i + r) * ldc + j + c];
-      for (int k = 0; k < K; ++k) {
-        const A_t* b = B + k * ldb + j;
-        for (int r = 0; r < MR; ++r) {
-          const A_t a = A[(i + r) * lda + k];
-          for (int c = 0; c < NR; ++c) acc[r][c] += a * b[c];
-        }
+  typedef typename Vec<A_t>::type V;
+  constexpr int L = sizeof(V) / sizeof(A_t);
+  for (int i = 0; i < M; i += 4) {
+    const A_t *a0 = A + i * lda, *a1 = a0 + lda, *a2 = a1 + lda, *a3 = a2 + lda;
+    for (int j = 0; j < N; j += 2 * L) {
+      A_t* c = C + i * ldc + j;
+      V c00 = LoadV<V>(c), c01 = LoadV<V>(c + L), c10 = LoadV<V>(c + ldc), c11 = LoadV<V>(c + ldc + L);
+      V c20 = LoadV<V>(c + 2 * ldc), c21 = LoadV<V>(c + 2 * ldc + L), c30 = LoadV<V>(c + 3 * ldc), c31 = LoadV<V>(c + 3 * ldc + L);
+      const A_t* b = B + j;
+      for (int k = 0; k < K; ++k, b += ldb) {
+        const V b0 = LoadV<V>(b), b1 = LoadV<V>(b + L);
+        c00 += a0[k] * b0, c01 += a0[k] * b1;
+        c10 += a1[k] * b0, c11 += a1[k] * b1;
+        c20 += a2[k] * b0, c21 += a2[k] * b1;
+        c30 += a3[k] * b0, c31 += a3[k] * b1;
       }
-      for (int r = 0; r < MR; ++r)
-        for (int c = 0; c < NR; ++c) C[(i + r) * ldc + j + c] = acc[r][c];
+      StoreV(c, c00), StoreV(c + L, c01), StoreV(c + ldc, c10), StoreV(c + ldc + L, c11);
+      StoreV(c + 2 * ldc, c20), StoreV(c + 2 * ldc + L, c21), StoreV(c + 3 * ldc, c30), StoreV(c + 3 * ldc + L, c31);
     }
   }
 }
 
-// x[j] = exp(x[j] - shift), returning the sum. float: a branch-free polynomial exp (Cody-Waite range
-// reduction, relative error ~2 ulp) that vectorises; -inf and anything below -87 give exactly 0.
+// exp of 8 floats: Cody-Waite range reduction and a degree-6 polynomial (relative error ~2 ulp);
+// -inf and anything below -87 give exactly 0. Branch-free, so it stays in vector registers.
+static inline VF ExpV(VF v) {
+  const VF c = v < -87.f ? VF{} - 87.f : v;
+  const VI e = __builtin_convertvector(c * 1.44269504088896341f - 0.5f, VI);  // c <= ~0: a rounding of c log2(e)
+  const VF fe = __builtin_convertvector(e, VF);
+  const VF r = (c - fe * 0.693359375f) + fe * 2.12194440e-4f;
+  VF p = VF{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  const VF y = p * (VF)((e + 127) << 23);
+  return v < -87.f ? VF{} : y;
+}
+static inline float Sum(VF v) { return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])); }
+
+// x[j] = exp(x[j] - shift), returning the sum (n a multiple of 8).
 static inline float ExpShiftSum(float* x, int n, float shift) {
-  float sum = 0.f;
-  for (int j = 0; j < n; ++j) {
-    const float v = x[j] - shift;
-    const float c = std::max(v, -87.f);
-    const float t = c * 1.44269504088896341f;
-    const int e = static_cast<int>(t - 0.5f);  // c <= 0: truncation is a rounding of t, |t - e| <= 1
-    const float fe = static_cast<float>(e);
-    const float r = (c - fe * 0.693359375f) + fe * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.f;
-    int32_t bits;
-    const int32_t scale = (e + 127) << 23;
-    std::memcpy(&bits, &scale, 4);
-    float pow2;
-    std::memcpy(&pow2, &bits, 4);
-    const float y = v < -87.f ? 0.f : p * pow2;
-    x[j] = y;
+  VF sum = VF{};
+  for (int j = 0; j < n; j += 8) {
+    const VF y = ExpV(LoadV<VF>(x + j) - shift);
+    StoreV(x + j, y);
     sum += y;
   }
-  return sum;
+  return Sum(sum);
 }
 static inline double ExpShiftSum(double* x, int n, double shift) {
   double sum = 0;
   for (int j = 0; j < n; ++j) sum += (x[j] = std::exp(x[j] - shift));
   return sum;
+}
+// x[j] = exp(x[j] - shift[j]) (n a multiple of 8).
+static inline void ExpShifts(float* x, int n, const float* shift) {
+  for (int j = 0; j < n; j += 8) StoreV(x + j, ExpV(LoadV<VF>(x + j) - LoadV<VF>(shift + j)));
+}
+static inline void ExpShifts(double* x, int n, const double* shift) {
+  for (int j = 0; j < n; ++j) x[j] = std::exp(x[j] - shift[j]);
+}
+// The largest of n (a multiple of 8) values.
+static inline float Max(const float* x, int n) {
+  VF m = LoadV<VF>(x);
+  for (int j = 8; j < n; j += 8) {
+    const VF v = LoadV<VF>(x + j);
+    m = v > m ? v : m;
+  }
+  float r = m[0];
+  for (int l = 1; l < 8; ++l) r = std::max(r, m[l]);
+  return r;
+}
+static inline double Max(const double* x, int n) {
+  double r = x[0];
+  for (int j = 1; j < n; ++j) r = std::max(r, x[j]);
+  return r;
 }
 
 template <typename A_t> static inline A_t Load(float v) { return v; }
@@ -177,9 +221,7 @@ static void ForwardTask(const Problem& p, int64_t task, A_t* scratch) {
       if (!all)
         for (int j = 0; j < nk; ++j)
           if (!Visible(p, b, q0 + i, k0 + j)) s[j] = ninf;
-      A_t mx = ninf;
-      for (int j = 0; j < nk; ++j) mx = std::max(mx, s[j]);
-      const A_t mnew = std::max(m[i], mx);
+      const A_t mnew = std::max(m[i], Max(s, kBlockK));
       if (mnew == ninf) {
         std::fill(s, s + kBlockK, A_t(0));
         continue;
@@ -208,6 +250,10 @@ template <typename A_t>
 static inline void Probabilities(const Problem& p, A_t* S, int rows, int cols, bool queryRows, int64_t b, int64_t q0, int nq,
                                  int64_t k0, int nk, const A_t* lse, bool all) {
   const A_t ninf = -std::numeric_limits<A_t>::infinity();
+  // Per column (the transposed block): shift by each query's lse, 0 where it is -inf (all masked).
+  A_t shifts[kBlockQ];
+  if (!queryRows)
+    for (int i = 0; i < cols; ++i) shifts[i] = i < nq && lse[i] != ninf ? lse[i] : A_t(0);
   for (int r = 0; r < rows; ++r) {
     A_t* s = S + r * cols;
     if (queryRows) {
@@ -227,8 +273,9 @@ static inline void Probabilities(const Problem& p, A_t* S, int rows, int cols, b
       }
       for (int i = 0; i < cols; ++i) {
         const bool ok = i < nq && lse[i] != ninf && (all || Visible(p, b, q0 + i, k0 + r));
-        s[i] = ok ? std::exp(s[i] - lse[i]) : A_t(0);
+        if (!ok) s[i] = ninf;
       }
+      ExpShifts(s, cols, shifts);
     }
   }
 }

@@ -100,3 +100,17 @@ test('fused attention: bfloat16 matches float32 within bfloat16 rounding (out an
     }
   });
 });
+
+test('fused attention: float32 (its vectorised exp) matches float64 op-by-op attention within float32 rounding', () => {
+  tidy(() => {
+    manualSeed(5);
+    const c: Case = { name: 'float32', B: 1, Hq: 4, Hkv: 2, Tq: 100, Tk: 100, D: 16, window: 40 };
+    const [q, k, v, w] = [c.Hq, c.Hkv, c.Hkv, c.Hq].map((h) => randn([c.B, h, c.Tq, c.D], { dtype: 'float64' }).mul(2));
+    const f32 = [q, k, v].map((t) => t!.float().requiresGrad_()), r64 = [q, k, v].map((t) => t!.detach().requiresGrad_());
+    const out = fusedAttention(f32[0]!, f32[1]!, f32[2]!, { window: c.window });
+    const [ref] = reference(r64[0]!, r64[1]!, r64[2]!, c, 0);
+    assertClose(out.double(), ref, { rtol: 1e-4, atol: 1e-5 }, 'out');
+    const got = grad([out.double().mul(w!).sum()], f32), want = grad([ref.mul(w!).sum()], r64);
+    for (const [i, n] of ['dq', 'dk', 'dv'].entries()) assertClose(got[i]!.double(), want[i]!, { rtol: 1e-3, atol: 1e-4 }, n);
+  });
+});
