@@ -9,6 +9,7 @@ import { Llama } from '../src/models/llama.js';
 import { documentLayout, withDocuments } from '../src/nn/documents.js';
 import { withKernels, kernelChoice } from '../src/nn/kernels/choice.js';
 import { assertClose } from './oracle/check.js';
+import { parseConfig } from '../src/config/index.js';
 
 const B = 2, T = 24;
 // Row 0: documents of 9 and 15 tokens; row 1: 5, 12 and 7.
@@ -65,3 +66,9 @@ for (const [name, make] of [
     }
   });
 }
+
+test('[train] kernels: "eager" by default, "fused" when asked, anything else refused naming both', () => {
+  assert.equal(parseConfig('').train.kernels, 'eager');
+  assert.equal(parseConfig('[train]\nkernels = "fused"\n').train.kernels, 'fused');
+  assert.throws(() => parseConfig('', ['--train.kernels=flash']), /eager.*fused/);
+});
