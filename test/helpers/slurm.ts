@@ -12,7 +12,12 @@
 //
 // slurm.conf, and why:
 //   SlurmUser/SlurmdUser=root     the suite runs as root; no slurm user or file ownership to set up.
-//   AuthInfo=socket=...           our munged's socket, not the system one (which is not running).
+//   AuthInfo=socket=...           our munged's socket, not the system one (which is not running);
+//     ,cred_expire=5              a requeued job waits this long (+1 s) before it may start again
+//                                 (default 120 s); 5 is the least Slurm takes. Step credentials live
+//                                 as long, plenty for a launch on one machine.
+//   SchedulerParameters=sched_interval=1  pending jobs (a requeued one past its wait) are looked at
+//                                 every second, not every 60 s.
 //   SlurmdParameters=config_overrides  nodes declare CPUs of their own (several nodes share this
 //                                 machine's cores) without being drained for differing from hardware.
 //   ProctrackType=proctrack/linuxproc, TaskPlugin=task/none  no cgroups in the test machine's
@@ -81,6 +86,8 @@ export interface SlurmCluster {
   logs(): string;
   /** Stops every daemon and job process, deletes the namespaces and the directory. Idempotent. */
   drop(): void;
+  /** What of the cluster is still there: its processes (pid and command) and namespaces. */
+  remains(): string[];
 }
 
 const FINAL = new Set(['COMPLETED', 'FAILED', 'CANCELLED', 'TIMEOUT', 'NODE_FAIL', 'PREEMPTED', 'OUT_OF_MEMORY', 'BOOT_FAIL', 'DEADLINE', 'SPECIAL_EXIT']);
@@ -103,6 +110,7 @@ function processesOf(conf: string): number[] {
 }
 
 const live = new Set<SlurmCluster>();
+let clusters = 0;
 let hooked = false;
 function hookExit(): void {
   if (hooked) return;
@@ -129,8 +137,10 @@ export async function startSlurm(o: SlurmOptions): Promise<SlurmCluster | string
   const conf = join(dir, 'slurm.conf');
   const env: NodeJS.ProcessEnv = { ...process.env, PATH: sbin, SLURM_CONF: conf };
   let hosts: Hosts | undefined;
+  // Namespaces flts<pid><k>a, ... and the bridge's flts<pid><k>s (interface names stay within 15 characters).
+  const tag = `s${process.pid}${clusters++ % 10}`;
   if (o.namespaces) {
-    const h = makeHosts(o.nodes + 1, `s${process.pid}`);
+    const h = makeHosts(o.nodes + 1, tag);
     if (typeof h === 'string') {
       rmSync(dir, { recursive: true, force: true });
       return h;
@@ -148,7 +158,7 @@ export async function startSlurm(o: SlurmOptions): Promise<SlurmCluster | string
     // slurmctld starts only on the host it names: this machine, or the UTS namespace named ctl.
     `SlurmctldHost=${hosts ? 'ctl' : hostname()}(${ctlAddr})`,
     'SlurmUser=root', 'SlurmdUser=root',
-    'AuthType=auth/munge', 'CredType=cred/munge', `AuthInfo=socket=${join(dir, 'munge.sock')}`,
+    'AuthType=auth/munge', 'CredType=cred/munge', `AuthInfo=socket=${join(dir, 'munge.sock')},cred_expire=5`,
     `SlurmctldPort=${ctlPort}`, `SlurmdPort=${dPort}`,
     `StateSaveLocation=${join(dir, 'state')}`, `SlurmdSpoolDir=${join(dir, 'spool-%n')}`,
     `SlurmctldPidFile=${join(dir, 'slurmctld.pid')}`, `SlurmdPidFile=${join(dir, 'slurmd-%n.pid')}`,
@@ -156,7 +166,7 @@ export async function startSlurm(o: SlurmOptions): Promise<SlurmCluster | string
     'SlurmdParameters=config_overrides',
     'ProctrackType=proctrack/linuxproc', 'TaskPlugin=task/none',
     'SelectType=select/cons_tres', 'SelectTypeParameters=CR_CPU',
-    'SchedulerType=sched/builtin', 'MpiDefault=none', 'SwitchType=switch/none',
+    'SchedulerType=sched/builtin', 'SchedulerParameters=sched_interval=1', 'MpiDefault=none', 'SwitchType=switch/none',
     'JobAcctGatherType=jobacct_gather/none', 'AccountingStorageType=accounting_storage/none',
     'ReturnToService=2', 'MinJobAge=60', 'JobRequeue=1', 'KillWait=5', 'InactiveLimit=0',
     ...(o.conf ?? []),
@@ -223,6 +233,21 @@ export async function startSlurm(o: SlurmOptions): Promise<SlurmCluster | string
     output(id) {
       const p = join(dir, `slurm-${id}.out`);
       return existsSync(p) ? readFileSync(p, 'utf8') : '';
+    },
+    remains() {
+      const names = new Set(spawnSync('ip', ['netns', 'list'], { encoding: 'utf8' }).stdout?.split('\n').map((l) => l.split(' ')[0] ?? '') ?? []);
+      const cmdline = (p: number): string => {
+        try {
+          return readFileSync(`/proc/${p}/cmdline`, 'utf8').replaceAll('\0', ' ').trim();
+        } catch {
+          return '';
+        }
+      };
+      return [
+        ...processesOf(conf).map((p) => `process ${p}: ${cmdline(p)}`),
+        ...children.filter((c) => c.pid !== undefined && existsSync(`/proc/${c.pid}/cmdline`) && cmdline(c.pid) !== '').map((c) => `daemon ${c.pid}: ${cmdline(c.pid!)}`),
+        ...[...names].filter((n) => n.startsWith(`flt${tag}`)).map((n) => `namespace ${n}`),
+      ];
     },
     drop() {
       if (dropped) return;
