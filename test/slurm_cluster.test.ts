@@ -7,6 +7,7 @@ import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { randomBytes } from 'node:crypto';
 import { tinyGptToml } from './fixtures/tiny_gpt.js';
 import { readMetrics } from '../src/train/metrics.js';
 import { freePort } from '../src/launch/launcher.js';
@@ -26,6 +27,7 @@ function cluster(c: SlurmCluster | string, t: { skip(why: string): void }): Slur
 }
 
 const NODE = process.execPath;
+const port = await freePort();
 
 test('two nodes in namespaces: srun -N2 --ntasks-per-node=1 runs one task on each node, each seeing its own node id, hostname and address', async (t) => {
   const c = cluster(two, t);
@@ -57,23 +59,39 @@ if [ "\${SLURM_RESTART_COUNT:-0}" = 0 ]; then sleep 120; fi\n`);
   assert.match(readFileSync(marker, 'utf8'), /^run 0 on n\d\nrun 1 on n\d\n$/);
 });
 
-test('one node on loopback: srun -n 2 flotilla train runs two ranks that train the tiny GPT and log every step', async (t) => {
-  const c = cluster(one, t);
-  if (!c) return;
+test('flotilla train under srun, one task per rank: srun -n 2 on the loopback node, and srun -N2 -n2 across the two namespaced nodes (rank 0 on the first node, meeting at its address); both train the tiny GPT and log every step', async (t) => {
   const steps = 4;
-  const config = join(c.dir, 'tiny.toml');
-  writeFileSync(config, tinyGptToml({ train: { steps, evalEvery: 0 }, parallel: { backend: 'gloo' }, log: { progress: 'plain', every: 1 } }));
-  const runDir = join(c.dir, 'run');
-  const slot = await suiteSlots.acquire();
-  try {
-    const id = c.submit(`export MASTER_PORT=${await freePort()} FLOTILLA_REPORT=0
-srun -n 2 ${NODE} ${BIN} train ${config} --train.runDir=${runDir}\n`, ['-n2']);
-    const job = await c.waitJob(id, 120_000);
-    assert.equal(job.state, 'COMPLETED', c.output(id) + c.logs());
-  } finally {
-    suiteSlots.release(slot);
+  const train = async (c: SlurmCluster, name: string, body: (run: string) => string, args: string[]): Promise<void> => {
+    const config = join(c.dir, `${name}.toml`);
+    writeFileSync(config, tinyGptToml({ train: { steps, evalEvery: 0 }, parallel: { backend: 'gloo' }, log: { progress: 'plain', every: 1 } }));
+    const runDir = join(c.dir, name);
+    const slot = await suiteSlots.acquire();
+    let id: number;
+    try {
+      id = c.submit(`export FLOTILLA_REPORT=0\n${body(`${NODE} ${BIN} train ${config} --train.runDir=${runDir}`)}\n`, args);
+      const job = await c.waitJob(id, 180_000);
+      assert.equal(job.state, 'COMPLETED', `${name}: ${c.output(id)}${c.logs()}`);
+    } finally {
+      suiteSlots.release(slot);
+    }
+    assert.deepEqual(readMetrics(join(runDir, 'metrics.jsonl')).map((m) => m.step), Array.from({ length: steps }, (_, i) => i + 1), name);
+    if (c === two) assert.match(c.output(id), new RegExp(`c10d Gloo over TCP on \\S+ ${c.nodes[0]!.addr.replaceAll('.', '\\.')} .*, 2 ranks`), c.output(id));
+  };
+  const runs: Promise<void>[] = [];
+  if (typeof one === 'string') t.diagnostic(`no one-node Slurm cluster here: ${one}`);
+  // On one machine the default master address (127.0.0.1) is right; the port is one free here.
+  else runs.push(train(one, 'one-node', (cmd) => `export MASTER_PORT=${port}\nsrun -n 2 ${cmd}`, ['-n2']));
+  if (typeof two === 'string') t.diagnostic(`no two-node Slurm cluster here: ${two}`);
+  // Rank 0 runs on the job's first node: the master address is that node's (Slurm knows it as NodeAddr).
+  else runs.push(train(two, 'two-nodes', (cmd) => `first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export FLOTILLA_JOB_SECRET=${randomBytes(16).toString('hex')}
+export MASTER_ADDR=$(scontrol show node "$first" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2) MASTER_PORT=29500
+srun -N2 -n2 --ntasks-per-node=1 ${cmd}`, ['-N2', '-n2']));
+  if (runs.length === 0) {
+    t.skip(`no Slurm cluster here: ${String(one)}`);
+    return;
   }
-  assert.deepEqual(readMetrics(join(runDir, 'metrics.jsonl')).map((m) => m.step), Array.from({ length: steps }, (_, i) => i + 1));
+  await Promise.all(runs);
 });
 
 test('after drop() nothing of either cluster is left: no slurmctld, slurmd, munged, job process or namespace', (t) => {

@@ -224,6 +224,7 @@ export async function startSlurm(o: SlurmOptions): Promise<SlurmCluster | string
         const j = cluster.job(id);
         if (j) last = j;
         if (j && until(j)) return j;
+        if (dropped) throw new Error(`job ${id}: the cluster was dropped while waiting (last state ${last?.state ?? 'unknown'})`);
         if (Date.now() > end) {
           throw new Error(`job ${id} did not get there within ${timeoutMs} ms (last state ${last?.state ?? 'unknown'})\n${cluster.output(id)}\n${logs()}`);
         }
