@@ -1,7 +1,8 @@
 // A real Slurm (test/helpers/slurm.ts), started for this file: two nodes in network namespaces of
 // their own, and one node on loopback. A batch job's `srun -N2` runs a task on each node (its node
-// id, hostname and address are the node's); `srun -n 2 flotilla train` on one node trains as two
-// ranks and logs every step; `scontrol requeue` of a running job runs it again with
+// id, hostname and address are the node's); `srun -n 2 flotilla train` on one node and
+// `srun -N2 -n2 flotilla train` across the two (meeting at the first node, by name) train as two
+// ranks and log every step; `scontrol requeue` of a running job runs it again with
 // SLURM_RESTART_COUNT=1; after drop() no daemon, job process or namespace of either cluster is left.
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -59,7 +60,7 @@ if [ "\${SLURM_RESTART_COUNT:-0}" = 0 ]; then sleep 120; fi\n`);
   assert.match(readFileSync(marker, 'utf8'), /^run 0 on n\d\nrun 1 on n\d\n$/);
 });
 
-test('flotilla train under srun, one task per rank: srun -n 2 on the loopback node, and srun -N2 -n2 across the two namespaced nodes (rank 0 on the first node, meeting at its address); both train the tiny GPT and log every step', async (t) => {
+test('flotilla train under srun, one task per rank: srun -n 2 on the loopback node, and srun -N2 -n2 across the two namespaced nodes (rank 0 on the first node, MASTER_ADDR its name from scontrol show hostnames); both train the tiny GPT and log every step', async (t) => {
   const steps = 4;
   const train = async (c: SlurmCluster, name: string, body: (run: string) => string, args: string[]): Promise<void> => {
     const config = join(c.dir, `${name}.toml`);
@@ -82,10 +83,9 @@ test('flotilla train under srun, one task per rank: srun -n 2 on the loopback no
   // On one machine the default master address (127.0.0.1) is right; the port is one free here.
   else runs.push(train(one, 'one-node', (cmd) => `export MASTER_PORT=${port}\nsrun -n 2 ${cmd}`, ['-n2']));
   if (typeof two === 'string') t.diagnostic(`no two-node Slurm cluster here: ${two}`);
-  // Rank 0 runs on the job's first node: the master address is that node's (Slurm knows it as NodeAddr).
-  else runs.push(train(two, 'two-nodes', (cmd) => `first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-export FLOTILLA_JOB_SECRET=${randomBytes(16).toString('hex')}
-export MASTER_ADDR=$(scontrol show node "$first" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2) MASTER_PORT=29500
+  // Rank 0 runs on the job's first node: the master address is that node's name.
+  else runs.push(train(two, 'two-nodes', (cmd) => `export FLOTILLA_JOB_SECRET=${randomBytes(16).toString('hex')}
+export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1) MASTER_PORT=29500
 srun -N2 -n2 --ntasks-per-node=1 ${cmd}`, ['-N2', '-n2']));
   if (runs.length === 0) {
     t.skip(`no Slurm cluster here: ${String(one)}`);

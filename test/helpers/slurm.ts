@@ -293,9 +293,16 @@ export async function startSlurm(o: SlurmOptions): Promise<SlurmCluster | string
     if (i > 100) return fail('munged did not start within 10 s');
     await sleep(100);
   }
-  // In namespaces each daemon gets a UTS namespace named for it (a task's hostname is its node's).
-  const named = (name: string, file: string, args: string[]): [string, string[]] =>
-    (hosts ? ['unshare', ['--uts', 'sh', '-c', `hostname ${name} && exec ${file} ${args.join(' ')}`]] : [file, args]);
+  // Node names resolve in the daemons and jobs (MASTER_ADDR=$(scontrol show hostnames ... | head -n 1)
+  // works as on a real cluster): each Slurm daemon runs in a mount namespace of its own with the
+  // cluster's hosts file over /etc/hosts; in namespaces also in a UTS namespace named for it (a
+  // task's hostname is its node's).
+  const hostsFile = join(dir, 'hosts');
+  writeFileSync(hostsFile, ['127.0.0.1 localhost', ...(hosts ? [`${ctlAddr} ctl`] : []), ...nodes.map((n) => `${n.addr} ${n.name}`)].join('\n') + '\n');
+  const named = (name: string, file: string, args: string[]): [string, string[]] => ['unshare', [
+    '--mount', ...(hosts ? ['--uts'] : []), 'sh', '-c',
+    `mount --bind ${hostsFile} /etc/hosts && ${hosts ? `hostname ${name} && ` : ''}exec ${file} ${args.join(' ')}`,
+  ]];
   daemon(...named('ctl', 'slurmctld', ['-D', '-i', '-f', conf]), 0);
   nodes.forEach((n, k) => daemon(...named(n.name, 'slurmd', ['-D', '-f', conf, '-N', n.name]), k + 1));
   // Ready when slurmctld answers and every node is idle.
