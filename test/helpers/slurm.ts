@@ -8,7 +8,14 @@
 //     host k (10.77.0.k+1) with hostname nk in a UTS namespace of its own, so a task's `hostname`
 //     names its node. Clients (sbatch, squeue, scontrol) run inside host 0: cmd() wraps them.
 // Job scripts run with the client's environment (sbatch exports it): SLURM_CONF reaches their srun.
-// No side effects at import.
+// Node names resolve inside the daemons and jobs (a hosts file of the cluster's own). No side
+// effects at import. A test, in short:
+//   const c = await startSlurm({ nodes: 2, namespaces: true });   // a string: why not (t.skip it)
+//   after(() => c.drop());
+//   const id = c.submit(`srun -N2 ${process.execPath} ${BIN} train ...`, ['-N2']);
+//   const job = await c.waitJob(id, 120_000);                      // job.state, job.restarts
+//   c.output(id);                                                   // its slurm-ID.out
+// Node k (0-based) is host k + 1 of c.hosts: c.hosts.cut(k + 1) takes it off the network.
 //
 // slurm.conf, and why:
 //   SlurmUser/SlurmdUser=root     the suite runs as root; no slurm user or file ownership to set up.
@@ -20,8 +27,8 @@
 //                                 every second, not every 60 s.
 //   SlurmdParameters=config_overrides  nodes declare CPUs of their own (several nodes share this
 //                                 machine's cores) without being drained for differing from hardware.
-//   ProctrackType=proctrack/linuxproc, TaskPlugin=task/none  no cgroups in the test machine's
-//                                 container; processes are tracked by parentage.
+//   ProctrackType=proctrack/linuxproc, TaskPlugin=task/none  no cgroup set-up (the nodes share
+//                                 one machine's cgroups); processes are tracked by parentage.
 //   SelectType=select/cons_tres with CR_CPU  jobs take CPUs, not whole nodes, memory is not tracked.
 //   OverSubscribe=YES             jobs asking --oversubscribe may share CPUs.
 //   ReturnToService=2             a node that was down (cut, killed) is taken back when it registers.
