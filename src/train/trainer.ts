@@ -174,8 +174,9 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
       const evalNow = step === steps - 1 || (cfg.train.evalEvery > 0 && (step + 1) % cfg.train.evalEvery === 0);
       const valLoss = evalNow ? run.evaluate() : undefined;
       if (valLoss !== undefined) lastVal = valLoss;
+      const rss = processMemory()?.rssBytes;
       const row: StepMetrics = {
-        step: step + 1, loss, lr, tokensPerSec: run.tokensPerStep / dt, ...(run.dpo ? {} : { trainedTokens: count }), gradNorm: norm, ...(valLoss !== undefined ? { valLoss } : {}),
+        step: step + 1, loss, lr, tokensPerSec: run.tokensPerStep / dt, ...(rss !== undefined ? { rssMiB: rss / 2 ** 20 } : {}), ...(run.dpo ? {} : { trainedTokens: count }), gradNorm: norm, ...(valLoss !== undefined ? { valLoss } : {}),
         elapsedS: (performance.now() - loopStart) / 1000, ...(run.dpo ? dpoMetrics(count, metrics) : metrics ? { criterion: metrics } : {}), ...moeRow,
       };
       record?.step(row);
