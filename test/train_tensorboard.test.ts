@@ -147,6 +147,19 @@ test('tensorboard: 2 ranks, MoE, resumed: event files framed and CRC-checked, ev
 
   const rows = readMetrics(join(dir, 'metrics.jsonl'));
   assert.deepEqual(rows.map((m) => m.step), [1, 2, 3, 4, 5, 6]);
+  // MFU: the config's model FLOPs per token (hand count: 2 blocks of qkv 32x96 and output 32x32, the
+  // router 32x4 and 2 of 4 experts 32x128 + 128x32; the head 32 x vocab; attention 12 x 2 x 32 x 32),
+  // times each rank's share of the tokens/s, over the 0.5 TFLOP/s given.
+  const vocab = Number(/^vocabSize = (\d+)$/m.exec(readFileSync(join(dir, 'config.toml'), 'utf8'))![1]);
+  const perToken = 6 * (2 * (32 * 96 + 32 * 32 + 32 * 4 + 2 * (32 * 128 + 128 * 32)) + 32 * vocab) + 12 * 2 * 32 * 32;
+  for (const m of rows) {
+    assert.equal(m.flopsPerToken, perToken);
+    assert.ok(Math.abs(m.tflops! - (perToken * m.tokensPerSec) / 2 / 1e12) <= 1e-12 * m.tflops!, JSON.stringify(m));
+    assert.ok(Math.abs(m.mfu! - m.tflops! / 0.5) <= 1e-12 * m.mfu!, JSON.stringify(m));
+  }
+  assert.match(r.out, /^(?:\[rank 0\] )?step 2\/6 \| loss [\d.]+ \| val - \| lr [\d.e+-]+ \| [\d,]+ tok\/s \| MFU \d+\.\d+% \| gnorm /m);
+  assert.match(r.out, /\[mfu\] .* model FLOPs per token .* peak 0\.500 TFLOP\/s per rank, \[log\] peakTflops/);
+
   let count = 0;
   for (const m of rows) {
     const want = expected(m);
