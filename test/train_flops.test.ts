@@ -49,17 +49,17 @@ test('MFU: per-rank TFLOP/s over the peak; the peak given, or probed once and ca
   const { tflops, mfu } = mfuOf(6e9, 1000, 4, 0.5);
   assert.equal(tflops, (6e9 * 1000) / 4 / 1e12);
   assert.equal(mfu, tflops / 0.5);
-  assert.deepEqual(peakTflops(2.5, 'float32', 1), { tflops: 2.5, source: '[log] peakTflops' });
+  assert.deepEqual(peakTflops(2.5, 'float32'), { tflops: 2.5, source: '[log] peakTflops' });
 
   const cache = mkdtempSync(join(tmpdir(), 'flotilla-peak-'));
   const env = { FLOTILLA_CACHE_DIR: cache };
-  const probed = peakTflops(0, 'float32', 1, env);
+  const probed = peakTflops(0, 'float32', env);
   assert.ok(probed.tflops > 1e-4 && probed.tflops < 100, `${probed.tflops} TFLOP/s`);
   assert.match(probed.source, /^measured \(768x768 float32 GEMMs\), cached in /);
   const [file] = readdirSync(join(cache, 'mfu'));
-  assert.match(file!, /^peak-.*_x\d+_threads_x1_ranks_float32\.json$/);
-  // The next run reads the cache (changed here, so the value can only come from it); the key names the CPU, threads, ranks per host and dtype.
+  assert.match(file!, /^peak-.*_x\d+_threads_float32\.json$/);
+  // The next run reads the cache (changed here, so the value can only come from it); the key names the CPU, threads and dtype.
   const path = join(cache, 'mfu', file!);
   writeFileSync(path, JSON.stringify({ ...JSON.parse(readFileSync(path, 'utf8')), tflops: 1.25 }));
-  assert.deepEqual(peakTflops(0, 'float32', 1, env), { tflops: 1.25, source: path });
+  assert.deepEqual(peakTflops(0, 'float32', env), { tflops: 1.25, source: path });
 });

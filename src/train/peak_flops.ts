@@ -1,16 +1,20 @@
 // One rank's peak TFLOP/s, the MFU's denominator: [log] peakTflops when given, else measured once by
-// a short matmul probe and cached in the user's cache directory (src/io/cache_dir.ts: the `mfu`
-// folder, peak-<key>.json), keyed by the CPU model, this rank's threads, the ranks sharing the host
-// (every rank probes at once, as they train at once) and the dtype.
+// a short matmul probe at this rank's threads and cached in the user's cache directory
+// (src/io/cache_dir.ts: ~/.cache/flotilla/mfu/peak-<key>.json), keyed by the CPU model, the threads
+// and the dtype. Rank 0 measures (or reads its cache) while the others wait, and tells them: a rank's
+// threads are its share of the host's cores (src/distributed/process_group.ts), so one rank alone on
+// them measures what each reaches, and a probe costs one rank's second, not every rank's.
 import { mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import { cpus } from 'node:os';
 import { join } from 'node:path';
 import { cacheDir } from '../io/cache_dir.js';
 import { getNumThreads, randn, tidy, type DType } from '../tensor/index.js';
+import { broadcastJson } from '../checkpoint/replicas.js';
+import type { ProcessGroup } from '../distributed/process_group.js';
 
 /** Square GEMMs of this size: large enough to reach the BLAS's rate, small enough for about a second. */
 const N = 768;
-const PROBE_SECONDS = 0.8;
+const PROBE_SECONDS = 0.5;
 
 /** The best rate of n x n GEMMs over about PROBE_SECONDS (after one warm-up), in TFLOP/s. */
 export function probePeakTflops(dtype: DType, seconds = PROBE_SECONDS): number {
@@ -34,11 +38,11 @@ export interface Peak {
   source: string;
 }
 
-/** [log] peakTflops, or the cached probe for this machine and dtype, or a new probe (cached). */
-export function peakTflops(given: number, dtype: DType, ranksOnHost: number, env: NodeJS.ProcessEnv = process.env): Peak {
+/** [log] peakTflops, or the cached probe for this machine and dtype, or a new probe (cached); on one rank. */
+export function peakTflops(given: number, dtype: DType, env: NodeJS.ProcessEnv = process.env): Peak {
   if (given > 0) return { tflops: given, source: '[log] peakTflops' };
   const dir = cacheDir('mfu', env);
-  const key = `${cpus()[0]?.model ?? 'cpu'} x${getNumThreads()} threads x${ranksOnHost} ranks ${dtype}`;
+  const key = `${cpus()[0]?.model ?? 'cpu'} x${getNumThreads()} threads ${dtype}`;
   const file = dir && join(dir, `peak-${key.replace(/[^\w.-]+/g, '_')}.json`);
   if (file) {
     try {
@@ -55,4 +59,9 @@ export function peakTflops(given: number, dtype: DType, ranksOnHost: number, env
     } catch { /* an unwritable cache only costs a probe next time */ }
   }
   return { tflops, source: `measured (${N}x${N} ${dtype} GEMMs), cached in ${file ?? '(FLOTILLA_CACHE_DIR=off)'}` };
+}
+
+/** Rank 0's peakTflops, on every rank of the world (a collective). */
+export function worldPeakTflops(world: ProcessGroup, given: number, dtype: DType): Peak {
+  return broadcastJson(world, world.rank === 0 ? peakTflops(given, dtype) : undefined);
 }

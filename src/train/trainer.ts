@@ -18,7 +18,7 @@ import { openRun, writeRankRecord, type RunParts } from './phases.js';
 import { dpoMetrics } from './objective.js';
 import { openRunRecord, memoryLine, type RunRecord } from './run_record.js';
 import { mfuOf, modelFlops } from './flops.js';
-import { peakTflops } from './peak_flops.js';
+import { worldPeakTflops } from './peak_flops.js';
 
 export interface TrainOptions {
   /** Where the config came from, recorded in the saved config. */
@@ -143,12 +143,12 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
     if (isRank0) await opts.onRunDir?.(record!.dir);
     out.header('train', `${steps} steps, eval every ${cfg.train.evalEvery || steps} on ${cfg.train.evalBatches} val batch(es); run dir ${record?.dir ?? '(rank 0)'}`);
     if (run.dpo) out.header('dpo', run.dpo.prepare(record?.dir)); // dpo.precompute: before step 0, every rank
-    // The MFU's numerator per token and one rank's peak ([Note: model flops]; every rank probes at once).
+    // The MFU's numerator per token ([Note: model flops]) and one rank's peak (rank 0's, told to all).
     const flops = modelFlops(cfg);
-    const peak = flops && peakTflops(cfg.log.peakTflops, cfg.train.precision === 'bf16-mixed' ? 'bfloat16' : 'float32', env.localWorldSize);
+    const peak = flops && worldPeakTflops(run.world, cfg.log.peakTflops, cfg.train.precision === 'bf16-mixed' ? 'bfloat16' : 'float32');
     if (flops && peak) {
       out.header('mfu', `${flops.perToken.toExponential(3)} model FLOPs per token (6 x ${flops.matmulParams.toLocaleString('en-US')} matmul weights a token goes through + ` +
-        `${flops.attention.toLocaleString('en-US')} of attention); peak ${peak.tflops.toFixed(3)} TFLOP/s per rank, ${peak.source}`);
+        `${flops.attention.toLocaleString('en-US')} of attention); peak ${peak.tflops.toPrecision(3)} TFLOP/s per rank, ${peak.source}`);
     }
     progress = new Progress(steps, mode, cfg.log.every, print);
     stopRequest = new StopRequest(out.log);
