@@ -15,52 +15,25 @@
 //   window a query reads at most that many keys, so T = min(seqLen, window).
 // Recomputation (activation checkpointing) is not counted: these are the model's FLOPs, not the
 // hardware's.
-import type { FlotillaConfig } from '../config/schema.js';
-import { modelConfigOf } from '../config/schema.js';
-import { checkGPTConfig } from '../models/gpt_config.js';
-import { resolveLlamaConfig } from '../models/llama_config.js';
-import { isMoELayer, type MoEConfig } from '../nn/moe_config.js';
+// Each architecture says what it is counted from (ModelRules.flopShape in src/models/spec.ts).
+import { modelConfigOf, type FlotillaConfig } from '../config/schema.js';
+import { modelRules } from '../models/rules.js';
 
 export interface FlopCount {
   /** N: weights of the matmuls one token goes through. */
   matmulParams: number;
-  /** 12 x nLayer x T x d_attn. */
+  /** 12 x T x d_attn summed over the attention layers. */
   attention: number;
   /** 6 N + attention. */
   perToken: number;
 }
 
-/** An MoE block's active weights: the router (width x experts) and topK + shared experts of `expert` weights each. */
-const moeActive = (m: MoEConfig, width: number, expert: number): number => width * m.experts + (m.topK + m.sharedExperts) * expert;
-
-/** The count for a config's model, or undefined for an architecture it does not know (a user's model). */
+/** The count for a config's model, or undefined when its architecture does not give its shape (a user's model may not). */
 export function modelFlops(cfg: Pick<FlotillaConfig, 'model' | 'moe' | 'data'>): FlopCount | undefined {
-  const m = modelConfigOf(cfg), T = cfg.data.seqLen;
-  let n = 0, layers = 0, dAttn = 0, keys = T;
-  if (m.arch === 'gpt') {
-    const c = checkGPTConfig(m), C = c.nEmbd;
-    layers = c.nLayer;
-    dAttn = C;
-    for (let i = 0; i < c.nLayer; i++) {
-      n += 4 * C * C; // qkv (C x 3C) and the output projection (C x C)
-      n += isMoELayer(c.moe, i) ? moeActive(c.moe!, C, 2 * C * (c.moe!.hidden || 4 * C)) : 8 * C * C;
-    }
-    n += C * c.vocabSize;
-  } else if (m.arch === 'llama') {
-    const c = resolveLlamaConfig(m), C = c.nEmbd, A = c.nHead * c.headDim, KV = c.nKvHead * c.headDim, I = c.intermediateSize;
-    layers = c.nLayer;
-    dAttn = A;
-    if (c.slidingWindow > 0) keys = Math.min(T, c.slidingWindow);
-    for (let i = 0; i < c.nLayer; i++) {
-      n += C * A + 2 * C * KV + A * C; // q, k, v, o
-      n += isMoELayer(c.moe, i) ? moeActive(c.moe!, C, 3 * C * (c.moe!.hidden || I)) : 3 * C * I; // SwiGLU: gate, up, down
-    }
-    n += C * c.vocabSize;
-  } else {
-    return undefined;
-  }
-  const attention = 12 * layers * keys * dAttn;
-  return { matmulParams: n, attention, perToken: 6 * n + attention };
+  const shape = modelRules(cfg.model.arch).flopShape?.(modelConfigOf(cfg), cfg.data.seqLen);
+  if (!shape) return undefined;
+  const attention = shape.attention.reduce((sum, a) => sum + 12 * a.keys * a.width, 0);
+  return { matmulParams: shape.matmulParams, attention, perToken: 6 * shape.matmulParams + attention };
 }
 
 /** Achieved model TFLOP/s per rank and the MFU, from a step's global tokens/s. */
