@@ -110,6 +110,7 @@ function expected(m: StepMetrics): Map<string, number> {
 }
 
 test('tensorboard: 2 ranks, MoE, resumed: event files framed and CRC-checked, every scalar at its step equals metrics.jsonl', async () => {
+  assert.equal(crc32c(Buffer.from('123456789')), 0xe3069283, 'CRC-32C\'s check value');
   const config = join(work, 'tb.toml');
   writeFileSync(config, tinyGptToml({
     model: { nLayer: 2 }, moe: { experts: 4, topK: 2 },
