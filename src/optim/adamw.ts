@@ -2,6 +2,7 @@
 // (single-tensor path), so results agree to float rounding; it runs over flat ranges ([Note: flat
 // step] in optimizer.ts), each op once per range instead of once per parameter.
 import { Tensor, zerosLike } from '../tensor/index.js';
+import { fusedAdamW } from './fused.js';
 import { Optimizer, type ParamsArg, type OptimizerExtras, type UpdateRun } from './optimizer.js';
 
 export interface AdamWOptions {
@@ -40,5 +41,9 @@ export class AdamW extends Optimizer<AdamWOptions> {
     const bc2 = 1 - b2 ** step;
     const denom = v.sqrt().div_(Math.sqrt(bc2)).add_(o.eps);
     p.addcdiv_(m, denom, -o.lr / bc1);
+  }
+
+  protected override fusedUpdate(run: UpdateRun, o: AdamWOptions): void {
+    fusedAdamW(run, o);
   }
 }

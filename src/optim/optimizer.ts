@@ -11,6 +11,7 @@
 // parameter by name.
 import { Tensor, noGrad, keep, tidy, tensor } from '../tensor/index.js';
 import type { GradientSource, StepPiece } from '../parallel/grads.js';
+import { kernelChoice } from '../nn/kernels/choice.js';
 
 export interface ParamGroup<O> {
   params: Tensor[];
@@ -124,28 +125,31 @@ export abstract class Optimizer<O extends { lr: number }> {
       // Which groups may share a run, decided once per step (a schedule changes lr in every group alike).
       const fuseKeys = this.groups.map((g) => this.fuseKey(g.options));
       const stepped = new Set<Tensor>();
+      // [Note: kernel choice]: the one-pass update where the optimizer has one.
+      const fused = kernelChoice() === 'fused' && this.fusedUpdate !== undefined;
       noGrad(() => {
         for (const piece of pieces) {
           const state = this.stateOf(piece);
           for (const run of this.runsOf(piece, used, fuseKeys)) {
             const uniform = run.decays.every((d) => d === run.decays[0]);
             const decay = uniform ? run.decays[0]! : this.decayRanges(piece, run);
+            const options = this.groups[run.group]!.options;
+            const updateAt = (at: number, n: number, update: (run: UpdateRun, o: O) => void) => tidy(() => {
+              const view = (t: Tensor) => t.narrow(0, run.start + at, n);
+              const stateViews: Record<string, Tensor> = {};
+              for (const [k, t] of Object.entries(state)) stateViews[k] = view(t);
+              update.call(this, {
+                param: view(piece.data), grad: view(piece.grad), state: stateViews, step: run.step,
+                weightDecay: typeof decay === 'number' ? decay : clipRanges(decay, at, n),
+              }, options);
+            });
+            // A fused update reads and writes each array of the run once: no chunks needed.
+            if (fused) updateAt(0, run.numel, this.fusedUpdate!);
             // [Note: update chunks] An update is a chain of elementwise kernels, each one pass over
             // its tensors. Over a whole bucket (megabytes) every pass streams the parameters, the
             // gradient and the state from memory; chunks of UPDATE_CHUNK elements keep them in the
             // core's cache for the whole chain. Elementwise results do not depend on the chunking.
-            for (let at = 0; at < run.numel; at += UPDATE_CHUNK) {
-              const n = Math.min(UPDATE_CHUNK, run.numel - at);
-              tidy(() => {
-                const view = (t: Tensor) => t.narrow(0, run.start + at, n);
-                const stateViews: Record<string, Tensor> = {};
-                for (const [k, t] of Object.entries(state)) stateViews[k] = view(t);
-                this.update({
-                  param: view(piece.data), grad: view(piece.grad), state: stateViews, step: run.step,
-                  weightDecay: typeof decay === 'number' ? decay : clipRanges(decay, at, n),
-                }, this.groups[run.group]!.options);
-              });
-            }
+            else for (let at = 0; at < run.numel; at += UPDATE_CHUNK) updateAt(at, Math.min(UPDATE_CHUNK, run.numel - at), this.update);
             for (const p of run.params) stepped.add(p);
           }
           this.grads?.pieceStepped?.(piece);
@@ -237,6 +241,8 @@ export abstract class Optimizer<O extends { lr: number }> {
 
   protected abstract initState(flat: Tensor): Record<string, Tensor>;
   protected abstract update(run: UpdateRun, o: O): void;
+  /** The same update in one pass (src/optim/fused.ts), used under kernels = "fused"; none: update() always. */
+  protected fusedUpdate?(run: UpdateRun, o: O): void;
 
   /**
    * State by parameter name: each parameter's update count and the part of each state tensor this

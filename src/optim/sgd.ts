@@ -1,6 +1,7 @@
 // SGD with momentum, dampening, Nesterov and L2 weight decay, as torch.optim.SGD computes it,
 // over flat ranges ([Note: flat step] in optimizer.ts).
 import { Tensor, zerosLike } from '../tensor/index.js';
+import { fusedSGD } from './fused.js';
 import { Optimizer, type ParamsArg, type OptimizerExtras, type UpdateRun } from './optimizer.js';
 
 export interface SGDOptions {
@@ -38,5 +39,9 @@ export class SGD extends Optimizer<SGDOptions> {
       d = o.nesterov ? d.add(buf, o.momentum) : buf;
     }
     p.add_(d, -o.lr);
+  }
+
+  protected override fusedUpdate(run: UpdateRun, o: SGDOptions): void {
+    fusedSGD(run, o);
   }
 }

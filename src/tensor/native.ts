@@ -101,6 +101,15 @@ export interface Native {
   /** Its backward from the forward's out and lse: [dq, dk, dv]. */
   attentionBackward(q: TensorHandle, k: TensorHandle, v: TensorHandle, out: TensorHandle, lse: TensorHandle, dOut: TensorHandle,
     scale: number, offset: number, window: number, qDocs: TensorHandle | undefined, kDocs: TensorHandle | undefined): [TensorHandle, TensorHandle, TensorHandle];
+  /**
+   * One AdamW update in place over flat contiguous ranges ([Note: fused optimizer] in native/optim.cc):
+   * m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g g, param = decay param - stepSize m / (sqrt(v) / bc2sqrt + eps).
+   */
+  adamwStep(param: TensorHandle, grad: TensorHandle, expAvg: TensorHandle, expAvgSq: TensorHandle,
+    decay: number, beta1: number, beta2: number, eps: number, stepSize: number, bc2sqrt: number): void;
+  /** One SGD update in place (torch.optim.SGD's, L2 decay into the gradient; the first step copies into the buffer). */
+  sgdStep(param: TensorHandle, grad: TensorHandle, momentumBuffer: TensorHandle | undefined, lr: number, momentum: number,
+    dampening: number, weightDecay: number, nesterov: boolean, first: boolean): void;
   /** Linux: deliver signo to this process when its parent exits (false elsewhere). */
   setParentDeathSignal(signo: number): boolean;
 

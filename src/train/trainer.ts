@@ -114,7 +114,8 @@ function trainStep(run: RunParts, cfg: FlotillaConfig): StepResult & { norm: num
     // No trained token in the whole global batch: no gradient was made, and the step is not applied.
     if (r.count === 0) return { ...r, norm: 0 };
     const norm = o.gradClip > 0 ? clipGradNorm(model.grads, o.gradClip).norm : gradNorm(model.grads);
-    if (Number.isFinite(norm)) optimizer.step(); // a non-finite norm is the same on every rank (grads.ts): all skip alike
+    // a non-finite norm is the same on every rank (grads.ts): all skip alike; [train] kernels picks the update's too
+    if (Number.isFinite(norm)) withKernels(cfg.train.kernels, () => optimizer.step());
     return { ...r, norm };
   });
 }
