@@ -13,9 +13,6 @@
 #include <cstdint>
 #include <cstring>
 
-// std::sqrt without errno, so the loops vectorise (the inputs are never negative).
-#pragma GCC optimize("no-math-errno")
-
 namespace flotilla {
 namespace optim {
 
