@@ -13,6 +13,10 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { readMetrics } from '../src/train/metrics.js';
 import { CONFIG, flotilla, rankPids, readRecord, work } from './helpers/ckpt_runs.js';
+import { pool } from './helpers/pool.js';
+
+// Every launch holds one of the suite's launch slots (the reference runs beside the first stop).
+const launch = pool();
 
 const STEPS = 20;
 const stubs = mkdtempSync(join(tmpdir(), 'flotilla-scontrol-'));
@@ -55,12 +59,12 @@ const stoppedAt = (out: string): number => Number(/\[stop\] stopped after step (
 
 test('SIGUSR1 on one rank saves and requeues (scontrol requeue $SLURM_JOB_ID); the requeued job resumes, a SIGTERM saves without a requeue, and the run ends as the uninterrupted one', async () => {
   const refDir = join(work, 'slurm-ref');
-  const reference = flotilla(['train', CONFIG, `--train.runDir=${refDir}`, '--nproc', '2', `--train.steps=${STEPS}`, '--optim.schedule=constant', '--checkpoint.every=0', '--record', join(refDir, 'record')]);
+  const reference = launch(() => flotilla(['train', CONFIG, `--train.runDir=${refDir}`, '--nproc', '2', `--train.steps=${STEPS}`, '--optim.schedule=constant', '--checkpoint.every=0', '--record', join(refDir, 'record')]));
   const dir = join(work, 'slurm-job');
 
   // 1. The time limit is near: SIGUSR1 reaches rank 1 only.
   const usr1 = signalAt(dir, 3, 'SIGUSR1', () => rankPids(dir).get(1));
-  const first = await flotilla(common(dir, join(dir, 'record-1')), { env: slurmEnv(0), onStart: usr1.onStart });
+  const first = await launch(() => flotilla(common(dir, join(dir, 'record-1')), { env: slurmEnv(0), onStart: usr1.onStart }));
   assert.ok(usr1.sent);
   assert.equal(first.code, 0, `${first.out}\n${first.err}`);
   const s1 = stoppedAt(first.out);
@@ -71,7 +75,7 @@ test('SIGUSR1 on one rank saves and requeues (scontrol requeue $SLURM_JOB_ID); t
 
   // 2. The requeued job (the same command) resumes by itself; scancel's SIGTERM reaches its launcher.
   const term = signalAt(dir, s1 + 3, 'SIGTERM', (child) => child.pid);
-  const second = await flotilla(common(dir, join(dir, 'record-2')), { env: slurmEnv(1), onStart: term.onStart });
+  const second = await launch(() => flotilla(common(dir, join(dir, 'record-2')), { env: slurmEnv(1), onStart: term.onStart }));
   assert.ok(term.sent);
   assert.equal(second.code, 0, `${second.out}\n${second.err}`);
   assert.match(second.out, new RegExp(`\\[resume\\] resumed from step ${s1}\\b`));
@@ -81,7 +85,7 @@ test('SIGUSR1 on one rank saves and requeues (scontrol requeue $SLURM_JOB_ID); t
   assert.equal(readFileSync(calls, 'utf8'), 'requeue 4242\n', 'a SIGTERM saves without a requeue');
 
   // 3. Started again, it finishes.
-  const third = await flotilla(common(dir, join(dir, 'record-3')), { env: slurmEnv(2) });
+  const third = await launch(() => flotilla(common(dir, join(dir, 'record-3')), { env: slurmEnv(2) }));
   assert.equal(third.code, 0, `${third.out}\n${third.err}`);
   assert.match(third.out, new RegExp(`\\[resume\\] resumed from step ${s2}\\b`));
 
