@@ -11,6 +11,7 @@ import { readLaunchEnv, LaunchEnvError } from '../src/distributed/env.js';
 import { slurmNodeTask } from '../src/launch/slurm.js';
 import { parseSbatchArgs, partitionNodes, sbatchCommand, sbatchScript } from '../src/cli/sbatch.js';
 import { parseConfig } from '../src/config/index.js';
+import { parseTrainArgs } from '../src/cli/train_args.js';
 
 test('hostlists expand as `scontrol show hostnames` prints them (Slurm 23.11 outputs)', () => {
   // Each pair: the list, and scontrol's output for it.
@@ -55,6 +56,20 @@ test('one task per node: nodes, node index, master address and port come from th
   assert.equal(slurmNodeTask({}, 2, undefined), undefined);
   assert.equal(slurmNodeTask(alloc({ SLURM_NTASKS: '6' }), 2, undefined), undefined);
   assert.equal(slurmNodeTask(alloc(), undefined, undefined), undefined);
+});
+
+test('elastic under Slurm: --nnodes MIN:MAX needs no --node-rank in an allocation (SLURM_NODEID), and MIN reaches the launcher', () => {
+  const saved = process.env.SLURM_NODEID;
+  process.env.SLURM_NODEID = '1';
+  try {
+    const a = parseTrainArgs(['job.toml', '--nnodes', '2:3', '--nproc', '2']);
+    assert.deepEqual(a.hosts, { nnodes: 3, minNodes: 2, nodeRank: 1 });
+    assert.deepEqual(slurmNodeTask(alloc(), a.nproc, a.hosts)?.hosts, { nnodes: 3, minNodes: 2, nodeRank: 1, masterAddr: 'gpu07', masterPort: 22420 });
+  } finally {
+    if (saved === undefined) delete process.env.SLURM_NODEID;
+    else process.env.SLURM_NODEID = saved;
+  }
+  assert.throws(() => parseTrainArgs(['job.toml', '--nnodes', '2:3']), /needs --node-rank R/);
 });
 
 test('a command line that disagrees with the allocation is one error naming the fix', () => {
