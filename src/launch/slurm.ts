@@ -25,7 +25,6 @@ export interface SlurmHosts {
   masterPort?: number;
 }
 
-
 function num(env: Env, name: string): number | undefined {
   const raw = env[name]?.trim();
   if (raw === undefined || raw === '') return undefined;
@@ -56,7 +55,7 @@ export function slurmMasterAddr(env: Env = process.env): string | undefined {
  * tasks). `given`: the command line's --nnodes and companions, checked against the allocation.
  */
 export function slurmNodeTask(env: Env, nproc: number | undefined, given: SlurmHosts | undefined): { hosts?: SlurmHosts } | undefined {
-  if (env.SLURM_PROCID?.trim() === undefined || env.SLURM_PROCID.trim() === '') return undefined;
+  if (!env.SLURM_PROCID?.trim()) return undefined;
   const nodes = slurmNodes(env), tasks = num(env, 'SLURM_NTASKS');
   if (nodes === undefined || tasks === undefined || tasks !== nodes) return undefined; // one task per rank: env.ts
   if (nproc === undefined && given === undefined) return undefined; // one rank per task and node: env.ts too
