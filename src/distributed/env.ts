@@ -89,16 +89,21 @@ function slurmMaster(env: Env): { masterAddr?: string; masterPort?: number } {
   const nodes = Number((env.SLURM_NNODES ?? env.SLURM_JOB_NUM_NODES ?? '1').trim() || 1);
   if (!(nodes > 1)) return {};
   const out: { masterAddr?: string; masterPort?: number } = {};
-  const list = env.SLURM_JOB_NODELIST?.trim() || env.SLURM_NODELIST?.trim();
-  if (!present(env, 'MASTER_ADDR') && list) {
-    try {
-      out.masterAddr = expandHostlist(list)[0]!;
-    } catch (e) {
-      throw new LaunchEnvError(`SLURM_JOB_NODELIST: ${(e as Error).message}`);
-    }
-  }
+  const first = present(env, 'MASTER_ADDR') ? undefined : slurmFirstHost(env);
+  if (first !== undefined) out.masterAddr = first;
   if (!present(env, 'MASTER_PORT') && present(env, 'SLURM_JOB_ID')) out.masterPort = slurmPort(intVar(env, 'SLURM_JOB_ID'));
   return out;
+}
+
+/** The first host of SLURM_JOB_NODELIST (or SLURM_NODELIST), where a Slurm job's node 0 runs; undefined without one. */
+export function slurmFirstHost(env: Env = process.env): string | undefined {
+  const list = env.SLURM_JOB_NODELIST?.trim() || env.SLURM_NODELIST?.trim();
+  if (!list) return undefined;
+  try {
+    return expandHostlist(list)[0];
+  } catch (e) {
+    throw new LaunchEnvError(`SLURM_JOB_NODELIST: ${(e as Error).message}`);
+  }
 }
 
 function check(e: LaunchEnv, names: { rank: string; size: string; localRank: string; localSize: string }): LaunchEnv {

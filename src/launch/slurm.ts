@@ -11,8 +11,8 @@
 // allocation is one usage error; --nnodes MIN:MAX whose MAX is the allocation's node count keeps
 // the elastic meaning (a node lost under `srun --no-kill`: the others carry on while MIN remain).
 import { spawnSync } from 'node:child_process';
-import { LaunchEnvError } from '../distributed/env.js';
-import { expandHostlist, slurmPort } from '../distributed/slurm_vars.js';
+import { intVar, LaunchEnvError, slurmFirstHost } from '../distributed/env.js';
+import { slurmPort } from '../distributed/slurm_vars.js';
 
 type Env = Record<string, string | undefined>;
 
@@ -25,27 +25,14 @@ export interface SlurmHosts {
   masterPort?: number;
 }
 
+/** A Slurm count variable, undefined when unset (intVar's error when malformed). */
 function num(env: Env, name: string): number | undefined {
-  const raw = env[name]?.trim();
-  if (raw === undefined || raw === '') return undefined;
-  if (!/^\d+$/.test(raw)) throw new LaunchEnvError(`${name}=${JSON.stringify(env[name])} is not a whole number; is this a Slurm allocation?`);
-  return Number(raw);
+  return env[name]?.trim() ? intVar(env, name) : undefined;
 }
 
 /** Slurm's node count: SLURM_NNODES, else SLURM_JOB_NUM_NODES. */
 export function slurmNodes(env: Env = process.env): number | undefined {
   return num(env, 'SLURM_NNODES') ?? num(env, 'SLURM_JOB_NUM_NODES');
-}
-
-/** The first host of SLURM_JOB_NODELIST (SLURM_NODELIST), where node 0 runs. */
-export function slurmMasterAddr(env: Env = process.env): string | undefined {
-  const list = env.SLURM_JOB_NODELIST?.trim() || env.SLURM_NODELIST?.trim();
-  if (!list) return undefined;
-  try {
-    return expandHostlist(list)[0];
-  } catch (e) {
-    throw new LaunchEnvError(`SLURM_JOB_NODELIST: ${(e as Error).message}`);
-  }
 }
 
 /**
@@ -68,7 +55,7 @@ export function slurmNodeTask(env: Env, nproc: number | undefined, given: SlurmH
     if (given.nodeRank !== nodeRank) throw new LaunchEnvError(`train: --node-rank ${given.nodeRank} ${where}, on the node Slurm numbers ${nodeRank} (SLURM_NODEID): drop --node-rank`);
   }
   if (nodes === 1) return {};
-  const masterAddr = slurmMasterAddr(env);
+  const masterAddr = slurmFirstHost(env);
   if (masterAddr === undefined) throw new LaunchEnvError(`train: ${where} without SLURM_JOB_NODELIST: start flotilla train through srun`);
   if (given?.masterAddr !== undefined && given.masterAddr !== masterAddr) {
     throw new LaunchEnvError(`train: --master-addr ${given.masterAddr} ${where}, whose first node is ${masterAddr}: drop --master-addr`);
