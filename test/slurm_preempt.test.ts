@@ -4,7 +4,7 @@
 // agrees on and requeues the job; the same command started again as the requeued job
 // (SLURM_RESTART_COUNT = 1) resumes from it, and a SIGTERM (scancel) to its launcher saves without
 // a requeue; the third start finishes. Every step is in metrics.jsonl once and the final parameters
-// are the uninterrupted run's.
+// are the uninterrupted run's, itself run as two node tasks of a 2-node allocation.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { chmodSync, existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
@@ -12,7 +12,7 @@ import type { ChildProcess } from 'node:child_process';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { readMetrics } from '../src/train/metrics.js';
-import { CONFIG, flotilla, rankPids, readRecord, work } from './helpers/ckpt_runs.js';
+import { CONFIG, flotilla, rankPids, readRecord, work, type Flotilla } from './helpers/ckpt_runs.js';
 import { pool } from './helpers/pool.js';
 
 // Every launch holds one of the suite's launch slots (the reference runs beside the first stop).
@@ -58,8 +58,14 @@ function signalAt(dir: string, rows: number, signal: NodeJS.Signals, whom: (chil
 const stoppedAt = (out: string): number => Number(/\[stop\] stopped after step (\d+) of \d+/.exec(out)?.[1] ?? NaN);
 
 test('SIGUSR1 on one rank saves and requeues (scontrol requeue $SLURM_JOB_ID); the requeued job resumes, a SIGTERM saves without a requeue, and the run ends as the uninterrupted one', async () => {
+  // The uninterrupted run: two node tasks of a 2-node allocation (both on this host), one rank each,
+  // which meet at the nodelist's first host on the job's port ([Note: slurm geometry]).
   const refDir = join(work, 'slurm-ref');
-  const reference = launch(() => flotilla(['train', CONFIG, `--train.runDir=${refDir}`, '--nproc', '2', `--train.steps=${STEPS}`, '--optim.schedule=constant', '--checkpoint.every=0', '--record', join(refDir, 'record')]));
+  const nodeTask = (node: number): Promise<Flotilla> => flotilla(
+    ['train', CONFIG, `--train.runDir=${refDir}`, '--nproc', '1', `--train.steps=${STEPS}`, '--optim.schedule=constant', '--checkpoint.every=0', '--record', join(refDir, 'record')],
+    { env: { SLURM_JOB_ID: '4243', SLURM_PROCID: String(node), SLURM_NTASKS: '2', SLURM_NNODES: '2', SLURM_NODEID: String(node), SLURM_LOCALID: '0', SLURM_JOB_NODELIST: 'localhost,localhost' } },
+  );
+  const reference = launch(() => Promise.all([nodeTask(0), nodeTask(1)]));
   const dir = join(work, 'slurm-job');
 
   // 1. The time limit is near: SIGUSR1 reaches rank 1 only.
@@ -89,8 +95,9 @@ test('SIGUSR1 on one rank saves and requeues (scontrol requeue $SLURM_JOB_ID); t
   assert.equal(third.code, 0, `${third.out}\n${third.err}`);
   assert.match(third.out, new RegExp(`\\[resume\\] resumed from step ${s2}\\b`));
 
-  const ref = await reference;
-  assert.equal(ref.code, 0, ref.err);
+  const refNodes = await reference;
+  for (const r of refNodes) assert.equal(r.code, 0, `${r.out}\n${r.err}`);
+  assert.match(refNodes[0]!.out, /\[world\] [^\n]*, 2 ranks,/, 'the two node tasks (one rank each) met in one world');
   const steps = readMetrics(join(dir, 'metrics.jsonl')).map((m) => m.step);
   assert.deepEqual(steps, Array.from({ length: STEPS }, (_, i) => i + 1), 'every step once, no gap');
   assert.deepEqual(readMetrics(join(dir, 'metrics.jsonl')).map((m) => m.loss), readMetrics(join(refDir, 'metrics.jsonl')).map((m) => m.loss));
