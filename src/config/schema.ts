@@ -104,6 +104,12 @@ export interface LogConfig {
   peakTflops: number;
 }
 
+/** Running as a Slurm job (src/launch/slurm.ts). */
+export interface SlurmConfig {
+  /** After the checkpoint a SIGUSR1 asks for, requeue the job (`scontrol requeue $SLURM_JOB_ID`). */
+  requeue: boolean;
+}
+
 export type { MoEConfig } from '../nn/moe_config.js';
 
 /** Low-rank adapters on a frozen base (src/nn/lora.ts, [Note: LoRA]); rank 0 = off. */
@@ -142,6 +148,7 @@ export interface FlotillaConfig {
   parallel: ParallelConfig;
   checkpoint: CheckpointConfig;
   log: LogConfig;
+  slurm: SlurmConfig;
 }
 
 type KindOf<T> = T extends boolean ? 'bool' : T extends number ? 'int' | 'float' : T extends readonly string[] ? 'strings' : T extends readonly unknown[] ? 'sources' : 'string';
@@ -332,6 +339,12 @@ export const configSchema: Schema<FlotillaConfig> = {
       samplePrompt: { kind: 'string', default: '', doc: 'The text the end-of-run sample continues ("": from the end-of-text token alone).' },
       tensorboard: { kind: 'bool', default: false, doc: 'Also write TensorBoard event files into RUN/tb (loss, validation loss, learning rate, gradient norm, tokens/s, MFU, memory, MoE expert load, and the config as text); view with `tensorboard --logdir runs/`.' },
       peakTflops: { kind: 'float', default: 0, min: 0, doc: 'One rank\'s peak TFLOP/s, the MFU\'s denominator (0: measured once by a short matmul probe at the run\'s threads and precision, cached per CPU model).' },
+    },
+  },
+  slurm: {
+    doc: 'Running as a Slurm job (README "Running on a Slurm cluster"): a SIGUSR1 (sbatch --signal=USR1@90) or SIGTERM (scancel, preemption) on any rank saves a checkpoint at the end of the current step and stops the run.',
+    fields: {
+      requeue: { kind: 'bool', default: false, doc: 'After the checkpoint a SIGUSR1 asked for, rank 0 runs `scontrol requeue $SLURM_JOB_ID`; the requeued job (SLURM_RESTART_COUNT > 0) resumes from that checkpoint in the same run directory. A SIGTERM saves without requeueing. Needs checkpoint.dir: a directory every node of a later allocation sees.' },
     },
   },
 };
