@@ -29,7 +29,7 @@ import { readSafetensorsHeader, saveSafetensors } from './safetensors.js';
 import { CheckpointError } from './format.js';
 import { PEFT_CONFIG, PEFT_WEIGHTS, peftSettingsProblem, readPeftConfig, type LoraSettings, type PeftAdapterConfig, type PeftLora } from './peft_config.js';
 import { RangeReader } from './range_reader.js';
-import { copyTokenizer, fillHeld } from './hf.js';
+import { copyTokenizer, fillHeld, hfFormatFor } from './hf.js';
 
 export { PEFT_CONFIG, PEFT_WEIGHTS, type LoraSettings, type PeftLora } from './peft_config.js';
 
@@ -59,7 +59,8 @@ const shortName = (path: string): string => path.slice(path.lastIndexOf('.') + 1
 /** Hugging Face module paths (and whether stored transposed) by flotilla module path, from a spec's tensor map. */
 function hfModules(spec: ModelSpec, cfg: Record<string, unknown>): { names: Map<string, string>; transposed: Set<string> } {
   if (!spec.hf) throw new CheckpointError(`model.arch = "${spec.arch}" has no Hugging Face form, so its adapters have no PEFT names`);
-  const tensors = spec.hf.tensors(cfg);
+  // The class the config is written as: a family's (Mixtral, Qwen3-MoE: its experts' names) when one fits.
+  const tensors = (hfFormatFor(spec, cfg) ?? spec.hf).tensors(cfg);
   const transposed = new Set(tensors.filter((t) => t.transpose && t.name.endsWith('.weight')).map((t) => t.name.slice(0, -7)));
   return { names: hfModuleNames(tensors), transposed };
 }

@@ -117,12 +117,11 @@ export function baseParameters(model: Module): Record<string, Tensor> {
 
 /**
  * `flotilla export RUN OUT --format hf --merge`: the base with the run's adapters merged in
- * (W + scale * B A) as a Hugging Face directory, stored in the base's dtype unless `dtype` says.
+ * (W + scale * B A) as a Hugging Face directory, stored in the base's dtype unless `dtype` says. An
+ * MoE model's expert adapters merge into their own experts' slices of the stacks ([Note: LoRA on
+ * experts]), which the family's map writes back as one Linear per expert (Mixtral, Qwen3-MoE).
  */
 export function exportMergedHf(c: LoraCheckpoint, out: string, opts: Omit<SaveHfOptions, 'tokenizer'> = {}): HfWriteReport & { step: number; dtype: string } {
-  if (Number((c.model.moe as { experts?: unknown } | undefined)?.experts ?? 0) > 0) {
-    throw new CheckpointError(`${c.dir} holds a mixture-of-experts model, which has no Hugging Face form in flotilla; export its adapters with --format peft`);
-  }
   const dtype = opts.dtype ?? baseDtypeOf(c.base);
   const { model, spec } = loraRunModel(c.dir);
   try {
