@@ -77,9 +77,10 @@ test('LoRA targets on Qwen3-MoE experts: gate_proj reaches the dense MLPs and th
   const b = applyLora(other, { rank: 2, targets: ['all-linear'], hfNames: hf });
   assert.equal(b.expertAdapters.size, 0);
   assert.throws(() => applyLora(spec.build(c as never, { initSeed: 7 }), { rank: 20, targets: ['down_proj'], hfNames: hf }), /rank 20 is larger/);
-  // No PEFT export of expert adapters yet: refused with the fix, from the model and from the config alike.
-  assert.throws(() => adapterSlots(model, spec, c as never), /layers\.1\.mlp\.experts\.gate.*no PEFT export.*target Linears only/);
-  assert.throws(() => wholeModelSlots(c as never, ['gate_proj'], 2), /layers\.1\.mlp\.experts\.gate.*no PEFT export.*target Linears only/);
+  // PEFT slots of the expert adapters, from the model and from the config alike: one stack of 4 experts' Linears.
+  const expertSlot = { path: 'layers.1.mlp.experts.gate', hf: 'model.layers.1.mlp.experts.gate_proj', rank: 2, inFeatures: 8, outFeatures: 12, transposed: false, experts: 4 };
+  assert.deepEqual(adapterSlots(model, spec, c as never).find((s) => s.experts !== undefined), expertSlot);
+  assert.deepEqual(wholeModelSlots(c as never, ['gate_proj'], 2).find((s) => s.experts !== undefined), expertSlot);
   assert.equal(wholeModelSlots(c as never, ['q_proj'], 2).length, 2);
 }));
 

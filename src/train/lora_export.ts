@@ -59,9 +59,6 @@ export function exportPeft(arg: string, out: string): PeftWriteReport & { step: 
   if (!c) {
     throw new CheckpointError(`${arg} is not a LoRA run's checkpoint (its lora.rank is 0: it holds the whole model), so it has no adapters to export; export the model with --format hf, or as one .safetensors file`);
   }
-  if (Number((c.model.moe as { experts?: unknown } | undefined)?.experts ?? 0) > 0) {
-    throw new CheckpointError(`${arg} holds a mixture-of-experts model, which has no Hugging Face form in flotilla, so its adapters have no PEFT names`);
-  }
   const slots = wholeModelSlots(c.model, c.lora.targets, c.lora.rank);
   const { meta, tensors } = consolidate(c.dir);
   try {
