@@ -6,9 +6,11 @@
 // (`...block_sparse_moe.experts.E.w1`, `...mlp.experts.E.gate_proj`), which a reader of the test's own
 // (test/oracle/peft_reader.py) merges into each expert's weight as --merge did; `generate BASE
 // --adapter DIR` reads them back into the stacks, as does `[lora] adapter` into any range of a stack.
+// End to end: `flotilla train --nproc 2` with expert parallelism from a Hugging Face Mixtral with
+// expert targets, `export --format peft`, and `generate BASE --adapter DIR` samples what the run does.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { manualSeed, noGrad, randint, randn, setNumThreads, tensor, zeros, type Tensor } from '../src/tensor/index.js';
@@ -24,6 +26,7 @@ import { attachPeftAdapter, checkPeftAdapter, loadPeftAdapter, loraHfNames } fro
 import { exportCommand, generate } from '../src/cli/checkpoint.js';
 import type { ParamPlacement } from '../src/parallel/placement.js';
 import { runOracle, oracleMissing } from './oracle/oracle.js';
+import { flotilla } from './helpers/cli.js';
 import { baseIdentity } from '../src/train/lora_run.js';
 import { withFloat64 } from './oracle/check.js';
 
@@ -269,3 +272,32 @@ for (const c of MOE_CASES) {
     assert.throws(() => checkPeftAdapter(peft, { ...r.model, moe: { ...moe, experts: 6 } }, run.lora), /has no 'base_model\.model\.model\.layers\.\d\.[a-z_]+\.experts\.4\.[a-z_0-9]+\.lora_A\.weight'.*another base model/);
   });
 }
+
+test('flotilla train --nproc 2 (ep = 2) with LoRA on a Hugging Face Mixtral\'s experts; export --format peft; generate BASE --adapter DIR gives the run\'s tokens', async () => {
+  const c = MOE_CASES[0]!;
+  const base = join(root, 'e2e-base');
+  const b = modelSpec('llama').build({ ...c.model, vocabSize: 256 }, { initSeed: 9 });
+  savePretrained(b, base);
+  b.dispose();
+  const toml = join(root, 'e2e.toml');
+  // No [model]: it is the directory's (with its [moe]).
+  writeFileSync(toml, [
+    '[data]', 'tokenizer = "byte"', 'source = "moby-dick"', 'seqLen = 16', 'globalBatch = 4',
+    '[train]', 'steps = 2', 'evalEvery = 0', `initFrom = ${JSON.stringify(base)}`,
+    '[optim]', 'lr = 2e-2', 'minLr = 2e-2', 'warmupSteps = 0',
+    '[lora]', 'rank = 2', 'alpha = 4', 'targets = ["q_proj", "w1", "w2", "w3"]',
+    '[checkpoint]', 'every = 2',
+    '[log]', 'progress = "plain"', '',
+  ].join('\n'));
+  const run = join(root, 'e2e-run');
+  const r = await flotilla(['train', toml, '--nproc', '2', `--train.runDir=${run}`, '--parallel.ep=2'], { timeoutMs: 240_000 });
+  assert.equal(r.code, 0, `${r.out}\n${r.err}`);
+  const peft = join(root, 'e2e-peft');
+  exportCli([run, peft, '--format', 'peft']);
+  const stored = loadSafetensors(join(peft, 'adapter_model.safetensors'));
+  const experts = Object.keys(stored).filter((n) => /\.block_sparse_moe\.experts\.\d\.w[123]\.lora_B\.weight$/.test(n));
+  assert.equal(experts.length, 2 * 4 * 3, Object.keys(stored).join(', ')); // layers x experts x projections
+  assert.ok(experts.some((n) => noGrad(() => stored[n]!.abs().max().item() as number) > 0), 'the experts\' B trained away from zero');
+  const withAdapter = await generate(base, { ...greedy('Call me'), adapter: peft });
+  assert.equal(withAdapter[0]!.text, (await generate(run, greedy('Call me')))[0]!.text);
+});
