@@ -326,7 +326,7 @@ export const configSchema: Schema<FlotillaConfig> = {
       keep: { kind: 'int', default: 3, min: 1, doc: 'Complete checkpoints kept; older ones are deleted once a newer one is durable.' },
       dir: { kind: 'string', default: '', doc: 'Checkpoint directory ("" means <run dir>/checkpoints).' },
       async: { kind: 'bool', default: false, doc: 'Copy the state in memory and write it on a background thread while training continues (the next save and the end of the run wait for it).' },
-      replicas: { kind: 'int', default: -1, min: -1, max: 1, doc: 'Across hosts without shared storage: 1 = each host saves into its own dir (a local disk) and every file it writes is also written on the next host, so losing one host leaves a complete checkpoint on the others; 0 = every host writes into one shared dir; -1 = 1 when the run spans several hosts (flotilla train --nnodes), else 0.' },
+      replicas: { kind: 'int', default: -1, min: -1, max: 1, doc: 'Across hosts without shared storage: 1 = each host saves into its own dir (a local disk) and every file it writes is also written on the next host, so losing one host leaves a complete checkpoint on the others; 0 = every host writes into one shared dir; -1 = 1 when the run spans several hosts (flotilla train --nnodes) outside a Slurm job (whose nodes share the job directory) and without [slurm] requeue = true (its checkpoint.dir is shared storage), else 0.' },
     },
   },
   log: {

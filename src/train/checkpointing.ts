@@ -31,10 +31,15 @@ export interface RunCheckpointsOptions {
   log: (line: string) => void;
 }
 
-/** [checkpoint] replicas resolved: -1 is 1 when the world spans several hosts. */
+/**
+ * [checkpoint] replicas resolved: -1 is 1 when the world spans several hosts, except in a Slurm job
+ * (or with [slurm] requeue = true, whose checkpoint.dir is on storage every node sees): the nodes of
+ * an allocation share the job's working directory, so every host writes into the one checkpoint
+ * directory (replicas = 1 would refuse that at the first save).
+ */
 export function replicasOf(cfg: FlotillaConfig, worldSize: number, ranksPerHost: number): 0 | 1 {
   const r = cfg.checkpoint.replicas;
-  return r === 1 || (r === -1 && worldSize > ranksPerHost) ? 1 : 0;
+  return r === 1 || (r === -1 && !cfg.slurm.requeue && !inSlurmJob() && worldSize > ranksPerHost) ? 1 : 0;
 }
 
 /** Saving during a run: the schedule, and the save itself. */
