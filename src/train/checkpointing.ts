@@ -147,6 +147,9 @@ export function initFrom(path: string, placements: readonly ParamPlacement[], nu
   else loadWeights(path, placements, numParams);
 }
 
+/** Left on SIGUSR1 after a run in a Slurm job ([Note: slurm stop]). */
+const ignoreSignal = (): void => {};
+
 /** The signals that stop a run, weakest first ([Note: slurm stop]). */
 const STOP_SIGNALS: readonly NodeJS.Signals[] = ['SIGINT', 'SIGUSR1', 'SIGTERM'];
 
@@ -160,7 +163,10 @@ const STOP_SIGNALS: readonly NodeJS.Signals[] = ['SIGINT', 'SIGUSR1', 'SIGTERM']
  * on, then a clean exit; a repeated one changes nothing (Slurm's SIGKILL ends what must end). Which
  * signal stopped the run is agreed too (SIGTERM over SIGUSR1 over SIGINT, as one max): only a stop
  * for SIGUSR1 requeues the job ([slurm] requeue, the trainer). Outside Slurm, SIGTERM keeps its
- * default (the process ends) and SIGUSR1 is left alone.
+ * default (the process ends) and SIGUSR1 is left alone. After the run (dispose) a SIGUSR1 is
+ * ignored in a Slurm job: a real job's time-limit warning that came after the last step (Slurm
+ * signals every process of the step, the ranks besides their launcher's forwarding) otherwise
+ * killed the finished ranks (exit 138) and failed the job.
  */
 export class StopRequest {
   /** 0: none; else the strongest signal seen here (STOP_SIGNALS' order). */
@@ -208,6 +214,7 @@ export class StopRequest {
 
   dispose(): void {
     for (const s of this.signals) process.off(s, this.handler);
+    if (this.signals.includes('SIGUSR1') && !process.listeners('SIGUSR1').includes(ignoreSignal)) process.on('SIGUSR1', ignoreSignal);
   }
 }
 
