@@ -35,7 +35,8 @@ function cluster(t: { skip(why: string): void }): SlurmCluster | undefined {
   return undefined;
 }
 
-const STEPS = 30;
+// Steps of ~15 ms: enough that the signal and the kill (sent at step 3-4) land well before the end.
+const STEPS = 120;
 const toml = tinyGptToml({
   train: { steps: STEPS, evalEvery: 0 }, optim: { schedule: 'constant' }, parallel: { backend: 'gloo' },
   checkpoint: { every: 0 }, log: { progress: 'plain', every: 1 },
@@ -80,11 +81,11 @@ async function until(what: string, ok: () => boolean, ms: number, more: () => st
   const end = Date.now() + ms;
   while (!ok()) {
     if (Date.now() > end) throw new Error(`${what} did not happen within ${ms} ms\n${more()}`);
-    await sleep(100);
+    await sleep(20);
   }
 }
 
-const LOST_STEPS = 60;
+const LOST_STEPS = 120;
 const allSteps = Array.from({ length: STEPS }, (_, i) => i + 1);
 
 // The two tests' jobs share the cluster and run side by side.
