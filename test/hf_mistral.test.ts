@@ -128,7 +128,7 @@ test('model.slidingWindow must be a whole number >= 0; a windowed model MistralF
   const refused: [Partial<LlamaConfig>, RegExp][] = [
     [{ ...small, family: 'mistral', ropeScaling: 'llama3' }, /MistralForCausalLM has no rope_scaling.*set model\.ropeScaling = "none"/],
     [{ ...small, family: 'llama' }, /model\.family = "llama" has no sliding window: set model\.family = "mistral"/],
-    [{ ...small, family: 'qwen2', attnBias: 'qkv' }, /model\.family = "qwen2" has no sliding window/],
+    [{ ...small, nLayer: 2, family: 'mistral', windowFrom: 1 }, /model\.family = "mistral" windows every layer \(sliding_window\): set model\.windowFrom = 0, or model\.family = "qwen2" or "qwen3"/],
   ];
   for (const [cfg, re] of refused) {
     const m = new Llama(cfg);

@@ -124,7 +124,7 @@ test('a Qwen3-MoE flotilla cannot read or write exactly is one error naming the 
     }
   };
   withCfg({ mlp_only_layers: [0] }, /mlp_only_layers = \[0\] is not supported; flotilla places dense layers by decoder_sparse_step alone/);
-  withCfg({ use_sliding_window: true }, /use_sliding_window = true is not supported/);
+  withCfg({ use_sliding_window: true, sliding_window: 4, max_window_layers: 2 }, /max_window_layers = 2 is above num_hidden_layers = 1; set max_window_layers <= num_hidden_layers/);
   withCfg({ num_experts_per_tok: 6 }, /num_experts_per_tok = 6 is above num_experts = 5/);
   withCfg({ decoder_sparse_step: 2 }, /decoder_sparse_step = 2 is above num_hidden_layers = 1/);
   withCfg({ norm_topk_prob: 'yes' }, /norm_topk_prob = "yes" is not true or false/);

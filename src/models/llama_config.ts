@@ -51,6 +51,11 @@ export interface LlamaConfig {
    * i - j < slidingWindow (positions within its document); 0 = full causal attention.
    */
   slidingWindow: number;
+  /**
+   * The first block (global index) with the sliding window; blocks below it attend with full causal
+   * attention (Qwen's max_window_layers). 0 = every block windowed (Mistral, Mixtral).
+   */
+  windowFrom: number;
   /** Mixture of experts (the [moe] section): an MoE MLP every moe.every blocks when moe.experts > 0. */
   moe?: MoEConfig;
 }
@@ -59,7 +64,13 @@ export const defaultLlamaConfig: LlamaConfig = {
   vocabSize: 256, blockSize: 128, nLayer: 4, nHead: 4, nKvHead: 0, nEmbd: 128, headDim: 0, intermediateSize: 0,
   rmsNormEps: 1e-5, ropeTheta: 10000, ropeScaling: 'none', ropeFactor: 8, ropeLowFreqFactor: 1, ropeHighFreqFactor: 4,
   ropeOriginalMaxPositions: 8192, dropout: 0, tieEmbeddings: false, family: 'llama', attnBias: 'none', qkNorm: false, slidingWindow: 0,
+  windowFrom: 0,
 };
+
+/** Block `layer`'s (global index) sliding window: model.slidingWindow from block model.windowFrom on, else 0 (full causal). */
+export function layerWindow(c: Pick<LlamaConfig, 'slidingWindow'> & { windowFrom?: number }, layer: number): number {
+  return layer >= (c.windowFrom ?? 0) ? c.slidingWindow : 0;
+}
 
 /** Llama's MLP width for a model width: int(8/3 nEmbd) rounded up to a multiple of 64. */
 export function llamaIntermediateSize(nEmbd: number): number {
@@ -74,6 +85,7 @@ export function resolveLlamaConfig(cfg: Partial<LlamaConfig>): LlamaConfig {
     if (!Number.isInteger(c[k]) || c[k] <= 0) throw new Error(`Llama: ${k} must be a positive integer, got ${c[k]}`);
   }
   if (!Number.isInteger(c.slidingWindow) || c.slidingWindow < 0) throw new Error(`Llama: slidingWindow must be a whole number >= 0 (0 = full causal attention), got ${c.slidingWindow}`);
+  if (!Number.isInteger(c.windowFrom) || c.windowFrom < 0 || c.windowFrom > c.nLayer) throw new Error(`Llama: windowFrom must be a whole number from 0 to nLayer (${c.nLayer}), got ${c.windowFrom}`);
   if (c.nKvHead === 0) c.nKvHead = c.nHead;
   if (c.headDim === 0) {
     if (c.nEmbd % c.nHead !== 0) throw new Error(`Llama: nEmbd (${c.nEmbd}) must be divisible by nHead (${c.nHead}), or set headDim`);
@@ -106,12 +118,15 @@ export function llamaNumParams(cfg: Partial<LlamaConfig>): number {
 
 /**
  * What the config's family cannot express (its Hugging Face class has no such model): empty, or
- * one message naming the fields to set.
+ * one message naming the fields to set. A Llama with experts is a Mixtral (family "llama", or
+ * "mistral" with a sliding window) or a Qwen3-MoE (family "qwen3"): mixtral_hf.ts, qwen3_moe_hf.ts.
  */
-export function llamaFamilyProblems(m: Pick<LlamaConfig, 'family' | 'attnBias' | 'qkNorm'> & { slidingWindow?: number }): string[] {
+export function llamaFamilyProblems(m: Pick<LlamaConfig, 'family' | 'attnBias' | 'qkNorm'> & { slidingWindow?: number; windowFrom?: number }): string[] {
   const where = `model.family = "${m.family}"`, got = `(got model.attnBias = "${m.attnBias}", model.qkNorm = ${m.qkNorm})`;
-  // Only MistralForCausalLM has a sliding window (Qwen's use_sliding_window is refused by qwen_hf.ts).
-  if ((m.slidingWindow ?? 0) > 0 && m.family !== 'mistral') return [`${where} has no sliding window: set model.family = "mistral" (MistralForCausalLM), or model.slidingWindow = 0 (got model.slidingWindow = ${m.slidingWindow})`];
+  const w = m.slidingWindow ?? 0, from = m.windowFrom ?? 0;
+  // Mistral and Mixtral window every layer; Qwen2/Qwen3 (and Qwen3-MoE) from max_window_layers on.
+  if (w > 0 && m.family === 'llama') return [`${where} has no sliding window: set model.family = "mistral" (MistralForCausalLM, or MixtralForCausalLM with [moe]), "qwen2" or "qwen3", or model.slidingWindow = 0 (got model.slidingWindow = ${w})`];
+  if (w > 0 && from > 0 && m.family === 'mistral') return [`${where} windows every layer (sliding_window): set model.windowFrom = 0, or model.family = "qwen2" or "qwen3" (max_window_layers) (got model.windowFrom = ${from})`];
   switch (m.family) {
     case 'mistral':
       return m.attnBias !== 'none' || m.qkNorm ? [`${where} (MistralForCausalLM) has no attention biases and no q/k norms: set model.attnBias = "none" and model.qkNorm = false ${got}`] : [];
@@ -140,6 +155,8 @@ function llamaShapeProblems(m: LlamaConfig, ctx: ShapeContext): string[] {
   }
   const w = m.slidingWindow ?? 0;
   if (!Number.isInteger(w) || w < 0) p.push(`model.slidingWindow (${w}) must be a whole number >= 0 (0 = full causal attention)`);
+  const from = m.windowFrom ?? 0;
+  if (!Number.isInteger(from) || from < 0 || from > m.nLayer) p.push(`model.windowFrom (${from}) must be a whole number from 0 to model.nLayer (${m.nLayer}): the first block with the sliding window`);
   if (ctx.seqLen > m.blockSize) p.push(`data.seqLen (${ctx.seqLen}) must be <= model.blockSize (${m.blockSize}); lower data.seqLen or raise model.blockSize`);
   const stages = ctx.pp * ctx.ppVirtualStages;
   if (ctx.pp > 1 && m.nLayer < stages) {
@@ -168,7 +185,7 @@ export const llamaRules: ModelRules<LlamaConfig> = {
     const c = resolveLlamaConfig(m);
     return `Llama ${c.nLayer} layers, ${c.nHead} heads (${c.nKvHead} key/value) of ${c.headDim}, width ${c.nEmbd}, MLP ${c.intermediateSize}, context ${c.blockSize}` +
       (c.ropeScaling === 'llama3' ? `, rope theta ${c.ropeTheta} scaled (llama3, factor ${c.ropeFactor})` : `, rope theta ${c.ropeTheta}`) + (c.tieEmbeddings ? ', tied head' : '') +
-      (c.attnBias !== 'none' ? `, attention biases (${c.attnBias})` : '') + (c.qkNorm ? ', q/k norms' : '') + (c.family !== 'llama' ? ` (${c.family})` : '') + (c.slidingWindow ? `, sliding window ${c.slidingWindow}` : '');
+      (c.attnBias !== 'none' ? `, attention biases (${c.attnBias})` : '') + (c.qkNorm ? ', q/k norms' : '') + (c.family !== 'llama' ? ` (${c.family})` : '') + (c.slidingWindow ? `, sliding window ${c.slidingWindow}${c.windowFrom > 0 ? ` from block ${c.windowFrom}` : ''}` : '');
   },
   numParams: (m) => llamaNumParams(m),
   linears(m) {
