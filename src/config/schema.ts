@@ -138,7 +138,7 @@ export interface FlotillaConfig {
   log: LogConfig;
 }
 
-type KindOf<T> = T extends boolean ? 'bool' : T extends number ? 'int' | 'float' : T extends readonly string[] ? 'strings' : T extends readonly unknown[] ? 'sources' : 'string';
+type KindOf<T> = T extends boolean ? 'bool' : T extends number ? 'int' | 'float' : T extends readonly string[] ? 'strings' : T extends readonly number[] ? 'ints' : T extends readonly unknown[] ? 'sources' : 'string';
 
 export interface Field<T> {
   doc: string;
@@ -194,6 +194,7 @@ export const configSchema: Schema<FlotillaConfig> = {
       experts: { kind: 'int', default: defaultMoEConfig.experts, min: 0, doc: 'Routed experts per MoE block; 0 = no mixture of experts (every MLP dense).' },
       topK: { kind: 'int', default: defaultMoEConfig.topK, min: 1, doc: 'Experts each token goes to; at most moe.experts.' },
       every: { kind: 'int', default: defaultMoEConfig.every, min: 1, doc: 'An MoE MLP in blocks every-1, 2 every-1, ... (1 = every block, 2 = every second block).' },
+      denseLayers: { kind: 'ints', default: defaultMoEConfig.denseLayers, doc: 'Blocks (0-based) that keep a dense MLP although moe.every places experts there (Qwen3-MoE\'s mlp_only_layers); e.g. [0] (on the command line: --moe.denseLayers=0,3).' },
       sharedExperts: { kind: 'int', default: defaultMoEConfig.sharedExperts, min: 0, doc: 'Experts every token goes through besides its routed ones (DeepSeek\'s shared experts).' },
       hidden: { kind: 'int', default: defaultMoEConfig.hidden, min: 0, doc: 'Hidden width of one expert; 0 = the dense MLP\'s (4 x model.nEmbd for the GPT, model.intermediateSize for the Llama).' },
       router: { kind: 'string', default: defaultMoEConfig.router, choices: ['softmax', 'sigmoid'], doc: 'Router scores: "softmax" over the experts, or each expert\'s own "sigmoid". A token\'s output is its experts\' outputs weighted by their scores. Scores are float32 under bf16-mixed; equal scores go to the lower expert index.' },
@@ -328,7 +329,7 @@ export const configSchema: Schema<FlotillaConfig> = {
   },
 };
 
-export type AnyField = Omit<Field<unknown>, 'kind'> & { kind: 'int' | 'float' | 'bool' | 'string' | 'strings' | 'sources' };
+export type AnyField = Omit<Field<unknown>, 'kind'> & { kind: 'int' | 'float' | 'bool' | 'string' | 'strings' | 'ints' | 'sources' };
 export type RawConfig = Record<string, Record<string, unknown>>;
 
 export const sections = Object.keys(configSchema) as (keyof FlotillaConfig)[];

@@ -87,6 +87,7 @@ export const mixtralHf: HfMap<LlamaConfig> = {
     const want = { ...defaultMoEConfig, ...mixtralMoE(m.experts, m.topK), hidden: m.hidden };
     const off = (['every', 'sharedExperts', 'router', 'normTopK', 'capacityFactor'] as const).filter((k) => m[k] !== want[k]);
     if (m.balance === 'bias') return 'its router has no selection bias (moe.balance = "aux")';
+    if ((m.denseLayers ?? []).length > 0) return 'it has experts in every block (moe.denseLayers = [])';
     return off.length > 0 ? `its routing needs ${off.map((k) => `moe.${k} = ${JSON.stringify(want[k])}`).join(', ')}` : undefined;
   },
 
