@@ -14,7 +14,7 @@ import { join } from 'node:path';
 import { setNumThreads } from '../src/tensor/index.js';
 import { loadPretrained, savePretrained, readHfDir } from '../src/checkpoint/hf.js';
 import { Llama, resolveLlamaConfig } from '../src/models/llama.js';
-import { llamaRules } from '../src/models/llama_config.js';
+import { llamaRules } from '../src/models/llama_rules.js';
 import { generate } from '../src/inference/generate.js';
 import { oracleMissing } from './oracle/oracle.js';
 import { assertSameParameters, checkAgainst, hfReference, HF_PROMPT, GREEDY, type HfRef } from './oracle/hf_oracle.js';
