@@ -96,6 +96,10 @@ export interface LogConfig {
   metrics: string;
   sampleTokens: number;
   samplePrompt: string;
+  /** TensorBoard event files in RUN/tb (src/train/tensorboard.ts). */
+  tensorboard: boolean;
+  /** One rank's peak TFLOP/s for the MFU; 0 = measured once by a short matmul probe and cached. */
+  peakTflops: number;
 }
 
 export type { MoEConfig } from '../nn/moe_config.js';
@@ -325,6 +329,8 @@ export const configSchema: Schema<FlotillaConfig> = {
       metrics: { kind: 'string', default: 'metrics.jsonl', doc: 'JSON-lines metrics file in the run directory, one line per step ("" turns it off).' },
       sampleTokens: { kind: 'int', default: 0, min: 0, doc: 'After the run (flotilla train), sample this many tokens from its last checkpoint into RUN/sample.txt, shown in the report (0: no sample).' },
       samplePrompt: { kind: 'string', default: '', doc: 'The text the end-of-run sample continues ("": from the end-of-text token alone).' },
+      tensorboard: { kind: 'bool', default: false, doc: 'Also write TensorBoard event files into RUN/tb (loss, validation loss, learning rate, gradient norm, tokens/s, MFU, memory, MoE expert load, and the config as text); view with `tensorboard --logdir runs/`.' },
+      peakTflops: { kind: 'float', default: 0, min: 0, doc: 'One rank\'s peak TFLOP/s, the MFU\'s denominator (0: measured once by a short matmul probe at the run\'s threads and precision, cached per CPU model).' },
     },
   },
 };

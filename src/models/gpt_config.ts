@@ -2,7 +2,7 @@
 // validation (src/config) and the launcher read them without loading the tensor library.
 import type { ModelRules } from './spec.js';
 import type { LinearShape } from '../nn/lora_targets.js';
-import { checkMoEConfig, isMoELayer, moeLayerParams, moeProblems, type MoEConfig } from '../nn/moe_config.js';
+import { checkMoEConfig, isMoELayer, moeActiveParams, moeLayerParams, moeProblems, type MoEConfig } from '../nn/moe_config.js';
 
 export interface GPTConfig {
   vocabSize: number;
@@ -65,6 +65,13 @@ export const gptRules: ModelRules<GPTConfig> = {
   arch: 'gpt',
   describe: (m) => `GPT ${m.nLayer} layers, ${m.nHead} heads, width ${m.nEmbd}, context ${m.blockSize}`,
   numParams: (m) => gptNumParams(m),
+  flopShape(m, seqLen) {
+    // Per block qkv (C x 3C) and the output (C x C), the MLP (C x 4C, 4C x C) or the MoE's active experts; the head.
+    const c = checkGPTConfig(m), C = c.nEmbd;
+    let n = C * c.vocabSize;
+    for (let i = 0; i < c.nLayer; i++) n += 4 * C * C + (isMoELayer(c.moe, i) ? moeActiveParams(c.moe!, C, 2 * C * (c.moe!.hidden || 4 * C)) : 8 * C * C);
+    return { matmulParams: n, attention: Array.from({ length: c.nLayer }, () => ({ width: C, keys: seqLen })) };
+  },
   linears(m) {
     // GPT-2's Conv1D names (transformers' GPT2LMHeadModel; gpt_hf.ts); an MoE block's experts are no Linears.
     const C = m.nEmbd, out: LinearShape[] = [];

@@ -6,8 +6,8 @@ import type { ModelRules, ShapeContext } from './spec.js';
 import type { LinearShape } from '../nn/lora_targets.js';
 import { mixtralHf } from './mixtral_hf.js';
 import { qwen3MoeHf } from './qwen3_moe_hf.js';
-import { isMoELayer, moeProblems } from '../nn/moe_config.js';
-import { llamaFamilyProblems, llamaIntermediateSize, llamaNumParams, resolveLlamaConfig, type LlamaConfig } from './llama_config.js';
+import { isMoELayer, moeActiveParams, moeProblems } from '../nn/moe_config.js';
+import { layerWindow, llamaFamilyProblems, llamaIntermediateSize, llamaNumParams, resolveLlamaConfig, type LlamaConfig } from './llama_config.js';
 
 /** Every problem of a Llama config under a layout, each naming the field and the fix. */
 function llamaShapeProblems(m: LlamaConfig, ctx: ShapeContext): string[] {
@@ -55,6 +55,15 @@ export const llamaRules: ModelRules<LlamaConfig> = {
       (c.attnBias !== 'none' ? `, attention biases (${c.attnBias})` : '') + (c.qkNorm ? ', q/k norms' : '') + (c.family !== 'llama' ? ` (${c.family})` : '') + (c.slidingWindow ? `, sliding window ${c.slidingWindow}${c.windowFrom > 0 ? ` from block ${c.windowFrom}` : ''}` : '');
   },
   numParams: (m) => llamaNumParams(m),
+  flopShape(m, seqLen) {
+    // Per block q, k, v (nKvHead heads wide) and o, the SwiGLU (gate, up, down) or the MoE's active experts; the head.
+    // A sliding window caps the keys a query reads, in the blocks that have it (layerWindow).
+    const c = resolveLlamaConfig(m), C = c.nEmbd, A = c.nHead * c.headDim, KV = c.nKvHead * c.headDim, I = c.intermediateSize;
+    let n = C * c.vocabSize;
+    for (let i = 0; i < c.nLayer; i++) n += 2 * C * A + 2 * C * KV + (isMoELayer(c.moe, i) ? moeActiveParams(c.moe!, C, 3 * C * (c.moe!.hidden || I)) : 3 * C * I);
+    const keys = (i: number) => (layerWindow(c, i) > 0 ? Math.min(seqLen, layerWindow(c, i)) : seqLen);
+    return { matmulParams: n, attention: Array.from({ length: c.nLayer }, (_, i) => ({ width: A, keys: keys(i) })) };
+  },
   linears(m) {
     // transformers' LlamaForCausalLM names (llama_hf.ts); an MoE block's experts are stacks of Linears. The
     // head's width is 0 while the vocabulary is not resolved (model.vocabSize = 0 = the tokenizer's).

@@ -6,6 +6,13 @@ import type { UnitPolicy } from '../parallel/data_parallel/fsdp.js';
 import type { TpPlan } from '../parallel/tensor_parallel/styles.js';
 import type { LinearShape } from '../nn/lora_targets.js';
 
+/** An architecture's part of the model FLOPs per token (ModelRules.flopShape). */
+export interface FlopShape {
+  matmulParams: number;
+  /** Per attention layer: heads x head width, and the keys a query reads. */
+  attention: { width: number; keys: number }[];
+}
+
 /** What a layout asks of the model's shapes (config field values, before any rank starts). */
 export interface ShapeContext {
   /** Tokens per sample (data.seqLen). */
@@ -26,6 +33,12 @@ export interface ModelRules<C = any> {
   /** One line for the run's header (layers, widths, context). */
   describe(cfg: C): string;
   numParams(cfg: C): number;
+  /**
+   * What the model FLOPs per token are counted from ([Note: model flops] in src/train/flops.ts): the
+   * weights of the matmuls one token goes through, and each attention layer's width (heads x head
+   * width) and the keys a query reads from a sequence of `seqLen`. Absent: no MFU.
+   */
+  flopShape?(cfg: C, seqLen: number): FlopShape;
   /** Every problem of the model section with this layout, each naming the config field and the fix. */
   shapeProblems(cfg: C, ctx: ShapeContext): string[];
   /**

@@ -83,3 +83,8 @@ export function checkMoEConfig(m: Partial<MoEConfig> | undefined, nLayer: number
 export function moeLayerParams(m: MoEConfig, nEmbd: number, expert: number): number {
   return m.experts * nEmbd + (m.experts + m.sharedExperts) * expert;
 }
+
+/** Weights of one MoE MLP a token goes through: the router and its topK routed and the shared experts (`expert`: one expert's weights). */
+export function moeActiveParams(m: MoEConfig, nEmbd: number, expert: number): number {
+  return m.experts * nEmbd + (m.topK + m.sharedExperts) * expert;
+}

@@ -123,6 +123,8 @@ export function metricCharts(runs: readonly NamedMetrics[]): { id: string; spec:
     { id: 'lr', spec: { title: 'Learning rate', yName: 'lr', series: series(runs, (m) => m.lr) } },
     { id: 'grad-norm', spec: { title: 'Gradient norm (before clipping)', yName: 'norm', series: series(runs, (m) => m.gradNorm) } },
     { id: 'tokens-per-sec', spec: { title: 'Throughput', yName: 'tokens/s', series: series(runs, (m) => m.tokensPerSec) } },
+    // Model FLOPs utilisation: each rank's model TFLOP/s over its peak (src/train/flops.ts).
+    { id: 'mfu', spec: { title: 'Model FLOPs utilisation (per rank)', yName: 'MFU %', series: series(runs, (m) => (m.mfu === undefined ? undefined : 100 * m.mfu)) } },
     // Masked data (chat, completion, packed): trained tokens vary from step to step; a text run's never do, and gets no chart.
     { id: 'trained-tokens', spec: { title: 'Trained tokens per step', yName: 'tokens', series: varying(series(runs, (m) => m.trainedTokens)) } },
     // DPO: the chosen responses' reward over the rejected ones' (beta x log-ratio to the reference), and how often it is positive.

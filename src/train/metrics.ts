@@ -26,6 +26,14 @@ export interface StepMetrics {
   gradNorm?: number;
   /** Validation loss, on evaluation steps only. */
   valLoss?: number;
+  /** Resident memory of the process writing the row (rank 0's, MiB) after the step. */
+  rssMiB?: number;
+  /** Model FLOPs per trained token, forward and backward (src/train/flops.ts; the first row of a run). */
+  flopsPerToken?: number;
+  /** Model TFLOP/s achieved per rank: flopsPerToken x tokensPerSec / ranks / 1e12. */
+  tflops?: number;
+  /** Model FLOPs utilisation: tflops over the rank's peak ([log] peakTflops, or measured). */
+  mfu?: number;
   /** Seconds since the loop started. */
   elapsedS: number;
   /** Mixture of experts: per MoE layer (by module name), assignments routed to each expert over the global batch. */

@@ -1,5 +1,5 @@
 // Console progress for rank 0: a cli-progress bar on a terminal (step, loss, val loss, tokens/s,
-// ETA), plain log lines otherwise (CI, the launcher's pipes, files), or nothing.
+// MFU, ETA), plain log lines otherwise (CI, the launcher's pipes, files), or nothing.
 import { MultiBar, type SingleBar } from 'cli-progress';
 import { openSync } from 'node:fs';
 import { WriteStream } from 'node:tty';
@@ -43,7 +43,7 @@ export function barStream(): NodeJS.WriteStream | undefined {
   return ttyStream;
 }
 
-export type ProgressUpdate = Pick<StepMetrics, 'step' | 'loss' | 'lr' | 'tokensPerSec' | 'gradNorm' | 'valLoss'>;
+export type ProgressUpdate = Pick<StepMetrics, 'step' | 'loss' | 'lr' | 'tokensPerSec' | 'gradNorm' | 'valLoss' | 'mfu'>;
 
 function fmt(v: number | undefined, digits = 4): string {
   return v === undefined || !Number.isFinite(v) ? '-' : v.toFixed(digits);
@@ -51,6 +51,11 @@ function fmt(v: number | undefined, digits = 4): string {
 
 function rate(v: number): string {
   return Math.round(v).toLocaleString('en-US');
+}
+
+/** The MFU as a percentage (two decimals below 1%: a small model on a CPU). */
+function pct(v: number | undefined): string {
+  return v === undefined || !Number.isFinite(v) ? '-' : `${(100 * v).toFixed(100 * v < 1 ? 2 : 1)}%`;
 }
 
 export class Progress {
@@ -67,13 +72,13 @@ export class Progress {
   ) {
     if (mode === 'bar') {
       this.multi = new MultiBar({
-        format: 'step {value}/{total} |{bar}| loss {loss} | val {val} | {tps} tok/s | eta {eta_formatted}',
+        format: 'step {value}/{total} |{bar}| loss {loss} | val {val} | {tps} tok/s | MFU {mfu} | eta {eta_formatted}',
         barsize: 24,
         hideCursor: false, // an interrupted run must not leave the terminal without a cursor
         stream: barStream() ?? process.stdout,
         fps: 5,
       });
-      this.bar = this.multi.create(total, 0, { loss: '-', val: '-', tps: '-' });
+      this.bar = this.multi.create(total, 0, { loss: '-', val: '-', tps: '-', mfu: '-' });
     }
   }
 
@@ -88,7 +93,7 @@ export class Progress {
     if (u.valLoss !== undefined) this.lastVal = u.valLoss;
     if (this.bar) {
       if (u.valLoss !== undefined) this.log(`step ${u.step}: loss ${fmt(u.loss)}, val loss ${fmt(u.valLoss)}`);
-      this.bar.update(u.step, { loss: fmt(u.loss), val: fmt(this.lastVal), tps: rate(u.tokensPerSec) });
+      this.bar.update(u.step, { loss: fmt(u.loss), val: fmt(this.lastVal), tps: rate(u.tokensPerSec), mfu: pct(u.mfu) });
       // The training loop is synchronous between steps, so cli-progress's redraw timer rarely gets a
       // turn: draw now (a step takes far longer than a redraw).
       this.multi!.update();
@@ -101,6 +106,7 @@ export class Progress {
           `lr ${u.lr.toExponential(2)}`,
           `${rate(u.tokensPerSec)} tok/s`,
         ];
+        if (u.mfu !== undefined) parts.push(`MFU ${pct(u.mfu)}`);
         if (u.gradNorm !== undefined) parts.push(`gnorm ${fmt(u.gradNorm, 3)}`);
         this.out(parts.join(' | '));
       }

@@ -19,6 +19,7 @@ import type { FlotillaConfig } from '../config/schema.js';
 import type { MemoryReport } from '../parallel/data_parallel/memory.js';
 import type { TensorCacheStats } from '../tensor/allocator.js';
 import { MetricsWriter, type StepMetrics } from './metrics.js';
+import { TensorBoardWriter } from './tensorboard.js';
 import { broadcastJson } from '../checkpoint/replicas.js';
 import type { ProcessGroup } from '../distributed/process_group.js';
 import type { LaunchEnv } from '../distributed/env.js';
@@ -58,6 +59,7 @@ export interface RunRecordOptions {
 export class RunRecord {
   readonly dir: string;
   private readonly metrics: MetricsWriter | undefined;
+  private readonly tb: TensorBoardWriter | undefined;
   private readonly unlock: () => void;
   /** The lock's token ([Note: run record on every host]). */
   readonly token: string;
@@ -75,10 +77,16 @@ export class RunRecord {
       // A resumed run keeps the first config.toml and records its own next to it.
       const file = s > 0 ? `config.resumed-${s}.toml` : 'config.toml';
       const header = `Resolved config of run "${cfg.train.name}" (${from}), world size ${opts.worldSize}${s > 0 ? `, resumed at step ${s}` : ''}.`;
-      writeFileSync(join(this.dir, file), configToToml(cfg, { header }));
+      const toml = configToToml(cfg, { header });
+      writeFileSync(join(this.dir, file), toml);
       if (cfg.log.metrics !== '' && opts.history !== undefined) writeFileSync(join(this.dir, cfg.log.metrics), opts.history);
       if (cfg.log.metrics !== '') this.metrics = new MetricsWriter(join(this.dir, cfg.log.metrics), s > 0 ? { continueAfter: s } : {});
+      if (cfg.log.tensorboard) {
+        this.tb = new TensorBoardWriter(join(this.dir, 'tb'), s > 0 ? { continueAfter: s } : {});
+        this.tb.text('config', `\`\`\`toml\n${toml}\`\`\``, s);
+      }
     } catch (e) {
+      this.metrics?.close();
       this.unlock();
       throw e;
     }
@@ -96,10 +104,12 @@ export class RunRecord {
 
   step(row: StepMetrics): void {
     this.metrics?.write(row);
+    this.tb?.step(row);
   }
 
   close(): void {
     this.metrics?.close();
+    this.tb?.close();
     this.unlock();
   }
 }

@@ -17,6 +17,8 @@ import { Progress, resolveProgressMode } from './progress.js';
 import { openRun, writeRankRecord, type RunParts } from './phases.js';
 import { dpoMetrics } from './objective.js';
 import { openRunRecord, memoryLine, type RunRecord } from './run_record.js';
+import { mfuOf, modelFlops } from './flops.js';
+import { worldPeakTflops } from './peak_flops.js';
 
 export interface TrainOptions {
   /** Where the config came from, recorded in the saved config. */
@@ -141,6 +143,13 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
     if (isRank0) await opts.onRunDir?.(record!.dir);
     out.header('train', `${steps} steps, eval every ${cfg.train.evalEvery || steps} on ${cfg.train.evalBatches} val batch(es); run dir ${record?.dir ?? '(rank 0)'}`);
     if (run.dpo) out.header('dpo', run.dpo.prepare(record?.dir)); // dpo.precompute: before step 0, every rank
+    // The MFU's numerator per token ([Note: model flops]) and one rank's peak (rank 0's, told to all).
+    const flops = modelFlops(cfg);
+    const peak = flops && worldPeakTflops(run.world, cfg.log.peakTflops, cfg.train.precision === 'bf16-mixed' ? 'bfloat16' : 'float32');
+    if (flops && peak) {
+      out.header('mfu', `${flops.perToken.toExponential(3)} model FLOPs per token (6 x ${flops.matmulParams.toLocaleString('en-US')} matmul weights a token goes through + ` +
+        `${flops.attention.toLocaleString('en-US')} of attention); peak ${peak.tflops.toPrecision(3)} TFLOP/s per rank, ${peak.source}`);
+    }
     progress = new Progress(steps, mode, cfg.log.every, print);
     stopRequest = new StopRequest(out.log);
     run.ckpts.prepare();
@@ -174,8 +183,10 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
       const evalNow = step === steps - 1 || (cfg.train.evalEvery > 0 && (step + 1) % cfg.train.evalEvery === 0);
       const valLoss = evalNow ? run.evaluate() : undefined;
       if (valLoss !== undefined) lastVal = valLoss;
+      const rss = processMemory()?.rssBytes, tokensPerSec = run.tokensPerStep / dt;
       const row: StepMetrics = {
-        step: step + 1, loss, lr, tokensPerSec: run.tokensPerStep / dt, ...(run.dpo ? {} : { trainedTokens: count }), gradNorm: norm, ...(valLoss !== undefined ? { valLoss } : {}),
+        step: step + 1, loss, lr, tokensPerSec, ...(rss !== undefined ? { rssMiB: rss / 2 ** 20 } : {}),
+        ...(flops && peak ? { flopsPerToken: flops.perToken, ...mfuOf(flops.perToken, tokensPerSec, env.worldSize, peak.tflops) } : {}), ...(run.dpo ? {} : { trainedTokens: count }), gradNorm: norm, ...(valLoss !== undefined ? { valLoss } : {}),
         elapsedS: (performance.now() - loopStart) / 1000, ...(run.dpo ? dpoMetrics(count, metrics) : metrics ? { criterion: metrics } : {}), ...moeRow,
       };
       record?.step(row);

@@ -1,0 +1,67 @@
+// One rank's peak TFLOP/s, the MFU's denominator: [log] peakTflops when given, else measured once by
+// a short matmul probe at this rank's threads and cached in the user's cache directory
+// (src/io/cache_dir.ts: ~/.cache/flotilla/mfu/peak-<key>.json), keyed by the CPU model, the threads
+// and the dtype. Rank 0 measures (or reads its cache) while the others wait, and tells them: a rank's
+// threads are its share of the host's cores (src/distributed/process_group.ts), so one rank alone on
+// them measures what each reaches, and a probe costs one rank's second, not every rank's.
+import { mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
+import { cpus } from 'node:os';
+import { join } from 'node:path';
+import { cacheDir } from '../io/cache_dir.js';
+import { getNumThreads, randn, tidy, type DType } from '../tensor/index.js';
+import { broadcastJson } from '../checkpoint/replicas.js';
+import type { ProcessGroup } from '../distributed/process_group.js';
+
+/** Square GEMMs of this size: large enough to reach the BLAS's rate, small enough for about a second. */
+const N = 768;
+const PROBE_SECONDS = 0.5;
+
+/** The best rate of n x n GEMMs over about PROBE_SECONDS (after one warm-up), in TFLOP/s. */
+export function probePeakTflops(dtype: DType, seconds = PROBE_SECONDS): number {
+  return tidy(() => {
+    const a = randn([N, N], { dtype }), b = randn([N, N], { dtype });
+    a.matmul(b).dispose(); // warm-up: the BLAS's threads and buffers
+    let best = 0;
+    const start = performance.now();
+    for (let i = 0; i < 3 || performance.now() - start < seconds * 1000; i++) {
+      const t0 = performance.now();
+      a.matmul(b).dispose();
+      best = Math.max(best, (2 * N ** 3) / ((performance.now() - t0) / 1000) / 1e12);
+    }
+    return best;
+  });
+}
+
+export interface Peak {
+  tflops: number;
+  /** Where it came from: "[log] peakTflops", "measured" or the cache file read. */
+  source: string;
+}
+
+/** [log] peakTflops, or the cached probe for this machine and dtype, or a new probe (cached); on one rank. */
+export function peakTflops(given: number, dtype: DType, env: NodeJS.ProcessEnv = process.env): Peak {
+  if (given > 0) return { tflops: given, source: '[log] peakTflops' };
+  const dir = cacheDir('mfu', env);
+  const key = `${cpus()[0]?.model ?? 'cpu'} x${getNumThreads()} threads ${dtype}`;
+  const file = dir && join(dir, `peak-${key.replace(/[^\w.-]+/g, '_')}.json`);
+  if (file) {
+    try {
+      const c = JSON.parse(readFileSync(file, 'utf8')) as { key: string; tflops: number };
+      if (c.key === key && c.tflops > 0) return { tflops: c.tflops, source: file };
+    } catch { /* not measured yet */ }
+  }
+  const tflops = probePeakTflops(dtype);
+  if (file) {
+    try {
+      mkdirSync(dir!, { recursive: true });
+      writeFileSync(`${file}.${process.pid}.tmp`, `${JSON.stringify({ key, tflops })}\n`);
+      renameSync(`${file}.${process.pid}.tmp`, file);
+    } catch { /* an unwritable cache only costs a probe next time */ }
+  }
+  return { tflops, source: `measured (${N}x${N} ${dtype} GEMMs), cached in ${file ?? '(FLOTILLA_CACHE_DIR=off)'}` };
+}
+
+/** Rank 0's peakTflops, on every rank of the world (a collective). */
+export function worldPeakTflops(world: ProcessGroup, given: number, dtype: DType): Peak {
+  return broadcastJson(world, world.rank === 0 ? peakTflops(given, dtype) : undefined);
+}
