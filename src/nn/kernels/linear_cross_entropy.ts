@@ -14,8 +14,6 @@
 // The vocab-parallel form (each tensor-parallel rank a shard of W's rows) all-reduces the row's max,
 // Σ exp and picked logits per chunk, as vocabParallelCrossEntropy does for whole logits.
 import { type Tensor, defineFunction, arange, cat, zeros, tidy, keep } from '../../tensor/index.js';
-import type { ProcessGroup } from '../../distributed/process_group.js';
-import { allReduceInPlace } from '../../parallel/tensor_parallel/comm.js';
 
 /** Bytes one chunk's float32 logits may take: a few MiB keeps a chunk's temporaries in cache-sized pieces and its GEMMs wide. */
 export const CHUNK_LOGIT_BYTES = 4 * 2 ** 20;
@@ -25,14 +23,28 @@ export function chunkRows(n: number, vocab: number, elemBytes = 4): number {
   return Math.max(1, Math.min(n, Math.floor(CHUNK_LOGIT_BYTES / (vocab * elemBytes))));
 }
 
+/** Calls of linearCrossEntropy in this process (how a run shows its loss took the fused path). */
+export const linearCrossEntropyCalls = { count: 0 };
+
 export interface LinearCrossEntropyOptions {
   bias?: Tensor;
   ignoreIndex?: number;
   labelSmoothing?: number;
   /** Rows per chunk (default chunkRows(N, V)). */
   chunk?: number;
-  /** The tensor-parallel group when `weight` (and bias) is this rank's shard of the vocabulary's rows (rank r holds rows [r V/n, (r+1) V/n)). */
-  vocabGroup?: ProcessGroup;
+  /** Set when `weight` (and bias) is this rank's shard of the vocabulary's rows. */
+  vocabShard?: VocabShard;
+}
+
+/**
+ * A vocabulary-sharded head: shard `index` of `parts` holds rows [index V/parts, (index+1) V/parts),
+ * and allReduce combines a contiguous per-row tensor over the shards in place (tensor parallelism
+ * passes its counted all-reduce, src/parallel/tensor_parallel/comm.ts).
+ */
+export interface VocabShard {
+  index: number;
+  parts: number;
+  allReduce(t: Tensor, op: 'sum' | 'max'): void;
 }
 
 /**
@@ -47,14 +59,15 @@ export function linearCrossEntropy(hidden: Tensor, weight: Tensor, targets: Tens
   }
   if (targets.ndim !== 1 || targets.shape[0] !== hidden.shape[0]) throw new Error(`linearCrossEntropy: targets (N) expected for hidden [${hidden.shape}], got [${targets.shape}]`);
   const ignore = opts.ignoreIndex ?? -100;
+  linearCrossEntropyCalls.count++;
   const count = tidy(() => targets.ne(ignore).sum().item());
   const loss = fused(hidden, weight, opts.bias, targets, {
-    ignore, eps: opts.labelSmoothing ?? 0, chunk: opts.chunk, group: opts.vocabGroup,
+    ignore, eps: opts.labelSmoothing ?? 0, chunk: opts.chunk, group: opts.vocabShard,
   } satisfies Settings);
   return { loss, count };
 }
 
-interface Settings { ignore: number; eps: number; chunk?: number; group?: ProcessGroup }
+interface Settings { ignore: number; eps: number; chunk?: number; group?: VocabShard }
 
 /** float64 stays float64; anything else computes its logits in float32. */
 function mathDtype(t: Tensor): 'float32' | 'float64' {
@@ -73,17 +86,17 @@ function chunkLogits(h: Tensor, w: Tensor, b: Tensor | undefined): Tensor {
 function rowTerms(z: Tensor, t: Tensor, lo: number, s: Settings, needSum: boolean): { m: Tensor; lse: Tensor; zt: Tensor; zsum?: Tensor } {
   const Vl = z.shape[1]!;
   const m = z.amax(-1, true).contiguous();
-  if (s.group) allReduceInPlace(m, s.group, 'max');
+  if (s.group) s.group.allReduce(m, 'max');
   const e = z.sub(m).exp().sum(-1).contiguous();
-  if (s.group) allReduceInPlace(e, s.group, 'sum');
+  if (s.group) s.group.allReduce(e, 'sum');
   const lse = e.log().add(m.squeeze(1));
   const mine = t.ge(lo).logicalAnd(t.lt(lo + Vl));
   const zt = z.gather(1, t.sub(lo).clamp(0, Vl - 1).unsqueeze(1)).squeeze(1).mul(mine.to(z.dtype)).contiguous();
-  if (s.group) allReduceInPlace(zt, s.group, 'sum');
+  if (s.group) s.group.allReduce(zt, 'sum');
   let zsum: Tensor | undefined;
   if (needSum) {
     zsum = z.sum(-1).contiguous();
-    if (s.group) allReduceInPlace(zsum, s.group, 'sum');
+    if (s.group) s.group.allReduce(zsum, 'sum');
   }
   return { m, lse, zt, ...(zsum ? { zsum } : {}) };
 }
@@ -91,8 +104,8 @@ function rowTerms(z: Tensor, t: Tensor, lo: number, s: Settings, needSum: boolea
 const fused = defineFunction<[Tensor, Tensor, Tensor | undefined, Tensor, Settings]>({
   forward(ctx, hidden, weight, bias, targets, s) {
     const N = hidden.shape[0]!, Vl = weight.shape[0]!;
-    const V = Vl * (s.group?.size ?? 1);
-    const lo = (s.group?.rank ?? 0) * Vl;
+    const V = Vl * (s.group?.parts ?? 1);
+    const lo = (s.group?.index ?? 0) * Vl;
     const c = s.chunk ?? chunkRows(N, Vl, mathDtype(hidden) === 'float64' ? 8 : 4);
     const total = tidy(() => {
       const parts: Tensor[] = [], lses: Tensor[] = [];
@@ -121,8 +134,8 @@ const fused = defineFunction<[Tensor, Tensor, Tensor | undefined, Tensor, Settin
     const s = ctx.state.s as Settings;
     const [needH, needW, needB] = ctx.needsInputGrad as [boolean, boolean, boolean];
     const N = hidden.shape[0]!, Vl = weight.shape[0]!;
-    const V = Vl * (s.group?.size ?? 1);
-    const lo = (s.group?.rank ?? 0) * Vl;
+    const V = Vl * (s.group?.parts ?? 1);
+    const lo = (s.group?.index ?? 0) * Vl;
     const c = ctx.state.chunk as number;
     const gs = g.to(mathDtype(hidden));
     const cols = arange(lo, lo + Vl, 1, { dtype: 'int64' });
