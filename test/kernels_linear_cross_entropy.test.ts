@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { tensor, randn, tidy, manualSeed, type Tensor } from '../src/tensor/index.js';
 import { F } from '../src/nn/index.js';
 import { autocast, castFor } from '../src/nn/precision.js';
-import { linearCrossEntropy, chunkRows } from '../src/nn/kernels/linear_cross_entropy.js';
+import { linearCrossEntropy, tileShape } from '../src/nn/kernels/linear_cross_entropy.js';
 import { assertClose, withFloat64 } from './oracle/check.js';
 
 const N = 23, d = 8, V = 37, IGNORE = -100;
@@ -20,7 +20,7 @@ function targetsOf(n: number, v: number): Tensor {
 
 interface Grads { loss: number; h: number[]; w: number[]; b?: number[] }
 
-function run(fused: boolean, o: { smoothing: number; bias: boolean; tied: boolean; chunk?: number }): Grads {
+function run(fused: boolean, o: { smoothing: number; bias: boolean; tied: boolean; chunk?: number; vocabChunk?: number }): Grads {
   return tidy(() => {
     const h = randn([N, d]).requiresGrad_();
     const w = randn([V, d]).mul(0.5).detach().requiresGrad_();
@@ -28,7 +28,7 @@ function run(fused: boolean, o: { smoothing: number; bias: boolean; tied: boolea
     const t = targetsOf(N, V);
     let loss: Tensor;
     if (fused) {
-      const r = linearCrossEntropy(h, w, t, { bias: b, labelSmoothing: o.smoothing, chunk: o.chunk });
+      const r = linearCrossEntropy(h, w, t, { bias: b, labelSmoothing: o.smoothing, chunk: o.chunk, vocabChunk: o.vocabChunk });
       assert.equal(r.count, N - Math.floor(N / 4));
       loss = r.loss;
     } else {
@@ -44,9 +44,9 @@ function run(fused: boolean, o: { smoothing: number; bias: boolean; tied: boolea
 test('chunked linear cross-entropy equals the op-by-op loss and gradients (float64)', () => {
   withFloat64(() => {
     const cases = [
-      { smoothing: 0, bias: false, tied: false, chunk: 5 }, // 23 rows: four chunks of 5 and one of 3
-      { smoothing: 0.1, bias: true, tied: false, chunk: 4 },
-      { smoothing: 0.2, bias: false, tied: true, chunk: 7 },
+      { smoothing: 0, bias: false, tied: false, chunk: 5, vocabChunk: 37 }, // 23 rows: four chunks of 5 and one of 3
+      { smoothing: 0.1, bias: true, tied: false, chunk: 4, vocabChunk: 10 }, // and 37 columns: three of 10 and one of 7
+      { smoothing: 0.2, bias: false, tied: true, chunk: 7, vocabChunk: 6 },
       { smoothing: 0, bias: true, tied: true }, // the default chunk (all rows at this size)
     ];
     for (const c of cases) {
@@ -63,10 +63,12 @@ test('chunked linear cross-entropy equals the op-by-op loss and gradients (float
   });
 });
 
-test('chunk rows keep one chunk of float32 logits within 4 MiB', () => {
-  assert.equal(chunkRows(8192, 32000), 32);
-  assert.equal(chunkRows(10, 50), 10);
-  assert.equal(chunkRows(8192, 2 ** 24), 1);
+test('tiles keep float32 logits within 4 MiB, square where the shape allows', () => {
+  assert.deepEqual(tileShape(8192, 32000), { rows: 1024, cols: 1024 });
+  assert.deepEqual(tileShape(100, 32000), { rows: 100, cols: 10485 });
+  assert.deepEqual(tileShape(8192, 50), { rows: 8192, cols: 50 });
+  assert.deepEqual(tileShape(8192, 500), { rows: 2097, cols: 500 });
+  assert.deepEqual(tileShape(10, 50), { rows: 10, cols: 50 });
 });
 
 test('under bf16-mixed the chunked loss computes its logits in float32 as the eager loss does', () => {
@@ -78,7 +80,7 @@ test('under bf16-mixed the chunked loss computes its logits in float32 as the ea
     const grads = (fused: boolean) => autocast('bf16-mixed', () => {
       const [hc, wc] = castFor('linear', h, w) as [Tensor, Tensor];
       const l = fused
-        ? linearCrossEntropy(hc, wc, t, { chunk: 6 }).loss
+        ? linearCrossEntropy(hc, wc, t, { chunk: 6, vocabChunk: 9 }).loss
         : F.crossEntropy((castFor('loss', F.linear(hc, wc)) as [Tensor])[0], t, { reduction: 'sum' });
       assert.equal(l.dtype, 'float32');
       l.backward();

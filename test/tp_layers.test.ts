@@ -79,7 +79,7 @@ test('vocab-parallel cross-entropy equals F.crossEntropy (mean, sum, none; ignor
   await expectPassed(['ce'], 5 * 2 + 3 + 1);
 });
 
-test('chunked cross-entropy from a vocabulary-sharded head (per-chunk max, sum-exp and target logit all-reduced) equals the one-process head and loss: loss, hidden, weight and bias gradients, with ignored rows and label smoothing', async () => {
+test('chunked cross-entropy from a vocabulary-sharded head (the row max, sums of exponentials and target logits all-reduced once) equals the one-process head and loss: loss, hidden, weight and bias gradients, with ignored rows and label smoothing', async () => {
   await expectPassed(['lce'], 2 * 5);
 });
 

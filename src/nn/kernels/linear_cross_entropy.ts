@@ -5,22 +5,36 @@
 // Per row r (z = h_r W^T + b, float32 under bf16-mixed, as the eager loss casts its logits):
 //   lse_r  = m_r + log Σ_j exp(z_j - m_r)                  (m_r the row's max)
 //   loss_r = lse_r - (1 - ε) z_t - ε mean_j z_j            (ε label smoothing, t the target; 0 if ignored)
-// which is PyTorch's (1 - ε) nll + ε smooth_loss / V. Forward keeps only lse (N floats); backward
-// recomputes each chunk's logits and forms
+// which is PyTorch's (1 - ε) nll + ε smooth_loss / V. The logits are made one tile (rows x vocabulary
+// columns, a few MiB: tileShape) at a time. Forward merges each tile's max and Σ exp into the row's
+// running ones (an online softmax) and keeps only lse (N floats); backward makes each tile again and forms
 //   dz = g (softmax(z) - (1 - ε) onehot(t) - ε / V)  on trained rows, 0 on ignored ones,
-// then dHidden[chunk] = dz W and dW += dz^T h, db += Σ_rows dz. Peak extra memory is a few
-// chunk-sized (rows x V) temporaries instead of two (N x V) tensors. A tied head (W the embedding's
-// matrix) needs nothing special: the node returns dW and the engine accumulates it into the same leaf.
-// The vocab-parallel form (each tensor-parallel rank a shard of W's rows) all-reduces the row's max,
-// Σ exp and picked logits per chunk, as vocabParallelCrossEntropy does for whole logits.
-import { type Tensor, defineFunction, arange, cat, zeros, tidy, keep } from '../../tensor/index.js';
+// then dHidden[rows] += dz W[cols], dW[cols] += dz^T h[rows], db[cols] += Σ_rows dz. Peak extra memory is
+// a few tile-sized temporaries plus the gradients themselves, instead of two (N x V) tensors. A tied
+// head (W the embedding's matrix) needs nothing special: the node returns dW and the engine
+// accumulates it into the same leaf.
+// The vocab-parallel form (each tensor-parallel rank a shard of W's rows) makes each rank's per-row
+// logsumexp over its own columns, then all-reduces once, for all rows, what vocabParallelCrossEntropy
+// all-reduces for whole logits: the max, the sums of exponentials (rescaled to it), the target logits
+// (and, with smoothing, the logit sums). Backward needs no communication: each rank's dHidden is its
+// columns' part, summed by the column-parallel input's backward (copyToRegion).
+import { type Tensor, defineFunction, arange, full, zeros, tidy, keep } from '../../tensor/index.js';
 
-/** Bytes one chunk's float32 logits may take: a few MiB keeps a chunk's temporaries in cache-sized pieces and its GEMMs wide. */
+/** Bytes one tile of logits may take (float32, or float64 in a float64 run). */
 export const CHUNK_LOGIT_BYTES = 4 * 2 ** 20;
 
-/** Rows per chunk: as many as fit CHUNK_LOGIT_BYTES of float32 (or float64) logits over `vocab` columns, at least 1. */
-export function chunkRows(n: number, vocab: number, elemBytes = 4): number {
-  return Math.max(1, Math.min(n, Math.floor(CHUNK_LOGIT_BYTES / (vocab * elemBytes))));
+/**
+ * A tile of (rows x columns) logits within CHUNK_LOGIT_BYTES, as square as the shape allows: each
+ * tile's backward adds its rows' hidden gradient (rows x d) and its columns' weight gradient
+ * (columns x d), so the traffic of those additions, N V d (1 / rows + 1 / columns), is least for
+ * rows = columns = sqrt(elements). 4 MiB of float32 is 1024 x 1024; a run of 32k tokens over a 128k
+ * vocabulary makes 4096 tiles.
+ */
+export function tileShape(n: number, vocab: number, elemBytes = 4): { rows: number; cols: number } {
+  const elems = Math.max(1, Math.floor(CHUNK_LOGIT_BYTES / elemBytes));
+  const side = Math.floor(Math.sqrt(elems));
+  const rows = Math.max(1, Math.min(n, vocab >= side ? side : Math.floor(elems / vocab)));
+  return { rows, cols: Math.max(1, Math.min(vocab, Math.floor(elems / rows))) };
 }
 
 /** Calls of linearCrossEntropy in this process (how a run shows its loss took the fused path). */
@@ -30,8 +44,9 @@ export interface LinearCrossEntropyOptions {
   bias?: Tensor;
   ignoreIndex?: number;
   labelSmoothing?: number;
-  /** Rows per chunk (default chunkRows(N, V)). */
+  /** Rows and vocabulary columns per tile (default tileShape(N, V)). */
   chunk?: number;
+  vocabChunk?: number;
   /** Set when `weight` (and bias) is this rank's shard of the vocabulary's rows. */
   vocabShard?: VocabShard;
 }
@@ -62,43 +77,33 @@ export function linearCrossEntropy(hidden: Tensor, weight: Tensor, targets: Tens
   linearCrossEntropyCalls.count++;
   const count = tidy(() => targets.ne(ignore).sum().item());
   const loss = fused(hidden, weight, opts.bias, targets, {
-    ignore, eps: opts.labelSmoothing ?? 0, chunk: opts.chunk, group: opts.vocabShard,
+    ignore, eps: opts.labelSmoothing ?? 0, chunk: opts.chunk, vocabChunk: opts.vocabChunk, group: opts.vocabShard,
   } satisfies Settings);
   return { loss, count };
 }
 
-interface Settings { ignore: number; eps: number; chunk?: number; group?: VocabShard }
+interface Settings { ignore: number; eps: number; chunk?: number; vocabChunk?: number; group?: VocabShard }
 
 /** float64 stays float64; anything else computes its logits in float32. */
 function mathDtype(t: Tensor): 'float32' | 'float64' {
   return t.dtype === 'float64' ? 'float64' : 'float32';
 }
 
-/** One chunk's logits (rows, V local) in the math dtype. */
-function chunkLogits(h: Tensor, w: Tensor, b: Tensor | undefined): Tensor {
+/** One tile's logits (rows, columns) in the math dtype. */
+function tileLogits(h: Tensor, w: Tensor, b: Tensor | undefined): Tensor {
   let z = h.matmul(w.t());
   if (b) z = z.add(b);
   const d = mathDtype(h);
   return z.dtype === d ? z : z.to(d);
 }
 
-/** Per row of the chunk: what the whole vocabulary's rows need from this rank's columns, summed over the group. */
-function rowTerms(z: Tensor, t: Tensor, lo: number, s: Settings, needSum: boolean): { m: Tensor; lse: Tensor; zt: Tensor; zsum?: Tensor } {
-  const Vl = z.shape[1]!;
-  const m = z.amax(-1, true).contiguous();
-  if (s.group) s.group.allReduce(m, 'max');
-  const e = z.sub(m).exp().sum(-1).contiguous();
-  if (s.group) s.group.allReduce(e, 'sum');
-  const lse = e.log().add(m.squeeze(1));
-  const mine = t.ge(lo).logicalAnd(t.lt(lo + Vl));
-  const zt = z.gather(1, t.sub(lo).clamp(0, Vl - 1).unsqueeze(1)).squeeze(1).mul(mine.to(z.dtype)).contiguous();
-  if (s.group) s.group.allReduce(zt, 'sum');
-  let zsum: Tensor | undefined;
-  if (needSum) {
-    zsum = z.sum(-1).contiguous();
-    if (s.group) s.group.allReduce(zsum, 'sum');
-  }
-  return { m, lse, zt, ...(zsum ? { zsum } : {}) };
+/** The tiles of (N x V local) logits: rows [r, r + n) x columns [c, c + m). */
+function tiles(N: number, Vl: number, s: Settings, dtype: 'float32' | 'float64'): { r: number; n: number; c: number; m: number; firstCol: boolean }[] {
+  const shape = tileShape(N, Vl, dtype === 'float64' ? 8 : 4);
+  const R = s.chunk ?? shape.rows, C = s.vocabChunk ?? (s.chunk ? Math.max(1, Math.min(Vl, Math.floor(shape.rows * shape.cols / R))) : shape.cols);
+  const out: { r: number; n: number; c: number; m: number; firstCol: boolean }[] = [];
+  for (let r = 0; r < N; r += R) for (let c = 0; c < Vl; c += C) out.push({ r, n: Math.min(R, N - r), c, m: Math.min(C, Vl - c), firstCol: c === 0 });
+  return out;
 }
 
 const fused = defineFunction<[Tensor, Tensor, Tensor | undefined, Tensor, Settings]>({
@@ -106,26 +111,45 @@ const fused = defineFunction<[Tensor, Tensor, Tensor | undefined, Tensor, Settin
     const N = hidden.shape[0]!, Vl = weight.shape[0]!;
     const V = Vl * (s.group?.parts ?? 1);
     const lo = (s.group?.index ?? 0) * Vl;
-    const c = s.chunk ?? chunkRows(N, Vl, mathDtype(hidden) === 'float64' ? 8 : 4);
+    const dt = mathDtype(hidden);
     const total = tidy(() => {
-      const parts: Tensor[] = [], lses: Tensor[] = [];
-      for (let r = 0; r < N; r += c) {
-        const n = Math.min(c, N - r);
+      // Per row over this rank's columns, tile by tile: the running max m and Σ exp(z - m) (merged
+      // as an online softmax does), the target's logit where it falls here, and Σ z for smoothing.
+      const m = full([N], -Infinity, { dtype: dt }), se = zeros([N], { dtype: dt }), zt = zeros([N], { dtype: dt }), zs = zeros([N], { dtype: dt });
+      for (const { r, n, c, m: cols, firstCol } of tiles(N, Vl, s, dt)) {
         tidy(() => {
-          const t = targets.narrow(0, r, n);
-          const z = chunkLogits(hidden.narrow(0, r, n), weight, bias);
-          const { lse, zt, zsum } = rowTerms(z, t, lo, s, s.eps !== 0);
-          let row = lse.sub(zt, 1 - s.eps);
-          if (zsum) row = row.sub(zsum, s.eps / V);
-          parts.push(keep(row.mul(t.ne(s.ignore).to(row.dtype)).sum()));
-          lses.push(keep(lse));
+          const z = tileLogits(hidden.narrow(0, r, n), weight.narrow(0, c, cols), bias?.narrow(0, c, cols));
+          const mr = m.narrow(0, r, n), ser = se.narrow(0, r, n);
+          const mt = z.amax(-1);
+          const mNew = firstCol ? mt : mr.maximum(mt);
+          const st = z.sub(mNew.unsqueeze(1)).exp().sum(-1);
+          ser.copy_(firstCol ? st : ser.mul(mr.sub(mNew).exp()).add(st));
+          mr.copy_(mNew);
+          const t = targets.narrow(0, r, n).sub(lo + c);
+          const here = t.ge(0).logicalAnd(t.lt(cols));
+          zt.narrow(0, r, n).add_(z.gather(1, t.clamp(0, cols - 1).unsqueeze(1)).squeeze(1).mul(here.to(dt)));
+          if (s.eps !== 0) zs.narrow(0, r, n).add_(z.sum(-1));
         });
       }
-      const lse = lses.length === 1 ? lses[0]! : cat(lses);
+      // Over the vocabulary's shards: one all-reduce each of the row max, the rescaled sums, the target logits and the logit sums.
+      let lse: Tensor;
+      if (s.group) {
+        const local = se.log().add(m);
+        const M = local.clone();
+        s.group.allReduce(M, 'max');
+        const S = local.sub(M).exp().contiguous();
+        s.group.allReduce(S, 'sum');
+        s.group.allReduce(zt, 'sum');
+        if (s.eps !== 0) s.group.allReduce(zs, 'sum');
+        lse = S.log().add(M);
+      } else {
+        lse = se.log().add(m);
+      }
+      let row = lse.sub(zt, 1 - s.eps);
+      if (s.eps !== 0) row = row.sub(zs, s.eps / V);
       ctx.saveForBackward(hidden, weight, targets, lse, ...(bias ? [bias] : []));
-      return keep(parts.length === 1 ? parts[0]! : cat(parts.map((p) => p.reshape(1))).sum());
+      return keep(row.mul(targets.ne(s.ignore).to(dt)).sum());
     });
-    ctx.state.chunk = c;
     ctx.state.s = s;
     return total;
   },
@@ -136,30 +160,28 @@ const fused = defineFunction<[Tensor, Tensor, Tensor | undefined, Tensor, Settin
     const N = hidden.shape[0]!, Vl = weight.shape[0]!;
     const V = Vl * (s.group?.parts ?? 1);
     const lo = (s.group?.index ?? 0) * Vl;
-    const c = ctx.state.chunk as number;
-    const gs = g.to(mathDtype(hidden));
-    const cols = arange(lo, lo + Vl, 1, { dtype: 'int64' });
-    const dHs: Tensor[] = [];
-    let dW = needW ? zeros(weight.shape, { dtype: mathDtype(hidden) }) : undefined;
-    let dB = needB && bias ? zeros(bias.shape, { dtype: mathDtype(hidden) }) : undefined;
-    for (let r = 0; r < N; r += c) {
-      const n = Math.min(c, N - r);
+    const dt = mathDtype(hidden);
+    // g and the ignored rows folded into one per-row scale
+    const scale = targets.ne(s.ignore).to(dt).mul(g.to(dt)).unsqueeze(1);
+    const dH = needH ? zeros(hidden.shape, { dtype: dt }) : undefined;
+    const dW = needW ? zeros(weight.shape, { dtype: dt }) : undefined;
+    const dB = needB && bias ? zeros(bias.shape, { dtype: dt }) : undefined;
+    for (const { r, n, c, m: cols } of tiles(N, Vl, s, dt)) {
       tidy(() => {
-        const t = targets.narrow(0, r, n);
-        const h = hidden.narrow(0, r, n);
-        const z = chunkLogits(h, weight, bias);
-        // softmax from the saved whole-vocabulary logsumexp, minus the target and smoothing terms
+        const h = hidden.narrow(0, r, n), w = weight.narrow(0, c, cols);
+        const z = tileLogits(h, w, bias?.narrow(0, c, cols));
+        // softmax from the whole vocabulary's logsumexp, minus the target's and smoothing's terms
         let dz = z.sub(lse.narrow(0, r, n).unsqueeze(1)).exp();
-        dz = dz.sub(cols.unsqueeze(0).eq(t.unsqueeze(1)).to(dz.dtype), 1 - s.eps);
+        const t = targets.narrow(0, r, n).sub(lo + c).unsqueeze(1);
+        dz = dz.sub(arange(0, cols, 1, { dtype: 'int64' }).unsqueeze(0).eq(t).to(dt), 1 - s.eps);
         if (s.eps !== 0) dz = dz.sub(s.eps / V);
-        dz = dz.mul(t.ne(s.ignore).to(dz.dtype).unsqueeze(1).mul(gs));
+        dz = dz.mul(scale.narrow(0, r, n));
         const dzc = dz.dtype === hidden.dtype ? dz : dz.to(hidden.dtype);
-        if (needH) dHs.push(keep(dzc.matmul(weight)));
-        if (dW) dW.add_(dzc.t().matmul(h));
-        if (dB) dB.add_(dz.sum(0));
+        if (dH) dH.narrow(0, r, n).add_(dzc.matmul(w));
+        if (dW) dW.narrow(0, c, cols).add_(dzc.t().matmul(h));
+        if (dB) dB.narrow(0, c, cols).add_(dz.sum(0));
       });
     }
-    const dH = needH ? (dHs.length === 1 ? dHs[0]! : cat(dHs)) : undefined;
     return [dH, dW, dB, undefined, undefined];
   },
 }, 'LinearCrossEntropy');
