@@ -18,7 +18,7 @@
 // all-reduces for whole logits: the max, the sums of exponentials (rescaled to it), the target logits
 // (and, with smoothing, the logit sums). Backward needs no communication: each rank's dHidden is its
 // columns' part, summed by the column-parallel input's backward (copyToRegion).
-import { type Tensor, defineFunction, arange, full, zeros, tidy, keep } from '../../tensor/index.js';
+import { type Tensor, defineFunction, full, zeros, tidy, keep } from '../../tensor/index.js';
 
 /** Bytes one tile of logits may take (float32, or float64 in a float64 run). */
 export const CHUNK_LOGIT_BYTES = 4 * 2 ** 20;
@@ -162,20 +162,31 @@ const fused = defineFunction<[Tensor, Tensor, Tensor | undefined, Tensor, Settin
     const lo = (s.group?.index ?? 0) * Vl;
     const dt = mathDtype(hidden);
     // g and the ignored rows folded into one per-row scale
-    const scale = targets.ne(s.ignore).to(dt).mul(g.to(dt)).unsqueeze(1);
-    const dH = needH ? zeros(hidden.shape, { dtype: dt }) : undefined;
-    const dW = needW ? zeros(weight.shape, { dtype: dt }) : undefined;
-    const dB = needB && bias ? zeros(bias.shape, { dtype: dt }) : undefined;
+    const scale = targets.ne(s.ignore).to(dt).mul(g.to(dt));
+    // The target's and smoothing's terms of dz are (1 - ε) onehot(t) and ε / V on every column: their
+    // parts of the gradients are made once here (a gather, an index add, column sums), so each tile
+    // only makes softmax(z) times the row's scale.
+    const tl = targets.sub(lo);
+    const mine = tl.ge(0).logicalAnd(tl.lt(Vl)).to(dt).mul(scale).mul(1 - s.eps); // (N): rows whose target this rank holds
+    const tIdx = tl.clamp(0, Vl - 1);
+    const asDt = (x: Tensor) => (x.dtype === dt ? x : x.to(dt));
+    const hDt = asDt(hidden);
+    const dH = needH ? asDt(weight.indexSelect(0, tIdx)).mul(mine.unsqueeze(1)).neg() : undefined;
+    let dW = needW ? zeros(weight.shape, { dtype: dt }).indexAdd(0, tIdx, hDt.mul(mine.unsqueeze(1)).neg()) : undefined;
+    let dB = needB && bias ? zeros(bias.shape, { dtype: dt }).indexAdd(0, tIdx, mine.neg()) : undefined;
+    if (s.eps !== 0) {
+      const e = scale.mul(s.eps / V); // (N)
+      if (dH) dH.sub_(e.unsqueeze(1).mul(asDt(weight.sum(0)).unsqueeze(0)));
+      if (dW) dW = dW.sub(e.unsqueeze(0).matmul(hDt).expand(Vl, hidden.shape[1]!));
+      if (dB) dB = dB.sub(e.sum());
+    }
+    const scaleCol = scale.unsqueeze(1);
     for (const { r, n, c, m: cols } of tiles(N, Vl, s, dt)) {
       tidy(() => {
         const h = hidden.narrow(0, r, n), w = weight.narrow(0, c, cols);
         const z = tileLogits(h, w, bias?.narrow(0, c, cols));
-        // softmax from the whole vocabulary's logsumexp, minus the target's and smoothing's terms
-        let dz = z.sub(lse.narrow(0, r, n).unsqueeze(1)).exp();
-        const t = targets.narrow(0, r, n).sub(lo + c).unsqueeze(1);
-        dz = dz.sub(arange(0, cols, 1, { dtype: 'int64' }).unsqueeze(0).eq(t).to(dt), 1 - s.eps);
-        if (s.eps !== 0) dz = dz.sub(s.eps / V);
-        dz = dz.mul(scale.narrow(0, r, n));
+        // softmax from the whole vocabulary's logsumexp, times the row's scale
+        const dz = z.sub_(lse.narrow(0, r, n).unsqueeze(1)).exp().mul(scaleCol.narrow(0, r, n));
         const dzc = dz.dtype === hidden.dtype ? dz : dz.to(hidden.dtype);
         if (dH) dH.narrow(0, r, n).add_(dzc.matmul(w));
         if (dW) dW.narrow(0, c, cols).add_(dzc.t().matmul(h));
