@@ -19,6 +19,7 @@ import { type Tensor, type DType, cat, keep, noGrad, ones, tensor, isGradEnabled
 import { seedParameter } from '../nn/init.js';
 import { Module, Embedding, Linear, RMSNorm, Dropout, deferParameters } from '../nn/index.js';
 import { castFor } from '../nn/precision.js';
+import { LMHead, runHead, type Kernels } from '../nn/kernels/lm_head.js';
 import { activationCheckpointMode, checkpointBlock, checkpointRegion } from '../nn/checkpoint.js';
 import { gptLoss, type GPTBuildOptions, type GPTStageSpec } from './gpt.js';
 import { KVCache } from '../nn/kv_cache.js';
@@ -383,10 +384,12 @@ abstract class LlamaParts extends Module {
   readonly wte?: Embedding;
   readonly layers!: LlamaLayers;
   readonly norm?: RMSNorm;
-  readonly head?: Linear;
+  readonly head?: LMHead;
+  readonly kernels: Kernels;
 
   protected constructor(cfg: Partial<LlamaConfig>, spec: GPTStageSpec, opts: GPTBuildOptions) {
     super();
+    this.kernels = opts.kernels ?? 'eager';
     const c = (this.cfg = resolveLlamaConfig(cfg));
     const [first, end] = spec.layers;
     if (!Number.isInteger(first) || !Number.isInteger(end) || first < 0 || end > c.nLayer || first > end) {
@@ -419,7 +422,7 @@ abstract class LlamaParts extends Module {
       // Tied: the head reuses the embedding matrix; a last stage without the embedding holds a copy
       // the pipeline keeps equal (declared tied in llama_parallel.ts).
       const shared = c.tieEmbeddings ? this.wte?.weight : undefined;
-      self.head = this.registerModule('head', new Linear(c.nEmbd, c.vocabSize, { bias: false, weight: shared }));
+      self.head = this.registerModule('head', new LMHead(c.nEmbd, c.vocabSize, { bias: false, weight: shared }));
     }
   }
 
@@ -450,7 +453,7 @@ abstract class LlamaParts extends Module {
       x = this.wte.call(input);
     }
     for (const b of this.layers.items) x = b.call(x);
-    if (this.head) x = this.head.call(this.norm!.call(x));
+    if (this.head) x = runHead(this.head, this.norm!.call(x), this.kernels); // [Note: deferred head]
     return x;
   }
 
@@ -464,7 +467,7 @@ abstract class LlamaParts extends Module {
 export class Llama extends LlamaParts {
   declare readonly wte: Embedding;
   declare readonly norm: RMSNorm;
-  declare readonly head: Linear;
+  declare readonly head: LMHead;
 
   constructor(cfg: Partial<LlamaConfig> = {}, opts: GPTBuildOptions = {}) {
     const c = resolveLlamaConfig(cfg);
