@@ -306,7 +306,8 @@ export function configDifferences(run: Record<string, unknown>, h: HfDir): strin
     if (k === 'moe') {
       // The fields the directory's routing determines; the balance settings are the run's.
       const a = (mine.moe ?? defaultMoEConfig) as unknown as Record<string, unknown>, b = theirs.moe as Record<string, unknown>;
-      for (const f of Object.keys(h.determined.moe as object)) if (a[f] !== b[f]) out.push(`moe.${f} is ${JSON.stringify(a[f])} here and ${JSON.stringify(b[f])} for ${HF_CONFIG}`);
+      // (By value: moe.denseLayers is a list.)
+      for (const f of Object.keys(h.determined.moe as object)) if (JSON.stringify(a[f]) !== JSON.stringify(b[f])) out.push(`moe.${f} is ${JSON.stringify(a[f])} here and ${JSON.stringify(b[f])} for ${HF_CONFIG}`);
       continue;
     }
     if (mine[k] !== theirs[k]) out.push(`model.${k} is ${JSON.stringify(run[k])} here and ${JSON.stringify(theirs[k])} in ${HF_CONFIG}`);
