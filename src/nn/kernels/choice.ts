@@ -1,15 +1,16 @@
-// [Note: kernel choice] Which attention the models run and which update the optimizer makes: "eager"
-// (op by op, the default) or "fused" (the blocked kernel, src/nn/kernels/attention.ts; the one-pass
-// update, src/optim/fused.ts). An ambient setting like the activation checkpoint mode: the trainer
-// sets it from [train] kernels around each step's forward and backward and around its optimizer
-// step, and the models read it where attention is computed, the optimizer in its step. Attention
-// with dropout, and the context-parallel ring, stay eager.
+// [Note: kernel choice] Which kernels the models and the optimizer run: "eager" (op by op, the
+// default) or "fused" (attention as one blocked kernel, src/nn/kernels/attention.ts; the training
+// loss from the hidden state, [Note: deferred head] in lm_head.ts; the optimizer's one-pass update,
+// src/optim/fused.ts). An ambient setting like the activation checkpoint mode: the trainer sets it
+// from [train] kernels around each step (forward and backward) and around its optimizer step, and
+// the models read it where attention and the head run, the optimizer in its step. Attention with
+// dropout stays eager.
 export const KERNEL_CHOICES = ['eager', 'fused'] as const;
 export type KernelChoice = (typeof KERNEL_CHOICES)[number];
 
 const choices: KernelChoice[] = [];
 
-/** Runs fn with the models' attention and the optimizer's update computed by `choice`. */
+/** Runs fn with the models' kernels and the optimizer's update chosen by `choice`. */
 export function withKernels<T>(choice: KernelChoice, fn: () => T): T {
   if (!KERNEL_CHOICES.includes(choice)) throw new Error(`kernels "${choice}" is not one of ${KERNEL_CHOICES.map((m) => `"${m}"`).join(', ')}`);
   choices.push(choice);
