@@ -4,7 +4,7 @@
 // foreach, bench/optim_peer.py) on the same size and threads. Writes its section of
 // docs/BENCHMARKS.md (between <!-- optim:begin --> and <!-- optim:end -->).
 //
-//   node --import tsx bench/optim.ts [--params 25000000] [--steps 10] [--threads 2] [--no-write]
+//   node --import tsx bench/optim.ts [--params 25000000] [--steps 10] [--threads 1,2] [--no-write]
 import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -18,60 +18,65 @@ import { median, parseBench, writeSection } from './report.js';
 const { values: a } = parseArgs({
   options: {
     params: { type: 'string', default: '25000000' }, steps: { type: 'string', default: '10' },
-    threads: { type: 'string', default: '2' }, 'no-write': { type: 'boolean', default: false },
+    threads: { type: 'string', default: '1,2' }, 'no-write': { type: 'boolean', default: false },
   },
 });
-const N = Number(a.params), steps = Number(a.steps), threads = Number(a.threads);
+const N = Number(a.params), steps = Number(a.steps), threadCounts = a.threads.split(',').map(Number);
 const root = join(import.meta.dirname, '..');
-ft.setNumThreads(threads);
-
 const loadBefore = loadavg()[0]!;
-ft.manualSeed(0);
-const sides = (['fused', 'eager'] as KernelChoice[]).map((kernels) => {
-  const p = ft.keep(ft.randn([N]));
-  p.grad = ft.keep(ft.randn([N]).mul(1e-3));
-  return { kernels, opt: new AdamW([p], { lr: 3e-4, betas: [0.9, 0.95], eps: 1e-8, weightDecay: 0.1 }), ms: [] as number[] };
-});
-for (let s = 0; s <= steps; s++) {
-  for (const side of sides) {
-    const t0 = performance.now();
-    withKernels(side.kernels, () => side.opt.step());
-    if (s > 0) side.ms.push(performance.now() - t0);
-  }
-}
-const r = spawnSync('/usr/bin/python3', [join('bench', 'optim_peer.py'), JSON.stringify({ N, steps, threads })], { cwd: root, encoding: 'utf8' });
-if (r.status !== 0) throw new Error(`optim_peer.py failed:\n${r.stdout}\n${r.stderr}`);
-const pt = parseBench<{ single: number[]; foreach: number[] }>(r.stdout);
-const loadAfter = loadavg()[0]!;
-
-const [fused, eager] = sides.map((s) => median(s.ms)) as [number, number];
-const single = median(pt.single), foreach = median(pt.foreach);
 // Bytes an update must move at least: read parameters, gradient and both moments, write three of them.
 const gbps = (ms: number) => ((7 * 4 * N) / (ms / 1000) / 1e9).toFixed(1);
-const rows = [
-  `| flotilla fused (one pass) | ${fused.toFixed(1)} | ${gbps(fused)} | 1.00 |`,
-  `| flotilla eager (op by op, chunked) | ${eager.toFixed(1)} | ${gbps(eager)} | ${(eager / fused).toFixed(2)} |`,
-  `| PyTorch 1.13 AdamW, single-tensor | ${single.toFixed(1)} | ${gbps(single)} | ${(single / fused).toFixed(2)} |`,
-  `| PyTorch 1.13 AdamW, foreach | ${foreach.toFixed(1)} | ${gbps(foreach)} | ${(foreach / fused).toFixed(2)} |`,
-];
+const rows: string[] = [];
+for (const threads of threadCounts) {
+  ft.setNumThreads(threads);
+  ft.manualSeed(0);
+  const sides = (['fused', 'eager'] as KernelChoice[]).map((kernels) => {
+    const p = ft.keep(ft.randn([N]));
+    p.grad = ft.keep(ft.randn([N]).mul(1e-3));
+    return { kernels, p, opt: new AdamW([p], { lr: 3e-4, betas: [0.9, 0.95], eps: 1e-8, weightDecay: 0.1 }), ms: [] as number[] };
+  });
+  for (let s = 0; s <= steps; s++) {
+    for (const side of sides) {
+      const t0 = performance.now();
+      withKernels(side.kernels, () => side.opt.step());
+      if (s > 0) side.ms.push(performance.now() - t0);
+    }
+  }
+  for (const side of sides) {
+    side.opt.dispose();
+    side.p.grad!.dispose();
+    side.p.dispose();
+  }
+  const r = spawnSync('/usr/bin/python3', [join('bench', 'optim_peer.py'), JSON.stringify({ N, steps, threads })], { cwd: root, encoding: 'utf8' });
+  if (r.status !== 0) throw new Error(`optim_peer.py failed:\n${r.stdout}\n${r.stderr}`);
+  const pt = parseBench<{ single: number[]; foreach: number[] }>(r.stdout);
+  const [fused, eager] = sides.map((s) => median(s.ms)) as [number, number];
+  const row = (name: string, ms: number) => `| ${threads} | ${name} | ${ms.toFixed(1)} | ${gbps(ms)} | ${(ms / fused).toFixed(2)} |`;
+  rows.push(row('flotilla fused (one pass)', fused), row('flotilla eager (op by op, chunked)', eager),
+    row('PyTorch 1.13 AdamW, single-tensor', median(pt.single)), row('PyTorch 1.13 AdamW, foreach', median(pt.foreach)));
+  console.log(rows.slice(-4).join('\n'));
+}
+const loadAfter = loadavg()[0]!;
+
 const flags = cpuFlags();
 const isa = `${flags.has('avx2') ? 'AVX2' : 'no AVX2'}${flags.has('fma') ? ' + FMA' : ''}`;
-const cmd = `node --import tsx bench/optim.ts --params ${N} --steps ${steps} --threads ${threads}`;
+const cmd = `node --import tsx bench/optim.ts --params ${N} --steps ${steps} --threads ${a.threads}`;
 const body = [
   '## Fused optimizer step',
   '',
-  `One AdamW step (weight decay 0.1) over one flat float32 buffer of ${N.toLocaleString('en-US')} parameters, ${threads} intra-op thread(s): one warm-up`,
+  `One AdamW step (weight decay 0.1) over one flat float32 buffer of ${N.toLocaleString('en-US')} parameters, at ${a.threads} intra-op thread(s): one warm-up`,
   `step, then ${steps} timed steps (median). flotilla's fused (one pass: parameters, gradient and both moments read once and written once,`,
   'native/optim.cc) and eager (the op-by-op update in cache-sized chunks) alternate step by step in one process; PyTorch 1.13\'s',
   'torch.optim.AdamW (bench/optim_peer.py) runs its single-tensor and foreach paths on the same size afterwards. GB/s: the 28 bytes',
   'per parameter an update must move (4 arrays read, 3 written) over the step\'s time.',
   `CPU: ${isa}. 1-minute load average ${loadBefore.toFixed(1)} when the run started and ${loadAfter.toFixed(1)} when it ended (other processes`,
-  'share the cores when it is above the core count, and the times then vary from run to run).',
+  'share the cores when it is above the core count, and the times then vary from run to run; every parallel region then waits for its',
+  'slowest thread, and the eager update opens one per op and chunk where the fused one opens one per bucket).',
   '',
   `\`${cmd}\``,
   '',
-  '| update | step (ms) | GB/s | time / fused |',
-  '|---|---|---|---|',
+  '| threads | update | step (ms) | GB/s | time / fused |',
+  '|---|---|---|---|---|',
   ...rows,
 ].join('\n');
 console.log(body);
