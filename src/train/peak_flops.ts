@@ -38,12 +38,17 @@ export interface Peak {
   source: string;
 }
 
+/** Where the probe of `dtype` at this process's threads is cached (file undefined: FLOTILLA_CACHE_DIR=off), under which key. */
+export function peakCacheEntry(dtype: DType, env: NodeJS.ProcessEnv = process.env): { dir: string | undefined; key: string; file: string | undefined } {
+  const dir = cacheDir('mfu', env);
+  const key = `${cpus()[0]?.model ?? 'cpu'} x${getNumThreads()} threads ${dtype}`;
+  return { dir, key, file: dir && join(dir, `peak-${key.replace(/[^\w.-]+/g, '_')}.json`) };
+}
+
 /** [log] peakTflops, or the cached probe for this machine and dtype, or a new probe (cached); on one rank. */
 export function peakTflops(given: number, dtype: DType, env: NodeJS.ProcessEnv = process.env): Peak {
   if (given > 0) return { tflops: given, source: '[log] peakTflops' };
-  const dir = cacheDir('mfu', env);
-  const key = `${cpus()[0]?.model ?? 'cpu'} x${getNumThreads()} threads ${dtype}`;
-  const file = dir && join(dir, `peak-${key.replace(/[^\w.-]+/g, '_')}.json`);
+  const { dir, key, file } = peakCacheEntry(dtype, env);
   if (file) {
     try {
       const c = JSON.parse(readFileSync(file, 'utf8')) as { key: string; tflops: number };

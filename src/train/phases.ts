@@ -5,6 +5,7 @@
 // model (src/parallel/parallelize.ts); the optimizer is built after parallelisms because they
 // re-point parameters into flat buffers ([Note: flat buffers] in src/parallel/data_parallel/grad_buffer.ts) and
 // hand it the ranges this rank updates.
+import { bf16Notice } from './bf16_notice.js';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { elasticMicroBatches } from './elastic.js';
 import { launcherEnv } from '../distributed/launcher_env.js';
@@ -95,6 +96,9 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     setNumThreads(cfg.train.threads);
     const how = { torchrun: 'RANK/WORLD_SIZE (flotilla run, torchrun)', mpirun: 'mpirun', srun: 'srun', single: 'a single process' }[env.source];
     header('world', `${describeBackend(world)}, started by ${how}, ${cfg.train.threads} thread(s) per rank, libtorch ${torchVersion()}, ${describeBlas()}`);
+    // Before the model is built, so the user hears it before waiting (rank 0 alone measures: no collective).
+    const bf16 = env.rank === 0 ? bf16Notice(cfg.train.precision) : undefined;
+    if (bf16) out.log(`[precision] ${bf16}`);
 
     // ---- mesh: pp x dpReplicate x dpShard x cp x tp; the data-parallel rank decides what a rank reads
     const layout = resolveLayout(cfg.parallel, env.worldSize);

@@ -5,7 +5,6 @@ import { liveTensors, manualSeed, releaseFreedMemory, releaseIdleMemory, tensorC
 import { autocast } from '../nn/precision.js';
 import { withActivationCheckpoint } from '../nn/checkpoint.js';
 import { withKernels } from '../nn/kernels/choice.js';
-import { bf16Notice } from './bf16_notice.js';
 import { withMoELossScale } from '../nn/moe.js';
 import { readLaunchEnv } from '../distributed/env.js';
 import { clipGradNorm, gradNorm } from '../parallel/grads.js';
@@ -132,9 +131,6 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
     log: (line: string) => { if (isRank0) (progress ? progress.log(line) : print(line)); },
   };
   const run = await openRun(cfg, env, opts, out);
-  // Before the first step, so the user hears it before waiting (rank 0 alone measures: no collective).
-  const bf16 = isRank0 ? bf16Notice(cfg.train.precision) : undefined;
-  if (bf16) out.log(`[precision] ${bf16}`);
   const { model, optimizer, startStep } = run;
   const steps = run.steps; // train.steps, or what train.epochs makes of the examples
   const o = cfg.optim;
