@@ -4,17 +4,19 @@
   "targets": [
     {
       "target_name": "flotilla",
-      "sources": ["addon.cc", "tensor.cc", "tensor_cache.cc", "autograd.cc", "comm.cc"],
+      "sources": ["addon.cc", "tensor.cc", "tensor_cache.cc", "autograd.cc", "comm.cc", "attention.cc"],
       "include_dirs": [
         "<!(node -p \"require('node-addon-api').include_dir\")",
         "<!@(node ../scripts/find-libtorch.cjs include)"
       ],
       "libraries": ["<!@(node ../scripts/find-libtorch.cjs libs)"],
       # The loader looks beside the addon first: scripts/trim-libtorch.cjs may put libtorch_cpu there.
-      "ldflags": ["-Wl,-rpath,'$$ORIGIN'"],
+      # -fopenmp: at::parallel_for is OpenMP in libtorch's build, so the kernels' loops need it to run in parallel.
+      "ldflags": ["-Wl,-rpath,'$$ORIGIN'", "-fopenmp"],
       "defines": ["USE_C10D_GLOO", "NAPI_VERSION=8", "NODE_ADDON_API_DISABLE_DEPRECATED"],
       "cflags_cc!": ["-fno-exceptions", "-fno-rtti", "-std=gnu++17", "-std=gnu++20"],
-      "cflags_cc": ["-std=c++17", "-fexceptions", "-frtti", "-O2", "-Wno-unused-parameter", "-Wno-deprecated-declarations"],
+      # -O3 and fused multiply-adds: the attention kernel's (attention.cc) loops are written to vectorise.
+      "cflags_cc": ["-std=c++17", "-fexceptions", "-frtti", "-O3", "-ffp-contract=fast", "-fopenmp", "-Wno-unused-parameter", "-Wno-deprecated-declarations"],
       "cflags!": ["-fno-exceptions"]
     },
     {

@@ -48,6 +48,7 @@ void InitTensor(Napi::Env env, Napi::Object exports);
 void InitTensorCache(Napi::Env env, Napi::Object exports);
 void InitAutograd(Napi::Env env, Napi::Object exports);
 void InitComm(Napi::Env env, Napi::Object exports);
+void InitAttention(Napi::Env env, Napi::Object exports);
 
 }  // namespace flotilla
 

@@ -24,6 +24,8 @@ import { gptLoss, type GPTBuildOptions, type GPTStageSpec } from './gpt.js';
 import { KVCache } from '../nn/kv_cache.js';
 import { sequenceShard } from '../nn/sequence_shard.js';
 import { documents } from '../nn/documents.js';
+import { kernelChoice } from '../nn/kernels/choice.js';
+import { fusedAttention } from '../nn/kernels/attention.js';
 import { MoE } from '../nn/moe.js';
 import { isMoELayer, type MoEConfig } from '../nn/moe_config.js';
 import { resolveLlamaConfig, type LlamaConfig } from './llama_config.js';
@@ -251,6 +253,14 @@ export class LlamaAttention extends Module {
       const [vc] = castFor('matmul', v) as [Tensor];
       const heads = (t: Tensor) => t.transpose(1, 2); // (B, n, T, hd)
       return shard.attention(heads(qr), heads(kr), heads(vc.view(B, T, nkv, hd)), 1 / Math.sqrt(hd), window).transpose(1, 2).reshape(B, T, nh * hd);
+    }
+    // The fused kernel ([Note: kernel choice]): the heads as they are, kv heads read in place, the
+    // documents and window as its arguments; memory linear in T.
+    if (kernelChoice() === 'fused' && (this.attnDrop.p === 0 || !this.attnDrop.training)) {
+      const [vc] = castFor('matmul', v) as [Tensor];
+      const heads = (t: Tensor, n: number) => t.view(B, T, n, hd).transpose(1, 2); // (B, n, T, hd)
+      const y = fusedAttention(heads(qr, nh), heads(kr, nkv), heads(vc, nkv), { window, qDocs: docs?.ids, kDocs: docs?.ids });
+      return y.transpose(1, 2).reshape(B, T, nh * hd);
     }
     // Query head h uses key/value head h / group (repeat_kv's order): the group's query heads are
     // stacked along the rows, so k and v are never repeated. q: (B nkv, group T, hd), k^T: (B nkv, hd, T).

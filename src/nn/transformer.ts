@@ -9,6 +9,8 @@ import type { KVCache } from './kv_cache.js';
 import { MoE } from './moe.js';
 import { sequenceShard } from './sequence_shard.js';
 import { documents } from './documents.js';
+import { kernelChoice } from './kernels/choice.js';
+import { fusedAttention } from './kernels/attention.js';
 import type { MoEConfig } from './moe_config.js';
 
 export interface BlockConfig {
@@ -98,8 +100,13 @@ export class CausalSelfAttention extends Module {
       const [vh] = castFor('matmul', heads(v)) as [Tensor];
       return shard.attention(qh, kh, vh, 1 / Math.sqrt(hs)).transpose(1, 2).contiguous().view(B, T, C);
     }
-    // Packed rows ([Note: documents]): causal within each document, one mask for every layer.
     const docs = documents();
+    // The fused kernel ([Note: kernel choice]): causal within each document from its ids.
+    if (kernelChoice() === 'fused' && (this.attnDrop.p === 0 || !this.attnDrop.training)) {
+      const [vh] = castFor('matmul', heads(v)) as [Tensor];
+      return fusedAttention(qh, kh, vh, { qDocs: docs?.ids, kDocs: docs?.ids }).transpose(1, 2).contiguous().view(B, T, C);
+    }
+    // Packed rows ([Note: documents]): causal within each document, one mask for every layer.
     const allowed = docs ? docs.allowed() : this.mask.narrow(0, 0, T).narrow(1, 0, T);
     const bias = docs && qh.dtype === 'bfloat16' ? docs.bias('bfloat16', nh, 1) : undefined;
     let att = attentionScores(qh, kh, allowed, 1 / Math.sqrt(hs), bias); // (B, nh, T, T)

@@ -92,6 +92,15 @@ export interface Native {
   /** Unmaps the cached blocks no request took since the previous call; returns the bytes given back. */
   trimTensorCache(): number;
   tensorCacheStats(): TensorCacheStats;
+  /**
+   * Fused causal attention ([Note: fused attention] in native/attention.cc): q (B, Hq, Tq, D), k and v
+   * (B, Hkv, Tk, D); returns [out, lse (B, Hq, Tq)]. Document ids (B, T) int32/int64: both or neither.
+   */
+  attentionForward(q: TensorHandle, k: TensorHandle, v: TensorHandle, scale: number, offset: number, window: number,
+    qDocs: TensorHandle | undefined, kDocs: TensorHandle | undefined): [TensorHandle, TensorHandle];
+  /** Its backward from the forward's out and lse: [dq, dk, dv]. */
+  attentionBackward(q: TensorHandle, k: TensorHandle, v: TensorHandle, out: TensorHandle, lse: TensorHandle, dOut: TensorHandle,
+    scale: number, offset: number, window: number, qDocs: TensorHandle | undefined, kDocs: TensorHandle | undefined): [TensorHandle, TensorHandle, TensorHandle];
   /** Linux: deliver signo to this process when its parent exits (false elsewhere). */
   setParentDeathSignal(signo: number): boolean;
 

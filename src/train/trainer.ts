@@ -4,6 +4,7 @@
 import { liveTensors, manualSeed, releaseFreedMemory, releaseIdleMemory, tensorCacheStats, tidy } from '../tensor/index.js';
 import { autocast } from '../nn/precision.js';
 import { withActivationCheckpoint } from '../nn/checkpoint.js';
+import { withKernels } from '../nn/kernels/choice.js';
 import { withMoELossScale } from '../nn/moe.js';
 import { readLaunchEnv } from '../distributed/env.js';
 import { clipGradNorm, gradNorm } from '../parallel/grads.js';
@@ -105,11 +106,11 @@ function trainStep(run: RunParts, cfg: FlotillaConfig): StepResult & { norm: num
     // optimizer changes the float32 masters (src/nn/precision.ts). MoE auxiliary losses are scaled
     // 1 / micro-batches ([Note: moe auxiliary loss] in src/nn/moe.ts); the loss is the sum over the
     // global batch's trained tokens over their count ([Note: global loss reduction]).
-    const r = autocast(cfg.train.precision, () => withActivationCheckpoint(cfg.train.activationCheckpoint, () =>
+    const r = autocast(cfg.train.precision, () => withActivationCheckpoint(cfg.train.activationCheckpoint, () => withKernels(cfg.train.kernels, () =>
       withMoELossScale(1 / M, () => {
         const mbs = Array.from({ length: M }, () => loader.next());
         return model.step(run.dpo ? run.dpo.logps(mbs) : mbs); // DPO: the reference's log-probabilities first
-      })));
+      }))));
     // No trained token in the whole global batch: no gradient was made, and the step is not applied.
     if (r.count === 0) return { ...r, norm: 0 };
     const norm = o.gradClip > 0 ? clipGradNorm(model.grads, o.gradClip).norm : gradNorm(model.grads);
