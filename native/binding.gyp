@@ -4,7 +4,7 @@
   "targets": [
     {
       "target_name": "flotilla",
-      "sources": ["addon.cc", "tensor.cc", "tensor_cache.cc", "autograd.cc", "comm.cc", "attention.cc"],
+      "sources": ["addon.cc", "tensor.cc", "tensor_cache.cc", "autograd.cc", "comm.cc", "attention.cc", "pointwise.cc"],
       "include_dirs": [
         "<!(node -p \"require('node-addon-api').include_dir\")",
         "<!@(node ../scripts/find-libtorch.cjs include)"
@@ -15,7 +15,7 @@
       "ldflags": ["-Wl,-rpath,'$$ORIGIN'", "-fopenmp"],
       "defines": ["USE_C10D_GLOO", "NAPI_VERSION=8", "NODE_ADDON_API_DISABLE_DEPRECATED"],
       "cflags_cc!": ["-fno-exceptions", "-fno-rtti", "-std=gnu++17", "-std=gnu++20"],
-      # -O3 and fused multiply-adds: the attention kernel's (attention.cc) loops are written to vectorise.
+      # -O3 and fused multiply-adds: the kernels' loops (attention.cc, pointwise.cc) are written to vectorise.
       "cflags_cc": ["-std=c++17", "-fexceptions", "-frtti", "-O3", "-ffp-contract=fast", "-fopenmp", "-Wno-unused-parameter", "-Wno-deprecated-declarations"],
       "cflags!": ["-fno-exceptions"]
     },

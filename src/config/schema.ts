@@ -71,7 +71,7 @@ export interface TrainConfig {
   precision: 'fp32' | 'bf16-mixed';
   /** Recompute each transformer block's forward in backward: "none", "full" or "selective". */
   activationCheckpoint: 'none' | 'full' | 'selective';
-  /** The models' attention: "eager" (op by op) or "fused" (src/nn/kernels/attention.ts). */
+  /** The models' kernels: "eager" (op by op) or "fused" (src/nn/kernels/: attention, norms, activations, rotary). */
   kernels: 'eager' | 'fused';
   /** Passes over a finite example dataset (0 = train.steps decides). */
   epochs: number;
@@ -282,7 +282,7 @@ export const configSchema: Schema<FlotillaConfig> = {
       threads: { kind: 'int', default: 1, min: 1, doc: 'Intra-op CPU threads per rank.' },
       precision: { kind: 'string', default: 'fp32', choices: ['fp32', 'bf16-mixed'], doc: '"bf16-mixed": matmuls in bfloat16 with float32 master parameters, optimizer state and gradient buckets; softmax, norms, GELU and the loss in float32 (the op list is in src/nn/precision.ts). float16 is not supported (it would need loss scaling).' },
       activationCheckpoint: { kind: 'string', default: 'none', choices: ['none', 'full', 'selective'], doc: 'Per transformer block: "full" keeps only the block input and recomputes its forward in backward; "selective" also keeps each Linear\'s output and recomputes LayerNorms, the attention core and GELU; "none" keeps every activation (src/nn/checkpoint.ts).' },
-      kernels: { kind: 'string', default: 'eager', choices: ['eager', 'fused'], doc: 'The attention the models train with: "eager" computes it op by op (scores, mask, softmax, dropout), "fused" with one blocked kernel whose memory is linear in the sequence length (src/nn/kernels/attention.ts; attention with dropout and the context-parallel ring stay eager).' },
+      kernels: { kind: 'string', default: 'eager', choices: ['eager', 'fused'], doc: 'The kernels the models train with: "eager" computes attention op by op (scores, mask, softmax, dropout), "fused" with one blocked kernel whose memory is linear in the sequence length (src/nn/kernels/attention.ts; attention with dropout and the context-parallel ring stay eager), and the norms, GELU, SwiGLU and rotary each as one pass (src/nn/kernels/pointwise.ts).' },
       epochs: { kind: 'int', default: 0, min: 0, doc: 'Passes over an example dataset (data.format other than "text"), each shuffled by train.seed; sets the number of steps (then train.steps is left at its default). 0 = train.steps decides.' },
       objective: { kind: 'string', default: 'lm', choices: ['lm', 'dpo'], doc: '"lm": next-token cross-entropy on the trained tokens; "dpo": direct preference optimisation on data.format = "preference" ([dpo]).' },
       initFrom: { kind: 'string', default: '', doc: 'Start from the weights of a checkpoint directory or an exported .safetensors file (step 0, fresh optimizer state; fine-tuning); a relative path starts from the config file\'s directory (on the command line, the current directory); "" = random init from train.seed.' },

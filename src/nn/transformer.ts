@@ -10,6 +10,7 @@ import { MoE } from './moe.js';
 import { sequenceShard } from './sequence_shard.js';
 import { documents } from './documents.js';
 import { kernelChoice } from './kernels/choice.js';
+import { fusedGelu } from './kernels/pointwise.js';
 import { fusedAttention } from './kernels/attention.js';
 import type { MoEConfig } from './moe_config.js';
 
@@ -132,7 +133,8 @@ export class MLP extends Module {
   }
   forward(x: Tensor): Tensor {
     const [h] = castFor('gelu', this.fc.call(x)) as [Tensor];
-    return this.drop.call(this.proj.call(h.gelu(this.approximate)));
+    const a = kernelChoice() === 'fused' ? fusedGelu(h, this.approximate) : h.gelu(this.approximate);
+    return this.drop.call(this.proj.call(a));
   }
 }
 

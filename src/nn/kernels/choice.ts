@@ -1,7 +1,9 @@
-// [Note: kernel choice] Which attention the models run: "eager" (op by op, the default) or "fused"
-// (the blocked kernel, src/nn/kernels/attention.ts). An ambient setting like the activation
-// checkpoint mode: the trainer sets it from [train] kernels around each step, and the models read it
-// where attention is computed. Attention with dropout, and the context-parallel ring, stay eager.
+// [Note: kernel choice] Which kernels the models run: "eager" (op by op, the default) or "fused"
+// (the blocked attention, src/nn/kernels/attention.ts, and the one-pass RMSNorm, LayerNorm, SwiGLU,
+// GELU and rotary, src/nn/kernels/pointwise.ts). An ambient setting like the activation checkpoint
+// mode: the trainer sets it from [train] kernels around each step, and the layers read it where they
+// compute. Attention with dropout, the context-parallel ring, the MoE experts and generation's decode
+// stay eager.
 export const KERNEL_CHOICES = ['eager', 'fused'] as const;
 export type KernelChoice = (typeof KERNEL_CHOICES)[number];
 
