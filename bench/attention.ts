@@ -8,6 +8,8 @@
 import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
+import { loadavg } from 'node:os';
+import { cpuFlags } from '../src/tensor/cpu_features.js';
 import { median, parseBench, writeSection } from './report.js';
 import type { RunOpts, RunOut } from './attention_run.js';
 
@@ -32,12 +34,16 @@ const torch = (T: number) => run('/usr/bin/python3', [join('bench', 'attention_p
 const ms = (r: RunOut) => median(r.stepMs);
 const mib = (r: RunOut) => ((r.peakBytes - r.baseBytes) / 2 ** 20).toFixed(1);
 const rows: string[] = [];
+const loadBefore = loadavg()[0]!;
 for (const T of seqs) {
   const fused = ours('fused', T), eager = ours('eager', T), pt = torch(T);
   const row = `| ${T} | ${ms(fused).toFixed(1)} | ${ms(eager).toFixed(1)} | ${ms(pt).toFixed(1)} | ${(ms(fused) / ms(eager)).toFixed(2)} | ${mib(fused)} | ${mib(eager)} | ${mib(pt)} |`;
   console.log(row);
   rows.push(row);
 }
+const loadAfter = loadavg()[0]!;
+const flags = cpuFlags();
+const isa = `${flags.has('avx2') ? 'AVX2' : 'no AVX2'}${flags.has('fma') ? ' + FMA' : ''}, ${flags.has('avx512_bf16') || flags.has('amx_bf16') ? 'native bfloat16' : 'no native bfloat16'}`;
 const cmd = `node --import tsx bench/attention.ts --seq ${a.seq} --steps ${base.steps} --threads ${base.threads}`;
 const body = [
   '## Fused attention',
@@ -47,6 +53,8 @@ const body = [
   'Fused: the blocked kernel (src/nn/kernels/attention.ts). Eager: the GPT\'s attention ops (scores, mask, softmax, matmul,',
   'autograd through each). PyTorch: 1.13\'s eager attention (bench/attention_peer.py), the same ops. Memory: the process\'s peak',
   'resident memory (VmHWM) after the steps minus its resident memory (VmRSS) before the first, so inputs and libraries are not counted.',
+  `CPU: ${isa}. 1-minute load average ${loadBefore.toFixed(1)} when the run started and ${loadAfter.toFixed(1)} when it ended (other processes share the cores`,
+  'when it is above the core count, and the times then vary from run to run).',
   '',
   `\`${cmd}\``,
   '',

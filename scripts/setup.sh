@@ -21,6 +21,12 @@
 # any of them, and they bring about 250 libraries into every rank; the addon build keeps a copy of it
 # without those names (scripts/trim-libtorch.cjs), which loads in 0.55 s of CPU instead of 0.85.
 #
+# Why Slurm (slurmctld, slurmd, slurm-client) and munge: the Slurm tests start a real cluster of their
+# own (test/helpers/slurm.ts: its own munged, slurmctld and slurmd with a generated slurm.conf in a
+# temporary directory) and submit batch jobs to it. The packages' services are neither started nor
+# left enabled here: a policy-rc.d refuses the start during the install, and on a systemd machine
+# they are disabled afterwards, so nothing runs until a test starts it.
+#
 # Why chromium: the tests open the run report (RUN/report.html) in headless Chromium and check what
 # it draws (test/report_browser.test.ts); flotilla itself never needs a browser.
 #
@@ -37,7 +43,8 @@ case "${1:-}" in
   *) echo "usage: bash scripts/setup.sh [--check]" >&2; exit 2 ;;
 esac
 
-packages=(build-essential g++ make python3 libgloo-dev python3-torch libopenblas0-openmp libopenmpi-dev openmpi-bin iproute2 patchelf chromium python3-jinja2)
+packages=(build-essential g++ make python3 libgloo-dev python3-torch libopenblas0-openmp libopenmpi-dev openmpi-bin iproute2 patchelf chromium python3-jinja2
+  slurmctld slurmd slurm-client munge)
 if [[ -n "${LIBTORCH:-}" ]]; then
   if [[ ! -d "$LIBTORCH/include/torch" ]]; then
     echo "flotilla setup: LIBTORCH=$LIBTORCH has no include/torch; point LIBTORCH at an unzipped libtorch or unset it" >&2
@@ -79,9 +86,24 @@ if ! DEBIAN_FRONTEND=noninteractive apt-get update >"$log" 2>&1; then
   echo "flotilla setup: apt-get update failed (see above)" >&2
   exit 1
 fi
+# Services installed here (munge, slurmd, slurmctld) must not start: a policy-rc.d that refuses every
+# start while apt runs, unless the machine already has one.
+policy=/usr/sbin/policy-rc.d
+own_policy=0
+if [[ ! -e $policy ]]; then
+  printf '#!/bin/sh\nexit 101\n' > "$policy"
+  chmod 755 "$policy"
+  own_policy=1
+  trap 'rm -f "$log" "$policy"' EXIT
+fi
 echo "setup: $install_line"
 if ! DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}" >"$log" 2>&1; then
   tail -n 40 "$log" >&2
   echo "flotilla setup: '$install_line' failed (see above)" >&2
   exit 1
+fi
+if [[ $own_policy -eq 1 ]]; then rm -f "$policy"; fi
+# Under systemd the packages enable their units for the next boot; the tests start their own daemons.
+if [[ -d /run/systemd/system ]]; then
+  systemctl disable --now munge slurmd slurmctld >/dev/null 2>&1 || true
 fi
