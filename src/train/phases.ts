@@ -136,7 +136,8 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     const modelCfg = modelConfigOf(cfg);
     const numParams = spec.numParams(modelCfg);
     const initSeed = cfg.train.seed;
-    const buildPlain = () => (layout.pp > 1 ? spec.pipeline(modelCfg, { initSeed }) : spec.build(modelCfg, { initSeed, deferInit: defersInit(layout) }));
+    const kernels = cfg.train.kernels;
+    const buildPlain = () => (layout.pp > 1 ? spec.pipeline(modelCfg, { initSeed, kernels }) : spec.build(modelCfg, { initSeed, deferInit: defersInit(layout), kernels }));
     const plain = buildPlain();
     // A LoRA run: adapters in place, the rest frozen, before any parallelism ([Note: LoRA run] in lora_run.ts).
     const lora = cfg.lora.rank > 0;
@@ -164,7 +165,7 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     const adapted = !lora ? '' : loraCount
       ? `; LoRA rank ${cfg.lora.rank} on ${loraCount.modules} modules: ${shortCount(loraCount.trainable)} trainable, ${shortCount(loraCount.frozen)} frozen`
       : `; LoRA rank ${cfg.lora.rank}: ${shortCount(named.filter(([, p]) => p.requiresGrad).reduce((a, [, p]) => a + p.numel(), 0))} trainable on this rank`;
-    header('model', `${spec.describe(modelCfg)}${modelCfg.moe ? `, ${modelCfg.moe.experts} experts (top ${modelCfg.moe.topK}) every ${modelCfg.moe.every} block(s)` : ''}: ${numParams.toLocaleString('en-US')} parameters; this rank holds ${held.toLocaleString('en-US')}${adapted}`);
+    header('model', `${spec.describe(modelCfg)}${modelCfg.moe ? `, ${modelCfg.moe.experts} experts (top ${modelCfg.moe.topK}) every ${modelCfg.moe.every} block(s)${modelCfg.moe.denseLayers?.length ? ` but ${modelCfg.moe.denseLayers.join(', ')}` : ''}` : ''}: ${numParams.toLocaleString('en-US')} parameters; this rank holds ${held.toLocaleString('en-US')}${adapted}`);
     header('parallelize', model.summary());
 
     // ---- optimizer + schedule: `[optim] name` from the registry ([Note: optimizer registry]), over
