@@ -8,7 +8,7 @@ import { type Tensor, noGrad } from '../tensor/index.js';
 import { seedParameter } from '../nn/init.js';
 import { Module, Embedding, LayerNorm, Linear, Dropout, Block, F, deferParameters } from '../nn/index.js';
 import { castFor } from '../nn/precision.js';
-import { LMHead, runHead, headOutput, type Kernels } from '../nn/kernels/lm_head.js';
+import { LMHead, runHead, headOutput } from '../nn/kernels/lm_head.js';
 import { IGNORE_INDEX } from '../parallel/parallel_model.js';
 import { isMoELayer } from '../nn/moe_config.js';
 import { KVCache } from '../nn/kv_cache.js';
@@ -42,11 +42,6 @@ export interface GPTBuildOptions {
    * with the same initSeed, which it needs.
    */
   deferInit?: boolean;
-  /**
-   * The training loss's path (`[train] kernels`): "fused" computes it from the hidden state, a chunk
-   * of tokens at a time, never making the full logits ([Note: deferred head] in src/nn/kernels/lm_head.ts).
-   */
-  kernels?: Kernels;
 }
 
 /** A run of blocks registered under their global indices ("2", "3", ...). */
@@ -70,11 +65,9 @@ abstract class GPTParts extends Module {
   readonly layers!: BlockRange;
   readonly lnF?: LayerNorm;
   readonly head?: LMHead;
-  readonly kernels: Kernels;
 
   protected constructor(cfg: Partial<GPTConfig>, spec: GPTStageSpec, opts: GPTBuildOptions) {
     super();
-    this.kernels = opts.kernels ?? 'eager';
     const c = (this.cfg = checkConfig(cfg));
     const [first, end] = spec.layers;
     if (!Number.isInteger(first) || !Number.isInteger(end) || first < 0 || end > c.nLayer || first > end) {
@@ -155,7 +148,7 @@ abstract class GPTParts extends Module {
     }
     // Each block checkpoints itself when activation checkpointing is on (Block.forward, src/nn/checkpoint.ts).
     for (const b of this.layers.items) x = b.call(x);
-    if (this.head) x = runHead(this.head, this.lnF!.call(x), this.kernels); // (B, T, vocab)
+    if (this.head) x = runHead(this.head, this.lnF!.call(x)); // (B, T, vocab)
     return x;
   }
 }
@@ -211,8 +204,8 @@ export class GPT extends GPTParts {
   }
 
   /**
-   * idx: (B, T) int64 token ids. With targets (B, T) also returns the mean cross-entropy loss. Built
-   * with kernels "fused", a forward with gradients on returns the final norm's output as `logits`,
+   * idx: (B, T) int64 token ids. With targets (B, T) also returns the mean cross-entropy loss. Under
+   * kernels "fused" ([Note: kernel choice]), a forward with gradients on returns the final norm's output as `logits`,
    * for gptLoss (logitsOf makes the logits of it).
    */
   forward(idx: Tensor, targets?: Tensor): { logits: Tensor; loss?: Tensor } {

@@ -15,7 +15,6 @@ import type { StageValue } from '../parallel/parallel_model.js';
 import { unitsByClass, type UnitPolicy } from '../parallel/data_parallel/fsdp.js';
 import type { TpPlan } from '../parallel/tensor_parallel/styles.js';
 import { GPT, GPTStage, gptLoss, type GPTConfig, type GPTStageSpec } from './gpt.js';
-import type { Kernels } from '../nn/kernels/lm_head.js';
 import { gptRules } from './gpt_config.js';
 import type { ModelSpec } from './spec.js';
 import { gpt2Hf } from './gpt_hf.js';
@@ -84,8 +83,6 @@ export interface GPTPipelineOptions {
   initSeed: number;
   /** Measured cost per part (embeddings, blocks, head) to split by; default: even by block count. */
   costs?: PartCosts;
-  /** The training loss's path (GPTBuildOptions.kernels). */
-  kernels?: Kernels;
 }
 
 /**
@@ -97,7 +94,7 @@ export function gptPipeline(cfg: GPTConfig, opts: GPTPipelineOptions): PipelineM
   return {
     stage(index, numStages) {
       if (specs?.n !== numStages) specs = { n: numStages, specs: planStages(cfg, numStages, opts.costs) };
-      return new GPTStage(cfg, specs.specs[index]!, { initSeed: opts.initSeed, ...(opts.kernels ? { kernels: opts.kernels } : {}) });
+      return new GPTStage(cfg, specs.specs[index]!, { initSeed: opts.initSeed });
     },
     loss: gptCriterion,
     tied: (n) => (cfg.tieEmbeddings && n > 1 ? [{ name: 'wte.weight', copies: [{ stage: 0, path: 'wte.weight' }, { stage: n - 1, path: 'head.weight' }] }] : []),

@@ -19,7 +19,7 @@ import { type Tensor, type DType, cat, keep, noGrad, ones, tensor, isGradEnabled
 import { seedParameter } from '../nn/init.js';
 import { Module, Embedding, Linear, RMSNorm, Dropout, deferParameters } from '../nn/index.js';
 import { castFor } from '../nn/precision.js';
-import { LMHead, runHead, type Kernels } from '../nn/kernels/lm_head.js';
+import { LMHead, runHead } from '../nn/kernels/lm_head.js';
 import { activationCheckpointMode, checkpointBlock, checkpointRegion } from '../nn/checkpoint.js';
 import { gptLoss, type GPTBuildOptions, type GPTStageSpec } from './gpt.js';
 import { KVCache } from '../nn/kv_cache.js';
@@ -389,11 +389,9 @@ abstract class LlamaParts extends Module {
   readonly layers!: LlamaLayers;
   readonly norm?: RMSNorm;
   readonly head?: LMHead;
-  readonly kernels: Kernels;
 
   protected constructor(cfg: Partial<LlamaConfig>, spec: GPTStageSpec, opts: GPTBuildOptions) {
     super();
-    this.kernels = opts.kernels ?? 'eager';
     const c = (this.cfg = resolveLlamaConfig(cfg));
     const [first, end] = spec.layers;
     if (!Number.isInteger(first) || !Number.isInteger(end) || first < 0 || end > c.nLayer || first > end) {
@@ -457,7 +455,7 @@ abstract class LlamaParts extends Module {
       x = this.wte.call(input);
     }
     for (const b of this.layers.items) x = b.call(x);
-    if (this.head) x = runHead(this.head, this.norm!.call(x), this.kernels); // [Note: deferred head]
+    if (this.head) x = runHead(this.head, this.norm!.call(x)); // [Note: deferred head]
     return x;
   }
 

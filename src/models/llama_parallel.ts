@@ -7,7 +7,6 @@ import type { PipelineModel } from '../parallel/pipeline/model.js';
 import type { StageValue } from '../parallel/parallel_model.js';
 import { unitsByClass, type UnitPolicy } from '../parallel/data_parallel/fsdp.js';
 import type { TpPlan } from '../parallel/tensor_parallel/styles.js';
-import type { Kernels } from '../nn/kernels/lm_head.js';
 import { gptLoss } from './gpt.js';
 import { planStages, type PartCosts } from './gpt_parallel.js';
 import { Llama, LlamaBlock, LlamaStage, resolveLlamaConfig, type LlamaConfig } from './llama.js';
@@ -86,10 +85,10 @@ export const llamaCriterion = Object.assign(
  * A Llama as a pipeline model: stage s of n is a LlamaStage; with tieEmbeddings the first stage's
  * wte.weight and the last stage's head copy are declared tied.
  */
-export function llamaPipeline(cfg: Partial<LlamaConfig>, opts: { initSeed: number; costs?: PartCosts; kernels?: Kernels }): PipelineModel {
+export function llamaPipeline(cfg: Partial<LlamaConfig>, opts: { initSeed: number; costs?: PartCosts }): PipelineModel {
   const c = resolveLlamaConfig(cfg);
   return {
-    stage: (index, numStages) => new LlamaStage(c, planStages(c, numStages, opts.costs)[index]!, { initSeed: opts.initSeed, ...(opts.kernels ? { kernels: opts.kernels } : {}) }),
+    stage: (index, numStages) => new LlamaStage(c, planStages(c, numStages, opts.costs)[index]!, { initSeed: opts.initSeed }),
     loss: llamaCriterion,
     tied: (n) => (c.tieEmbeddings && n > 1 ? [{ name: 'wte.weight', copies: [{ stage: 0, path: 'wte.weight' }, { stage: n - 1, path: 'head.weight' }] }] : []),
   };

@@ -1,5 +1,4 @@
 // What an architecture gives the trainer and its layouts ([Note: model registry] in registry.ts).
-import type { Kernels } from '../nn/kernels/lm_head.js';
 import type { Module } from '../nn/module.js';
 import type { PipelineModel } from '../parallel/pipeline/model.js';
 import type { LossFn } from '../parallel/parallel_model.js';
@@ -62,9 +61,9 @@ export interface ModelSpec<C = any> extends ModelRules<C> {
    * The whole model, every parameter drawn from (initSeed, its name); deferInit builds it without
    * memory for ZeRO-3 ([Note: deferred init] in src/nn/module.ts).
    */
-  build(cfg: C, opts: { initSeed: number; deferInit?: boolean; kernels?: Kernels }): Module;
-  /** The model cut into pipeline stages (a rank builds only its own); kernels: the training loss's path ([train] kernels). */
-  pipeline(cfg: C, opts: { initSeed: number; kernels?: Kernels }): PipelineModel;
+  build(cfg: C, opts: { initSeed: number; deferInit?: boolean }): Module;
+  /** The model cut into pipeline stages (a rank builds only its own). */
+  pipeline(cfg: C, opts: { initSeed: number }): PipelineModel;
   /** The criterion: (the model's output, the targets) -> mean loss. */
   readonly loss: LossFn;
   /** ZeRO-3 wrapping units. */

@@ -136,8 +136,7 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     const modelCfg = modelConfigOf(cfg);
     const numParams = spec.numParams(modelCfg);
     const initSeed = cfg.train.seed;
-    const kernels = cfg.train.kernels;
-    const buildPlain = () => (layout.pp > 1 ? spec.pipeline(modelCfg, { initSeed, kernels }) : spec.build(modelCfg, { initSeed, deferInit: defersInit(layout), kernels }));
+    const buildPlain = () => (layout.pp > 1 ? spec.pipeline(modelCfg, { initSeed }) : spec.build(modelCfg, { initSeed, deferInit: defersInit(layout) }));
     const plain = buildPlain();
     // A LoRA run: adapters in place, the rest frozen, before any parallelism ([Note: LoRA run] in lora_run.ts).
     const lora = cfg.lora.rank > 0;

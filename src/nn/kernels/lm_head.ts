@@ -2,7 +2,7 @@
 // cross-entropy from its input hidden state (the chunked kernel, linear_cross_entropy.ts) instead of
 // the logits.
 //
-// [Note: deferred head] Under `[train] kernels = "fused"` a model's training forward (gradients on)
+// [Note: deferred head] Under `[train] kernels = "fused"` ([Note: kernel choice]) a model's training forward (gradients on)
 // stops before its head and returns the final norm's output, recorded here as waiting for its head;
 // the model's criterion then calls the head with the targets (headOutput). The head still runs
 // through Module.call, so whatever wraps it acts as around any forward: ZeRO-3 gathers its unit
@@ -17,6 +17,7 @@ import { type Tensor, isGradEnabled } from '../../tensor/index.js';
 import { Linear } from '../layers.js';
 import { castFor, castParam, readsParametersThroughPolicy, widenedDtype } from '../precision.js';
 import { linearCrossEntropy, type VocabShard } from './linear_cross_entropy.js';
+import { kernelChoice } from './choice.js';
 
 /** What a loss asks of the head. */
 export interface HeadLossRequest {
@@ -26,9 +27,6 @@ export interface HeadLossRequest {
   /** Set by tensor parallelism's lossParallel style: the head holds a vocabulary shard. */
   vocabShard?: VocabShard;
 }
-
-/** Which path a model's training loss takes: "fused" computes it from the hidden state ([Note: deferred head]). */
-export type Kernels = 'eager' | 'fused';
 
 export class LMHead extends Linear {
   /** Logits (.., V); with a request, the summed cross-entropy (a scalar) when the head can compute it fused. */
@@ -47,8 +45,8 @@ readsParametersThroughPolicy(LMHead);
 const waiting = new WeakMap<Tensor, LMHead>();
 
 /** The head's input in a fused training forward (gradients on), else the head's logits. */
-export function runHead(head: LMHead, hidden: Tensor, kernels: Kernels): Tensor {
-  if (kernels !== 'fused' || !isGradEnabled()) return head.call(hidden);
+export function runHead(head: LMHead, hidden: Tensor): Tensor {
+  if (kernelChoice() !== 'fused' || !isGradEnabled()) return head.call(hidden);
   waiting.set(hidden, head);
   return hidden;
 }
