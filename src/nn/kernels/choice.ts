@@ -1,7 +1,8 @@
 // [Note: kernel choice] Which attention the models run: "eager" (op by op, the default) or "fused"
 // (the blocked kernel, src/nn/kernels/attention.ts). An ambient setting like the activation
 // checkpoint mode: the trainer sets it from [train] kernels around each step, and the models read it
-// where attention is computed. Attention with dropout, and the context-parallel ring, stay eager.
+// where attention is computed (the context-parallel ring too: [Note: ring kernel]). Attention with
+// active dropout stays eager.
 export const KERNEL_CHOICES = ['eager', 'fused'] as const;
 export type KernelChoice = (typeof KERNEL_CHOICES)[number];
 
