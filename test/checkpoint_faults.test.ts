@@ -8,7 +8,7 @@ import { cpSync, existsSync, readdirSync, readFileSync, rmSync, statSync, writeF
 import { join } from 'node:path';
 import { readMetrics } from '../src/train/metrics.js';
 import { consolidate } from '../src/checkpoint/export.js';
-import { CONFIG, checkpointOf, flotilla, latestOf, runOf, train, trainSeries, work, type RunResult } from './helpers/ckpt_runs.js';
+import { CONFIG, checkpointOf, flotilla, latestOf, rankPids, runOf, train, trainSeries, work, type RunResult } from './helpers/ckpt_runs.js';
 import { pool, started } from './helpers/pool.js';
 
 // Runs that no signal or kill depends on go through this queue, two at a time (test/helpers/pool.ts);
@@ -41,22 +41,6 @@ test('background (async) saves publish the same checkpoints as blocking ones, an
     for (const t of [...Object.values(a.tensors), ...Object.values(b.tensors)]) t.dispose();
   }
 });
-
-/** The process ids of a run's ranks (RANK in their environment), found by a marker in their command line. */
-function rankPids(marker: string): Map<number, number> {
-  const out = new Map<number, number>();
-  for (const pid of readdirSync('/proc').filter((n) => /^\d+$/.test(n))) {
-    try {
-      if (!readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes(marker)) continue;
-      const env = readFileSync(`/proc/${pid}/environ`, 'utf8').split('\0');
-      const rank = env.find((e) => e.startsWith('RANK=')) ?? env.find((e) => e.startsWith('OMPI_COMM_WORLD_RANK='));
-      if (rank) out.set(Number(rank.split('=')[1]), Number(pid));
-    } catch {
-      // the process ended meanwhile
-    }
-  }
-  return out;
-}
 
 test('kill -9 of a rank while it saves: the previous checkpoint stays complete and `latest`; resuming from it reproduces the run', async () => {
   const dir = join(work, 'killed');

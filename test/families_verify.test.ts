@@ -4,8 +4,10 @@
 // MixtralForCausalLM, Qwen3MoeForCausalLM) is train.initFrom of a config with no [model] section,
 // so that the model, and [moe], come from its config.json alone; one verify per family (its layouts
 // joined by --and) trains it like one process under the layouts that touch what the family adds:
-// q/k norms and biases under ZeRO-3, pp, tp with sequence parallelism and cp; the sliding window
-// under cp's ring, tp and full activation checkpointing; experts under ep, alone and with ZeRO-1/3.
+// q/k norms and biases under ZeRO-3, pp, tp with sequence parallelism, cp and bf16-mixed with
+// selective activation checkpointing; Qwen2's q/k/v biases under ZeRO-3 and pp; the sliding
+// window under cp's ring, tp and full activation checkpointing; experts under ep, alone, with
+// ZeRO-1/3 and with bf16-mixed and full activation checkpointing.
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -32,6 +34,7 @@ const config = join(root, 'no-model.toml');
 }
 
 const base = { vocabSize: 512, blockSize: 32, nLayer: 2, nHead: 4, nKvHead: 2, nEmbd: 32, intermediateSize: 32 };
+// Each layout: [what, its overrides, what its block's first line shows of it].
 const FAMILIES: { name: string; model: Record<string, unknown>; arch: string; layouts: [string, string[], string][] }[] = [
   {
     name: 'Qwen3', arch: 'Qwen3ForCausalLM', model: { family: 'qwen3', qkNorm: true, attnBias: 'all' },
@@ -40,6 +43,14 @@ const FAMILIES: { name: string; model: Record<string, unknown>; arch: string; la
       ['pp = 2', ['--parallel.zero=0', '--parallel.pp=2', '--data.microBatches=2'], 'pp 2'],
       ['tp = 2 with sequence parallelism', ['--parallel.zero=0', '--parallel.tp=2', '--parallel.sequenceParallel=true'], 'tp 2'],
       ['cp = 2', ['--parallel.zero=0', '--parallel.cp=2'], 'cp 2'],
+      ['dp = 2, bf16-mixed, selective activation checkpointing', ['--parallel.zero=0', '--train.precision=bf16-mixed', '--train.activationCheckpoint=selective'], 'zero 0'],
+    ],
+  },
+  {
+    name: 'Qwen2', arch: 'Qwen2ForCausalLM', model: { family: 'qwen2', attnBias: 'qkv' },
+    layouts: [
+      ['ZeRO-3', ['--parallel.zero=3'], 'zero 3'],
+      ['pp = 2', ['--parallel.zero=0', '--parallel.pp=2', '--data.microBatches=2'], 'pp 2'],
     ],
   },
   {
@@ -57,6 +68,7 @@ const FAMILIES: { name: string; model: Record<string, unknown>; arch: string; la
       ['ep = 2', ['--parallel.ep=2'], 'ep 2'],
       ['ZeRO-3 with ep = 2', ['--parallel.ep=2', '--parallel.zero=3'], 'zero 3, .*ep 2'],
       ['pp = 2', ['--parallel.ep=1', '--parallel.pp=2', '--data.microBatches=2'], 'pp 2'],
+      ['ep = 2, bf16-mixed, full activation checkpointing', ['--train.precision=bf16-mixed', '--train.activationCheckpoint=full'], 'ep 2'],
     ],
   },
   {
@@ -75,7 +87,6 @@ for (const f of FAMILIES) {
   m.dispose();
   const [first, ...rest] = f.layouts;
   const r = started(queue(() => flotilla(['verify', config, ...common, `--train.initFrom=${dir}`, ...first![1], ...rest.flatMap(([, o]) => ['--and', ...o])], { timeoutMs: 500_000 })));
-  // Each layout: [what, its overrides, what its block's first line shows of it].
   for (const [i, [what, , shown]] of f.layouts.entries()) {
     test(`flotilla verify passes for a ${f.name} (${f.arch}) from its Hugging Face directory under ${what}`, async () => {
       assert.equal(written.architecture, f.arch);

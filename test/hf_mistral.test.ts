@@ -13,7 +13,8 @@ import { join } from 'node:path';
 import { setNumThreads, noGrad } from '../src/tensor/index.js';
 import { loadPretrained, savePretrained } from '../src/checkpoint/hf.js';
 import { Llama, type LlamaConfig } from '../src/models/llama.js';
-import { defaultLlamaConfig, llamaRules } from '../src/models/llama_config.js';
+import { defaultLlamaConfig } from '../src/models/llama_config.js';
+import { llamaRules } from '../src/models/llama_rules.js';
 import type { ShapeContext } from '../src/models/spec.js';
 import { generate } from '../src/inference/generate.js';
 import { oracleMissing } from './oracle/oracle.js';
@@ -128,7 +129,7 @@ test('model.slidingWindow must be a whole number >= 0; a windowed model MistralF
   const refused: [Partial<LlamaConfig>, RegExp][] = [
     [{ ...small, family: 'mistral', ropeScaling: 'llama3' }, /MistralForCausalLM has no rope_scaling.*set model\.ropeScaling = "none"/],
     [{ ...small, family: 'llama' }, /model\.family = "llama" has no sliding window: set model\.family = "mistral"/],
-    [{ ...small, family: 'qwen2', attnBias: 'qkv' }, /model\.family = "qwen2" has no sliding window/],
+    [{ ...small, nLayer: 2, family: 'mistral', windowFrom: 1 }, /model\.family = "mistral" windows every layer \(sliding_window\): set model\.windowFrom = 0, or model\.family = "qwen2" or "qwen3"/],
   ];
   for (const [cfg, re] of refused) {
     const m = new Llama(cfg);

@@ -4,7 +4,7 @@
 // stored one Linear each and held as grouped stacks. An untied head in float32 shards with an index, and a
 // tied head in bfloat16 with the defaults left out: logits equal the reference's to float64 rounding, 20
 // greedy tokens agree with and without the key/value cache; what savePretrained writes the reference reads
-// strictly with the same logits, and it loads back bit-identically.
+// strictly with the same logits, and it loads back bit-identically; likewise a Mixtral with a sliding window.
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -39,16 +39,19 @@ const TIED = {
   num_hidden_layers: 1, num_attention_heads: 3, num_key_value_heads: 3, max_position_embeddings: 40, tie_word_embeddings: true,
   num_local_experts: 5, num_experts_per_tok: 3,
 };
-const dirs = { untied: join(root, 'untied-f32-sharded'), tied: join(root, 'tied-bf16') };
+// Mistral's sliding window (4 of the 13 tokens) in every layer, read as model.family = "mistral".
+const WINDOWED = { ...TIED, num_hidden_layers: 2, tie_word_embeddings: false, sliding_window: 4 };
+const dirs = { untied: join(root, 'untied-f32-sharded'), tied: join(root, 'tied-bf16'), windowed: join(root, 'windowed-f32') };
 let refs: Record<keyof typeof dirs, HfRef> | undefined;
 
 function made(): Record<keyof typeof dirs, HfRef> {
   if (refs) return refs;
-  const [untied, tied] = hfReference([
+  const [untied, tied, windowed] = hfReference([
     { mode: 'make', dir: dirs.untied, config: MIXTRAL, seed: 21, dtype: 'float32', maxShardBytes: 8_000 },
     { mode: 'make', dir: dirs.tied, config: TIED, seed: 22, dtype: 'bfloat16' },
-  ], 'hf_mixtral') as [HfRef, HfRef];
-  refs = { untied, tied };
+    { mode: 'make', dir: dirs.windowed, config: WINDOWED, seed: 23, dtype: 'float32' },
+  ], 'hf_mixtral') as [HfRef, HfRef, HfRef];
+  refs = { untied, tied, windowed };
   return refs;
 }
 
@@ -64,6 +67,10 @@ test('Mixtral directories the reference writes load as the Llama with [moe], wit
   model.dispose();
   checkAgainst(dirs.untied, r.untied);
   checkAgainst(dirs.tied, r.tied);
+  checkAgainst(dirs.windowed, r.windowed);
+  const w = loadPretrained(dirs.windowed);
+  assert.deepEqual([w.config.family, w.config.slidingWindow, w.config.windowFrom], ['mistral', 4, 0]);
+  w.model.dispose();
   for (const [k, d] of Object.entries(dirs)) {
     const [cached, plain] = decodedBothWays(d);
     assert.deepEqual(cached, r[k as keyof typeof dirs].greedy, `${k}: cached decoding`);
@@ -103,11 +110,20 @@ test('savePretrained writes a Llama with [moe] as a MixtralForCausalLM (one Line
   a.model.dispose();
   b.model.dispose();
 
-  const [ra, rb] = hfReference([{ mode: 'read', dir: outA }, { mode: 'read', dir: outB }], 'hf_mixtral') as [HfRef, HfRef];
+  const c = loadPretrained(dirs.windowed);
+  const outC = join(root, 'out-windowed');
+  assert.equal(savePretrained(c.model, outC).architecture, 'MixtralForCausalLM');
+  assert.equal((JSON.parse(readFileSync(join(outC, 'config.json'), 'utf8')) as Record<string, unknown>).sliding_window, 4);
+  assertSameParameters(c.model, loadPretrained(outC).model, 'windowed round trip');
+  c.model.dispose();
+
+  const [ra, rb, rc] = hfReference([{ mode: 'read', dir: outA }, { mode: 'read', dir: outB }, { mode: 'read', dir: outC }], 'hf_mixtral') as [HfRef, HfRef, HfRef];
   assert.deepEqual(ra.greedy, r.untied.greedy);
   assert.deepEqual(rb.greedy, r.tied.greedy);
+  assert.deepEqual(rc.greedy, r.windowed.greedy);
   checkAgainst(outA, r.untied);
   checkAgainst(outB, r.tied);
+  checkAgainst(outC, r.windowed);
 });
 
 test('a Mixtral flotilla cannot read or write exactly is one error naming the field', { skip }, () => {
@@ -122,7 +138,7 @@ test('a Mixtral flotilla cannot read or write exactly is one error naming the fi
       writeFileSync(cfgPath, good);
     }
   };
-  withCfg({ sliding_window: 4096 }, /sliding_window = 4096 is not supported; flotilla's attention is full causal attention/);
+  withCfg({ sliding_window: 0 }, /sliding_window = 0 is not a positive integer or null \(null = full causal attention\)/);
   withCfg({ router_jitter_noise: 0.1 }, /router_jitter_noise = 0\.1 is not supported/);
   withCfg({ num_local_experts: 4 }, /tensor 'model\.layers\.0\.block_sparse_moe\.gate\.weight' is \[5, 24\], but config\.json implies \[4, 24\]/);
   withCfg({ num_experts_per_tok: 6 }, /num_experts_per_tok = 6 is above num_local_experts = 5/);

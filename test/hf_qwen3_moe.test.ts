@@ -2,7 +2,8 @@
 // [moe], against an independent PyTorch forward written from the model description
 // (test/oracle/hf_mixtral.py, its qwen3_moe branch): Qwen3's q/k norms (and attention biases), a
 // router over num_experts renormalised only with norm_topk_prob, experts of moe_intermediate_size in
-// the layers (i + 1) % decoder_sparse_step == 0 and dense MLPs of intermediate_size elsewhere. An
+// the layers (i + 1) % decoder_sparse_step == 0 not in mlp_only_layers (moe.denseLayers) and dense
+// MLPs of intermediate_size elsewhere, sliding windows from max_window_layers on. An
 // untied head in float32 shards with dense and sparse layers, and a tied head with attention biases in
 // bfloat16 with the defaults left out: logits to float64 rounding, greedy tokens with and without the
 // key/value cache; what savePretrained writes the reference reads with the same logits, and it loads
@@ -39,16 +40,20 @@ const TIED = {
   num_hidden_layers: 1, num_attention_heads: 3, num_key_value_heads: 3, max_position_embeddings: 40, tie_word_embeddings: true,
   attention_bias: true, num_experts: 5, num_experts_per_tok: 3, moe_intermediate_size: 10, norm_topk_prob: true,
 };
-const dirs = { untied: join(root, 'untied-f32-sharded'), tied: join(root, 'tied-bf16') };
+// Layers 0 and 2 sparse, layer 1 dense by mlp_only_layers (decoder_sparse_step 1); sliding windows of 4
+// in layers 1 and 2 (max_window_layers 1).
+const DENSE_ONLY = { ...QWEN3_MOE, decoder_sparse_step: 1, mlp_only_layers: [1], use_sliding_window: true, sliding_window: 4, max_window_layers: 1 };
+const dirs = { untied: join(root, 'untied-f32-sharded'), tied: join(root, 'tied-bf16'), only: join(root, 'mlp-only-windowed-f32') };
 let refs: Record<keyof typeof dirs, HfRef> | undefined;
 
 function made(): Record<keyof typeof dirs, HfRef> {
   if (refs) return refs;
-  const [untied, tied] = hfReference([
+  const [untied, tied, only] = hfReference([
     { mode: 'make', dir: dirs.untied, config: QWEN3_MOE, seed: 31, dtype: 'float32', maxShardBytes: 8_000 },
     { mode: 'make', dir: dirs.tied, config: TIED, seed: 32, dtype: 'bfloat16' },
-  ], 'hf_mixtral') as [HfRef, HfRef];
-  refs = { untied, tied };
+    { mode: 'make', dir: dirs.only, config: DENSE_ONLY, seed: 33, dtype: 'float32' },
+  ], 'hf_mixtral') as [HfRef, HfRef, HfRef];
+  refs = { untied, tied, only };
   return refs;
 }
 
@@ -64,6 +69,12 @@ test('Qwen3-MoE directories the reference writes load as the Llama (qwen3) with 
   model.dispose();
   checkAgainst(dirs.untied, r.untied);
   checkAgainst(dirs.tied, r.tied);
+  checkAgainst(dirs.only, r.only);
+  const o = loadPretrained(dirs.only);
+  const oc = o.config as unknown as Record<string, unknown> & { moe: Record<string, unknown> };
+  assert.deepEqual([oc.moe.every, oc.moe.denseLayers, oc.slidingWindow, oc.windowFrom], [1, [1], 4, 1]);
+  assert.deepEqual(o.model.namedModules().filter(([, m]) => m instanceof MoE).map(([n]) => n), ['layers.0.mlp', 'layers.2.mlp']);
+  o.model.dispose();
   for (const [k, d] of Object.entries(dirs)) {
     const [cached, plain] = decodedBothWays(d);
     assert.deepEqual(cached, r[k as keyof typeof dirs].greedy, `${k}: cached decoding`);
@@ -103,7 +114,17 @@ test('savePretrained writes a qwen3 Llama with [moe] as a Qwen3MoeForCausalLM an
   a.model.dispose();
   b.model.dispose();
 
-  const [ra, rb] = hfReference([{ mode: 'read', dir: outA }, { mode: 'read', dir: outB }], 'hf_mixtral') as [HfRef, HfRef];
+  const c = loadPretrained(dirs.only);
+  const outC = join(root, 'out-only');
+  savePretrained(c.model, outC);
+  const cfgC = JSON.parse(readFileSync(join(outC, 'config.json'), 'utf8')) as Record<string, unknown>;
+  assert.deepEqual([cfgC.mlp_only_layers, cfgC.decoder_sparse_step, cfgC.use_sliding_window, cfgC.sliding_window, cfgC.max_window_layers], [[1], 1, true, 4, 1]);
+  assertSameParameters(c.model, loadPretrained(outC).model, 'mlp_only_layers round trip');
+  c.model.dispose();
+
+  const [ra, rb, rc] = hfReference([{ mode: 'read', dir: outA }, { mode: 'read', dir: outB }, { mode: 'read', dir: outC }], 'hf_mixtral') as [HfRef, HfRef, HfRef];
+  assert.deepEqual(rc.greedy, r.only.greedy);
+  checkAgainst(outC, r.only);
   assert.deepEqual(ra.greedy, r.untied.greedy);
   assert.deepEqual(rb.greedy, r.tied.greedy);
   checkAgainst(outA, r.untied);
@@ -123,8 +144,9 @@ test('a Qwen3-MoE flotilla cannot read or write exactly is one error naming the 
       writeFileSync(cfgPath, good);
     }
   };
-  withCfg({ mlp_only_layers: [0] }, /mlp_only_layers = \[0\] is not supported; flotilla places dense layers by decoder_sparse_step alone/);
-  withCfg({ use_sliding_window: true }, /use_sliding_window = true is not supported/);
+  withCfg({ mlp_only_layers: [0] }, /mlp_only_layers = \[0\] leaves no layer with experts/);
+  withCfg({ mlp_only_layers: [1] }, /mlp_only_layers = \[1\] is not a list of layer indices from 0 to num_hidden_layers - 1 \(0\)/);
+  withCfg({ use_sliding_window: true, sliding_window: 4, max_window_layers: 2 }, /max_window_layers = 2 is above num_hidden_layers = 1; set max_window_layers <= num_hidden_layers/);
   withCfg({ num_experts_per_tok: 6 }, /num_experts_per_tok = 6 is above num_experts = 5/);
   withCfg({ decoder_sparse_step: 2 }, /decoder_sparse_step = 2 is above num_hidden_layers = 1/);
   withCfg({ norm_topk_prob: 'yes' }, /norm_topk_prob = "yes" is not true or false/);

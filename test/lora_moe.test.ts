@@ -77,9 +77,10 @@ test('LoRA targets on Qwen3-MoE experts: gate_proj reaches the dense MLPs and th
   const b = applyLora(other, { rank: 2, targets: ['all-linear'], hfNames: hf });
   assert.equal(b.expertAdapters.size, 0);
   assert.throws(() => applyLora(spec.build(c as never, { initSeed: 7 }), { rank: 20, targets: ['down_proj'], hfNames: hf }), /rank 20 is larger/);
-  // No PEFT export of expert adapters yet: refused with the fix, from the model and from the config alike.
-  assert.throws(() => adapterSlots(model, spec, c as never), /layers\.1\.mlp\.experts\.gate.*no PEFT export.*target Linears only/);
-  assert.throws(() => wholeModelSlots(c as never, ['gate_proj'], 2), /layers\.1\.mlp\.experts\.gate.*no PEFT export.*target Linears only/);
+  // PEFT slots of the expert adapters, from the model and from the config alike: one stack of 4 experts' Linears.
+  const expertSlot = { path: 'layers.1.mlp.experts.gate', hf: 'model.layers.1.mlp.experts.gate_proj', rank: 2, inFeatures: 8, outFeatures: 12, transposed: false, experts: 4 };
+  assert.deepEqual(adapterSlots(model, spec, c as never).find((s) => s.experts !== undefined), expertSlot);
+  assert.deepEqual(wholeModelSlots(c as never, ['gate_proj'], 2).find((s) => s.experts !== undefined), expertSlot);
   assert.equal(wholeModelSlots(c as never, ['q_proj'], 2).length, 2);
 }));
 
@@ -92,8 +93,20 @@ import type { Out, Run } from './fixtures/lora_layouts_rank.js';
 const suite = equivalenceSuite<Run, Out>('lora-moe', 'test/fixtures/lora_layouts_rank.ts', { timeoutMs: 300_000, queue: pool() });
 const EXPERTS = { rank: 2, alpha: 4, targets: ['fc', 'proj'] };
 const MOE = { topK: 2, router: 'softmax', balance: 'aux', sharedExperts: 1 } as const;
-const ref = suite.launch(1, [{ name: 'ref', micro: 4, steps: 2, lora: EXPERTS, moe: MOE }]);
-const ep2 = suite.launch(2, [{ name: 'ep2', layout: { ep: 2 }, micro: 2, steps: 2, lora: EXPERTS, moe: MOE }]);
+// A Mixtral-style Llama with adapters on attention and on its experts by Mixtral's names: ZeRO-3
+// (deferred init), pp = 2 and a bfloat16 base (applyLora's baseDtype) under ZeRO-3, in the same launches.
+const MIXTRAL = { model: 'mixtral' as const, steps: 2, lora: { rank: 2, alpha: 4, targets: ['q_proj', 'w1', 'w2', 'w3'] } };
+const ref = suite.launch(1, [
+  { name: 'ref', micro: 4, steps: 2, lora: EXPERTS, moe: MOE },
+  { name: 'ref_mixtral', micro: 4, ...MIXTRAL },
+  { name: 'ref_mixtral_bf16', micro: 4, baseDtype: 'bfloat16', ...MIXTRAL },
+]);
+const ep2 = suite.launch(2, [
+  { name: 'ep2', layout: { ep: 2 }, micro: 2, steps: 2, lora: EXPERTS, moe: MOE },
+  { name: 'mixtral_z3', layout: { zero: 3 }, micro: 2, ...MIXTRAL },
+  { name: 'mixtral_pp2', layout: { pp: 2 }, micro: 4, ...MIXTRAL },
+  { name: 'mixtral_bf16_z3', layout: { zero: 3 }, micro: 2, baseDtype: 'bfloat16', ...MIXTRAL },
+]);
 
 test('LoRA on experts under ep = 2 equals one process: losses and adapter values after 2 steps (float64)', async () => {
   await Promise.all([ref, ep2]);
@@ -101,4 +114,19 @@ test('LoRA on experts under ep = 2 equals one process: losses and adapter values
   const { ref: r } = suite.compare('ep2', 2, 'ref', { loss: 1e-12, norm: 1e-11, param: 1e-10 });
   assert.ok(r.trainable.some((k) => /\.mlp\.experts\.fcLora\.loraA$/.test(k)), r.trainable.join(', ')); // 'proj' also names attn.proj
   assert.ok(r.params[r.trainable.find((k) => k.endsWith('fcLora.loraB'))!]!.some((v) => v !== 0), 'B did not train');
+});
+
+test('LoRA on a Mixtral\'s experts (w1, w2, w3) and attention under ZeRO-3 (deferred init), pp = 2 and a bfloat16 base equals one process', async () => {
+  await Promise.all([ref, ep2]);
+  for (const name of ['mixtral_z3', 'mixtral_pp2']) {
+    const { ref: r } = suite.compare(name, 2, 'ref_mixtral', { loss: 1e-12, norm: 1e-11, param: 1e-10 });
+    assert.ok(r.trainable.includes('layers.3.mlp.experts.downLora.loraA') && r.trainable.includes('layers.0.attn.q.loraB.weight'), r.trainable.join(', '));
+    assert.ok(r.params['layers.2.mlp.experts.gateLora.loraB']!.some((v) => v !== 0), 'B did not train');
+  }
+  // The bfloat16 base in float32 on both sides: float32 reduction order alone separates them.
+  const { ref: b } = suite.compare('mixtral_bf16_z3', 2, 'ref_mixtral_bf16', { loss: 1e-6, norm: 1e-5, param: 1e-5, scaled: true });
+  assert.ok(b.params['layers.1.mlp.experts.upLora.loraB']!.some((v) => v !== 0), 'B did not train (bf16 base)');
+  // The base is stored in bfloat16 there: its rounding moves the loss by far more than float32 noise.
+  const moved = Math.abs(b.losses[0]! - suite.read('ref_mixtral', 1)[0]!.losses[0]!);
+  assert.ok(moved > 1e-5, `the bfloat16 base left the loss within ${moved} of the float32 base's`);
 });

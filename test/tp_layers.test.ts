@@ -79,6 +79,10 @@ test('vocab-parallel cross-entropy equals F.crossEntropy (mean, sum, none; ignor
   await expectPassed(['ce'], 5 * 2 + 3 + 1);
 });
 
+test('chunked cross-entropy from a vocabulary-sharded head (the row max, sums of exponentials and target logits all-reduced once) equals the one-process head and loss: loss, hidden, weight and bias gradients, with ignored rows and label smoothing', async () => {
+  await expectPassed(['lce'], 2 * 5);
+});
+
 test('bad plans: an entry naming no module, a style on the wrong module class, a dimension tp does not divide, two entries for one module, an unknown style, a prepared input nothing prepares: TensorParallelError naming the entry and the fix; tp without a plan', async () => {
   await expectPassed(['error'], 13 * 2 + 1);
 });

@@ -238,3 +238,16 @@ test('[lora] rules before any rank starts: a base to adapt, targets that name Li
   // GPT-2's Conv1D names and flotilla's module paths both resolve; the vocabulary may be unresolved (0).
   assert.deepEqual(validateConfig(parseConfig('', ['--lora.rank=2', '--train.initFrom=/b', '--lora.targets=c_attn,layers.0.mlp.fc'])), []);
 });
+
+test('[moe] denseLayers: a TOML array or a comma list of block indices, round-tripped through the saved config; blocks the model lacks and a list that leaves no experts are refused', () => {
+  const base = '[model]\narch = "llama"\nnLayer = 4\n[moe]\nexperts = 4\ntopK = 2\n';
+  const c = parseConfig(`${base}denseLayers = [0, 2]\n`);
+  assert.deepEqual(c.moe.denseLayers, [0, 2]);
+  assert.deepEqual(parseConfig(base, ['--moe.denseLayers=1,3']).moe.denseLayers, [1, 3]);
+  assert.deepEqual(parseConfig(base).moe.denseLayers, []);
+  assert.deepEqual(parseConfig(configToToml(c, { header: 'resolved' })), c);
+  assert.throws(() => parseConfig(`${base}denseLayers = [0.5]\n`), /moe\.denseLayers must be an array of whole numbers, e\.g\. \[0, 3\]/);
+  assert.throws(() => parseConfig(base, ['--moe.denseLayers=a']), /--moe\.denseLayers must be whole numbers separated by commas/);
+  assert.throws(() => parseConfig(base, ['--moe.denseLayers=4']), /moe\.denseLayers \(\[4\]\) must list blocks from 0 to model\.nLayer - 1 \(3\)/);
+  assert.throws(() => parseConfig(base, ['--moe.every=2', '--moe.denseLayers=1,3']), /moe\.denseLayers \(\[1,3\]\) leaves no block with experts/);
+});

@@ -251,6 +251,22 @@ export function fillHeld(p: ParamPlacement, read: (whole: number, n: number) => 
 }
 
 /**
+ * fillHeld for a stack whose slice j (`per` elements: elements [j per, (j + 1) per) of the whole)
+ * is stored as its own tensor: `readSlice(j, offset, n)` reads n elements of slice j from `offset`.
+ */
+export function fillHeldStack(p: ParamPlacement, per: number, readSlice: (j: number, offset: number, n: number) => Tensor): void {
+  fillHeld(p, (whole, n) => {
+    const pieces: Tensor[] = [];
+    for (let a = whole; a < whole + n;) {
+      const j = Math.floor(a / per), m = Math.min(whole + n, (j + 1) * per) - a;
+      pieces.push(readSlice(j, a - j * per, m));
+      a += m;
+    }
+    return pieces.length === 1 ? pieces[0]! : cat(pieces, 0);
+  });
+}
+
+/**
  * Fills this rank's parameters from the directory: for each placement, the runs of the whole
  * tensor it holds, each read by byte range. Placements name parameters by whole-model name.
  */
@@ -270,18 +286,8 @@ export function loadHfWeights(h: HfDir, placements: readonly ParamPlacement[]): 
         fillHeld(p, (whole, n) => readElements(reader, s, t, whole, n));
         continue;
       }
-      // A stack: slice j is elements [j per, (j + 1) per) of the whole, read from its own tensor.
       const per = t.shape.reduce((a, b) => a * b, 1);
-      fillHeld(p, (whole, n) => {
-        const pieces: Tensor[] = [];
-        for (let a = whole; a < whole + n;) {
-          const j = Math.floor(a / per), m = Math.min(whole + n, (j + 1) * per) - a;
-          const part = parts[j]!;
-          pieces.push(readElements(reader, h.stored.get(part.hf)!, part, a - j * per, m));
-          a += m;
-        }
-        return pieces.length === 1 ? pieces[0]! : cat(pieces, 0);
-      });
+      fillHeldStack(p, per, (j, offset, n) => readElements(reader, h.stored.get(parts[j]!.hf)!, parts[j]!, offset, n));
     }
   } finally {
     reader.close();
@@ -300,7 +306,8 @@ export function configDifferences(run: Record<string, unknown>, h: HfDir): strin
     if (k === 'moe') {
       // The fields the directory's routing determines; the balance settings are the run's.
       const a = (mine.moe ?? defaultMoEConfig) as unknown as Record<string, unknown>, b = theirs.moe as Record<string, unknown>;
-      for (const f of Object.keys(h.determined.moe as object)) if (a[f] !== b[f]) out.push(`moe.${f} is ${JSON.stringify(a[f])} here and ${JSON.stringify(b[f])} for ${HF_CONFIG}`);
+      // (By value: moe.denseLayers is a list.)
+      for (const f of Object.keys(h.determined.moe as object)) if (JSON.stringify(a[f]) !== JSON.stringify(b[f])) out.push(`moe.${f} is ${JSON.stringify(a[f])} here and ${JSON.stringify(b[f])} for ${HF_CONFIG}`);
       continue;
     }
     if (mine[k] !== theirs[k]) out.push(`model.${k} is ${JSON.stringify(run[k])} here and ${JSON.stringify(theirs[k])} in ${HF_CONFIG}`);

@@ -8,7 +8,10 @@
 // `<module path>.loraA.weight` / `.loraB.weight` ([Note: LoRA] in src/nn/lora.ts); the module paths
 // map to each other through the architecture's Hugging Face tensor map (hfModuleNames). A and B have
 // the same shapes for GPT-2's Conv1D as for a Linear: fan_in_fan_out only tells PEFT that the base
-// weight is stored [in, out], so its merge adds (B A)^T.
+// weight is stored [in, out], so its merge adds (B A)^T. An MoE model's experts are Linears to PEFT
+// (Mixtral's `...block_sparse_moe.experts.E.w1`, Qwen3-MoE's `...mlp.experts.E.gate_proj`), so
+// flotilla's stacked expert adapters ([Note: LoRA on experts]: A (G, r, in), B (G, out, r)) are
+// written as one lora_A (r, in) and lora_B (out, r) per expert, expert j's being slice j.
 //
 // Reading goes through placements like a checkpoint or a Hugging Face directory: each rank reads the
 // byte ranges of the adapter elements it holds, under any layout. Writing goes to a temporary
@@ -21,15 +24,17 @@ import { native } from '../tensor/native.js';
 import { dtypeCode, elementSize, isFloating, type DType } from '../tensor/dtype.js';
 import type { Module } from '../nn/module.js';
 import { Linear } from '../nn/layers.js';
-import { applyLora, expertLoraAdapters, hfModuleNames, isLoraParameter, loraAdapters } from '../nn/lora.js';
+import { applyLora, expertLoraAdapters, hfModuleNames, isExpertLoraParameter, isLoraParameter, loraAdapters } from '../nn/lora.js';
 import { loraTargetProblems } from '../nn/lora_targets.js';
+import { GroupedExperts } from '../nn/moe.js';
+import { EXPERT_PROJECTIONS, expertProjectionNames } from '../nn/lora_experts.js';
 import { placementsOf, type ParamPlacement } from '../parallel/placement.js';
 import { modelSpec, type ModelSpec } from '../models/registry.js';
 import { readSafetensorsHeader, saveSafetensors } from './safetensors.js';
 import { CheckpointError } from './format.js';
 import { PEFT_CONFIG, PEFT_WEIGHTS, peftSettingsProblem, readPeftConfig, type LoraSettings, type PeftAdapterConfig, type PeftLora } from './peft_config.js';
 import { RangeReader } from './range_reader.js';
-import { copyTokenizer, fillHeld } from './hf.js';
+import { copyTokenizer, fillHeld, fillHeldStack, hfFormatFor } from './hf.js';
 
 export { PEFT_CONFIG, PEFT_WEIGHTS, type LoraSettings, type PeftLora } from './peft_config.js';
 
@@ -46,6 +51,25 @@ export interface AdapterSlot {
   outFeatures: number;
   /** The base weight is stored [in, out] on the Hugging Face side (GPT-2's Conv1D). */
   transposed: boolean;
+  /**
+   * A projection of this many experts held as one stack ([Note: LoRA on experts]): `path` is
+   * `<experts path>.<projection>`, `hf` the experts' module path without an index
+   * ("model.layers.0.block_sparse_moe.experts.w1"), and each expert is its own PEFT module.
+   */
+  experts?: number;
+}
+
+/** The flotilla parameter of a slot's A or B: `<path>.loraA.weight`, or a stack's `<path>Lora.loraA`. */
+export function slotParameter(s: Pick<AdapterSlot, 'path' | 'experts'>, which: 'A' | 'B'): string {
+  return s.experts === undefined ? `${s.path}.lora${which}.weight` : `${s.path}Lora.lora${which}`;
+}
+
+/** Expert j's module path of a stack's Hugging Face path (".experts.w1" -> ".experts.3.w1"). */
+const expertModule = (hf: string, j: number): string => hf.replace(/\.experts\.(?=[^.]+$)/, `.experts.${j}.`);
+
+/** The PEFT modules of a slot: its Linear, or each of its experts' in order. */
+export function slotModules(s: Pick<AdapterSlot, 'hf' | 'experts'>): string[] {
+  return s.experts === undefined ? [s.hf] : Array.from({ length: s.experts }, (_, j) => expertModule(s.hf, j));
 }
 
 /** PEFT's tensor name of one adapter matrix ([Note: PEFT names]). */
@@ -56,15 +80,18 @@ export function peftTensorName(hfModule: string, which: 'A' | 'B'): string {
 /** The last component of a module path ("q_proj" of "model.layers.0.self_attn.q_proj"). */
 const shortName = (path: string): string => path.slice(path.lastIndexOf('.') + 1);
 
-/** Hugging Face module paths (and whether stored transposed) by flotilla module path, from a spec's tensor map. */
-function hfModules(spec: ModelSpec, cfg: Record<string, unknown>): { names: Map<string, string>; transposed: Set<string> } {
+/**
+ * Hugging Face module paths (and whether stored transposed) by flotilla module path, from a spec's
+ * tensor map; `modules`: every Hugging Face module path of the model (each expert's Linear too).
+ */
+function hfModules(spec: ModelSpec, cfg: Record<string, unknown>): { names: Map<string, string>; transposed: Set<string>; modules: Set<string> } {
   if (!spec.hf) throw new CheckpointError(`model.arch = "${spec.arch}" has no Hugging Face form, so its adapters have no PEFT names`);
-  const tensors = spec.hf.tensors(cfg);
+  // The class the config is written as: a family's (Mixtral, Qwen3-MoE: its experts' names) when one fits.
+  const tensors = (hfFormatFor(spec, cfg) ?? spec.hf).tensors(cfg);
   const transposed = new Set(tensors.filter((t) => t.transpose && t.name.endsWith('.weight')).map((t) => t.name.slice(0, -7)));
-  return { names: hfModuleNames(tensors), transposed };
+  const modules = new Set(tensors.filter((t) => t.hf.endsWith('.weight')).map((t) => t.hf.slice(0, -7)));
+  return { names: hfModuleNames(tensors), transposed, modules };
 }
-
-const EXPERTS_NO_PEFT = 'adapters on MoE experts have no PEFT export in flotilla yet (PEFT would store a lora_A and lora_B for each expert\'s Linear); resume or evaluate them from the run\'s checkpoint, or target Linears only (e.g. q_proj, v_proj) to export PEFT adapters';
 
 /** The options applyLora needs to resolve Hugging Face target names for a model of this config. */
 export function loraHfNames(spec: ModelSpec, cfg: Record<string, unknown>): Map<string, string> {
@@ -74,13 +101,17 @@ export function loraHfNames(spec: ModelSpec, cfg: Record<string, unknown>): Map<
 /** The adapted Linears of a model (whole, or a pipeline stage: what it holds), with their PEFT names. */
 export function adapterSlots(model: Module, spec: ModelSpec, cfg: Record<string, unknown>): AdapterSlot[] {
   const { names, transposed } = hfModules(spec, cfg);
-  const experts = expertLoraAdapters(model);
-  if (experts.length > 0) throw new CheckpointError(`'${experts[0]![0]}': ${EXPERTS_NO_PEFT}`);
-  return loraAdapters(model).map(([path, a]) => {
+  const hfOf = (path: string): string => {
     const hf = names.get(path);
     if (hf === undefined) throw new CheckpointError(`the adapted Linear '${path}' has no Hugging Face name in a ${spec.hf!.architecture}, so it has no PEFT name`);
-    return { path, hf, rank: a.rank, inFeatures: a.base.inFeatures, outFeatures: a.base.outFeatures, transposed: transposed.has(path) };
+    return hf;
+  };
+  const linears = loraAdapters(model).map(([path, a]): AdapterSlot => ({ path, hf: hfOf(path), rank: a.rank, inFeatures: a.base.inFeatures, outFeatures: a.base.outFeatures, transposed: transposed.has(path) }));
+  const stacks = expertLoraAdapters(model).map(([path, a]): AdapterSlot => {
+    const [G, , In] = a.loraA.shape as [number, number, number];
+    return { path, hf: hfOf(path), rank: a.rank, inFeatures: In, outFeatures: a.loraB.shape[1]!, transposed: false, experts: G };
   });
+  return [...linears, ...stacks];
 }
 
 /**
@@ -96,9 +127,8 @@ export function wholeModelSlots(cfg: Record<string, unknown>, targets: readonly 
   const r = loraTargetProblems(linears, { rank, targets, head: 'head' });
   if (r.problems.length > 0) throw new CheckpointError(`LoRA: ${r.problems[0]}`);
   return linears.filter((l) => r.chosen.has(l.path)).map((l) => {
-    if (l.experts !== undefined) throw new CheckpointError(`'${l.path}': ${EXPERTS_NO_PEFT}`);
     if (l.hf === undefined) throw new CheckpointError(`the adapted Linear '${l.path}' has no Hugging Face name in a ${spec.hf!.architecture}, so it has no PEFT name`);
-    return { path: l.path, hf: l.hf, rank, inFeatures: l.inFeatures, outFeatures: l.outFeatures, transposed: transposed.has(l.path) };
+    return { path: l.path, hf: l.hf, rank, inFeatures: l.inFeatures, outFeatures: l.outFeatures, transposed: transposed.has(l.path), ...(l.experts !== undefined ? { experts: l.experts } : {}) };
   });
 }
 
@@ -110,7 +140,7 @@ export function targetModules(slots: readonly AdapterSlot[]): string[] {
 export interface PeftWriteOptions {
   /** The adapted Linears (the whole model's). */
   slots: readonly AdapterSlot[];
-  /** Every adapter tensor by flotilla parameter name (`<path>.loraA.weight` / `.loraB.weight`). */
+  /** Every adapter tensor by flotilla parameter name (slotParameter: `<path>.loraA.weight`, a stack's `<path>Lora.loraA` ...). */
   tensors: Readonly<Record<string, Tensor>>;
   lora: PeftLora;
   /** base_model_name_or_path: the base the adapters were trained on. */
@@ -174,12 +204,14 @@ export function writePeftAdapter(dir: string, o: PeftWriteOptions): PeftWriteRep
   let bytes = 0;
   const names = new Set<string>();
   for (const s of [...o.slots].sort((a, b) => (a.hf < b.hf ? -1 : a.hf > b.hf ? 1 : 0))) {
-    for (const [which, shape] of [['A', [s.rank, s.inFeatures]], ['B', [s.outFeatures, s.rank]]] as const) {
-      const name = `${s.path}.lora${which}.weight`;
+    for (const [which, one] of [['A', [s.rank, s.inFeatures]], ['B', [s.outFeatures, s.rank]]] as const) {
+      const name = slotParameter(s, which);
+      const shape = s.experts === undefined ? one : [s.experts, ...one];
       const t = o.tensors[name];
       if (!t) throw new CheckpointError(`there is no adapter tensor '${name}' for the adapted module '${s.path}'`);
       if (t.shape.join(',') !== shape.join(',')) throw new CheckpointError(`adapter tensor '${name}' is [${t.shape.join(', ')}]; the model's adapter is [${shape.join(', ')}]`);
-      tensors[peftTensorName(s.hf, which)] = t.detach();
+      // A stack's slice j is expert j's matrix.
+      slotModules(s).forEach((hf, j) => (tensors[peftTensorName(hf, which)] = s.experts === undefined ? t.detach() : t.detach().select(0, j).contiguous()));
       names.add(name);
       bytes += t.numel() * elementSize(t.dtype);
     }
@@ -251,28 +283,31 @@ export function readPeftAdapter(path: string): PeftAdapter {
 /**
  * Checks an adapter's tensors against the model's adapter slots: every stored module is one the
  * model adapts, every slot has its A and B, every shape is the slot's. The first mismatch is one
- * error naming it. Returns the stored tensor of each flotilla adapter parameter.
+ * error naming it. Returns the stored tensors of each flotilla adapter parameter (one, or a stack's
+ * one per expert in order).
  */
-export function matchPeftAdapter(a: PeftAdapter, slots: readonly AdapterSlot[], knownModules?: ReadonlySet<string>): Map<string, StoredTensor> {
+export function matchPeftAdapter(a: PeftAdapter, slots: readonly AdapterSlot[], knownModules?: ReadonlySet<string>): Map<string, StoredTensor[]> {
   const other = 'the adapter was made for another base model';
-  const byHf = new Map(slots.map((s) => [s.hf, s]));
+  const byHf = new Set(slots.flatMap(slotModules));
   for (const hf of a.modules.keys()) {
     if (!byHf.has(hf)) {
       const what = knownModules === undefined || knownModules.has(hf) ? 'which this model does not adapt' : 'which this model does not have';
       throw new CheckpointError(`adapter ${a.dir} holds weights for module '${hf}', ${what}; ${other} (or with other target_modules)`);
     }
   }
-  const out = new Map<string, StoredTensor>();
+  const out = new Map<string, StoredTensor[]>();
   for (const s of slots) {
-    const stored = a.modules.get(s.hf);
     for (const [which, shape] of [['A', [s.rank, s.inFeatures]], ['B', [s.outFeatures, s.rank]]] as const) {
-      const name = peftTensorName(s.hf, which);
-      const t = stored?.[which];
-      if (!t) throw new CheckpointError(`adapter ${a.dir} has no '${name}' for the adapted module '${s.hf}'; ${other} (or with other target_modules)`);
-      if (t.shape.length !== 2 || t.shape[0] !== shape[0] || t.shape[1] !== shape[1]) {
-        throw new CheckpointError(`adapter ${a.dir}: '${name}' is [${t.shape.join(', ')}], this model's is [${shape.join(', ')}] (rank ${s.rank}, ${s.hf} is ${s.outFeatures} x ${s.inFeatures}); ${other}`);
-      }
-      out.set(`${s.path}.lora${which}.weight`, t);
+      const parts = slotModules(s).map((hf) => {
+        const name = peftTensorName(hf, which);
+        const t = a.modules.get(hf)?.[which];
+        if (!t) throw new CheckpointError(`adapter ${a.dir} has no '${name}' for the adapted module '${hf}'; ${other} (or with other target_modules)`);
+        if (t.shape.length !== 2 || t.shape[0] !== shape[0] || t.shape[1] !== shape[1]) {
+          throw new CheckpointError(`adapter ${a.dir}: '${name}' is [${t.shape.join(', ')}], this model's is [${shape.join(', ')}] (rank ${s.rank}, ${hf} is ${s.outFeatures} x ${s.inFeatures}); ${other}`);
+        }
+        return t;
+      });
+      out.set(slotParameter(s, which), parts);
     }
   }
   return out;
@@ -283,18 +318,25 @@ export function matchPeftAdapter(a: PeftAdapter, slots: readonly AdapterSlot[], 
  * tensor it holds (a range under ZeRO-3, a tensor-parallel slice), read by byte range. Placements of
  * other parameters are left alone.
  */
-export function loadPeftTensors(a: PeftAdapter, matched: ReadonlyMap<string, StoredTensor>, placements: readonly ParamPlacement[]): number {
+export function loadPeftTensors(a: PeftAdapter, matched: ReadonlyMap<string, StoredTensor[]>, placements: readonly ParamPlacement[]): number {
   const reader = new RangeReader(a.dir);
+  const read = (s: StoredTensor, offset: number, n: number): Tensor => {
+    const es = elementSize(s.dtype);
+    return new Tensor(native.fromBuffer(reader.read(PEFT_WEIGHTS, s.byte + offset * es, n * es), [n], dtypeCode(s.dtype)));
+  };
   let loaded = 0;
   try {
     for (const p of placements) {
-      if (!isLoraParameter(p.name)) continue;
-      const s = matched.get(p.name);
-      if (!s) throw new CheckpointError(`adapter ${a.dir} has nothing for this model's adapter parameter '${p.name}'; the adapter was made for another base model`);
-      if (s.shape.join(',') !== p.shape.join(',')) throw new CheckpointError(`adapter ${a.dir}: '${p.name}' is [${s.shape.join(', ')}] there and [${p.shape.join(', ')}] in this model; the adapter was made for another base model`);
+      const stack = isExpertLoraParameter(p.name);
+      if (!stack && !isLoraParameter(p.name)) continue;
+      const parts = matched.get(p.name);
+      if (!parts) throw new CheckpointError(`adapter ${a.dir} has nothing for this model's adapter parameter '${p.name}'; the adapter was made for another base model`);
+      const shape = stack ? [parts.length, ...parts[0]!.shape] : parts[0]!.shape;
+      if (shape.join(',') !== p.shape.join(',')) throw new CheckpointError(`adapter ${a.dir}: '${p.name}' is [${shape.join(', ')}] there and [${p.shape.join(', ')}] in this model; the adapter was made for another base model`);
       loaded++;
-      const es = elementSize(s.dtype), code = dtypeCode(s.dtype);
-      fillHeld(p, (whole, n) => new Tensor(native.fromBuffer(reader.read(PEFT_WEIGHTS, s.byte + whole * es, n * es), [n], code)));
+      // A stack's slice j is expert j's matrix, its own stored tensor.
+      if (stack) fillHeldStack(p, parts[0]!.shape.reduce((x, y) => x * y, 1), (j, offset, n) => read(parts[j]!, offset, n));
+      else fillHeld(p, (whole, n) => read(parts[0]!, whole, n));
     }
   } finally {
     reader.close();
@@ -308,11 +350,11 @@ export function loadPeftTensors(a: PeftAdapter, matched: ReadonlyMap<string, Sto
  * run's (one error naming the field that differs); its tensors the whole model's adapters
  * (matchPeftAdapter).
  */
-export function checkPeftAdapter(dir: string, model: Record<string, unknown>, lora: LoraSettings): { adapter: PeftAdapter; matched: Map<string, StoredTensor> } {
+export function checkPeftAdapter(dir: string, model: Record<string, unknown>, lora: LoraSettings): { adapter: PeftAdapter; matched: Map<string, StoredTensor[]> } {
   const a = readPeftAdapter(dir);
   const where = `lora.adapter ${dir}`;
   const spec = modelSpec(String(model.arch ?? 'gpt'));
-  const known = new Set(loraHfNames(spec, model).values());
+  const known = hfModules(spec, model).modules;
   // A module this model does not have: another base, whatever the fields say.
   for (const hf of a.modules.keys()) {
     if (!known.has(hf)) throw new CheckpointError(`${where} holds weights for module '${hf}', which this ${spec.hf!.architecture} does not have; the adapter was made for another base model`);
@@ -349,22 +391,29 @@ export function loadPeftAdapter(dir: string, placements: readonly ParamPlacement
  */
 export function attachPeftAdapter(model: Module, spec: ModelSpec, cfg: Record<string, unknown>, dir: string): PeftAdapter {
   const a = readPeftAdapter(dir);
-  const { names } = hfModules(spec, cfg);
-  // The model's Linears by Hugging Face module path.
-  const linears = new Map<string, Linear>();
+  const { names, modules: known } = hfModules(spec, cfg);
+  // The model's Linears by Hugging Face module path, each expert of a stack too ([Note: PEFT names]),
+  // with its sizes and the target that adapts it.
+  const fits = new Map<string, { inFeatures: number; outFeatures: number; target: string }>();
   for (const [path, m] of model.namedModules()) {
     const hf = names.get(path);
-    if (hf !== undefined && m instanceof Linear) linears.set(hf, m);
+    if (hf !== undefined && m instanceof Linear) fits.set(hf, { inFeatures: m.inFeatures, outFeatures: m.outFeatures, target: hf });
+    if (!(m instanceof GroupedExperts)) continue;
+    for (const n of expertProjectionNames(m)) {
+      const stack = names.get(`${path}.${n}`);
+      if (stack === undefined) continue;
+      const [G, In, Out] = m[EXPERT_PROJECTIONS[n]!]!.shape as [number, number, number];
+      for (const hfj of slotModules({ hf: stack, experts: G })) fits.set(hfj, { inFeatures: In, outFeatures: Out, target: stack });
+    }
   }
-  const known = new Set(names.values());
   for (const hf of a.modules.keys()) {
-    if (!linears.has(hf)) {
+    if (!fits.has(hf)) {
       throw new CheckpointError(`adapter ${a.dir} holds weights for module '${hf}', which this ${spec.hf!.architecture} ${known.has(hf) ? 'has, but not as a Linear' : 'does not have'}; the adapter was made for another base model`);
     }
   }
   // Each stored module must fit: a shape error names the tensor before applyLora would name the rank.
   for (const [hf, t] of a.modules) {
-    const m = linears.get(hf)!;
+    const m = fits.get(hf)!;
     const A = t.A?.shape, B = t.B?.shape;
     if (A && (A.length !== 2 || A[0] !== a.rank || A[1] !== m.inFeatures)) {
       throw new CheckpointError(`adapter ${a.dir}: '${peftTensorName(hf, 'A')}' is [${A.join(', ')}], this model's is [${a.rank}, ${m.inFeatures}] (rank ${a.rank}, ${hf} is ${m.outFeatures} x ${m.inFeatures}); the adapter was made for another base model`);
@@ -373,7 +422,8 @@ export function attachPeftAdapter(model: Module, spec: ModelSpec, cfg: Record<st
       throw new CheckpointError(`adapter ${a.dir}: '${peftTensorName(hf, 'B')}' is [${B.join(', ')}], this model's is [${m.outFeatures}, ${a.rank}] (rank ${a.rank}, ${hf} is ${m.outFeatures} x ${m.inFeatures}); the adapter was made for another base model`);
     }
   }
-  applyLora(model, { rank: a.rank, alpha: a.alpha, dropout: a.dropout, rsLora: a.rsLora, targets: [...a.modules.keys()], hfNames: names });
+  const targets = [...new Set([...a.modules.keys()].map((hf) => fits.get(hf)!.target))];
+  applyLora(model, { rank: a.rank, alpha: a.alpha, dropout: a.dropout, rsLora: a.rsLora, targets, hfNames: names });
   const slots = adapterSlots(model, spec, cfg);
   const matched = matchPeftAdapter(a, slots, known);
   const adapterParams = model.namedParameters().filter(([n]) => matched.has(n));

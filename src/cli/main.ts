@@ -7,6 +7,7 @@ import { resolve } from 'node:path';
 // whose FLOTILLA_* settings main() checks first (the commands import the config when they run).
 import { ConfigError } from '../config/error.js';
 import { LaunchEnvError } from '../distributed/env.js';
+import { slurmRestarted } from '../distributed/slurm_vars.js';
 import { UsageError } from './usage.js';
 import { parseTrainArgs, verifyLayouts } from './train_args.js';
 import { prepareRunData, trainHere } from './train_run.js';
@@ -29,6 +30,16 @@ usage:
       a host is lost and MIN remain, the others carry on without it from the newest checkpoint; a
       host started later with the job's command (or started again) joins at the next checkpoint, and
       --master-addr A,B,C lists where it may find node 0 by then (each tried in turn).
+      In a Slurm job (\`srun flotilla train CONFIG --nproc N\`, one task per node) the nodes, this
+      node's index, the master address and port come from the allocation; with one task per rank
+      (\`srun -n W flotilla train CONFIG\`) each task is a rank. SIGUSR1 or SIGTERM on any rank saves
+      a checkpoint after the current step and stops; [slurm] requeue = true then requeues the job,
+      which resumes from that checkpoint (SLURM_RESTART_COUNT > 0).
+  flotilla sbatch <config.toml> --nodes N --nproc K [--time T] [--partition P] [--job-name NAME] [--output FILE] [--submit] [--section.field=value ...]
+      Print a Slurm batch script that trains the config on N nodes, K ranks each (#SBATCH --nodes,
+      --ntasks-per-node=1, --signal=USR1@90, --open-mode=append, --requeue with [slurm] requeue,
+      FLOTILLA_JOB_SECRET; its body \`srun flotilla train ...\`); --submit hands it to sbatch and
+      prints the job id. More nodes than the partition has (sinfo) is an error.
   flotilla verify <config.toml> --nproc N [--steps K] [--section.field=value ...] [--and [--nproc M] [--section.field=value ...]] ...
       Train K steps (default 5) under the config's layout on N ranks and the same steps in one
       process on the same global batches; print per-step loss and grad-norm differences, the largest
@@ -127,8 +138,17 @@ async function trainCommand(args: readonly string[]): Promise<number> {
   const { checkRunnable, loadConfig } = await import('../config/index.js');
   let cfg = loadConfig(a.config, a.overrides); // every rank and the launching process validate first
   const env = readLaunchEnv();
-  const inWorld = env.source !== 'single';
-  const hosts = a.hosts;
+  // [Note: slurm geometry] One srun task per node: this process is the node's launcher, not a rank.
+  const { slurmNodeTask } = await import('../launch/slurm.js');
+  const nodeTask = slurmNodeTask(process.env, a.nproc, a.hosts);
+  const inWorld = env.source !== 'single' && nodeTask === undefined;
+  const hosts = nodeTask !== undefined ? nodeTask.hosts : a.hosts;
+  // A requeued Slurm job (SLURM_RESTART_COUNT > 0) resumes from its newest checkpoint by itself.
+  if (a.resume === undefined && slurmRestarted()) {
+    const { checkpointDirOf } = await import('../train/run_dir.js');
+    const { listCheckpoints } = await import('../checkpoint/format.js');
+    if (listCheckpoints(checkpointDirOf(cfg)).length > 0) a.resume = 'latest';
+  }
   if ((a.plan || cfg.parallel.auto) && !inWorld) {
     // The planner chooses the layout before any rank starts; the ranks get its flags (auto off).
     if (hosts !== undefined) throw new UsageError(`train: ${a.plan ? '--plan' : '[parallel] auto = true'} with --nnodes ${hosts.nnodes}: every host would plan on its own; run \`flotilla plan ${a.config} --nproc ${a.nproc ?? 1} --nnodes ${hosts.nnodes}\` once and give its flags to every host's flotilla train`);
@@ -278,6 +298,8 @@ export async function main(argv: readonly string[]): Promise<number> {
           return 0;
         }
         return await trainCommand(rest);
+      case 'sbatch':
+        return await (await import('./sbatch.js')).sbatchCommand(rest);
       case 'train-series': // what verify starts on each rank (src/cli/train_run.ts); not for users
         return await (await import('./train_run.js')).trainSeriesCommand(rest);
       case 'run': {
@@ -340,7 +362,7 @@ export async function main(argv: readonly string[]): Promise<number> {
         return await c.generateCommand(rest, print);
       }
       default:
-        throw new UsageError(`unknown command ${JSON.stringify(cmd)}; commands: train, verify, run, config, schedule, plan, prepare, tokenizer, export, generate, checkpoint, report (see flotilla --help)`);
+        throw new UsageError(`unknown command ${JSON.stringify(cmd)}; commands: train, sbatch, verify, run, config, schedule, plan, prepare, tokenizer, export, generate, checkpoint, report (see flotilla --help)`);
     }
   } catch (e) {
     const err = e as Error;

@@ -112,8 +112,10 @@ function parseHostArgs(h: Partial<Record<(typeof HOST_FLAGS)[number], string>>):
   }
   const { nnodes, minNodes } = parseNnodes(h['--nnodes'], (m) => new UsageError(`train: ${m}`)); // flotilla run's grammar
   if (nnodes === 1) return undefined;
-  if (h['--node-rank'] === undefined) throw new UsageError(`train: --nnodes ${nnodes} needs --node-rank R (this host's index, 0..${nnodes - 1})`);
-  const nodeRank = count('--node-rank', h['--node-rank'], 0);
+  // In a Slurm allocation the node's index is SLURM_NODEID ([Note: slurm geometry] in src/launch/slurm.ts checks the rest).
+  const slurmNode = process.env.SLURM_NODEID?.trim() || undefined;
+  if (h['--node-rank'] === undefined && slurmNode === undefined) throw new UsageError(`train: --nnodes ${nnodes} needs --node-rank R (this host's index, 0..${nnodes - 1})`);
+  const nodeRank = count(h['--node-rank'] !== undefined ? '--node-rank' : 'SLURM_NODEID', h['--node-rank'] ?? slurmNode!, 0);
   if (nodeRank >= nnodes) throw new UsageError(`train: --node-rank ${nodeRank} must be below --nnodes ${nnodes}`);
   return {
     nnodes, nodeRank, ...(minNodes !== undefined ? { minNodes } : {}),

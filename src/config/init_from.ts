@@ -106,7 +106,7 @@ function sameResolved(f: () => boolean): boolean {
   }
 }
 
-const show = (v: unknown): string => (typeof v === 'string' ? JSON.stringify(v) : String(v));
+const show = (v: unknown): string => (typeof v === 'string' || Array.isArray(v) ? JSON.stringify(v) : String(v));
 
 /**
  * Fills `cfg` (defaults with the user's layers applied) from train.initFrom's model ([Note:
@@ -134,7 +134,8 @@ export function applyInitFromModel(cfg: RawConfig, set: RawConfig, from: InitFro
     for (const [k, theirs] of Object.entries(fields)) {
       if (!(k in body)) continue; // a field this flotilla has no place for: the ranks' check names a difference
       const mine = body[k];
-      if (said(section, k) && mine !== theirs) {
+      // (List fields, e.g. moe.denseLayers, compare by their entries.)
+      if (said(section, k) && (Array.isArray(mine) ? JSON.stringify(mine) !== JSON.stringify(theirs) : mine !== theirs)) {
         // model.vocabSize = 0 means "the vocabulary of what the model reads", here the directory's.
         const derived = section === 'model' && (k === 'vocabSize' && mine === 0 || sameResolved(() => resolve({ ...cfg.model, ...model, [k]: mine })[k] === theirsModel[k]));
         if (!derived) {

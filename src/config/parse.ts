@@ -85,6 +85,9 @@ function checkField(key: string, f: AnyField, v: unknown): string | undefined {
     case 'strings':
       if (!Array.isArray(v) || v.some((e) => typeof e !== 'string' || e === '')) return `${key} must be an array of names, e.g. ["q_proj", "v_proj"], got ${describe(v)}`;
       return undefined;
+    case 'ints':
+      if (!Array.isArray(v) || v.some((e) => typeof e !== 'number' || !Number.isInteger(e) || (f.min !== undefined && e < f.min))) return `${key} must be an array of whole numbers${f.min !== undefined ? ` >= ${f.min}` : ''}, e.g. [0, 3], got ${describe(v)}`;
+      return undefined;
     case 'string':
       if (typeof v !== 'string') return `${key} must be a string, got ${describe(v)}`;
       if (f.choices && !f.choices.includes(v)) return `${key} must be one of ${f.choices.map((c) => JSON.stringify(c)).join(', ')}, got ${JSON.stringify(v)}`;
@@ -128,6 +131,13 @@ function parseCliValue(key: string, f: AnyField, text: string): { value?: unknow
         }
       }
       return { value: text.split(',').map((x) => x.trim()).filter((x) => x !== '') };
+    case 'ints': {
+      // --moe.denseLayers=0,3 (or a JSON array; "" = none)
+      const parts = text.trim().startsWith('[') ? text.trim().slice(1, -1) : text;
+      const items = parts.split(',').map((x) => x.trim()).filter((x) => x !== '');
+      if (items.some((x) => !/^[+-]?\d+$/.test(x))) return { problem: `--${key} must be whole numbers separated by commas (e.g. --${key}=0,3), got ${JSON.stringify(text)}` };
+      return { value: items.map(Number) };
+    }
     case 'sources':
       return parseSourcesText(text);
   }
@@ -298,7 +308,7 @@ export function loadConfig(path: string, overrides: readonly string[] = []): Flo
 
 function tomlValue(v: unknown): string {
   if (typeof v === 'string') return JSON.stringify(v); // JSON string escapes are valid TOML basic-string escapes
-  if (Array.isArray(v)) return `[${v.map((e: SourceEntry | string) => (typeof e === 'string' ? JSON.stringify(e) : `{ path = ${JSON.stringify(e.path)}, weight = ${e.weight} }`)).join(', ')}]`;
+  if (Array.isArray(v)) return `[${v.map((e: SourceEntry | string | number) => (typeof e === 'string' ? JSON.stringify(e) : typeof e === 'number' ? String(e) : `{ path = ${JSON.stringify(e.path)}, weight = ${e.weight} }`)).join(', ')}]`;
   return String(v);
 }
 

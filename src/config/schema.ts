@@ -71,7 +71,7 @@ export interface TrainConfig {
   precision: 'fp32' | 'bf16-mixed';
   /** Recompute each transformer block's forward in backward: "none", "full" or "selective". */
   activationCheckpoint: 'none' | 'full' | 'selective';
-  /** The models' attention: "eager" (op by op) or "fused" (src/nn/kernels/attention.ts). */
+  /** Which kernels the training step uses: "eager" (op by op) or "fused" (src/nn/kernels/). */
   kernels: 'eager' | 'fused';
   /** Passes over a finite example dataset (0 = train.steps decides). */
   epochs: number;
@@ -102,6 +102,12 @@ export interface LogConfig {
   tensorboard: boolean;
   /** One rank's peak TFLOP/s for the MFU; 0 = measured once by a short matmul probe and cached. */
   peakTflops: number;
+}
+
+/** Running as a Slurm job (src/launch/slurm.ts). */
+export interface SlurmConfig {
+  /** After the checkpoint a SIGUSR1 asks for, requeue the job (`scontrol requeue $SLURM_JOB_ID`). */
+  requeue: boolean;
 }
 
 export type { MoEConfig } from '../nn/moe_config.js';
@@ -142,9 +148,10 @@ export interface FlotillaConfig {
   parallel: ParallelConfig;
   checkpoint: CheckpointConfig;
   log: LogConfig;
+  slurm: SlurmConfig;
 }
 
-type KindOf<T> = T extends boolean ? 'bool' : T extends number ? 'int' | 'float' : T extends readonly string[] ? 'strings' : T extends readonly unknown[] ? 'sources' : 'string';
+type KindOf<T> = T extends boolean ? 'bool' : T extends number ? 'int' | 'float' : T extends readonly string[] ? 'strings' : T extends readonly number[] ? 'ints' : T extends readonly unknown[] ? 'sources' : 'string';
 
 export interface Field<T> {
   doc: string;
@@ -178,7 +185,7 @@ export const configSchema: Schema<FlotillaConfig> = {
       arch: { kind: 'string', default: gptRules.arch, doc: 'The architecture: "gpt" (GPT-2 style: learned positions, LayerNorm, GELU MLP; src/models/gpt.ts), "llama" (RMSNorm, rotary positions, grouped-query attention, SwiGLU, no biases; src/models/llama.ts), or one a script registered with registerModel. Fields marked (gpt) or (llama) apply to that architecture only.' },
       gelu: { kind: 'string', default: gpt.gelu!, choices: ['exact', 'tanh'], doc: '(gpt) The MLP\'s GELU: "exact" (erf), or "tanh" (the approximation GPT-2 was trained with, transformers\' gelu_new).' },
       nKvHead: { kind: 'int', default: llama.nKvHead, min: 0, doc: '(llama) Key/value heads (grouped-query attention): 1 = multi-query, model.nHead = multi-head; must divide model.nHead; 0 = model.nHead.' },
-      family: { kind: 'string', default: llama.family, choices: [...llamaFamilies], doc: '(llama) The Hugging Face family the model is read from and exported as: "llama" (LlamaForCausalLM), "qwen2" (Qwen2ForCausalLM, Qwen2.5: model.attnBias = "qkv"), "qwen3" (Qwen3ForCausalLM: model.qkNorm = true, model.attnBias "none" or "all"), "mistral" (MistralForCausalLM: model.slidingWindow, 0 = sliding_window null). Set from config.json when a directory is read.' },
+      family: { kind: 'string', default: llama.family, choices: [...llamaFamilies], doc: '(llama) The Hugging Face family the model is read from and exported as: "llama" (LlamaForCausalLM), "qwen2" (Qwen2ForCausalLM, Qwen2.5: model.attnBias = "qkv"), "qwen3" (Qwen3ForCausalLM: model.qkNorm = true, model.attnBias "none" or "all"), "mistral" (MistralForCausalLM: model.slidingWindow, 0 = sliding_window null). With [moe]: "llama" or "mistral" is MixtralForCausalLM, "qwen3" Qwen3MoeForCausalLM. Set from config.json when a directory is read.' },
       attnBias: { kind: 'string', default: llama.attnBias, choices: [...llamaAttnBiases], doc: '(llama) Biases of the attention projections: "none" (Llama, Qwen3 by default), "qkv" (on q, k and v: Qwen2/2.5), "all" (q, k, v and o: attention_bias = true).' },
       qkNorm: { kind: 'bool', default: llama.qkNorm, doc: '(llama) RMSNorm of every query and key head (a weight of model.headDim each, before the rotary positions), as Qwen3.' },
       headDim: { kind: 'int', default: llama.headDim, min: 0, doc: '(llama) Width of one attention head; 0 = model.nEmbd / model.nHead.' },
@@ -190,7 +197,8 @@ export const configSchema: Schema<FlotillaConfig> = {
       ropeLowFreqFactor: { kind: 'float', default: llama.ropeLowFreqFactor, above: 0, doc: '(llama, ropeScaling = "llama3") rope_scaling.low_freq_factor.' },
       ropeHighFreqFactor: { kind: 'float', default: llama.ropeHighFreqFactor, above: 0, doc: '(llama, ropeScaling = "llama3") rope_scaling.high_freq_factor; above model.ropeLowFreqFactor.' },
       ropeOriginalMaxPositions: { kind: 'int', default: llama.ropeOriginalMaxPositions, min: 1, doc: '(llama, ropeScaling = "llama3") rope_scaling.original_max_position_embeddings.' },
-      slidingWindow: { kind: 'int', default: llama.slidingWindow, min: 0, doc: '(llama) Sliding-window attention (Mistral\'s sliding_window): a token reads the previous slidingWindow tokens of its document, itself included (query i reads key j when i - j < slidingWindow); 0 = full causal attention. Training (packed documents, context parallelism) and generation apply it; only model.family = "mistral" has one.' },
+      slidingWindow: { kind: 'int', default: llama.slidingWindow, min: 0, doc: '(llama) Sliding-window attention (Mistral\'s sliding_window): a token reads the previous slidingWindow tokens of its document, itself included (query i reads key j when i - j < slidingWindow); 0 = full causal attention. Training (packed documents, context parallelism) and generation apply it; model.family "mistral" (and a Mixtral: "mistral" with [moe]), "qwen2" or "qwen3" (use_sliding_window) has one.' },
+      windowFrom: { kind: 'int', default: llama.windowFrom, min: 0, doc: '(llama) The first block (0-based) with model.slidingWindow; the blocks below it attend with full causal attention (Qwen\'s max_window_layers; at most model.nLayer). 0 = every block windowed (Mistral, Mixtral).' },
     },
   },
   moe: {
@@ -199,6 +207,7 @@ export const configSchema: Schema<FlotillaConfig> = {
       experts: { kind: 'int', default: defaultMoEConfig.experts, min: 0, doc: 'Routed experts per MoE block; 0 = no mixture of experts (every MLP dense).' },
       topK: { kind: 'int', default: defaultMoEConfig.topK, min: 1, doc: 'Experts each token goes to; at most moe.experts.' },
       every: { kind: 'int', default: defaultMoEConfig.every, min: 1, doc: 'An MoE MLP in blocks every-1, 2 every-1, ... (1 = every block, 2 = every second block).' },
+      denseLayers: { kind: 'ints', default: defaultMoEConfig.denseLayers, doc: 'Blocks (0-based) that keep a dense MLP although moe.every places experts there (Qwen3-MoE\'s mlp_only_layers); e.g. [0] (on the command line: --moe.denseLayers=0,3).' },
       sharedExperts: { kind: 'int', default: defaultMoEConfig.sharedExperts, min: 0, doc: 'Experts every token goes through besides its routed ones (DeepSeek\'s shared experts).' },
       hidden: { kind: 'int', default: defaultMoEConfig.hidden, min: 0, doc: 'Hidden width of one expert; 0 = the dense MLP\'s (4 x model.nEmbd for the GPT, model.intermediateSize for the Llama).' },
       router: { kind: 'string', default: defaultMoEConfig.router, choices: ['softmax', 'sigmoid'], doc: 'Router scores: "softmax" over the experts, or each expert\'s own "sigmoid". A token\'s output is its experts\' outputs weighted by their scores. Scores are float32 under bf16-mixed; equal scores go to the lower expert index.' },
@@ -282,7 +291,7 @@ export const configSchema: Schema<FlotillaConfig> = {
       threads: { kind: 'int', default: 1, min: 1, doc: 'Intra-op CPU threads per rank.' },
       precision: { kind: 'string', default: 'fp32', choices: ['fp32', 'bf16-mixed'], doc: '"bf16-mixed": matmuls in bfloat16 with float32 master parameters, optimizer state and gradient buckets; softmax, norms, GELU and the loss in float32 (the op list is in src/nn/precision.ts). float16 is not supported (it would need loss scaling).' },
       activationCheckpoint: { kind: 'string', default: 'none', choices: ['none', 'full', 'selective'], doc: 'Per transformer block: "full" keeps only the block input and recomputes its forward in backward; "selective" also keeps each Linear\'s output and recomputes LayerNorms, the attention core and GELU; "none" keeps every activation (src/nn/checkpoint.ts).' },
-      kernels: { kind: 'string', default: 'eager', choices: ['eager', 'fused'], doc: 'The attention the models train with: "eager" computes it op by op (scores, mask, softmax, dropout), "fused" with one blocked kernel whose memory is linear in the sequence length (src/nn/kernels/attention.ts; the context-parallel ring\'s blocks too; attention with active dropout stays eager). `flotilla generate` decodes a run with its kernels.' },
+      kernels: { kind: 'string', default: 'eager', choices: ['eager', 'fused'], doc: 'Kernels of the training step (src/nn/kernels/). "fused": attention is one blocked kernel whose memory is linear in the sequence length (src/nn/kernels/attention.ts; the context-parallel ring\'s blocks too; attention with dropout stays eager), and the training loss is cross-entropy from the hidden state, the head\'s logits made a chunk of tokens at a time (a few MiB) and never whole, nor their gradient (src/nn/kernels/linear_cross_entropy.ts; vocab-parallel under parallel.lossParallel; LoRA on the head, a frozen bfloat16 head, a tp head without lossParallel and DPO compute logits as with "eager"); evaluation and generation still make logits (`flotilla generate` attends through the kernel a run trained with). "eager": every op on its own.' },
       epochs: { kind: 'int', default: 0, min: 0, doc: 'Passes over an example dataset (data.format other than "text"), each shuffled by train.seed; sets the number of steps (then train.steps is left at its default). 0 = train.steps decides.' },
       objective: { kind: 'string', default: 'lm', choices: ['lm', 'dpo'], doc: '"lm": next-token cross-entropy on the trained tokens; "dpo": direct preference optimisation on data.format = "preference" ([dpo]).' },
       initFrom: { kind: 'string', default: '', doc: 'Start from the weights of a checkpoint directory or an exported .safetensors file (step 0, fresh optimizer state; fine-tuning); a relative path starts from the config file\'s directory (on the command line, the current directory); "" = random init from train.seed.' },
@@ -334,9 +343,15 @@ export const configSchema: Schema<FlotillaConfig> = {
       peakTflops: { kind: 'float', default: 0, min: 0, doc: 'One rank\'s peak TFLOP/s, the MFU\'s denominator (0: measured once by a short matmul probe at the run\'s threads and precision, cached per CPU model).' },
     },
   },
+  slurm: {
+    doc: 'Running as a Slurm job (README "Running on a Slurm cluster"): a SIGUSR1 (sbatch --signal=USR1@90) or SIGTERM (scancel, preemption) on any rank saves a checkpoint at the end of the current step and stops the run.',
+    fields: {
+      requeue: { kind: 'bool', default: false, doc: 'After the checkpoint a SIGUSR1 asked for, rank 0 runs `scontrol requeue $SLURM_JOB_ID`; the requeued job (SLURM_RESTART_COUNT > 0) resumes from that checkpoint in the same run directory. A SIGTERM saves without requeueing. Needs checkpoint.dir: a directory every node of a later allocation sees.' },
+    },
+  },
 };
 
-export type AnyField = Omit<Field<unknown>, 'kind'> & { kind: 'int' | 'float' | 'bool' | 'string' | 'strings' | 'sources' };
+export type AnyField = Omit<Field<unknown>, 'kind'> & { kind: 'int' | 'float' | 'bool' | 'string' | 'strings' | 'ints' | 'sources' };
 export type RawConfig = Record<string, Record<string, unknown>>;
 
 export const sections = Object.keys(configSchema) as (keyof FlotillaConfig)[];

@@ -124,6 +124,9 @@ export function validateConfig(c: FlotillaConfig): string[] {
   }
   const split = globalBatchProblem({ globalBatch: c.data.globalBatch, microBatches: c.data.microBatches, dp: c.parallel.dp }, 'config');
   if (split) p.push(split);
+  if (c.slurm.requeue && c.checkpoint.dir.trim() === '') {
+    p.push('slurm.requeue = true resumes the requeued job from the checkpoint its signal saved, and the job may start again on other nodes: set checkpoint.dir to a directory on storage every node sees (e.g. --checkpoint.dir=/shared/ckpt/NAME)');
+  }
   return p;
 }
 

@@ -6,9 +6,12 @@
 //   3. srun (Slurm):              SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE
 //   4. nothing set:               a single process, rank 0 of 1
 // Under mpirun and srun, MASTER_ADDR / MASTER_PORT still come from the environment when set
-// (default 127.0.0.1:29500): neither launcher says where rank 0 listens.
+// (default 127.0.0.1:29500): neither launcher says where rank 0 listens. A Slurm job on several
+// nodes without them meets at the first host of SLURM_JOB_NODELIST on a port derived from
+// SLURM_JOB_ID ([Note: slurm port] in slurm_vars.ts).
 import { networkInterfaces } from 'node:os';
 import { allocatorChoice } from '../tensor/allocator.js';
+import { expandHostlist, slurmPort } from './slurm_vars.js';
 
 export type LaunchSource = 'torchrun' | 'mpirun' | 'srun' | 'single';
 
@@ -77,6 +80,32 @@ function slurmTasksPerNode(env: Env): number | undefined {
   return Number(m[1]);
 }
 
+/**
+ * Where the ranks of a Slurm job on several nodes meet when MASTER_ADDR / MASTER_PORT are not set:
+ * the first host of SLURM_JOB_NODELIST, on the job's port ([Note: slurm port] in slurm_vars.ts).
+ * On one node the defaults (loopback) stand.
+ */
+function slurmMaster(env: Env): { masterAddr?: string; masterPort?: number } {
+  const nodes = Number((env.SLURM_NNODES ?? env.SLURM_JOB_NUM_NODES ?? '1').trim() || 1);
+  if (!(nodes > 1)) return {};
+  const out: { masterAddr?: string; masterPort?: number } = {};
+  const first = present(env, 'MASTER_ADDR') ? undefined : slurmFirstHost(env);
+  if (first !== undefined) out.masterAddr = first;
+  if (!present(env, 'MASTER_PORT') && present(env, 'SLURM_JOB_ID')) out.masterPort = slurmPort(intVar(env, 'SLURM_JOB_ID'));
+  return out;
+}
+
+/** The first host of SLURM_JOB_NODELIST (or SLURM_NODELIST), where a Slurm job's node 0 runs; undefined without one. */
+export function slurmFirstHost(env: Env = process.env): string | undefined {
+  const list = env.SLURM_JOB_NODELIST?.trim() || env.SLURM_NODELIST?.trim();
+  if (!list) return undefined;
+  try {
+    return expandHostlist(list)[0];
+  } catch (e) {
+    throw new LaunchEnvError(`SLURM_JOB_NODELIST: ${(e as Error).message}`);
+  }
+}
+
 function check(e: LaunchEnv, names: { rank: string; size: string; localRank: string; localSize: string }): LaunchEnv {
   if (e.rank >= e.worldSize) {
     throw new LaunchEnvError(`${names.rank}=${e.rank} is not below ${names.size}=${e.worldSize}`);
@@ -111,8 +140,9 @@ export function readLaunchEnv(env: Env = process.env): LaunchEnv {
   if (present(env, 'SLURM_PROCID')) {
     if (!present(env, 'SLURM_NTASKS')) throw new LaunchEnvError('SLURM_PROCID is set but SLURM_NTASKS is not');
     // Slurm gives the tasks per node as a list ("2(x3),1"), not a number: read its first count.
-    return fromVars(env, 'srun', { rank: 'SLURM_PROCID', size: 'SLURM_NTASKS', localRank: 'SLURM_LOCALID', localSize: 'SLURM_TASKS_PER_NODE' },
+    const e = fromVars(env, 'srun', { rank: 'SLURM_PROCID', size: 'SLURM_NTASKS', localRank: 'SLURM_LOCALID', localSize: 'SLURM_TASKS_PER_NODE' },
       (e) => (present(e, 'SLURM_LOCALID') ? slurmTasksPerNode(e) : undefined));
+    return { ...e, ...slurmMaster(env) };
   }
   return {
     rank: 0, worldSize: 1, localRank: 0, localWorldSize: 1,

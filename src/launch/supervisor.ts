@@ -11,10 +11,13 @@
 // - a rank stopped (SIGSTOP, a debugger) for the heartbeat timeout is hung (heartbeat.ts) and killed;
 // - SIGINT/SIGTERM to the launcher go to the ranks (a second one kills them); a SIGINT reaches the
 //   ranks' own processes so that flotilla ranks save a checkpoint and stop after their step, and a run
-//   whose ranks all stopped cleanly after it succeeded;
+//   whose ranks all stopped cleanly after it succeeded; in a Slurm job SIGUSR1 (the time limit is
+//   near) and SIGTERM (scancel, preemption) do the same, and repeated ones are forwarded too, since
+//   Slurm kills what is left itself ([Note: slurm stop] in src/train/checkpointing.ts);
 // - another node's failure (the heartbeat) stops this node's ranks.
 import { constants as osConstants } from 'node:os';
 import { timedOutRanks } from '../distributed/launcher_channel.js';
+import { inSlurmJob } from '../distributed/slurm_vars.js';
 import { watchStopped, type HeartbeatConfig } from './heartbeat.js';
 
 export interface SupervisorIO {
@@ -94,6 +97,13 @@ export class Supervisor {
   private firstTimeout: { rank: number; code: number | null; signal: NodeJS.Signals | null } | undefined;
   private readonly stopWatch: () => void;
   private readonly onSignal = (signal: NodeJS.Signals): void => this.signalled(signal);
+  private readonly slurm = inSlurmJob();
+  private readonly signals: NodeJS.Signals[] = this.slurm ? ['SIGINT', 'SIGTERM', 'SIGUSR1'] : ['SIGINT', 'SIGTERM'];
+
+  /** Whether flotilla ranks answer `signal` with a checkpoint and a clean stop ([Note: slurm stop]). */
+  private savesOn(signal: NodeJS.Signals): boolean {
+    return signal === 'SIGINT' || (this.slurm && (signal === 'SIGUSR1' || signal === 'SIGTERM'));
+  }
 
   constructor(private readonly o: SupervisorOptions) {
     this.running = new Set(o.ranks);
@@ -102,10 +112,7 @@ export class Supervisor {
       o.heartbeat,
       (label, pid, ms) => this.hung(Number(label), pid, ms),
     );
-    if (o.io.handleSignals) {
-      process.on('SIGINT', this.onSignal);
-      process.on('SIGTERM', this.onSignal);
-    }
+    if (o.io.handleSignals) for (const sig of this.signals) process.on(sig, this.onSignal);
   }
 
   private say(msg: string): void {
@@ -218,6 +225,15 @@ export class Supervisor {
   }
 
   private signalled(signal: NodeJS.Signals): void {
+    const slurmStop = signal !== 'SIGINT' && this.savesOn(signal);
+    if (slurmStop && (this.outcome.kind === 'interrupted' || this.outcome.kind === 'ok')) {
+      // Slurm's stop: to the ranks' own processes, no deadline of ours (Slurm's KillWait or GraceTime is it).
+      if (this.outcome.kind === 'ok') this.outcome = { kind: 'interrupted', signal };
+      this.stopping = true;
+      this.say(`received ${signal}; forwarding it to the ranks (they save a checkpoint after this step)`);
+      for (const { pid } of this.pids()) kill(pid, signal);
+      return;
+    }
     if (this.outcome.kind === 'interrupted') {
       this.say(`second ${signal}: killing the ranks`);
       this.stopAll('SIGKILL');
@@ -243,11 +259,8 @@ export class Supervisor {
     if (this.killTimer) clearTimeout(this.killTimer);
     if (this.stallTimer) clearTimeout(this.stallTimer);
     this.stallTimer = undefined;
-    if (this.o.io.handleSignals) {
-      process.off('SIGINT', this.onSignal);
-      process.off('SIGTERM', this.onSignal);
-    }
-    if (this.outcome.kind === 'interrupted' && this.outcome.signal === 'SIGINT' && this.cleanExits && this.running.size === 0) return { kind: 'ok' };
+    if (this.o.io.handleSignals) for (const sig of this.signals) process.off(sig, this.onSignal);
+    if (this.outcome.kind === 'interrupted' && this.savesOn(this.outcome.signal) && this.cleanExits && this.running.size === 0) return { kind: 'ok' };
     return this.outcome;
   }
 }

@@ -8,6 +8,8 @@ import { type Tensor, noGrad } from '../tensor/index.js';
 import { seedParameter } from '../nn/init.js';
 import { Module, Embedding, LayerNorm, Linear, Dropout, Block, F, deferParameters } from '../nn/index.js';
 import { castFor } from '../nn/precision.js';
+import { LMHead, runHead, headOutput } from '../nn/kernels/lm_head.js';
+import { IGNORE_INDEX } from '../parallel/parallel_model.js';
 import { isMoELayer } from '../nn/moe_config.js';
 import { KVCache } from '../nn/kv_cache.js';
 import { tokenPositions } from '../nn/sequence_shard.js';
@@ -62,7 +64,7 @@ abstract class GPTParts extends Module {
   readonly drop?: Dropout;
   readonly layers!: BlockRange;
   readonly lnF?: LayerNorm;
-  readonly head?: Linear;
+  readonly head?: LMHead;
 
   protected constructor(cfg: Partial<GPTConfig>, spec: GPTStageSpec, opts: GPTBuildOptions) {
     super();
@@ -101,7 +103,7 @@ abstract class GPTParts extends Module {
       // stage with the head but not the embedding holds its own copy (same initial values); the
       // pipeline sums the two copies' gradients (declared tied in src/models/gpt_parallel.ts).
       const shared = c.tieEmbeddings ? this.wte?.weight : undefined;
-      self.head = this.registerModule('head', new Linear(c.nEmbd, c.vocabSize, { bias: false, weight: shared }));
+      self.head = this.registerModule('head', new LMHead(c.nEmbd, c.vocabSize, { bias: false, weight: shared }));
     }
   }
 
@@ -133,7 +135,8 @@ abstract class GPTParts extends Module {
 
   /**
    * input: (B, T) int64 token ids where this part holds the embeddings, else hidden states
-   * (B, T, C). Returns logits (B, T, vocab) where it holds the head, else hidden states (B, T, C).
+   * (B, T, C). Returns logits (B, T, vocab) where it holds the head (in a fused training forward,
+   * the final norm's output waiting for its head, [Note: deferred head]), else hidden states (B, T, C).
    */
   protected runParts(input: Tensor): Tensor {
     let x = input;
@@ -145,17 +148,19 @@ abstract class GPTParts extends Module {
     }
     // Each block checkpoints itself when activation checkpointing is on (Block.forward, src/nn/checkpoint.ts).
     for (const b of this.layers.items) x = b.call(x);
-    if (this.head) x = this.head.call(this.lnF!.call(x)); // (B, T, vocab)
+    if (this.head) x = runHead(this.head, this.lnF!.call(x)); // (B, T, vocab)
     return x;
   }
 }
 
 /**
- * Cross-entropy of logits (B, T, vocab) against targets (B, T), IGNORE_INDEX (-100) targets left
- * out: the mean over the trained targets, or their sum with { reduction: 'sum' } (what the layouts
+ * Cross-entropy of logits (B, T, vocab), or of a hidden state waiting for its head, against targets
+ * (B, T), IGNORE_INDEX (-100) targets left out: the mean over the trained targets, or their sum with { reduction: 'sum' } (what the layouts
  * divide by the global batch's trained tokens).
  */
-export function gptLoss(logits: Tensor, targets: Tensor, o: { reduction?: 'mean' | 'sum' } = {}): Tensor {
+export function gptLoss(output: Tensor, targets: Tensor, o: { reduction?: 'mean' | 'sum' } = {}): Tensor {
+  const logits = headOutput(output, { targets }); // the summed loss itself from a waiting head ([Note: deferred head])
+  if (logits.ndim === 0) return o.reduction === 'sum' ? logits : logits.div(targets.ne(IGNORE_INDEX).sum());
   const [B, T, V] = logits.shape as [number, number, number];
   const [l] = castFor('loss', logits) as [Tensor]; // float32 under bf16-mixed (src/nn/precision.ts)
   return F.crossEntropy(l.view(B * T, V), targets.reshape(B * T), { reduction: o.reduction ?? 'mean' });
@@ -167,7 +172,7 @@ export class GPT extends GPTParts {
   declare readonly wpe: Embedding;
   declare readonly drop: Dropout;
   declare readonly lnF: LayerNorm;
-  declare readonly head: Linear;
+  declare readonly head: LMHead;
 
   constructor(cfg: Partial<GPTConfig> = {}, opts: GPTBuildOptions = {}) {
     const c = checkConfig(cfg);
@@ -198,7 +203,11 @@ export class GPT extends GPTParts {
     return this.head.call(this.lnF.call(x));
   }
 
-  /** idx: (B, T) int64 token ids. With targets (B, T) also returns the mean cross-entropy loss. */
+  /**
+   * idx: (B, T) int64 token ids. With targets (B, T) also returns the mean cross-entropy loss. Under
+   * kernels "fused" ([Note: kernel choice]), a forward with gradients on returns the final norm's output as `logits`,
+   * for gptLoss (logitsOf makes the logits of it).
+   */
   forward(idx: Tensor, targets?: Tensor): { logits: Tensor; loss?: Tensor } {
     const logits = this.runParts(idx);
     if (!targets) return { logits };

@@ -19,6 +19,7 @@ import { type Tensor, type DType, cat, keep, noGrad, ones, tensor, isGradEnabled
 import { seedParameter } from '../nn/init.js';
 import { Module, Embedding, Linear, RMSNorm, Dropout, deferParameters } from '../nn/index.js';
 import { castFor } from '../nn/precision.js';
+import { LMHead, runHead } from '../nn/kernels/lm_head.js';
 import { activationCheckpointMode, checkpointBlock, checkpointRegion } from '../nn/checkpoint.js';
 import { gptLoss, type GPTBuildOptions, type GPTStageSpec } from './gpt.js';
 import { KVCache } from '../nn/kv_cache.js';
@@ -28,7 +29,7 @@ import { kernelChoice } from '../nn/kernels/choice.js';
 import { fusedAttention } from '../nn/kernels/attention.js';
 import { MoE } from '../nn/moe.js';
 import { isMoELayer, type MoEConfig } from '../nn/moe_config.js';
-import { resolveLlamaConfig, type LlamaConfig } from './llama_config.js';
+import { layerWindow, resolveLlamaConfig, type LlamaConfig } from './llama_config.js';
 
 export { defaultLlamaConfig, llamaIntermediateSize, llamaNumParams, resolveLlamaConfig, type LlamaConfig } from './llama_config.js';
 
@@ -115,15 +116,15 @@ export class RotaryTables {
 
   /**
    * The causal mask as an additive bias for `group` query heads stacked along the rows: (group T, T),
-   * 0 where a query may see a key and -inf where not; with cfg.slidingWindow = W > 0 query i sees
-   * keys j with i - W < j <= i only. Kept per (dtype, T, group).
+   * 0 where a query may see a key and -inf where not; with a sliding `window` W > 0 (the block's:
+   * layerWindow) query i sees keys j with i - W < j <= i only. Kept per (dtype, T, group, W).
    */
-  causalBias(dtype: DType, T: number, group: number): Tensor {
-    const key = `${dtype}:${T}:${group}`;
+  causalBias(dtype: DType, T: number, group: number, window: number): Tensor {
+    const key = `${dtype}:${T}:${group}:${window}`;
     let b = this.biases.get(key);
     if (!b) {
       b = noGrad(() => {
-        const W = this.cfg.slidingWindow;
+        const W = window;
         const allowed = W > 0 ? ones([T, T], { dtype: 'bool' }).tril().triu(-(W - 1)) : ones([T, T], { dtype: 'bool' }).tril();
         return keep(zerosLike(allowed, { dtype }).maskedFill(allowed.logicalNot(), -Infinity).repeat(group, 1));
       });
@@ -170,6 +171,14 @@ export interface LlamaLayerConfig {
   moe?: MoEConfig;
 }
 
+/** What differs between a Llama's blocks (decided by the block's global index, llama_config.ts / moe_config.ts). */
+export interface LlamaBlockOptions {
+  /** An MoE MLP (cfg.moe's settings). */
+  moe?: boolean;
+  /** Sliding attention window of this block (layerWindow); 0 = full causal attention. */
+  window?: number;
+}
+
 /**
  * Causal grouped-query self-attention with rotary positions. It sizes its work from its
  * projections' outputs (tensor parallelism leaves this rank nHead / tp query heads and
@@ -186,9 +195,12 @@ export class LlamaAttention extends Module {
   /** Qwen3's norms of each query and key head (weights of headDim, shared by the heads). */
   readonly qNorm?: RMSNorm;
   readonly kNorm?: RMSNorm;
+  /** This block's sliding window (0 = full causal attention): training, the cp ring and generation read it. */
+  readonly window: number;
 
-  constructor(cfg: LlamaLayerConfig, readonly rope: RotaryTables) {
+  constructor(cfg: LlamaLayerConfig, readonly rope: RotaryTables, window = 0) {
     super();
+    this.window = window;
     const C = cfg.nEmbd, hd = (this.headDim = cfg.headDim);
     const qkv = (cfg.attnBias ?? 'none') !== 'none', o = cfg.attnBias === 'all';
     this.q = this.registerModule('q', new Linear(C, cfg.nHead * hd, { bias: qkv }));
@@ -241,7 +253,7 @@ export class LlamaAttention extends Module {
     // Under context parallelism the tokens are chunks of longer sequences, rotated at their global
     // positions, and attention over the whole sequence comes from the shard ([Note: sequence shard]).
     // Packed rows restart positions at each document ([Note: documents]; under a shard, this rank's chunks of them).
-    const shard = sequenceShard(), docs = documents(), window = this.rope.cfg.slidingWindow;
+    const shard = sequenceShard(), docs = documents(), window = this.window;
     const { cos, sinSigned } = docs ? this.rope.at(rd, docs.positions)
       : shard ? this.rope.at(rd, shard.positions(T).view(1, T))
         : typeof positions === 'number' ? this.rope.slice(rd, positions, T) : this.rope.at(rd, positions);
@@ -269,7 +281,7 @@ export class LlamaAttention extends Module {
     // One baddbmm: the scale is the GEMM's alpha (applied to the accumulated product, as matmul then
     // mul would), the causal mask an additive 0 / -inf bias: no separate passes over the (T, T) scores.
     // Packed rows: causal within each document (and its window), a bias per row, kept for every layer.
-    const bias = docs ? docs.bias(qg.dtype, nkv, group, window) : this.rope.causalBias(qg.dtype, T, group).expand(B * nkv, group * T, T);
+    const bias = docs ? docs.bias(qg.dtype, nkv, group, window) : this.rope.causalBias(qg.dtype, T, group, window).expand(B * nkv, group * T, T);
     let att = bias
       .baddbmm(qg, kt, { alpha: 1 / Math.sqrt(hd) })
       .view(B, nh, T, T);
@@ -341,10 +353,10 @@ export class LlamaBlock extends Module {
   readonly mlpNorm: RMSNorm;
   readonly mlp: LlamaMLP | MoE;
   readonly dropout: number;
-  constructor(cfg: LlamaLayerConfig, rope: RotaryTables, opts: { moe?: boolean } = {}) {
+  constructor(cfg: LlamaLayerConfig, rope: RotaryTables, opts: LlamaBlockOptions = {}) {
     super();
     this.attnNorm = this.registerModule('attnNorm', new RMSNorm(cfg.nEmbd, cfg.rmsNormEps));
-    this.attn = this.registerModule('attn', new LlamaAttention(cfg, rope));
+    this.attn = this.registerModule('attn', new LlamaAttention(cfg, rope, opts.window ?? 0));
     this.mlpNorm = this.registerModule('mlpNorm', new RMSNorm(cfg.nEmbd, cfg.rmsNormEps));
     if (opts.moe && !cfg.moe) throw new Error('LlamaBlock: { moe: true } needs cfg.moe (the mixture-of-experts settings)');
     this.mlp = this.registerModule('mlp', opts.moe ? new MoE(cfg.moe!, cfg.nEmbd, cfg.intermediateSize, 'swiglu', false) : new LlamaMLP(cfg));
@@ -380,7 +392,7 @@ abstract class LlamaParts extends Module {
   readonly wte?: Embedding;
   readonly layers!: LlamaLayers;
   readonly norm?: RMSNorm;
-  readonly head?: Linear;
+  readonly head?: LMHead;
 
   protected constructor(cfg: Partial<LlamaConfig>, spec: GPTStageSpec, opts: GPTBuildOptions) {
     super();
@@ -410,13 +422,13 @@ abstract class LlamaParts extends Module {
     const [first, end] = this.spec.layers;
     const self = this as { -readonly [K in 'wte' | 'layers' | 'norm' | 'head']: LlamaParts[K] };
     if (this.spec.embed) self.wte = this.registerModule('wte', new Embedding(c.vocabSize, c.nEmbd));
-    self.layers = this.registerModule('layers', new LlamaLayers(first, Array.from({ length: end - first }, (_, i) => new LlamaBlock(c, this.rope, { moe: isMoELayer(c.moe, first + i) }))));
+    self.layers = this.registerModule('layers', new LlamaLayers(first, Array.from({ length: end - first }, (_, i) => new LlamaBlock(c, this.rope, { moe: isMoELayer(c.moe, first + i), window: layerWindow(c, first + i) }))));
     if (this.spec.head) {
       self.norm = this.registerModule('norm', new RMSNorm(c.nEmbd, c.rmsNormEps));
       // Tied: the head reuses the embedding matrix; a last stage without the embedding holds a copy
       // the pipeline keeps equal (declared tied in llama_parallel.ts).
       const shared = c.tieEmbeddings ? this.wte?.weight : undefined;
-      self.head = this.registerModule('head', new Linear(c.nEmbd, c.vocabSize, { bias: false, weight: shared }));
+      self.head = this.registerModule('head', new LMHead(c.nEmbd, c.vocabSize, { bias: false, weight: shared }));
     }
   }
 
@@ -447,7 +459,7 @@ abstract class LlamaParts extends Module {
       x = this.wte.call(input);
     }
     for (const b of this.layers.items) x = b.call(x);
-    if (this.head) x = this.head.call(this.norm!.call(x));
+    if (this.head) x = runHead(this.head, this.norm!.call(x)); // [Note: deferred head]
     return x;
   }
 
@@ -461,7 +473,7 @@ abstract class LlamaParts extends Module {
 export class Llama extends LlamaParts {
   declare readonly wte: Embedding;
   declare readonly norm: RMSNorm;
-  declare readonly head: Linear;
+  declare readonly head: LMHead;
 
   constructor(cfg: Partial<LlamaConfig> = {}, opts: GPTBuildOptions = {}) {
     const c = resolveLlamaConfig(cfg);
@@ -484,9 +496,12 @@ export class Llama extends LlamaParts {
     if (cache.length + T > this.cfg.blockSize) throw new Error(`Llama: ${cache.length + T} positions exceed blockSize ${this.cfg.blockSize}`);
     let x = this.wte.call(idx);
     // A sliding window masks keys older than the window; the cache keeps them (memory as without one).
-    const allowed = cache.allowed(T, this.cfg.slidingWindow);
+    // Blocks may differ in window (model.windowFrom): one mask per window.
+    const allowed = new Map<number, Tensor | undefined>();
     this.layers.items.forEach((b, i) => {
-      const h = x.add(llamaAttentionDecode(b.attn, b.attnNorm.call(x), cache, i, allowed));
+      const w = b.attn.window;
+      if (!allowed.has(w)) allowed.set(w, cache.allowed(T, w));
+      const h = x.add(llamaAttentionDecode(b.attn, b.attnNorm.call(x), cache, i, allowed.get(w)));
       x = h.add(b.mlp.call(b.mlpNorm.call(h)));
     });
     cache.advance(T);

@@ -1,10 +1,7 @@
-// The Llama's config, its derived fields and the rules on its shapes, apart from the model's code:
-// the config's validation (src/config) and the launcher read them without loading the tensor library.
-import type { ModelRules, ShapeContext } from './spec.js';
-import type { LinearShape } from '../nn/lora_targets.js';
-import { mixtralHf } from './mixtral_hf.js';
-import { qwen3MoeHf } from './qwen3_moe_hf.js';
-import { checkMoEConfig, isMoELayer, moeActiveParams, moeLayerParams, moeProblems, type MoEConfig } from '../nn/moe_config.js';
+// The Llama's config and its derived fields, apart from the model's code: the config's validation
+// (src/config), the launcher and the Hugging Face maps read them without loading the tensor library
+// (the rules on its shapes: llama_rules.ts).
+import { checkMoEConfig, isMoELayer, moeLayerParams, type MoEConfig } from '../nn/moe_config.js';
 
 /**
  * The Hugging Face families the Llama's options cover (what `flotilla export --format hf` writes and
@@ -51,6 +48,11 @@ export interface LlamaConfig {
    * i - j < slidingWindow (positions within its document); 0 = full causal attention.
    */
   slidingWindow: number;
+  /**
+   * The first block (global index) with the sliding window; blocks below it attend with full causal
+   * attention (Qwen's max_window_layers). 0 = every block windowed (Mistral, Mixtral).
+   */
+  windowFrom: number;
   /** Mixture of experts (the [moe] section): an MoE MLP every moe.every blocks when moe.experts > 0. */
   moe?: MoEConfig;
 }
@@ -59,7 +61,13 @@ export const defaultLlamaConfig: LlamaConfig = {
   vocabSize: 256, blockSize: 128, nLayer: 4, nHead: 4, nKvHead: 0, nEmbd: 128, headDim: 0, intermediateSize: 0,
   rmsNormEps: 1e-5, ropeTheta: 10000, ropeScaling: 'none', ropeFactor: 8, ropeLowFreqFactor: 1, ropeHighFreqFactor: 4,
   ropeOriginalMaxPositions: 8192, dropout: 0, tieEmbeddings: false, family: 'llama', attnBias: 'none', qkNorm: false, slidingWindow: 0,
+  windowFrom: 0,
 };
+
+/** Block `layer`'s (global index) sliding window: model.slidingWindow from block model.windowFrom on, else 0 (full causal). */
+export function layerWindow(c: Pick<LlamaConfig, 'slidingWindow'> & { windowFrom?: number }, layer: number): number {
+  return layer >= (c.windowFrom ?? 0) ? c.slidingWindow : 0;
+}
 
 /** Llama's MLP width for a model width: int(8/3 nEmbd) rounded up to a multiple of 64. */
 export function llamaIntermediateSize(nEmbd: number): number {
@@ -74,6 +82,7 @@ export function resolveLlamaConfig(cfg: Partial<LlamaConfig>): LlamaConfig {
     if (!Number.isInteger(c[k]) || c[k] <= 0) throw new Error(`Llama: ${k} must be a positive integer, got ${c[k]}`);
   }
   if (!Number.isInteger(c.slidingWindow) || c.slidingWindow < 0) throw new Error(`Llama: slidingWindow must be a whole number >= 0 (0 = full causal attention), got ${c.slidingWindow}`);
+  if (!Number.isInteger(c.windowFrom) || c.windowFrom < 0 || c.windowFrom > c.nLayer) throw new Error(`Llama: windowFrom must be a whole number from 0 to nLayer (${c.nLayer}), got ${c.windowFrom}`);
   if (c.nKvHead === 0) c.nKvHead = c.nHead;
   if (c.headDim === 0) {
     if (c.nEmbd % c.nHead !== 0) throw new Error(`Llama: nEmbd (${c.nEmbd}) must be divisible by nHead (${c.nHead}), or set headDim`);
@@ -106,12 +115,15 @@ export function llamaNumParams(cfg: Partial<LlamaConfig>): number {
 
 /**
  * What the config's family cannot express (its Hugging Face class has no such model): empty, or
- * one message naming the fields to set.
+ * one message naming the fields to set. A Llama with experts is a Mixtral (family "llama", or
+ * "mistral" with a sliding window) or a Qwen3-MoE (family "qwen3"): mixtral_hf.ts, qwen3_moe_hf.ts.
  */
-export function llamaFamilyProblems(m: Pick<LlamaConfig, 'family' | 'attnBias' | 'qkNorm'> & { slidingWindow?: number }): string[] {
+export function llamaFamilyProblems(m: Pick<LlamaConfig, 'family' | 'attnBias' | 'qkNorm'> & { slidingWindow?: number; windowFrom?: number }): string[] {
   const where = `model.family = "${m.family}"`, got = `(got model.attnBias = "${m.attnBias}", model.qkNorm = ${m.qkNorm})`;
-  // Only MistralForCausalLM has a sliding window (Qwen's use_sliding_window is refused by qwen_hf.ts).
-  if ((m.slidingWindow ?? 0) > 0 && m.family !== 'mistral') return [`${where} has no sliding window: set model.family = "mistral" (MistralForCausalLM), or model.slidingWindow = 0 (got model.slidingWindow = ${m.slidingWindow})`];
+  const w = m.slidingWindow ?? 0, from = m.windowFrom ?? 0;
+  // Mistral and Mixtral window every layer; Qwen2/Qwen3 (and Qwen3-MoE) from max_window_layers on.
+  if (w > 0 && m.family === 'llama') return [`${where} has no sliding window: set model.family = "mistral" (MistralForCausalLM, or MixtralForCausalLM with [moe]), "qwen2" or "qwen3", or model.slidingWindow = 0 (got model.slidingWindow = ${w})`];
+  if (w > 0 && from > 0 && m.family === 'mistral') return [`${where} windows every layer (sliding_window): set model.windowFrom = 0, or model.family = "qwen2" or "qwen3" (max_window_layers) (got model.windowFrom = ${from})`];
   switch (m.family) {
     case 'mistral':
       return m.attnBias !== 'none' || m.qkNorm ? [`${where} (MistralForCausalLM) has no attention biases and no q/k norms: set model.attnBias = "none" and model.qkNorm = false ${got}`] : [];
@@ -126,86 +138,3 @@ export function llamaFamilyProblems(m: Pick<LlamaConfig, 'family' | 'attnBias' |
       return [];
   }
 }
-
-/** Every problem of a Llama config under a layout, each naming the field and the fix. */
-function llamaShapeProblems(m: LlamaConfig, ctx: ShapeContext): string[] {
-  const p: string[] = [...moeProblems(m.moe, m.nLayer), ...llamaFamilyProblems(m)];
-  if (m.headDim === 0 && m.nEmbd % m.nHead !== 0) p.push(`model.nEmbd (${m.nEmbd}) must be divisible by model.nHead (${m.nHead}), or set model.headDim`);
-  const nKv = m.nKvHead === 0 ? m.nHead : m.nKvHead;
-  if (m.nHead % nKv !== 0) p.push(`model.nKvHead (${nKv}) must divide model.nHead (${m.nHead}) (grouped-query attention: 1 = multi-query, model.nHead = multi-head)`);
-  const hd = m.headDim || (m.nEmbd % m.nHead === 0 ? m.nEmbd / m.nHead : 0);
-  if (hd % 2 !== 0) p.push(`the head width (model.headDim, or model.nEmbd / model.nHead) = ${hd} must be even: rotary embeddings rotate pairs`);
-  if (m.ropeScaling === 'llama3' && !(m.ropeHighFreqFactor > m.ropeLowFreqFactor)) {
-    p.push(`model.ropeHighFreqFactor (${m.ropeHighFreqFactor}) must be above model.ropeLowFreqFactor (${m.ropeLowFreqFactor}) with model.ropeScaling = "llama3"`);
-  }
-  const w = m.slidingWindow ?? 0;
-  if (!Number.isInteger(w) || w < 0) p.push(`model.slidingWindow (${w}) must be a whole number >= 0 (0 = full causal attention)`);
-  if (ctx.seqLen > m.blockSize) p.push(`data.seqLen (${ctx.seqLen}) must be <= model.blockSize (${m.blockSize}); lower data.seqLen or raise model.blockSize`);
-  const stages = ctx.pp * ctx.ppVirtualStages;
-  if (ctx.pp > 1 && m.nLayer < stages) {
-    p.push(`parallel.pp x parallel.ppVirtualStages = ${stages} pipeline stages need model.nLayer >= ${stages} (got ${m.nLayer}); lower parallel.pp or ppVirtualStages, or raise model.nLayer`);
-  }
-  if (ctx.tp > 1) {
-    // What the plan splits: query and key/value heads, the MLP width, the vocabulary (0 until the
-    // tokenizer resolves it), and tokens under sequence parallelism.
-    const I = m.intermediateSize || llamaIntermediateSize(m.nEmbd);
-    const checks: [string, number][] = [
-      ['model.nHead', m.nHead], ['model.nKvHead (key/value heads are split over tp)', nKv],
-      [`model.intermediateSize (the MLP width${m.intermediateSize ? '' : ', derived from model.nEmbd'})`, I], ['model.vocabSize', m.vocabSize],
-    ];
-    if (ctx.sequenceParallel) checks.push(['data.seqLen (sequence parallelism shards tokens)', ctx.seqLen]);
-    for (const [what, v] of checks) {
-      if (v % ctx.tp !== 0) p.push(`${what} = ${v} does not divide by parallel.tp = ${ctx.tp}; choose a tp that divides it${what === 'model.vocabSize' ? ' (or pad the vocabulary: set model.vocabSize to a multiple of tp)' : ''}`);
-    }
-  }
-  return p;
-}
-
-/** The Llama's shape rules (the light part of its spec; [Note: model registry] in registry.ts). */
-export const llamaRules: ModelRules<LlamaConfig> = {
-  arch: 'llama',
-  describe: (m) => {
-    const c = resolveLlamaConfig(m);
-    return `Llama ${c.nLayer} layers, ${c.nHead} heads (${c.nKvHead} key/value) of ${c.headDim}, width ${c.nEmbd}, MLP ${c.intermediateSize}, context ${c.blockSize}` +
-      (c.ropeScaling === 'llama3' ? `, rope theta ${c.ropeTheta} scaled (llama3, factor ${c.ropeFactor})` : `, rope theta ${c.ropeTheta}`) + (c.tieEmbeddings ? ', tied head' : '') +
-      (c.attnBias !== 'none' ? `, attention biases (${c.attnBias})` : '') + (c.qkNorm ? ', q/k norms' : '') + (c.family !== 'llama' ? ` (${c.family})` : '') + (c.slidingWindow ? `, sliding window ${c.slidingWindow}` : '');
-  },
-  numParams: (m) => llamaNumParams(m),
-  flopShape(m, seqLen) {
-    // Per block q, k, v (nKvHead heads wide) and o, the SwiGLU (gate, up, down) or the MoE's active experts; the head.
-    // A sliding window caps the keys a query reads.
-    const c = resolveLlamaConfig(m), C = c.nEmbd, A = c.nHead * c.headDim, KV = c.nKvHead * c.headDim, I = c.intermediateSize;
-    let n = C * c.vocabSize;
-    for (let i = 0; i < c.nLayer; i++) n += 2 * C * A + 2 * C * KV + (isMoELayer(c.moe, i) ? moeActiveParams(c.moe!, C, 3 * C * (c.moe!.hidden || I)) : 3 * C * I);
-    const keys = c.slidingWindow > 0 ? Math.min(seqLen, c.slidingWindow) : seqLen;
-    return { matmulParams: n, attention: Array.from({ length: c.nLayer }, () => ({ width: A, keys })) };
-  },
-  linears(m) {
-    // transformers' LlamaForCausalLM names (llama_hf.ts); an MoE block's experts are stacks of Linears. The
-    // head's width is 0 while the vocabulary is not resolved (model.vocabSize = 0 = the tokenizer's).
-    const c = { ...resolveLlamaConfig({ ...m, vocabSize: m.vocabSize || 1 }), vocabSize: m.vocabSize }, C = c.nEmbd, A = c.nHead * c.headDim, KV = c.nKvHead * c.headDim, I = c.intermediateSize;
-    const out: LinearShape[] = [];
-    const stacks = new Map<string, string>();
-    if (c.moe && c.moe.experts > 0) {
-      const fits = [mixtralHf, qwen3MoeHf].find((f) => f.misfit!(m) === undefined);
-      for (const t of fits?.tensors(m) ?? []) if (t.stack) stacks.set(t.name, t.hf.slice(0, -'.weight'.length).replace(/\.experts\.\d+\./, '.experts.'));
-    }
-    const lin = (path: string, hf: string | undefined, inFeatures: number, outFeatures: number): LinearShape => ({ path, ...(hf ? { hf } : {}), inFeatures, outFeatures });
-    for (let i = 0; i < c.nLayer; i++) {
-      const f = `layers.${i}.`, h = `model.layers.${i}.`;
-      out.push(lin(`${f}attn.q`, `${h}self_attn.q_proj`, C, A), lin(`${f}attn.k`, `${h}self_attn.k_proj`, C, KV), lin(`${f}attn.v`, `${h}self_attn.v_proj`, C, KV), lin(`${f}attn.o`, `${h}self_attn.o_proj`, A, C));
-      if (!isMoELayer(c.moe, i)) out.push(lin(`${f}mlp.gate`, `${h}mlp.gate_proj`, C, I), lin(`${f}mlp.up`, `${h}mlp.up_proj`, C, I), lin(`${f}mlp.down`, `${h}mlp.down_proj`, I, C));
-      else {
-        // The experts' projections, stacks of per-expert Linears ([Note: LoRA on experts]), named as
-        // the Hugging Face class this config writes names them (Mixtral's w1/w3/w2, Qwen3-MoE's
-        // gate_proj/up_proj/down_proj), without the expert's index; none when no class fits.
-        const E = c.moe!.experts, H = c.moe!.hidden || I;
-        const e = (name: string, inF: number, outF: number): LinearShape => ({ ...lin(`${f}mlp.experts.${name}`, stacks.get(`${f}mlp.experts.${name}`), inF, outF), experts: E });
-        out.push(e('gate', C, H), e('up', C, H), e('down', H, C));
-      }
-    }
-    out.push(lin('head', c.tieEmbeddings ? undefined : 'lm_head', C, c.vocabSize));
-    return out;
-  },
-  shapeProblems: llamaShapeProblems,
-};

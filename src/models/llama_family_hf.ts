@@ -29,7 +29,7 @@ export const llamaFamilyHf: HfMap<LlamaConfig> = {
     // Every family's options, so a run's [model] section is compared on them too (train.initFrom).
     // (After the format's own fields: arch first in the [model] section an error offers to paste.)
     const d = f.fromConfig(hf);
-    return { ...d, family: d.family ?? 'llama', attnBias: d.attnBias ?? 'none', qkNorm: d.qkNorm ?? false, slidingWindow: d.slidingWindow ?? 0 };
+    return { ...d, family: d.family ?? 'llama', attnBias: d.attnBias ?? 'none', qkNorm: d.qkNorm ?? false, slidingWindow: d.slidingWindow ?? 0, windowFrom: d.windowFrom ?? 0 };
   },
   toConfig: (cfg) => formatOf(cfg).toConfig(cfg),
   tensors: (cfg) => formatOf(cfg).tensors(cfg),

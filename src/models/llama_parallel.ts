@@ -10,7 +10,7 @@ import type { TpPlan } from '../parallel/tensor_parallel/styles.js';
 import { gptLoss } from './gpt.js';
 import { planStages, type PartCosts } from './gpt_parallel.js';
 import { Llama, LlamaBlock, LlamaStage, resolveLlamaConfig, type LlamaConfig } from './llama.js';
-import { llamaRules } from './llama_config.js';
+import { llamaRules } from './llama_rules.js';
 import type { ModelSpec } from './spec.js';
 import { llamaFamilyHf } from './llama_family_hf.js';
 import { mixtralHf } from './mixtral_hf.js';

@@ -1,5 +1,6 @@
-// Mixtral as transformers' MixtralForCausalLM: the Llama with an [moe] section in every block. The
-// attention, norms and head are the Llama's (llama_hf.ts); each block's MLP is a router
+// Mixtral as transformers' MixtralForCausalLM: the Llama with an [moe] section in every block and
+// Mistral's sliding window when sliding_window is set (model.family = "mistral"). The attention,
+// norms and head are the Llama's (llama_hf.ts); each block's MLP is a router
 // (block_sparse_moe.gate, a bias-free Linear (experts, hidden)) whose softmax picks the top
 // num_experts_per_tok experts, their probabilities renormalised to sum 1 (moe.normTopK), over
 // SwiGLU experts w1 (gate), w3 (up), w2 (down), each its own (out, in) Linear. flotilla holds a
@@ -7,7 +8,7 @@
 // slice of a stack (HfTensor.stack). Routing is dropless (moe.capacityFactor = 0), with no shared
 // experts and no selection bias.
 import { defaultMoEConfig, type MoEConfig } from '../nn/moe_config.js';
-import { resolveLlamaConfig, type LlamaConfig } from './llama_config.js';
+import { llamaFamilyProblems, resolveLlamaConfig, type LlamaConfig } from './llama_config.js';
 import { llamaHf } from './llama_hf.js';
 import { hfInt, hfRequire } from './gpt_hf.js';
 import type { HfMap, HfTensor } from './spec.js';
@@ -34,8 +35,6 @@ export const mixtralHf: HfMap<LlamaConfig> = {
 
   fromConfig(hf) {
     const d = MIXTRAL_DEFAULTS;
-    // Mistral's sliding-window attention is not the Llama's full causal attention.
-    hfRequire(hf, 'sliding_window', null, [null], 'flotilla\'s attention is full causal attention (sliding_window null)');
     // Jitter multiplies the router's input by noise in training only; flotilla routes without it.
     hfRequire(hf, 'router_jitter_noise', 0, [0], 'flotilla\'s router has no input jitter (router_jitter_noise 0)');
     const experts = hfInt(hf, 'num_local_experts', d.num_local_experts), topK = hfInt(hf, 'num_experts_per_tok', d.num_experts_per_tok);
@@ -43,17 +42,24 @@ export const mixtralHf: HfMap<LlamaConfig> = {
     // output_router_logits and router_aux_loss_coef only add the balance loss in training; the run's
     // moe.balance and moe.auxCoeff decide that, so they are not read.
     const base = llamaHf.fromConfig({ ...d, ...hf, attention_bias: false, mlp_bias: false });
-    return { ...base, family: 'llama', attnBias: 'none', qkNorm: false, moe: mixtralMoE(experts, topK) };
+    // transformers' MixtralConfig: sliding_window null (its default) = full causal attention, else
+    // every layer's window (Mistral's attention: model.family = "mistral").
+    const w = hf.sliding_window ?? null;
+    if (w !== null && (typeof w !== 'number' || !Number.isInteger(w) || w <= 0)) throw new Error(`config.json: sliding_window = ${JSON.stringify(w)} is not a positive integer or null (null = full causal attention)`);
+    const window = w === null ? { family: 'llama' as const, slidingWindow: 0 } : { family: 'mistral' as const, slidingWindow: w };
+    return { ...base, ...window, windowFrom: 0, attnBias: 'none', qkNorm: false, moe: mixtralMoE(experts, topK) };
   },
 
   toConfig(cfg) {
     const c = resolveLlamaConfig(cfg);
+    const [problem] = llamaFamilyProblems(c);
+    if (problem) throw new Error(problem);
     const m = c.moe!;
     const { attention_bias: _a, mlp_bias: _m, pretraining_tp: _p, ...llama } = llamaHf.toConfig({ ...c, moe: undefined });
     return {
       ...llama, architectures: ['MixtralForCausalLM'], model_type: 'mixtral', intermediate_size: m.hidden || c.intermediateSize,
       num_local_experts: m.experts, num_experts_per_tok: m.topK, output_router_logits: false,
-      router_aux_loss_coef: m.balance === 'aux' ? m.auxCoeff : 0, router_jitter_noise: 0, sliding_window: null,
+      router_aux_loss_coef: m.balance === 'aux' ? m.auxCoeff : 0, router_jitter_noise: 0, sliding_window: c.slidingWindow > 0 ? c.slidingWindow : null,
     };
   },
 
@@ -75,12 +81,13 @@ export const mixtralHf: HfMap<LlamaConfig> = {
 
   misfit(cfg) {
     const c = resolveLlamaConfig(cfg);
-    if (c.family !== 'llama' || c.attnBias !== 'none' || c.qkNorm) return 'its attention is the Llama\'s (model.family = "llama", attnBias = "none", qkNorm = false)';
+    if ((c.family !== 'llama' && c.family !== 'mistral') || llamaFamilyProblems(c).length > 0) return 'its attention is the Llama\'s or Mistral\'s (model.family = "llama", or "mistral" with model.slidingWindow and windowFrom = 0; attnBias = "none", qkNorm = false)';
     const m = cfg.moe;
     if (!m || m.experts === 0) return 'it has experts in every block (moe.experts > 0)';
     const want = { ...defaultMoEConfig, ...mixtralMoE(m.experts, m.topK), hidden: m.hidden };
     const off = (['every', 'sharedExperts', 'router', 'normTopK', 'capacityFactor'] as const).filter((k) => m[k] !== want[k]);
     if (m.balance === 'bias') return 'its router has no selection bias (moe.balance = "aux")';
+    if ((m.denseLayers ?? []).length > 0) return 'it has experts in every block (moe.denseLayers = [])';
     return off.length > 0 ? `its routing needs ${off.map((k) => `moe.${k} = ${JSON.stringify(want[k])}`).join(', ')}` : undefined;
   },
 

@@ -6,6 +6,7 @@
 import type { LlamaConfig } from './llama_config.js';
 import { llamaFamilyProblems, resolveLlamaConfig } from './llama_config.js';
 import { llamaHf } from './llama_hf.js';
+import { hfInt } from './gpt_hf.js';
 import type { HfFormat, HfTensor } from './spec.js';
 
 /** transformers' Qwen2Config / Qwen3Config defaults that differ from LlamaConfig's. */
@@ -15,20 +16,40 @@ const QWEN_DEFAULTS = {
 } as const;
 
 type Family = 'qwen2' | 'qwen3';
-const NAMES: Record<Family, { architecture: string; label: string }> = {
-  qwen2: { architecture: 'Qwen2ForCausalLM', label: 'Qwen2' },
-  qwen3: { architecture: 'Qwen3ForCausalLM', label: 'Qwen3' },
+const NAMES: Record<Family, { architecture: string }> = {
+  qwen2: { architecture: 'Qwen2ForCausalLM' },
+  qwen3: { architecture: 'Qwen3ForCausalLM' },
 };
 
-/** Full attention in every layer: a config.json asking for sliding windows is refused, naming the field. */
-function refuseSlidingWindows(hf: Record<string, unknown>, label: string): void {
+/** transformers' max_window_layers default (Qwen2Config, Qwen3Config, Qwen3MoeConfig). */
+const MAX_WINDOW_LAYERS = 28;
+
+/**
+ * config.json's sliding windows as model.slidingWindow and model.windowFrom. transformers' Qwen2Config
+ * / Qwen3Config / Qwen3MoeConfig keep sliding_window only when use_sliding_window is true (else None)
+ * and, when config.json has no layer_types, derive them as layer_types[i] = "sliding_attention" if
+ * sliding_window is not None and i >= max_window_layers, else "full_attention"; each attention
+ * layer then uses sliding_window only when its type is "sliding_attention". A layer_types list is
+ * read when given and must be that pattern (full layers, then sliding ones).
+ */
+export function qwenWindows(hf: Record<string, unknown>, nLayer: number): Pick<LlamaConfig, 'slidingWindow' | 'windowFrom'> {
   const use = hf.use_sliding_window ?? false;
   if (typeof use !== 'boolean') throw new Error(`config.json: use_sliding_window = ${JSON.stringify(use)} is not true or false`);
-  if (use) throw new Error(`config.json: use_sliding_window = true is not supported; flotilla reads ${label} models with full attention in every layer (use_sliding_window = false)`);
+  const w = hf.sliding_window ?? null;
+  if (!use || w === null) return { slidingWindow: 0, windowFrom: 0 };
+  if (typeof w !== 'number' || !Number.isInteger(w) || w <= 0) throw new Error(`config.json: sliding_window = ${JSON.stringify(w)} is not a positive integer or null (null = full causal attention)`);
   const types = hf.layer_types;
-  if (Array.isArray(types) && types.some((t) => t !== 'full_attention')) {
-    throw new Error(`config.json: layer_types = ${JSON.stringify(types)} is not supported; flotilla reads ${label} models with "full_attention" in every layer`);
+  if (Array.isArray(types)) {
+    const from = types.indexOf('sliding_attention') < 0 ? nLayer : types.indexOf('sliding_attention');
+    const ok = types.length === nLayer && types.every((t, i) => t === (i < from ? 'full_attention' : 'sliding_attention'));
+    if (!ok) throw new Error(`config.json: layer_types = ${JSON.stringify(types)} is not supported; flotilla reads ${nLayer} layers of "full_attention" below max_window_layers and "sliding_attention" from it (or set use_sliding_window = false)`);
+    return { slidingWindow: w, windowFrom: from };
   }
+  if (hf.max_window_layers === undefined || hf.max_window_layers === null) return { slidingWindow: w, windowFrom: Math.min(MAX_WINDOW_LAYERS, nLayer) };
+  const m = hf.max_window_layers;
+  if (typeof m !== 'number' || !Number.isInteger(m) || m < 0) throw new Error(`config.json: max_window_layers = ${JSON.stringify(m)} is not a whole number >= 0`);
+  if (m > nLayer) throw new Error(`config.json: max_window_layers = ${m} is above num_hidden_layers = ${nLayer}; set max_window_layers <= num_hidden_layers (= num_hidden_layers: no layer windowed), or use_sliding_window = false`);
+  return { slidingWindow: w, windowFrom: m };
 }
 
 /** A config its family's class cannot express is an error naming the fields (llama_config.ts). */
@@ -38,13 +59,12 @@ function checkExpressible(c: LlamaConfig): void {
 }
 
 function qwenHf(family: Family): HfFormat<LlamaConfig> {
-  const { architecture, label } = NAMES[family];
+  const { architecture } = NAMES[family];
   return {
     architecture,
     modelType: family,
 
     fromConfig(hf) {
-      refuseSlidingWindows(hf, label);
       let attnBias: LlamaConfig['attnBias'] = 'qkv';
       if (family === 'qwen3') {
         const b = hf.attention_bias ?? false;
@@ -55,7 +75,7 @@ function qwenHf(family: Family): HfFormat<LlamaConfig> {
       const defaults: Record<string, unknown> = { ...QWEN_DEFAULTS, ...(family === 'qwen3' ? { head_dim: 128 } : {}) };
       const given = Object.fromEntries(Object.entries(hf).filter(([, v]) => v !== undefined && v !== null));
       const shape = llamaHf.fromConfig({ ...defaults, ...given, rope_scaling: hf.rope_scaling ?? null, attention_bias: false, mlp_bias: false });
-      return { ...shape, family, attnBias, qkNorm: family === 'qwen3' };
+      return { ...shape, family, attnBias, qkNorm: family === 'qwen3', ...qwenWindows(hf, hfInt({ ...defaults, ...given }, 'num_hidden_layers')) };
     },
 
     toConfig(cfg) {
@@ -65,7 +85,8 @@ function qwenHf(family: Family): HfFormat<LlamaConfig> {
       return {
         architectures: [architecture], model_type: family, ...common,
         ...(family === 'qwen3' ? { attention_bias: c.attnBias === 'all' } : {}),
-        use_sliding_window: false, sliding_window: null, max_window_layers: c.nLayer,
+        // max_window_layers: the first windowed layer (qwenWindows).
+        use_sliding_window: c.slidingWindow > 0, sliding_window: c.slidingWindow > 0 ? c.slidingWindow : null, max_window_layers: c.slidingWindow > 0 ? c.windowFrom : c.nLayer,
       };
     },
 

@@ -2,7 +2,7 @@
 // model plus what its layouts need (the whole-model builder, the pipeline split, ZeRO-3 units, the
 // tensor-parallel plan, the criterion) and the shape rules a layout imposes on it, so the trainer,
 // the config's validation and `flotilla generate` import no model class. The rules (ModelRules)
-// live apart, in files without tensor code (gpt_config.ts, llama_config.ts), and the one map of
+// live apart, in files without tensor code (gpt_config.ts, llama_rules.ts), and the one map of
 // architectures is rules.ts's, so validating a config loads no model; this file completes each
 // built-in entry there with its spec. A new architecture is a config file with its rules (one line
 // in rules.ts's builtinRules), a file holding its spec (one line in builtinSpecs below, which the

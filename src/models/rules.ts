@@ -4,7 +4,7 @@
 // registry]); this map is the one list of architectures either reads.
 import type { HfMap, ModelRules } from './spec.js';
 import { gptRules } from './gpt_config.js';
-import { llamaRules } from './llama_config.js';
+import { llamaRules } from './llama_rules.js';
 import { gpt2Hf } from './gpt_hf.js';
 import { llamaFamilyHf } from './llama_family_hf.js';
 import { mixtralHf } from './mixtral_hf.js';

@@ -63,7 +63,10 @@ setNumThreads(cfg.train.threads);
 const spec = modelSpec(cfg.model.arch);
 const out: ModelCalibrationOut = { points: input.points.map((p) => ({ ...p, depth: [] as unknown as [DepthTiming, DepthTiming] })), optimizerNsPerParam: 0 };
 for (const [d, depth] of input.depths.entries()) {
-  const model = spec.build(modelConfigOf({ ...cfg, model: { ...cfg.model, nLayer: depth } }), { initSeed: cfg.train.seed });
+  // A shallower model of the same blocks: block indices past its depth dropped (the window starts
+  // at most at its end; the blocks moe.every gives experts keep them, dense ones listed or not).
+  const shallow = { ...cfg, model: { ...cfg.model, nLayer: depth, windowFrom: Math.min(cfg.model.windowFrom, depth) }, moe: { ...cfg.moe, denseLayers: [] } };
+  const model = spec.build(modelConfigOf(shallow), { initSeed: cfg.train.seed });
   model.train();
   const params = model.parameters();
   const call = (model as unknown as { call: (x: unknown) => unknown });

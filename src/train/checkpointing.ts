@@ -14,6 +14,7 @@ import { checkpointDirOf, resumeTarget } from './run_dir.js';
 import { gatherNewest } from '../checkpoint/replicas.js';
 import { regroupAsked } from '../distributed/launcher_channel.js';
 import { launcherEnv, restarted } from '../distributed/launcher_env.js';
+import { inSlurmJob } from '../distributed/slurm_vars.js';
 
 /** A seed for step `step`'s random draws (dropout), so a resumed run draws what the straight run drew. */
 export function stepSeed(seed: number, step: number): number {
@@ -141,46 +142,67 @@ export function initFrom(path: string, placements: readonly ParamPlacement[], nu
   else loadWeights(path, placements, numParams);
 }
 
+/** The signals that stop a run, weakest first ([Note: slurm stop]). */
+const STOP_SIGNALS: readonly NodeJS.Signals[] = ['SIGINT', 'SIGUSR1', 'SIGTERM'];
+
 /**
  * Ctrl-C: the first SIGINT asks the run to stop after the current step, with a checkpoint; a second one in a process without a launcher exits at once. Under `flotilla run` the
  * terminal's SIGINT and the launcher's forwarded one arrive together, so a rank leaves the second
  * to the launcher, which kills the ranks when its user presses Ctrl-C again.
+ *
+ * [Note: slurm stop] In a Slurm job SIGUSR1 (sbatch --signal=USR1@90: the time limit is near) and
+ * SIGTERM (scancel, preemption) ask the same: a checkpoint at the end of the step every rank agrees
+ * on, then a clean exit; a repeated one changes nothing (Slurm's SIGKILL ends what must end). Which
+ * signal stopped the run is agreed too (SIGTERM over SIGUSR1 over SIGINT, as one max): only a stop
+ * for SIGUSR1 requeues the job ([slurm] requeue, the trainer). Outside Slurm, SIGTERM keeps its
+ * default (the process ends) and SIGUSR1 is left alone.
  */
 export class StopRequest {
-  private requested = false;
+  /** 0: none; else the strongest signal seen here (STOP_SIGNALS' order). */
+  private requested = 0;
   private readonly handler: (sig: NodeJS.Signals) => void;
   private readonly launched = launcherEnv().attempt !== undefined;
+  private readonly signals: NodeJS.Signals[] = inSlurmJob() ? ['SIGINT', 'SIGUSR1', 'SIGTERM'] : ['SIGINT'];
+  /** The signal the world agreed stopped it, once it did. */
+  stoppedBy: NodeJS.Signals | undefined;
 
   constructor(private readonly log: (line: string) => void) {
     this.handler = (sig) => {
-      if (this.requested && !this.launched) {
+      if (sig === 'SIGINT' && this.requested > 0 && !this.launched) {
         process.stderr.write(`flotilla: second ${sig}; exiting now without saving\n`);
         process.exit(130);
       }
-      if (!this.requested) this.log(`[stop] ${sig}: stopping after this step with a checkpoint (press Ctrl-C again to exit at once)`);
-      this.requested = true;
+      if (this.requested === 0) this.log(`[stop] ${sig}: stopping after this step with a checkpoint${sig === 'SIGINT' ? ' (press Ctrl-C again to exit at once)' : ''}`);
+      this.requested = Math.max(this.requested, STOP_SIGNALS.indexOf(sig) + 1);
     };
-    process.on('SIGINT', this.handler);
+    for (const s of this.signals) process.on(s, this.handler);
   }
 
   /**
-   * Whether any rank was asked to stop now (Ctrl-C), and whether any was asked to stop at its next
+   * Whether any rank was asked to stop now (a signal), and whether any was asked to stop at its next
    * checkpoint for a host that joins (collective over the world: every rank learns the same).
    */
   agreed(world: ProcessGroup): { stop: boolean; regroup: boolean } {
     const regroup = regroupAsked(); // a host joins: stop at the next checkpoint ([Note: elastic grow])
-    if (world.size === 1) return { stop: this.requested, regroup };
-    const t = tensor([this.requested ? 1 : 0, regroup ? 1 : 0], { dtype: 'float64' });
-    try {
-      world.allReduce(t, 'max').wait();
-      const [stop, regroup] = t.toNumbers() as [number, number];
-      return { stop: stop > 0, regroup: regroup > 0 };
-    } finally {
-      t.dispose();
+    let stop = this.requested;
+    if (world.size > 1) {
+      const t = tensor([this.requested, regroup ? 1 : 0], { dtype: 'float64' });
+      try {
+        world.allReduce(t, 'max').wait();
+        const [s, r] = t.toNumbers() as [number, number];
+        stop = s;
+        if (stop > 0) this.stoppedBy = STOP_SIGNALS[stop - 1];
+        return { stop: stop > 0, regroup: r > 0 };
+      } finally {
+        t.dispose();
+      }
     }
+    if (stop > 0) this.stoppedBy = STOP_SIGNALS[stop - 1];
+    return { stop: stop > 0, regroup };
   }
 
   dispose(): void {
-    process.off('SIGINT', this.handler);
+    for (const s of this.signals) process.off(s, this.handler);
   }
 }
+

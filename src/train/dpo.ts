@@ -17,6 +17,7 @@
 // the pairs of the global batch and not cp times them; every cp rank still backpropagates the same
 // loss, and DataParallel's average over dp x cp adds their chunks' gradients back to one pair's.
 // The rewards are beta times the log-ratios the loss reads (per-token means under ipo, as TRL).
+import { logitsOf as headLogits } from '../nn/kernels/lm_head.js';
 import { type Tensor, noGrad, tensor, zeros } from '../tensor/index.js';
 import { F } from '../nn/index.js';
 import { castFor } from '../nn/precision.js';
@@ -36,7 +37,8 @@ export const DPO_METRICS = ['rewardsChosen', 'rewardsRejected', 'rewardsMargin',
 
 function logitsOf(output: StageValue | { logits: Tensor }): Tensor {
   if (Array.isArray(output)) throw new Error('DPO: the model must return one tensor of logits (B, T, vocab)');
-  return 'logits' in (output as object) ? (output as { logits: Tensor }).logits : (output as Tensor);
+  // a hidden state waiting for its head under [train] kernels = "fused" gets its logits made here
+  return headLogits('logits' in (output as object) ? (output as { logits: Tensor }).logits : (output as Tensor));
 }
 
 export function tableOf(mb: MicroBatch): SequenceTable {

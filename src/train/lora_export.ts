@@ -59,9 +59,6 @@ export function exportPeft(arg: string, out: string): PeftWriteReport & { step: 
   if (!c) {
     throw new CheckpointError(`${arg} is not a LoRA run's checkpoint (its lora.rank is 0: it holds the whole model), so it has no adapters to export; export the model with --format hf, or as one .safetensors file`);
   }
-  if (Number((c.model.moe as { experts?: unknown } | undefined)?.experts ?? 0) > 0) {
-    throw new CheckpointError(`${arg} holds a mixture-of-experts model, which has no Hugging Face form in flotilla, so its adapters have no PEFT names`);
-  }
   const slots = wholeModelSlots(c.model, c.lora.targets, c.lora.rank);
   const { meta, tensors } = consolidate(c.dir);
   try {
@@ -117,12 +114,11 @@ export function baseParameters(model: Module): Record<string, Tensor> {
 
 /**
  * `flotilla export RUN OUT --format hf --merge`: the base with the run's adapters merged in
- * (W + scale * B A) as a Hugging Face directory, stored in the base's dtype unless `dtype` says.
+ * (W + scale * B A) as a Hugging Face directory, stored in the base's dtype unless `dtype` says. An
+ * MoE model's expert adapters merge into their own experts' slices of the stacks ([Note: LoRA on
+ * experts]), which the family's map writes back as one Linear per expert (Mixtral, Qwen3-MoE).
  */
 export function exportMergedHf(c: LoraCheckpoint, out: string, opts: Omit<SaveHfOptions, 'tokenizer'> = {}): HfWriteReport & { step: number; dtype: string } {
-  if (Number((c.model.moe as { experts?: unknown } | undefined)?.experts ?? 0) > 0) {
-    throw new CheckpointError(`${c.dir} holds a mixture-of-experts model, which has no Hugging Face form in flotilla; export its adapters with --format peft`);
-  }
   const dtype = opts.dtype ?? baseDtypeOf(c.base);
   const { model, spec } = loraRunModel(c.dir);
   try {

@@ -164,7 +164,7 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     const adapted = !lora ? '' : loraCount
       ? `; LoRA rank ${cfg.lora.rank} on ${loraCount.modules} modules: ${shortCount(loraCount.trainable)} trainable, ${shortCount(loraCount.frozen)} frozen`
       : `; LoRA rank ${cfg.lora.rank}: ${shortCount(named.filter(([, p]) => p.requiresGrad).reduce((a, [, p]) => a + p.numel(), 0))} trainable on this rank`;
-    header('model', `${spec.describe(modelCfg)}${modelCfg.moe ? `, ${modelCfg.moe.experts} experts (top ${modelCfg.moe.topK}) every ${modelCfg.moe.every} block(s)` : ''}: ${numParams.toLocaleString('en-US')} parameters; this rank holds ${held.toLocaleString('en-US')}${adapted}`);
+    header('model', `${spec.describe(modelCfg)}${modelCfg.moe ? `, ${modelCfg.moe.experts} experts (top ${modelCfg.moe.topK}) every ${modelCfg.moe.every} block(s)${modelCfg.moe.denseLayers?.length ? ` but ${modelCfg.moe.denseLayers.join(', ')}` : ''}` : ''}: ${numParams.toLocaleString('en-US')} parameters; this rank holds ${held.toLocaleString('en-US')}${adapted}`);
     header('parallelize', model.summary());
 
     // ---- optimizer + schedule: `[optim] name` from the registry ([Note: optimizer registry]), over

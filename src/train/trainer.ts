@@ -200,6 +200,11 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
       if (await endOfStep(run, step + 1, steps, stopRequest, (l) => progress!.log(l))) break;
     }
     await run.ckpts.finish();
+    // [Note: slurm stop] Stopped for SIGUSR1 with [slurm] requeue: the checkpoint is published; rank 0 requeues the job.
+    if (stopRequest.stoppedBy === 'SIGUSR1' && cfg.slurm.requeue && isRank0) {
+      const { requeueJob } = await import('../launch/slurm.js');
+      progress.log(requeueJob());
+    }
     if (opts.recordDir) writeRankRecord(opts.recordDir, env.rank, stepsSeen, run);
   } finally {
     progress?.stop();

@@ -89,6 +89,22 @@ export function withoutNproc(args: string[]): string[] {
   return args.filter((a, i) => a !== '--nproc' && args[i - 1] !== '--nproc');
 }
 
+/** The process ids of a run's ranks (RANK in their environment), found by a marker in their command line. */
+export function rankPids(marker: string): Map<number, number> {
+  const out = new Map<number, number>();
+  for (const pid of readdirSync('/proc').filter((n) => /^\d+$/.test(n))) {
+    try {
+      if (!readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes(marker)) continue;
+      const env = readFileSync(`/proc/${pid}/environ`, 'utf8').split('\0');
+      const rank = env.find((e) => e.startsWith('RANK=')) ?? env.find((e) => e.startsWith('OMPI_COMM_WORLD_RANK='));
+      if (rank) out.set(Number(rank.split('=')[1]), Number(pid));
+    } catch {
+      // the process ended meanwhile
+    }
+  }
+  return out;
+}
+
 export function readRecord(record: string): Map<string, number[]> {
   const params = new Map<string, number[]>();
   for (const f of readdirSync(record).filter((n) => n.endsWith('.safetensors')).sort()) {

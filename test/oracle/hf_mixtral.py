@@ -3,7 +3,7 @@ transformers' tensor names and layouts (transformers itself is not installed), a
 directory (config.json, model.safetensors or shards + model.safetensors.index.json).
 
 The Llama's attention (rotary positions in the rotate-half convention, grouped-query heads), RMSNorm, and
-in every block a sparse mixture of experts: router logits = h @ gate.weight^T, softmax over the
+in every block a sparse mixture of experts (each layer's sliding window as hf_windows.py decides): router logits = h @ gate.weight^T, softmax over the
 num_local_experts, the top num_experts_per_tok probabilities renormalised to sum 1, and the token's output
 the weighted sum of its chosen experts' w2(silu(w1 h) * w3 h).
 
@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from st import load, save
+from hf_windows import layer_mask
 
 torch.set_num_threads(1)
 DT = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
@@ -166,7 +167,6 @@ def forward(P, config, idx):
     f = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq(c)[None, :]
     emb = torch.cat((f, f), dim=-1)
     cos, sin = emb.cos(), emb.sin()
-    mask = torch.ones(T, T, dtype=torch.bool).tril()
     x = P['model.embed_tokens.weight'][idx]
     for i in range(c['num_hidden_layers']):
         p = f'model.layers.{i}.'
@@ -180,7 +180,7 @@ def forward(P, config, idx):
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         q, k = q * cos + half_turn(q) * sin, k * cos + half_turn(k) * sin
         k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)
-        att = ((q @ k.transpose(-1, -2)) / math.sqrt(hd)).masked_fill(~mask, float('-inf')).softmax(-1)
+        att = ((q @ k.transpose(-1, -2)) / math.sqrt(hd)).masked_fill(~layer_mask(c, i, T), float('-inf')).softmax(-1)
         x = x + proj(P, a + 'o_proj', (att @ v).transpose(1, 2).reshape(B, T, nh * hd))
         h = rms(x, P[p + 'post_attention_layernorm.weight'], eps)
         if sparse_layer(c, i):
@@ -241,10 +241,8 @@ def read_dir(d):
         config = json.load(f)
     if qwen3_moe(config):
         assert config.get('architectures', ['Qwen3MoeForCausalLM'])[0] == 'Qwen3MoeForCausalLM', config
-        assert not config.get('use_sliding_window', False), 'use_sliding_window must be false here'
     else:
         assert config['model_type'] == 'mixtral' and config.get('architectures', ['MixtralForCausalLM'])[0] == 'MixtralForCausalLM', config
-        assert config.get('sliding_window') is None, 'sliding_window must be null here'
     files = ['model.safetensors']
     wm = None
     if os.path.exists(os.path.join(d, INDEX)):

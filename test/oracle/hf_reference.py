@@ -1,5 +1,6 @@
 """Reference forwards of transformers' GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and
-MistralForCausalLM (the Llama with a sliding attention window: query i reads key j when i - j < sliding_window), written from the published
+MistralForCausalLM (the Llama with a sliding attention window: query i reads key j when i - j < sliding_window; Qwen's
+windows from layer max_window_layers on with use_sliding_window: hf_windows.py), written from the published
 model descriptions on transformers' tensor names and layouts (transformers itself is not installed), and
 the Hugging Face directory layout (config.json, model.safetensors or shards + model.safetensors.index.json).
 
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from st import load, save
+from hf_windows import layer_mask
 
 torch.set_num_threads(1)
 DT = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
@@ -195,12 +197,6 @@ def llama_forward(P, c, idx):
     freqs = torch.arange(T, dtype=torch.float64)[:, None] * rope_inv_freq(c)[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos(), emb.sin()  # (T, hd)
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
-    W = c.get('sliding_window') if c['model_type'] == 'mistral' else None  # (Qwen's is off: use_sliding_window false)
-    if W is not None:
-        # Mistral's sliding window: query i reads key j only when j > i - W.
-        qi, kj = torch.arange(T)[:, None], torch.arange(T)[None, :]
-        causal = causal & (kj > qi - W)
     x = P['model.embed_tokens.weight'][idx]
     for i in range(c['num_hidden_layers']):
         p = lambda n: P[f'model.layers.{i}.{n}']  # noqa: E731
@@ -219,7 +215,8 @@ def llama_forward(P, c, idx):
         k = k.repeat_interleave(nh // nkv, dim=1)
         v = v.repeat_interleave(nh // nkv, dim=1)
         att = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
-        att = att.masked_fill(~causal, float('-inf')).softmax(-1)
+        # Each layer's own mask: causal, within its sliding window if it has one (hf_windows.py).
+        att = att.masked_fill(~layer_mask(c, i, T), float('-inf')).softmax(-1)
         y = (att @ v).transpose(1, 2).reshape(B, T, nh * hd)
         x = x + linear(y, P, a + 'o_proj')
         h = rms_norm(x, p('post_attention_layernorm.weight'), eps)

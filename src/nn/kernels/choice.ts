@@ -1,14 +1,15 @@
-// [Note: kernel choice] Which attention the models run: "eager" (op by op, the default) or "fused"
-// (the blocked kernel, src/nn/kernels/attention.ts). An ambient setting like the activation
-// checkpoint mode: the trainer sets it from [train] kernels around each step, and the models read it
-// where attention is computed (the context-parallel ring too: [Note: ring kernel]). Attention with
-// active dropout stays eager.
+// [Note: kernel choice] Which kernels the models run: "eager" (op by op, the default) or "fused"
+// (attention as one blocked kernel, src/nn/kernels/attention.ts; the training loss from the hidden
+// state, [Note: deferred head] in lm_head.ts). An ambient setting like the activation checkpoint
+// mode: the trainer sets it from [train] kernels around each step (forward and backward), and the
+// models read it where attention and the head run (the context-parallel ring's blocks too: [Note: ring
+// kernel]). Attention with dropout stays eager.
 export const KERNEL_CHOICES = ['eager', 'fused'] as const;
 export type KernelChoice = (typeof KERNEL_CHOICES)[number];
 
 const choices: KernelChoice[] = [];
 
-/** Runs fn with the models' attention computed by `choice`. */
+/** Runs fn with the models' kernels chosen by `choice`. */
 export function withKernels<T>(choice: KernelChoice, fn: () => T): T {
   if (!KERNEL_CHOICES.includes(choice)) throw new Error(`kernels "${choice}" is not one of ${KERNEL_CHOICES.map((m) => `"${m}"`).join(', ')}`);
   choices.push(choice);

@@ -61,7 +61,9 @@ import { Module } from '../../nn/module.js';
 import { Dropout, Embedding, LayerNorm, Linear, RMSNorm } from '../../nn/layers.js';
 import * as F from '../../nn/functional.js';
 import { castFor, castParam } from '../../nn/precision.js';
-import { allReduceSum, copyToRegion, gatherLastDim, gatherSequence, reduceFromRegion, reduceScatterSequence, scatterSequence } from './comm.js';
+import { allReduceInPlace, allReduceSum, copyToRegion, gatherLastDim, gatherSequence, reduceFromRegion, reduceScatterSequence, scatterSequence } from './comm.js';
+import type { HeadLossRequest } from '../../nn/kernels/lm_head.js';
+import type { VocabShard } from '../../nn/kernels/linear_cross_entropy.js';
 import { loraAdapterOf } from '../../nn/lora.js';
 
 export type Activation = 'replicated' | 'sequenceSharded';
@@ -219,8 +221,12 @@ export function parallelizeModule(module: Module, g: ProcessGroup, plan: TpPlan)
         // A prepared input needs nothing here: the Linear stays a plain matmul (the zero-bubble
         // schedule can then split its weight gradient).
         if (input === 'prepared' && !gather) break;
-        wrap(lin, (orig) => (x: Tensor) => {
-          const y = orig(input === 'prepared' ? x : input === 'sequenceSharded' ? gatherSequence(x, g) : copyToRegion(x, g));
+        // A loss request to the head ([Note: deferred head]) reaches it under lossParallel only, with
+        // this rank's vocabulary shard; a head that gathers its logits computes them.
+        const shardOf: VocabShard = { index: g.rank, parts: n, allReduce: (t, op) => allReduceInPlace(t, g, op) };
+        wrap(lin, (orig) => (x: Tensor, ...rest: unknown[]) => {
+          const req = style.kind === 'lossParallel' && rest[0] ? [{ ...(rest[0] as HeadLossRequest), vocabShard: shardOf }] : [];
+          const y = orig(input === 'prepared' ? x : input === 'sequenceSharded' ? gatherSequence(x, g) : copyToRegion(x, g), ...req);
           if (!gather) return y;
           // A fused layer gathers each output separately: q, k, v, not rank 0's q k v then rank 1's.
           return chunks === 1 ? gatherLastDim(y, g) : cat(y.chunk(chunks, -1).map((c) => gatherLastDim(c, g)), -1);
