@@ -167,25 +167,21 @@ function skippable(qChunk: number, kChunks: readonly [number, number], n: number
 }
 
 /**
- * The key chunks of a block the fused kernel computes ([Note: ring kernel]): for each of the first n
- * chunks not skippable alone, its index in the pair and the kernel's arguments.
+ * The key chunks of a block the fused kernel computes ([Note: ring kernel]): the indices in the pair
+ * of the first n chunks that are not skippable alone.
  */
-function kernelChunks(qChunk: number, kChunks: readonly [number, number], n: number, geo: Geometry): { j: number; opts: FusedAttentionOptions }[] {
+function kernelChunks(qChunk: number, kChunks: readonly [number, number], n: number, geo: Geometry): number[] {
+  return [0, 1].slice(0, n).filter((j) => !skippable(qChunk, [kChunks[j]!, kChunks[j]!], 1, geo));
+}
+
+/** The kernel's arguments for query chunk qChunk over key chunk kChunk (call inside a tidy scope: the ids are views). */
+function kernelOptions(qChunk: number, kChunk: number, geo: Geometry): FusedAttentionOptions {
   const { c } = geo;
   const ids = geo.docs?.ids;
-  const chunks: { j: number; opts: FusedAttentionOptions }[] = [];
-  for (let j = 0; j < n; j++) {
-    const kc = kChunks[j]!;
-    if (skippable(qChunk, [kc, kc], 1, geo)) continue;
-    chunks.push({
-      j,
-      opts: {
-        scale: geo.scale, offset: (qChunk - kc) * c, window: geo.window,
-        qDocs: ids?.narrow(1, qChunk * c, c), kDocs: ids?.narrow(1, kc * c, c),
-      },
-    });
-  }
-  return chunks;
+  return {
+    scale: geo.scale, offset: (qChunk - kChunk) * c, window: geo.window,
+    qDocs: ids?.narrow(1, qChunk * c, c), kDocs: ids?.narrow(1, kChunk * c, c),
+  };
 }
 
 /** The global chunks of the key/value pair a rank holds at ring step `step`: those of rank (rank - step) mod cp. */
@@ -230,10 +226,10 @@ const ringAttentionFn = defineFunction<[Tensor, Tensor, Tensor, ProcessGroup, nu
           return { o: out[h]!.mul(a.div(sum)).add(o.mul(b.div(sum))), ls: top.add(sum.log()) };
         };
         const parts = fused
-          ? kernelChunks(geo.mine[h]!, kc, n, geo).map(({ j, opts }) => () => {
+          ? kernelChunks(geo.mine[h]!, kc, n, geo).map((j) => () => {
             if (stats) stats.fused = (stats.fused ?? 0) + 1;
             const [o, ls] = fusedAttention(q.narrow(2, h * c, c).to(acc), pair.select(0, 0).narrow(2, j * c, c).to(acc),
-              pair.select(0, 1).narrow(2, j * c, c).to(acc), { ...opts, withLse: true });
+              pair.select(0, 1).narrow(2, j * c, c).to(acc), { ...kernelOptions(geo.mine[h]!, kc[j]!, geo), withLse: true });
             return merge(o.reshape(B, Hkv, geo.g * c, hd), ls.clamp(MASKED).reshape(B, Hkv, geo.g * c, 1));
           })
           : [() => {
@@ -295,12 +291,12 @@ const ringAttentionFn = defineFunction<[Tensor, Tensor, Tensor, ProcessGroup, nu
         if (n === 0 || skip[s]![h]) continue;
         if (fused) {
           // The kernel's backward per key chunk, against the merged rows ([Note: ring kernel]).
-          for (const { j, opts } of kernelChunks(geo.mine[h]!, kc, n, geo)) {
+          for (const j of kernelChunks(geo.mine[h]!, kc, n, geo)) {
             tidy(() => {
               const rows = (t: Tensor) => t.reshape(B, H, c, hd);
               const [dqj, dkj, dvj] = fusedAttentionBlockBackward(q!.narrow(2, h * c, c).to(acc),
                 pair.select(0, 0).narrow(2, j * c, c).to(acc), pair.select(0, 1).narrow(2, j * c, c).to(acc),
-                rows(outs[h]!), lses[h]!.reshape(B, H, c), rows(dO[h]!), opts);
+                rows(outs[h]!), lses[h]!.reshape(B, H, c), rows(dO[h]!), kernelOptions(geo.mine[h]!, kc[j]!, geo));
               dq[h]!.add_(dqj.reshape(B, Hkv, g * c, hd));
               dPair.select(0, 0).narrow(2, j * c, c).add_(dkj);
               dPair.select(0, 1).narrow(2, j * c, c).add_(dvj);
