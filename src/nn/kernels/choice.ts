@@ -2,7 +2,8 @@
 // (attention as one blocked kernel, src/nn/kernels/attention.ts; the training loss from the hidden
 // state, [Note: deferred head] in lm_head.ts). An ambient setting like the activation checkpoint
 // mode: the trainer sets it from [train] kernels around each step (forward and backward), and the
-// models read it where attention and the head run. Attention with dropout stays eager.
+// models read it where attention and the head run (the context-parallel ring's blocks too: [Note: ring
+// kernel]). Attention with dropout stays eager.
 import { ambientChoice } from '../ambient_choice.js';
 
 export const KERNEL_CHOICES = ['eager', 'fused'] as const;
