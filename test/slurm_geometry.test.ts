@@ -12,6 +12,7 @@ import { slurmNodeTask } from '../src/launch/slurm.js';
 import { parseSbatchArgs, partitionNodes, sbatchCommand, sbatchScript } from '../src/cli/sbatch.js';
 import { parseConfig } from '../src/config/index.js';
 import { parseTrainArgs } from '../src/cli/train_args.js';
+import { replicasOf, StopRequest } from '../src/train/checkpointing.js';
 
 test('hostlists expand as `scontrol show hostnames` prints them (Slurm 23.11 outputs)', () => {
   // Each pair: the list, and scontrol's output for it.
@@ -121,6 +122,43 @@ async function captured(fn: () => Promise<number>): Promise<{ code: number; out:
     process.stdout.write = write;
   }
 }
+
+test('in a Slurm job the nodes share one checkpoint directory: [checkpoint] replicas = -1 is 0 there (and with [slurm] requeue), 1 across hosts elsewhere', () => {
+  const cfg = (extra = ''): ReturnType<typeof parseConfig> => parseConfig(`[checkpoint]\ndir = "/shared/ckpt"\n${extra}`, [], 'job.toml');
+  const saved = process.env.SLURM_JOB_ID;
+  try {
+    delete process.env.SLURM_JOB_ID;
+    assert.equal(replicasOf(cfg(), 2, 1), 1, 'two hosts outside Slurm: each its own directory');
+    assert.equal(replicasOf(cfg('[slurm]\nrequeue = true\n'), 2, 1), 0);
+    assert.equal(replicasOf(cfg('replicas = 1\n'), 2, 1), 1);
+    process.env.SLURM_JOB_ID = '77';
+    assert.equal(replicasOf(cfg(), 2, 1), 0, 'two nodes of a Slurm job');
+    assert.equal(replicasOf(cfg(), 2, 2), 0);
+  } finally {
+    if (saved === undefined) delete process.env.SLURM_JOB_ID;
+    else process.env.SLURM_JOB_ID = saved;
+  }
+});
+
+test('in a Slurm job a SIGUSR1 after the run (a time-limit warning after the last step) leaves the process alone', async () => {
+  const saved = process.env.SLURM_JOB_ID;
+  process.env.SLURM_JOB_ID = '77';
+  try {
+    const lines: string[] = [];
+    const stop = new StopRequest((l) => lines.push(l));
+    process.kill(process.pid, 'SIGUSR1');
+    await new Promise((r) => setTimeout(r, 50));
+    assert.deepEqual(lines, ['[stop] SIGUSR1: stopping after this step with a checkpoint']);
+    stop.dispose();
+    // Without a handler SIGUSR1 would end this process (the test file would fail).
+    process.kill(process.pid, 'SIGUSR1');
+    await new Promise((r) => setTimeout(r, 50));
+    assert.equal(lines.length, 1);
+  } finally {
+    if (saved === undefined) delete process.env.SLURM_JOB_ID;
+    else process.env.SLURM_JOB_ID = saved;
+  }
+});
 
 test('flotilla sbatch: the batch script, the partition check against sinfo, and --submit through sbatch', async () => {
   const a = parseSbatchArgs(['job.toml', '--nodes', '2', '--nproc=4', '--time', '02:00:00', '--partition', 'gpu', '--train.steps=9']);

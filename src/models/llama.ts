@@ -311,6 +311,14 @@ export function llamaAttentionDecode(a: LlamaAttention, x: Tensor, cache: KVCach
   const qh = rot(q, nh).transpose(1, 2); // (B, nh, T, hd)
   const [K, V] = cache.append(layer, rot(k, nkv).transpose(1, 2), v.view(B, T, nkv, hd).transpose(1, 2)); // (B, nkv, Tk, hd)
   const Tk = K.shape[2]!;
+  if (kernelChoice() === 'fused') {
+    // The fused kernel ([Note: kernel choice]): kv heads read in place, the new queries at the
+    // cache's positions, the window its argument, padding as documents.
+    const [qc, kc, vc] = castFor('matmul', qh, K, V) as [Tensor, Tensor, Tensor];
+    const docs = cache.documentIds(T);
+    const y = fusedAttention(qc, kc, vc, { offset: cache.length, window: a.rope.cfg.slidingWindow, qDocs: docs?.q, kDocs: docs?.k });
+    return a.o.call(y.transpose(1, 2).reshape(B, T, nh * hd));
+  }
   const [qg, kc] = castFor('matmul', qh.reshape(B, nkv, group * T, hd), K) as [Tensor, Tensor];
   let att = qg.matmul(kc.transpose(-2, -1)).view(B, nh, T, Tk).mul(1 / Math.sqrt(hd));
   if (allowed) att = att.maskedFill(allowed.logicalNot(), -Infinity);

@@ -31,10 +31,15 @@ export interface RunCheckpointsOptions {
   log: (line: string) => void;
 }
 
-/** [checkpoint] replicas resolved: -1 is 1 when the world spans several hosts. */
+/**
+ * [checkpoint] replicas resolved: -1 is 1 when the world spans several hosts, except in a Slurm job
+ * (or with [slurm] requeue = true, whose checkpoint.dir is on storage every node sees): the nodes of
+ * an allocation share the job's working directory, so every host writes into the one checkpoint
+ * directory (replicas = 1 would refuse that at the first save).
+ */
 export function replicasOf(cfg: FlotillaConfig, worldSize: number, ranksPerHost: number): 0 | 1 {
   const r = cfg.checkpoint.replicas;
-  return r === 1 || (r === -1 && worldSize > ranksPerHost) ? 1 : 0;
+  return r === 1 || (r === -1 && !cfg.slurm.requeue && !inSlurmJob() && worldSize > ranksPerHost) ? 1 : 0;
 }
 
 /** Saving during a run: the schedule, and the save itself. */
@@ -142,6 +147,9 @@ export function initFrom(path: string, placements: readonly ParamPlacement[], nu
   else loadWeights(path, placements, numParams);
 }
 
+/** Left on SIGUSR1 after a run in a Slurm job ([Note: slurm stop]). */
+const ignoreSignal = (): void => {};
+
 /** The signals that stop a run, weakest first ([Note: slurm stop]). */
 const STOP_SIGNALS: readonly NodeJS.Signals[] = ['SIGINT', 'SIGUSR1', 'SIGTERM'];
 
@@ -155,7 +163,10 @@ const STOP_SIGNALS: readonly NodeJS.Signals[] = ['SIGINT', 'SIGUSR1', 'SIGTERM']
  * on, then a clean exit; a repeated one changes nothing (Slurm's SIGKILL ends what must end). Which
  * signal stopped the run is agreed too (SIGTERM over SIGUSR1 over SIGINT, as one max): only a stop
  * for SIGUSR1 requeues the job ([slurm] requeue, the trainer). Outside Slurm, SIGTERM keeps its
- * default (the process ends) and SIGUSR1 is left alone.
+ * default (the process ends) and SIGUSR1 is left alone. After the run (dispose) a SIGUSR1 is
+ * ignored in a Slurm job: a real job's time-limit warning that came after the last step (Slurm
+ * signals every process of the step, the ranks besides their launcher's forwarding) otherwise
+ * killed the finished ranks (exit 138) and failed the job.
  */
 export class StopRequest {
   /** 0: none; else the strongest signal seen here (STOP_SIGNALS' order). */
@@ -203,6 +214,7 @@ export class StopRequest {
 
   dispose(): void {
     for (const s of this.signals) process.off(s, this.handler);
+    if (this.signals.includes('SIGUSR1') && !process.listeners('SIGUSR1').includes(ignoreSignal)) process.on('SIGUSR1', ignoreSignal);
   }
 }
 
