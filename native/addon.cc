@@ -71,6 +71,7 @@ Napi::Object InitAddon(Napi::Env env, Napi::Object exports) {
   InitAutograd(env, exports);
   InitComm(env, exports);
   InitAttention(env, exports);
+  InitPointwise(env, exports);
   InitOptim(env, exports);
   exports.Set("setParentDeathSignal", Napi::Function::New(env, SetParentDeathSignal));
   exports.Set("blasInfo", Napi::Function::New(env, BlasInfo));

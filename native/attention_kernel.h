@@ -4,23 +4,7 @@
 // Deliberately no include guard and no includes: the includer provides <cmath>, <cstdint>,
 // <cstring>, <algorithm>, <limits> and the Problem/Bf16 types, and wraps this file in a namespace.
 
-// 32-byte vectors (GCC's vector extensions): one AVX register, or two SSE registers on the baseline.
-typedef float VF __attribute__((vector_size(32)));
-typedef int32_t VI __attribute__((vector_size(32)));
-typedef double VD __attribute__((vector_size(32)));
-template <typename V, typename A_t>
-static inline V LoadV(const A_t* p) {
-  V v;
-  std::memcpy(&v, p, sizeof(V));
-  return v;
-}
-template <typename V, typename A_t>
-static inline void StoreV(A_t* p, V v) {
-  std::memcpy(p, &v, sizeof(V));
-}
-template <typename A_t> struct Vec;
-template <> struct Vec<float> { typedef VF type; };
-template <> struct Vec<double> { typedef VD type; };
+#include "kernel_math.h"
 
 // Row-major C (M x N) += A (M x K) . B (K x N). M a multiple of 4, N of two vectors (the caller
 // pads): a 4 x 2-vector tile of C stays in registers across the whole K loop, each step one
@@ -49,24 +33,6 @@ static inline void Gemm(int M, int N, int K, const A_t* A, int lda, const A_t* B
   }
 }
 
-// exp of 8 floats: Cody-Waite range reduction and a degree-6 polynomial (relative error ~2 ulp);
-// -inf and anything below -87 give exactly 0. Branch-free, so it stays in vector registers.
-static inline VF ExpV(VF v) {
-  const VF c = v < -87.f ? VF{} - 87.f : v;
-  const VI e = __builtin_convertvector(c * 1.44269504088896341f - 0.5f, VI);  // c <= ~0: a rounding of c log2(e)
-  const VF fe = __builtin_convertvector(e, VF);
-  const VF r = (c - fe * 0.693359375f) + fe * 2.12194440e-4f;
-  VF p = VF{} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.f;
-  const VF y = p * (VF)((e + 127) << 23);
-  return v < -87.f ? VF{} : y;
-}
-static inline float Sum(VF v) { return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])); }
 
 // x[j] = exp(x[j] - shift), returning the sum (n a multiple of 8).
 static inline float ExpShiftSum(float* x, int n, float shift) {
@@ -107,26 +73,6 @@ static inline double Max(const double* x, int n) {
   return r;
 }
 
-template <typename A_t> static inline A_t Load(float v) { return v; }
-template <typename A_t> static inline A_t Load(double v) { return static_cast<A_t>(v); }
-template <typename A_t> static inline A_t Load(Bf16 v) {
-  uint32_t u = static_cast<uint32_t>(v.x) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-static inline void Store(float* p, float v) { *p = v; }
-static inline void Store(double* p, double v) { *p = v; }
-static inline void Store(Bf16* p, float v) {
-  uint32_t u;
-  std::memcpy(&u, &v, 4);
-  if (v != v) {
-    p->x = 0x7fc0;
-    return;
-  }
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-  p->x = static_cast<uint16_t>(u >> 16);
-}
 
 // rows x D of src (row stride D) into dst (row stride ld) times mul, rows beyond n and columns beyond D zero.
 template <typename T, typename A_t>

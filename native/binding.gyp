@@ -4,7 +4,7 @@
   "targets": [
     {
       "target_name": "flotilla",
-      "sources": ["addon.cc", "tensor.cc", "tensor_cache.cc", "autograd.cc", "comm.cc", "attention.cc", "optim.cc"],
+      "sources": ["addon.cc", "tensor.cc", "tensor_cache.cc", "autograd.cc", "comm.cc", "attention.cc", "pointwise.cc", "optim.cc"],
       "include_dirs": [
         "<!(node -p \"require('node-addon-api').include_dir\")",
         "<!@(node ../scripts/find-libtorch.cjs include)"
@@ -15,7 +15,7 @@
       "ldflags": ["-Wl,-rpath,'$$ORIGIN'", "-fopenmp"],
       "defines": ["USE_C10D_GLOO", "NAPI_VERSION=8", "NODE_ADDON_API_DISABLE_DEPRECATED"],
       "cflags_cc!": ["-fno-exceptions", "-fno-rtti", "-std=gnu++17", "-std=gnu++20"],
-      # -O3 and fused multiply-adds: the attention and optimizer kernels' (attention.cc, optim.cc) loops are written to vectorise;
+      # -O3 and fused multiply-adds: the kernels' loops (attention.cc, pointwise.cc, optim.cc) are written to vectorise;
       # -fno-math-errno lets a square root vectorise (nothing here reads errno after a math function).
       "cflags_cc": ["-std=c++17", "-fexceptions", "-frtti", "-O3", "-ffp-contract=fast", "-fno-math-errno", "-fopenmp", "-Wno-unused-parameter", "-Wno-deprecated-declarations"],
       "cflags!": ["-fno-exceptions"]

@@ -49,6 +49,7 @@ void InitTensorCache(Napi::Env env, Napi::Object exports);
 void InitAutograd(Napi::Env env, Napi::Object exports);
 void InitComm(Napi::Env env, Napi::Object exports);
 void InitAttention(Napi::Env env, Napi::Object exports);
+void InitPointwise(Napi::Env env, Napi::Object exports);
 void InitOptim(Napi::Env env, Napi::Object exports);
 
 }  // namespace flotilla

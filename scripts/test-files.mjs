@@ -35,7 +35,7 @@ const FILLERS_LONGEST = [
 
 // Of the rest (they take launch slots, and run after the files above), the longest, most first.
 const REST_LONGEST = [
-  'qwen_layouts', 'families_verify', 'hf_mixtral', 'masked_user_model', 'slurm_preempt', 'slurm_jobs', 'slurm_cluster', 'chat_flow', 'dpo_train', 'dpo_layouts', 'chat_verify', 'example_loader', 'cp_ring_documents', 'mistral_layouts', 'cp_ring_window', 'lora_moe_export', 'lora_peft', 'lora_bf16_base', 'lora_layouts_more', 'lora_bf16_cli', 'lora_layouts', 'parallel_grads', 'hardening_teardown', 'checkpointing_activation_memory', 'cp_verify', 'parallel_user_model', 'data_train', 'train_tensorboard',
+  'qwen_layouts', 'families_verify', 'hf_mixtral', 'masked_user_model', 'slurm_preempt', 'slurm_jobs', 'slurm_cluster', 'chat_flow', 'dpo_train', 'dpo_layouts', 'chat_verify', 'example_loader', 'kernels_attention_layouts', 'cp_ring_documents', 'mistral_layouts', 'cp_ring_window', 'lora_moe_export', 'lora_peft', 'lora_bf16_base', 'lora_layouts_more', 'lora_bf16_cli', 'lora_layouts', 'parallel_grads', 'hardening_teardown', 'checkpointing_activation_memory', 'cp_verify', 'parallel_user_model', 'data_train', 'train_tensorboard',
   'distributed_contract', 'config_paths', 'hf_train', 'cli_prepare_direct', 'kernels_fused_layouts', 'tp_layers', 'cp_ring_attention', 'masked_layouts', 'masked_loss', 'hf_init_config', 'hf_qwen', 'data_chat_prepare', 'generate_chat',
 ];
 

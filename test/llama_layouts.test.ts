@@ -5,7 +5,8 @@
 // run's: data parallel, ZeRO-1/2/3, HSDP, each pipeline schedule (GPipe, 1F1B, interleaved, zero
 // bubble; tied head across stages), tensor parallelism with sequence and loss parallelism, their
 // combinations on 4 ranks, full and selective activation checkpointing; and bf16-mixed (float32
-// masters) against one process in bf16-mixed. A tensor-parallel plan that leaves the key/value
+// masters) against one process in bf16-mixed; the fused kernels under tp + sp and ZeRO-3 against the
+// eager one process. A tensor-parallel plan that leaves the key/value
 // heads whole fails the same comparison.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -65,6 +66,8 @@ const world2 = launch(2, [
   run('z3_bf16', { zero: 3 }, bf16),
   run('tp2_sp_bf16', { tp: 2, ...sp }, bf16),
   run('tp2_kv_whole', { tp: 2 }, { mutate: 'kvWhole' }),
+  run('tp2_sp_ac_full_fused', { tp: 2, ...sp }, { ac: 'full', kernels: 'fused' }),
+  run('z3_fused', { zero: 3 }, { kernels: 'fused' }),
 ]);
 const world4 = launch(4, [
   run('hsdp_2x2_z3', { zero: 3, dpShard: 2, dpReplicate: 2 }),
@@ -103,6 +106,11 @@ test('Llama: a tp plan that leaves k and v whole (query heads meet the wrong key
 test('Llama: full and selective activation checkpointing under data parallel, ZeRO-3, tp + sp and a pipeline equal one process without', async () => {
   await Promise.all([reference, world2]);
   for (const name of ['dp2_ac_full', 'z3_ac_selective', 'tp2_sp_ac_selective', 'pp2_ac_full']) compare(name, 2);
+});
+
+test('Llama: kernels = "fused" (attention, RMSNorm, SwiGLU, rotary) under tp + sp with full checkpointing and under ZeRO-3 equals one eager process', async () => {
+  await Promise.all([reference, world2]);
+  for (const name of ['tp2_sp_ac_full_fused', 'z3_fused']) compare(name, 2);
 });
 
 test('Llama: bf16-mixed under data parallel, ZeRO-3 and tp + sp equals one process in bf16-mixed', async () => {

@@ -147,7 +147,8 @@ test('in a Slurm job a SIGUSR1 after the run (a time-limit warning after the las
     const lines: string[] = [];
     const stop = new StopRequest((l) => lines.push(l));
     process.kill(process.pid, 'SIGUSR1');
-    await new Promise((r) => setTimeout(r, 50));
+    // The signal arrives through the event loop: wait for it (seconds under a loaded machine).
+    for (let waited = 0; lines.length === 0 && waited < 10_000; waited += 20) await new Promise((r) => setTimeout(r, 20));
     assert.deepEqual(lines, ['[stop] SIGUSR1: stopping after this step with a checkpoint']);
     stop.dispose();
     // Without a handler SIGUSR1 would end this process (the test file would fail).

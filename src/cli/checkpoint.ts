@@ -5,6 +5,7 @@ import type { Tensor } from '../tensor/index.js';
 import type { Module } from '../nn/module.js';
 import type { GPTConfig } from '../models/gpt.js';
 import { generate as generateTokens, type CausalLM } from '../inference/generate.js';
+import { withKernels, type KernelChoice } from '../nn/kernels/choice.js';
 import { modelSpec } from '../models/registry.js';
 import { placementsOf } from '../parallel/placement.js';
 import { checkCheckpoint, loadWeights } from '../checkpoint/checkpoint.js';
@@ -132,8 +133,14 @@ export interface GenerateOptions {
   chat?: string;
 }
 
-/** The model config and tokenizer spec a checkpoint or an exported file records. */
-function modelOf(path: string): { weights: string; model: Partial<GPTConfig>; tokenizer: string; chatTemplate?: string } {
+/** The attention a run trained with ([train] kernels), which its generation uses too; eager for anything else. */
+function kernelsOf(config: Record<string, unknown>): KernelChoice {
+  const k = (config.train as { kernels?: unknown } | undefined)?.kernels;
+  return k === 'fused' ? 'fused' : 'eager';
+}
+
+/** The model config and tokenizer spec a checkpoint or an exported file records (and a run's kernels). */
+function modelOf(path: string): { weights: string; model: Partial<GPTConfig>; tokenizer: string; chatTemplate?: string; kernels?: KernelChoice } {
   if (isHfDir(path)) {
     const h = readHfDir(path);
     return { weights: path, model: h.model, tokenizer: hfTokenizerSpec({ config: h.model, ...(h.tokenizer ? { tokenizer: h.tokenizer } : {}) }, path) };
@@ -148,7 +155,7 @@ function modelOf(path: string): { weights: string; model: Partial<GPTConfig>; to
   const dir = resolveCheckpoint(path);
   const meta = readMeta(dir);
   const data = (meta.config.data ?? {}) as { tokenizer?: string; chatTemplate?: string };
-  return { weights: dir, model: withMoE(meta.config) as Partial<GPTConfig>, tokenizer: data.tokenizer ?? 'byte', ...(data.chatTemplate ? { chatTemplate: data.chatTemplate } : {}) };
+  return { weights: dir, model: withMoE(meta.config) as Partial<GPTConfig>, tokenizer: data.tokenizer ?? 'byte', ...(data.chatTemplate ? { chatTemplate: data.chatTemplate } : {}), kernels: kernelsOf(meta.config) };
 }
 
 type Sampled = CausalLM & { namedParameters(): [string, Tensor][]; numParams(): number; dispose(): void };
@@ -158,15 +165,15 @@ type Sampled = CausalLM & { namedParameters(): [string, Tensor][]; numParams(): 
  * directory; a LoRA run's checkpoint as its base with its adapters; any of the first three with a
  * PEFT adapter directory's adapters on it (unmerged).
  */
-function modelFor(path: string, adapter: string | undefined): { model: Sampled; tokenizer: string; chatTemplate?: string } {
+function modelFor(path: string, adapter: string | undefined): { model: Sampled; tokenizer: string; chatTemplate?: string; kernels: KernelChoice } {
   const lora = readLoraCheckpoint(path);
   if (lora) {
     if (adapter !== undefined) throw new UsageError(`generate: ${path} is a LoRA run's checkpoint, which brings its own adapters; --adapter goes with a base model (a Hugging Face directory or a checkpoint of a whole model)`);
     const { model } = loraRunModel(lora.dir);
     const data = (lora.meta.config.data ?? {}) as { tokenizer?: string; chatTemplate?: string };
-    return { model: model as unknown as Sampled, tokenizer: data.tokenizer ?? 'byte', ...(data.chatTemplate ? { chatTemplate: data.chatTemplate } : {}) };
+    return { model: model as unknown as Sampled, tokenizer: data.tokenizer ?? 'byte', ...(data.chatTemplate ? { chatTemplate: data.chatTemplate } : {}), kernels: kernelsOf(lora.meta.config) };
   }
-  const { weights, model: cfg, tokenizer, chatTemplate } = modelOf(path);
+  const { weights, model: cfg, tokenizer, chatTemplate, kernels } = modelOf(path);
   // Any registered architecture (the run's [model] arch) that decodes with a cache.
   const spec = modelSpec((cfg as { arch?: string }).arch ?? 'gpt');
   const model = spec.build(cfg, { initSeed: 0 }) as unknown as Sampled & Module;
@@ -178,7 +185,7 @@ function modelFor(path: string, adapter: string | undefined): { model: Sampled; 
     model.dispose();
     throw e;
   }
-  return { model, tokenizer, ...(chatTemplate ? { chatTemplate } : {}) };
+  return { model, tokenizer, ...(chatTemplate ? { chatTemplate } : {}), kernels: kernels ?? 'eager' };
 }
 
 interface TextCodec {
@@ -201,9 +208,10 @@ async function codecFor(spec: string): Promise<TextCodec> {
  * Samples a continuation of each prompt from a checkpoint, an exported file or a Hugging Face
  * directory, all prompts in one batch with the key/value cache (src/inference/generate.ts); a
  * continuation ends at the tokenizer's end-of-text id unless ignoreEos. Deterministic for a seed.
+ * Attention runs as a run trained it ([train] kernels; eager for an exported file or a Hugging Face directory).
  */
 export async function generate(path: string, o: GenerateOptions): Promise<{ prompt: string; text: string }[]> {
-  const { model, tokenizer, chatTemplate } = modelFor(path, o.adapter);
+  const { model, tokenizer, chatTemplate, kernels } = modelFor(path, o.adapter);
   try {
     const codec = await codecFor(tokenizer);
     const eot = (codec as { eot?: number }).eot;
@@ -220,10 +228,10 @@ export async function generate(path: string, o: GenerateOptions): Promise<{ prom
     if (prompts.some((p) => p.length === 0)) throw new UsageError('generate: --prompt needs some text');
     // The family's end ids (eos_token_id may be a list: end of turn and end of text) end a reply too.
     for (const id of modelEosIds([isHfDir(path) ? path : undefined, tokenizerDirOf(tokenizer)])) if (!stop.includes(id)) stop.push(id);
-    const out = generateTokens(model, prompts, {
+    const out = withKernels(kernels, () => generateTokens(model, prompts, {
       maxNewTokens: o.tokens, temperature: o.temperature, topK: o.topK, topP: o.topP, seed: o.seed >>> 0,
       ...(!o.ignoreEos ? { stopIds: stop } : {}),
-    });
+    }));
     return out.map((ids, r) => ({ prompt: o.prompts[r]!, text: codec.decode(!o.ignoreEos && stop.includes(ids[ids.length - 1]!) ? ids.slice(0, -1) : ids) }));
   } finally {
     model.dispose();
@@ -249,7 +257,7 @@ function num(v: string | undefined, flag: string, ok: (n: number) => boolean, wh
   return n;
 }
 
-const GENERATE_USAGE = 'generate: usage: flotilla generate <checkpoint|run dir|exported.safetensors|Hugging Face dir> [--adapter PEFT_DIR] [--chat [--chat-template model|chatml|FILE]] --prompt TEXT [--prompt TEXT ...] [--tokens N --temperature T --top-k K --top-p P --seed S --ignore-eos --out FILE]';
+const GENERATE_USAGE = 'generate: usage: flotilla generate <checkpoint|run dir|exported.safetensors|Hugging Face dir> [--adapter PEFT_DIR] [--chat [--chat-template model|chatml|FILE]] --prompt TEXT [--prompt TEXT ...] [--tokens N --temperature T --top-k K --top-p P --seed S --ignore-eos --out FILE] (attention as a run trained it: its [train] kernels)';
 
 /** `flotilla generate CKPT [--adapter DIR] [--chat [--chat-template SPEC]] --prompt TEXT [--prompt TEXT ...] [--tokens N --temperature T --top-k K --top-p P --seed S --ignore-eos --out FILE]` */
 export async function generateCommand(args: readonly string[], print: (l: string) => void): Promise<number> {

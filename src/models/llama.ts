@@ -26,6 +26,7 @@ import { KVCache } from '../nn/kv_cache.js';
 import { sequenceShard } from '../nn/sequence_shard.js';
 import { documents } from '../nn/documents.js';
 import { kernelChoice } from '../nn/kernels/choice.js';
+import { fusedRotary, fusedSwiglu } from '../nn/kernels/pointwise.js';
 import { fusedAttention } from '../nn/kernels/attention.js';
 import { MoE } from '../nn/moe.js';
 import { isMoELayer, type MoEConfig } from '../nn/moe_config.js';
@@ -258,7 +259,8 @@ export class LlamaAttention extends Module {
       : shard ? this.rope.at(rd, shard.positions(T).view(1, T))
         : typeof positions === 'number' ? this.rope.slice(rd, positions, T) : this.rope.at(rd, positions);
     // bfloat16 q, k times float32 tables promote to float32 in the same kernels (no separate cast).
-    const rot = (t: Tensor, n: number) => applyRotary(t.view(B, T, n, hd), cos, sinSigned);
+    const fused = kernelChoice() === 'fused';
+    const rot = (t: Tensor, n: number) => (fused ? fusedRotary : applyRotary)(t.view(B, T, n, hd), cos, sinSigned);
     // Cast before the heads are made contiguous, so that copy moves bfloat16 under bf16-mixed.
     const [qr, kr] = castFor('matmul', rot(q, nh), rot(k, nkv)) as [Tensor, Tensor];
     if (shard) {
@@ -268,7 +270,7 @@ export class LlamaAttention extends Module {
     }
     // The fused kernel ([Note: kernel choice]): the heads as they are, kv heads read in place, the
     // documents and window as its arguments; memory linear in T.
-    if (kernelChoice() === 'fused' && (this.attnDrop.p === 0 || !this.attnDrop.training)) {
+    if (fused && (this.attnDrop.p === 0 || !this.attnDrop.training)) {
       const [vc] = castFor('matmul', v) as [Tensor];
       const heads = (t: Tensor, n: number) => t.view(B, T, n, hd).transpose(1, 2); // (B, n, T, hd)
       const y = fusedAttention(heads(qr, nh), heads(kr, nkv), heads(vc, nkv), { window, qDocs: docs?.ids, kDocs: docs?.ids });
@@ -309,6 +311,14 @@ export function llamaAttentionDecode(a: LlamaAttention, x: Tensor, cache: KVCach
   const qh = rot(q, nh).transpose(1, 2); // (B, nh, T, hd)
   const [K, V] = cache.append(layer, rot(k, nkv).transpose(1, 2), v.view(B, T, nkv, hd).transpose(1, 2)); // (B, nkv, Tk, hd)
   const Tk = K.shape[2]!;
+  if (kernelChoice() === 'fused') {
+    // The fused kernel ([Note: kernel choice]): kv heads read in place, the new queries at the
+    // cache's positions, the window its argument, padding as documents.
+    const [qc, kc, vc] = castFor('matmul', qh, K, V) as [Tensor, Tensor, Tensor];
+    const docs = cache.documentIds(T);
+    const y = fusedAttention(qc, kc, vc, { offset: cache.length, window: a.rope.cfg.slidingWindow, qDocs: docs?.q, kDocs: docs?.k });
+    return a.o.call(y.transpose(1, 2).reshape(B, T, nh * hd));
+  }
   const [qg, kc] = castFor('matmul', qh.reshape(B, nkv, group * T, hd), K) as [Tensor, Tensor];
   let att = qg.matmul(kc.transpose(-2, -1)).view(B, nh, T, Tk).mul(1 / Math.sqrt(hd));
   if (allowed) att = att.maskedFill(allowed.logicalNot(), -Infinity);
@@ -334,7 +344,9 @@ export class LlamaMLP extends Module {
     // policy's dtype for SwiGLU (float32 under bf16-mixed), rounded once by down's cast.
     const [xc] = castFor('linear', x) as [Tensor];
     const [g] = castFor('swiglu', this.gate.call(xc)) as [Tensor];
-    return this.down.call(g.silu().mul(this.up.call(xc)));
+    // Elementwise, so under tensor parallelism each rank's column shards of gate and up fuse alone.
+    const up = this.up.call(xc);
+    return this.down.call(kernelChoice() === 'fused' ? fusedSwiglu(g, up) : g.silu().mul(up));
   }
 }
 

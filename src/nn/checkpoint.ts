@@ -36,26 +36,21 @@
 import { type Tensor, defineFunction, grad, keep, manualSeed, randint } from '../tensor/index.js';
 import { native } from '../tensor/native.js';
 import type { Module } from './module.js';
+import { ambientChoice } from './ambient_choice.js';
 import type { PlanAxis } from '../distributed/plan_terms.js';
 
 export type ActivationCheckpoint = 'none' | 'full' | 'selective';
 export const ACTIVATION_CHECKPOINTS: readonly ActivationCheckpoint[] = ['none', 'full', 'selective'];
 
-const modes: ActivationCheckpoint[] = [];
+const mode = ambientChoice('activationCheckpoint', ACTIVATION_CHECKPOINTS, 'none');
 
 /** Runs fn with activation checkpointing of transformer blocks set to mode (the trainer opens it per step). */
-export function withActivationCheckpoint<T>(mode: ActivationCheckpoint, fn: () => T): T {
-  if (!ACTIVATION_CHECKPOINTS.includes(mode)) throw new Error(`activationCheckpoint "${mode}" is not one of ${ACTIVATION_CHECKPOINTS.map((m) => `"${m}"`).join(', ')}`);
-  modes.push(mode);
-  try {
-    return fn();
-  } finally {
-    modes.pop();
-  }
+export function withActivationCheckpoint<T>(m: ActivationCheckpoint, fn: () => T): T {
+  return mode.with(m, fn);
 }
 
 export function activationCheckpointMode(): ActivationCheckpoint {
-  return modes[modes.length - 1] ?? 'none';
+  return mode.current();
 }
 
 let inRegion = 0;

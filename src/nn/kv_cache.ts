@@ -59,6 +59,20 @@ export class KVCache {
   }
 
   /**
+   * The mask of allowed() as document ids for the fused kernel ([Note: kernel choice]), int64: real
+   * tokens are document 0 and padding token j its own document -(j + 1), so a padding query sees
+   * only itself and a real one no padding. Queries (B, T) and keys (B, length + T); undefined
+   * without padding (causal and the window are the kernel's own arguments).
+   */
+  documentIds(T: number): { q: Tensor; k: Tensor } | undefined {
+    if (!this.padded) return undefined;
+    const Tk = this.length + T;
+    const key = arange(0, Tk, 1, { dtype: 'int64' }).view(1, Tk);
+    const k = key.add(1).mul(key.lt(this.padIds).to('int64')).neg(); // (B, Tk)
+    return { q: k.narrow(1, this.length, T), k };
+  }
+
+  /**
    * Stores a layer's keys and values of the new tokens, (B, nKv, T, hs), after those held; returns
    * views of all of them, (B, nKv, length + T, hs). Call advance(T) once every layer has appended.
    */

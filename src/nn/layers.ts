@@ -3,6 +3,8 @@ import { Tensor, empty, ones, zeros, noGrad, defineFunction, type DType } from '
 import { Module } from './module.js';
 import * as F from './functional.js';
 import { castFor, castParam, readsParametersThroughPolicy, widenedDtype } from './precision.js';
+import { kernelChoice } from './kernels/choice.js';
+import { fusedLayerNorm, fusedRmsNorm } from './kernels/pointwise.js';
 
 export class Linear extends Module {
   readonly weight: Tensor; // (out, in)
@@ -73,6 +75,8 @@ export class LayerNorm extends Module {
   readonly eps: number;
   forward(x: Tensor): Tensor {
     const [xc] = castFor('layerNorm', x) as [Tensor];
+    // The one-pass kernel under kernels = "fused" ([Note: kernel choice]), in the policy's dtype as the eager op.
+    if (kernelChoice() === 'fused') return fusedLayerNorm(xc, castParam('layerNorm', this.weight)!, castParam('layerNorm', this.bias), this.eps);
     return F.layerNorm(xc, [this.dim], castParam('layerNorm', this.weight), castParam('layerNorm', this.bias), this.eps);
   }
 }
@@ -85,6 +89,7 @@ export class RMSNorm extends Module {
   }
   forward(x: Tensor): Tensor {
     const [xc] = castFor('rmsNorm', x) as [Tensor];
+    if (kernelChoice() === 'fused') return fusedRmsNorm(xc, castParam('rmsNorm', this.weight)!, this.eps);
     return F.rmsNorm(xc, castParam('rmsNorm', this.weight), this.eps);
   }
 }

@@ -10,6 +10,7 @@ import { MoE } from './moe.js';
 import { sequenceShard } from './sequence_shard.js';
 import { documents } from './documents.js';
 import { kernelChoice } from './kernels/choice.js';
+import { fusedGelu } from './kernels/pointwise.js';
 import { fusedAttention } from './kernels/attention.js';
 import type { MoEConfig } from './moe_config.js';
 
@@ -72,6 +73,13 @@ export class CausalSelfAttention extends Module {
     const [q, k, v] = qkv.view(B, T, 3, nh, hs).permute(2, 0, 3, 1, 4).unbind(0) as [Tensor, Tensor, Tensor]; // (B, nh, T, hs) each
     const [K, V] = cache.append(layer, k, v); // (B, nh, Tk, hs)
     const [qh, kh] = castFor('matmul', q, K) as [Tensor, Tensor];
+    if (kernelChoice() === 'fused') {
+      // The fused kernel ([Note: kernel choice]): the new queries at the cache's positions, padding as documents.
+      const [vh] = castFor('matmul', V) as [Tensor];
+      const docs = cache.documentIds(T);
+      const o = fusedAttention(qh, kh, vh, { offset: cache.length, qDocs: docs?.q, kDocs: docs?.k });
+      return this.residDrop.call(this.proj.call(T === 1 ? o.view(B, 1, C) : o.transpose(1, 2).reshape(B, T, C)));
+    }
     let att = qh.matmul(kh.transpose(-2, -1)).mul(1 / Math.sqrt(hs)); // (B, nh, T, Tk)
     if (allowed) att = att.maskedFill(allowed.logicalNot(), -Infinity);
     [att] = castFor('softmax', att) as [Tensor];
@@ -132,7 +140,8 @@ export class MLP extends Module {
   }
   forward(x: Tensor): Tensor {
     const [h] = castFor('gelu', this.fc.call(x)) as [Tensor];
-    return this.drop.call(this.proj.call(h.gelu(this.approximate)));
+    const a = kernelChoice() === 'fused' ? fusedGelu(h, this.approximate) : h.gelu(this.approximate);
+    return this.drop.call(this.proj.call(a));
   }
 }
 

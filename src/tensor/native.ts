@@ -110,6 +110,22 @@ export interface Native {
   /** One SGD update in place (torch.optim.SGD's, L2 decay into the gradient; the first step copies into the buffer). */
   sgdStep(param: TensorHandle, grad: TensorHandle, momentumBuffer: TensorHandle | undefined, lr: number, momentum: number,
     dampening: number, weightDecay: number, nesterov: boolean, first: boolean): void;
+  /**
+   * One-pass pointwise kernels ([Note: pointwise kernels] in native/pointwise.cc). Norms over the last
+   * dim: [y, rstd, mean (LayerNorm: layer true)]; rstd and mean in float32 (float64 for float64 x).
+   */
+  normForward(x: TensorHandle, weight: TensorHandle, bias: TensorHandle | undefined, eps: number, layer: boolean): TensorHandle[];
+  /** [dx, dweight, dbias (withBias)]; LayerNorm when mean is given. */
+  normBackward(dy: TensorHandle, x: TensorHandle, weight: TensorHandle, withBias: boolean, rstd: TensorHandle, mean: TensorHandle | undefined): TensorHandle[];
+  /** silu(gate) * up. */
+  swigluForward(gate: TensorHandle, up: TensorHandle): TensorHandle;
+  /** [dgate, dup]. */
+  swigluBackward(dy: TensorHandle, gate: TensorHandle, up: TensorHandle): [TensorHandle, TensorHandle];
+  /** gelu(x), exact or (tanh) the tanh approximation. */
+  geluForward(x: TensorHandle, tanh: boolean): TensorHandle;
+  geluBackward(dy: TensorHandle, x: TensorHandle, tanh: boolean): TensorHandle;
+  /** x (B, T, H, D) * cos + swapHalves(x) * sinSigned, tables (T, D), (1, T, D) or (B, T, D); inverse: the rotation by -theta. */
+  rotary(x: TensorHandle, cos: TensorHandle, sinSigned: TensorHandle, inverse: boolean): TensorHandle;
   /** Linux: deliver signo to this process when its parent exits (false elsewhere). */
   setParentDeathSignal(signo: number): boolean;
 

@@ -26,6 +26,23 @@ interface Settings {
   kDocs: Tensor | undefined;
 }
 
+/** dq, dk, dv from the saved inputs, the output and log-sum-exp rows they are relative to, and dOut. */
+function attentionGradients(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dOut: Tensor, s: Settings): [Tensor, Tensor, Tensor] {
+  const [dq, dk, dv] = native.attentionBackward(q.handle, k.handle, v.handle, out.handle, lse.handle, dOut.handle,
+    s.scale, s.offset, s.window, s.qDocs?.handle, s.kDocs?.handle);
+  return [new Tensor(dq), new Tensor(dk), new Tensor(dv)];
+}
+
+function settingsOf(q: Tensor, k: Tensor, opts: FusedAttentionOptions): Settings {
+  return {
+    scale: opts.scale ?? 1 / Math.sqrt(q.shape[3]!),
+    offset: opts.offset ?? k.shape[2]! - q.shape[2]!,
+    window: opts.window ?? 0,
+    qDocs: opts.qDocs,
+    kDocs: opts.kDocs,
+  };
+}
+
 const attention = defineFunction<[Tensor, Tensor, Tensor, Settings]>({
   forward(ctx: FunctionCtx, q, k, v, s) {
     const [out, lse] = native.attentionForward(q.handle, k.handle, v.handle, s.scale, s.offset, s.window, s.qDocs?.handle, s.kDocs?.handle);
@@ -37,10 +54,7 @@ const attention = defineFunction<[Tensor, Tensor, Tensor, Settings]>({
   },
   backward(ctx, gOut) {
     const [q, k, v, o, l] = ctx.savedTensors as [Tensor, Tensor, Tensor, Tensor, Tensor];
-    const s = ctx.state.s as Settings;
-    const [dq, dk, dv] = native.attentionBackward(q.handle, k.handle, v.handle, o.handle, l.handle, gOut!.handle,
-      s.scale, s.offset, s.window, s.qDocs?.handle, s.kDocs?.handle);
-    return [new Tensor(dq), new Tensor(dk), new Tensor(dv), undefined];
+    return [...attentionGradients(q, k, v, o, l, gOut!, ctx.state.s as Settings), undefined];
   },
 }, 'FusedAttention');
 
@@ -51,16 +65,18 @@ const attention = defineFunction<[Tensor, Tensor, Tensor, Settings]>({
 export function fusedAttention(q: Tensor, k: Tensor, v: Tensor, opts: FusedAttentionOptions & { withLse: true }): [Tensor, Tensor];
 export function fusedAttention(q: Tensor, k: Tensor, v: Tensor, opts?: FusedAttentionOptions): Tensor;
 export function fusedAttention(q: Tensor, k: Tensor, v: Tensor, opts: FusedAttentionOptions = {}): Tensor | [Tensor, Tensor] {
-  const D = q.shape[3]!, Tq = q.shape[2]!, Tk = k.shape[2]!;
-  const settings: Settings = {
-    scale: opts.scale ?? 1 / Math.sqrt(D),
-    offset: opts.offset ?? Tk - Tq,
-    window: opts.window ?? 0,
-    qDocs: opts.qDocs,
-    kDocs: opts.kDocs,
-  };
-  const [out, lse] = attention(q, k, v, settings) as [Tensor, Tensor];
+  const [out, lse] = attention(q, k, v, settingsOf(q, k, opts)) as [Tensor, Tensor];
   if (opts.withLse) return [out, lse];
   lse.dispose();
   return out;
+}
+
+/**
+ * The kernel's backward alone, for a caller that merges several blocks' softmaxes itself (the ring
+ * of context parallelism): the gradients of q, k, v of one block given the merged output and
+ * log-sum-exp (B, Hq, Tq) of the rows and their output gradient, so the block's probabilities are
+ * its share of the merged softmax.
+ */
+export function fusedAttentionBlockBackward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dOut: Tensor, opts: FusedAttentionOptions = {}): [Tensor, Tensor, Tensor] {
+  return attentionGradients(q, k, v, out, lse, dOut, settingsOf(q, k, opts));
 }

@@ -1,27 +1,25 @@
 // [Note: kernel choice] Which kernels the models and the optimizer run: "eager" (op by op, the
 // default) or "fused" (attention as one blocked kernel, src/nn/kernels/attention.ts; the training
-// loss from the hidden state, [Note: deferred head] in lm_head.ts; the optimizer's one-pass update,
-// src/optim/fused.ts). An ambient setting like the activation checkpoint mode: the trainer sets it
-// from [train] kernels around each step (forward and backward) and around its optimizer step, and
-// the models read it where attention and the head run, the optimizer in its step. Attention with
-// dropout stays eager.
+// loss from the hidden state, [Note: deferred head] in lm_head.ts; RMSNorm, LayerNorm, SwiGLU, GELU
+// and rotary as one pass each, src/nn/kernels/pointwise.ts; the optimizer's update as one pass per
+// flat bucket, src/optim/fused.ts). An ambient setting like the activation checkpoint mode: the
+// trainer sets it from [train] kernels around each step (forward and backward) and around its
+// optimizer step, and the models read it where attention, the norms, the MLP and the head run (the
+// context-parallel ring's blocks too: [Note: ring kernel]), the optimizer in its step. Attention with
+// dropout, the MoE experts and generation's decode stay eager.
+import { ambientChoice } from '../ambient_choice.js';
+
 export const KERNEL_CHOICES = ['eager', 'fused'] as const;
 export type KernelChoice = (typeof KERNEL_CHOICES)[number];
 
-const choices: KernelChoice[] = [];
+const setting = ambientChoice('kernels', KERNEL_CHOICES, 'eager');
 
 /** Runs fn with the models' kernels and the optimizer's update chosen by `choice`. */
 export function withKernels<T>(choice: KernelChoice, fn: () => T): T {
-  if (!KERNEL_CHOICES.includes(choice)) throw new Error(`kernels "${choice}" is not one of ${KERNEL_CHOICES.map((m) => `"${m}"`).join(', ')}`);
-  choices.push(choice);
-  try {
-    return fn();
-  } finally {
-    choices.pop();
-  }
+  return setting.with(choice, fn);
 }
 
 /** The kernels in effect ("eager" outside withKernels). */
 export function kernelChoice(): KernelChoice {
-  return choices[choices.length - 1] ?? 'eager';
+  return setting.current();
 }

@@ -42,8 +42,20 @@
 // global indices; within a document the index difference is the position difference), and a block
 // whose nearest key is already outside the window for its first query is skipped outright, like a
 // block of earlier documents. Rows left with no key in a block merge with weight 0 as above.
+//
+// [Note: ring kernel] With [train] kernels = "fused" ([Note: kernel choice]) a block is the fused
+// kernel (src/nn/kernels/attention.ts), one call per key chunk of the pair: a chunk is contiguous,
+// so its queries sit at key position i + (qChunk - kChunk) c (the window measured in true global
+// distances), with the chunks' document ids. The kernel's log-sum-exp merges as above; a row that
+// sees no key of the chunk comes back with -inf, raised to the same finite -1e30 so its weight is 0.
+// Backward keeps the ring's structure (the same blocks skipped, the same sums travelling): each
+// chunk's gradients come from the kernel's backward given the merged output and log-sum-exp, which
+// is the block's share of the whole softmax. A key chunk wholly before its queries' documents or
+// outside their window is skipped alone (the block's test on that chunk).
 import { type Tensor, type DType, arange, cat, defineFunction, empty, ones, stack, tidy, zerosLike } from '../../tensor/index.js';
 import type { ProcessGroup } from '../../distributed/process_group.js';
+import { kernelChoice } from '../../nn/kernels/choice.js';
+import { fusedAttention, fusedAttentionBlockBackward, type FusedAttentionOptions } from '../../nn/kernels/attention.js';
 
 /** The global chunk indices of cp rank r's two halves ([Note: load-balanced chunks]). */
 export function chunksOf(rank: number, cp: number): [number, number] {
@@ -80,8 +92,11 @@ interface Geometry {
   window: number;
 }
 
-/** Blocks computed and skipped (documents and windows only), for tests and for the curious. */
-export interface RingStats { computed: number; skipped: number }
+/**
+ * Blocks computed and skipped (documents and windows only), for tests and for the curious; `fused`
+ * counts the fused kernel's calls when it computes them ([Note: ring kernel]).
+ */
+export interface RingStats { computed: number; skipped: number; fused?: number }
 
 /** Query half h (B, H, c, hd) as (B, Hkv, g c, hd) in the accumulating dtype. */
 function queryHalf(q: Tensor, h: number, geo: Geometry): Tensor {
@@ -151,13 +166,31 @@ function skippable(qChunk: number, kChunks: readonly [number, number], n: number
   return true;
 }
 
+/**
+ * The key chunks of a block the fused kernel computes ([Note: ring kernel]): the indices in the pair
+ * of the first n chunks that are not skippable alone.
+ */
+function kernelChunks(qChunk: number, kChunks: readonly [number, number], n: number, geo: Geometry): number[] {
+  return [0, 1].slice(0, n).filter((j) => !skippable(qChunk, [kChunks[j]!, kChunks[j]!], 1, geo));
+}
+
+/** The kernel's arguments for query chunk qChunk over key chunk kChunk (call inside a tidy scope: the ids are views). */
+function kernelOptions(qChunk: number, kChunk: number, geo: Geometry): FusedAttentionOptions {
+  const { c } = geo;
+  const ids = geo.docs?.ids;
+  return {
+    scale: geo.scale, offset: (qChunk - kChunk) * c, window: geo.window,
+    qDocs: ids?.narrow(1, qChunk * c, c), kDocs: ids?.narrow(1, kChunk * c, c),
+  };
+}
+
 /** The global chunks of the key/value pair a rank holds at ring step `step`: those of rank (rank - step) mod cp. */
 function keyChunksAt(step: number, geo: Geometry, cp: number, rank: number): [number, number] {
   return chunksOf((rank - step + cp) % cp, cp);
 }
 
-const ringAttentionFn = defineFunction<[Tensor, Tensor, Tensor, ProcessGroup, number, Tensor | undefined, RingStats | undefined, number]>({
-  forward(ctx, q, k, v, group, scale, docIds, stats, window) {
+const ringAttentionFn = defineFunction<[Tensor, Tensor, Tensor, ProcessGroup, number, Tensor | undefined, RingStats | undefined, number, boolean]>({
+  forward(ctx, q, k, v, group, scale, docIds, stats, window, fused) {
     const [B, H, T, hd] = q.shape as [number, number, number, number];
     const Hkv = k.shape[1]!, C = group.size, r = group.rank, c = T / 2;
     const acc: DType = q.dtype === 'float64' ? 'float64' : 'float32';
@@ -184,26 +217,37 @@ const ringAttentionFn = defineFunction<[Tensor, Tensor, Tensor, ProcessGroup, nu
           continue;
         }
         if (stats) stats.computed++;
-        const merged = tidy(() => {
-          const qh = queryHalf(q, h, geo);
-          const kb = pair.select(0, 0).narrow(2, 0, n * c).to(acc), vb = pair.select(0, 1).narrow(2, 0, n * c).to(acc);
-          const sc = scores(qh, kb, maskOf(geo.mine[h]!, kc, n, diagonal, geo), geo);
-          const m = sc.amax(-1, true);
-          const p = sc.sub(m).exp();
-          const l = p.sum(-1, true);
-          const o = p.matmul(vb).div(l);
-          const ls = m.add(l.log());
+        // Online softmax: a part and the merge so far reweighted to their merged log-sum-exp.
+        const merge = (o: Tensor, ls: Tensor) => {
           if (!out[h]) return { o, ls };
-          // Online softmax: both parts reweighted to the merged log-sum-exp.
           const top = ls.maximum(lse[h]!);
           const a = lse[h]!.sub(top).exp(), b = ls.sub(top).exp();
           const sum = a.add(b);
           return { o: out[h]!.mul(a.div(sum)).add(o.mul(b.div(sum))), ls: top.add(sum.log()) };
-        });
-        out[h]?.dispose();
-        lse[h]?.dispose();
-        out[h] = merged.o;
-        lse[h] = merged.ls;
+        };
+        const parts = fused
+          ? kernelChunks(geo.mine[h]!, kc, n, geo).map((j) => () => {
+            if (stats) stats.fused = (stats.fused ?? 0) + 1;
+            const [o, ls] = fusedAttention(q.narrow(2, h * c, c).to(acc), pair.select(0, 0).narrow(2, j * c, c).to(acc),
+              pair.select(0, 1).narrow(2, j * c, c).to(acc), { ...kernelOptions(geo.mine[h]!, kc[j]!, geo), withLse: true });
+            return merge(o.reshape(B, Hkv, geo.g * c, hd), ls.clamp(MASKED).reshape(B, Hkv, geo.g * c, 1));
+          })
+          : [() => {
+            const qh = queryHalf(q, h, geo);
+            const kb = pair.select(0, 0).narrow(2, 0, n * c).to(acc), vb = pair.select(0, 1).narrow(2, 0, n * c).to(acc);
+            const sc = scores(qh, kb, maskOf(geo.mine[h]!, kc, n, diagonal, geo), geo);
+            const m = sc.amax(-1, true);
+            const p = sc.sub(m).exp();
+            const l = p.sum(-1, true);
+            return merge(p.matmul(vb).div(l), m.add(l.log()));
+          }];
+        for (const part of parts) {
+          const merged = tidy(part);
+          out[h]?.dispose();
+          lse[h]?.dispose();
+          out[h] = merged.o;
+          lse[h] = merged.ls;
+        }
       }
       if (next) {
         next.wait();
@@ -219,6 +263,7 @@ const ringAttentionFn = defineFunction<[Tensor, Tensor, Tensor, ProcessGroup, nu
     ctx.state.geo = geo;
     ctx.state.group = group;
     ctx.state.skip = skip;
+    ctx.state.fused = fused;
     for (const t of [...out, ...lse]) t!.dispose();
     return y;
   },
@@ -228,6 +273,7 @@ const ringAttentionFn = defineFunction<[Tensor, Tensor, Tensor, ProcessGroup, nu
     const geo: Geometry = saved.docs ? { ...saved, docs: { ...saved.docs, ids: ids! } } : saved;
     const group = ctx.state.group as ProcessGroup;
     const skip = ctx.state.skip as boolean[][];
+    const fused = ctx.state.fused as boolean;
     const { B, H, Hkv, c, hd, g, acc, scale } = geo;
     const C = group.size, r = group.rank;
     const outs = [o0!, o1!], lses = [l0!, l1!];
@@ -243,6 +289,21 @@ const ringAttentionFn = defineFunction<[Tensor, Tensor, Tensor, ProcessGroup, nu
       for (let h = 0; h < 2; h++) {
         const { n, diagonal } = blockOf(geo.mine[h]!, kc);
         if (n === 0 || skip[s]![h]) continue;
+        if (fused) {
+          // The kernel's backward per key chunk, against the merged rows ([Note: ring kernel]).
+          for (const j of kernelChunks(geo.mine[h]!, kc, n, geo)) {
+            tidy(() => {
+              const rows = (t: Tensor) => t.reshape(B, H, c, hd);
+              const [dqj, dkj, dvj] = fusedAttentionBlockBackward(q!.narrow(2, h * c, c).to(acc),
+                pair.select(0, 0).narrow(2, j * c, c).to(acc), pair.select(0, 1).narrow(2, j * c, c).to(acc),
+                rows(outs[h]!), lses[h]!.reshape(B, H, c), rows(dO[h]!), kernelOptions(geo.mine[h]!, kc[j]!, geo));
+              dq[h]!.add_(dqj.reshape(B, Hkv, g * c, hd));
+              dPair.select(0, 0).narrow(2, j * c, c).add_(dkj);
+              dPair.select(0, 1).narrow(2, j * c, c).add_(dvj);
+            });
+          }
+          continue;
+        }
         tidy(() => {
           const qh = queryHalf(q!, h, geo);
           const kb = pair.select(0, 0).narrow(2, 0, n * c).to(acc), vb = pair.select(0, 1).narrow(2, 0, n * c).to(acc);
@@ -266,7 +327,7 @@ const ringAttentionFn = defineFunction<[Tensor, Tensor, Tensor, ProcessGroup, nu
     }
     const dk = dPair.select(0, 0).to(k!.dtype), dv = dPair.select(0, 1).to(v!.dtype);
     const dqAll = cat(dq.map((t) => t.view(B, H, c, hd)), 2).to(q!.dtype);
-    return [dqAll, dk, dv, undefined, undefined, undefined, undefined, undefined];
+    return [dqAll, dk, dv, undefined, undefined, undefined, undefined, undefined, undefined];
   },
 }, 'RingAttention');
 
@@ -276,7 +337,8 @@ const ringAttentionFn = defineFunction<[Tensor, Tensor, Tensor, ProcessGroup, nu
  * (B, H, 2c, hd). On a group of one it is plain causal attention, computed blockwise. With
  * `docIds`, the whole rows' document ids (B, 2c x cp), a query reads only its own document's keys
  * ([Note: ring documents]); `stats` counts the blocks computed and skipped. A sliding `window` > 0
- * limits a query at global index i to keys j with i - j < window ([Note: ring window]).
+ * limits a query at global index i to keys j with i - j < window ([Note: ring window]). Blocks run
+ * the fused kernel when the kernel choice is "fused" ([Note: ring kernel]).
  */
 export function ringAttention(q: Tensor, k: Tensor, v: Tensor, group: ProcessGroup, scale: number, docIds?: Tensor, stats?: RingStats, window = 0): Tensor {
   const [B, H, T] = q.shape as [number, number, number, number];
@@ -286,5 +348,5 @@ export function ringAttention(q: Tensor, k: Tensor, v: Tensor, group: ProcessGro
     throw new Error(`ringAttention: document ids of shape [${docIds.shape}] are not the whole rows [${B}, ${T * group.size}] (${T} tokens on each of ${group.size} ranks)`);
   }
   if (!Number.isInteger(window) || window < 0) throw new Error(`ringAttention: window must be a whole number >= 0, got ${window}`);
-  return ringAttentionFn(q, k, v, group, scale, docIds, stats, window);
+  return ringAttentionFn(q, k, v, group, scale, docIds, stats, window, kernelChoice() === 'fused');
 }

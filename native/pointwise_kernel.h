@@ -1,0 +1,268 @@
+// The pointwise kernels' per-chunk work ([Note: pointwise kernels] in pointwise.cc). Plain C++ on raw
+// pointers, included twice by pointwise.cc (baseline x86-64, and under `#pragma GCC target("avx2,fma")`),
+// as attention_kernel.h is. No include guard and no includes: the includer provides <cmath>,
+// <cstdint>, <cstring>, <vector>, the Norm/Elementwise/Rotation structs and Bf16, and wraps this file
+// in a namespace. Every kernel widens a row or a block of up to kBlock values to the accumulation type
+// (float for float32 and bfloat16, double for float64), computes there in loops the compiler
+// vectorises, and rounds once on the way out.
+
+#include "kernel_math.h"
+
+constexpr int64_t kBlock = 512;  // elementwise block: a multiple of 8, a few KB per buffer
+
+template <typename T, typename A_t>
+static inline void Widen(A_t* d, const T* s, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) d[j] = Load<A_t>(s[j]);
+}
+template <typename T, typename A_t>
+static inline void Narrow(T* d, const A_t* s, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) Store(d + j, s[j]);
+}
+// Sums with eight running lanes (the compiler keeps them in one or two vector registers).
+template <typename A_t>
+static inline A_t Dot(const A_t* a, const A_t* b, int64_t n) {
+  A_t acc[8] = {};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += a[j + l] * b[j + l];
+  for (; j < n; ++j) acc[0] += a[j] * b[j];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+template <typename A_t>
+static inline A_t SumOf(const A_t* a, int64_t n) {
+  A_t acc[8] = {};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += a[j + l];
+  for (; j < n; ++j) acc[0] += a[j];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+// x[j] = exp(x[j]) for x[j] <= 0, n <= kBlock; float through ExpV (the buffer has room for the
+// rounding up to 8), double through std::exp.
+static inline void ExpNonPositive(float* x, int64_t n) {
+  const int64_t n8 = (n + 7) / 8 * 8;
+  for (int64_t j = n; j < n8; ++j) x[j] = 0;
+  for (int64_t j = 0; j < n8; j += 8) StoreV(x + j, ExpV(LoadV<VF>(x + j)));
+}
+static inline void ExpNonPositive(double* x, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) x[j] = std::exp(x[j]);
+}
+
+// Rows [r0, r1) of RMSNorm (p.layer false) or LayerNorm: y = (x - mean) * rstd * w (+ b), mean 0
+// for RMSNorm; saves mean (LayerNorm) and rstd per row.
+template <typename T, typename A_t>
+static void NormForward(const Norm& p, int64_t r0, int64_t r1) {
+  const int64_t d = p.d;
+  std::vector<A_t> buf(3 * d);
+  A_t *xr = buf.data(), *w = xr + d, *b = w + d;
+  Widen(w, static_cast<const T*>(p.w), d);
+  if (p.b) Widen(b, static_cast<const T*>(p.b), d);
+  for (int64_t r = r0; r < r1; ++r) {
+    Widen(xr, static_cast<const T*>(p.x) + r * d, d);
+    A_t mu = 0;
+    if (p.layer) {
+      mu = SumOf(xr, d) / static_cast<A_t>(d);
+      for (int64_t j = 0; j < d; ++j) xr[j] -= mu;
+    }
+    const A_t rstd = A_t(1) / std::sqrt(Dot(xr, xr, d) / static_cast<A_t>(d) + static_cast<A_t>(p.eps));
+    if (p.b) {
+      for (int64_t j = 0; j < d; ++j) xr[j] = xr[j] * rstd * w[j] + b[j];
+    } else {
+      for (int64_t j = 0; j < d; ++j) xr[j] = xr[j] * rstd * w[j];
+    }
+    Narrow(static_cast<T*>(p.y) + r * d, xr, d);
+    if (p.layer) static_cast<A_t*>(p.mean)[r] = mu;
+    static_cast<A_t*>(p.rstd)[r] = rstd;
+  }
+}
+
+// Chunk c of the rows (c of p.chunks, contiguous ranges): dx per row, and the chunk's own partial
+// sums of dw = sum g * xhat and db = sum g in row c of p.dw and p.db (chunks x d, summed by the caller).
+template <typename T, typename A_t>
+static void NormBackward(const Norm& p, int64_t c) {
+  const int64_t d = p.d, r0 = p.rows * c / p.chunks, r1 = p.rows * (c + 1) / p.chunks;
+  std::vector<A_t> buf(4 * d);
+  A_t *xh = buf.data(), *g = xh + d, *gw = g + d, *w = gw + d;
+  A_t *dw = static_cast<A_t*>(p.dw) + c * d, *db = p.db ? static_cast<A_t*>(p.db) + c * d : nullptr;
+  Widen(w, static_cast<const T*>(p.w), d);
+  const A_t inv = A_t(1) / static_cast<A_t>(d);
+  for (int64_t r = r0; r < r1; ++r) {
+    Widen(xh, static_cast<const T*>(p.x) + r * d, d);
+    Widen(g, static_cast<const T*>(p.dy) + r * d, d);
+    const A_t mu = p.layer ? static_cast<const A_t*>(p.mean)[r] : A_t(0), rstd = static_cast<const A_t*>(p.rstd)[r];
+    for (int64_t j = 0; j < d; ++j) {
+      xh[j] = (xh[j] - mu) * rstd;
+      gw[j] = g[j] * w[j];
+      dw[j] += g[j] * xh[j];
+    }
+    if (db)
+      for (int64_t j = 0; j < d; ++j) db[j] += g[j];
+    const A_t a = Dot(gw, xh, d) * inv, m = p.layer ? SumOf(gw, d) * inv : A_t(0);
+    for (int64_t j = 0; j < d; ++j) gw[j] = rstd * (gw[j] - m - xh[j] * a);
+    Narrow(static_cast<T*>(p.dx) + r * d, gw, d);
+  }
+}
+
+// sigmoid(x) into s from e = exp(-|x|), stable for either sign.
+template <typename A_t>
+static inline void Sigmoid(A_t* s, const A_t* x, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) s[j] = -std::abs(x[j]);
+  ExpNonPositive(s, n);
+  for (int64_t j = 0; j < n; ++j) s[j] = (x[j] >= 0 ? A_t(1) : s[j]) / (A_t(1) + s[j]);
+}
+
+// SwiGLU over [i0, i1): out = silu(a) * b (a the gate, b the up projection); backward: da, db from dy.
+template <typename T, typename A_t>
+static void SwigluForward(const Elementwise& p, int64_t i0, int64_t i1) {
+  std::vector<A_t> buf(3 * kBlock);
+  A_t *a = buf.data(), *b = a + kBlock, *s = b + kBlock;
+  for (int64_t i = i0; i < i1; i += kBlock) {
+    const int64_t n = std::min(kBlock, i1 - i);
+    Widen(a, static_cast<const T*>(p.a) + i, n);
+    Widen(b, static_cast<const T*>(p.b) + i, n);
+    Sigmoid(s, a, n);
+    for (int64_t j = 0; j < n; ++j) a[j] = a[j] * s[j] * b[j];
+    Narrow(static_cast<T*>(p.out) + i, a, n);
+  }
+}
+template <typename T, typename A_t>
+static void SwigluBackward(const Elementwise& p, int64_t i0, int64_t i1) {
+  std::vector<A_t> buf(4 * kBlock);
+  A_t *a = buf.data(), *b = a + kBlock, *s = b + kBlock, *g = s + kBlock;
+  for (int64_t i = i0; i < i1; i += kBlock) {
+    const int64_t n = std::min(kBlock, i1 - i);
+    Widen(a, static_cast<const T*>(p.a) + i, n);
+    Widen(b, static_cast<const T*>(p.b) + i, n);
+    Widen(g, static_cast<const T*>(p.dy) + i, n);
+    Sigmoid(s, a, n);
+    for (int64_t j = 0; j < n; ++j) {
+      const A_t silu = a[j] * s[j];
+      a[j] = g[j] * b[j] * s[j] * (A_t(1) + a[j] * (A_t(1) - s[j]));  // d silu / da = s (1 + a (1 - s))
+      b[j] = g[j] * silu;
+    }
+    Narrow(static_cast<T*>(p.da) + i, a, n);
+    Narrow(static_cast<T*>(p.db) + i, b, n);
+  }
+}
+
+// GELU over [i0, i1), exact (erf) or p.tanh's approximation; backward writes da from dy.
+constexpr double kSqrt2Pi = 0.79788456080286535588;   // sqrt(2 / pi)
+constexpr double kInvSqrt2 = 0.70710678118654752440;  // 1 / sqrt(2)
+constexpr double kInvSqrt2Pi = 0.39894228040143267794; // 1 / sqrt(2 pi)
+// t = tanh(k (x + 0.044715 x^3)) from e = exp(-2 |z|); z kept in z.
+template <typename A_t>
+static inline void GeluTanh(A_t* t, A_t* z, const A_t* x, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    z[j] = A_t(kSqrt2Pi) * (x[j] + A_t(0.044715) * x[j] * x[j] * x[j]);
+    t[j] = A_t(-2) * std::abs(z[j]);
+  }
+  ExpNonPositive(t, n);
+  for (int64_t j = 0; j < n; ++j) {
+    const A_t m = (A_t(1) - t[j]) / (A_t(1) + t[j]);
+    t[j] = z[j] < 0 ? -m : m;
+  }
+}
+// p = 1 + erf(x / sqrt 2), t scratch. double: std::erf. float: from erfc(|x| / sqrt 2) by Numerical
+// Recipes' Chebyshev fit (relative error below 1.2e-7, float's own) through the vectorised exp, so
+// the exact GELU makes no scalar erf call; for x < 0 it is erfc itself, with no cancellation.
+static inline void OnePlusErf(double* p, double*, const double* x, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) p[j] = 1 + std::erf(x[j] * kInvSqrt2);
+}
+static inline void OnePlusErf(float* p, float*, const float* x, int64_t n) {
+  // In 8-lane vectors (written out: the compiler left the scalar loop unvectorised); the buffers
+  // hold kBlock values, so the rounding up to 8 stays inside them.
+  const int64_t n8 = (n + 7) / 8 * 8;
+  for (int64_t j = 0; j < n8; j += 8) {
+    const VF xv = LoadV<VF>(x + j);
+    const VF z = (xv < 0 ? -xv : xv) * float(kInvSqrt2), u = 1.f / (1.f + 0.5f * z);
+    VF q = u * 0.17087277f - 0.82215223f;
+    q = q * u + 1.48851587f;
+    q = q * u - 1.13520398f;
+    q = q * u + 0.27886807f;
+    q = q * u - 0.18628806f;
+    q = q * u + 0.09678418f;
+    q = q * u + 0.37409196f;
+    q = q * u + 1.00002368f;
+    // The exponent is at most ~3e-8 above 0 (at x = 0), inside ExpV's range.
+    const VF e = u * ExpV(-z * z - 1.26551223f + u * q);
+    StoreV(p + j, xv >= 0 ? 2.f - e : e);
+  }
+}
+template <typename T, typename A_t>
+static void GeluForward(const Elementwise& p, int64_t i0, int64_t i1) {
+  std::vector<A_t> buf(3 * kBlock);
+  A_t *x = buf.data(), *t = x + kBlock, *z = t + kBlock;
+  for (int64_t i = i0; i < i1; i += kBlock) {
+    const int64_t n = std::min(kBlock, i1 - i);
+    Widen(x, static_cast<const T*>(p.a) + i, n);
+    if (p.tanh) {
+      GeluTanh(t, z, x, n);
+      for (int64_t j = 0; j < n; ++j) x[j] = A_t(0.5) * x[j] * (A_t(1) + t[j]);
+    } else {
+      OnePlusErf(t, z, x, n);
+      for (int64_t j = 0; j < n; ++j) x[j] = A_t(0.5) * x[j] * t[j];
+    }
+    Narrow(static_cast<T*>(p.out) + i, x, n);
+  }
+}
+template <typename T, typename A_t>
+static void GeluBackward(const Elementwise& p, int64_t i0, int64_t i1) {
+  std::vector<A_t> buf(5 * kBlock);
+  A_t *x = buf.data(), *t = x + kBlock, *z = t + kBlock, *g = z + kBlock, *q = g + kBlock;
+  for (int64_t i = i0; i < i1; i += kBlock) {
+    const int64_t n = std::min(kBlock, i1 - i);
+    Widen(x, static_cast<const T*>(p.a) + i, n);
+    Widen(g, static_cast<const T*>(p.dy) + i, n);
+    if (p.tanh) {
+      GeluTanh(t, z, x, n);
+      for (int64_t j = 0; j < n; ++j) {
+        const A_t dz = A_t(kSqrt2Pi) * (A_t(1) + A_t(3 * 0.044715) * x[j] * x[j]);
+        g[j] *= A_t(0.5) * (A_t(1) + t[j]) + A_t(0.5) * x[j] * (A_t(1) - t[j] * t[j]) * dz;
+      }
+    } else {
+      for (int64_t j = 0; j < n; ++j) t[j] = A_t(-0.5) * x[j] * x[j];
+      ExpNonPositive(t, n);
+      OnePlusErf(z, q, x, n);
+      for (int64_t j = 0; j < n; ++j) g[j] *= A_t(0.5) * z[j] + x[j] * t[j] * A_t(kInvSqrt2Pi);
+    }
+    Narrow(static_cast<T*>(p.da) + i, g, n);
+  }
+}
+
+// Rotary over token rows [r0, r1) of (B, T, H, D): out = x * cos + swapHalves(x) * sinSigned
+// (p.inverse: out = x * cos + swapHalves(x * sinSigned), the rotation by -theta that backward applies
+// to the gradient). The tables are (T, D), or (B, T, D) with p.perBatch, in the accumulation type.
+template <typename T, typename A_t>
+static void Rotate(const Rotation& p, int64_t r0, int64_t r1) {
+  const int64_t D = p.D, h2 = D / 2;
+  std::vector<A_t> buf(2 * D);
+  A_t *x = buf.data(), *o = x + D;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t row = p.perBatch ? r : r % p.T;
+    const A_t *c = static_cast<const A_t*>(p.cos) + row * D, *s = static_cast<const A_t*>(p.sin) + row * D;
+    for (int64_t h = 0; h < p.H; ++h) {
+      const int64_t at = (r * p.H + h) * D;
+      Widen(x, static_cast<const T*>(p.x) + at, D);
+      if (p.inverse) {
+        for (int64_t j = 0; j < h2; ++j) o[j] = x[j] * c[j] + x[j + h2] * s[j + h2];
+        for (int64_t j = h2; j < D; ++j) o[j] = x[j] * c[j] + x[j - h2] * s[j - h2];
+      } else {
+        for (int64_t j = 0; j < h2; ++j) o[j] = x[j] * c[j] + x[j + h2] * s[j];
+        for (int64_t j = h2; j < D; ++j) o[j] = x[j] * c[j] + x[j - h2] * s[j];
+      }
+      Narrow(static_cast<T*>(p.out) + at, o, D);
+    }
+  }
+}
+
+#define FLOTILLA_POINTWISE_ENTRIES(T, A_t, SUFFIX)                                                               \
+  static void NormForward##SUFFIX(const Norm& p, int64_t r0, int64_t r1) { NormForward<T, A_t>(p, r0, r1); }      \
+  static void NormBackward##SUFFIX(const Norm& p, int64_t c) { NormBackward<T, A_t>(p, c); }                     \
+  static void SwigluForward##SUFFIX(const Elementwise& p, int64_t i0, int64_t i1) { SwigluForward<T, A_t>(p, i0, i1); } \
+  static void SwigluBackward##SUFFIX(const Elementwise& p, int64_t i0, int64_t i1) { SwigluBackward<T, A_t>(p, i0, i1); } \
+  static void GeluForward##SUFFIX(const Elementwise& p, int64_t i0, int64_t i1) { GeluForward<T, A_t>(p, i0, i1); } \
+  static void GeluBackward##SUFFIX(const Elementwise& p, int64_t i0, int64_t i1) { GeluBackward<T, A_t>(p, i0, i1); } \
+  static void Rotate##SUFFIX(const Rotation& p, int64_t r0, int64_t r1) { Rotate<T, A_t>(p, r0, r1); }
+FLOTILLA_POINTWISE_ENTRIES(float, float, F32)
+FLOTILLA_POINTWISE_ENTRIES(double, double, F64)
+FLOTILLA_POINTWISE_ENTRIES(Bf16, float, BF16)
