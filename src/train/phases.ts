@@ -6,6 +6,8 @@
 // re-point parameters into flat buffers ([Note: flat buffers] in src/parallel/data_parallel/grad_buffer.ts) and
 // hand it the ranges this rank updates.
 import { bf16Notice } from './bf16_notice.js';
+import { mfuOf, modelFlops } from './flops.js';
+import { worldPeakTflops } from './peak_flops.js';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { elasticMicroBatches } from './elastic.js';
 import { launcherEnv } from '../distributed/launcher_env.js';
@@ -309,4 +311,18 @@ export function writeRankRecord(dir: string, rank: number, steps: { step: number
   const whole = (p: Tensor) => model.whole(p); // tensor-parallel slices gathered
   const save = () => tidy(() => saveSafetensors(join(dir, `rank${rank}.safetensors`), Object.fromEntries(named.map(([n, p]) => [n, whole(p)])), { format: 'pt' }));
   model.withFullParameters(save);
+}
+
+/**
+ * The MFU's numerator per token ([Note: model flops]) and one rank's peak (rank 0's, told to all),
+ * announced once; returns the metrics row's MFU fields for a step's global tokens/s (none when the
+ * model does not give its FLOP count).
+ */
+export function openMfu(cfg: FlotillaConfig, world: ProcessGroup, out: Pick<RunConsole, 'header'>): (tokensPerSec: number) => { flopsPerToken?: number; tflops?: number; mfu?: number } {
+  const flops = modelFlops(cfg);
+  const peak = flops && worldPeakTflops(world, cfg.log.peakTflops, cfg.train.precision === 'bf16-mixed' ? 'bfloat16' : 'float32');
+  if (!flops || !peak) return () => ({});
+  out.header('mfu', `${flops.perToken.toExponential(3)} model FLOPs per token (6 x ${flops.matmulParams.toLocaleString('en-US')} matmul weights a token goes through + ` +
+    `${flops.attention.toLocaleString('en-US')} of attention); peak ${peak.tflops.toPrecision(3)} TFLOP/s per rank, ${peak.source}`);
+  return (tokensPerSec) => ({ flopsPerToken: flops.perToken, ...mfuOf(flops.perToken, tokensPerSec, world.size, peak.tflops) });
 }

@@ -15,11 +15,9 @@ import { tellLauncher } from '../distributed/launcher_channel.js';
 import type { StepMetrics } from './metrics.js';
 import type { StepResult } from '../parallel/parallel_model.js';
 import { Progress, resolveProgressMode } from './progress.js';
-import { openRun, writeRankRecord, type RunParts } from './phases.js';
+import { openMfu, openRun, writeRankRecord, type RunParts } from './phases.js';
 import { dpoMetrics } from './objective.js';
 import { openRunRecord, memoryLine, type RunRecord } from './run_record.js';
-import { mfuOf, modelFlops } from './flops.js';
-import { worldPeakTflops } from './peak_flops.js';
 
 export interface TrainOptions {
   /** Where the config came from, recorded in the saved config. */
@@ -145,13 +143,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
     if (isRank0) await opts.onRunDir?.(record!.dir);
     out.header('train', `${steps} steps, eval every ${cfg.train.evalEvery || steps} on ${cfg.train.evalBatches} val batch(es); run dir ${record?.dir ?? '(rank 0)'}`);
     if (run.dpo) out.header('dpo', run.dpo.prepare(record?.dir)); // dpo.precompute: before step 0, every rank
-    // The MFU's numerator per token ([Note: model flops]) and one rank's peak (rank 0's, told to all).
-    const flops = modelFlops(cfg);
-    const peak = flops && worldPeakTflops(run.world, cfg.log.peakTflops, cfg.train.precision === 'bf16-mixed' ? 'bfloat16' : 'float32');
-    if (flops && peak) {
-      out.header('mfu', `${flops.perToken.toExponential(3)} model FLOPs per token (6 x ${flops.matmulParams.toLocaleString('en-US')} matmul weights a token goes through + ` +
-        `${flops.attention.toLocaleString('en-US')} of attention); peak ${peak.tflops.toPrecision(3)} TFLOP/s per rank, ${peak.source}`);
-    }
+    const mfu = openMfu(cfg, run.world, out);
     progress = new Progress(steps, mode, cfg.log.every, print);
     stopRequest = new StopRequest(out.log);
     run.ckpts.prepare();
@@ -188,7 +180,7 @@ export async function train(cfg: FlotillaConfig, opts: TrainOptions = {}): Promi
       const rss = processMemory()?.rssBytes, tokensPerSec = run.tokensPerStep / dt;
       const row: StepMetrics = {
         step: step + 1, loss, lr, tokensPerSec, ...(rss !== undefined ? { rssMiB: rss / 2 ** 20 } : {}),
-        ...(flops && peak ? { flopsPerToken: flops.perToken, ...mfuOf(flops.perToken, tokensPerSec, env.worldSize, peak.tflops) } : {}), ...(run.dpo ? {} : { trainedTokens: count }), gradNorm: norm, ...(valLoss !== undefined ? { valLoss } : {}),
+        ...mfu(tokensPerSec), ...(run.dpo ? {} : { trainedTokens: count }), gradNorm: norm, ...(valLoss !== undefined ? { valLoss } : {}),
         elapsedS: (performance.now() - loopStart) / 1000, ...(run.dpo ? dpoMetrics(count, metrics) : metrics ? { criterion: metrics } : {}), ...moeRow,
       };
       record?.step(row);
