@@ -362,7 +362,7 @@ export async function main(argv: readonly string[]): Promise<number> {
         return await c.generateCommand(rest, print);
       }
       default:
-        throw new UsageError(`unknown command ${JSON.stringify(cmd)}; commands: train, sbatch, verify, run, config, schedule, plan, prepare, tokenizer, export, generate, checkpoint, report (see flotilla --help)`);
+        throw new UsageError(`unknown command ${JSON.stringify(cmd)}; commands: train, verify, run, config, schedule, plan, prepare, tokenizer, export, generate, checkpoint, report, sbatch (see flotilla --help)`);
     }
   } catch (e) {
     const err = e as Error;
