@@ -35,7 +35,8 @@ const config = join(root, 'no-model.toml');
 
 const base = { vocabSize: 512, blockSize: 32, nLayer: 2, nHead: 4, nKvHead: 2, nEmbd: 32, intermediateSize: 32 };
 // Each layout: [what, its overrides, what its block's first line shows of it].
-const FAMILIES: { name: string; model: Record<string, unknown>; arch: string; layouts: [string, string[], string][] }[] = [
+// nproc: the ranks of its launch (2 unless set).
+const FAMILIES: { name: string; model: Record<string, unknown>; arch: string; nproc?: number; layouts: [string, string[], string][] }[] = [
   {
     name: 'Qwen3', arch: 'Qwen3ForCausalLM', model: { family: 'qwen3', qkNorm: true, attnBias: 'all' },
     layouts: [
@@ -75,28 +76,34 @@ const FAMILIES: { name: string; model: Record<string, unknown>; arch: string; la
     name: 'Qwen3-MoE', arch: 'Qwen3MoeForCausalLM', model: { family: 'qwen3', qkNorm: true, moe: { experts: 4, topK: 2, normTopK: false } },
     layouts: [['ZeRO-1 with ep = 2', ['--parallel.ep=2', '--parallel.zero=1'], 'zero 1, .*ep 2']],
   },
+  {
+    // Hybrid sharding on 4 ranks: ZeRO-3 over dpShard 2, replicated twice, experts split over the shard pairs.
+    name: 'Qwen3-MoE', arch: 'Qwen3MoeForCausalLM', model: { family: 'qwen3', qkNorm: true, moe: { experts: 4, topK: 2, normTopK: false } }, nproc: 4,
+    layouts: [['HSDP 2 x 2 (ZeRO-3) with ep = 2', ['--parallel.ep=2', '--parallel.zero=3', '--parallel.dpShard=2', '--parallel.dpReplicate=2'], 'zero 3, dpShard 2, dpReplicate 2, ep 2']],
+  },
 ];
 
 const queue = pool(1);
-const common = ['--nproc', '2', '--steps', '2', '--data.seqLen=32', '--data.globalBatch=4', '--log.sampleTokens=0', '--optim.warmupSteps=0', '--parallel.backend=gloo'];
+const common = ['--steps', '2', '--data.seqLen=32', '--data.globalBatch=4', '--log.sampleTokens=0', '--optim.warmupSteps=0', '--parallel.backend=gloo'];
 
 for (const f of FAMILIES) {
-  const dir = join(root, f.name);
+  const nproc = f.nproc ?? 2;
+  const dir = join(root, `${f.name}-${nproc}`);
   const m = new Llama({ ...base, ...f.model } as never, { initSeed: 8 });
   const written = savePretrained(m, dir, { tokenizer });
   m.dispose();
   const [first, ...rest] = f.layouts;
-  const r = started(queue(() => flotilla(['verify', config, ...common, `--train.initFrom=${dir}`, ...first![1], ...rest.flatMap(([, o]) => ['--and', ...o])], { timeoutMs: 500_000 })));
+  const r = started(queue(() => flotilla(['verify', config, '--nproc', String(nproc), ...common, `--train.initFrom=${dir}`, ...first![1], ...rest.flatMap(([, o]) => ['--and', ...o])], { timeoutMs: 500_000 })));
   for (const [i, [what, , shown]] of f.layouts.entries()) {
-    test(`flotilla verify passes for a ${f.name} (${f.arch}) from its Hugging Face directory under ${what}`, async () => {
+    test(`flotilla verify passes for a ${f.name} (${f.arch}) from its Hugging Face directory under ${what}${nproc !== 2 ? ` on ${nproc} ranks` : ''}`, async () => {
       assert.equal(written.architecture, f.arch);
       const { out, err } = await r;
       const block = verifyBlock(out, i);
-      assert.match(block, new RegExp(`^verify: 2 step\\(s\\) .* on 2 ranks \\(.*${shown}.*\\) against one process$`, 'm'), `${out}\n${err}`);
+      assert.match(block, new RegExp(`^verify: 2 step\\(s\\) .* on ${nproc} ranks \\(.*${shown}.*\\) against one process$`, 'm'), `${out}\n${err}`);
       assert.match(block, /^PASS \(/m, `${out}\n${err}`);
     });
   }
-  test(`verify: every layout of the ${f.name} passes`, async () => {
+  test(`verify: every layout of the ${f.name} on ${nproc} ranks passes`, async () => {
     const { code, out, err } = await r;
     assert.equal(out.match(/^PASS \(/gm)?.length, f.layouts.length, `${out}\n${err}`);
     // A verify of several layouts ends with a summary line.
