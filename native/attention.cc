@@ -39,23 +39,8 @@ struct Problem {
   const int64_t *qdoc, *kdoc;
 };
 
-// The same kernel twice: for any x86-64, and with AVX2 and FMA where the CPU has them. (Its vector
-// helpers are static and inlined, so their 32-byte arguments never cross an ABI boundary.)
-#pragma GCC diagnostic ignored "-Wpsabi"
-namespace base {
-#include "attention_kernel.h"
-}  // namespace base
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-namespace avx2 {
-#include "attention_kernel.h"
-}  // namespace avx2
-#pragma GCC pop_options
-
-static bool HasAvx2() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
-}
+#define KERNEL_HEADER "attention_kernel.h"
+#include "kernel_variants.h"
 
 template <typename A_t>
 using TaskFn = void (*)(const Problem&, int64_t, A_t*);

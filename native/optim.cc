@@ -25,21 +25,8 @@ struct SgdArgs {
   bool nesterov, first;
 };
 
-#pragma GCC diagnostic ignored "-Wpsabi"
-namespace base {
-#include "optim_kernel.h"
-}  // namespace base
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-namespace avx2 {
-#include "optim_kernel.h"
-}  // namespace avx2
-#pragma GCC pop_options
-
-static bool HasAvx2() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
-}
+#define KERNEL_HEADER "optim_kernel.h"
+#include "kernel_variants.h"
 
 // Elements per parallel task: large enough that a task's setup is noise, small enough for both cores.
 constexpr int64_t kGrain = 32768;

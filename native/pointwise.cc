@@ -45,21 +45,8 @@ struct Rotation {
   bool perBatch, inverse;
 };
 
-#pragma GCC diagnostic ignored "-Wpsabi"
-namespace base {
-#include "pointwise_kernel.h"
-}  // namespace base
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-namespace avx2 {
-#include "pointwise_kernel.h"
-}  // namespace avx2
-#pragma GCC pop_options
-
-static bool HasAvx2() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
-}
+#define KERNEL_HEADER "pointwise_kernel.h"
+#include "kernel_variants.h"
 
 // Picks the entry for a dtype and the CPU: PICK(Name) is avx2::NameF32 or base::NameF32 ...
 #define PICK(st, Name)                                                               \
