@@ -2,8 +2,8 @@
 // config, and one rank's peak: [log] peakTflops, or the matmul probe and its cache.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseConfig } from '../src/config/index.js';
 import { mfuOf, modelFlops } from '../src/train/flops.js';
@@ -53,7 +53,13 @@ test('MFU: per-rank TFLOP/s over the peak; the peak given, or probed once and ca
 
   const cache = mkdtempSync(join(tmpdir(), 'flotilla-peak-'));
   const env = { FLOTILLA_CACHE_DIR: cache };
-  const probed = peakTflops(0, 'float32', env);
+  // A probe while every core is busy (load average at the core count) serves its run and is not cached.
+  const busy = peakTflops(0, 'float32', env, () => cpus().length);
+  assert.ok(busy.tflops > 1e-4 && busy.tflops < 100, `${busy.tflops} TFLOP/s`);
+  assert.equal(busy.source, `measured (768x768 float32 GEMMs) under load average ${cpus().length.toFixed(1)} on ${cpus().length} cores, not cached`);
+  assert.ok(!existsSync(join(cache, 'mfu')) || readdirSync(join(cache, 'mfu')).length === 0, 'nothing cached');
+  // With a core to spare it is cached.
+  const probed = peakTflops(0, 'float32', env, () => 0);
   assert.ok(probed.tflops > 1e-4 && probed.tflops < 100, `${probed.tflops} TFLOP/s`);
   assert.match(probed.source, /^measured \(768x768 float32 GEMMs\), cached in /);
   const [file] = readdirSync(join(cache, 'mfu'));

@@ -5,7 +5,7 @@
 // threads are its share of the host's cores (src/distributed/process_group.ts), so one rank alone on
 // them measures what each reaches, and a probe costs one rank's second, not every rank's.
 import { mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
-import { cpus } from 'node:os';
+import { cpus, loadavg } from 'node:os';
 import { join } from 'node:path';
 import { cacheDir } from '../io/cache_dir.js';
 import { getNumThreads, randn, tidy, type DType } from '../tensor/index.js';
@@ -45,8 +45,13 @@ export function peakCacheEntry(dtype: DType, env: NodeJS.ProcessEnv = process.en
   return { dir, key, file: dir && join(dir, `peak-${key.replace(/[^\w.-]+/g, '_')}.json`) };
 }
 
-/** [log] peakTflops, or the cached probe for this machine and dtype, or a new probe (cached); on one rank. */
-export function peakTflops(given: number, dtype: DType, env: NodeJS.ProcessEnv = process.env): Peak {
+/**
+ * [log] peakTflops, or the cached probe for this machine and dtype, or a new probe; on one rank. A probe
+ * is cached only when the machine had a core to spare (1-minute load average below the core count):
+ * one measured while other work held the cores reads low (2.6x on a 2-core machine running test suites)
+ * and would make every later run's MFU too high, so it serves this run alone.
+ */
+export function peakTflops(given: number, dtype: DType, env: NodeJS.ProcessEnv = process.env, load: () => number = () => loadavg()[0]!): Peak {
   if (given > 0) return { tflops: given, source: '[log] peakTflops' };
   const { dir, key, file } = peakCacheEntry(dtype, env);
   if (file) {
@@ -56,6 +61,8 @@ export function peakTflops(given: number, dtype: DType, env: NodeJS.ProcessEnv =
     } catch { /* not measured yet */ }
   }
   const tflops = probePeakTflops(dtype);
+  const busy = load(), cores = cpus().length;
+  if (busy >= cores) return { tflops, source: `measured (${N}x${N} ${dtype} GEMMs) under load average ${busy.toFixed(1)} on ${cores} cores, not cached` };
   if (file) {
     try {
       mkdirSync(dir!, { recursive: true });
