@@ -14,7 +14,7 @@ import { setNumThreads, tensor } from '../src/tensor/index.js';
 import { loadPretrained, savePretrained, parseSize, readHfDir } from '../src/checkpoint/hf.js';
 import { GPT } from '../src/models/gpt.js';
 import { oracleMissing } from './oracle/oracle.js';
-import { assertSameParameters, checkAgainst, hfReference, type HfRef } from './oracle/hf_oracle.js';
+import { assertSameParameters, checkAgainst, hfReference, type HfRef, withConfigPatch } from './oracle/hf_oracle.js';
 
 setNumThreads(1);
 const skip = oracleMissing();
@@ -97,15 +97,7 @@ test('a directory that is not a supported GPT-2 is one error naming the field or
   made();
   const dir = dirs.small;
   const cfgPath = join(dir, 'config.json');
-  const good = readFileSync(cfgPath, 'utf8');
-  const withCfg = (patch: Record<string, unknown>, re: RegExp) => {
-    writeFileSync(cfgPath, JSON.stringify({ ...JSON.parse(good), ...patch }));
-    try {
-      assert.throws(() => loadPretrained(dir), re);
-    } finally {
-      writeFileSync(cfgPath, good);
-    }
-  };
+  const withCfg = (patch: Record<string, unknown>, re: RegExp) => withConfigPatch(cfgPath, patch, () => assert.throws(() => loadPretrained(dir), re));
   withCfg({ model_type: 'bert', architectures: ['BertModel'] }, /model_type "bert" is not supported; flotilla reads .*GPT2LMHeadModel/);
   withCfg({ architectures: ['GPT2Model'] }, /architectures = \["GPT2Model"\] is not supported.*GPT2LMHeadModel/);
   withCfg({ activation_function: 'relu' }, /activation_function = "relu" is not supported/);

@@ -14,7 +14,7 @@ import { setNumThreads } from '../src/tensor/index.js';
 import { loadPretrained, savePretrained, readHfDir } from '../src/checkpoint/hf.js';
 import { Llama } from '../src/models/llama.js';
 import { oracleMissing } from './oracle/oracle.js';
-import { assertSameParameters, checkAgainst, hfReference, type HfRef } from './oracle/hf_oracle.js';
+import { assertSameParameters, checkAgainst, hfReference, type HfRef, withConfigPatch } from './oracle/hf_oracle.js';
 
 setNumThreads(1);
 const skip = oracleMissing();
@@ -96,14 +96,7 @@ test('a Llama directory flotilla cannot read exactly is one error naming the fie
   made();
   const cfgPath = join(dirs.small, 'config.json');
   const good = readFileSync(cfgPath, 'utf8');
-  const withCfg = (patch: Record<string, unknown>, re: RegExp) => {
-    writeFileSync(cfgPath, JSON.stringify({ ...JSON.parse(good), ...patch }));
-    try {
-      assert.throws(() => loadPretrained(dirs.small), re);
-    } finally {
-      writeFileSync(cfgPath, good);
-    }
-  };
+  const withCfg = (patch: Record<string, unknown>, re: RegExp) => withConfigPatch(cfgPath, patch, () => assert.throws(() => loadPretrained(dirs.small), re));
   withCfg({ rope_scaling: { rope_type: 'yarn', factor: 4 } }, /rope_scaling\.rope_type = "yarn" is not supported; flotilla reads rope_scaling null, of type "default", or of type "llama3"/);
   withCfg({ rope_scaling: { type: 'llama3', factor: 8 } }, /rope_scaling\.original_max_position_embeddings = undefined is not a positive number/);
   withCfg({ hidden_act: 'gelu' }, /hidden_act = "gelu" is not supported; the Llama's MLP is SwiGLU/);

@@ -7,7 +7,7 @@
 // the reference reads strictly, and it loads back bit-identically.
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setNumThreads, noGrad } from '../src/tensor/index.js';
@@ -19,7 +19,7 @@ import type { ShapeContext } from '../src/models/spec.js';
 import { generate } from '../src/inference/generate.js';
 import { oracleMissing } from './oracle/oracle.js';
 import { scaledErr } from './oracle/check.js';
-import { assertSameParameters, checkAgainst, hfReference, GREEDY, HF_PROMPT, type HfRef } from './oracle/hf_oracle.js';
+import { assertSameParameters, checkAgainst, hfReference, GREEDY, HF_PROMPT, type HfRef, withConfigPatch } from './oracle/hf_oracle.js';
 
 setNumThreads(1);
 const skip = oracleMissing();
@@ -108,15 +108,7 @@ test('savePretrained writes model.family = "mistral" as MistralForCausalLM (slid
 test('a Mistral config.json flotilla cannot read is one error naming the field', { skip }, () => {
   made();
   const cfgPath = join(dirs.defaults, 'config.json');
-  const good = readFileSync(cfgPath, 'utf8');
-  const withCfg = (patch: Record<string, unknown>, re: RegExp) => {
-    writeFileSync(cfgPath, JSON.stringify({ ...JSON.parse(good), ...patch }));
-    try {
-      assert.throws(() => loadPretrained(dirs.defaults), re);
-    } finally {
-      writeFileSync(cfgPath, good);
-    }
-  };
+  const withCfg = (patch: Record<string, unknown>, re: RegExp) => withConfigPatch(cfgPath, patch, () => assert.throws(() => loadPretrained(dirs.defaults), re));
   withCfg({ sliding_window: 0 }, /sliding_window = 0 is not a positive integer or null/);
   withCfg({ architectures: ['LlamaForCausalLM'] }, /for model_type "mistral" flotilla reads MistralForCausalLM/);
   withCfg({ num_key_value_heads: 3 }, /num_key_value_heads = 3 does not divide num_attention_heads = 8/);

@@ -7,7 +7,7 @@
 // strictly with the same logits, and it loads back bit-identically; likewise a Mixtral with a sliding window.
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { noGrad, setNumThreads, tidy, zeros } from '../src/tensor/index.js';
@@ -20,7 +20,7 @@ import { flotilla, ROOT } from './helpers/cli.js';
 import { Llama } from '../src/models/llama.js';
 import { MoE } from '../src/nn/moe.js';
 import { oracleMissing } from './oracle/oracle.js';
-import { assertSameParameters, checkAgainst, hfReference, type HfRef, decodedBothWays } from './oracle/hf_oracle.js';
+import { assertSameParameters, checkAgainst, hfReference, type HfRef, decodedBothWays, withConfigPatch } from './oracle/hf_oracle.js';
 
 setNumThreads(1);
 const skip = oracleMissing();
@@ -129,15 +129,7 @@ test('savePretrained writes a Llama with [moe] as a MixtralForCausalLM (one Line
 test('a Mixtral flotilla cannot read or write exactly is one error naming the field', { skip }, () => {
   made();
   const cfgPath = join(dirs.tied, 'config.json');
-  const good = readFileSync(cfgPath, 'utf8');
-  const withCfg = (patch: Record<string, unknown>, re: RegExp) => {
-    writeFileSync(cfgPath, JSON.stringify({ ...JSON.parse(good), ...patch }));
-    try {
-      assert.throws(() => loadPretrained(dirs.tied), re);
-    } finally {
-      writeFileSync(cfgPath, good);
-    }
-  };
+  const withCfg = (patch: Record<string, unknown>, re: RegExp) => withConfigPatch(cfgPath, patch, () => assert.throws(() => loadPretrained(dirs.tied), re));
   withCfg({ sliding_window: 0 }, /sliding_window = 0 is not a positive integer or null \(null = full causal attention\)/);
   withCfg({ router_jitter_noise: 0.1 }, /router_jitter_noise = 0\.1 is not supported/);
   withCfg({ num_local_experts: 4 }, /tensor 'model\.layers\.0\.block_sparse_moe\.gate\.weight' is \[5, 24\], but config\.json implies \[4, 24\]/);

@@ -17,7 +17,7 @@ import { Llama, resolveLlamaConfig } from '../src/models/llama.js';
 import { llamaRules } from '../src/models/llama_rules.js';
 import { generate } from '../src/inference/generate.js';
 import { oracleMissing } from './oracle/oracle.js';
-import { assertSameParameters, checkAgainst, hfReference, HF_PROMPT, GREEDY, type HfRef } from './oracle/hf_oracle.js';
+import { assertSameParameters, checkAgainst, hfReference, HF_PROMPT, GREEDY, type HfRef, withConfigPatch } from './oracle/hf_oracle.js';
 
 setNumThreads(1);
 const skip = oracleMissing();
@@ -116,14 +116,7 @@ test('a Qwen config.json flotilla cannot read exactly is one error naming the fi
   for (const [d, name] of [[dirs.q2, 'Qwen2'], [dirs.q3b, 'Qwen3']] as const) {
     const cfgPath = join(d, 'config.json');
     const good = readFileSync(cfgPath, 'utf8');
-    const withCfg = (patch: Record<string, unknown>, re: RegExp) => {
-      writeFileSync(cfgPath, JSON.stringify({ ...JSON.parse(good), ...patch }));
-      try {
-        assert.throws(() => loadPretrained(d), re);
-      } finally {
-        writeFileSync(cfgPath, good);
-      }
-    };
+    const withCfg = (patch: Record<string, unknown>, re: RegExp) => withConfigPatch(cfgPath, patch, () => assert.throws(() => loadPretrained(d), re));
     withCfg({ use_sliding_window: true, sliding_window: 4, max_window_layers: 3 }, /config\.json: max_window_layers = 3 is above num_hidden_layers = 2; set max_window_layers <= num_hidden_layers/);
     withCfg({ use_sliding_window: true, sliding_window: 4, layer_types: ['sliding_attention', 'full_attention'] }, /layer_types = .* is not supported; flotilla reads 2 layers of "full_attention" below max_window_layers and "sliding_attention" from it/);
     withCfg({ use_sliding_window: 'yes' }, /use_sliding_window = "yes" is not true or false/);

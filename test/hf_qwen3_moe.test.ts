@@ -10,7 +10,7 @@
 // back bit-identically; the directory as train.initFrom gives [model] and [moe].
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setNumThreads } from '../src/tensor/index.js';
@@ -19,7 +19,7 @@ import { initFromModel } from '../src/config/init_from.js';
 import { Llama } from '../src/models/llama.js';
 import { MoE } from '../src/nn/moe.js';
 import { oracleMissing } from './oracle/oracle.js';
-import { assertSameParameters, checkAgainst, hfReference, type HfRef, decodedBothWays } from './oracle/hf_oracle.js';
+import { assertSameParameters, checkAgainst, hfReference, type HfRef, decodedBothWays, withConfigPatch } from './oracle/hf_oracle.js';
 
 setNumThreads(1);
 const skip = oracleMissing();
@@ -134,16 +134,10 @@ test('savePretrained writes a qwen3 Llama with [moe] as a Qwen3MoeForCausalLM an
 test('a Qwen3-MoE flotilla cannot read or write exactly is one error naming the field', { skip }, () => {
   made();
   const cfgPath = join(dirs.tied, 'config.json');
-  const good = readFileSync(cfgPath, 'utf8');
-  const withCfg = (patch: Record<string, unknown>, re: RegExp, config = true) => {
-    writeFileSync(cfgPath, JSON.stringify({ ...JSON.parse(good), ...patch }));
-    try {
-      assert.throws(() => loadPretrained(dirs.tied), re);
-      if (config) assert.throws(() => initFromModel(dirs.tied), re); // before any rank starts
-    } finally {
-      writeFileSync(cfgPath, good);
-    }
-  };
+  const withCfg = (patch: Record<string, unknown>, re: RegExp, config = true) => withConfigPatch(cfgPath, patch, () => {
+    assert.throws(() => loadPretrained(dirs.tied), re);
+    if (config) assert.throws(() => initFromModel(dirs.tied), re); // before any rank starts
+  });
   withCfg({ mlp_only_layers: [0] }, /mlp_only_layers = \[0\] leaves no layer with experts/);
   withCfg({ mlp_only_layers: [1] }, /mlp_only_layers = \[1\] is not a list of layer indices from 0 to num_hidden_layers - 1 \(0\)/);
   withCfg({ use_sliding_window: true, sliding_window: 4, max_window_layers: 2 }, /max_window_layers = 2 is above num_hidden_layers = 1; set max_window_layers <= num_hidden_layers/);

@@ -1,6 +1,7 @@
 // Helpers of the Hugging Face tests: the reference of test/oracle/hf_reference.py run on a batch of
 // directories at once, flotilla's greedy decoding, and the float64 comparison against the reference.
 import assert from 'node:assert/strict';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { type Tensor, tensor, tidy, noGrad } from '../../src/tensor/index.js';
 import type { Module } from '../../src/nn/module.js';
 import { loadPretrained } from '../../src/checkpoint/hf.js';
@@ -87,5 +88,16 @@ export function decodedBothWays(dir: string): [number[], number[]] {
     return [run(true), run(false)];
   } finally {
     model.dispose();
+  }
+}
+
+/** Runs fn with the config.json at cfgPath patched by `patch` (its fields replaced or added), then puts the file back. */
+export function withConfigPatch<T>(cfgPath: string, patch: Record<string, unknown>, fn: () => T): T {
+  const good = readFileSync(cfgPath, 'utf8');
+  writeFileSync(cfgPath, JSON.stringify({ ...JSON.parse(good), ...patch }));
+  try {
+    return fn();
+  } finally {
+    writeFileSync(cfgPath, good);
   }
 }
