@@ -4,6 +4,10 @@
 // rounding. Computation only: the hyper-parameters (bias corrections, decay factors) and when to use
 // it are TypeScript's (src/optim/fused.ts). Parameters and state are float32 or float64 (the
 // arithmetic's type); the gradient is the parameter's dtype, or bfloat16 under float32.
+//
+// [Note: folded clip] Each update takes the factor gradient clipping computed (src/optim/clipped_step.ts)
+// and multiplies the gradient by it as it reads it, so clipping costs no pass of its own: the
+// gradient buffer keeps its unclipped values. Whether to clip and the factor are TypeScript's.
 #include "common.h"
 
 #include <ATen/ATen.h>
@@ -17,11 +21,11 @@ namespace flotilla {
 namespace optim {
 
 struct AdamWArgs {
-  double decay, beta1, beta2, eps, stepSize, bc2sqrt;
+  double decay, beta1, beta2, eps, stepSize, bc2sqrt, gradScale;
 };
 
 struct SgdArgs {
-  double lr, momentum, dampening, weightDecay;
+  double lr, momentum, dampening, weightDecay, gradScale;
   bool nesterov, first;
 };
 
@@ -59,7 +63,8 @@ static void Parallel(int64_t n, const F& f) {
   at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) { f(begin, end); });
 }
 
-// adamwStep(param, grad, expAvg, expAvgSq, decay, beta1, beta2, eps, stepSize, bc2sqrt): in place,
+// adamwStep(param, grad, expAvg, expAvgSq, decay, beta1, beta2, eps, stepSize, bc2sqrt, gradScale): in place,
+// with g = gradScale grad:
 //   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g g;
 //   param = decay param - stepSize m / (sqrt(v) / bc2sqrt + eps)
 static Napi::Value AdamWStep(const Napi::CallbackInfo& info) {
@@ -79,6 +84,7 @@ static Napi::Value AdamWStep(const Napi::CallbackInfo& info) {
   a.eps = info[7].As<Napi::Number>().DoubleValue();
   a.stepSize = info[8].As<Napi::Number>().DoubleValue();
   a.bc2sqrt = info[9].As<Napi::Number>().DoubleValue();
+  a.gradScale = info[10].As<Napi::Number>().DoubleValue();
   const bool fast = HasAvx2();
   const int64_t n = p.numel();
   if (kind == 2) {
@@ -102,8 +108,8 @@ static Napi::Value AdamWStep(const Napi::CallbackInfo& info) {
   FLOTILLA_CATCH(env, "adamwStep")
 }
 
-// sgdStep(param, grad, momentumBuffer?, lr, momentum, dampening, weightDecay, nesterov, first): in place,
-//   d = g + weightDecay param; with a buffer: buf = first ? d : momentum buf + (1 - dampening) d,
+// sgdStep(param, grad, momentumBuffer?, lr, momentum, dampening, weightDecay, nesterov, first, gradScale):
+// in place, d = gradScale grad + weightDecay param; with a buffer: buf = first ? d : momentum buf + (1 - dampening) d,
 //   d = nesterov ? d + momentum buf : buf;  param = param - lr d
 static Napi::Value SgdStep(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
@@ -121,6 +127,7 @@ static Napi::Value SgdStep(const Napi::CallbackInfo& info) {
   a.weightDecay = info[6].As<Napi::Number>().DoubleValue();
   a.nesterov = info[7].As<Napi::Boolean>().Value();
   a.first = info[8].As<Napi::Boolean>().Value();
+  a.gradScale = info[9].As<Napi::Number>().DoubleValue();
   const bool fast = HasAvx2();
   const int64_t n = p.numel();
   if (kind == 2) {

@@ -1,7 +1,8 @@
 // The optimizer updates of native/optim.cc, included there twice (for any x86-64, and with AVX2 and
 // FMA), as attention_kernel.h is. Each loop reads every array once and writes each it updates once;
 // its body has no branch, so it vectorises. T: the parameter's and state's type (float or double),
-// also the arithmetic's; G: the gradient's (T, or bfloat16 bits under float T).
+// also the arithmetic's; G: the gradient's (T, or bfloat16 bits under float T). The gradient is
+// multiplied by gradScale as it is read (clipping's factor, [Note: folded clip]; 1 is exact).
 
 static inline float Load(const float* a, int64_t i) { return a[i]; }
 static inline double Load(const double* a, int64_t i) { return a[i]; }
@@ -19,8 +20,9 @@ static void AdamWRange(const AdamWArgs& a, T* __restrict p, const G* __restrict 
   const T decay = static_cast<T>(a.decay), b1 = static_cast<T>(a.beta1), b2 = static_cast<T>(a.beta2);
   const T c1 = static_cast<T>(1 - a.beta1), c2 = static_cast<T>(1 - a.beta2);
   const T bc2sqrt = static_cast<T>(a.bc2sqrt), eps = static_cast<T>(a.eps), step = static_cast<T>(-a.stepSize);
+  const T scale = static_cast<T>(a.gradScale);
   for (int64_t i = begin; i < end; ++i) {
-    const T gi = static_cast<T>(Load(g, i));
+    const T gi = static_cast<T>(Load(g, i)) * scale;
     const T mi = m[i] * b1 + c1 * gi;
     const T vi = v[i] * b2 + c2 * gi * gi;
     const T denom = std::sqrt(vi) / bc2sqrt + eps;
@@ -32,15 +34,15 @@ static void AdamWRange(const AdamWArgs& a, T* __restrict p, const G* __restrict 
 
 template <typename T, typename G>
 static void SgdRange(const SgdArgs& a, T* __restrict p, const G* __restrict g, T* __restrict buf, int64_t begin, int64_t end) {
-  const T wd = static_cast<T>(a.weightDecay), lr = static_cast<T>(-a.lr);
+  const T wd = static_cast<T>(a.weightDecay), lr = static_cast<T>(-a.lr), scale = static_cast<T>(a.gradScale);
   if (buf == nullptr) {
-    for (int64_t i = begin; i < end; ++i) p[i] = p[i] + lr * (static_cast<T>(Load(g, i)) + wd * p[i]);
+    for (int64_t i = begin; i < end; ++i) p[i] = p[i] + lr * (static_cast<T>(Load(g, i)) * scale + wd * p[i]);
     return;
   }
   const T mom = static_cast<T>(a.momentum), damp = static_cast<T>(1 - a.dampening);
   const bool first = a.first, nesterov = a.nesterov;  // loop-invariant: the compiler unswitches the loop on them
   for (int64_t i = begin; i < end; ++i) {
-    const T d = static_cast<T>(Load(g, i)) + wd * p[i];
+    const T d = static_cast<T>(Load(g, i)) * scale + wd * p[i];
     const T b = first ? d : buf[i] * mom + damp * d;  // the first step copies d (torch's first buffer)
     buf[i] = b;
     const T u = nesterov ? d + mom * b : b;

@@ -40,6 +40,12 @@ export interface UpdateRun {
    * decay that make it up (relative to the run's views, in order, covering them).
    */
   weightDecay: number | DecayRange[];
+  /**
+   * What the gradient is multiplied by as the update reads it (clipping's factor, [Note: folded
+   * clip] in native/optim.cc). Only the one-pass updates read it: before an op-by-op update the
+   * step has already scaled `grad` in place, and hands 1.
+   */
+  gradScale: number;
 }
 
 /** A range [start, start + numel) of an update run's elements that shares one weight decay. */
@@ -116,8 +122,20 @@ export abstract class Optimizer<O extends { lr: number }> {
     });
   }
 
-  /** One update of every piece this rank owns; then the source publishes the new parameters. */
-  step(): void {
+  /** Whether step() runs the one-pass update ([Note: kernel choice]: kernels = "fused" in effect, and this optimizer has one). */
+  fusedInEffect(): boolean {
+    return kernelChoice() === 'fused' && this.fusedUpdate !== undefined;
+  }
+
+  /**
+   * One update of every piece this rank owns; then the source publishes the new parameters.
+   * gradScale multiplies every gradient the update reads (clipping's factor): the one-pass update
+   * takes it as an argument and leaves the gradient unchanged; the op-by-op one scales each chunk
+   * of the gradient in place first.
+   */
+  step(opts: { gradScale?: number } = {}): void {
+    const gradScale = opts.gradScale ?? 1;
+    if (!(gradScale > 0 && Number.isFinite(gradScale))) throw new Error(`optimizer.step: gradScale must be a finite number > 0, got ${gradScale}`);
     this.stepCount++;
     tidy(() => {
       const pieces = this.grads?.stepPieces ? this.grads.stepPieces() : this.localPieces();
@@ -126,7 +144,7 @@ export abstract class Optimizer<O extends { lr: number }> {
       const fuseKeys = this.groups.map((g) => this.fuseKey(g.options));
       const stepped = new Set<Tensor>();
       // [Note: kernel choice]: the one-pass update where the optimizer has one.
-      const fused = kernelChoice() === 'fused' && this.fusedUpdate !== undefined;
+      const fused = this.fusedInEffect();
       noGrad(() => {
         for (const piece of pieces) {
           const state = this.stateOf(piece);
@@ -138,9 +156,11 @@ export abstract class Optimizer<O extends { lr: number }> {
               const view = (t: Tensor) => t.narrow(0, run.start + at, n);
               const stateViews: Record<string, Tensor> = {};
               for (const [k, t] of Object.entries(state)) stateViews[k] = view(t);
+              const grad = view(piece.grad);
+              if (!fused && gradScale !== 1) grad.mul_(gradScale);
               update.call(this, {
-                param: view(piece.data), grad: view(piece.grad), state: stateViews, step: run.step,
-                weightDecay: typeof decay === 'number' ? decay : clipRanges(decay, at, n),
+                param: view(piece.data), grad, state: stateViews, step: run.step,
+                weightDecay: typeof decay === 'number' ? decay : clipRanges(decay, at, n), gradScale: fused ? gradScale : 1,
               }, options);
             });
             // A fused update reads and writes each array of the run once: no chunks needed.

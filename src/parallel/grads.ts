@@ -182,30 +182,45 @@ export interface ClipResult {
 }
 
 /**
- * Scales every gradient so the global norm is at most maxNorm (torch.nn.utils.clip_grad_norm_'s
- * coefficient: coef = maxNorm / (norm + 1e-6), capped at 1).
+ * The global norm and clipping's factor for maxNorm (torch.nn.utils.clip_grad_norm_'s coefficient:
+ * coef = maxNorm / (norm + 1e-6), capped at 1), the gradients left as they are: an optimizer step
+ * that multiplies them as it reads them takes the factor ([Note: folded clip] in native/optim.cc).
  *
  * Non-finite norm (NaN or Inf; every rank computed the same one, see [Note: norm precision]): with
- * errorIfNonfinite, every rank throws; otherwise the gradients are left unchanged and the result
- * says { norm: NaN or Inf, scale: 1 }, and the caller is expected to skip the optimizer step, which
- * every rank then decides alike. This differs from PyTorch 1.13, which multiplies the gradients by
- * the non-finite coefficient (turning them all into NaN).
+ * errorIfNonfinite, every rank throws; otherwise the result says { norm: NaN or Inf, scale: 1 }, and
+ * the caller is expected to skip the optimizer step, which every rank then decides alike. This
+ * differs from PyTorch 1.13, which multiplies the gradients by the non-finite coefficient (turning
+ * them all into NaN).
+ */
+export function clipFactor(src: GradientSource, maxNorm: number, opts: { p?: number; errorIfNonfinite?: boolean } = {}): ClipResult {
+  return tidy(() => factorOf(piecesOf(src), maxNorm, opts));
+}
+
+function factorOf(pieces: { tensors: Tensor[]; sumOver: ProcessGroup[] }[], maxNorm: number,
+  opts: { p?: number; errorIfNonfinite?: boolean }): ClipResult {
+  if (!(maxNorm > 0)) throw new Error(`clipGradNorm: maxNorm must be > 0, got ${maxNorm}`);
+  const norm = normOf(pieces, opts.p ?? 2);
+  if (!Number.isFinite(norm)) {
+    if (opts.errorIfNonfinite) throw new Error(`clipGradNorm: the total gradient norm is ${norm}; gradients hold NaN or Inf`);
+    return { norm, scale: 1 };
+  }
+  const coef = maxNorm / (norm + 1e-6);
+  return { norm, scale: Math.min(coef, 1) };
+}
+
+/**
+ * Scales every gradient so the global norm is at most maxNorm: clipFactor's factor, multiplied into
+ * every gradient tensor (left unchanged when the norm is within maxNorm or not finite).
  */
 export function clipGradNorm(src: GradientSource, maxNorm: number, opts: { p?: number; errorIfNonfinite?: boolean } = {}): ClipResult {
-  if (!(maxNorm > 0)) throw new Error(`clipGradNorm: maxNorm must be > 0, got ${maxNorm}`);
   return tidy(() => {
     const pieces = piecesOf(src);
-    const norm = normOf(pieces, opts.p ?? 2);
-    if (!Number.isFinite(norm)) {
-      if (opts.errorIfNonfinite) throw new Error(`clipGradNorm: the total gradient norm is ${norm}; gradients hold NaN or Inf`);
-      return { norm, scale: 1 };
-    }
-    const coef = maxNorm / (norm + 1e-6);
-    if (coef >= 1) return { norm, scale: 1 };
+    const r = factorOf(pieces, maxNorm, opts);
+    if (r.scale >= 1) return r;
     const targets = src.clipTargets ? src.clipTargets() : pieces.flatMap((g) => g.tensors);
     noGrad(() => {
-      for (const t of targets) t.mul_(coef);
+      for (const t of targets) t.mul_(r.scale);
     });
-    return { norm, scale: coef };
+    return r;
   });
 }

@@ -10,7 +10,7 @@ export { parallelize, wrapDataParallel, dataParallelGroups, buildMesh, type Layo
 export { buildDataParallel, type DataParallelKnobs, type DataParallelGroups, type DataParallelSpec, type DataParallelWrappers } from './data_parallel/wrappers.js';
 export { resolveLayout, layoutFor, describeLayout, defersInit, layoutProblems, resolveAccumulate, accumulateProblems, dataParallelDegree, LayoutError, type Layout, type LayoutRequest, type ParallelConfig } from './layout.js';
 export { DataParallelModel } from './data_parallel/model.js';
-export { LocalGrads, gradNorm, clipGradNorm, type GradientSource, type GradShard, type ClipResult, type StepPiece } from './grads.js';
+export { LocalGrads, gradNorm, clipGradNorm, clipFactor, type GradientSource, type GradShard, type ClipResult, type StepPiece } from './grads.js';
 export * from './pipeline/index.js';
 export { placementsOf, wholeRuns, type ParamPlacement, type ElementRange, type PlacementOptions, type TpSlice, type Run } from './placement.js';
 export * from './tensor_parallel/index.js';

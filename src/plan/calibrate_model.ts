@@ -15,7 +15,7 @@ import { autocast } from '../nn/precision.js';
 import { withActivationCheckpoint } from '../nn/checkpoint.js';
 import { AdamW } from '../optim/index.js';
 import { DataParallel } from '../parallel/data_parallel/data_parallel.js';
-import { clipGradNorm } from '../parallel/grads.js';
+import { clippedStep } from '../optim/clipped_step.js';
 import { initProcessGroup } from '../distributed/process_group.js';
 import { modelSpec } from '../models/registry.js';
 import { procStatusBytes } from '../io/proc_status.js';
@@ -121,10 +121,7 @@ for (const [d, depth] of input.depths.entries()) {
         dp.finishGradSync();
       });
       const t0 = performance.now();
-      tidy(() => {
-        clipGradNorm(dp, 1);
-        opt.step();
-      });
+      tidy(() => clippedStep(dp, opt, 1));
       if (k > 0) times.push(performance.now() - t0);
     }
     out.optimizerNsPerParam = (median(times) * 1e6) / n;

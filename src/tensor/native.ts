@@ -103,13 +103,16 @@ export interface Native {
     scale: number, offset: number, window: number, qDocs: TensorHandle | undefined, kDocs: TensorHandle | undefined): [TensorHandle, TensorHandle, TensorHandle];
   /**
    * One AdamW update in place over flat contiguous ranges ([Note: fused optimizer] in native/optim.cc):
-   * m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g g, param = decay param - stepSize m / (sqrt(v) / bc2sqrt + eps).
+   * g = gradScale grad, m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g g, param = decay param - stepSize m / (sqrt(v) / bc2sqrt + eps).
    */
   adamwStep(param: TensorHandle, grad: TensorHandle, expAvg: TensorHandle, expAvgSq: TensorHandle,
-    decay: number, beta1: number, beta2: number, eps: number, stepSize: number, bc2sqrt: number): void;
-  /** One SGD update in place (torch.optim.SGD's, L2 decay into the gradient; the first step copies into the buffer). */
+    decay: number, beta1: number, beta2: number, eps: number, stepSize: number, bc2sqrt: number, gradScale: number): void;
+  /**
+   * One SGD update in place of the gradient times gradScale (torch.optim.SGD's, L2 decay into the
+   * gradient; the first step copies into the buffer).
+   */
   sgdStep(param: TensorHandle, grad: TensorHandle, momentumBuffer: TensorHandle | undefined, lr: number, momentum: number,
-    dampening: number, weightDecay: number, nesterov: boolean, first: boolean): void;
+    dampening: number, weightDecay: number, nesterov: boolean, first: boolean, gradScale: number): void;
   /**
    * One-pass pointwise kernels ([Note: pointwise kernels] in native/pointwise.cc). Norms over the last
    * dim: [y, rstd, mean (LayerNorm: layer true)]; rstd and mean in float32 (float64 for float64 x).

@@ -7,7 +7,7 @@ import { withActivationCheckpoint } from '../nn/checkpoint.js';
 import { withKernels } from '../nn/kernels/choice.js';
 import { withMoELossScale } from '../nn/moe.js';
 import { readLaunchEnv } from '../distributed/env.js';
-import { clipGradNorm, gradNorm } from '../parallel/grads.js';
+import { clippedStep } from '../optim/clipped_step.js';
 import { processMemory, type MemoryReport } from '../parallel/data_parallel/memory.js';
 import type { FlotillaConfig } from '../config/schema.js';
 import { StopRequest, stepSeed } from './checkpointing.js';
@@ -111,9 +111,8 @@ function trainStep(run: RunParts, cfg: FlotillaConfig): StepResult & { norm: num
       }))));
     // No trained token in the whole global batch: no gradient was made, and the step is not applied.
     if (r.count === 0) return { ...r, norm: 0 };
-    const norm = o.gradClip > 0 ? clipGradNorm(model.grads, o.gradClip).norm : gradNorm(model.grads);
-    // a non-finite norm is the same on every rank (grads.ts): all skip alike; [train] kernels picks the update's too
-    if (Number.isFinite(norm)) withKernels(cfg.train.kernels, () => optimizer.step());
+    // [train] kernels picks the update's too (and whether clipping's factor folds into it)
+    const norm = withKernels(cfg.train.kernels, () => clippedStep(model.grads, optimizer, o.gradClip));
     return { ...r, norm };
   });
 }
