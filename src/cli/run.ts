@@ -93,7 +93,8 @@ export function parseRunArgs(argv: readonly string[]): RunOptions {
   return { nproc, nnodes, ...(minNodes < nnodes ? { minNodes } : {}), nodeRank, masterAddr, ...(masterAddrs.length > 1 ? { masterAddrs } : {}), masterPort, maxRestarts, backend, script, scriptArgs: argv.slice(i + 1) };
 }
 
-function parseBackend(raw: string | undefined, nnodes: number): 'gloo' | 'mpi' {
+/** The collectives a launch of `--backend raw` runs ('auto': Open MPI on one host when installed, else Gloo). */
+export function parseBackend(raw: string | undefined, nnodes: number): 'gloo' | 'mpi' {
   const b = raw ?? 'gloo';
   if (b !== 'gloo' && b !== 'mpi' && b !== 'auto') throw new UsageError(`--backend ${JSON.stringify(b)}: expected gloo, mpi or auto`);
   if (b === 'gloo' || (b === 'auto' && (nnodes > 1 || !mpiInstalled()))) return 'gloo';

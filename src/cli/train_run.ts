@@ -116,10 +116,11 @@ export async function trainSeriesCommand(args: readonly string[]): Promise<numbe
   const { loadConfig } = await import('../config/index.js');
   const cfgs = runs.map((a) => loadConfig(a.config, a.overrides));
   if (cfgs.some((c) => c.parallel.auto)) throw new UsageError('train-series: [parallel] auto = true chooses a layout before the ranks start; give each run its layout (--parallel.auto=false)');
-  const backends = new Set(cfgs.map((c) => c.parallel.backend));
-  if (backends.size > 1) throw new UsageError(`train-series: the runs of one world share its backend; got ${[...backends].join(' and ')}`);
+  const { initProcessGroup, destroyProcessGroup, resolveBackend } = await import('../distributed/process_group.js');
+  // As this rank resolves them: "auto" is "mpi" under mpirun, so it shares a world with "mpi".
+  const backends = new Set(cfgs.map((c) => resolveBackend(c.parallel.backend)));
+  if (backends.size > 1) throw new UsageError(`train-series: the runs of one world share its backend; got ${cfgs.map((c) => c.parallel.backend).join(', ')}`);
   const env = readLaunchEnv();
-  const { initProcessGroup, destroyProcessGroup } = await import('../distributed/process_group.js');
   initProcessGroup({ backend: cfgs[0]!.parallel.backend });
   try {
     for (const [i, a] of runs.entries()) {

@@ -9,7 +9,7 @@ import { mkdtempSync, readFileSync, rmSync, existsSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { loadConfig, checkRunnable, ConfigError, type FlotillaConfig } from '../config/index.js';
-import { dataParallelDegree } from '../parallel/layout.js';
+import { dataParallelDegree, PARALLEL_DEFAULTS } from '../parallel/layout.js';
 
 /** Relative tolerances: float32 training under a different reduction order stays far inside them. */
 export const VERIFY_TOLERANCE = { loss: 1e-4, gradNorm: 1e-4, params: 1e-4 };
@@ -71,10 +71,15 @@ export function runOverrides(dir: string, steps: number): string[] {
   ];
 }
 
-/** The single-process twin of a layout: same global batch and micro-batch size, no parallelism. */
+/**
+ * The single-process twin of a layout: same global batch and micro-batch size, no parallelism. The
+ * settings only ranks use (the backend, the pipeline's schedule) take their defaults, so layouts
+ * that differ in them alone share one reference.
+ */
 function referenceOverrides(cfg: FlotillaConfig, dp: number): string[] {
   return [
     '--parallel.dp=-1', '--parallel.pp=1', '--parallel.zero=0', '--parallel.dpShard=-1', '--parallel.dpReplicate=1', '--parallel.accumulate=auto', '--parallel.tp=1', '--parallel.sequenceParallel=false', '--parallel.lossParallel=false', '--parallel.ep=1', '--parallel.cp=1',
+    `--parallel.backend=${PARALLEL_DEFAULTS.backend}`, `--parallel.ppSchedule=${PARALLEL_DEFAULTS.ppSchedule}`, `--parallel.ppVirtualStages=${PARALLEL_DEFAULTS.ppVirtualStages}`,
     `--data.microBatches=${cfg.data.microBatches * dp}`,
   ];
 }
@@ -110,13 +115,14 @@ export async function verifyCommand(a: VerifyArgs, mainScript: string, print: (l
   }
   const dir = mkdtempSync(join(tmpdir(), 'flotilla-verify-'));
   try {
-    const { runLauncher } = await import('./run.js');
     const { writeSeries } = await import('./train_run.js');
     process.env.FLOTILLA_REPORT = '0'; // the ranks' run directories are compared, then deleted: no report.html
-    // One world per rank count and backend.
+    const { runLauncher, parseBackend } = await import('./run.js');
+    // One world per rank count and backend (as the launcher resolves it: "auto" trains with "mpi" or "gloo").
     const worlds = new Map<string, number[]>();
+    const backendOf = (l: (typeof layouts)[number]) => parseBackend(l.cfg.parallel.backend, 1);
     for (const [i, l] of layouts.entries()) {
-      const key = `${l.nproc} ${l.cfg.parallel.backend}`;
+      const key = `${l.nproc} ${backendOf(l)}`;
       worlds.set(key, [...(worlds.get(key) ?? []), i]);
     }
     const exitOf = new Map<number, number>();
@@ -124,7 +130,7 @@ export async function verifyCommand(a: VerifyArgs, mainScript: string, print: (l
       const series = join(dir, `world-${w}.json`);
       writeSeries(series, members.map((i) => [a.config, ...layouts[i]!.overrides, ...runOverrides(join(dir, `run-layout-${i}`), a.steps), '--record', join(dir, `layout-${i}`)]));
       const first = layouts[members[0]!]!;
-      const code = await runLauncher(['--nproc', String(first.nproc), '--backend', first.cfg.parallel.backend, mainScript, 'train-series', series]);
+      const code = await runLauncher(['--nproc', String(first.nproc), '--backend', backendOf(first), mainScript, 'train-series', series]);
       for (const i of members) exitOf.set(i, code);
     }
     // The references: one process on the same global batches, trained once per distinct config.

@@ -139,25 +139,35 @@ export async function calibrateInStep(config: string, cfg: FlotillaConfig, overr
   const one = loadConfig(config, [...overrides, ...flags]);
   const runnable = probes.filter((probe) => !((probe === 'tp' || probe === 'sp' || probe === 'cp') && nproc % 2 !== 0) && layoutRefusals(one, probeLayout(probe, one, nproc), nproc).length === 0);
   for (const [n, probe] of runnable.entries()) {
-    const layout = probeLayout(probe, one, nproc);
-    const of = `in-step probe ${n + 1} of ${runnable.length}, ${rounds} launch(es)`;
-    const key = { probe, layout, data: cfg.data, model: cfg.model, backend: cfg.parallel.backend, nproc, threads: cfg.train.threads, machine: machine(), code: [codeOf('measure'), codeOf('calibrate')] };
     try {
-      const stepMs = await cached(`instep-${probe}`, key, async () => {
-        log(probe === 'dp'
-          ? `[plan] measuring the in-step probes' reference, a ${one.model.nLayer}-block model under data parallelism, on ${nproc} rank(s) (${of}; once, cached)`
-          : `[plan] measuring ${probe} collectives inside the step with a ${one.model.nLayer}-block model on ${nproc} rank(s) (${of}; once, cached)`);
-        const t0 = performance.now();
-        const ms = (await measureLayout(config, [...overrides, ...flags, ...overridesOf(one, layout)], nproc, { launches: rounds })).stepMs; // MEASURE_STEPS steps
-        log(`[plan] ${probe} probe measured in ${formatDuration(performance.now() - t0)}`);
-        return ms;
-      });
-      out.push({ probe, layout, stepMs });
+      const stepMs = await probeStepMs(config, cfg, overrides, nproc, probe, rounds, `in-step probe ${n + 1} of ${runnable.length}, ${rounds} launch(es)`, log);
+      out.push({ probe, layout: probeLayout(probe, one, nproc), stepMs });
     } catch (e) { // not cached: measured again next time
       log(`[plan] ${probe}: not measured (${(e as Error).message.split('\n')[0]}); its collectives are priced from the table alone`);
     }
   }
   return out;
+}
+
+/**
+ * The median step (ms) of the probe model (probeFlags) under one in-step probe's layout, measured
+ * once and cached on its own: the baseline's ZeRO-3 price reads the 'dp' one too, so it is trained
+ * once for both. `of` says where in the calibration it runs.
+ */
+function probeStepMs(config: string, cfg: FlotillaConfig, overrides: readonly string[], nproc: number, probe: ProbeRunName, rounds: number, of: string, log: (l: string) => void): Promise<number> {
+  const flags = probeFlags(cfg);
+  const one = loadConfig(config, [...overrides, ...flags]);
+  const layout = probeLayout(probe, one, nproc);
+  const key = { probe, layout, data: cfg.data, model: cfg.model, backend: cfg.parallel.backend, nproc, threads: cfg.train.threads, machine: machine(), code: [codeOf('measure'), codeOf('calibrate')] };
+  return cached(`instep-${probe}`, key, async () => {
+    log(probe === 'dp'
+      ? `[plan] measuring the in-step probes' reference, a ${one.model.nLayer}-block model under data parallelism, on ${nproc} rank(s) (${of}; once, cached)`
+      : `[plan] measuring ${probe} collectives inside the step with a ${one.model.nLayer}-block model on ${nproc} rank(s) (${of}; once, cached)`);
+    const t0 = performance.now();
+    const ms = (await measureLayout(config, [...overrides, ...flags, ...overridesOf(one, layout)], nproc, { launches: rounds })).stepMs; // MEASURE_STEPS steps
+    log(`[plan] ${probe} probe measured in ${formatDuration(performance.now() - t0)}`);
+    return ms;
+  });
 }
 
 /** A 1-block model of width 32 on data parallelism alone: the baseline's model. */
@@ -227,10 +237,12 @@ export function calibrateBaseline(config: string, cfg: FlotillaConfig, overrides
       const z = await measureLayout(config, [...overrides, ...TINY_FLAGS, ...z3], nproc, run);
       zero3CallMs = Math.max(0, (z.stepMs - m.stepMs) / (2 * perUnit));
       const flags = probeFlags(cfg);
-      const [dpWide, z3Wide] = [await measureLayout(config, [...overrides, ...flags], nproc, run), await measureLayout(config, [...overrides, ...flags, ...z3], nproc, run)];
+      // The probe model under data parallelism is the in-step probes' reference: one measurement for both.
+      const dpWideMs = await probeStepMs(config, cfg, overrides, nproc, 'dp', rounds, `also ZeRO-3's reference, ${rounds} launch(es)`, log);
+      const z3Wide = await measureLayout(config, [...overrides, ...flags, ...z3], nproc, run);
       const wide = loadConfig(config, [...overrides, ...flags]);
       const wideCalls = (wide.model.nLayer + 1) * perUnit;
-      zero3MsPerMiB = Math.max(0, (z3Wide.stepMs - dpWide.stepMs - wideCalls * zero3CallMs) / ((perUnit * 4 * modelFacts(wide).numParams) / 2 ** 20));
+      zero3MsPerMiB = Math.max(0, (z3Wide.stepMs - dpWideMs - wideCalls * zero3CallMs) / ((perUnit * 4 * modelFacts(wide).numParams) / 2 ** 20));
     }
     log(`[plan] baseline measured in ${formatDuration(performance.now() - t0)}`);
     return { bytes, startupBytes, stepMs: m.stepMs, zero3CallMs, zero3MsPerMiB };
