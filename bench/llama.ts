@@ -35,18 +35,18 @@ import { saveSafetensors } from '../src/checkpoint/safetensors.js';
 import { autocast, type Precision } from '../src/nn/precision.js';
 import { applyLora, withAdaptersDisabled } from '../src/nn/lora.js';
 import { PythonPeer, median, writeSection, parseBench } from './report.js';
-import { kernelsArg, bf16Plan, stepFlops, gemmRate, gemmShare, GEMM_SHARE_NOTE } from './step_measure.js';
+import { kernelsArg, bf16Plan, stepFlops, gemmRate, gemmShare, singleProcessTrainer, GEMM_SHARE_NOTE } from './step_measure.js';
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
 const BATCH = 8, SEQ = 128;
-const ADAMW: AdamWOptions = { lr: 3e-4, betas: [0.9, 0.95], eps: 1e-8, weightDecay: 0.1 };
+export const ADAMW: AdamWOptions = { lr: 3e-4, betas: [0.9, 0.95], eps: 1e-8, weightDecay: 0.1 };
 const LORA_ALPHA = 16;
 
 /** The model's shape and, with lora > 0, the adapters' rank (every Linear but the head). */
-interface Shape { nEmbd: number; nLayer: number; nKvHead: number; lora: number }
+export interface Shape { nEmbd: number; nLayer: number; nKvHead: number; lora: number }
 
 /** The PyTorch reference Llama (bench/llama_peer.py) on flotilla's initial weights. */
-class Peer extends PythonPeer {
+export class Peer extends PythonPeer {
   constructor(init: string, cfg: LlamaConfig, lora: number) {
     super(join(ROOT, 'bench', 'llama_peer.py'), [init, JSON.stringify({ ...cfg, adamw: ADAMW, ...(lora > 0 ? { lora: { rank: lora, alpha: LORA_ALPHA } } : {}) })]);
   }
@@ -97,41 +97,6 @@ export function llamaBench(shape: Shape, vocabSize = 256): { model: Llama; idx: 
   return { model, idx, targets, adapterParams };
 }
 
-/**
- * The single-process path of `flotilla train` over a model: flat buckets, AdamW over the parameters
- * that train (the trainer's trainedParameters: all of them, or the adapters alone), and one training
- * step under a precision and kernels, chosen around forward + backward and around the optimizer's
- * step as the trainer does. A step returns its wall and CPU seconds (the clock runs until tidy() has
- * freed the step's temporaries); it yields to the event loop first, as the trainer does between steps.
- */
-export function llamaTrainer(model: Llama, idx: Tensor, targets: Tensor): { step: (precision: Precision, kernels: KernelChoice) => Promise<[number, number]>; dispose: () => void } {
-  const dp = new DataParallel(model, { group: initProcessGroup() });
-  const opt = new AdamW(model.parameters().filter((p) => p.requiresGrad), ADAMW, { grads: dp });
-  return {
-    async step(precision, kernels) {
-      await new Promise((r) => setImmediate(r));
-      const c0 = process.cpuUsage();
-      const t0 = performance.now();
-      tidy(() => {
-        opt.zeroGrad();
-        autocast(precision, () => withKernels(kernels, () => {
-          const loss = llamaCriterion(dp.forward(idx), targets);
-          loss.backward();
-          dp.finishGradSync();
-          loss.item();
-        }));
-        withKernels(kernels, () => opt.step());
-      });
-      const c = process.cpuUsage(c0);
-      return [(performance.now() - t0) / 1e3, (c.user + c.system) / 1e6];
-    },
-    dispose() {
-      opt.dispose();
-      dp.dispose();
-    },
-  };
-}
-
 /** One pair of processes: this one runs flotilla (each of `kernels`), its child the PyTorch reference. */
 async function measurePair(shape: Shape, kernels: KernelChoice[], bf16: boolean, steps: number, rounds: number, warmup: number): Promise<PairResult> {
   setNumThreads(1);
@@ -160,7 +125,7 @@ async function measurePair(shape: Shape, kernels: KernelChoice[], bf16: boolean,
       const moved = apart(logits0, withAdaptersDisabled(model, first).logits);
       if (!(moved > 100 * tol)) throw new Error(`the adapters move the first logits by ${moved} only, too little for their agreement (within ${tol}) to check them`);
     }
-    const trainer = llamaTrainer(model, idx, targets);
+    const trainer = singleProcessTrainer(model, idx, targets, ADAMW);
     const ours = async (n: number, m: Mode, k: KernelChoice): Promise<Series> => {
       const out: Series = { wall: [], cpu: [] };
       for (let i = 0; i < n; i++) {

@@ -73,7 +73,7 @@ type Phases = [number, number, number, number];
 type PeerMode = 'fp32' | 'bf16';
 
 /** The PyTorch side (bench/step.py), alive for the whole run: asks for n steps, gets their phase times back. */
-class TorchPeer extends PythonPeer {
+export class TorchPeer extends PythonPeer {
   constructor(initPath: string, cfg: GPTConfig) {
     super(join(ROOT, 'bench', 'step.py'), [initPath, JSON.stringify({ ...cfg, adamw: ADAMW })]);
   }

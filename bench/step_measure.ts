@@ -2,7 +2,14 @@
 // besides bench/report.ts: the kernels and precisions they measure, and the share of the machine's
 // GEMM rate a step reaches. Loads the addon (report.ts does not, for the benchmarks that only spawn ranks).
 import { cpus } from 'node:os';
-import { bf16Support, type DType } from '../src/tensor/index.js';
+import { bf16Support, tidy, type DType, type Tensor } from '../src/tensor/index.js';
+import type { Module } from '../src/nn/module.js';
+import { autocast, type Precision } from '../src/nn/precision.js';
+import { withKernels } from '../src/nn/kernels/choice.js';
+import { llamaCriterion } from '../src/models/llama_parallel.js';
+import { AdamW, type AdamWOptions } from '../src/optim/index.js';
+import { DataParallel } from '../src/parallel/data_parallel/data_parallel.js';
+import { initProcessGroup } from '../src/distributed/process_group.js';
 import { KERNEL_CHOICES, type KernelChoice } from '../src/nn/kernels/choice.js';
 import { modelFlops } from '../src/train/flops.js';
 import { probePeakTflops } from '../src/train/peak_flops.js';
@@ -60,3 +67,40 @@ export function gemmShare(flops: number, seconds: number, tflops: number): numbe
 export const GEMM_SHARE_NOTE = 'GEMM share: the step\'s model FLOPs (3 x the forward\'s per token x tokens, i.e. 6 N + 12 x layers x ' +
   'seqLen x width per token, causal masking not halved: [Note: model flops] in src/train/flops.ts) over the step\'s median time, against ' +
   'torch.matmul\'s rate (768 x 768 GEMMs, src/train/peak_flops.ts\'s probe) at the same precision and threads, measured in the same process during this run (goal >= 75%).';
+
+/**
+ * The single-process path of `flotilla train` over a GPT or a Llama: flat buckets, AdamW over the
+ * parameters that train (the trainer's trainedParameters: all of them, or LoRA's adapters alone), and
+ * one training step under a precision and kernels, chosen around forward + backward and around the
+ * optimizer's step as src/train/trainer.ts does. A step yields to the event loop first, as the trainer
+ * does between steps, and returns its wall and CPU seconds (the clock runs until tidy() has freed the
+ * step's temporaries: PyTorch frees them inside its step).
+ */
+export function singleProcessTrainer(model: Module & { forward(idx: Tensor): { logits: Tensor } }, idx: Tensor, targets: Tensor, adamw: AdamWOptions): { step: (precision: Precision, kernels: KernelChoice) => Promise<[number, number]>; dispose: () => void } {
+  const dp = new DataParallel<Module & { forward(idx: Tensor): { logits: Tensor } }>(model, { group: initProcessGroup() });
+  const opt = new AdamW(model.parameters().filter((p) => p.requiresGrad), adamw, { grads: dp });
+  return {
+    async step(precision, kernels) {
+      await new Promise((r) => setImmediate(r));
+      const c0 = process.cpuUsage();
+      const t0 = performance.now();
+      tidy(() => {
+        opt.zeroGrad();
+        autocast(precision, () => withKernels(kernels, () => {
+          // GPT.forward(idx) and Llama.forward(idx) both return { logits }: the criterion takes either ([Note: deferred head]).
+          const loss = llamaCriterion(dp.forward(idx), targets);
+          loss.backward();
+          dp.finishGradSync();
+          loss.item();
+        }));
+        withKernels(kernels, () => opt.step());
+      });
+      const c = process.cpuUsage(c0);
+      return [(performance.now() - t0) / 1e3, (c.user + c.system) / 1e6];
+    },
+    dispose() {
+      opt.dispose();
+      dp.dispose();
+    },
+  };
+}
