@@ -262,7 +262,7 @@ async function main(): Promise<void> {
       'LoRA layer around each nn.Linear (y = W x + alpha / r B(A x), W with requires_grad False, A and B nn.Linear), AdamW over A and B only, in float32. ' +
       'Same weights, adapters and batch: B starts nonzero here (PEFT starts it at zero) so that the first loss and logits, which must agree, check the adapters too. ' +
       'Float32 only: a bf16 step of this model on a CPU without native bfloat16 takes tens of seconds, mostly conversions. ' +
-      'The GEMM share counts the whole model\'s 6 N as for full training although the frozen base\'s weight gradients are not computed (4 N of its weights\' FLOPs would be): it overstates the share. ' +
+      'The GEMM share counts the whole model\'s 6 N as for full training although the frozen base\'s weight gradients are not computed (its weights cost 4 FLOPs per token, not 6): it overstates the share. ' +
       method,
   ] : [
     '## Llama step time vs the PyTorch reference Llama',

@@ -6,7 +6,8 @@
 // records what might tell a slow process from a fast one: its GEMM rate (src/train/peak_flops.ts's
 // probe after the steps: is a slow process slow at plain matmuls too?), the CPUs its main thread ran on
 // and may run on, involuntary context switches and minor page faults per step, transparent huge pages
-// (AnonHugePages), its NUMA nodes, and the size and address of its largest anonymous mapping.
+// (AnonHugePages), its NUMA nodes, the size and address of its largest anonymous mapping, and the
+// machine's steal time (a virtual machine's CPUs taken by the hypervisor).
 //
 //   node --import tsx bench/speeds.ts [--model llama|gpt] [--kernels fused|eager|both] [--processes 10] [--steps 20] [--warmup 3] [--no-write]
 //
@@ -35,6 +36,8 @@ interface ProcOut {
   largest: { mib: number; start: string };
   /** Per timed step. */
   involuntary: number; minorFaults: number;
+  /** The whole machine's steal time per timed step, ms (all its CPUs). */
+  steal: number;
   anonHugeMiB: number; numaNodes: string; threads: number;
 }
 
@@ -69,6 +72,15 @@ function numaNodes(): string {
   return [...nodes].map(([n, p]) => `${n}:${p}`).join(' ');
 }
 
+/**
+ * The machine's steal time so far, ms (the 8th number of /proc/stat's cpu line, in USER_HZ ticks of
+ * 10 ms): time the hypervisor ran something else while a virtual CPU of this machine had work.
+ */
+function stealMs(): number {
+  const f = readFileSync('/proc/stat', 'utf8').split('\n')[0]!.trim().split(/\s+/);
+  return Number(f[8] ?? NaN) * 10;
+}
+
 /** One process's run. */
 async function runProcess(model: 'llama' | 'gpt', kernels: KernelChoice, steps: number, warmup: number): Promise<ProcOut> {
   setNumThreads(1);
@@ -82,7 +94,7 @@ async function runProcess(model: 'llama' | 'gpt', kernels: KernelChoice, steps: 
   }
   const trainer = singleProcessTrainer(m, idx, targets, ADAMW);
   for (let i = 0; i < warmup; i++) await trainer.step('fp32', kernels);
-  const inv0 = statusCount('nonvoluntary_ctxt_switches'), flt0 = process.resourceUsage().minorPageFault;
+  const inv0 = statusCount('nonvoluntary_ctxt_switches'), flt0 = process.resourceUsage().minorPageFault, steal0 = stealMs();
   const wall: number[] = [], cpu: number[] = [];
   const ran: number[] = [];
   for (let i = 0; i < steps; i++) {
@@ -93,13 +105,14 @@ async function runProcess(model: 'llama' | 'gpt', kernels: KernelChoice, steps: 
   }
   const involuntary = (statusCount('nonvoluntary_ctxt_switches') - inv0) / steps;
   const minorFaults = (process.resourceUsage().minorPageFault - flt0) / steps;
+  const steal = (stealMs() - steal0) / steps;
   const gflops = probePeakTflops('float32') * 1e3;
   let anonHugeMiB = NaN;
   try {
     anonHugeMiB = Number(/^AnonHugePages:\s+(\d+) kB/m.exec(readFileSync('/proc/self/smaps_rollup', 'utf8'))?.[1]) / 1024;
   } catch { /* no smaps_rollup */ }
   const out: ProcOut = {
-    kernels, wall, cpu, gflops, ranOn: [...new Set(ran)].sort(), moves: ran.filter((c, i) => i > 0 && c !== ran[i - 1]).length, largest: largestAnonMapping(), allowed: statusText('Cpus_allowed_list'), involuntary, minorFaults,
+    kernels, wall, cpu, gflops, ranOn: [...new Set(ran)].sort(), moves: ran.filter((c, i) => i > 0 && c !== ran[i - 1]).length, largest: largestAnonMapping(), allowed: statusText('Cpus_allowed_list'), involuntary, minorFaults, steal,
     anonHugeMiB, numaNodes: numaNodes(), threads: readdirSync('/proc/self/task').length,
   };
   trainer.dispose();
@@ -134,10 +147,10 @@ async function main(): Promise<void> {
     for (const kc of k % 2 ? [...kernels].reverse() : kernels) {
       const r = await inChild(['--model', a.model, '--kernels', kc, '--steps', String(steps), '--warmup', String(warmup)]);
       runs.push(r);
-      console.log(`process ${k + 1}/${processes} ${kc}: median ${ms(median(r.wall))} ms (fastest ${ms(Math.min(...r.wall))}), CPU ${ms(median(r.cpu))} ms, GEMM ${r.gflops.toFixed(1)} GFLOP/s, main thread on CPUs ${r.ranOn.join(',')} of ${r.allowed} (moved ${r.moves} times), largest anonymous mapping ${r.largest.mib.toFixed(0)} MiB at ${r.largest.start}, ${r.involuntary.toFixed(1)} involuntary switches and ${r.minorFaults.toFixed(0)} minor faults per step, AnonHugePages ${r.anonHugeMiB.toFixed(0)} MiB, NUMA ${r.numaNodes}`);
+      console.log(`process ${k + 1}/${processes} ${kc}: median ${ms(median(r.wall))} ms (fastest ${ms(Math.min(...r.wall))}), CPU ${ms(median(r.cpu))} ms, GEMM ${r.gflops.toFixed(1)} GFLOP/s, main thread on CPUs ${r.ranOn.join(',')} of ${r.allowed} (moved ${r.moves} times), largest anonymous mapping ${r.largest.mib.toFixed(0)} MiB at ${r.largest.start}, ${r.involuntary.toFixed(1)} involuntary switches and ${r.minorFaults.toFixed(0)} minor faults per step, steal ${r.steal.toFixed(1)} ms per step, AnonHugePages ${r.anonHugeMiB.toFixed(0)} MiB, NUMA ${r.numaNodes}`);
     }
   }
-  const rows = runs.map((r, i) => `| ${Math.floor(i / kernels.length) + 1} | ${r.kernels} | ${ms(median(r.wall))} | ${ms(Math.min(...r.wall))} | ${ms(median(r.cpu))} | ${r.gflops.toFixed(1)} | ${r.ranOn.join(',')} (of ${r.allowed}), ${r.moves} | ${r.largest.mib.toFixed(0)} MiB at ${r.largest.start} | ${r.involuntary.toFixed(1)} | ${r.minorFaults.toFixed(0)} | ${r.anonHugeMiB.toFixed(0)} | ${r.numaNodes} |`);
+  const rows = runs.map((r, i) => `| ${Math.floor(i / kernels.length) + 1} | ${r.kernels} | ${ms(median(r.wall))} | ${ms(Math.min(...r.wall))} | ${ms(median(r.cpu))} | ${r.gflops.toFixed(1)} | ${r.ranOn.join(',')} (of ${r.allowed}), ${r.moves} | ${r.largest.mib.toFixed(0)} MiB at ${r.largest.start} | ${r.involuntary.toFixed(1)} | ${r.minorFaults.toFixed(0)} | ${r.steal.toFixed(1)} | ${r.anonHugeMiB.toFixed(0)} | ${r.numaNodes} |`);
   const summary = kernels.map((kc) => {
     const meds = runs.filter((r) => r.kernels === kc).map((r) => median(r.wall));
     const lo = Math.min(...meds), hi = Math.max(...meds), spread = hi / lo;
@@ -150,8 +163,8 @@ async function main(): Promise<void> {
       `a wall-time spread without one in CPU time is waiting for a core, not the slow mode); their GEMM rates ${Math.min(...gem).toFixed(1)}-${Math.max(...gem).toFixed(1)} GFLOP/s`;
   });
   const table = [
-    '| process | kernels | median step ms | fastest step ms | CPU ms per step | GEMM GFLOP/s after | main thread\'s CPUs (allowed), moves between samples | largest anonymous mapping | involuntary switches per step | minor faults per step | AnonHugePages MiB | NUMA pages |',
-    '|---:|---|---:|---:|---:|---:|---|---|---:|---:|---:|---|',
+    '| process | kernels | median step ms | fastest step ms | CPU ms per step | GEMM GFLOP/s after | main thread\'s CPUs (allowed), moves between samples | largest anonymous mapping | involuntary switches per step | minor faults per step | machine\'s steal ms per step | AnonHugePages MiB | NUMA pages |',
+    '|---:|---|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---|',
     ...rows,
   ].join('\n');
   console.log(table);
@@ -166,7 +179,8 @@ async function main(): Promise<void> {
       'A process\'s speed is the median of its timed steps; the goal is the slowest process within 10% of the fastest. After its steps each process probes its GEMM rate ' +
       '(src/train/peak_flops.ts: 768 x 768 float32 matmuls, best of 0.5 s) and reports the CPUs its main thread ran on (sampled after each step; at one intra-op thread it computes) and may run on, ' +
       'its largest anonymous mapping (the tensor cache\'s largest block, or an arena) and where it starts, ' +
-      'its involuntary context switches and minor page faults per timed step, its transparent huge pages and the NUMA nodes of its pages.',
+      'its involuntary context switches and minor page faults per timed step, the machine\'s steal time per step (/proc/stat: the hypervisor running something else while a virtual CPU had work), ' +
+      'its transparent huge pages and the NUMA nodes of its pages. A slow process whose GEMM rate is low too is slow at plain matmuls, where flotilla\'s memory layout plays no part.',
     '',
     `Reproduce: \`node --import tsx bench/speeds.ts --model ${a.model} --kernels ${a.kernels} --processes ${processes} --steps ${steps} --warmup ${warmup}\`.`,
     '',
