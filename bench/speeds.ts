@@ -39,6 +39,8 @@ interface ProcOut {
   /** The whole machine's steal time per timed step, ms (all its CPUs). */
   steal: number;
   anonHugeMiB: number; numaNodes: string; threads: number;
+  /** The kernels OpenBLAS picked when it loaded (by CPU, unless OPENBLAS_CORETYPE pins them). */
+  blas: string;
 }
 
 /** A number field of /proc/self/status (not a kB one). */
@@ -113,7 +115,7 @@ async function runProcess(model: 'llama' | 'gpt', kernels: KernelChoice, steps: 
   } catch { /* no smaps_rollup */ }
   const out: ProcOut = {
     kernels, wall, cpu, gflops, ranOn: [...new Set(ran)].sort(), moves: ran.filter((c, i) => i > 0 && c !== ran[i - 1]).length, largest: largestAnonMapping(), allowed: statusText('Cpus_allowed_list'), involuntary, minorFaults, steal,
-    anonHugeMiB, numaNodes: numaNodes(), threads: readdirSync('/proc/self/task').length,
+    anonHugeMiB, numaNodes: numaNodes(), threads: readdirSync('/proc/self/task').length, blas: describeBlas(),
   };
   trainer.dispose();
   return out;
@@ -147,10 +149,10 @@ async function main(): Promise<void> {
     for (const kc of k % 2 ? [...kernels].reverse() : kernels) {
       const r = await inChild(['--model', a.model, '--kernels', kc, '--steps', String(steps), '--warmup', String(warmup)]);
       runs.push(r);
-      console.log(`process ${k + 1}/${processes} ${kc}: median ${ms(median(r.wall))} ms (fastest ${ms(Math.min(...r.wall))}), CPU ${ms(median(r.cpu))} ms, GEMM ${r.gflops.toFixed(1)} GFLOP/s, main thread on CPUs ${r.ranOn.join(',')} of ${r.allowed} (moved ${r.moves} times), largest anonymous mapping ${r.largest.mib.toFixed(0)} MiB at ${r.largest.start}, ${r.involuntary.toFixed(1)} involuntary switches and ${r.minorFaults.toFixed(0)} minor faults per step, steal ${r.steal.toFixed(1)} ms per step, AnonHugePages ${r.anonHugeMiB.toFixed(0)} MiB, NUMA ${r.numaNodes}`);
+      console.log(`process ${k + 1}/${processes} ${kc}: median ${ms(median(r.wall))} ms (fastest ${ms(Math.min(...r.wall))}), CPU ${ms(median(r.cpu))} ms, GEMM ${r.gflops.toFixed(1)} GFLOP/s, main thread on CPUs ${r.ranOn.join(',')} of ${r.allowed} (moved ${r.moves} times), largest anonymous mapping ${r.largest.mib.toFixed(0)} MiB at ${r.largest.start}, ${r.involuntary.toFixed(1)} involuntary switches and ${r.minorFaults.toFixed(0)} minor faults per step, steal ${r.steal.toFixed(1)} ms per step, AnonHugePages ${r.anonHugeMiB.toFixed(0)} MiB, NUMA ${r.numaNodes}, ${r.threads} threads, ${r.blas}`);
     }
   }
-  const rows = runs.map((r, i) => `| ${Math.floor(i / kernels.length) + 1} | ${r.kernels} | ${ms(median(r.wall))} | ${ms(Math.min(...r.wall))} | ${ms(median(r.cpu))} | ${r.gflops.toFixed(1)} | ${r.ranOn.join(',')} (of ${r.allowed}), ${r.moves} | ${r.largest.mib.toFixed(0)} MiB at ${r.largest.start} | ${r.involuntary.toFixed(1)} | ${r.minorFaults.toFixed(0)} | ${r.steal.toFixed(1)} | ${r.anonHugeMiB.toFixed(0)} | ${r.numaNodes} |`);
+  const rows = runs.map((r, i) => `| ${Math.floor(i / kernels.length) + 1} | ${r.kernels} | ${ms(median(r.wall))} | ${ms(Math.min(...r.wall))} | ${ms(median(r.cpu))} | ${r.gflops.toFixed(1)} | ${r.ranOn.join(',')} (of ${r.allowed}), ${r.moves} | ${r.largest.mib.toFixed(0)} MiB at ${r.largest.start} | ${r.involuntary.toFixed(1)} | ${r.minorFaults.toFixed(0)} | ${r.steal.toFixed(1)} | ${r.anonHugeMiB.toFixed(0)} | ${r.numaNodes} | ${r.threads} | ${r.blas} |`);
   const summary = kernels.map((kc) => {
     const meds = runs.filter((r) => r.kernels === kc).map((r) => median(r.wall));
     const lo = Math.min(...meds), hi = Math.max(...meds), spread = hi / lo;
@@ -163,8 +165,8 @@ async function main(): Promise<void> {
       `a wall-time spread without one in CPU time is waiting for a core, not the slow mode); their GEMM rates ${Math.min(...gem).toFixed(1)}-${Math.max(...gem).toFixed(1)} GFLOP/s`;
   });
   const table = [
-    '| process | kernels | median step ms | fastest step ms | CPU ms per step | GEMM GFLOP/s after | main thread\'s CPUs (allowed), moves between samples | largest anonymous mapping | involuntary switches per step | minor faults per step | machine\'s steal ms per step | AnonHugePages MiB | NUMA pages |',
-    '|---:|---|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---|',
+    '| process | kernels | median step ms | fastest step ms | CPU ms per step | GEMM GFLOP/s after | main thread\'s CPUs (allowed), moves between samples | largest anonymous mapping | involuntary switches per step | minor faults per step | machine\'s steal ms per step | AnonHugePages MiB | NUMA pages | threads | BLAS |',
+    '|---:|---|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---|---:|---|',
     ...rows,
   ].join('\n');
   console.log(table);
@@ -180,7 +182,7 @@ async function main(): Promise<void> {
       '(src/train/peak_flops.ts: 768 x 768 float32 matmuls, best of 0.5 s) and reports the CPUs its main thread ran on (sampled after each step; at one intra-op thread it computes) and may run on, ' +
       'its largest anonymous mapping (the tensor cache\'s largest block, or an arena) and where it starts, ' +
       'its involuntary context switches and minor page faults per timed step, the machine\'s steal time per step (/proc/stat: the hypervisor running something else while a virtual CPU had work), ' +
-      'its transparent huge pages and the NUMA nodes of its pages. A slow process whose GEMM rate is low too is slow at plain matmuls, where flotilla\'s memory layout plays no part.',
+      'its transparent huge pages, the NUMA nodes of its pages, its threads and the BLAS kernels it loaded. A slow process whose GEMM rate is low too is slow at plain matmuls, where flotilla\'s memory layout plays no part.',
     '',
     `Reproduce: \`node --import tsx bench/speeds.ts --model ${a.model} --kernels ${a.kernels} --processes ${processes} --steps ${steps} --warmup ${warmup}\`.`,
     '',
