@@ -42,6 +42,7 @@ static inline VF ExpV(VF v) {
   return v < -87.f ? VF{} : y;
 }
 static inline float Sum(VF v) { return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])); }
+static inline double Sum(VD v) { return (v[0] + v[1]) + (v[2] + v[3]); }
 
 template <typename A_t> static inline A_t Load(float v) { return v; }
 template <typename A_t> static inline A_t Load(double v) { return static_cast<A_t>(v); }

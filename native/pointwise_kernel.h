@@ -18,25 +18,6 @@ template <typename T, typename A_t>
 static inline void Narrow(T* d, const A_t* s, int64_t n) {
   for (int64_t j = 0; j < n; ++j) Store(d + j, s[j]);
 }
-// Sums with eight running lanes (the compiler keeps them in one or two vector registers).
-template <typename A_t>
-static inline A_t Dot(const A_t* a, const A_t* b, int64_t n) {
-  A_t acc[8] = {};
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int l = 0; l < 8; ++l) acc[l] += a[j + l] * b[j + l];
-  for (; j < n; ++j) acc[0] += a[j] * b[j];
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-template <typename A_t>
-static inline A_t SumOf(const A_t* a, int64_t n) {
-  A_t acc[8] = {};
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int l = 0; l < 8; ++l) acc[l] += a[j + l];
-  for (; j < n; ++j) acc[0] += a[j];
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
 // x[j] = exp(x[j]) for x[j] <= 0, n <= kBlock; float through ExpV (the buffer has room for the
 // rounding up to 8), double through std::exp.
 static inline void ExpNonPositive(float* x, int64_t n) {
@@ -48,29 +29,64 @@ static inline void ExpNonPositive(double* x, int64_t n) {
   for (int64_t j = 0; j < n; ++j) x[j] = std::exp(x[j]);
 }
 
+// A vector of the accumulation type from T (8 floats from float or bfloat16, 4 doubles), and back.
+static inline VF LoadAcc(const float* p) { return LoadV<VF>(p); }
+static inline VD LoadAcc(const double* p) { return LoadV<VD>(p); }
+static inline VF LoadAcc(const Bf16* p) {
+  VF v;
+  for (int l = 0; l < 8; ++l) v[l] = Load<float>(p[l]);
+  return v;
+}
+static inline void StoreAcc(float* p, VF v) { StoreV(p, v); }
+static inline void StoreAcc(double* p, VD v) { StoreV(p, v); }
+static inline void StoreAcc(Bf16* p, VF v) {
+  for (int l = 0; l < 8; ++l) Store(p + l, v[l]);
+}
+
 // Rows [r0, r1) of RMSNorm (p.layer false) or LayerNorm: y = (x - mean) * rstd * w (+ b), mean 0
-// for RMSNorm; saves mean (LayerNorm) and rstd per row.
+// for RMSNorm; saves mean (LayerNorm) and rstd per row. Each row is read three times (sum, sum of
+// squares about the mean, output) in vectors straight from x, and written once.
 template <typename T, typename A_t>
 static void NormForward(const Norm& p, int64_t r0, int64_t r1) {
-  const int64_t d = p.d;
-  std::vector<A_t> buf(3 * d);
-  A_t *xr = buf.data(), *w = xr + d, *b = w + d;
+  typedef typename Vec<A_t>::type V;
+  const int64_t d = p.d, L = sizeof(V) / sizeof(A_t), dv = d / L * L;
+  std::vector<A_t> buf(2 * d);
+  A_t *w = buf.data(), *b = w + d;
   Widen(w, static_cast<const T*>(p.w), d);
   if (p.b) Widen(b, static_cast<const T*>(p.b), d);
   for (int64_t r = r0; r < r1; ++r) {
-    Widen(xr, static_cast<const T*>(p.x) + r * d, d);
+    const T* x = static_cast<const T*>(p.x) + r * d;
+    T* y = static_cast<T*>(p.y) + r * d;
     A_t mu = 0;
     if (p.layer) {
-      mu = SumOf(xr, d) / static_cast<A_t>(d);
-      for (int64_t j = 0; j < d; ++j) xr[j] -= mu;
+      V s0{}, s1{};  // two chains of adds in flight
+      int64_t j = 0;
+      for (; j + 2 * L <= dv; j += 2 * L) s0 += LoadAcc(x + j), s1 += LoadAcc(x + j + L);
+      if (j < dv) s0 += LoadAcc(x + j);
+      A_t t = Sum(s0 + s1);
+      for (j = dv; j < d; ++j) t += Load<A_t>(x[j]);
+      mu = t / static_cast<A_t>(d);
     }
-    const A_t rstd = A_t(1) / std::sqrt(Dot(xr, xr, d) / static_cast<A_t>(d) + static_cast<A_t>(p.eps));
+    V q0{}, q1{};
+    int64_t j = 0;
+    for (; j + 2 * L <= dv; j += 2 * L) {
+      const V c0 = LoadAcc(x + j) - mu, c1 = LoadAcc(x + j + L) - mu;
+      q0 += c0 * c0, q1 += c1 * c1;
+    }
+    if (j < dv) {
+      const V c0 = LoadAcc(x + j) - mu;
+      q0 += c0 * c0;
+    }
+    A_t q = Sum(q0 + q1);
+    for (j = dv; j < d; ++j) q += (Load<A_t>(x[j]) - mu) * (Load<A_t>(x[j]) - mu);
+    const A_t rstd = A_t(1) / std::sqrt(q / static_cast<A_t>(d) + static_cast<A_t>(p.eps));
     if (p.b) {
-      for (int64_t j = 0; j < d; ++j) xr[j] = xr[j] * rstd * w[j] + b[j];
+      for (j = 0; j < dv; j += L) StoreAcc(y + j, (LoadAcc(x + j) - mu) * rstd * LoadV<V>(w + j) + LoadV<V>(b + j));
+      for (; j < d; ++j) Store(y + j, (Load<A_t>(x[j]) - mu) * rstd * w[j] + b[j]);
     } else {
-      for (int64_t j = 0; j < d; ++j) xr[j] = xr[j] * rstd * w[j];
+      for (j = 0; j < dv; j += L) StoreAcc(y + j, (LoadAcc(x + j) - mu) * rstd * LoadV<V>(w + j));
+      for (; j < d; ++j) Store(y + j, (Load<A_t>(x[j]) - mu) * rstd * w[j]);
     }
-    Narrow(static_cast<T*>(p.y) + r * d, xr, d);
     if (p.layer) static_cast<A_t*>(p.mean)[r] = mu;
     static_cast<A_t*>(p.rstd)[r] = rstd;
   }
@@ -78,28 +94,45 @@ static void NormForward(const Norm& p, int64_t r0, int64_t r1) {
 
 // Chunk c of the rows (c of p.chunks, contiguous ranges): dx per row, and the chunk's own partial
 // sums of dw = sum g * xhat and db = sum g in row c of p.dw and p.db (chunks x d, summed by the caller).
+// Two passes per row in vectors straight from x and dy: the first sums dw, db and the row's two dot
+// products, the second recomputes xhat and g * w (cheaper than storing and reloading them) for dx.
 template <typename T, typename A_t>
 static void NormBackward(const Norm& p, int64_t c) {
-  const int64_t d = p.d, r0 = p.rows * c / p.chunks, r1 = p.rows * (c + 1) / p.chunks;
-  std::vector<A_t> buf(4 * d);
-  A_t *xh = buf.data(), *g = xh + d, *gw = g + d, *w = gw + d;
-  A_t *dw = static_cast<A_t*>(p.dw) + c * d, *db = p.db ? static_cast<A_t*>(p.db) + c * d : nullptr;
+  typedef typename Vec<A_t>::type V;
+  const int64_t d = p.d, L = sizeof(V) / sizeof(A_t), dv = d / L * L;
+  const int64_t r0 = p.rows * c / p.chunks, r1 = p.rows * (c + 1) / p.chunks;
+  std::vector<A_t> buf(d);
+  A_t *w = buf.data(), *dw = static_cast<A_t*>(p.dw) + c * d, *db = p.db ? static_cast<A_t*>(p.db) + c * d : nullptr;
   Widen(w, static_cast<const T*>(p.w), d);
   const A_t inv = A_t(1) / static_cast<A_t>(d);
   for (int64_t r = r0; r < r1; ++r) {
-    Widen(xh, static_cast<const T*>(p.x) + r * d, d);
-    Widen(g, static_cast<const T*>(p.dy) + r * d, d);
+    const T *x = static_cast<const T*>(p.x) + r * d, *dy = static_cast<const T*>(p.dy) + r * d;
+    T* dx = static_cast<T*>(p.dx) + r * d;
     const A_t mu = p.layer ? static_cast<const A_t*>(p.mean)[r] : A_t(0), rstd = static_cast<const A_t*>(p.rstd)[r];
-    for (int64_t j = 0; j < d; ++j) {
-      xh[j] = (xh[j] - mu) * rstd;
-      gw[j] = g[j] * w[j];
-      dw[j] += g[j] * xh[j];
+    V sa{}, sm{};
+    int64_t j = 0;
+    for (; j < dv; j += L) {
+      const V g = LoadAcc(dy + j), xh = (LoadAcc(x + j) - mu) * rstd, gw = g * LoadV<V>(w + j);
+      StoreV(dw + j, LoadV<V>(dw + j) + g * xh);
+      if (db) StoreV(db + j, LoadV<V>(db + j) + g);
+      sa += gw * xh, sm += gw;
     }
-    if (db)
-      for (int64_t j = 0; j < d; ++j) db[j] += g[j];
-    const A_t a = Dot(gw, xh, d) * inv, m = p.layer ? SumOf(gw, d) * inv : A_t(0);
-    for (int64_t j = 0; j < d; ++j) gw[j] = rstd * (gw[j] - m - xh[j] * a);
-    Narrow(static_cast<T*>(p.dx) + r * d, gw, d);
+    A_t a = Sum(sa), m = Sum(sm);
+    for (; j < d; ++j) {
+      const A_t g = Load<A_t>(dy[j]), xh = (Load<A_t>(x[j]) - mu) * rstd;
+      dw[j] += g * xh;
+      if (db) db[j] += g;
+      a += g * w[j] * xh, m += g * w[j];
+    }
+    a *= inv, m = p.layer ? m * inv : A_t(0);
+    for (j = 0; j < dv; j += L) {
+      const V xh = (LoadAcc(x + j) - mu) * rstd, gw = LoadAcc(dy + j) * LoadV<V>(w + j);
+      StoreAcc(dx + j, rstd * (gw - m - xh * a));
+    }
+    for (; j < d; ++j) {
+      const A_t xh = (Load<A_t>(x[j]) - mu) * rstd, gw = Load<A_t>(dy[j]) * w[j];
+      Store(dx + j, rstd * (gw - m - xh * a));
+    }
   }
 }
 
@@ -175,16 +208,6 @@ static inline void OnePlusErf(A_t* p, const A_t* x, int64_t n) {
 // below, so there is no cancellation in the negative tail: relative error below 7e-7 for |x| <= 3
 // (test/kernels_pointwise.test.ts), growing beyond as the rounding of x^2 in exp's argument does (as
 // in any float erf), ~4e-6 at |x| = 10.
-static inline VF Load8(const float* p) { return LoadV<VF>(p); }
-static inline VF Load8(const Bf16* p) {
-  VF v;
-  for (int l = 0; l < 8; ++l) v[l] = Load<float>(p[l]);
-  return v;
-}
-static inline void Store8(float* p, VF v) { StoreV(p, v); }
-static inline void Store8(Bf16* p, VF v) {
-  for (int l = 0; l < 8; ++l) Store(p + l, v[l]);
-}
 static inline VF GaussV(VF x) {  // exp(-x^2 / 2), x^2 capped at 174: exp(-87) ~ 1.6e-38 stands for 0
   const VF s = x * x;
   return ExpInRangeV(-0.5f * (s < 174.f ? s : VF{} + 174.f));
@@ -207,12 +230,12 @@ template <typename T, typename Fn>
 static inline void Map8(const Elementwise& p, T* out, int64_t i0, int64_t i1, const Fn& fn) {
   const T *x = static_cast<const T*>(p.a), *g = static_cast<const T*>(p.dy);
   int64_t i = i0;
-  for (; i + 8 <= i1; i += 8) Store8(out + i, fn(Load8(x + i), g ? Load8(g + i) : VF{}));
+  for (; i + 8 <= i1; i += 8) StoreAcc(out + i, fn(LoadAcc(x + i), g ? LoadAcc(g + i) : VF{}));
   if (i == i1) return;
   T xs[8] = {}, gs[8] = {}, ys[8];
   std::memcpy(xs, x + i, (i1 - i) * sizeof(T));
   if (g) std::memcpy(gs, g + i, (i1 - i) * sizeof(T));
-  Store8(ys, fn(Load8(xs), Load8(gs)));
+  StoreAcc(ys, fn(LoadAcc(xs), LoadAcc(gs)));
   std::memcpy(out + i, ys, (i1 - i) * sizeof(T));
 }
 template <typename T>
