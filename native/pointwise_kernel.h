@@ -32,15 +32,21 @@ static inline void ExpNonPositive(double* x, int64_t n) {
 // A vector of the accumulation type from T (8 floats from float or bfloat16, 4 doubles), and back.
 static inline VF LoadAcc(const float* p) { return LoadV<VF>(p); }
 static inline VD LoadAcc(const double* p) { return LoadV<VD>(p); }
+// bfloat16 lane by lane as Load and Store(Bf16*) do (the upper 16 bits of a float; rounded to nearest
+// even, NaN kept quiet), in whole vectors.
+typedef uint16_t VH __attribute__((vector_size(16)));
+typedef uint32_t VU __attribute__((vector_size(32)));
 static inline VF LoadAcc(const Bf16* p) {
-  VF v;
-  for (int l = 0; l < 8; ++l) v[l] = Load<float>(p[l]);
-  return v;
+  VH h;
+  std::memcpy(&h, p, sizeof(h));
+  return (VF)(__builtin_convertvector(h, VU) << 16);
 }
 static inline void StoreAcc(float* p, VF v) { StoreV(p, v); }
 static inline void StoreAcc(double* p, VD v) { StoreV(p, v); }
 static inline void StoreAcc(Bf16* p, VF v) {
-  for (int l = 0; l < 8; ++l) Store(p + l, v[l]);
+  const VU u = (VU)v, rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const VH h = __builtin_convertvector(v != v ? VU{} + 0x7fc0u : rounded, VH);
+  std::memcpy(p, &h, sizeof(h));
 }
 
 // Rows [r0, r1) of RMSNorm (p.layer false) or LayerNorm: y = (x - mean) * rstd * w (+ b), mean 0
