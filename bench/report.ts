@@ -78,6 +78,10 @@ export class PythonPeer {
     this.child.stdin.write(`${JSON.stringify(request)}\n`);
     return this.next();
   }
+  /** The peer's process id (its /proc/<pid>/status holds its memory). */
+  get pid(): number {
+    return this.child.pid!;
+  }
   close(): void {
     this.child.stdin.end('\n');
   }

@@ -1,7 +1,7 @@
 """The PyTorch peer of bench/step.ts: the same GPT training step, written the way a PyTorch user would.
 
 Run by bench/step.ts (not on its own): argv init.safetensors '<json config>'. It loads flotilla's initial
-weights and batch, prints one JSON line {"ready", "loss0"}, then answers each stdin line {"steps": n} with
+weights and batch, prints one JSON line {"ready", "loss0"}, then answers each stdin line {"steps": n, "mode": "fp32" | "bf16" (torch.autocast)} with
 one JSON line {"times": [seconds per step]}; an empty line or EOF ends it."""
 import json
 import math
@@ -94,11 +94,12 @@ def main():
     o = c['adamw']
     opt = torch.optim.AdamW(model.parameters(), lr=o['lr'], betas=tuple(o['betas']), eps=o['eps'], weight_decay=o['weightDecay'])
 
-    def step():
+    def step(mode):
         c0 = time.process_time()
         t0 = time.perf_counter()
         opt.zero_grad()
-        loss = model(idx, targets)
+        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=(mode == 'bf16')):
+            loss = model(idx, targets)
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()
@@ -113,8 +114,8 @@ def main():
     for line in sys.stdin:
         if not line.strip():
             break
-        n = json.loads(line)['steps']
-        times = [step() for _ in range(n)]
+        req = json.loads(line)
+        times = [step(req.get('mode', 'fp32')) for _ in range(req['steps'])]
         print(json.dumps({'times': times}), flush=True)
 
 
