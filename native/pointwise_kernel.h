@@ -2,9 +2,10 @@
 // pointers, included twice by pointwise.cc (baseline x86-64, and under `#pragma GCC target("avx2,fma")`),
 // as attention_kernel.h is. No include guard and no includes: the includer provides <cmath>,
 // <cstdint>, <cstring>, <vector>, the Norm/Elementwise/Rotation structs and Bf16, and wraps this file
-// in a namespace. Every kernel widens a row or a block of up to kBlock values to the accumulation type
-// (float for float32 and bfloat16, double for float64), computes there in loops the compiler
-// vectorises, and rounds once on the way out.
+// in a namespace. Every kernel computes in the accumulation type (float for float32 and bfloat16,
+// double for float64) and rounds once on the way out: the norms and float's exact GELU in 32-byte
+// vectors loaded straight from the inputs (LoadAcc), the others on a row or a block of up to kBlock
+// values widened into a buffer, in loops the compiler vectorises.
 
 #include "kernel_math.h"
 
