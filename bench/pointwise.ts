@@ -1,7 +1,7 @@
 // The one-pass pointwise kernels (src/nn/kernels/pointwise.ts) against the eager ops they replace,
 // each forward and backward at a training shape: 8192 tokens of width 512 and 2048 (rotary: heads of
 // width 64), float32 and bfloat16 inputs. One process, one warm-up step, then `steps` timed steps
-// (median). Writes its section of docs/BENCHMARKS.md (between <!-- pointwise:begin --> and <!-- pointwise:end -->).
+// (median), eager's and fused's alternating. Writes its section of docs/BENCHMARKS.md (between <!-- pointwise:begin --> and <!-- pointwise:end -->).
 //
 //   node --import tsx bench/pointwise.ts [--tokens 8192] [--widths 512,2048] [--steps 5] [--threads 2] [--no-write]
 import { parseArgs } from 'node:util';
@@ -40,22 +40,25 @@ const kernels: Kernel[] = [
   { name: 'rotary', diff: 1, inputs: (C, d) => [randn([1, N, C / HD, HD], { dtype: d }), randn([N, HD]), randn([N, HD])], eager: applyRotary, fused: fusedRotary },
 ];
 
-/** Median ms of forward + backward (gradient of every differentiated input, upstream gradient given). */
-function time(k: Kernel, fn: (...xs: Tensor[]) => Tensor, C: number, dtype: DType): number {
+/**
+ * Median ms of forward + backward (gradient of every differentiated input, upstream gradient given),
+ * eager and fused: the two alternate step by step on the same inputs, so both see the same load.
+ */
+function time(k: Kernel, C: number, dtype: DType): [number, number] {
   manualSeed(1);
   return tidy(() => {
     const xs = k.inputs(C, dtype).map((x, i) => (i < k.diff ? x.requiresGrad_() : x));
-    const y0 = fn(...xs), g = randn(y0.shape, { dtype: y0.dtype });
-    const ms: number[] = [];
+    const y0 = k.eager(...xs), g = randn(y0.shape, { dtype: y0.dtype });
+    const ms: [number[], number[]] = [[], []];
     for (let s = 0; s <= steps; s++) {
-      tidy(() => {
+      [k.eager, k.fused].forEach((fn, i) => tidy(() => {
         const t0 = performance.now();
         const y = fn(...xs);
         grad([y], xs.slice(0, k.diff), { gradOutputs: [g] });
-        if (s > 0) ms.push(performance.now() - t0);
-      });
+        if (s > 0) ms[i]!.push(performance.now() - t0);
+      }));
     }
-    return median(ms);
+    return [median(ms[0]), median(ms[1])];
   });
 }
 
@@ -64,25 +67,27 @@ const rows: string[] = [];
 for (const dtype of ['float32', 'bfloat16'] as DType[]) {
   for (const C of widths) {
     for (const k of kernels) {
-      const eager = time(k, k.eager, C, dtype), fused = time(k, k.fused, C, dtype);
+      const [eager, fused] = time(k, C, dtype);
       const row = `| ${k.name} | ${dtype} | ${N} x ${C} | ${fused.toFixed(1)} | ${eager.toFixed(1)} | ${(eager / fused).toFixed(2)} |`;
       console.log(row);
       rows.push(row);
     }
   }
 }
+const loadEnd = loadavg()[0]!;
 const cmd = `node --import tsx bench/pointwise.ts --tokens ${N} --widths ${a.widths} --steps ${steps} --threads ${a.threads}`;
 const body = [
   '## Fused pointwise kernels',
   '',
   `Each kernel alone, forward and backward (the gradient of every differentiated input from a given upstream gradient), ${a.threads}`,
-  `intra-op thread(s), one process: one warm-up step, then ${steps} timed steps (median). Fused: the one-pass kernels`,
+  `intra-op thread(s), one process: one warm-up step, then ${steps} timed steps (median), eager's and fused's alternating. Fused: the one-pass kernels`,
   '(src/nn/kernels/pointwise.ts, native/pointwise.cc). Eager: the ops `[train] kernels = "eager"` runs (F.rmsNorm, F.layerNorm,',
   'silu then mul, gelu, applyRotary), autograd through each. Every input is (tokens x width); rotary\'s is (1, tokens, width / 64, 64)',
   'with float32 tables, as the Llama rotates q. bfloat16 rows: bfloat16 inputs (the norms and SwiGLU run in float32 under',
   'bf16-mixed; these rows show the kernels\' bfloat16 path).',
-  `The machine's 1-minute load average was ${load.toFixed(1)} when the run started (other work shared its cores), so single`,
-  'numbers are noisy; compare ratios within a row.',
+  `The machine's 1-minute load average was ${load.toFixed(1)} when the run started and ${loadEnd.toFixed(1)} when it ended (other work shared`,
+  'its 2 cores), so single numbers are noisy; compare ratios within a row. Ratios near 1 (the exact GELU in float32, where at',
+  '2 threads both paths are bound by memory) moved by up to 25% between runs under such load.',
   '',
   `\`${cmd}\``,
   '',

@@ -6,6 +6,7 @@
 //   (STEPS=N sets the step count; 100 by default)
 import { setNumThreads, tidy } from '../src/tensor/index.js';
 import { GPT } from '../src/models/gpt.js';
+import { withKernels } from '../src/nn/kernels/choice.js';
 import { AdamW, warmupCosine } from '../src/optim/index.js';
 import { initProcessGroup, destroyProcessGroup } from '../src/distributed/process_group.js';
 import { DataParallel, clipGradNorm, type ZeroStage } from '../src/parallel/index.js';
@@ -37,7 +38,9 @@ const lrAt = warmupCosine({ warmupSteps: 10, maxSteps: steps, maxLr: 1e-3, minLr
 
 for (let step = 0; step < steps; step++) {
   opt.lr = lrAt(step);
-  const loss = tidy(() => {                  // frees every temporary tensor of the step
+  // tidy frees every temporary tensor of the step; withKernels runs it on the fused kernels (the
+  // attention, the loss from the hidden state, norms, activations, AdamW), as `flotilla train` does.
+  const loss = tidy(() => withKernels('fused', () => {
     opt.zeroGrad();
     const { x, y } = loader.next();          // (B, T) int64, B = globalBatch / world size
     const { loss } = dp.forward(x, y);       // through the wrapper: ZeRO-3 gathers units around it
@@ -46,7 +49,7 @@ for (let step = 0; step < steps; step++) {
     clipGradNorm(dp, 1.0);                   // the norm of the whole model's gradient
     opt.step();
     return loss!.item();                     // this rank's half of the batch when there are two
-  });
+  }));
   if (group.rank === 0 && (step % 10 === 0 || step === steps - 1)) {
     console.log(`step ${String(step).padStart(3)}  loss ${loss.toFixed(4)}  lr ${opt.lr.toExponential(2)}`);
   }

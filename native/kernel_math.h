@@ -21,10 +21,9 @@ template <typename A_t> struct Vec;
 template <> struct Vec<float> { typedef VF type; };
 template <> struct Vec<double> { typedef VD type; };
 
-// exp of 8 floats: Cody-Waite range reduction and a degree-6 polynomial (relative error ~2 ulp);
-// -inf and anything below -87 give exactly 0. Branch-free, so it stays in vector registers.
-static inline VF ExpV(VF v) {
-  const VF c = v < -87.f ? VF{} - 87.f : v;
+// exp of 8 floats in [-87, 0] (no range check): Cody-Waite range reduction and a degree-6
+// polynomial (relative error ~2 ulp). Branch-free, so it stays in vector registers.
+static inline VF ExpInRangeV(VF c) {
   const VI e = __builtin_convertvector(c * 1.44269504088896341f - 0.5f, VI);  // c <= ~0: a rounding of c log2(e)
   const VF fe = __builtin_convertvector(e, VF);
   const VF r = (c - fe * 0.693359375f) + fe * 2.12194440e-4f;
@@ -35,10 +34,15 @@ static inline VF ExpV(VF v) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.f;
-  const VF y = p * (VF)((e + 127) << 23);
+  return p * (VF)((e + 127) << 23);
+}
+// exp of 8 floats <= ~0; -inf and anything below -87 give exactly 0.
+static inline VF ExpV(VF v) {
+  const VF y = ExpInRangeV(v < -87.f ? VF{} - 87.f : v);
   return v < -87.f ? VF{} : y;
 }
 static inline float Sum(VF v) { return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7])); }
+static inline double Sum(VD v) { return (v[0] + v[1]) + (v[2] + v[3]); }
 
 template <typename A_t> static inline A_t Load(float v) { return v; }
 template <typename A_t> static inline A_t Load(double v) { return static_cast<A_t>(v); }

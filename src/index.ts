@@ -1,7 +1,7 @@
 // flotilla's public API: `import { GPT, DataParallel, initProcessGroup, ... } from 'flotilla'`.
 export * from './tensor/index.js';
 export * as nn from './nn/index.js';
-export { Module, Linear, Embedding, LayerNorm, RMSNorm, Dropout, ModuleList, F } from './nn/index.js';
+export { Module, Linear, Embedding, LayerNorm, RMSNorm, Dropout, ModuleList, F, withKernels } from './nn/index.js';
 export { GPT, defaultGPTConfig, type GPTConfig } from './models/gpt.js';
 export { gptPipeline, gptTensorPlan, gptUnits, gptCriterion, planStages, measureGPTPartCosts, type GPTPipelineOptions, type PartCosts } from './models/gpt_parallel.js';
 export * from './optim/index.js';

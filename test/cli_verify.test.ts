@@ -1,4 +1,5 @@
-// `flotilla verify` end to end: it passes for every layout and fails for a deliberately broken one
+// `flotilla verify` end to end: it passes for every layout (with the default fused kernels against a
+// one-process run of the op-by-op ones) and fails for a deliberately broken one
 // (a fault injected by preloading test/fixtures/break_averaging.ts: one gradient bucket skips the
 // 1/N averaging). The layouts are one verify (`--and`): those of one rank count train in one world,
 // and each test reads its layout's block of the output. Both verifies are queued when the file
@@ -38,6 +39,8 @@ const layouts: [string, number, string[]][] = [
   ['pipeline pp=2, 1F1B', 2, ['--parallel.pp=2', '--data.microBatches=4']],
   ['pipeline pp=2 x ZeRO-2 over dp=2', 4, ['--parallel.pp=2', '--parallel.zero=2', '--data.microBatches=4']],
   ['pipeline pp=2 x ZeRO-3 over dp=2, zero bubble', 4, ['--parallel.pp=2', '--parallel.zero=3', '--parallel.ppSchedule=zb', '--data.microBatches=4']],
+  ['tp=2 + sequence and loss parallelism', 2, ['--parallel.tp=2', '--parallel.sequenceParallel=true', '--parallel.lossParallel=true']],
+  ['context parallelism cp=2', 2, ['--parallel.cp=2']],
 ];
 
 const all = verify(layouts[0]![1], layouts[0]![2], {}, false, layouts.slice(1).flatMap(([, nproc, overrides]) => ['--and', '--nproc', String(nproc), ...overrides]));
@@ -48,7 +51,9 @@ for (const [i, [name, nproc]] of layouts.entries()) {
   test(`verify PASSes for ${name} on ${nproc} ranks`, async () => {
     const { out } = await all;
     const block = verifyBlock(out, i);
-    assert.match(block, new RegExp(`^verify: 4 step\\(s\\) of examples/gpt-tiny.toml on ${nproc} ranks`), out);
+    // The default kernels are the fused ones, and the one process runs op by op: each layout
+    // checks the kernels under it too.
+    assert.match(block, new RegExp(`^verify: 4 step\\(s\\) of examples/gpt-tiny.toml on ${nproc} ranks \\(backend \\w+; kernels fused, the one process eager;`), out);
     assert.match(block, /^PASS \(tolerance/m, out);
     assert.equal(block.match(/^ +\d+ +[\d.]+ +[\d.e+-]+ +[\d.]+ +[\d.e+-]+$/gm)?.length, 4, `one line per step:\n${block}`);
   });

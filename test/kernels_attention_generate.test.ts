@@ -1,7 +1,8 @@
 // Generation through the fused kernel ([Note: kernel choice], [Note: kv cache]): a tiny GPT and a tiny
 // Llama (grouped-query heads, a sliding window shorter than the context) decode left-padded prompts of
 // different lengths, a prompt chunk then one token at a time, with the same logits in float64 under
-// kernels = "fused" as under "eager", and generate() samples the same tokens with either.
+// kernels = "fused" as under "eager" (the Llama's rotary through the one-pass kernel too), and
+// generate() samples the same tokens with either. The cache builds the padding's document ids once a step.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { getDefaultDtype, manualSeed, setDefaultDtype, tensor, tidy, type Tensor } from '../src/tensor/index.js';
@@ -9,6 +10,8 @@ import { GPT } from '../src/models/gpt.js';
 import { Llama } from '../src/models/llama.js';
 import { generate } from '../src/inference/generate.js';
 import { withKernels } from '../src/nn/kernels/choice.js';
+import { KVCache } from '../src/nn/kv_cache.js';
+import { native } from '../src/tensor/native.js';
 import { assertClose } from './oracle/check.js';
 
 const V = 40, CTX = 24;
@@ -42,7 +45,18 @@ for (const [name, make] of [
         const model = make();
         model.eval();
         manualSeed(2);
-        const eager = decodeLogits(model), fused = withKernels('fused', () => decodeLogits(model));
+        const eager = decodeLogits(model);
+        // Rotary calls of the fused decode (the GPT has none; the Llama rotates q and k in each layer and step).
+        let rotations = 0;
+        const rotary = native.rotary;
+        native.rotary = (...args) => (rotations++, rotary(...args));
+        let fused: Tensor[];
+        try {
+          fused = withKernels('fused', () => decodeLogits(model));
+        } finally {
+          native.rotary = rotary;
+        }
+        if (model instanceof Llama) assert.equal(rotations, 2 * 2 * 7, 'the fused decode rotates q and k through the kernel in every layer and step');
         fused.forEach((f, i) => assertClose(f, eager[i]!, { rtol: 1e-10, atol: 1e-12 }, `${i === 0 ? 'prefill' : `decode step ${i}`} logits`));
         // Another path ran: its sums in another order leave float64 rounding differences somewhere.
         assert.ok(fused.some((f, i) => f.sub(eager[i]!).abs().max().item() !== 0), 'the fused kernel computed the attention');
@@ -56,3 +70,23 @@ for (const [name, make] of [
     }
   });
 }
+
+test('the cache builds its padding\'s document ids once per step: every layer gets the same tensors until advance()', () => {
+  tidy(() => {
+    const cache = new KVCache(2, 2, 8, [2, 0]);
+    try {
+      const a = cache.documentIds(3)!, b = cache.documentIds(3)!;
+      assert.ok(a.q === b.q && a.k === b.k, 'a second layer rebuilt the ids');
+      assert.deepEqual(a.k.toNumbers(), [-1, -2, 0, 0, 0, 0]);
+      cache.advance(3);
+      const c = cache.documentIds(1)!;
+      assert.deepEqual(c.q.shape, [2, 1]);
+      assert.deepEqual(c.k.toNumbers(), [-1, -2, 0, 0, 0, 0, 0, 0]);
+      const unpadded = new KVCache(1, 2, 8);
+      assert.equal(unpadded.documentIds(1), undefined);
+      unpadded.dispose();
+    } finally {
+      cache.dispose();
+    }
+  });
+});

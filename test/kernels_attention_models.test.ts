@@ -67,8 +67,9 @@ for (const [name, make] of [
   });
 }
 
-test('[train] kernels: "eager" by default, "fused" when asked, anything else refused naming both', () => {
-  assert.equal(parseConfig('').train.kernels, 'eager');
-  assert.equal(parseConfig('[train]\nkernels = "fused"\n').train.kernels, 'fused');
+test('[train] kernels: "fused" by default, "eager" when asked, anything else refused naming both; outside the trainer eager', () => {
+  assert.equal(parseConfig('').train.kernels, 'fused');
+  assert.equal(parseConfig('[train]\nkernels = "eager"\n').train.kernels, 'eager');
+  assert.equal(kernelChoice(), 'eager');
   assert.throws(() => parseConfig('', ['--train.kernels=flash']), /eager.*fused/);
 });

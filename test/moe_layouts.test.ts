@@ -5,7 +5,8 @@
 // (experts also reduced over the ranks holding the same ones), with ZeRO-1, ZeRO-2 and ZeRO-3, under HSDP, with tensor parallelism tp = 2 and with pipeline parallelism pp = 2;
 // MoE blocks under context parallelism cp = 2 (alone, with ep = 2 and 4 over dpShard x cp, ZeRO-3, pp = 2, tp = 2); top-1 and
 // top-2, softmax and sigmoid routers, the auxiliary loss and the expert bias, a capacity that drops
-// tokens, shared experts, the GPT and the Llama. A wrong expert-gradient scale fails the comparison.
+// tokens, shared experts, the GPT and the Llama; ep = 2 with [train] kernels = "fused" (the experts'
+// GELU and SwiGLU through the one-pass kernels). A wrong expert-gradient scale fails the comparison.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { equivalenceSuite } from './helpers/equivalence.js';
@@ -59,6 +60,9 @@ const world2 = launch(2, [
   { name: 'cp2_frozen_A', layout: { cp: 2 }, micro: 4, steps, moe: A, frozen: FROZEN },
   { name: 'ep2_experts_frozen_A', layout: { ep: 2 }, micro: 2, steps, moe: A, frozen: EXPERTS_FROZEN },
   { name: 'ep2_z3_experts_frozen_A', layout: { ep: 2, zero: 3 }, micro: 2, steps, moe: A, frozen: EXPERTS_FROZEN },
+  // [train] kernels = "fused": the experts' exact GELU (GPT) and SwiGLU (Llama) through the one-pass kernels.
+  { name: 'ep2_fused_A', layout: { ep: 2 }, micro: 2, steps, moe: A, kernels: 'fused' },
+  { name: 'ep2_fused_L', layout: { ep: 2 }, micro: 2, steps, moe: L, arch: 'llama', kernels: 'fused' },
 ]);
 const world4 = launch(4, [
   { name: 'ep2_dp4_A', layout: { ep: 2 }, micro: 1, steps, moe: A },
@@ -96,6 +100,16 @@ test('expert parallelism ep = 2 on 2 ranks equals one process: GPT top-2 with au
   compare('ep2_A', 2, 'refA');
   compare('ep2_B', 2, 'refB');
   compare('ep2_L', 2, 'refL');
+});
+
+test('kernels = "fused" with ep = 2: the experts\' GELU (GPT) and SwiGLU (Llama) run through the one-pass kernels on every rank and train as the eager one-process run', async () => {
+  await Promise.all([reference, world2]);
+  compare('ep2_fused_A', 2, 'refA');
+  compare('ep2_fused_L', 2, 'refL');
+  for (const name of ['ep2_fused_A', 'ep2_fused_L']) {
+    for (const o of suite.read(name, 2)) assert.ok(o.activationCalls > 0, `${name}: rank ${o.rank}'s experts never ran the fused kernels`);
+  }
+  for (const o of suite.read('ep2_A', 2)) assert.equal(o.activationCalls, 0, 'the eager run called the fused kernels');
 });
 
 test('expert parallelism with ZeRO-2 and ZeRO-3 on 2 ranks equals one process', async () => {

@@ -307,13 +307,17 @@ export function llamaAttentionDecode(a: LlamaAttention, x: Tensor, cache: KVCach
   const rd: DType = q.dtype === 'float64' ? 'float64' : 'float32';
   // Without padding every row is at the same positions: two views of the tables, no gather.
   const { cos, sinSigned } = cache.isPadded ? a.rope.at(rd, cache.positions(T)) : a.rope.slice(rd, cache.length, T);
-  const rot = (t: Tensor, n: number) => applyRotary((t.dtype === rd ? t : t.to(rd)).view(B, T, n, hd), cos, sinSigned).to(q.dtype);
+  // Under fused kernels the one-pass rotary ([Note: kernel choice]), which computes in the promoted dtype itself.
+  const fused = kernelChoice() === 'fused';
+  const rot = (t: Tensor, n: number) => (fused
+    ? fusedRotary(t.view(B, T, n, hd), cos, sinSigned)
+    : applyRotary((t.dtype === rd ? t : t.to(rd)).view(B, T, n, hd), cos, sinSigned)).to(q.dtype);
   const qh = rot(q, nh).transpose(1, 2); // (B, nh, T, hd)
   const [K, V] = cache.append(layer, rot(k, nkv).transpose(1, 2), v.view(B, T, nkv, hd).transpose(1, 2)); // (B, nkv, Tk, hd)
   const Tk = K.shape[2]!;
-  if (kernelChoice() === 'fused') {
+  if (fused) {
     // The fused kernel ([Note: kernel choice]): kv heads read in place, the new queries at the
-    // cache's positions, the window its argument, padding as documents.
+    // cache's positions, the window its argument, padding as documents (built once per step by the cache).
     const [qc, kc, vc] = castFor('matmul', qh, K, V) as [Tensor, Tensor, Tensor];
     const docs = cache.documentIds(T);
     const y = fusedAttention(qc, kc, vc, { offset: cache.length, window: a.rope.cfg.slidingWindow, qDocs: docs?.q, kDocs: docs?.k });

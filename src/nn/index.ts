@@ -7,3 +7,4 @@ export { normal_, zeros_, ones_ } from './init.js';
 export { autocast, castFor, castParam, currentPrecision, opDtype, parsePrecision, BF16_MIXED_OPS, PRECISIONS, type Precision, type OpClass } from './precision.js';
 export { LoraAdapter, applyLora, hfModuleNames, loraAdapterOf, loraAdapters, mergeLora, unmergeLora, withAdaptersDisabled, type LoraOptions, type ApplyLoraOptions, type AppliedLora } from './lora.js';
 export { documentLayout, withDocuments, documents, type DocumentLayout } from './documents.js';
+export { withKernels, kernelChoice, KERNEL_CHOICES, type KernelChoice } from './kernels/choice.js';

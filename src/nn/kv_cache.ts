@@ -15,6 +15,8 @@ export class KVCache {
   private readonly values: (Tensor | undefined)[];
   private readonly padIds: Tensor; // (B, 1) int64
   private readonly padded: boolean;
+  /** documentIds() of the current step (every layer asks for the same), until advance(). */
+  private stepDocs?: { T: number; q: Tensor; k: Tensor };
 
   constructor(readonly layers: number, readonly batch: number, readonly maxLen: number, readonly pad: readonly number[] = Array<number>(batch).fill(0)) {
     if (pad.length !== batch) throw new Error(`KVCache: ${pad.length} pad counts for a batch of ${batch}`);
@@ -62,14 +64,25 @@ export class KVCache {
    * The mask of allowed() as document ids for the fused kernel ([Note: kernel choice]), int64: real
    * tokens are document 0 and padding token j its own document -(j + 1), so a padding query sees
    * only itself and a real one no padding. Queries (B, T) and keys (B, length + T); undefined
-   * without padding (causal and the window are the kernel's own arguments).
+   * without padding (causal and the window are the kernel's own arguments). Built once per step
+   * (the first layer to ask) and held by the cache until advance().
    */
   documentIds(T: number): { q: Tensor; k: Tensor } | undefined {
     if (!this.padded) return undefined;
-    const Tk = this.length + T;
-    const key = arange(0, Tk, 1, { dtype: 'int64' }).view(1, Tk);
-    const k = key.add(1).mul(key.lt(this.padIds).to('int64')).neg(); // (B, Tk)
-    return { q: k.narrow(1, this.length, T), k };
+    if (this.stepDocs?.T !== T) {
+      this.dropStepDocs();
+      const Tk = this.length + T;
+      const key = arange(0, Tk, 1, { dtype: 'int64' }).view(1, Tk);
+      const k = keep(key.add(1).mul(key.lt(this.padIds).to('int64')).neg()); // (B, Tk)
+      this.stepDocs = { T, q: keep(k.narrow(1, this.length, T)), k };
+    }
+    return { q: this.stepDocs.q, k: this.stepDocs.k };
+  }
+
+  private dropStepDocs(): void {
+    this.stepDocs?.q.dispose();
+    this.stepDocs?.k.dispose();
+    this.stepDocs = undefined;
   }
 
   /**
@@ -91,10 +104,12 @@ export class KVCache {
 
   advance(T: number): void {
     this.length += T;
+    this.dropStepDocs();
   }
 
   dispose(): void {
     for (const t of [...this.keys, ...this.values]) t?.dispose();
     this.padIds.dispose();
+    this.dropStepDocs();
   }
 }

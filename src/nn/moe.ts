@@ -44,6 +44,8 @@ import { Dropout } from './layers.js';
 import type { MoEConfig } from './moe_config.js';
 import { isRecomputing } from './checkpoint.js';
 import { sequenceShard, type SequenceShard } from './sequence_shard.js';
+import { kernelChoice } from './kernels/choice.js';
+import { fusedGelu, fusedSwiglu } from './kernels/pointwise.js';
 
 export { defaultMoEConfig, isMoELayer, moeProblems, checkMoEConfig, type MoEConfig } from './moe_config.js';
 
@@ -129,11 +131,13 @@ export class GroupedExperts extends Module {
     const addBias = (h: Tensor, b: Tensor | undefined) => (b ? h.add(castParam('linear', b).unsqueeze(1)) : h);
     if (this.kind === 'swiglu') {
       const [g] = castFor('swiglu', bmm(xc, 'w1')) as [Tensor];
-      const [h] = castFor('linear', g.silu().mul(bmm(xc, 'w3'))) as [Tensor]; // (G, L, H)
+      const up = bmm(xc, 'w3');
+      const [h] = castFor('linear', kernelChoice() === 'fused' ? fusedSwiglu(g, up) : g.silu().mul(up)) as [Tensor]; // (G, L, H)
       return bmm(h, 'w2');
     }
     let [h] = castFor('gelu', addBias(bmm(xc, 'w1'), this.b1)) as [Tensor];
-    h = h.gelu(this.kind === 'gelu-tanh' ? 'tanh' : 'none');
+    const approximate = this.kind === 'gelu-tanh' ? 'tanh' : 'none';
+    h = kernelChoice() === 'fused' ? fusedGelu(h, approximate) : h.gelu(approximate);
     const [hc] = castFor('linear', h) as [Tensor];
     return addBias(bmm(hc, 'w2'), this.b2); // (G, L, C)
   }

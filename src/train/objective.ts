@@ -61,7 +61,7 @@ export interface DpoRunContext {
   microBatches: number;
   evalBatches: number;
   steps: number;
-  /** The run's autocast around each forward-only pass. */
+  /** The run's autocast and kernels around each forward-only pass. */
   scope<R>(fn: () => R): R;
 }
 
@@ -76,7 +76,7 @@ export function openDpoReference(cfg: FlotillaConfig, c: DpoRunContext): DpoRefe
     contributes: c.mesh.tp.rank === 0 && (c.mesh.cp?.rank ?? 0) === 0 && c.mesh.pp.rank === 0,
     key: {
       data: JSON.stringify([c.loader.datasetKey, c.evalLoader.datasetKey, d.seqLen, d.overflow, c.loader.units, c.evalLoader.units]),
-      base: JSON.stringify([cfg.train.initFrom, cfg.train.seed, cfg.model, cfg.train.precision]),
+      base: JSON.stringify([cfg.train.initFrom, cfg.train.seed, cfg.model, cfg.train.precision, cfg.train.kernels]),
       reference: kind,
     },
     train: c.loader, val: c.evalLoader, microBatches: c.microBatches, evalBatches: c.evalBatches, steps: c.steps, scope: c.scope,

@@ -14,6 +14,7 @@ import { launcherEnv } from '../distributed/launcher_env.js';
 import { join } from 'node:path';
 import { type Tensor, describeBlas, setNumThreads, tidy, torchVersion } from '../tensor/index.js';
 import { autocast } from '../nn/precision.js';
+import { withKernels } from '../nn/kernels/choice.js';
 import { warmupCosine, constant } from '../optim/schedule.js';
 import { optimizerSpec } from '../optim/registry.js';
 import type { Optimizer } from '../optim/optimizer.js';
@@ -235,7 +236,8 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     if (cfg.train.objective === 'dpo') {
       dpo = openDpoReference(cfg, {
         model, mesh, world, loader, evalLoader, microBatches: cfg.data.microBatches, evalBatches: cfg.train.evalBatches, steps,
-        scope: (fn) => autocast(cfg.train.precision, fn),
+        // the policy's precision and kernels: at step 0 both give the same log-probabilities (loss ln 2)
+        scope: (fn) => autocast(cfg.train.precision, () => withKernels(cfg.train.kernels, fn)),
         copy: () => {
           const copy = parallelize(withObjective(frozen(buildPlain()), criterion), mesh, plan);
           if (cfg.train.initFrom !== '') initFrom(cfg.train.initFrom, copy.placements(), numParams, modelConfigOf(cfg) as unknown as Record<string, unknown>);
@@ -259,14 +261,14 @@ export async function openRun(cfg: FlotillaConfig, env: LaunchEnv, opts: { resum
     return {
       world, layout, mesh, loader, steps, tokensPerStep, numParams, model, named, optimizer, schedule, ckpts, moe, startStep, resumedFrom, close, microBatches: M, dpo,
       evaluate() {
-        // Forward only; each call returns its global batch's loss and count on every rank: weighted
+        // Forward only, on the step's kernels; each call returns its global batch's loss and count on every rank: weighted
         // by their counts, the batches give the mean over every trained token they hold.
         let sum = 0, count = 0;
         for (let k = 0; k < cfg.train.evalBatches; k++) {
           const r = tidy(() => {
             const mbs = Array.from({ length: M }, (_, mb) => evalLoader.batch(k, mb));
             try {
-              return autocast(cfg.train.precision, () => model.evaluate(dpo ? dpo.evalLogps(mbs) : mbs));
+              return autocast(cfg.train.precision, () => withKernels(cfg.train.kernels, () => model.evaluate(dpo ? dpo.evalLogps(mbs) : mbs)));
             } finally {
               for (const mb of mbs) mb.docs?.dispose(); // packed validation rows' documents are kept tensors
             }

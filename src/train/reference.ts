@@ -235,7 +235,7 @@ export interface DpoReferenceOptions {
   evalBatches: number;
   /** Steps the run makes: a precompute covers epoch 0 or these, whichever is fewer. */
   steps: number;
-  /** Around each forward-only pass (the run's autocast). */
+  /** Around each forward-only pass (the run's autocast and kernels). */
   scope<R>(fn: () => R): R;
 }
 

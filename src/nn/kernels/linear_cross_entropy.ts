@@ -18,7 +18,7 @@
 // all-reduces for whole logits: the max, the sums of exponentials (rescaled to it), the target logits
 // (and, with smoothing, the logit sums). Backward needs no communication: each rank's dHidden is its
 // columns' part, summed by the column-parallel input's backward (copyToRegion).
-import { type Tensor, defineFunction, full, zeros, tidy, keep } from '../../tensor/index.js';
+import { type Tensor, defineFunction, full, zeros, tidy } from '../../tensor/index.js';
 
 /** Bytes one tile of logits may take (float32, or float64 in a float64 run). */
 export const CHUNK_LOGIT_BYTES = 4 * 2 ** 20;
@@ -148,7 +148,7 @@ const fused = defineFunction<[Tensor, Tensor, Tensor | undefined, Tensor, Settin
       let row = lse.sub(zt, 1 - s.eps);
       if (s.eps !== 0) row = row.sub(zs, s.eps / V);
       ctx.saveForBackward(hidden, weight, targets, lse, ...(bias ? [bias] : []));
-      return keep(row.mul(targets.ne(s.ignore).to(dt)).sum());
+      return row.mul(targets.ne(s.ignore).to(dt)).sum(); // moves to the forward's scope (keep() would outlive the step's)
     });
     ctx.state.s = s;
     return total;

@@ -193,6 +193,9 @@ export class Executor {
     // A Linear inside a checkpointed region gets its weight gradient from the region's node, in I
     // (its recompute or kept graph, see backward()): not captured.
     if (list === undefined || !out.requiresGrad || insideCheckpointedRegion()) return;
+    // The head asked for the fused loss ([Note: deferred head]) returns a scalar, not dy's rows: its
+    // kernel forms the weight gradient in its own backward, so it stays an input of I, unsplit.
+    if (out.ndim !== x.ndim) return;
     const c: Capture = { weight, bias, x: keep(x.detach()), out: keep(out) };
     list.push(c);
     out.registerHook((g) => {
