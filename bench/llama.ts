@@ -34,7 +34,7 @@ import { initProcessGroup } from '../src/distributed/process_group.js';
 import { saveSafetensors } from '../src/checkpoint/safetensors.js';
 import { autocast, type Precision } from '../src/nn/precision.js';
 import { applyLora, withAdaptersDisabled } from '../src/nn/lora.js';
-import { PythonPeer, median, writeSection, parseBench } from './report.js';
+import { PythonPeer, median, writeSection, parseBench, runIfMain } from './report.js';
 import { kernelsArg, bf16Plan, stepFlops, gemmRate, gemmShare, singleProcessTrainer, GEMM_SHARE_NOTE } from './step_measure.js';
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
@@ -290,9 +290,4 @@ async function main(): Promise<void> {
   ].join('\n'));
 }
 
-if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
-  main().catch((e) => {
-    console.error(e instanceof Error ? e.message : e);
-    process.exit(1);
-  });
-}
+runIfMain(import.meta.url, main);

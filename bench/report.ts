@@ -5,6 +5,7 @@ import { existsSync, readFileSync, writeFileSync, mkdirSync } from 'node:fs';
 import { freePort } from '../test/helpers/world.js';
 import { cpus } from 'node:os';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 
 export function median(xs: number[]): number {
   if (xs.length === 0) return NaN;
@@ -85,4 +86,17 @@ export class PythonPeer {
   close(): void {
     this.child.stdin.end('\n');
   }
+}
+
+/**
+ * Runs a benchmark's main when its file is the process's script (`url`: its import.meta.url); a file
+ * imported by another benchmark for its shapes and helpers runs nothing. A failure prints its message
+ * and exits 1.
+ */
+export function runIfMain(url: string, main: () => Promise<void>): void {
+  if (!process.argv[1] || fileURLToPath(url) !== process.argv[1]) return;
+  main().catch((e) => {
+    console.error(e instanceof Error ? e.message : e);
+    process.exit(1);
+  });
 }

@@ -23,7 +23,7 @@ import type { Module } from '../src/nn/module.js';
 import { GPT } from '../src/models/gpt.js';
 import { procStatusBytes } from '../src/io/proc_status.js';
 import { probePeakTflops } from '../src/train/peak_flops.js';
-import { median, parseBench, writeSection } from './report.js';
+import { median, parseBench, writeSection, runIfMain } from './report.js';
 import { kernelsArg, singleProcessTrainer } from './step_measure.js';
 import { llamaBench, ADAMW } from './llama.js';
 import { STEP_CONFIG } from './step.js';
@@ -195,9 +195,4 @@ async function main(): Promise<void> {
   console.log('wrote the speeds section of docs/BENCHMARKS.md');
 }
 
-if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
-  main().catch((e) => {
-    console.error(e instanceof Error ? e.message : e);
-    process.exit(1);
-  });
-}
+runIfMain(import.meta.url, main);

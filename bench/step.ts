@@ -30,7 +30,7 @@ import { parseConfig } from '../src/config/index.js';
 import { loadTokenizer } from '../src/data/tokenizer.js';
 import { autocast, type Precision } from '../src/nn/precision.js';
 import { withKernels, type KernelChoice } from '../src/nn/kernels/choice.js';
-import { PythonPeer, median, writeSection } from './report.js';
+import { PythonPeer, median, writeSection, runIfMain } from './report.js';
 import { kernelsArg, bf16Plan, stepFlops, gemmRate, gemmShare, GEMM_SHARE_NOTE } from './step_measure.js';
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
@@ -263,9 +263,4 @@ async function main(): Promise<void> {
   }
 }
 
-if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
-  main().catch((e) => {
-    console.error(e instanceof Error ? e.message : e);
-    process.exit(1);
-  });
-}
+runIfMain(import.meta.url, main);

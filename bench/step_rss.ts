@@ -25,7 +25,7 @@ import { GPT } from '../src/models/gpt.js';
 import { saveSafetensors } from '../src/checkpoint/safetensors.js';
 import { procStatusBytes } from '../src/io/proc_status.js';
 import type { PythonPeer } from './report.js';
-import { median, parseBench, writeSection } from './report.js';
+import { median, parseBench, writeSection, runIfMain } from './report.js';
 import { singleProcessTrainer } from './step_measure.js';
 import { stepShape, TorchPeer } from './step.js';
 import { llamaBench, Peer as LlamaPeer, ADAMW, LLAMA_BATCH, LLAMA_SEQ } from './llama.js';
@@ -165,9 +165,4 @@ async function main(): Promise<void> {
   console.log('wrote the step-rss section of docs/BENCHMARKS.md');
 }
 
-if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
-  main().catch((e) => {
-    console.error(e instanceof Error ? e.message : e);
-    process.exit(1);
-  });
-}
+runIfMain(import.meta.url, main);
