@@ -106,10 +106,7 @@ static Napi::Value Forward(const Napi::CallbackInfo& info) {
     case at::kDouble: RunTasks<double>(p, tasks, base::ForwardScratch(Dp), fast ? avx2::ForwardF64 : base::ForwardF64); break;
     default: RunTasks<float>(p, tasks, base::ForwardScratch(Dp), fast ? avx2::ForwardBF16 : base::ForwardBF16); break;
   }
-  Napi::Array r = Napi::Array::New(env, 2);
-  r.Set(0u, TensorHandle::Wrap(env, out));
-  r.Set(1u, TensorHandle::Wrap(env, lse));
-  return r;
+  return WrapTensors(env, {out, lse});
   FLOTILLA_CATCH(env, "attentionForward")
 }
 
@@ -147,11 +144,7 @@ static Napi::Value Backward(const Napi::CallbackInfo& info) {
       RunTasks<float>(p, kvTasks, scratch, fast ? avx2::GradKeyValueBF16 : base::GradKeyValueBF16);
       break;
   }
-  Napi::Array r = Napi::Array::New(env, 3);
-  r.Set(0u, TensorHandle::Wrap(env, dq));
-  r.Set(1u, TensorHandle::Wrap(env, dk));
-  r.Set(2u, TensorHandle::Wrap(env, dv));
-  return r;
+  return WrapTensors(env, {dq, dk, dv});
   FLOTILLA_CATCH(env, "attentionBackward")
 }
 

@@ -78,11 +78,7 @@ static Napi::Value Grad(const Napi::CallbackInfo& info) {
   bool retain = info.Length() > 3 && info[3].IsBoolean() && info[3].As<Napi::Boolean>().Value();
   bool allowUnused = info.Length() > 4 && info[4].IsBoolean() && info[4].As<Napi::Boolean>().Value();
   variable_list res = torch::autograd::grad(outputs, inputs, grads, retain, false, allowUnused);
-  Napi::Array out = Napi::Array::New(env, res.size());
-  for (size_t i = 0; i < res.size(); ++i) {
-    out.Set(static_cast<uint32_t>(i), res[i].defined() ? TensorHandle::Wrap(env, res[i]) : env.Undefined());
-  }
-  return out;
+  return WrapTensors(env, res);
   FLOTILLA_CATCH(env, "grad")
 }
 

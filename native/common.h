@@ -35,6 +35,9 @@ class TensorHandle {
   static bool ReportExternal(Napi::Env env, const Napi::Value& v);
 };
 
+// Several tensors returned to JS as one array of handles; an undefined tensor becomes undefined.
+Napi::Array WrapTensors(Napi::Env env, const std::vector<at::Tensor>& ts);
+
 // The thread that loaded the addon: hooks may only call into JS from it.
 extern std::thread::id main_thread;
 

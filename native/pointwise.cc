@@ -93,11 +93,7 @@ static Napi::Value NormForward(const Napi::CallbackInfo& info) {
   p.y = y.data_ptr(), p.rstd = rstd.data_ptr(), p.mean = layer ? mean.data_ptr() : nullptr;
   const auto fn = PICK(st, NormForward);
   at::parallel_for(0, p.rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(d, 1)), [&](int64_t r0, int64_t r1) { fn(p, r0, r1); });
-  Napi::Array r = Napi::Array::New(env, layer ? 3 : 2);
-  r.Set(0u, TensorHandle::Wrap(env, y));
-  r.Set(1u, TensorHandle::Wrap(env, rstd));
-  if (layer) r.Set(2u, TensorHandle::Wrap(env, mean));
-  return r;
+  return layer ? WrapTensors(env, {y, rstd, mean}) : WrapTensors(env, {y, rstd});
   FLOTILLA_CATCH(env, "normForward")
 }
 
@@ -126,11 +122,8 @@ static Napi::Value NormBackward(const Napi::CallbackInfo& info) {
   at::parallel_for(0, p.chunks, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) fn(p, c);
   });
-  Napi::Array r = Napi::Array::New(env, withBias ? 3 : 2);
-  r.Set(0u, TensorHandle::Wrap(env, dx));
-  r.Set(1u, TensorHandle::Wrap(env, dw.sum(0).to(st)));
-  if (withBias) r.Set(2u, TensorHandle::Wrap(env, db.sum(0).to(st)));
-  return r;
+  const at::Tensor dweight = dw.sum(0).to(st);
+  return withBias ? WrapTensors(env, {dx, dweight, db.sum(0).to(st)}) : WrapTensors(env, {dx, dweight});
   FLOTILLA_CATCH(env, "normBackward")
 }
 
@@ -164,10 +157,7 @@ static Napi::Value SwigluBackward(const Napi::CallbackInfo& info) {
   Elementwise p{};
   p.a = a.data_ptr(), p.b = b.data_ptr(), p.dy = dy.data_ptr(), p.da = da.data_ptr(), p.db = db.data_ptr();
   Parallel(a.numel(), p, PICK(st, SwigluBackward));
-  Napi::Array r = Napi::Array::New(env, 2);
-  r.Set(0u, TensorHandle::Wrap(env, da));
-  r.Set(1u, TensorHandle::Wrap(env, db));
-  return r;
+  return WrapTensors(env, {da, db});
   FLOTILLA_CATCH(env, "swigluBackward")
 }
 

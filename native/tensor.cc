@@ -84,6 +84,12 @@ void Decode(const Napi::Value& v, uint32_t* index, uint32_t* generation) {
 }
 }  // namespace
 
+Napi::Array WrapTensors(Napi::Env env, const std::vector<at::Tensor>& ts) {
+  Napi::Array out = Napi::Array::New(env, ts.size());
+  for (size_t i = 0; i < ts.size(); ++i) out.Set(static_cast<uint32_t>(i), ts[i].defined() ? TensorHandle::Wrap(env, ts[i]) : env.Undefined());
+  return out;
+}
+
 Napi::Value TensorHandle::Wrap(Napi::Env env, const at::Tensor& t) {
   uint32_t index;
   if (!free_slots.empty()) {
